@@ -1,0 +1,54 @@
+# allot build, test and tooling entry points. `make help` lists them.
+GO        ?= go
+BIN       ?= bin
+PKGS      ?= ./...
+TESTFLAGS ?= -race -count=1 -timeout 20m
+BENCHTIME ?= 1s
+
+.PHONY: help build test test-short bench bench-load sim lint fmt proto dev clean tools
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+build: ## build allocator, gateway and allotctl into ./bin
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test: ## run every test with the race detector
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+test-short: ## the quick subset (no multi-process clusters)
+	$(GO) test -short $(TESTFLAGS) $(PKGS)
+
+bench: ## micro-benchmarks (algorithms, matcher, agent hot path) side by side with baselines
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pkg/... ./agent/...
+
+bench-load: build ## the load harness: 3 allocators + agents on loopback (see docs/performance.md)
+	$(GO) run ./bench/load $(ARGS)
+
+sim: ## the quick fleet simulation (see docs/performance.md)
+	$(GO) run ./bench/sim -quick $(ARGS)
+
+lint: ## go vet plus a gofmt check
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+fmt: ## gofmt the tree
+	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
+
+tools: ## install the protoc plugins at the pinned versions
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+
+proto: ## regenerate proto/ (needs protoc from Debian's protobuf-compiler, and `make tools`)
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I proto \
+	  --go_out=proto --go_opt=paths=source_relative \
+	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+	  proto/allot/v1/allot.proto
+
+dev: ## run the gateway in -dev mode (embedded allocator, demo upstream, demo rules)
+	$(GO) run ./cmd/gateway -dev
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+// Source says what decided a check.
+type Source uint8
+
+const (
+	// SourceUnlimited: no rule matched any descriptor, or the rule is
+	// unlimited. Always allowed.
+	SourceUnlimited Source = iota
+	// SourceLease: spent from (or denied by) tokens leased from the allocator,
+	// or by the allocator's "exhausted until" answer.
+	SourceLease
+	// SourceFallback: decided by the local fallback bucket (no lease yet, or
+	// the allocator unreachable).
+	SourceFallback
+	// SourceLocal: the rule's backend is local: a per-agent bucket by design.
+	SourceLocal
+	// SourceRedis: decided against the Redis backend.
+	SourceRedis
+)
+
+func (s Source) String() string {
+	switch s {
+	case SourceUnlimited:
+		return "unlimited"
+	case SourceLease:
+		return "lease"
+	case SourceFallback:
+		return "fallback"
+	case SourceLocal:
+		return "local"
+	case SourceRedis:
+		return "redis"
+	}
+	return "unknown"
+}
+
+// Descriptor is one rate limit descriptor of a request, as in Envoy.
+// HitsAddend, when non-zero, overrides the request-level hits for this
+// descriptor (Envoy's per-descriptor hits_addend).
+type Descriptor struct {
+	Entries    []rules.Entry
+	HitsAddend uint32
+}
+
+// Status is the outcome for one descriptor of a check.
+type Status struct {
+	Rule       *rules.Rule // nil when no rule matched (or it was replaced)
+	Allowed    bool        // false only when enforced (not shadow) and over the limit
+	Shadow     bool        // over the limit, but the rule is in shadow mode
+	Remaining  int64
+	ResetAfter time.Duration
+	RetryAfter time.Duration
+	Source     Source
+}
+
+// Decision is the outcome of Agent.Check.
+//
+// Allowed is false when any non-shadow descriptor is over its limit. The
+// reported limit (Policy, Quota, Window, Remaining, ResetAfter, RetryAfter)
+// is the one of the denying descriptor or, when the request is allowed, the
+// matched limit with the lowest Remaining (what Envoy reports in
+// x-ratelimit-*), so headers show the closest limit.
+type Decision struct {
+	Allowed    bool
+	Shadow     bool   // some descriptor would have denied but its rule is in shadow mode
+	Source     Source // source of the reported limit
+	Policy     string // policy name of the reported limit; "" when unlimited
+	Quota      int64  // requests per window of the reported limit
+	Window     time.Duration
+	Remaining  int64
+	ResetAfter time.Duration
+	RetryAfter time.Duration // zero when allowed
+	Rule       *rules.Rule   // the reported rule; nil when unlimited
+}
