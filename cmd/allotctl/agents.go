@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+func (a *app) agentsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "agents",
+		Short: "List the agents the allocator knows: last contact, keys and tokens held",
+		Long: `agents lists every agent the allocator has heard from within the agent TTL:
+when it last called (by the allocator's clock), how many keys it holds leases
+on and how many tokens in total, how many keys it currently decides from its
+local fallback buckets (no lease yet, or the allocator was unreachable), and
+its last request id.`,
+		Example: `  allotctl agents
+  allotctl agents -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.rpcCtx(cmd.Context())
+			defer cancel()
+			resp, err := c.ListAgents(ctx, &allotv1.ListAgentsRequest{})
+			if err != nil {
+				return a.rpcErr("ListAgents", err)
+			}
+			if a.structured() {
+				return a.writeProto(resp)
+			}
+			return a.printAgents(resp)
+		},
+	}
+}
+
+func (a *app) printAgents(r *allotv1.ListAgentsResponse) error {
+	if len(r.GetAgents()) == 0 {
+		_, err := fmt.Fprintln(a.stdout, "No agents.")
+		return err
+	}
+	t := newTable(a.stdout, "AGENT", "LAST CONTACT", "KEYS", "TOKENS", "FALLBACK KEYS", "LAST REQUEST")
+	for _, ag := range r.GetAgents() {
+		t.row(ag.GetAgentId(), fmtAge(r.GetNowUnixMs(), ag.GetLastContactUnixMs()),
+			strconv.FormatUint(uint64(ag.GetKeysHeld()), 10), strconv.FormatInt(ag.GetTokensHeld(), 10),
+			strconv.FormatUint(uint64(ag.GetFallbackKeys()), 10), strconv.FormatUint(ag.GetLastRequestId(), 10))
+	}
+	return t.flush()
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+func (a *app) statusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show cluster health: members, leader, Raft indexes, rules version, load",
+		Long: `status asks one allocator node (--addr) for the cluster's state: the Raft
+members with their roles and addresses, the leader, the answering node's term,
+commit and applied index and time since it last heard from the leader, the
+rules version, and the number of live agents, tracked keys and leases.`,
+		Example: `  allotctl status
+  allotctl --addr 10.0.0.6:7420 status -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.rpcCtx(cmd.Context())
+			defer cancel()
+			resp, err := c.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+			if err != nil {
+				return a.rpcErr("ClusterStatus", err)
+			}
+			if a.structured() {
+				return a.writeProto(resp)
+			}
+			return a.printStatus(resp)
+		},
+	}
+}
+
+func (a *app) printStatus(r *allotv1.ClusterStatusResponse) error {
+	k := newKV(a.stdout, 16)
+	leader := r.GetLeaderId()
+	if leader == "" {
+		leader = "NONE (no leader known: election in progress or quorum lost)"
+	}
+	k.add("Leader", leader)
+	k.add("Answered by", fmt.Sprintf("%s (%s)", orDash(r.GetNodeId()), orDash(r.GetState())))
+	k.add("Term", strconv.FormatUint(r.GetTerm(), 10))
+	k.add("Commit index", strconv.FormatUint(r.GetCommitIndex(), 10))
+	k.add("Applied index", strconv.FormatUint(r.GetAppliedIndex(), 10))
+	k.add("Last snapshot", strconv.FormatUint(r.GetLastSnapshotIndex(), 10))
+	contact := fmtMS(r.GetLastContactMs()) + " ago"
+	if r.GetNodeId() != "" && r.GetNodeId() == r.GetLeaderId() {
+		contact = "- (this node leads)"
+	}
+	k.add("Last contact", contact)
+	k.add("Rules version", strconv.FormatUint(r.GetRulesVersion(), 10))
+	k.add("Agents", strconv.FormatUint(uint64(r.GetAgents()), 10))
+	k.add("Keys", strconv.FormatUint(r.GetKeys(), 10))
+	k.add("Leases", strconv.FormatUint(r.GetLeases(), 10))
+	if err := k.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(a.stdout)
+	t := newTable(a.stdout, "MEMBER", "ROLE", "SUFFRAGE", "RAFT", "GRPC", "HTTP")
+	for _, m := range r.GetMembers() {
+		id := m.GetId()
+		if id == r.GetNodeId() {
+			id += "*"
+		}
+		t.row(id, m.GetRole(), m.GetSuffrage(), m.GetRaftAddr(), m.GetGrpcAddr(), m.GetHttpAddr())
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if len(r.GetMembers()) == 0 {
+		fmt.Fprintln(a.stdout, "(no members reported)")
+	} else {
+		fmt.Fprintln(a.stdout, "(* = the node that answered)")
+	}
+	return nil
+}
