@@ -44,9 +44,17 @@ func (s Source) String() string {
 // Descriptor is one rate limit descriptor of a request, as in Envoy.
 // HitsAddend, when non-zero, overrides the request-level hits for this
 // descriptor (Envoy's per-descriptor hits_addend).
+//
+// HitsAddendSet marks HitsAddend as explicitly given, as Envoy's
+// google.protobuf.UInt64Value wrapper does: with it, HitsAddend 0 means
+// "check without consuming": allowed unless the budget is exhausted (in
+// debt, or denied by the allocator), as envoyproxy/ratelimit treats
+// hits_addend 0 and as bucket.Limit.AllowN treats n = 0.
+// Without it, 0 means "use the request's hits".
 type Descriptor struct {
-	Entries    []rules.Entry
-	HitsAddend uint32
+	Entries       []rules.Entry
+	HitsAddend    uint32
+	HitsAddendSet bool
 }
 
 // Status is the outcome for one descriptor of a check.

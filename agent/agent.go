@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// pendingCap bounds the queue of keys the check path hands to the refill
+// loop; when it is full the loop's periodic scan finds the keys instead.
+const pendingCap = 4096
+
+// Agent decides rate limits in-process. Create it with New, call Check (or
+// CheckStatuses) per request from any goroutine, and Close it at shutdown.
+type Agent struct {
+	cfg        Config
+	log        *slog.Logger
+	logs       logLimiter
+	met        *metrics
+	standalone bool
+	redis      RemoteLimiter
+
+	nowHook func() int64
+	clock   *coarseClock
+
+	rules atomic.Pointer[rules.Set]
+	keys  *keyTable
+
+	// pending carries keys from checks to the refill loop.
+	pending chan *keyState
+
+	liveAgents  atomic.Uint32 // live agents the allocator last reported (N)
+	breakerOpen atomic.Bool   // the allocator is unreachable: do not charge, fail closed rules deny
+	nextProbe   atomic.Int64  // Unix nanos of the breaker's next probe while open
+	talked      atomic.Bool   // an allocator has answered at least once
+
+	conns   []*grpc.ClientConn
+	clients []allotv1.AllocatorClient
+
+	rf refiller // owned by the refill goroutine, then by Close
+	fw fileWatch
+
+	// rulesFromAllocator: the current set came from WatchRules (so its
+	// version is comparable with the stream's).
+	rulesFromAllocator atomic.Bool
+
+	ctx    context.Context // canceled by Close: stops the loops and their calls
+	cancel context.CancelFunc
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg, loads the initial rules (standalone RulesFiles must
+// compile) and starts the agent's goroutines: the coarse clock, the refill
+// loop and, with Allocators, the rule watch or, standalone with RulesFiles,
+// the file watch. Allocator connections are made lazily: New does not wait
+// for an allocator.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		met:        met,
+		standalone: len(cfg.Allocators) == 0,
+		redis:      cfg.Redis,
+		nowHook:    cfg.Now,
+		keys:       newKeyTable(),
+		pending:    make(chan *keyState, pendingCap),
+		stop:       make(chan struct{}),
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	a.log = a.log.With("agent", cfg.ID)
+	a.liveAgents.Store(1)
+	a.rf.nextID = 1
+	if a.nowHook == nil {
+		a.clock = newCoarseClock()
+	}
+	if cfg.Rules != nil {
+		a.setRules(cfg.Rules, false)
+	}
+	if len(cfg.RulesFiles) > 0 {
+		a.fw.init(cfg.Rules)
+		set, err := a.fw.load(cfg.RulesFiles, true)
+		if err != nil {
+			met.unregister()
+			return nil, err
+		}
+		a.setRules(set, false)
+	}
+
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	for _, addr := range cfg.Allocators {
+		cc, err := grpc.NewClient(addr, dial...)
+		if err != nil {
+			for _, c := range a.conns {
+				_ = c.Close()
+			}
+			met.unregister()
+			return nil, fmt.Errorf("agent: allocator %q: %w", addr, err)
+		}
+		a.conns = append(a.conns, cc)
+		a.clients = append(a.clients, allotv1.NewAllocatorClient(cc))
+	}
+
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	if a.clock != nil {
+		a.goLoop(func() { a.clock.run(a.stop) })
+	}
+	if !cfg.manual {
+		a.goLoop(a.refillLoop)
+	}
+	if !a.standalone {
+		a.goLoop(a.watchRules)
+	}
+	if len(cfg.RulesFiles) > 0 {
+		a.goLoop(a.watchFiles)
+	}
+	return a, nil
+}
+
+// goLoop starts an owned goroutine; Close waits for it.
+func (a *Agent) goLoop(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
+// now is the decision clock: the test hook, else the coarse clock.
+func (a *Agent) now() int64 {
+	if a.nowHook != nil {
+		return a.nowHook()
+	}
+	return a.clock.load()
+}
+
+// Rules returns the rule set in use (nil: none yet).
+func (a *Agent) Rules() *rules.Set { return a.rules.Load() }
+
+// Ready reports whether the agent has rules and, with Allocators, has had an
+// answer from one (a rule set or an Acquire).
+func (a *Agent) Ready() bool {
+	return a.rules.Load() != nil && (a.standalone || a.talked.Load())
+}
+
+func (a *Agent) setRules(s *rules.Set, fromAllocator bool) {
+	a.rules.Store(s)
+	a.rulesFromAllocator.Store(fromAllocator)
+	a.met.rulesVersion.Set(float64(s.Version()))
+}
+
+// Close stops the agent's goroutines, then hands every unspent lease
+// balance back to the allocator and reports the tokens still owed, in one
+// Release (bounded by ctx; without a deadline, by 2 × CallTimeout), and
+// closes the connections. Checks made after Close are still answered, from
+// the local buckets only. Close is safe to call more than once; later calls
+// return the first call's result.
+func (a *Agent) Close(ctx context.Context) error {
+	a.closeOnce.Do(func() {
+		close(a.stop)
+		a.cancel()
+		a.wg.Wait()
+		var errs []error
+		if !a.standalone {
+			if _, ok := ctx.Deadline(); !ok {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 2*a.cfg.CallTimeout)
+				defer cancel()
+			}
+			if err := a.release(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, c := range a.conns {
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("agent: closing connection: %w", err))
+			}
+		}
+		a.met.unregister()
+		a.closeErr = errors.Join(errs...)
+	})
+	return a.closeErr
+}

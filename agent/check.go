@@ -1,0 +1,462 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+)
+
+// stackDescs descriptors are handled in arrays on the stack; larger requests
+// borrow scratch space from a pool. Either way a check does not allocate.
+const stackDescs = 8
+
+// keyBufLen is the stack buffer for rendering a canonical key (only needed
+// on a hash hit with different entries, and when a key is first seen).
+const keyBufLen = 256
+
+// takeKind records what a descriptor took, so a later deny can give it back.
+type takeKind uint8
+
+const (
+	takeNone     takeKind = iota
+	takeLease             // from the lease balance
+	takeFallback          // from the fallback bucket, charged to the allocator
+	takeBucket            // from the fallback or local bucket, not charged
+)
+
+type outcome struct {
+	ks    *keyState
+	taken int64
+	kind  takeKind
+}
+
+type scratch struct {
+	entries [][]rules.Entry
+	matched []*rules.Rule
+	outs    []outcome
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{
+		entries: make([][]rules.Entry, 0, MaxDescriptors),
+		matched: make([]*rules.Rule, 0, MaxDescriptors),
+		outs:    make([]outcome, 0, MaxDescriptors),
+	}
+}}
+
+// Check decides one request: every descriptor is matched (with `replaces`),
+// charged hits tokens (a descriptor's HitsAddend overrides hits; hits 0
+// means 1) and the request is allowed unless a non-shadow descriptor is over
+// its limit. On a deny, tokens already taken for the request's other
+// descriptors are given back. A descriptor with HitsAddendSet and
+// HitsAddend 0 is checked without consuming: allowed unless the budget is
+// exhausted (in debt, or denied by the allocator). An unknown domain or no
+// match is allowed (SourceUnlimited).
+//
+// Check never performs network I/O (except through Config.Redis for rules
+// with the redis backend) and does not allocate on its fast paths. The only
+// errors wrap ErrInvalid.
+func (a *Agent) Check(ctx context.Context, domain string, descs []Descriptor, hits uint32) (Decision, error) {
+	d, _, err := a.check(ctx, domain, descs, hits, nil, false)
+	return d, err
+}
+
+// CheckStatuses is Check plus one Status per descriptor, appended to
+// out[:0] (pass the previous result back to avoid allocating). After an
+// enforced deny, the remaining descriptors are evaluated without consuming,
+// so every status is meaningful; Remaining counts down exactly by the
+// tokens each descriptor took.
+func (a *Agent) CheckStatuses(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status) (Decision, []Status, error) {
+	return a.check(ctx, domain, descs, hits, out[:0], true)
+}
+
+func validate(domain string, descs []Descriptor) error {
+	if domain == "" {
+		return fmt.Errorf("%w: empty domain", ErrInvalid)
+	}
+	if len(descs) == 0 {
+		return fmt.Errorf("%w: no descriptors", ErrInvalid)
+	}
+	if len(descs) > MaxDescriptors {
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalid, len(descs), MaxDescriptors)
+	}
+	for i := range descs {
+		es := descs[i].Entries
+		if len(es) == 0 {
+			return fmt.Errorf("%w: descriptor %d has no entries", ErrInvalid, i)
+		}
+		if len(es) > MaxEntries {
+			return fmt.Errorf("%w: descriptor %d has %d entries, at most %d", ErrInvalid, i, len(es), MaxEntries)
+		}
+		for j := range es {
+			if es[j].Key == "" {
+				return fmt.Errorf("%w: descriptor %d entry %d has an empty key", ErrInvalid, i, j)
+			}
+		}
+	}
+	return nil
+}
+
+func hitsFor(d *Descriptor, hits uint32) int64 {
+	if d.HitsAddend != 0 || d.HitsAddendSet {
+		return int64(d.HitsAddend)
+	}
+	if hits == 0 {
+		return 1
+	}
+	return int64(hits)
+}
+
+func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) (Decision, []Status, error) {
+	if err := validate(domain, descs); err != nil {
+		return Decision{}, out, err
+	}
+	set := a.rules.Load()
+	now := a.now()
+
+	var (
+		entriesArr [stackDescs][]rules.Entry
+		matchedArr [stackDescs]*rules.Rule
+		outsArr    [stackDescs]outcome
+		keyBuf     [keyBufLen]byte
+		sc         *scratch
+		entries    [][]rules.Entry
+		outs       []outcome
+	)
+	matched := matchedArr[:0]
+	if len(descs) <= stackDescs {
+		entries = entriesArr[:len(descs)]
+		outs = outsArr[:len(descs)]
+	} else {
+		sc = scratchPool.Get().(*scratch)
+		entries = sc.entries[:len(descs)]
+		matched = sc.matched[:0]
+		outs = sc.outs[:len(descs)]
+	}
+	for i := range descs {
+		entries[i] = descs[i].Entries
+	}
+	matched = set.MatchAll(domain, entries, matched)
+
+	dec := Decision{Allowed: true, Source: SourceUnlimited}
+	reported := -1
+	var reportedSt Status
+	denied := false
+	for i, r := range matched {
+		outs[i] = outcome{}
+		if r == nil || r.Unlimited {
+			if withStatuses {
+				out = append(out, Status{Rule: r, Allowed: true, Source: SourceUnlimited})
+			}
+			continue
+		}
+		st, oc := a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied, keyBuf[:])
+		outs[i] = oc
+		if !st.Allowed {
+			if r.ShadowMode {
+				st.Allowed, st.Shadow = true, true
+				dec.Shadow = true
+				a.met.shadow()
+			} else if !denied {
+				denied = true
+				dec.Allowed = false
+				reported, reportedSt = i, st
+				for j := 0; j < i; j++ {
+					if t := outs[j].taken; t > 0 {
+						a.refund(&outs[j], now)
+						if withStatuses {
+							out[j].Remaining += t
+						}
+					}
+				}
+				if !withStatuses {
+					break
+				}
+			}
+		}
+		if !denied && (reported < 0 || st.Remaining < reportedSt.Remaining) {
+			reported, reportedSt = i, st
+		}
+		if withStatuses {
+			out = append(out, st)
+		}
+	}
+	if sc != nil {
+		clear(sc.entries[:len(descs)])
+		clear(sc.outs[:len(descs)])
+		clear(sc.matched[:cap(sc.matched)])
+		scratchPool.Put(sc)
+	}
+
+	if reported >= 0 {
+		r := reportedSt.Rule
+		dec.Source = reportedSt.Source
+		dec.Rule = r
+		dec.Policy = r.Name
+		dec.Quota = int64(r.RequestsPerUnit)
+		dec.Window = r.Window
+		dec.Remaining = reportedSt.Remaining
+		dec.ResetAfter = reportedSt.ResetAfter
+		if !dec.Allowed {
+			dec.RetryAfter = reportedSt.RetryAfter
+		}
+	}
+	a.met.decision(dec.Source, dec.Allowed)
+	return dec, out, nil
+}
+
+// refund gives back what one descriptor took for a request that was denied
+// by another descriptor.
+func (a *Agent) refund(oc *outcome, now int64) {
+	ks, n := oc.ks, oc.taken
+	switch oc.kind {
+	case takeLease:
+		ks.balance.Add(n)
+	case takeFallback, takeBucket:
+		ks.mu.Lock()
+		ks.fbLimit.GiveBack(&ks.fbState, now, n)
+		ks.mu.Unlock()
+		if oc.kind == takeFallback {
+			// May go below zero if the charge was already sent; the
+			// refill loop then reports 0 and keeps the credit.
+			ks.charged.Add(-n)
+		}
+	}
+	ks.spent.Add(-n)
+	oc.taken = 0
+}
+
+// decide evaluates one descriptor under rule r. With consume false (after
+// an enforced deny, in CheckStatuses) or n == 0 it changes nothing.
+func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, now, n int64, consume bool, buf []byte) (Status, outcome) {
+	if r.Backend == rules.BackendRedis && a.redis != nil {
+		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume, buf); ok {
+			return st, outcome{}
+		}
+		if r.FailureMode == rules.FailClosed {
+			return Status{Rule: r, Source: SourceRedis, RetryAfter: time.Second}, outcome{}
+		}
+		// Fail open: the local bucket decides, below.
+	}
+
+	h := rules.KeyHash(r, domain, entries)
+	sh := a.keys.shard(h)
+	sh.mu.RLock()
+	ks := sh.lookupRLocked(h, r, domain, entries, buf)
+	if ks == nil {
+		sh.mu.RUnlock()
+		var created bool
+		ks, created = sh.insert(h, r, domain, entries, now, buf)
+		sh.mu.RLock()
+		if created && a.leasing(r) {
+			a.enqueue(ks)
+		}
+	}
+	if ks.lastUse.Load() != now {
+		ks.lastUse.Store(now)
+	}
+	var st Status
+	var oc outcome
+	if a.leasing(r) {
+		st, oc = a.decideLease(ks, r, now, n, consume)
+	} else {
+		if !ks.local.Load() {
+			ks.local.Store(true)
+		}
+		src := SourceLocal
+		if r.Backend == rules.BackendRedis && a.redis != nil {
+			src = SourceFallback // the Redis backend failed; fail open
+		}
+		st, oc = a.decideBucket(ks, r, now, n, consume, 1, src)
+	}
+	if !st.Allowed && consume {
+		ks.denied.Add(1)
+	}
+	sh.mu.RUnlock()
+	return st, oc
+}
+
+// leasing reports whether keys under r are leased from the allocator.
+func (a *Agent) leasing(r *rules.Rule) bool {
+	return r.Backend == rules.BackendLease && !a.standalone
+}
+
+func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume bool) (Status, outcome) {
+	if ks.local.Load() {
+		ks.local.Store(false) // the rule moved back to the lease backend
+	}
+	exp := ks.expiry.Load()
+	if now < exp {
+		if consume && n > 0 {
+			for {
+				b := ks.balance.Load()
+				if b < n {
+					break
+				}
+				if ks.balance.CompareAndSwap(b, b-n) {
+					ks.spent.Add(n)
+					if b-n < ks.lowWater.Load() {
+						a.enqueue(ks)
+					}
+					return Status{
+						Rule:       r,
+						Allowed:    true,
+						Remaining:  ks.remaining.Load() + b - n,
+						ResetAfter: until(ks.resetAt.Load(), now),
+						Source:     SourceLease,
+					}, outcome{ks: ks, taken: n, kind: takeLease}
+				}
+			}
+		} else if b := ks.balance.Load(); b >= n {
+			return Status{
+				Rule:       r,
+				Allowed:    true,
+				Remaining:  ks.remaining.Load() + b,
+				ResetAfter: until(ks.resetAt.Load(), now),
+				Source:     SourceLease,
+			}, outcome{}
+		}
+	}
+	if du := ks.deniedUntil.Load(); now < du {
+		return Status{
+			Rule:       r,
+			ResetAfter: until(ks.resetAt.Load(), now),
+			RetryAfter: time.Duration(du - now),
+			Source:     SourceLease,
+		}, outcome{}
+	}
+	open := a.breakerOpen.Load()
+	if open && r.FailureMode == rules.FailClosed {
+		return Status{
+			Rule:       r,
+			RetryAfter: a.closedRetryAfter(now),
+			Source:     SourceFallback,
+		}, outcome{}
+	}
+	charge := !open && !ks.notLeased.Load()
+	nAgents := uint32(1)
+	if r.Routing != rules.RoutingConsistentHash {
+		nAgents = max(a.liveAgents.Load(), 1)
+	}
+	st, oc := a.decideBucket(ks, r, now, n, consume, nAgents, SourceFallback)
+	if oc.taken > 0 && charge {
+		oc.kind = takeFallback
+		ks.charged.Add(oc.taken)
+		a.enqueue(ks)
+	} else if consume && (exp == 0 || now >= exp) && !open {
+		a.enqueue(ks) // no lease, or it expired: ask for one
+	}
+	return st, oc
+}
+
+// decideBucket decides from the key's own bucket: the fallback (R/N, burst
+// ⌈burst/N⌉) or, with nAgents 1, the full-rate local bucket.
+func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume bool, nAgents uint32, src Source) (Status, outcome) {
+	ks.mu.Lock()
+	if ks.fbRule != r || ks.fbN != nAgents {
+		a.rebindBucket(ks, r, nAgents, now)
+	}
+	if ks.fbRebase {
+		ks.fbRebase = false
+		rebase(ks.fbLimit, &ks.fbState, ks.fbAvail, ks.fbAt, now)
+	}
+	var res bucket.Result
+	var oc outcome
+	if consume && n > 0 {
+		res = ks.fbLimit.AllowN(&ks.fbState, now, n)
+		if res.Allowed {
+			oc = outcome{ks: ks, taken: n, kind: takeBucket}
+		}
+	} else {
+		// Evaluate on a copy: nothing changes. n == 0 is allowed unless
+		// the bucket is in debt (bucket.Limit.AllowN's convention).
+		cp := ks.fbState
+		res = ks.fbLimit.AllowN(&cp, now, n)
+		peek := ks.fbLimit.Peek(ks.fbState, now)
+		res.Remaining, res.ResetAfter = peek.Remaining, peek.ResetAfter
+	}
+	ks.mu.Unlock()
+	if oc.taken > 0 {
+		ks.spent.Add(n)
+	}
+	st := Status{
+		Rule:       r,
+		Allowed:    res.Allowed,
+		Remaining:  res.Remaining,
+		ResetAfter: res.ResetAfter,
+		Source:     src,
+	}
+	if !res.Allowed {
+		st.RetryAfter = res.RetryAfter
+	}
+	return st, oc
+}
+
+// rebindBucket derives the key's bucket limit for rule r shared by nAgents;
+// ks.mu is held. The state is kept when the algorithm is unchanged (so a
+// change of N does not hand out a fresh burst), and reset to full otherwise.
+func (a *Agent) rebindBucket(ks *keyState, r *rules.Rule, nAgents uint32, now int64) {
+	l, err := fallbackLimit(r.Limit, nAgents)
+	if err != nil {
+		a.logs.log(a.log, "fallback_limit", "agent: cannot derive the fallback limit; using the full rule limit",
+			"rule", r.Name, "agents", nAgents, "err", err)
+		l = r.Limit
+	}
+	if ks.fbRule == nil || ks.fbLimit.Algorithm() != l.Algorithm() {
+		ks.fbState = bucket.State{}
+	} else {
+		// Keep what the old state holds, clamped to the new capacity.
+		rebase(l, &ks.fbState, capacity(l, now), now, now)
+	}
+	ks.fbRule, ks.fbN, ks.fbLimit = r, nAgents, l
+}
+
+// closedRetryAfter is the Retry-After of a failure_mode: closed denial while
+// the allocator is unreachable: until the breaker's next probe, at least 1s.
+func (a *Agent) closedRetryAfter(now int64) time.Duration {
+	return max(until(a.nextProbe.Load(), now), time.Second)
+}
+
+func until(t, now int64) time.Duration {
+	if t <= now {
+		return 0
+	}
+	return time.Duration(t - now)
+}
+
+// enqueue hands ks to the refill loop without blocking: when the queue is
+// full the loop's next scan finds the key anyway.
+func (a *Agent) enqueue(ks *keyState) {
+	if ks.queued.Load() || !ks.queued.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case a.pending <- ks:
+	default:
+		ks.queued.Store(false)
+	}
+}
+
+// decideRemote asks Config.Redis. ok is false when the backend failed.
+func (a *Agent) decideRemote(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, n int64, consume bool, buf []byte) (Status, bool) {
+	if !consume {
+		n = 0
+	}
+	key := rules.AppendKey(buf[:0], r, domain, entries)
+	res, err := a.redis.AllowN(ctx, r, key, n)
+	if err != nil {
+		a.met.redisError()
+		a.logs.log(a.log, "redis_error", "agent: redis backend failed; applying the rule's failure mode",
+			"rule", r.Name, "failure_mode", r.FailureMode.String(), "err", err)
+		return Status{}, false
+	}
+	st := Status{Rule: r, Allowed: res.Allowed, Remaining: res.Remaining, ResetAfter: res.ResetAfter, Source: SourceRedis}
+	if !res.Allowed {
+		st.RetryAfter = res.RetryAfter
+	}
+	return st, true
+}

@@ -1,0 +1,200 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+// Config configures an Agent. Start from DefaultConfig; New calls Validate.
+type Config struct {
+	// ID identifies this agent incarnation to the allocator; it must be
+	// unique per process start. Default: hostname-pid-random. At most 256
+	// bytes.
+	ID string
+	// Allocators are the gRPC addresses of allocator nodes (any member
+	// works). Empty: standalone, every decision is local (Rules/RulesFiles).
+	Allocators []string
+	// DialOptions are added to every allocator connection. Without transport
+	// credentials among them, connections are insecure (plaintext).
+	DialOptions []grpc.DialOption
+
+	// Rules is the initial rule set: the only rules in standalone mode
+	// without RulesFiles, or the rules served until the allocator's
+	// WatchRules stream delivers its set. May be nil (matches nothing).
+	Rules *rules.Set
+	// RulesFiles, standalone only, are YAML rules files compiled together
+	// (with Rules' files, if any) and watched: a change (mtime, size or
+	// content) is recompiled every RulesPollInterval, and a file that fails
+	// to compile keeps the old rules (logged, counted).
+	RulesFiles []string
+	// RulesPollInterval is how often RulesFiles are checked. Default 1s.
+	RulesPollInterval time.Duration
+
+	// RefillInterval is the refill loop's tick. Default 20ms.
+	RefillInterval time.Duration
+	// ScanInterval is how often the refill loop walks every key (demand
+	// EWMA, expiry, idle keys); keys that need the allocator sooner are
+	// queued by the check path and sent at the next tick. Default 100ms,
+	// never less than RefillInterval.
+	ScanInterval time.Duration
+	// CallTimeout bounds each Acquire call. Default 200ms.
+	CallTimeout time.Duration
+	// FailureThreshold is the number of consecutive failed calls that opens
+	// the circuit breaker. Default 3.
+	FailureThreshold int
+	// ProbeBackoff and MaxProbeBackoff bound the breaker's jittered
+	// exponential backoff between probes while open. Defaults 100ms and 2s.
+	ProbeBackoff, MaxProbeBackoff time.Duration
+	// IdleTimeout: a key not checked for this long hands back its lease
+	// balance and is forgotten. Default 10s.
+	IdleTimeout time.Duration
+
+	// Redis, when set, decides keys whose rule has the redis backend (a
+	// shared counter checked per request). Nil: such keys are decided by a
+	// local per-agent bucket at the full rate, like the local backend.
+	Redis RemoteLimiter
+
+	// Logger receives state changes (rate-limited). Nil: discard.
+	Logger *slog.Logger
+	// Registerer, when set, receives the agent's metrics. Nil: metrics are
+	// kept but not registered.
+	Registerer prometheus.Registerer
+	// Now returns the current time in Unix nanoseconds. It is a test hook:
+	// nil (the default) uses a coarse clock ticked every millisecond by an
+	// owned goroutine, so no check reads the system clock.
+	Now func() int64
+
+	// manual, for tests in this package, starts no background goroutines:
+	// the test drives the refill loop with Agent.refillOnce.
+	manual bool
+}
+
+// Limits on Check's input; beyond them Check returns ErrInvalid.
+const (
+	MaxDescriptors = 64  // descriptors per check
+	MaxEntries     = 64  // entries per descriptor
+	maxIDLen       = 256 // bytes of Config.ID (the allocator's limit)
+	maxBatchKeys   = 1000
+)
+
+// ErrInvalid is wrapped by every error Check and CheckStatuses return: the
+// input itself is unusable (empty domain, no descriptors, an empty entry
+// key, too many descriptors or entries).
+var ErrInvalid = errors.New("agent: invalid request")
+
+// DefaultConfig returns the defaults: standalone (no allocators), a fresh
+// ID, 20ms refill ticks, 200ms call timeout, breaker after 3 failures.
+func DefaultConfig() Config {
+	return Config{
+		ID:                defaultID(),
+		RulesPollInterval: time.Second,
+		RefillInterval:    20 * time.Millisecond,
+		ScanInterval:      100 * time.Millisecond,
+		CallTimeout:       200 * time.Millisecond,
+		FailureThreshold:  3,
+		ProbeBackoff:      100 * time.Millisecond,
+		MaxProbeBackoff:   2 * time.Second,
+		IdleTimeout:       10 * time.Second,
+	}
+}
+
+func defaultID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "agent"
+	}
+	if len(host) > 200 {
+		host = host[:200]
+	}
+	return fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
+}
+
+// withDefaults fills zero durations and counts with the defaults, so a
+// Config built by hand (not from DefaultConfig) still works.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ID == "" {
+		c.ID = d.ID
+	}
+	if c.RulesPollInterval == 0 {
+		c.RulesPollInterval = d.RulesPollInterval
+	}
+	if c.RefillInterval == 0 {
+		c.RefillInterval = d.RefillInterval
+	}
+	if c.ScanInterval == 0 {
+		c.ScanInterval = d.ScanInterval
+	}
+	if c.ScanInterval < c.RefillInterval {
+		c.ScanInterval = c.RefillInterval
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = d.CallTimeout
+	}
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = d.FailureThreshold
+	}
+	if c.ProbeBackoff == 0 {
+		c.ProbeBackoff = d.ProbeBackoff
+	}
+	if c.MaxProbeBackoff == 0 {
+		c.MaxProbeBackoff = d.MaxProbeBackoff
+	}
+	if c.MaxProbeBackoff < c.ProbeBackoff {
+		c.MaxProbeBackoff = c.ProbeBackoff
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	return c
+}
+
+// Validate reports a configuration error. Zero durations and counts are
+// valid (they take the defaults); negative ones are not.
+func (c Config) Validate() error {
+	if len(c.ID) > maxIDLen {
+		return fmt.Errorf("agent: ID is %d bytes, at most %d", len(c.ID), maxIDLen)
+	}
+	for i, a := range c.Allocators {
+		if a == "" {
+			return fmt.Errorf("agent: Allocators[%d] is empty", i)
+		}
+	}
+	if len(c.Allocators) > 0 && len(c.RulesFiles) > 0 {
+		return errors.New("agent: RulesFiles is for standalone agents; with Allocators the rules come from WatchRules")
+	}
+	for i, f := range c.RulesFiles {
+		if f == "" {
+			return fmt.Errorf("agent: RulesFiles[%d] is empty", i)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"RulesPollInterval", c.RulesPollInterval},
+		{"RefillInterval", c.RefillInterval},
+		{"ScanInterval", c.ScanInterval},
+		{"CallTimeout", c.CallTimeout},
+		{"ProbeBackoff", c.ProbeBackoff},
+		{"MaxProbeBackoff", c.MaxProbeBackoff},
+		{"IdleTimeout", c.IdleTimeout},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("agent: %s must not be negative, got %v", d.name, d.v)
+		}
+	}
+	if c.FailureThreshold < 0 {
+		return fmt.Errorf("agent: FailureThreshold must not be negative, got %d", c.FailureThreshold)
+	}
+	return nil
+}

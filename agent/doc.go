@@ -1,0 +1,74 @@
+// Package agent is the library a gateway embeds to decide allow/deny for
+// every request in-process, at memory speed, against limits that hold across
+// the whole fleet.
+//
+// Most callers want New, then Agent.Check per request (or
+// Agent.CheckStatuses when per-descriptor statuses are needed, as for
+// Envoy's RLS), and Agent.Close at shutdown. An Agent is safe for
+// concurrent use.
+//
+// # How a check is decided
+//
+// Check matches each descriptor against the current rules (compiled once per
+// rules version and swapped atomically), hashes the canonical budget key
+// without allocating (rules.KeyHash) and finds the key's state in a sharded
+// table. Then, for a rule with the lease backend, in this order:
+//
+//  1. A live lease with enough tokens: the balance is decremented with a CAS
+//     (SourceLease). Leased tokens were taken from the global budget by the
+//     allocator before it answered, so spending them never over-admits.
+//  2. The allocator said EXHAUSTED for the key: deny until its
+//     retry_after_ms (SourceLease), without asking again.
+//  3. Otherwise (no lease yet, lease expired, balance too small) the key's
+//     local fallback bucket decides (SourceFallback). It has rate R/N and
+//     burst ⌈burst/N⌉, N being the live agents the allocator last reported
+//     (N = 1 when the rule routes by consistent hash). Each grant re-bases
+//     the fallback bucket to this agent's share of the global remaining
+//     (remaining/N, capped at its burst), so a key whose lease ran dry
+//     cannot take a second full burst. Tokens the fallback admits while the
+//     allocator is reachable are charged in the next Acquire: the global
+//     budget pays for them.
+//
+// Rules with the local backend are always decided by a per-agent bucket at
+// the full rate (SourceLocal); rules with the redis backend go to
+// Config.Redis when set, else to the same local bucket.
+//
+// No check performs network I/O or waits on the refill loop; the clock is a
+// coarse atomic ticked every millisecond by an owned goroutine.
+//
+// # The refill loop
+//
+// One goroutine wakes every Config.RefillInterval and sends, in batched
+// Acquire calls (at most 1000 keys each, strictly increasing request ids),
+// every key that is new, owes a charge, is below its low watermark, is near
+// lease expiry or past the allocator's refresh_after, or has tokens to hand
+// back because it went idle. A failed call is retried with the same request
+// id (the allocator answers a retry from its record, so nothing is granted
+// or charged twice) before any new request is made. A lease expires, on the
+// agent, at the time the call was first sent plus lease_ttl_ms minus a
+// safety margin: never later than the allocator's own expiry.
+//
+// # When the allocator is unreachable
+//
+// A circuit breaker opens after Config.FailureThreshold consecutive failed
+// calls (each bounded by Config.CallTimeout) and then probes with jittered
+// exponential backoff, rotating over Config.Allocators. While it is open the
+// agent spends what it holds until the leases expire, then decides from the
+// fallback buckets (failure_mode open) or denies (failure_mode closed, with
+// RetryAfter = the time until the next probe, at least one second). Tokens
+// the fallback admits while the breaker is open are not charged after
+// recovery: outage admission is the fail-open bound (about R/N per agent per
+// key), and charging it later would deny legitimate traffic once the
+// allocator is back. Transitions are logged (rate-limited) and exported as
+// metrics.
+//
+// # Bounds
+//
+// With the allocator reachable, over-admission for a key comes only from
+// fallback decisions made before a charge is applied: the cold start (each
+// agent's fallback burst ⌈burst/N⌉ plus R/N × the time to its first grant)
+// and, when a lease runs dry, at most R/N × one refill round trip per agent
+// (the re-based fallback starts from the agent's share of what is left).
+// Charges that push the global bucket past its debt floor are forgiven by
+// the allocator; that is the documented cold-start bound.
+package agent

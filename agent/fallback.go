@@ -1,0 +1,66 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+)
+
+// fallbackLimit derives an agent's share of limit l when n agents share the
+// key: rate R/n and burst ⌈burst/n⌉ (at least 1). For the token bucket and
+// GCRA the rate is exact: the window is stretched n-fold when the quota does
+// not divide by n. Window algorithms keep their window (it defines the
+// counting period) and get ⌈quota/n⌉ per window.
+func fallbackLimit(l bucket.Limit, n uint32) (bucket.Limit, error) {
+	if n <= 1 {
+		return l, nil
+	}
+	nn := int64(n)
+	q, w, b := l.Quota(), l.Window(), max(ceilDiv(l.Burst(), nn), 1)
+	alg := l.Algorithm()
+	if alg == bucket.TokenBucket || alg == bucket.GCRA {
+		switch {
+		case q%nn == 0:
+			return bucket.NewLimit(alg, q/nn, w, b)
+		case int64(w) <= int64(bucket.MaxWindow)/nn:
+			if fl, err := bucket.NewLimit(alg, q, w*time.Duration(nn), b); err == nil {
+				return fl, nil
+			}
+		}
+		// Stretching the window is out of range: round the rate up.
+		return bucket.NewLimit(alg, max(ceilDiv(q, nn), 1), w, b)
+	}
+	q = max(ceilDiv(q, nn), 1)
+	return bucket.NewLimit(alg, q, w, q)
+}
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a-1)/b + 1
+}
+
+// capacity is what a full state holds under l.
+func capacity(l bucket.Limit, now int64) int64 {
+	return l.Peek(bucket.State{}, now).Remaining
+}
+
+// rebase lowers *st, if it holds more, to a state that had avail tokens
+// (clamped to [0, capacity]) at time at, refilled since. It never raises
+// what *st holds: a grant's view of the global remaining does not include
+// this agent's own uncharged fallback admissions.
+func rebase(l bucket.Limit, st *bucket.State, avail, at, now int64) {
+	if at > now {
+		at = now
+	}
+	c := capacity(l, at)
+	avail = min(max(avail, 0), c)
+	var s bucket.State
+	if take := c - avail; take > 0 {
+		l.TakeUpTo(&s, at, take)
+	}
+	if l.Peek(s, now).Remaining < l.Peek(*st, now).Remaining {
+		*st = s
+	}
+}

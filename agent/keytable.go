@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+)
+
+const numShards = 256 // power of two
+
+// keyTable maps budget keys to their state. It is sharded by the key's
+// xxhash (rules.KeyHash), each shard an RWMutex-protected map, so checks on
+// different keys rarely touch the same lock.
+//
+// A check holds its shard's read lock while it decides on the key, and the
+// refill loop removes an idle key only under the write lock, after checking
+// under that lock that nothing is owed: so no check ever charges a key that
+// has already been dropped.
+type keyTable struct {
+	shards [numShards]shard
+}
+
+type shard struct {
+	mu sync.RWMutex
+	m  map[uint64]*keyState // guarded by mu; collisions chain through keyState.next
+	_  [64 - 32]byte        // keep neighbouring shards' locks off one cache line
+}
+
+func newKeyTable() *keyTable {
+	t := &keyTable{}
+	for i := range t.shards {
+		t.shards[i].m = make(map[uint64]*keyState)
+	}
+	return t
+}
+
+func (t *keyTable) shard(h uint64) *shard { return &t.shards[h&(numShards-1)] }
+
+// keyState is one budget key's state at this agent.
+//
+// Fields written on the check path are atomics; the fallback bucket is
+// guarded by mu. Fields marked "loop" are owned by the refill goroutine (and
+// by Close after the loop has stopped) and need no synchronisation.
+type keyState struct {
+	// Written by checks.
+	balance atomic.Int64 // unspent leased tokens (valid while now < expiry)
+	charged atomic.Int64 // fallback-admitted tokens not yet reported
+	spent   atomic.Int64 // cumulative tokens admitted (lease or fallback); for demand
+	denied  atomic.Int64 // cumulative requests denied; reported as deltas
+	lastUse atomic.Int64 // coarse time of the latest check
+	queued  atomic.Bool  // sitting in the refill queue (set by checks, cleared by the loop)
+
+	// Written by the refill loop, read by checks.
+	expiry      atomic.Int64 // the lease's end, Unix nanos; 0 = no lease
+	deniedUntil atomic.Int64 // EXHAUSTED until, Unix nanos
+	lowWater    atomic.Int64 // refill when the balance drops below this
+	remaining   atomic.Int64 // global remaining at the latest grant
+	resetAt     atomic.Int64 // global bucket full again at, Unix nanos
+	notLeased   atomic.Bool  // the allocator does not lease this key (NO_RULE, UNLIMITED, NOT_LEASED)
+	local       atomic.Bool  // decided locally by design (local/redis backend, standalone): never sent
+	leased      atomic.Bool  // the allocator has answered for this key at least once
+
+	// Immutable after creation.
+	hash    uint64
+	key     string // canonical budget key
+	domain  string
+	entries []rules.Entry // copied from the first request
+	next    *keyState     // hash-collision chain; guarded by the shard lock
+
+	mu       sync.Mutex   // guards the fields below
+	fbRule   *rules.Rule  // the rule fbLimit was derived from
+	fbN      uint32       // the N fbLimit was derived from
+	fbLimit  bucket.Limit // fallback (R/N) or local (R) limit
+	fbState  bucket.State
+	fbRebase bool  // a grant asked to lower fbState to fbAvail tokens at fbAt
+	fbAvail  int64 // this agent's share of the global remaining at the grant
+	fbAt     int64
+
+	// Owned by the refill loop.
+	demand       float64       // EWMA of tokens/s
+	spentSeen    int64         // spent at the latest EWMA update
+	spentAtAcq   int64         // spent at the latest Acquire that included the key
+	deniedSent   int64         // denied at the latest Acquire that included the key
+	refreshAt    int64         // allocator-directed refresh time
+	refreshEvery time.Duration // the allocator's latest refresh_after
+	retryAt      int64         // for notLeased keys: ask again after this
+	inflight     bool          // part of the unacknowledged batch
+}
+
+// sameKey reports whether the request (domain, entries) under rule r is this
+// key: equal domain and entries (the common case, compared without
+// rendering), else equal canonical keys (share_threshold maps many values to
+// one key). buf is scratch space for rendering.
+func (ks *keyState) sameKey(r *rules.Rule, domain string, entries []rules.Entry, buf []byte) bool {
+	if ks.domain == domain && entriesEqual(ks.entries, entries) {
+		return true
+	}
+	return string(rules.AppendKey(buf[:0], r, domain, entries)) == ks.key
+}
+
+func entriesEqual(a, b []rules.Entry) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Key != b[i].Key || a[i].Value != b[i].Value {
+			return false
+		}
+	}
+	return true
+}
+
+// lookupRLocked finds the key under sh's read lock, which the caller holds.
+func (sh *shard) lookupRLocked(h uint64, r *rules.Rule, domain string, entries []rules.Entry, buf []byte) *keyState {
+	for ks := sh.m[h]; ks != nil; ks = ks.next {
+		if ks.sameKey(r, domain, entries, buf) {
+			return ks
+		}
+	}
+	return nil
+}
+
+// insert adds the key if it is still missing and returns its state. It takes
+// the write lock; the caller holds no lock on sh. created reports whether a
+// new state was made.
+func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.Entry, now int64, buf []byte) (ks *keyState, created bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if ks := sh.lookupRLocked(h, r, domain, entries, buf); ks != nil {
+		return ks, false
+	}
+	// Own the strings: a caller may have built its entries over reused
+	// memory (unsafe []byte→string conversions are common in gateways).
+	ks = &keyState{
+		hash:    h,
+		key:     string(rules.AppendKey(buf[:0], r, domain, entries)),
+		domain:  strings.Clone(domain),
+		entries: make([]rules.Entry, len(entries)),
+		next:    sh.m[h],
+	}
+	for i, e := range entries {
+		ks.entries[i] = rules.Entry{Key: strings.Clone(e.Key), Value: strings.Clone(e.Value)}
+	}
+	ks.lastUse.Store(now)
+	ks.lowWater.Store(1)
+	sh.m[h] = ks
+	return ks, true
+}
+
+// remove unlinks ks if keep(ks) is false under the write lock. It reports
+// whether ks was removed.
+func (sh *shard) remove(ks *keyState, keep func(*keyState) bool) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if keep(ks) {
+		return false
+	}
+	var prev *keyState
+	for cur := sh.m[ks.hash]; cur != nil; prev, cur = cur, cur.next {
+		if cur != ks {
+			continue
+		}
+		switch {
+		case prev != nil:
+			prev.next = cur.next
+		case cur.next != nil:
+			sh.m[ks.hash] = cur.next
+		default:
+			delete(sh.m, ks.hash)
+		}
+		return true
+	}
+	return false
+}
+
+// snapshot appends every key of sh to dst under the read lock.
+func (sh *shard) snapshot(dst []*keyState) []*keyState {
+	sh.mu.RLock()
+	for _, ks := range sh.m {
+		for ; ks != nil; ks = ks.next {
+			dst = append(dst, ks)
+		}
+	}
+	sh.mu.RUnlock()
+	return dst
+}
+
+func (t *keyTable) len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.RLock()
+		for _, ks := range sh.m {
+			for ; ks != nil; ks = ks.next {
+				n++
+			}
+		}
+		sh.mu.RUnlock()
+	}
+	return n
+}

@@ -1,0 +1,543 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+const (
+	// demandTau is the time constant of the per-key demand EWMA.
+	demandTau = time.Second
+	// minHorizon is the least period a lease is sized for (want = demand ×
+	// max(refresh_after, minHorizon)).
+	minHorizon = time.Second
+	// minRateWindow keeps a fresh key's demand estimate from overshooting:
+	// tokens seen since the previous scan are spread over at least this.
+	minRateWindow = 250 * time.Millisecond
+	// notLeasedRetry: how long a key the allocator does not lease (NO_RULE,
+	// UNLIMITED, NOT_LEASED: a rules version skew) waits before asking again.
+	notLeasedRetry = 5 * time.Second
+	// maxLeaseMargin caps the safety margin taken off each lease's TTL.
+	maxLeaseMargin = 250 * time.Millisecond
+)
+
+// refiller is the refill loop's state. It is owned by the refill goroutine
+// (and by Close once that goroutine has stopped): no locks.
+type refiller struct {
+	nextID   uint64 // next request id; ids increase strictly per agent ID
+	unacked  *batch // sent and not acknowledged: retried with the same id first
+	addr     int    // index of the allocator to call
+	fails    int    // consecutive failed calls
+	open     bool   // breaker open
+	backoff  time.Duration
+	lastScan int64
+	latency  float64 // EWMA of Acquire round trips, seconds
+	keysBuf  []*keyState
+	pick     []*keyState
+	fbKeys   int // keys decided by fallback since the previous scan
+}
+
+// batch is one Acquire request and the key states its entries belong to.
+type batch struct {
+	req       *allotv1.AcquireRequest
+	keys      []*keyState
+	spent     []int64 // ks.spent when built (becomes spentAtAcq on success)
+	denied    []int64
+	firstSent int64 // Unix nanos of the first attempt: leases are measured from it
+}
+
+func (a *Agent) refillLoop() {
+	t := time.NewTicker(a.cfg.RefillInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+			a.refillOnce(a.ctx)
+		}
+	}
+}
+
+// refillOnce is one tick of the refill loop: a periodic scan of every key,
+// then (allocator permitting) the queued and selected keys sent in batches.
+func (a *Agent) refillOnce(ctx context.Context) {
+	now := a.now()
+	rf := &a.rf
+	rf.pick = rf.pick[:0]
+	if rf.lastScan == 0 || now-rf.lastScan >= int64(a.cfg.ScanInterval) || now < rf.lastScan {
+		a.scan(now)
+	}
+	if a.standalone {
+		return
+	}
+	if rf.open && now < a.nextProbe.Load() {
+		// Waiting to probe: leave the queued keys for later, but forget
+		// the ones picked by the scan (they are found again).
+		rf.pick = rf.pick[:0]
+		return
+	}
+	if rf.unacked != nil {
+		if !a.send(ctx, rf.unacked) {
+			a.unpick()
+			return
+		}
+	}
+	a.drainPending(now)
+	if len(rf.pick) == 0 {
+		if rf.open {
+			// Probe with an empty Acquire: nothing needs the allocator,
+			// but the breaker must learn whether it is back.
+			a.send(ctx, a.build(now, nil))
+		}
+		return
+	}
+	for len(rf.pick) > 0 {
+		n := min(len(rf.pick), maxBatchKeys)
+		b := a.build(now, rf.pick[:n])
+		rf.pick = rf.pick[n:]
+		if !a.send(ctx, b) {
+			a.unpick()
+			return
+		}
+	}
+}
+
+// unpick releases picked keys that were not sent.
+func (a *Agent) unpick() {
+	for _, ks := range a.rf.pick {
+		ks.inflight = false
+	}
+	a.rf.pick = a.rf.pick[:0]
+}
+
+// drainPending moves the keys queued by checks into the pick list.
+func (a *Agent) drainPending(now int64) {
+	for {
+		select {
+		case ks := <-a.pending:
+			ks.queued.Store(false)
+			if ks.inflight || ks.local.Load() {
+				continue
+			}
+			if now < ks.deniedUntil.Load() && ks.charged.Load() <= 0 {
+				continue
+			}
+			ks.inflight = true
+			a.rf.pick = append(a.rf.pick, ks)
+		default:
+			return
+		}
+	}
+}
+
+// scan walks every key: updates the demand EWMAs, picks the keys that need
+// the allocator, and forgets idle keys that owe nothing.
+func (a *Agent) scan(now int64) {
+	rf := &a.rf
+	var dt float64
+	if rf.lastScan != 0 && now > rf.lastScan {
+		dt = float64(now-rf.lastScan) / float64(time.Second)
+	}
+	alpha := 0.0
+	if dt > 0 {
+		alpha = 1 - math.Exp(-dt/demandTau.Seconds())
+	}
+	rf.lastScan = now
+	total := 0
+	var idle []*keyState
+	for i := range a.keys.shards {
+		sh := &a.keys.shards[i]
+		rf.keysBuf = sh.snapshot(rf.keysBuf[:0])
+		total += len(rf.keysBuf)
+		for _, ks := range rf.keysBuf {
+			s := ks.spent.Load()
+			if dt > 0 {
+				delta := max(s-ks.spentSeen, 0)
+				ks.demand += alpha * (float64(delta)/dt - ks.demand)
+				if ks.demand < 1e-3 {
+					ks.demand = 0
+				}
+			}
+			ks.spentSeen = s
+			if ks.local.Load() {
+				if now-ks.lastUse.Load() >= int64(a.cfg.IdleTimeout) {
+					idle = append(idle, ks)
+				}
+				continue
+			}
+			if !a.standalone && !ks.inflight && a.needsAcquire(ks, now) {
+				ks.inflight = true
+				rf.pick = append(rf.pick, ks)
+				continue
+			}
+			if a.forgettable(ks, now) {
+				idle = append(idle, ks)
+			}
+		}
+	}
+	for _, ks := range idle {
+		if a.keys.shard(ks.hash).remove(ks, func(ks *keyState) bool { return !a.forgettable(ks, now) }) {
+			total--
+		}
+	}
+	clear(rf.keysBuf)
+	a.met.keys.Set(float64(total))
+	a.met.fallbackKeys.Set(float64(rf.fbKeys))
+	rf.fbKeys = 0
+}
+
+// forgettable: idle for IdleTimeout and owing nothing (checked again under
+// the shard's write lock before the key is dropped).
+func (a *Agent) forgettable(ks *keyState, now int64) bool {
+	if ks.inflight || ks.queued.Load() || now-ks.lastUse.Load() < int64(a.cfg.IdleTimeout) {
+		return false
+	}
+	if ks.local.Load() {
+		return true
+	}
+	return ks.charged.Load() <= 0 && (ks.balance.Load() == 0 || now >= ks.expiry.Load())
+}
+
+// renewMargin is how long before a lease's expiry the loop renews it: two
+// ticks plus the round trip.
+func (a *Agent) renewMargin() int64 {
+	return int64(2*a.cfg.RefillInterval) + int64(a.rf.latency*float64(time.Second))
+}
+
+// needsAcquire decides whether the scan sends ks now.
+func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
+	if ks.charged.Load() > 0 {
+		return true
+	}
+	active := ks.spent.Load() != ks.spentAtAcq || ks.denied.Load() != ks.deniedSent
+	if ks.notLeased.Load() {
+		return active && now >= ks.retryAt
+	}
+	if now < ks.deniedUntil.Load() {
+		return false
+	}
+	exp := ks.expiry.Load()
+	if !ks.leased.Load() || now >= exp {
+		return active
+	}
+	bal := ks.balance.Load()
+	idle := now-ks.lastUse.Load() >= int64(a.cfg.IdleTimeout)
+	switch {
+	case idle:
+		return bal > 0 // hand it back
+	case now >= exp-a.renewMargin():
+		return active || bal > 0 // renew, or hand back before it is lost
+	case !active:
+		return false
+	case bal < ks.lowWater.Load(), now >= ks.refreshAt:
+		return true
+	}
+	return false
+}
+
+// demandOf estimates ks's tokens/s: the EWMA, or the rate since the last
+// scan when that is higher (a key that just woke up).
+func (a *Agent) demandOf(ks *keyState, now int64) float64 {
+	d := ks.demand
+	elapsed := max(now-a.rf.lastScan, int64(minRateWindow))
+	if recent := float64(max(ks.spent.Load()-ks.spentSeen, 0)) / (float64(elapsed) / float64(time.Second)); recent > d {
+		d = recent
+	}
+	return d
+}
+
+// build makes the Acquire for keys, moving their charges and returned
+// balances out of the check path's reach (the batch owns them until the
+// allocator acknowledges or rejects it). It takes the next request id.
+func (a *Agent) build(now int64, keys []*keyState) *batch {
+	rf := &a.rf
+	b := &batch{
+		req: &allotv1.AcquireRequest{
+			AgentId:      a.cfg.ID,
+			RequestId:    rf.nextID,
+			Keys:         make([]*allotv1.KeyAcquire, 0, len(keys)),
+			FallbackKeys: uint32(min(rf.fbKeys, math.MaxUint32)),
+		},
+		keys:   append([]*keyState(nil), keys...),
+		spent:  make([]int64, len(keys)),
+		denied: make([]int64, len(keys)),
+	}
+	rf.nextID++
+	if s := a.rules.Load(); s != nil && a.rulesFromAllocator.Load() {
+		b.req.RulesVersion = s.Version()
+	}
+	renew := a.renewMargin()
+	for i, ks := range b.keys {
+		exp := ks.expiry.Load()
+		live := now < exp
+		if !live {
+			ks.balance.Store(0) // an expired lease's tokens are gone
+		}
+		idle := now-ks.lastUse.Load() >= int64(a.cfg.IdleTimeout)
+		active := ks.spent.Load() != ks.spentAtAcq || ks.denied.Load() != ks.deniedSent
+		d := a.demandOf(ks, now)
+		var returned, want int64
+		switch {
+		case live && (idle || (!active && now >= exp-renew)):
+			// Idle, or the lease is ending unused: hand it back rather
+			// than let it expire (expired tokens are not credited).
+			returned = ks.balance.Swap(0)
+		case !idle:
+			lw := lowWaterFor(d, a.cfg.RefillInterval, a.rf.latency)
+			ks.lowWater.Store(lw)
+			horizon := max(ks.refreshEvery, minHorizon)
+			target := int64(math.Ceil(d*horizon.Seconds())) + lw
+			want = min(max(target-ks.balance.Load(), 0), maxWant)
+		}
+		charged := ks.charged.Swap(0)
+		if charged < 0 {
+			// A refund arrived after its charge was sent: keep the
+			// credit for the next report.
+			ks.charged.Add(charged)
+			charged = 0
+		}
+		b.spent[i] = ks.spent.Load()
+		b.denied[i] = ks.denied.Load()
+		b.req.Keys = append(b.req.Keys, &allotv1.KeyAcquire{
+			Domain:   ks.domain,
+			Entries:  toProtoEntries(ks.entries),
+			Want:     want,
+			Held:     ks.balance.Load(),
+			Returned: returned,
+			Charged:  charged,
+			Demand:   d,
+			Denied:   max(b.denied[i]-ks.deniedSent, 0),
+		})
+	}
+	return b
+}
+
+// maxWant is the allocator's bound on want (and on returned and charged).
+const maxWant = 1_000_000_000_000
+
+// lowWaterFor is the balance below which a key is refilled: what demand d
+// (tokens/s) spends while a refill is collected (two ticks) and answered
+// (the round-trip EWMA), at least one token.
+func lowWaterFor(d float64, tick time.Duration, latency float64) int64 {
+	w := d * (2*tick.Seconds() + latency)
+	if w < 1 {
+		return 1
+	}
+	if w > maxWant {
+		return maxWant
+	}
+	return int64(math.Ceil(w))
+}
+
+func toProtoEntries(es []rules.Entry) []*allotv1.Entry {
+	out := make([]*allotv1.Entry, len(es))
+	for i, e := range es {
+		out[i] = &allotv1.Entry{Key: e.Key, Value: e.Value}
+	}
+	return out
+}
+
+// send calls Acquire for b (b.firstSent is set on the first attempt) and
+// applies the answer. It reports whether the loop may go on sending: false
+// after a transport failure, when b stays unacknowledged and is retried,
+// with the same request id, before anything else.
+func (a *Agent) send(ctx context.Context, b *batch) bool {
+	rf := &a.rf
+	sent := a.now()
+	if b.firstSent == 0 {
+		b.firstSent = sent
+	}
+	rf.unacked = b
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
+	start := time.Now()
+	resp, err := a.clients[rf.addr].Acquire(cctx, b.req)
+	cancel()
+	a.met.callSeconds.Observe(time.Since(start).Seconds())
+	recv := a.now()
+	if err != nil {
+		if !retryable(err) {
+			a.met.callsRejected.Inc()
+			a.logs.log(a.log, "acquire_rejected", "agent: allocator rejected an Acquire; its keys are reported again later",
+				"request_id", b.req.RequestId, "keys", len(b.keys), "err", err)
+			a.reject(b)
+			a.callSucceeded(recv) // the allocator is reachable
+			return true
+		}
+		a.met.callsFailed.Inc()
+		a.callFailed(recv, err)
+		return false
+	}
+	a.met.callsOK.Inc()
+	rtt := float64(recv-sent) / float64(time.Second)
+	if rf.latency == 0 {
+		rf.latency = rtt
+	} else {
+		rf.latency += 0.2 * (rtt - rf.latency)
+	}
+	a.talked.Store(true)
+	a.callSucceeded(recv)
+	a.apply(b, resp, recv)
+	return true
+}
+
+// retryable reports whether a failed call may have been lost in transit (so
+// it must be retried with the same id) rather than answered with an error.
+func retryable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange,
+		codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.NotFound, codes.AlreadyExists:
+		return false
+	}
+	return true
+}
+
+// reject undoes b's moves: the allocator applied nothing of it.
+func (a *Agent) reject(b *batch) {
+	a.rf.unacked = nil
+	now := a.now()
+	for i, ks := range b.keys {
+		k := b.req.Keys[i]
+		ks.charged.Add(k.Charged)
+		if k.Returned > 0 && now < ks.expiry.Load() {
+			ks.balance.Add(k.Returned)
+		}
+		ks.inflight = false
+	}
+}
+
+// apply records the allocator's answer to b, received at recv.
+func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
+	a.rf.unacked = nil
+	n := max(resp.GetLiveAgents(), 1)
+	a.liveAgents.Store(n)
+	grants := resp.GetGrants()
+	if len(grants) != len(b.keys) {
+		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not match the request",
+			"keys", len(b.keys), "grants", len(grants))
+	}
+	var granted, charged, returned int64
+	for i, ks := range b.keys {
+		ks.inflight = false
+		k := b.req.Keys[i]
+		charged += k.Charged
+		returned += k.Returned
+		ks.spentAtAcq = b.spent[i]
+		ks.deniedSent = b.denied[i]
+		if i >= len(grants) {
+			continue
+		}
+		g := grants[i]
+		switch g.GetStatus() {
+		case allotv1.KeyStatus_KEY_STATUS_OK, allotv1.KeyStatus_KEY_STATUS_EXHAUSTED:
+			ks.leased.Store(true)
+			ks.notLeased.Store(false)
+			ttl := time.Duration(g.GetLeaseTtlMs()) * time.Millisecond
+			if g.GetGranted() > 0 || ttl > 0 {
+				exp := b.firstSent + int64(ttl) - int64(leaseMargin(ttl))
+				if g.GetGranted() > 0 {
+					ks.balance.Add(g.GetGranted())
+					granted += g.GetGranted()
+				}
+				ks.expiry.Store(exp)
+			}
+			ks.remaining.Store(g.GetRemaining())
+			ks.resetAt.Store(b.firstSent + g.GetResetAfterMs()*int64(time.Millisecond))
+			ks.refreshEvery = time.Duration(g.GetRefreshAfterMs()) * time.Millisecond
+			ks.refreshAt = b.firstSent + int64(ks.refreshEvery)
+			if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED {
+				ks.deniedUntil.Store(b.firstSent + g.GetRetryAfterMs()*int64(time.Millisecond))
+			} else {
+				ks.deniedUntil.Store(0)
+			}
+			// The fallback bucket now starts from this agent's share of
+			// what is left globally.
+			ks.mu.Lock()
+			ks.fbRebase = true
+			ks.fbAvail = max(g.GetRemaining(), 0) / int64(n)
+			ks.fbAt = recv
+			ks.mu.Unlock()
+		case allotv1.KeyStatus_KEY_STATUS_NO_RULE, allotv1.KeyStatus_KEY_STATUS_UNLIMITED, allotv1.KeyStatus_KEY_STATUS_NOT_LEASED:
+			// A rules version skew (or a backend change): decide
+			// locally, uncharged, and ask again later.
+			ks.leased.Store(true)
+			ks.notLeased.Store(true)
+			ks.retryAt = recv + int64(notLeasedRetry)
+			a.logs.logLevel(a.log, slog.LevelInfo, "not_leased", "agent: the allocator does not lease a key this agent limits",
+				"key", g.GetKey(), "status", g.GetStatus().String())
+		default:
+			// Unknown status: try again at the next scan.
+		}
+	}
+	a.met.granted.Add(float64(granted))
+	a.met.charged.Add(float64(charged))
+	a.met.returned.Add(float64(returned))
+	a.met.keysSent.Add(float64(len(b.keys)))
+}
+
+// leaseMargin is taken off a lease's TTL: clocks drift and the allocator's
+// expiry command runs on its own schedule.
+func leaseMargin(ttl time.Duration) time.Duration {
+	return min(ttl/10, maxLeaseMargin)
+}
+
+// callFailed counts a transport failure: rotate to the next allocator and,
+// after FailureThreshold in a row, open the breaker (or back off further).
+func (a *Agent) callFailed(now int64, err error) {
+	rf := &a.rf
+	rf.fails++
+	if len(a.clients) > 0 {
+		rf.addr = (rf.addr + 1) % len(a.clients)
+	}
+	switch {
+	case !rf.open && rf.fails >= a.cfg.FailureThreshold:
+		rf.open = true
+		rf.backoff = a.cfg.ProbeBackoff
+		a.breakerOpen.Store(true)
+		a.met.fallback.Set(1)
+		a.met.toOpen.Inc()
+		a.logs.log(a.log, "breaker_open", "agent: allocator unreachable; deciding from fallback buckets",
+			"failures", rf.fails, "err", err)
+	case rf.open:
+		rf.backoff = min(2*rf.backoff, a.cfg.MaxProbeBackoff)
+	default:
+		return
+	}
+	a.nextProbe.Store(now + int64(jitter(rf.backoff)))
+}
+
+// callSucceeded closes the breaker.
+func (a *Agent) callSucceeded(now int64) {
+	rf := &a.rf
+	rf.fails = 0
+	if !rf.open {
+		return
+	}
+	rf.open = false
+	a.breakerOpen.Store(false)
+	a.nextProbe.Store(0)
+	a.met.fallback.Set(0)
+	a.met.toClosed.Inc()
+	a.logs.logLevel(a.log, slog.LevelInfo, "breaker_closed", "agent: allocator reachable again; leasing resumed")
+}
+
+// jitter is "equal jitter": d/2 + uniform(0, d/2).
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
