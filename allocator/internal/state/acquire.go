@@ -1,0 +1,364 @@
+package state
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+var marshalDet = proto.MarshalOptions{Deterministic: true}
+
+func (c *core) applyAcquireBatch(b *allotv1.AcquireBatch, now int64) *AcquireBatchResult {
+	reqs := b.GetRequests()
+	res := &AcquireBatchResult{
+		Responses: make([]*allotv1.AcquireResponse, len(reqs)),
+		Errs:      make([]error, len(reqs)),
+	}
+	for i, req := range reqs {
+		res.Responses[i], res.Errs[i] = c.applyAcquire(req, now)
+	}
+	return res
+}
+
+// checkSeq applies the idempotency rule: the same request id as the agent's
+// last call returns the recorded answer (replay true), a smaller one is
+// stale.
+func checkSeq(ag *agentRec, id uint64, kind uint8) (replay bool, err error) {
+	if ag == nil || id > ag.lastReq {
+		return false, nil
+	}
+	if id < ag.lastReq {
+		return false, fmt.Errorf("%w: request_id %d < last %d of agent %q", ErrStaleRequest, id, ag.lastReq, ag.id)
+	}
+	if ag.lastKind != kind {
+		return false, fmt.Errorf("%w: request_id %d of agent %q was used by another call", ErrStaleRequest, id, ag.id)
+	}
+	return true, nil
+}
+
+func (c *core) applyAcquire(req *allotv1.AcquireRequest, now int64) (*allotv1.AcquireResponse, error) {
+	if err := ValidateAcquire(req); err != nil {
+		return nil, err
+	}
+	ag := c.agents[req.AgentId]
+	if replay, err := checkSeq(ag, req.RequestId, kindAcquire); err != nil {
+		return nil, err
+	} else if replay {
+		resp := new(allotv1.AcquireResponse)
+		if err := proto.Unmarshal(ag.lastResp, resp); err != nil {
+			return nil, fmt.Errorf("state: recorded response of agent %q: %w", ag.id, err)
+		}
+		return resp, nil
+	}
+	c.now = now
+	ag = c.touchAgent(ag, req.AgentId, now)
+	ag.fallbackKeys = req.FallbackKeys
+	resp := &allotv1.AcquireResponse{Grants: make([]*allotv1.KeyGrant, len(req.Keys))}
+	for i, k := range req.Keys {
+		resp.Grants[i], _, _ = c.key(ag, k, now, false)
+	}
+	resp.LiveAgents = uint32(len(c.agents))
+	resp.RulesVersion = c.rulesVersion()
+	resp.NowUnixMs = now / 1e6
+	c.record(ag, req.RequestId, kindAcquire, resp)
+	return resp, nil
+}
+
+func (c *core) applyRelease(req *allotv1.ReleaseRequest, now int64) (*allotv1.ReleaseResponse, error) {
+	if err := ValidateRelease(req); err != nil {
+		return nil, err
+	}
+	ag := c.agents[req.AgentId]
+	if replay, err := checkSeq(ag, req.RequestId, kindRelease); err != nil {
+		return nil, err
+	} else if replay {
+		resp := new(allotv1.ReleaseResponse)
+		if err := proto.Unmarshal(ag.lastResp, resp); err != nil {
+			return nil, fmt.Errorf("state: recorded response of agent %q: %w", ag.id, err)
+		}
+		return resp, nil
+	}
+	c.now = now
+	ag = c.touchAgent(ag, req.AgentId, now)
+	resp := &allotv1.ReleaseResponse{}
+	for _, k := range req.Keys {
+		_, credited, ended := c.key(ag, k, now, true)
+		resp.Returned += credited
+		if ended {
+			resp.LeasesEnded++
+		}
+	}
+	if req.All {
+		resp.LeasesEnded += c.endAgentLeases(ag.num)
+	}
+	c.record(ag, req.RequestId, kindRelease, resp)
+	return resp, nil
+}
+
+// touchAgent returns the agent's record for writing, creating it if needed,
+// and stamps its last contact.
+func (c *core) touchAgent(ag *agentRec, id string, now int64) *agentRec {
+	if ag == nil {
+		ag = &agentRec{gen: c.gen, id: id, num: c.nextAgent}
+		c.nextAgent++
+		if c.nextAgent == 0 {
+			c.nextAgent = 1
+		}
+		c.agents[id] = ag
+		c.byNum[ag.num] = ag
+	} else {
+		ag = c.mutAgent(ag)
+	}
+	ag.lastContact = now
+	return ag
+}
+
+// record stores the agent's last request id and its answer.
+func (c *core) record(ag *agentRec, id uint64, kind uint8, resp proto.Message) {
+	b, err := marshalDet.Marshal(resp)
+	if err != nil {
+		// Marshalling a message this package built cannot fail; keep the
+		// previous id so that a retry is applied rather than answered
+		// wrongly.
+		return
+	}
+	ag = c.mutAgent(ag)
+	ag.lastReq, ag.lastKind, ag.lastResp = id, kind, b
+}
+
+// entries converts wire entries into the scratch rules.Entry slice.
+func (c *core) entries(es []*allotv1.Entry) []rules.Entry {
+	out := c.scr.entries[:0]
+	for _, e := range es {
+		out = append(out, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	c.scr.entries = out
+	return out
+}
+
+// slotFor returns the table index of h under limit l, creating the key (a
+// zero, full state) if needed. A key whose rule's limit changed restarts
+// from zero under the new limit.
+func (c *core) slotFor(h uint64, l bucket.Limit) int {
+	li := c.lims.ref(l)
+	i := c.tab.find(h)
+	if i < 0 {
+		return c.tab.insert(c, h, li)
+	}
+	if old := c.tab.at(i).lim; old != li {
+		s := c.tab.mut(c, i)
+		s.lim, s.st = li, bucket.State{}
+		c.lims.unref(old)
+	} else {
+		c.lims.unref(li)
+	}
+	return i
+}
+
+// key applies one key of an Acquire (release=false) or a Release
+// (release=true: want is ignored and the lease ends). It returns the grant,
+// the tokens credited back and whether a lease ended.
+func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool) (g *allotv1.KeyGrant, credited int64, ended bool) {
+	ents := c.entries(ka.Entries)
+	rule := c.rules.Match(ka.Domain, ents)
+	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.Domain, ents)
+	g = &allotv1.KeyGrant{Key: string(c.scr.key)}
+	h := rules.KeyHash(rule, ka.Domain, ents)
+
+	if rule == nil || rule.Unlimited || rule.Backend != rules.BackendLease {
+		switch {
+		case rule == nil:
+			g.Status = allotv1.KeyStatus_KEY_STATUS_NO_RULE
+		case rule.Unlimited:
+			g.Status = allotv1.KeyStatus_KEY_STATUS_UNLIMITED
+		default:
+			g.Status = allotv1.KeyStatus_KEY_STATUS_NOT_LEASED
+		}
+		if rule != nil {
+			g.Limit = c.limitMsgs[rule.ID]
+		}
+		g.LeaseTtlMs = ms(c.cfg.MaxLeaseTTL)
+		g.RefreshAfterMs = g.LeaseTtlMs
+		// A lease left from an earlier rule ends: the key is not leased now.
+		if ki := c.infos[h]; ki != nil {
+			if i, ok := ki.leaseIdx(ag.num); ok {
+				c.endLease(h, i)
+				ended = true
+			}
+		}
+		return g, 0, ended
+	}
+
+	lim := rule.Limit
+	idx := c.slotFor(h, lim)
+	st := c.tab.at(idx).st
+	ki := c.infos[h]
+	var (
+		old  lease
+		li   int
+		have bool
+	)
+	if ki != nil {
+		if li, have = ki.leaseIdx(ag.num); have {
+			old = ki.leases[li]
+		}
+	}
+
+	// (1) returned: credit at most what the agent is recorded as holding.
+	held := old.held
+	if r := min(ka.Returned, held); r > 0 {
+		lim.GiveBack(&st, now, r)
+		held -= r
+		credited = r
+	}
+	// The agent's report caps the record: it may have spent since.
+	held = min(held, ka.Held)
+	// (2) charged: tokens admitted without a lease.
+	if ka.Charged > 0 {
+		lim.Debit(&st, now, ka.Charged)
+	}
+	// (3) want: size, cap at the fair share, take what the bucket has.
+	capacity := capacityOf(lim, c.cfg.RefreshInterval)
+	want := int64(0)
+	if !release {
+		want = min(ka.Want, capacity)
+	}
+	need := min(capacity, held+want)
+	var granted int64
+	contended := false
+	if want > 0 {
+		var agentCap int64
+		agentCap, contended = c.agentCap(ki, ag.num, old.need, need, capacity)
+		if ask := min(want, agentCap-held); ask > 0 {
+			granted = lim.TakeUpTo(&st, now, ask)
+			held += granted
+		}
+	}
+	c.tab.mut(c, idx).st = st
+
+	p := lim.Peek(st, now)
+	g.Status = allotv1.KeyStatus_KEY_STATUS_OK
+	g.Granted = granted
+	g.Remaining = p.Remaining
+	g.ResetAfterMs = ms(p.ResetAfter)
+	g.Limit = c.limitMsgs[rule.ID]
+	var retry time.Duration
+	if want > 0 && granted == 0 && p.Remaining < 1 {
+		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
+		retry = max(p.RetryAfter, time.Millisecond)
+		g.RetryAfterMs = ms(retry)
+	}
+
+	if !release && (want > 0 || held > 0) {
+		ttl, refresh := c.leaseTiming(contended, held, ka.Demand)
+		if retry > 0 {
+			refresh = min(retry, ttl)
+		}
+		nl := lease{agent: ag.num, need: need, held: held, grantedAt: old.grantedAt,
+			expiry: now + int64(ttl), demand: ka.Demand, seq: old.seq}
+		if granted > 0 {
+			nl.grantedAt = now
+		}
+		ki = c.putLease(h, idx, ki, li, have, nl, g.Key, ka.Domain, rule.Name)
+		g.LeaseTtlMs = ms(ttl)
+		g.RefreshAfterMs = ms(refresh)
+		g.Held = held
+	} else {
+		if have {
+			c.endLease(h, li)
+			ended = true
+		}
+		ki = c.infos[h]
+		g.RefreshAfterMs = ms(c.cfg.MaxLeaseTTL)
+		if retry > 0 {
+			g.RefreshAfterMs = ms(retry)
+		}
+	}
+	if ki != nil {
+		ki = c.mutInfo(h)
+		ki.grants.add(now, granted)
+		ki.denies.add(now, ka.Denied)
+		g.Agents = uint32(len(ki.leases))
+	}
+	return g, credited, ended
+}
+
+// putLease creates or updates agent nl.agent's lease on h (slot idx).
+func (c *core) putLease(h uint64, idx int, ki *keyInfo, li int, have bool, nl lease, key, domain, ruleName string) *keyInfo {
+	ag := c.mutAgent(c.byNum[nl.agent])
+	if ki == nil {
+		ki = &keyInfo{gen: c.gen, key: key, domain: domain}
+		c.infos[h] = ki
+		c.tab.mut(c, idx).flags |= flagInfo
+	} else {
+		ki = c.mutInfo(h)
+	}
+	ki.rule = ruleName
+	if have {
+		old := ki.leases[li]
+		if nl.expiry < old.expiry {
+			// The heap entry may be later than the new expiry: queue anew
+			// (the old entry is dropped by its stale seq).
+			nl.seq = c.pushExpiry(h, nl.agent, nl.expiry)
+		}
+		ki.sumNeed += nl.need - old.need
+		ag.tokensHeld += nl.held - old.held
+		ki.leases[li] = nl
+		return ki
+	}
+	nl.seq = c.pushExpiry(h, nl.agent, nl.expiry)
+	ki.leases = slices.Insert(ki.leases, li, nl)
+	ki.sumNeed += nl.need
+	ag.keysHeld++
+	ag.tokensHeld += nl.held
+	c.leases++
+	return ki
+}
+
+// endLease ends lease i of key h. Its tokens are not credited back: the
+// agent may have spent them (docs/architecture.md, invariant (c)).
+func (c *core) endLease(h uint64, i int) {
+	ki := c.mutInfo(h)
+	l := ki.leases[i]
+	if ag := c.byNum[l.agent]; ag != nil {
+		ag = c.mutAgent(ag)
+		ag.keysHeld--
+		ag.tokensHeld -= l.held
+	}
+	ki.sumNeed -= l.need
+	ki.leases = slices.Delete(ki.leases, i, i+1)
+	c.leases--
+	if len(ki.leases) == 0 {
+		delete(c.infos, h)
+		if idx := c.tab.find(h); idx >= 0 {
+			c.tab.mut(c, idx).flags &^= flagInfo
+		}
+	}
+}
+
+// endAgentLeases ends every lease of the agent and returns how many. It
+// scans the leased keys (agents end all their leases only on shutdown or
+// when forgotten); the result does not depend on the scan order.
+func (c *core) endAgentLeases(num uint32) uint32 {
+	ag := c.byNum[num]
+	if ag == nil || ag.keysHeld == 0 {
+		return 0
+	}
+	var n uint32
+	for h, ki := range c.infos {
+		if i, ok := ki.leaseIdx(num); ok {
+			c.endLease(h, i)
+			n++
+			if c.byNum[num].keysHeld == 0 {
+				break
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,102 @@
+package state
+
+import (
+	"container/heap"
+	"sort"
+
+	"github.com/allot/allot/pkg/bucket"
+)
+
+// applyExpire ends the leases whose expiry is at or before now (their
+// tokens are not credited back), forgets agents not heard from for
+// AgentTTL, and sweeps one segment of the key table for keys that carry no
+// information (full bucket, no lease).
+//
+// Cost: expired leases are popped from a heap (one entry per lease; a
+// renewed lease is re-queued when its old entry surfaces), agents are
+// scanned (thousands at most), and the sweep visits 1/SweepSegments of the
+// table, so an Expire does not touch every key.
+func (c *core) applyExpire(now int64) {
+	c.now = now
+	for len(c.exp) > 0 && c.exp[0].expiry <= now {
+		e := heap.Pop(&c.exp).(expEnt)
+		ki := c.infos[e.hash]
+		if ki == nil {
+			continue
+		}
+		i, ok := ki.leaseIdx(e.agent)
+		if !ok || ki.leases[i].seq != e.seq {
+			continue // the lease ended or was re-queued
+		}
+		if exp := ki.leases[i].expiry; exp > now {
+			c.mutInfo(e.hash).leases[i].seq = c.pushExpiry(e.hash, e.agent, exp)
+			continue
+		}
+		c.endLease(e.hash, i)
+	}
+
+	var dead []*agentRec
+	for _, a := range c.agents {
+		if now-a.lastContact >= int64(c.cfg.AgentTTL) {
+			dead = append(dead, a)
+		}
+	}
+	sort.Slice(dead, func(i, j int) bool { return dead[i].num < dead[j].num })
+	for _, a := range dead {
+		c.endAgentLeases(a.num)
+		delete(c.agents, a.id)
+		delete(c.byNum, a.num)
+	}
+
+	c.sweep(now)
+}
+
+// sweep drops the full, lease-less keys of one hash-space segment and
+// advances the segment cursor. Such a key is indistinguishable from an
+// untracked one (a zero State is a full bucket), so dropping it changes no
+// future decision; the segment order is fixed, so every replica drops the
+// same keys.
+func (c *core) sweep(now int64) {
+	segs := uint64(c.cfg.SweepSegments)
+	seg := uint64(c.sweepSeg) % segs
+	c.sweepSeg = uint32((seg + 1) % segs)
+	bitsPer := uint(64 - log2(int(segs)))
+	var lo, hiLast uint64 // keys in [lo, hiLast]
+	if segs == 1 {
+		lo, hiLast = 0, ^uint64(0)
+	} else {
+		lo = seg << bitsPer
+		hiLast = lo + (1<<bitsPer - 1)
+	}
+	t := &c.tab
+	endHome := t.home(hiLast)
+	for i := t.lowerBound(lo); i < t.size; {
+		s := t.at(i)
+		if s.lim == 0 {
+			if i >= endHome {
+				break
+			}
+			i++
+			continue
+		}
+		if s.hash > hiLast {
+			break
+		}
+		if s.flags&flagInfo == 0 && idle(c.lims.get(s.lim), s.st, now) {
+			lim := s.lim
+			t.remove(c, i)
+			c.lims.unref(lim)
+			continue // the next key moved into i
+		}
+		i++
+	}
+	t.maybeShrink(c)
+}
+
+// idle reports whether st behaves like the zero State from now on: as many
+// tokens (or as much window capacity) and no later reset.
+func idle(l bucket.Limit, st bucket.State, now int64) bool {
+	p := l.Peek(st, now)
+	z := l.Peek(bucket.State{}, now)
+	return p.Remaining >= z.Remaining && p.ResetAfter <= z.ResetAfter
+}

@@ -1,0 +1,300 @@
+package state
+
+import (
+	"container/heap"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+	defaultTopKeys  = 20
+	maxTopKeys      = 1000
+)
+
+// ListLeases lists live leases in key-hash order, then by agent, filtered by
+// key (canonical), agent and domain. Pages are at most 1000 leases (default
+// 100); next_page_token is opaque and stable across calls. An unknown agent
+// filter is ErrUnknownAgent; a bad page token or page size is ErrInvalid.
+func (s *State) ListLeases(req *allotv1.ListLeasesRequest, nowNanos int64) (*allotv1.ListLeasesResponse, error) {
+	if req == nil {
+		req = &allotv1.ListLeasesRequest{}
+	}
+	size := int(req.PageSize)
+	switch {
+	case size < 0:
+		return nil, fmt.Errorf("%w: negative page_size", ErrInvalid)
+	case size == 0:
+		size = defaultPageSize
+	case size > maxPageSize:
+		size = maxPageSize
+	}
+	fromHash, fromAgent, err := parsePageToken(req.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	var agentNum uint32
+	if req.AgentId != "" {
+		a := c.agents[req.AgentId]
+		if a == nil {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownAgent, req.AgentId)
+		}
+		agentNum = a.num
+	}
+	resp := &allotv1.ListLeasesResponse{NowUnixMs: nowNanos / 1e6}
+	// emit appends k's matching leases after the token; it reports false
+	// when the page is full (and sets the next token).
+	emit := func(h uint64, k *keyInfo) bool {
+		if req.Domain != "" && k.domain != req.Domain {
+			return true
+		}
+		for _, l := range k.leases {
+			if agentNum != 0 && l.agent != agentNum {
+				continue
+			}
+			if h == fromHash && l.agent < fromAgent {
+				continue
+			}
+			if len(resp.Leases) == size {
+				resp.NextPageToken = pageToken(h, l.agent)
+				return false
+			}
+			resp.Leases = append(resp.Leases, c.leaseMsg(k, &l, nowNanos))
+		}
+		return true
+	}
+	if req.Key != "" {
+		h := xxhash.Sum64String(req.Key)
+		if k := c.infos[h]; k != nil && k.key == req.Key && h >= fromHash {
+			emit(h, k)
+		}
+		return resp, nil
+	}
+	t := &c.tab
+	for i := t.lowerBound(fromHash); i < t.size; i++ {
+		sl := t.at(i)
+		if sl.lim == 0 || sl.flags&flagInfo == 0 {
+			continue
+		}
+		if k := c.infos[sl.hash]; k != nil && !emit(sl.hash, k) {
+			break
+		}
+	}
+	return resp, nil
+}
+
+// pageToken encodes the first lease of the next page: "hash.agent" in hex.
+func pageToken(h uint64, agent uint32) string {
+	return fmt.Sprintf("%016x.%x", h, agent)
+}
+
+func parsePageToken(tok string) (uint64, uint32, error) {
+	if tok == "" {
+		return 0, 0, nil
+	}
+	hs, as, ok := strings.Cut(tok, ".")
+	h, err1 := strconv.ParseUint(hs, 16, 64)
+	a, err2 := strconv.ParseUint(as, 16, 32)
+	if !ok || len(hs) != 16 || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("%w: bad page_token %q", ErrInvalid, tok)
+	}
+	return h, uint32(a), nil
+}
+
+func (c *core) leaseMsg(k *keyInfo, l *lease, now int64) *allotv1.Lease {
+	m := &allotv1.Lease{
+		Key:           k.key,
+		Domain:        k.domain,
+		Tokens:        l.held,
+		GrantedUnixMs: l.grantedAt / 1e6,
+		ExpiresInMs:   max(0, (l.expiry-now)/1e6),
+		Demand:        l.demand,
+		Rule:          k.rule,
+	}
+	if a := c.byNum[l.agent]; a != nil {
+		m.AgentId = a.id
+	}
+	return m
+}
+
+// InspectKey explains one key: the rule it matches and why, its global
+// tokens now, its leases and recent rates. The key is given canonically
+// (key) or as domain + entries. A malformed key is ErrInvalid.
+func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*allotv1.InspectKeyResponse, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: nil inspect request", ErrInvalid)
+	}
+	var (
+		domain  string
+		entries []rules.Entry
+	)
+	if req.Key != "" {
+		if len(req.Key) > 3*maxKeyBytes {
+			return nil, fmt.Errorf("%w: key longer than %d bytes", ErrInvalid, 3*maxKeyBytes)
+		}
+		d, es, err := rules.ParseKey(req.Key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		domain, entries = d, es
+	} else {
+		if err := validateDescriptor(req.Domain, req.Entries); err != nil {
+			return nil, fmt.Errorf("%w: %s", ErrInvalid, err)
+		}
+		domain = req.Domain
+		for _, e := range req.Entries {
+			entries = append(entries, rules.Entry{Key: e.Key, Value: e.Value})
+		}
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	rule, trace := c.rules.MatchTrace(domain, entries)
+	resp := &allotv1.InspectKeyResponse{
+		Key:        string(rules.AppendKey(nil, rule, domain, entries)),
+		Matched:    rule != nil,
+		MatchTrace: trace,
+		NowUnixMs:  nowNanos / 1e6,
+	}
+	if rule == nil {
+		return resp, nil
+	}
+	resp.Limit = c.limitMsgs[rule.ID]
+	resp.Shards = int32(rule.Shards)
+	resp.RedisPromoted = rule.Backend == rules.BackendRedis
+	if rule.Unlimited || rule.Backend != rules.BackendLease {
+		return resp, nil
+	}
+	h := rules.KeyHash(rule, domain, entries)
+	var st bucket.State
+	if i := c.tab.find(h); i >= 0 {
+		resp.Tracked = true
+		if sl := c.tab.at(i); sl.lim == c.lims.lookup(rule.Limit) {
+			st = sl.st
+		}
+	}
+	p := rule.Limit.Peek(st, nowNanos)
+	resp.Tokens = p.Remaining
+	resp.FullInMs = ms(p.ResetAfter)
+	if k := c.infos[h]; k != nil {
+		for i := range k.leases {
+			resp.Leases = append(resp.Leases, c.leaseMsg(k, &k.leases[i], nowNanos))
+		}
+		resp.GrantRate = perSecond(k.grants.valueAt(nowNanos))
+		resp.DenyRate = perSecond(k.denies.valueAt(nowNanos))
+	}
+	return resp, nil
+}
+
+// ListAgents lists the known agents, sorted by id.
+func (s *State) ListAgents(nowNanos int64) *allotv1.ListAgentsResponse {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	resp := &allotv1.ListAgentsResponse{NowUnixMs: nowNanos / 1e6}
+	for _, a := range s.st.agents {
+		resp.Agents = append(resp.Agents, &allotv1.AgentInfo{
+			AgentId:           a.id,
+			LastContactUnixMs: a.lastContact / 1e6,
+			KeysHeld:          a.keysHeld,
+			TokensHeld:        a.tokensHeld,
+			FallbackKeys:      a.fallbackKeys,
+			LastRequestId:     a.lastReq,
+		})
+	}
+	sort.Slice(resp.Agents, func(i, j int) bool { return resp.Agents[i].AgentId < resp.Agents[j].AgentId })
+	return resp
+}
+
+// TopKeys returns the leased keys with the highest recent grant rate
+// (order "grant", the default) or deny rate ("deny"), at most limit
+// (default 20, at most 1000), optionally in one domain. Ties go to the
+// smaller key.
+func (s *State) TopKeys(req *allotv1.TopKeysRequest, nowNanos int64) *allotv1.TopKeysResponse {
+	if req == nil {
+		req = &allotv1.TopKeysRequest{}
+	}
+	limit := int(req.Limit)
+	if limit <= 0 {
+		limit = defaultTopKeys
+	}
+	limit = min(limit, maxTopKeys)
+	byDeny := req.Order == "deny"
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	top := &topHeap{}
+	for h, k := range c.infos {
+		if req.Domain != "" && k.domain != req.Domain {
+			continue
+		}
+		e := topEnt{h: h, k: k, grant: k.grants.valueAt(nowNanos), deny: k.denies.valueAt(nowNanos)}
+		e.score = e.grant
+		if byDeny {
+			e.score = e.deny
+		}
+		if top.Len() < limit {
+			heap.Push(top, e)
+		} else if top.better(e, (*top)[0]) {
+			(*top)[0] = e
+			heap.Fix(top, 0)
+		}
+	}
+	out := make([]topEnt, top.Len())
+	for i := len(out) - 1; i >= 0; i-- {
+		out[i] = heap.Pop(top).(topEnt)
+	}
+	resp := &allotv1.TopKeysResponse{NowUnixMs: nowNanos / 1e6}
+	for _, e := range out {
+		kr := &allotv1.KeyRate{
+			Key:       e.k.key,
+			GrantRate: perSecond(e.grant),
+			DenyRate:  perSecond(e.deny),
+			Agents:    uint32(len(e.k.leases)),
+			Rule:      e.k.rule,
+		}
+		if i := c.tab.find(e.h); i >= 0 {
+			sl := c.tab.at(i)
+			kr.Tokens = c.lims.get(sl.lim).Peek(sl.st, nowNanos).Remaining
+		}
+		resp.Keys = append(resp.Keys, kr)
+	}
+	return resp
+}
+
+type topEnt struct {
+	h                  uint64
+	k                  *keyInfo
+	score, grant, deny int64
+}
+
+// topHeap is a min-heap of the best entries so far: the root is the worst.
+type topHeap []topEnt
+
+func (t topHeap) better(a, b topEnt) bool {
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	return a.k.key < b.k.key
+}
+func (t topHeap) Len() int           { return len(t) }
+func (t topHeap) Less(i, j int) bool { return t.better(t[j], t[i]) }
+func (t topHeap) Swap(i, j int)      { t[i], t[j] = t[j], t[i] }
+func (t *topHeap) Push(x any)        { *t = append(*t, x.(topEnt)) }
+func (t *topHeap) Pop() any {
+	old := *t
+	e := old[len(old)-1]
+	*t = old[:len(old)-1]
+	return e
+}

@@ -1,0 +1,626 @@
+package state
+
+import (
+	"bufio"
+	"bytes"
+	"container/heap"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"maps"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// Snapshot format (all integers little-endian; varints as encoding/binary):
+//
+//	header  "ALLOTSNP" uvarint(format version = 1)
+//	body    scalars, rules, limits, members, agents, keys, leased keys
+//	trailer crc32c(header+body) uint32 · len(header+body) uint64 · "ALLOTEND"
+//
+// Records appear in a canonical order (keys and leased keys by hash, agents
+// and members by id, leases by agent number), so equal states give equal
+// bytes. Derived data (counters, the expiry heap, limit reference counts) is
+// not stored: Restore recomputes it and checks the stored data for
+// consistency.
+const (
+	snapMagic     = "ALLOTSNP"
+	snapEnd       = "ALLOTEND"
+	snapVersion   = 1
+	snapTrailer   = 4 + 8 + len(snapEnd)
+	snapFlushSize = 64 << 10
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Snapshot is a point-in-time capture of a State, taken cheaply under the
+// lock: the key table's chunks and the leased-key and agent records are
+// shared copy-on-write with the live state, so capture copies pointers
+// only (one per 4096 keys, one per leased key and agent). Persist streams
+// it; Release ends the sharing (call it when done, after Persist or
+// instead of it; safe to call twice). A Snapshot is used by one goroutine.
+type Snapshot interface {
+	Persist(w io.Writer) error
+	Release()
+}
+
+type snapshot struct {
+	s    *State
+	once sync.Once
+	v    *view
+}
+
+// view is the captured state.
+type view struct {
+	now, rulesUpdated int64
+	rules             *rules.Set
+	lims              limits
+	chunks            []*chunk
+	tabN              int
+	infos             map[uint64]*keyInfo
+	agents            []*agentRec
+	members           []*allotv1.Member
+	nextAgent         uint32
+	sweepSeg          uint32
+}
+
+// Snapshot captures the state for Persist. The capture is O(chunks +
+// leased keys + agents) pointer copies under the lock; the table itself is
+// not copied (mutations after the capture copy a 128 KiB chunk on first
+// write).
+func (s *State) Snapshot() (Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.st
+	c.gen++
+	s.live++
+	v := &view{
+		now:          c.now,
+		rulesUpdated: c.rulesUpdated,
+		rules:        c.rules,
+		lims:         c.lims.clone(),
+		chunks:       slices.Clone(c.tab.chunks),
+		tabN:         c.tab.n,
+		infos:        maps.Clone(c.infos),
+		nextAgent:    c.nextAgent,
+		sweepSeg:     c.sweepSeg,
+	}
+	v.agents = make([]*agentRec, 0, len(c.agents))
+	for _, a := range c.agents {
+		v.agents = append(v.agents, a)
+	}
+	v.members = make([]*allotv1.Member, 0, len(c.members))
+	for _, m := range c.members {
+		v.members = append(v.members, m)
+	}
+	return &snapshot{s: s, v: v}, nil
+}
+
+// Release ends the snapshot's sharing with the live state. Safe to call
+// twice.
+func (sn *snapshot) Release() {
+	sn.once.Do(func() {
+		sn.s.mu.Lock()
+		sn.s.live--
+		sn.s.mu.Unlock()
+		sn.v = nil
+	})
+}
+
+// Persist writes the snapshot in the versioned binary format. It does the
+// sorting and encoding outside the state's lock.
+func (sn *snapshot) Persist(w io.Writer) error {
+	v := sn.v
+	if v == nil {
+		return errors.New("state: persist of a released snapshot")
+	}
+	e := &enc{w: w, crc: 0}
+	e.raw([]byte(snapMagic))
+	e.uvarint(snapVersion)
+
+	e.varint(v.now)
+	e.varint(v.rulesUpdated)
+	e.uvarint(uint64(v.nextAgent))
+	e.uvarint(uint64(v.sweepSeg))
+
+	if v.rules == nil {
+		e.uvarint(0)
+	} else {
+		e.uvarint(1)
+		e.uvarint(v.rules.Version())
+		files := v.rules.Files()
+		e.uvarint(uint64(len(files)))
+		for _, f := range files {
+			e.str(f.Name)
+			e.str(f.Domain)
+			e.bytes(f.Source)
+		}
+	}
+
+	e.uvarint(uint64(len(v.lims.ents)))
+	for _, le := range v.lims.ents[1:] {
+		if le.refs == 0 {
+			e.byte(0)
+			continue
+		}
+		e.byte(1)
+		e.byte(byte(le.key.alg))
+		e.varint(le.key.quota)
+		e.varint(int64(le.key.window))
+		e.varint(le.key.burst)
+	}
+
+	sort.Slice(v.members, func(i, j int) bool { return v.members[i].Id < v.members[j].Id })
+	e.uvarint(uint64(len(v.members)))
+	for _, m := range v.members {
+		for _, f := range [...]string{m.Id, m.RaftAddr, m.GrpcAddr, m.HttpAddr, m.Role, m.Suffrage} {
+			e.str(f)
+		}
+	}
+
+	sort.Slice(v.agents, func(i, j int) bool { return v.agents[i].id < v.agents[j].id })
+	e.uvarint(uint64(len(v.agents)))
+	for _, a := range v.agents {
+		e.str(a.id)
+		e.uvarint(uint64(a.num))
+		e.uvarint(a.lastReq)
+		e.byte(a.lastKind)
+		e.bytes(a.lastResp)
+		e.varint(a.lastContact)
+		e.uvarint(uint64(a.fallbackKeys))
+	}
+
+	e.uvarint(uint64(v.tabN))
+	for _, ch := range v.chunks {
+		for k := range ch {
+			s := &ch[k]
+			if s.lim == 0 {
+				continue
+			}
+			e.fixed64(s.hash)
+			e.varint(s.st.A)
+			e.varint(s.st.B)
+			e.uvarint(uint64(s.lim))
+		}
+	}
+
+	hashes := make([]uint64, 0, len(v.infos))
+	for h := range v.infos {
+		hashes = append(hashes, h)
+	}
+	slices.Sort(hashes)
+	e.uvarint(uint64(len(hashes)))
+	for _, h := range hashes {
+		k := v.infos[h]
+		e.fixed64(h)
+		e.str(k.key)
+		e.str(k.domain)
+		e.str(k.rule)
+		e.varint(k.grants.v)
+		e.varint(k.grants.at)
+		e.varint(k.denies.v)
+		e.varint(k.denies.at)
+		e.uvarint(uint64(len(k.leases)))
+		for _, l := range k.leases {
+			e.uvarint(uint64(l.agent))
+			e.varint(l.need)
+			e.varint(l.held)
+			e.varint(l.grantedAt)
+			e.varint(l.expiry)
+			e.fixed64(math.Float64bits(l.demand))
+		}
+	}
+	return e.finish()
+}
+
+// enc buffers output and keeps the running CRC and length.
+type enc struct {
+	w   io.Writer
+	buf []byte
+	crc uint32
+	n   uint64
+	err error
+}
+
+func (e *enc) flush() {
+	if len(e.buf) == 0 || e.err != nil {
+		e.buf = e.buf[:0]
+		return
+	}
+	e.crc = crc32.Update(e.crc, castagnoli, e.buf)
+	e.n += uint64(len(e.buf))
+	_, e.err = e.w.Write(e.buf)
+	e.buf = e.buf[:0]
+}
+
+func (e *enc) grow() {
+	if len(e.buf) >= snapFlushSize {
+		e.flush()
+	}
+}
+func (e *enc) raw(b []byte)       { e.buf = append(e.buf, b...); e.grow() }
+func (e *enc) byte(b byte)        { e.buf = append(e.buf, b); e.grow() }
+func (e *enc) uvarint(x uint64)   { e.buf = binary.AppendUvarint(e.buf, x); e.grow() }
+func (e *enc) varint(x int64)     { e.buf = binary.AppendVarint(e.buf, x); e.grow() }
+func (e *enc) fixed64(x uint64)   { e.buf = binary.LittleEndian.AppendUint64(e.buf, x); e.grow() }
+func (e *enc) str(s string)       { e.uvarint(uint64(len(s))); e.buf = append(e.buf, s...); e.grow() }
+func (e *enc) bytes(b []byte)     { e.uvarint(uint64(len(b))); e.raw(b) }
+func (e *enc) finish() error {
+	e.flush()
+	if e.err != nil {
+		return fmt.Errorf("state: persist: %w", e.err)
+	}
+	t := binary.LittleEndian.AppendUint32(nil, e.crc)
+	t = binary.LittleEndian.AppendUint64(t, e.n)
+	t = append(t, snapEnd...)
+	if _, err := e.w.Write(t); err != nil {
+		return fmt.Errorf("state: persist: %w", err)
+	}
+	return nil
+}
+
+// Restore replaces the state with the snapshot read from r. The snapshot is
+// read and checked completely (framing, CRC, every cross-reference) into a
+// fresh state before it is swapped in under the lock; any error wraps
+// ErrCorruptSnapshot (or is the reader's error) and leaves the state as it
+// was.
+func (s *State) Restore(r io.Reader) error {
+	data, err := io.ReadAll(bufio.NewReaderSize(r, 1<<20))
+	if err != nil {
+		return fmt.Errorf("state: restore: read: %w", err)
+	}
+	c, err := decodeSnapshot(s.cfg, data)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.st = c
+	s.mu.Unlock()
+	return nil
+}
+
+func corrupt(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorruptSnapshot, fmt.Sprintf(format, args...))
+}
+
+func decodeSnapshot(cfg Config, data []byte) (*core, error) {
+	if len(data) < len(snapMagic)+1+snapTrailer {
+		return nil, corrupt("%d bytes is too short", len(data))
+	}
+	if string(data[:len(snapMagic)]) != snapMagic {
+		return nil, corrupt("bad magic")
+	}
+	tr := data[len(data)-snapTrailer:]
+	body := data[:len(data)-snapTrailer]
+	if string(tr[12:]) != snapEnd {
+		return nil, corrupt("missing end marker (truncated?)")
+	}
+	if n := binary.LittleEndian.Uint64(tr[4:12]); n != uint64(len(body)) {
+		return nil, corrupt("length %d, trailer says %d (truncated?)", len(body), n)
+	}
+	if crc := crc32.Checksum(body, castagnoli); crc != binary.LittleEndian.Uint32(tr[:4]) {
+		return nil, corrupt("checksum mismatch")
+	}
+	d := &dec{b: body[len(snapMagic):]}
+	if v := d.uvarint(); d.err == nil && v != snapVersion {
+		return nil, corrupt("format version %d, this binary reads %d", v, snapVersion)
+	}
+	c := newCore(cfg)
+	c.now = d.varint()
+	c.rulesUpdated = d.varint()
+	c.nextAgent = uint32(d.uvarintMax(math.MaxUint32, "next agent"))
+	c.sweepSeg = uint32(d.uvarintMax(uint64(cfg.SweepSegments-1), "sweep segment"))
+
+	// Rules.
+	if present := d.uvarintMax(1, "rules flag"); present == 1 {
+		version := d.uvarint()
+		n := d.count("rule files")
+		files := make([]rules.File, 0, n)
+		for i := 0; i < n && d.err == nil; i++ {
+			files = append(files, rules.File{Name: d.str(), Domain: d.str(), Source: d.bytes()})
+		}
+		if d.err != nil {
+			return nil, d.err
+		}
+		set, err := rules.Compile(version, files)
+		if err != nil {
+			return nil, corrupt("rules: %v", err)
+		}
+		c.setRules(set, c.rulesUpdated)
+	}
+
+	// Limits.
+	nl := d.count("limits")
+	if d.err == nil && nl < 1 {
+		return nil, corrupt("limits table without its reserved entry")
+	}
+	present := make([]bool, max(nl, 1))
+	for i := 1; i < nl && d.err == nil; i++ {
+		c.lims.ents = append(c.lims.ents, limitEnt{})
+		if d.byte() == 0 {
+			continue
+		}
+		present[i] = true
+		alg, quota, window, burst := bucket.Algorithm(d.byte()), d.varint(), time.Duration(d.varint()), d.varint()
+		if d.err != nil {
+			break
+		}
+		l, err := bucket.NewLimit(alg, quota, window, burst)
+		if err != nil {
+			return nil, corrupt("limit %d: %v", i, err)
+		}
+		k := keyOf(l)
+		if _, dup := c.lims.idx[k]; dup {
+			return nil, corrupt("limit %d is a duplicate", i)
+		}
+		c.lims.ents[i] = limitEnt{lim: l, key: k}
+		c.lims.idx[k] = uint32(i)
+	}
+
+	// Members.
+	nm := d.count("members")
+	var lastID string
+	for i := 0; i < nm && d.err == nil; i++ {
+		m := &allotv1.Member{Id: d.str(), RaftAddr: d.str(), GrpcAddr: d.str(), HttpAddr: d.str(), Role: d.str(), Suffrage: d.str()}
+		if d.err == nil && (m.Id == "" || (i > 0 && m.Id <= lastID)) {
+			return nil, corrupt("members out of order")
+		}
+		lastID = m.Id
+		c.members[m.Id] = m
+	}
+
+	// Agents.
+	na := d.count("agents")
+	lastID = ""
+	for i := 0; i < na && d.err == nil; i++ {
+		a := &agentRec{id: d.str(), num: uint32(d.uvarintMax(math.MaxUint32, "agent number")), lastReq: d.uvarint(),
+			lastKind: d.byte(), lastResp: d.bytes(), lastContact: d.varint(),
+			fallbackKeys: uint32(d.uvarintMax(math.MaxUint32, "fallback keys"))}
+		if d.err != nil {
+			break
+		}
+		if a.id == "" || (i > 0 && a.id <= lastID) {
+			return nil, corrupt("agents out of order")
+		}
+		if a.num == 0 || c.byNum[a.num] != nil {
+			return nil, corrupt("agent %q: bad or duplicate number %d", a.id, a.num)
+		}
+		if a.lastKind > kindRelease || (a.lastKind == kindNone) != (a.lastReq == 0) {
+			return nil, corrupt("agent %q: bad last call kind", a.id)
+		}
+		lastID = a.id
+		c.agents[a.id] = a
+		c.byNum[a.num] = a
+	}
+
+	// Keys, in hash order.
+	nk := d.count("keys")
+	if d.err == nil {
+		capa := minTableCap
+		for nk*maxLoadDen > capa*maxLoadNum {
+			capa *= 2
+		}
+		c.tab.init(capa)
+	}
+	next := 0
+	var prev uint64
+	for i := 0; i < nk && d.err == nil; i++ {
+		sl := slot{hash: d.fixed64(), st: bucket.State{A: d.varint(), B: d.varint()}}
+		sl.lim = uint32(d.uvarintMax(uint64(nl-1), "key limit"))
+		if d.err != nil {
+			break
+		}
+		if i > 0 && sl.hash <= prev {
+			return nil, corrupt("keys out of order")
+		}
+		prev = sl.hash
+		if int(sl.lim) >= len(c.lims.ents) || !present[sl.lim] {
+			return nil, corrupt("key %016x names a free limit %d", sl.hash, sl.lim)
+		}
+		c.lims.ents[sl.lim].refs++
+		next = c.tab.placeNext(c, sl, next)
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	for i := 1; i < len(c.lims.ents); i++ {
+		if present[i] && c.lims.ents[i].refs == 0 {
+			return nil, corrupt("limit %d is not used by any key", i)
+		}
+	}
+
+	// Leased keys.
+	ni := d.count("leased keys")
+	prev = 0
+	for i := 0; i < ni && d.err == nil; i++ {
+		h := d.fixed64()
+		k := &keyInfo{key: d.str(), domain: d.str(), rule: d.str(),
+			grants: rate{v: d.varint(), at: d.varint()}, denies: rate{v: d.varint(), at: d.varint()}}
+		n := d.count("leases")
+		if d.err != nil {
+			break
+		}
+		if (i > 0 && h <= prev) || n == 0 {
+			return nil, corrupt("leased keys out of order or empty")
+		}
+		prev = h
+		idx := c.tab.find(h)
+		if idx < 0 {
+			return nil, corrupt("leased key %016x is not tracked", h)
+		}
+		c.tab.at(idx).flags |= flagInfo
+		for j := 0; j < n && d.err == nil; j++ {
+			l := lease{agent: uint32(d.uvarintMax(math.MaxUint32, "lease agent")), need: d.varint(), held: d.varint(),
+				grantedAt: d.varint(), expiry: d.varint(), demand: math.Float64frombits(d.fixed64())}
+			if d.err != nil {
+				break
+			}
+			a := c.byNum[l.agent]
+			if a == nil || (j > 0 && l.agent <= k.leases[j-1].agent) || l.need < 0 || l.held < 0 ||
+				math.IsNaN(l.demand) || l.demand < 0 {
+				return nil, corrupt("leased key %016x: bad lease", h)
+			}
+			a.keysHeld++
+			a.tokensHeld += l.held
+			k.sumNeed += l.need
+			c.leases++
+			l.seq = c.seq + 1
+			c.seq++
+			c.exp = append(c.exp, expEnt{expiry: l.expiry, hash: h, agent: l.agent, seq: l.seq})
+			k.leases = append(k.leases, l)
+		}
+		c.infos[h] = k
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if len(d.b) != 0 {
+		return nil, corrupt("%d trailing bytes", len(d.b))
+	}
+	heap.Init(&c.exp)
+	return c, nil
+}
+
+// placeNext places sl (larger than every key placed so far) at or after
+// index next and returns the index after it; on overflow it grows.
+func (t *table) placeNext(c *core, sl slot, next int) int {
+	for {
+		if (t.n+1)*maxLoadDen > t.capa*maxLoadNum {
+			t.grow(c)
+			next = t.afterLast()
+			continue
+		}
+		i := max(t.home(sl.hash), next)
+		if i >= t.size {
+			t.grow(c)
+			next = t.afterLast()
+			continue
+		}
+		*t.at(i) = sl
+		t.n++
+		return i + 1
+	}
+}
+
+// afterLast returns one past the last occupied slot.
+func (t *table) afterLast() int {
+	for i := t.size - 1; i >= 0; i-- {
+		if t.at(i).lim != 0 {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// dec reads the body; the first error sticks and later reads return zero.
+type dec struct {
+	b   []byte
+	err error
+}
+
+func (d *dec) fail(what string) {
+	if d.err == nil {
+		d.err = corrupt("truncated or malformed %s", what)
+	}
+}
+
+func (d *dec) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) uvarintMax(limit uint64, what string) uint64 {
+	v := d.uvarint()
+	if v > limit {
+		d.fail(what)
+		return 0
+	}
+	return v
+}
+
+// count reads a record count; it cannot exceed the bytes left, so a corrupt
+// count cannot make the decoder allocate without bound.
+func (d *dec) count(what string) int {
+	v := d.uvarint()
+	if v > uint64(len(d.b)) {
+		d.fail(what + " count")
+		return 0
+	}
+	return int(v)
+}
+
+func (d *dec) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 1 {
+		d.fail("byte")
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *dec) fixed64() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 8 {
+		d.fail("fixed64")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+func (d *dec) bytes() []byte {
+	n := d.count("bytes")
+	if d.err != nil {
+		return nil
+	}
+	v := bytes.Clone(d.b[:n])
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) str() string {
+	n := d.count("string")
+	if d.err != nil {
+		return ""
+	}
+	v := string(d.b[:n])
+	d.b = d.b[n:]
+	return v
+}

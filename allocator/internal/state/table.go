@@ -1,0 +1,229 @@
+package state
+
+import (
+	"github.com/allot/allot/pkg/bucket"
+)
+
+// The key table is an ordered open-addressing hash table (Amble and Knuth's
+// "ordered hash table" with linear probing): a slot's home is the top bits
+// of the key hash, and every cluster is kept sorted by hash. Two properties
+// follow that the state relies on:
+//
+//   - the layout depends only on the set of keys, not on insertion order, so
+//     the slot array is in hash order and Persist streams it without sorting;
+//   - a hash range is a contiguous run of slots, so the Expire sweep visits
+//     one segment of the hash space cheaply.
+//
+// There is no wrap-around: the array has a tail chunk of slack after the
+// power-of-two capacity, and an insertion that would run past the end grows
+// the table. Slots are stored in fixed-size chunks so that a snapshot shares
+// them and a write after a snapshot copies one 128 KiB chunk at most
+// (copy-on-write by generation).
+
+const (
+	chunkBits   = 12
+	chunkSize   = 1 << chunkBits // slots per chunk
+	chunkMask   = chunkSize - 1
+	minTableCap = chunkSize
+	// maxLoadNum/maxLoadDen: grow when n > cap·0.8.
+	maxLoadNum = 4
+	maxLoadDen = 5
+)
+
+// slot is one tracked key: 32 bytes.
+type slot struct {
+	hash  uint64
+	st    bucket.State
+	lim   uint32 // interned limit index (≥ 1); 0 marks an empty slot
+	flags uint32
+}
+
+// flagInfo: the key has an entry in core.infos (live leases).
+const flagInfo = 1
+
+type chunk [chunkSize]slot
+
+type table struct {
+	chunks []*chunk
+	gens   []uint32 // generation each chunk was made private at
+	shift  uint     // home(h) = h >> shift
+	capa   int      // power of two
+	size   int      // capa + chunkSize (tail slack)
+	n      int      // occupied slots
+}
+
+func (t *table) init(capa int) {
+	t.capa = capa
+	t.size = capa + chunkSize
+	t.shift = uint(64 - log2(capa))
+	t.chunks = make([]*chunk, t.size/chunkSize)
+	t.gens = make([]uint32, len(t.chunks))
+	for i := range t.chunks {
+		t.chunks[i] = new(chunk)
+	}
+	t.n = 0
+}
+
+func log2(n int) int {
+	l := 0
+	for 1<<l < n {
+		l++
+	}
+	return l
+}
+
+func (t *table) home(h uint64) int { return int(h >> t.shift) }
+
+// at returns slot i for reading.
+func (t *table) at(i int) *slot { return &t.chunks[i>>chunkBits][i&chunkMask] }
+
+// mut returns slot i for writing, copying its chunk first if a snapshot
+// shares it.
+func (t *table) mut(c *core, i int) *slot {
+	ci := i >> chunkBits
+	if c.cow && t.gens[ci] != c.gen {
+		cp := new(chunk)
+		*cp = *t.chunks[ci]
+		t.chunks[ci] = cp
+		t.gens[ci] = c.gen
+	}
+	return &t.chunks[ci][i&chunkMask]
+}
+
+// find returns the index of h's slot, or -1.
+func (t *table) find(h uint64) int {
+	for i := t.home(h); i < t.size; i++ {
+		s := t.at(i)
+		if s.lim == 0 || s.hash > h {
+			return -1
+		}
+		if s.hash == h {
+			return i
+		}
+	}
+	return -1
+}
+
+// lowerBound returns the first index at or after which keys with hash ≥ h
+// live (every occupied slot before it in h's cluster has a smaller hash).
+func (t *table) lowerBound(h uint64) int {
+	i := t.home(h)
+	for ; i < t.size; i++ {
+		s := t.at(i)
+		if s.lim == 0 || s.hash >= h {
+			return i
+		}
+	}
+	return t.size
+}
+
+// insert adds h with limit lim and a zero state and returns its index. h
+// must not be present. It may grow the table (which moves every slot).
+func (t *table) insert(c *core, h uint64, lim uint32) int {
+	if (t.n+1)*maxLoadDen > t.capa*maxLoadNum {
+		t.grow(c)
+	}
+	for {
+		i := t.home(h)
+		for i < t.size {
+			s := t.at(i)
+			if s.lim == 0 || s.hash > h {
+				break
+			}
+			i++
+		}
+		// Find the first empty slot at or after i.
+		j := i
+		for j < t.size && t.at(j).lim != 0 {
+			j++
+		}
+		if j >= t.size {
+			t.grow(c)
+			continue
+		}
+		// Shift [i, j) right by one, from the back.
+		for k := j; k > i; k-- {
+			*t.mut(c, k) = *t.at(k - 1)
+		}
+		*t.mut(c, i) = slot{hash: h, lim: lim}
+		t.n++
+		return i
+	}
+}
+
+// remove deletes slot i with backward-shift deletion, keeping the order.
+func (t *table) remove(c *core, i int) {
+	j := i + 1
+	for j < t.size {
+		s := t.at(j)
+		if s.lim == 0 || t.home(s.hash) >= j {
+			break
+		}
+		*t.mut(c, j-1) = *s
+		j++
+	}
+	*t.mut(c, j-1) = slot{}
+	t.n--
+}
+
+// grow doubles the capacity and re-places every slot in order.
+func (t *table) grow(c *core) {
+	old := *t
+	t.init(old.capa * 2)
+	t.fill(c, &old)
+}
+
+// fill places every occupied slot of old into t, in hash order.
+func (t *table) fill(c *core, old *table) {
+	for {
+		next := 0
+		ok := true
+		old.each(func(_ int, s *slot) bool {
+			i := max(t.home(s.hash), next)
+			if i >= t.size {
+				ok = false
+				return false
+			}
+			*t.at(i) = *s
+			next = i + 1
+			t.n++
+			return true
+		})
+		if ok {
+			break
+		}
+		t.init(t.capa * 2) // pathological clustering at the tail
+	}
+	for i := range t.gens {
+		t.gens[i] = c.gen
+	}
+}
+
+// maybeShrink halves the table when it is very sparse, to return memory
+// after a burst of keys has been swept.
+func (t *table) maybeShrink(c *core) {
+	if t.capa <= minTableCap || t.n*8 > t.capa {
+		return
+	}
+	old := *t
+	capa := t.capa
+	for capa > minTableCap && t.n*4 <= capa/2 {
+		capa /= 2
+	}
+	t.init(capa)
+	t.fill(c, &old)
+}
+
+// each calls f for every occupied slot in index (= hash) order until f
+// returns false.
+func (t *table) each(f func(i int, s *slot) bool) {
+	for ci, ch := range t.chunks {
+		for k := range ch {
+			if ch[k].lim != 0 {
+				if !f(ci<<chunkBits|k, &ch[k]) {
+					return
+				}
+			}
+		}
+	}
+}

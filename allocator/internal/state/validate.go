@@ -1,0 +1,121 @@
+package state
+
+import (
+	"fmt"
+	"math"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// Input bounds. Everything beyond them is ErrInvalid, so no request can make
+// Apply allocate without bound or overflow its arithmetic.
+const (
+	maxAgentID  = 256     // bytes
+	maxKeys     = 1000    // keys per Acquire/Release, descriptors per Check
+	maxKeyBytes = 4096    // domain + entries of one key
+	maxAmount   = 1e12    // want, held, returned, charged, denied, demand
+	maxRuleYAML = 1 << 26 // total bytes of a PutRules
+	maxRuleFile = 10_000  // files in a PutRules
+)
+
+// ValidateAcquire checks an AcquireRequest against the protocol's bounds:
+// agent_id 1..256 bytes, request_id ≥ 1, at most 1000 keys, each with a
+// domain, domain + entries at most 4 KiB, 0 ≤ want, held, returned,
+// charged, denied ≤ 1e12 and a finite demand in [0, 1e12]. Errors wrap
+// ErrInvalid.
+func ValidateAcquire(req *allotv1.AcquireRequest) error {
+	if req == nil {
+		return fmt.Errorf("%w: nil acquire request", ErrInvalid)
+	}
+	return validateCall(req.AgentId, req.RequestId, req.Keys)
+}
+
+// ValidateRelease checks a ReleaseRequest with the same bounds as
+// ValidateAcquire.
+func ValidateRelease(req *allotv1.ReleaseRequest) error {
+	if req == nil {
+		return fmt.Errorf("%w: nil release request", ErrInvalid)
+	}
+	return validateCall(req.AgentId, req.RequestId, req.Keys)
+}
+
+func validateCall(agentID string, requestID uint64, keys []*allotv1.KeyAcquire) error {
+	switch {
+	case agentID == "":
+		return fmt.Errorf("%w: empty agent_id", ErrInvalid)
+	case len(agentID) > maxAgentID:
+		return fmt.Errorf("%w: agent_id is %d bytes, at most %d", ErrInvalid, len(agentID), maxAgentID)
+	case requestID == 0:
+		return fmt.Errorf("%w: request_id must be ≥ 1", ErrInvalid)
+	case len(keys) > maxKeys:
+		return fmt.Errorf("%w: %d keys, at most %d", ErrInvalid, len(keys), maxKeys)
+	}
+	for i, k := range keys {
+		if err := validateKey(k); err != nil {
+			return fmt.Errorf("%w: keys[%d]: %s", ErrInvalid, i, err)
+		}
+	}
+	return nil
+}
+
+func validateKey(k *allotv1.KeyAcquire) error {
+	if k == nil {
+		return fmt.Errorf("nil key")
+	}
+	if err := validateDescriptor(k.Domain, k.Entries); err != nil {
+		return err
+	}
+	for _, f := range [...]struct {
+		name string
+		v    int64
+	}{{"want", k.Want}, {"held", k.Held}, {"returned", k.Returned}, {"charged", k.Charged}, {"denied", k.Denied}} {
+		if f.v < 0 || f.v > maxAmount {
+			return fmt.Errorf("%s %d out of range [0, 1e12]", f.name, f.v)
+		}
+	}
+	if math.IsNaN(k.Demand) || k.Demand < 0 || k.Demand > maxAmount {
+		return fmt.Errorf("demand %v out of range [0, 1e12]", k.Demand)
+	}
+	return nil
+}
+
+func validateDescriptor(domain string, entries []*allotv1.Entry) error {
+	if domain == "" {
+		return fmt.Errorf("empty domain")
+	}
+	n := len(domain)
+	for _, e := range entries {
+		if e == nil {
+			return fmt.Errorf("nil entry")
+		}
+		n += len(e.Key) + len(e.Value) + 2
+		if n > maxKeyBytes {
+			break
+		}
+	}
+	if n > maxKeyBytes {
+		return fmt.Errorf("key is longer than %d bytes", maxKeyBytes)
+	}
+	return nil
+}
+
+func validateCheck(req *allotv1.CheckRequest) error {
+	if req == nil {
+		return fmt.Errorf("%w: nil check request", ErrInvalid)
+	}
+	if len(req.Descriptors) == 0 {
+		return fmt.Errorf("%w: no descriptors", ErrInvalid)
+	}
+	if len(req.Descriptors) > maxKeys {
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalid, len(req.Descriptors), maxKeys)
+	}
+	for i, d := range req.Descriptors {
+		if d == nil {
+			return fmt.Errorf("%w: descriptors[%d]: nil", ErrInvalid, i)
+		}
+		if err := validateDescriptor(req.Domain, d.Entries); err != nil {
+			return fmt.Errorf("%w: descriptors[%d]: %s", ErrInvalid, i, err)
+		}
+	}
+	return nil
+}
