@@ -247,13 +247,13 @@ func (e *enc) grow() {
 		e.flush()
 	}
 }
-func (e *enc) raw(b []byte)       { e.buf = append(e.buf, b...); e.grow() }
-func (e *enc) byte(b byte)        { e.buf = append(e.buf, b); e.grow() }
-func (e *enc) uvarint(x uint64)   { e.buf = binary.AppendUvarint(e.buf, x); e.grow() }
-func (e *enc) varint(x int64)     { e.buf = binary.AppendVarint(e.buf, x); e.grow() }
-func (e *enc) fixed64(x uint64)   { e.buf = binary.LittleEndian.AppendUint64(e.buf, x); e.grow() }
-func (e *enc) str(s string)       { e.uvarint(uint64(len(s))); e.buf = append(e.buf, s...); e.grow() }
-func (e *enc) bytes(b []byte)     { e.uvarint(uint64(len(b))); e.raw(b) }
+func (e *enc) raw(b []byte)     { e.buf = append(e.buf, b...); e.grow() }
+func (e *enc) byte(b byte)      { e.buf = append(e.buf, b); e.grow() }
+func (e *enc) uvarint(x uint64) { e.buf = binary.AppendUvarint(e.buf, x); e.grow() }
+func (e *enc) varint(x int64)   { e.buf = binary.AppendVarint(e.buf, x); e.grow() }
+func (e *enc) fixed64(x uint64) { e.buf = binary.LittleEndian.AppendUint64(e.buf, x); e.grow() }
+func (e *enc) str(s string)     { e.uvarint(uint64(len(s))); e.buf = append(e.buf, s...); e.grow() }
+func (e *enc) bytes(b []byte)   { e.uvarint(uint64(len(b))); e.raw(b) }
 func (e *enc) finish() error {
 	e.flush()
 	if e.err != nil {
