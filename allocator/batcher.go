@@ -1,0 +1,222 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/allocator/internal/state"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// batcher sits in front of raft.Apply for Acquire. Calls queue up while a
+// batch commits; the next batch drains everything queued (up to maxKeys
+// keys and maxBytes bytes) into one AcquireBatch entry stamped with the
+// leader's clock, so the commit cost (two fsyncs) is paid once per batch.
+// At most maxInflight batches are in Raft at once.
+type batcher struct {
+	// propose commits one encoded command and returns the FSM's result.
+	propose func(cmd *allotv1.Command) (any, error)
+	// now stamps a batch (Unix nanoseconds, non-decreasing).
+	now func() int64
+	// observe, when set, sees each committed batch (metrics).
+	observe func(b *allotv1.AcquireBatch, keys int)
+
+	maxKeys, maxBytes int
+	slots             chan struct{} // one token per batch in flight
+
+	mu     sync.Mutex // guards queue and closed
+	queue  []*pendingAcquire
+	closed bool
+
+	wake chan struct{} // capacity 1: the queue became non-empty
+	stop chan struct{} // closed by close
+	wg   sync.WaitGroup
+}
+
+type pendingAcquire struct {
+	ctx   context.Context
+	req   *allotv1.AcquireRequest
+	keys  int
+	bytes int
+	done  chan acquireResult // capacity 1
+}
+
+type acquireResult struct {
+	resp *allotv1.AcquireResponse
+	err  error
+}
+
+func newBatcher(propose func(*allotv1.Command) (any, error), now func() int64, maxKeys, maxBytes, maxInflight int) *batcher {
+	return &batcher{
+		propose:  propose,
+		now:      now,
+		maxKeys:  maxKeys,
+		maxBytes: maxBytes,
+		slots:    make(chan struct{}, maxInflight),
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+	}
+}
+
+// start runs the batching loop; close stops it.
+func (b *batcher) start() {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		b.loop()
+	}()
+}
+
+// submit queues req and waits for its result. If ctx ends first the call
+// returns ctx's error; the request may still be applied, which is safe:
+// Acquire is idempotent per (agent_id, request_id).
+func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+	p := &pendingAcquire{
+		ctx:   ctx,
+		req:   req,
+		keys:  len(req.GetKeys()),
+		bytes: proto.Size(req),
+		done:  make(chan acquireResult, 1),
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, errShutdown
+	}
+	b.queue = append(b.queue, p)
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case r := <-p.done:
+		return r.resp, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (b *batcher) loop() {
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-b.wake:
+		}
+		for {
+			// Wait for a free slot before draining, so that everything
+			// that arrives while the previous batch commits joins the next.
+			select {
+			case b.slots <- struct{}{}:
+			case <-b.stop:
+				return
+			}
+			batch := b.take()
+			if len(batch) == 0 {
+				<-b.slots
+				break
+			}
+			if cap(b.slots) == 1 {
+				b.commit(batch)
+				<-b.slots
+				continue
+			}
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				defer func() { <-b.slots }()
+				b.commit(batch)
+			}()
+		}
+	}
+}
+
+// take removes the next batch from the queue: at least one call, then as
+// many as fit in maxKeys and maxBytes. Calls whose caller has gone are
+// dropped (the caller was told ctx's error and will retry).
+func (b *batcher) take() []*pendingAcquire {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var batch []*pendingAcquire
+	keys, bytes, n := 0, 0, 0
+	for n < len(b.queue) {
+		p := b.queue[n]
+		if p.ctx.Err() != nil {
+			n++
+			continue
+		}
+		if len(batch) > 0 && (keys+p.keys > b.maxKeys || bytes+p.bytes > b.maxBytes) {
+			break
+		}
+		batch = append(batch, p)
+		keys += p.keys
+		bytes += p.bytes
+		n++
+	}
+	rest := copy(b.queue, b.queue[n:])
+	clear(b.queue[rest:])
+	b.queue = b.queue[:rest]
+	return batch
+}
+
+// commit proposes one batch and hands each caller its response or error.
+func (b *batcher) commit(batch []*pendingAcquire) {
+	reqs := make([]*allotv1.AcquireRequest, len(batch))
+	keys := 0
+	for i, p := range batch {
+		reqs[i] = p.req
+		keys += p.keys
+	}
+	ab := &allotv1.AcquireBatch{Requests: reqs}
+	cmd := &allotv1.Command{
+		NowUnixNanos: b.now(),
+		Cmd:          &allotv1.Command_Acquire{Acquire: ab},
+	}
+	res, err := b.propose(cmd)
+	if err == nil {
+		br, ok := res.(*state.AcquireBatchResult)
+		switch {
+		case !ok:
+			err = fmt.Errorf("allocator: acquire batch applied with unexpected result %T", res)
+		case len(br.Responses) != len(batch) || len(br.Errs) != len(batch):
+			err = fmt.Errorf("allocator: acquire batch of %d applied with %d responses and %d errors",
+				len(batch), len(br.Responses), len(br.Errs))
+		default:
+			if b.observe != nil {
+				b.observe(ab, keys)
+			}
+			for i, p := range batch {
+				p.done <- acquireResult{resp: br.Responses[i], err: br.Errs[i]}
+			}
+			return
+		}
+	}
+	for _, p := range batch {
+		p.done <- acquireResult{err: err}
+	}
+}
+
+// close stops the loop, waits for batches in flight, and fails every call
+// still queued with errShutdown (none of them was proposed). Safe twice.
+func (b *batcher) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	b.mu.Unlock()
+	close(b.stop)
+	b.wg.Wait()
+	b.mu.Lock()
+	queued := b.queue
+	b.queue = nil
+	b.mu.Unlock()
+	for _, p := range queued {
+		p.done <- acquireResult{err: errShutdown}
+	}
+}

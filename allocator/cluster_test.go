@@ -1,0 +1,454 @@
+package allocator
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestSingleNodeBootstrapRulesAcquire(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	alloc, admin := tc.clients(0)
+	ctx := ctxT(t)
+
+	rs, err := admin.GetRules(ctx, &allotv1.GetRulesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.GetVersion() == 0 || len(rs.GetFiles()) != 1 || rs.GetFiles()[0].GetDomain() != "test" {
+		t.Fatalf("initial rules not applied: %v", rs)
+	}
+
+	resp, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{
+		AgentId: "a1", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "alice", 20)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := resp.GetGrants()
+	if len(g) != 1 || g[0].GetStatus() != allotv1.KeyStatus_KEY_STATUS_OK || g[0].GetGranted() != 20 {
+		t.Fatalf("Acquire = %v, want one OK grant of 20", resp)
+	}
+	if g[0].GetKey() != "test:user=alice" {
+		t.Errorf("key = %q, want test:user=alice", g[0].GetKey())
+	}
+	if resp.GetLeaderId() != "n0" {
+		t.Errorf("leader_id = %q, want n0", resp.GetLeaderId())
+	}
+
+	// The burst is 50: a greedy second agent gets at most what is left.
+	resp, err = alloc.Acquire(ctx, &allotv1.AcquireRequest{
+		AgentId: "a2", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "alice", 1000)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.GetGrants()[0].GetGranted(); got > 30+5 { // 30 left, plus refill during the test
+		t.Errorf("second grant = %d, want ≤ 35 (burst 50, 20 granted)", got)
+	}
+}
+
+func TestNoRuleKey(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	alloc, _ := tc.clients(0)
+	resp, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{
+		AgentId: "a1", RequestId: 1,
+		Keys: []*allotv1.KeyAcquire{key("nothing", "x", 5), {Domain: "other", Entries: []*allotv1.Entry{{Key: "user", Value: "a"}}, Want: 5}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range resp.GetGrants() {
+		if g.GetStatus() != allotv1.KeyStatus_KEY_STATUS_NO_RULE {
+			t.Errorf("grant %d status = %v, want NO_RULE", i, g.GetStatus())
+		}
+	}
+}
+
+func TestBadInputInvalidArgumentChangesNothing(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	f := tc.follower()
+	alloc, admin := tc.clients(f)
+	ctx := ctxT(t)
+	l := tc.node(tc.leader())
+	before := l.node.raft.LastIndex()
+
+	many := make([]*allotv1.KeyAcquire, 1001)
+	for i := range many {
+		many[i] = key("user", "u", 1)
+	}
+	cases := map[string]*allotv1.AcquireRequest{
+		"key over 4 KiB":  {AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", strings.Repeat("x", 5000), 1)}},
+		"1001 keys":       {AgentId: "a", RequestId: 1, Keys: many},
+		"negative want":   {AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "u", -1)}},
+		"absurd want":     {AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "u", 1e13)}},
+		"empty agent":     {AgentId: "", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "u", 1)}},
+		"long agent":      {AgentId: strings.Repeat("a", 300), RequestId: 1},
+		"zero request id": {AgentId: "a", RequestId: 0},
+	}
+	for name, req := range cases {
+		_, err := alloc.Acquire(ctx, req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: Acquire error = %v, want InvalidArgument", name, err)
+		}
+	}
+	_, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{
+		Name: "bad.yaml", Yaml: []byte("domain: test\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n"),
+	}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "bad.yaml:") {
+		t.Errorf("PutRules(bad) error = %v, want InvalidArgument naming bad.yaml:line", err)
+	}
+	_, err = admin.Check(ctx, &allotv1.CheckRequest{Domain: ""})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Check(no domain) error = %v, want InvalidArgument", err)
+	}
+	if after := l.node.raft.LastIndex(); after != before {
+		// Only the leader's periodic expiry may have been appended.
+		t.Logf("raft log grew from %d to %d (expiry ticks)", before, after)
+	}
+	agents, err := admin.ListAgents(ctx, &allotv1.ListAgentsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(agents.GetAgents()) != 0 {
+		t.Errorf("agents after rejected calls = %v, want none", agents.GetAgents())
+	}
+	rs, _ := admin.GetRules(ctx, &allotv1.GetRulesRequest{})
+	if rs.GetVersion() != 1 {
+		t.Errorf("rules version after rejected put = %d, want 1", rs.GetVersion())
+	}
+}
+
+func TestAcquireThroughFollower(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	f := tc.follower()
+	alloc, _ := tc.clients(f)
+	resp, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{
+		AgentId: "a1", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "bob", 10)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := resp.GetGrants()[0]; g.GetGranted() != 10 || g.GetStatus() != allotv1.KeyStatus_KEY_STATUS_OK {
+		t.Fatalf("grant through follower = %v", g)
+	}
+	want := tc.cfgs[tc.leader()].NodeID
+	if resp.GetLeaderId() != want {
+		t.Errorf("leader_id = %q, want %q", resp.GetLeaderId(), want)
+	}
+	if n := tc.node(f).metrics; testutilCounter(n.forwarded) == 0 {
+		t.Errorf("follower forwarded nothing")
+	}
+}
+
+func TestIdempotentRetryThroughBatcher(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	alloc, _ := tc.clients(tc.follower())
+	ctx := ctxT(t)
+	req := &allotv1.AcquireRequest{AgentId: "retry", RequestId: 7, Keys: []*allotv1.KeyAcquire{key("user", "carol", 30)}}
+
+	// The same call twice at once lands in one batch or two; either way the
+	// second gets the recorded answer.
+	type res struct {
+		r   *allotv1.AcquireResponse
+		err error
+	}
+	ch := make(chan res, 2)
+	for range 2 {
+		go func() {
+			r, err := alloc.Acquire(ctx, req)
+			ch <- res{r, err}
+		}()
+	}
+	a, b := <-ch, <-ch
+	if a.err != nil || b.err != nil {
+		t.Fatal(a.err, b.err)
+	}
+	if ga, gb := a.r.GetGrants()[0].GetGranted(), b.r.GetGrants()[0].GetGranted(); ga != 30 || gb != 30 {
+		t.Fatalf("grants = %d, %d; want 30 and the recorded 30", ga, gb)
+	}
+	// A third retry, later, too; and nothing was taken twice.
+	c, err := alloc.Acquire(ctx, req)
+	if err != nil || c.GetGrants()[0].GetGranted() != 30 {
+		t.Fatalf("late retry = %v, %v", c, err)
+	}
+	_, admin := tc.clients(tc.leader())
+	ins, err := admin.InspectKey(ctx, &allotv1.InspectKeyRequest{Key: "test:user=carol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ins.GetTokens() > 50-30+5 || ins.GetTokens() < 50-30 {
+		t.Errorf("tokens left = %d, want ≈ 20 (50 − 30 granted once)", ins.GetTokens())
+	}
+	// An older id is rejected.
+	_, err = alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "retry", RequestId: 6, Keys: req.Keys})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("older request id error = %v, want FailedPrecondition", err)
+	}
+}
+
+func TestPutRulesWatchRulesHotReload(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	f := tc.follower()
+	alloc, admin := tc.clients(f)
+	ctx := ctxT(t)
+
+	stream, err := alloc.WatchRules(ctx, &allotv1.WatchRulesRequest{AgentId: "w", KnownVersion: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.GetVersion() != 1 {
+		t.Fatalf("first rule set version = %d, want 1", first.GetVersion())
+	}
+
+	newRules := strings.Replace(testRules, "requests_per_unit: 100", "requests_per_unit: 200", 1)
+	put, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(newRules)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if put.GetVersion() != 2 {
+		t.Errorf("PutRules version = %d, want 2", put.GetVersion())
+	}
+	next, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.GetVersion() != 2 || !strings.Contains(string(next.GetFiles()[0].GetYaml()), "200") {
+		t.Fatalf("watched set = v%d %q, want v2 with the new rate", next.GetVersion(), next.GetFiles()[0].GetYaml())
+	}
+	// A conditional put against a stale version fails and changes nothing.
+	_, err = admin.PutRules(ctx, &allotv1.PutRulesRequest{ExpectedVersion: 1, Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(testRules)}}})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("stale conditional put error = %v, want FailedPrecondition", err)
+	}
+	// A dry run reports and changes nothing.
+	dry, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{DryRun: true, Files: []*allotv1.RuleFile{{Name: "x.yaml", Yaml: []byte(strings.Replace(testRules, "domain: test", "domain: x", 1))}}})
+	if err != nil || dry.GetVersion() != 2 || strings.Join(dry.GetDomains(), ",") != "test,x" {
+		t.Errorf("dry run = %v, %v; want version 2, domains test,x", dry, err)
+	}
+	// A watcher that already knows v2 gets nothing until v3.
+	s2, err := alloc.WatchRules(ctx, &allotv1.WatchRulesRequest{KnownVersion: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(testRules)}}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s2.Recv()
+	if err != nil || got.GetVersion() != 3 {
+		t.Fatalf("watch from v2 got %v, %v; want v3", got, err)
+	}
+}
+
+func TestWatchRulesEndsOnShutdown(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	alloc, _ := tc.clients(0)
+	stream, err := alloc.WatchRules(ctxT(t), &allotv1.WatchRulesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv()
+		done <- err
+	}()
+	tc.stop(0, true)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("stream delivered another rule set instead of ending")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch stream did not end on shutdown")
+	}
+}
+
+func TestMembershipAddRemoveTransfer(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	_, admin := tc.clients(tc.follower())
+	ctx := ctxT(t)
+
+	st, err := admin.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.GetMembers()) != 3 {
+		t.Fatalf("members = %v, want 3", st.GetMembers())
+	}
+	for _, m := range st.GetMembers() {
+		if m.GetGrpcAddr() == "" {
+			t.Errorf("member %s has no grpc address", m.GetId())
+		}
+	}
+
+	old := tc.leader()
+	target := tc.cfgs[(old+1)%3].NodeID
+	tr, err := admin.TransferLeadership(ctx, &allotv1.TransferLeadershipRequest{Id: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.GetLeaderId() != target {
+		t.Errorf("new leader = %q, want %q", tr.GetLeaderId(), target)
+	}
+	waitFor(t, 5*time.Second, "leader "+target, func() bool { return tc.node((old+1)%3).IsLeader() })
+
+	// Remove the old leader (a follower now), through any node.
+	victim := tc.cfgs[old].NodeID
+	if _, err := admin.RemoveServer(ctx, &allotv1.RemoveServerRequest{Id: victim}); err != nil {
+		t.Fatal(err)
+	}
+	tc.waitVoters(2)
+	waitFor(t, 5*time.Second, "member record removed", func() bool {
+		for _, m := range tc.node((old + 1) % 3).st.Members() {
+			if m.GetId() == victim {
+				return false
+			}
+		}
+		return true
+	})
+	tc.stop(old, true)
+
+	// Add it back (a fresh data dir): AddVoter is what Join calls.
+	tc.cfgs[old].DataDir += "-again"
+	tc.cfgs[old].Bootstrap = false
+	tc.cfgs[old].InitialRules = nil
+	tc.cfgs[old].Join = tc.node((old + 1) % 3).GRPCAddr()
+	tc.restart(old)
+	tc.waitVoters(3)
+	tc.waitReady(old)
+	// Acquire works through the re-added node.
+	alloc, _ := tc.clients(old)
+	if _, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "m", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "m", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSnapshotRestoreRestart(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	alloc, admin := tc.clients(tc.leader())
+	ctx := ctxT(t)
+	for i := range 20 {
+		if _, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "snap", RequestId: uint64(i + 1),
+			Keys: []*allotv1.KeyAcquire{key("user", "dave", 1), key("slow", "s", 1)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newRules := strings.Replace(testRules, "burst: 50", "burst: 60", 1)
+	if _, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(newRules)}}}); err != nil {
+		t.Fatal(err)
+	}
+	f := tc.follower()
+	fs := tc.node(f)
+	waitFor(t, 5*time.Second, "follower caught up", func() bool { return fs.rulesVersion() == 2 })
+	for i := range tc.nodes {
+		if err := tc.node(i).node.raft.Snapshot().Error(); err != nil {
+			t.Fatalf("snapshot n%d: %v", i, err)
+		}
+	}
+	tc.stop(f, false)
+	tc.restart(f)
+	tc.waitReady(f)
+	rs := tc.node(f)
+	if v := rs.rulesVersion(); v != 2 {
+		t.Errorf("restarted follower rules version = %d, want 2", v)
+	}
+	_, fadmin := tc.clients(f)
+	agents, err := fadmin.ListAgents(ctx, &allotv1.ListAgentsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(agents.GetAgents()) != 1 || agents.GetAgents()[0].GetLastRequestId() != 20 {
+		t.Errorf("restored agents = %v, want snap with last request 20", agents.GetAgents())
+	}
+	// A retry of the last call is still answered from the restored record.
+	falloc, _ := tc.clients(f)
+	r, err := falloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "snap", RequestId: 20,
+		Keys: []*allotv1.KeyAcquire{key("user", "dave", 1), key("slow", "s", 1)}})
+	if err != nil || len(r.GetGrants()) != 2 {
+		t.Fatalf("retry after restore = %v, %v", r, err)
+	}
+
+	// Restart the whole cluster from disk.
+	for i := range tc.nodes {
+		tc.stop(i, false)
+	}
+	for i := range tc.nodes {
+		tc.cfgs[i].Join = ""
+		tc.restart(i)
+	}
+	for i := range tc.nodes {
+		tc.waitReady(i)
+	}
+	if v := tc.node(tc.leader()).rulesVersion(); v != 2 {
+		t.Errorf("rules version after full restart = %d, want 2", v)
+	}
+}
+
+func TestShutdownTwice(t *testing.T) {
+	tc := newTestCluster(t, 1)
+	s := tc.node(0)
+	ctx := ctxT(t)
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("second Shutdown = %v", err)
+	}
+	if err := s.WaitReady(ctx); err == nil {
+		t.Error("WaitReady after Shutdown succeeded")
+	}
+}
+
+func TestCheckThroughRaft(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	_, admin := tc.clients(tc.follower())
+	ctx := ctxT(t)
+	req := &allotv1.CheckRequest{Domain: "test", Hits: 3, Descriptors: []*allotv1.Descriptor{
+		{Entries: []*allotv1.Entry{{Key: "slow", Value: "c"}}},
+	}}
+	var over bool
+	for i := range 5 {
+		resp, err := admin.Check(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetOverallCode() == allotv1.Code_CODE_OVER_LIMIT {
+			over = true
+			break
+		}
+		if i > 1 {
+			t.Fatalf("check %d allowed: burst 5 admits at most one check of 3 hits (plus refill)", i)
+		}
+	}
+	if !over {
+		t.Error("checks never went over the limit")
+	}
+}
+
+// testutilCounter reads a counter's value.
+func testutilCounter(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}

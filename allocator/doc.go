@@ -1,0 +1,24 @@
+// Package allocator is the allot cluster service: a Raft-replicated
+// allocator that owns every budget key's authoritative limiter state and
+// hands out leases (shares of the budget) to agents.
+//
+// A Server wires together:
+//
+//   - Raft (hashicorp/raft) with a bolt log and stable store and file
+//     snapshots in Config.DataDir, over TCP (node.go);
+//   - the replicated state machine, an unexported raft.FSM over
+//     allocator/internal/state (fsm.go);
+//   - a batcher that folds every concurrently pending Acquire into one Raft
+//     entry, so the commit cost is paid per batch, not per call (batcher.go);
+//   - the gRPC services Allocator (agents), Admin (operators) and the
+//     standard health service (service.go, admin.go);
+//   - leader forwarding: any node answers any RPC; followers forward writes
+//     to the leader and serve reads from their own replica (forward.go);
+//   - the leader's duties: periodic lease expiry, initial rules, member
+//     registration (leader.go);
+//   - an HTTP server with /healthz, /readyz, /metrics and /debug/pprof/
+//     (http.go, metrics.go).
+//
+// Most callers need DefaultConfig, New, WaitReady and Shutdown. A Server is
+// safe for concurrent use.
+package allocator

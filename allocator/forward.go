@@ -1,0 +1,151 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+)
+
+// forwardedKey marks a call one node forwarded to another. A node that
+// receives a marked call never forwards it again, so calls cannot loop.
+const forwardedKey = "x-allot-forwarded-by"
+
+// forwarder owns the node-to-node client connections, one per address.
+type forwarder struct {
+	opts []grpc.DialOption
+
+	mu     sync.Mutex // guards conns and closed
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+func newForwarder(dialOpts []grpc.DialOption) *forwarder {
+	opts := []grpc.DialOption{
+		// Reconnect quickly to a node that restarts (gRPC's default backoff
+		// starts at 1 s).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  50 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   time.Second,
+			},
+			MinConnectTimeout: 2 * time.Second,
+		}),
+	}
+	if len(dialOpts) == 0 {
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	opts = append(opts, dialOpts...)
+	return &forwarder{opts: opts, conns: make(map[string]*grpc.ClientConn)}
+}
+
+// conn returns the cached connection to addr, creating it (lazily
+// connecting) on first use.
+func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, errShutdown
+	}
+	if cc, ok := f.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, f.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: dial %s: %w", addr, err)
+	}
+	f.conns[addr] = cc
+	return cc, nil
+}
+
+// close closes every connection. Safe twice.
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	for addr, cc := range f.conns {
+		cc.Close()
+		delete(f.conns, addr)
+	}
+}
+
+// isForwarded reports whether the incoming call was forwarded by a node.
+func isForwarded(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(forwardedKey)) > 0
+}
+
+// onLeader runs local when this node leads, and otherwise forwards the call
+// to the leader with remote. While no leader is known (an election), or
+// after a failure that allows it (see retryable), it retries with backoff
+// for up to Config.ForwardWait, within ctx's deadline. A call that was
+// itself forwarded is never forwarded again.
+func (s *Server) onLeader(ctx context.Context, idempotent bool,
+	local func(ctx context.Context) error,
+	remote func(ctx context.Context, cc *grpc.ClientConn) error,
+) error {
+	forwarded := isForwarded(ctx)
+	deadline := time.Now().Add(s.cfg.ForwardWait)
+	wait := 5 * time.Millisecond
+	var lastErr error
+	for {
+		select {
+		case <-s.done:
+			return errShutdown
+		default:
+		}
+		var err error
+		if s.node.raft.State() == raft.Leader {
+			err = local(ctx)
+		} else if forwarded {
+			// The sender retries elsewhere; a second hop could loop.
+			return errForwardedNotLeader
+		} else {
+			err = s.forward(ctx, remote)
+		}
+		if err == nil || !retryable(err, idempotent) || ctx.Err() != nil {
+			return err
+		}
+		lastErr = err
+		if time.Now().Add(wait).After(deadline) {
+			return lastErr
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-s.done:
+			t.Stop()
+			return errShutdown
+		}
+		wait = min(wait*2, 100*time.Millisecond)
+	}
+}
+
+// forward sends the call to the leader known to this node, marked as
+// forwarded.
+func (s *Server) forward(ctx context.Context, remote func(context.Context, *grpc.ClientConn) error) error {
+	h := s.leaderHint()
+	if h.id == "" || h.addr == "" || h.id == s.cfg.NodeID {
+		// No leader, the leader has not registered its address yet, or Raft
+		// still names this node after losing leadership.
+		return errNoLeader
+	}
+	cc, err := s.fwd.conn(h.addr)
+	if err != nil {
+		return err
+	}
+	s.metrics.forwarded.Inc()
+	ctx = metadata.AppendToOutgoingContext(ctx, forwardedKey, s.cfg.NodeID)
+	return remote(ctx, cc)
+}

@@ -1,0 +1,192 @@
+package allocator
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// leaderLoop owns the leader's duties: it starts them when this node gains
+// leadership and cancels them when it loses it or the Server stops.
+func (s *Server) leaderLoop() {
+	var cur *duties
+	defer func() { cur.stop() }()
+	for {
+		select {
+		case <-s.stopLoops:
+			return
+		case isLeader := <-s.node.raft.LeaderCh():
+			s.metrics.leaderChanges.Inc()
+			// true twice in a row means leadership was lost and regained
+			// in between: restart the duties either way.
+			cur.stop()
+			cur = nil
+			if isLeader {
+				s.log.Info("became leader")
+				cur = s.startDuties()
+			} else {
+				s.log.Info("lost leadership")
+			}
+		}
+	}
+}
+
+// duties is one term's run of leaderDuties.
+type duties struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startDuties runs leaderDuties in a goroutine owned by leaderLoop, which
+// stops it (and waits for it) with stop.
+func (s *Server) startDuties() *duties {
+	ctx, cancel := context.WithCancel(s.baseCtx)
+	d := &duties{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		s.leaderDuties(ctx)
+	}()
+	return d
+}
+
+// stop cancels the duties and waits for them to return. A nil d is a no-op.
+func (d *duties) stop() {
+	if d == nil {
+		return
+	}
+	d.cancel()
+	<-d.done
+}
+
+// leaderDuties runs while this node leads: it waits for the FSM to catch up
+// (a Barrier), registers this node's addresses, applies the initial rules
+// to an empty rule set, and then commits an ExpireCommand every
+// ExpireInterval.
+func (s *Server) leaderDuties(ctx context.Context) {
+	// Each step retries until it succeeds or leadership ends.
+	s.retryWhileLeader(ctx, "barrier", func() error {
+		return s.node.raft.Barrier(s.cfg.ApplyTimeout).Error()
+	})
+	// Stamp no time earlier than the previous leader's last command.
+	s.advanceStamp(s.st.Stats().LastApplied)
+	s.retryWhileLeader(ctx, "register member", s.registerSelf)
+	if len(s.cfg.InitialRules) > 0 {
+		s.retryWhileLeader(ctx, "apply initial rules", s.applyInitialRules)
+	}
+	t := time.NewTicker(s.cfg.ExpireInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}}); err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("expire failed", "err", err)
+				}
+			}
+		}
+	}
+}
+
+func (s *Server) retryWhileLeader(ctx context.Context, what string, f func() error) {
+	wait := 10 * time.Millisecond
+	for ctx.Err() == nil {
+		err := f()
+		if err == nil {
+			return
+		}
+		s.log.Warn("leader duty failed; retrying", "duty", what, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, time.Second)
+	}
+}
+
+// registerSelf commits this node's current addresses unless the replicated
+// record already has them.
+func (s *Server) registerSelf() error {
+	me := &allotv1.Member{
+		Id:       s.cfg.NodeID,
+		RaftAddr: string(s.node.addr),
+		GrpcAddr: s.grpcAddr,
+		HttpAddr: s.httpAddr,
+		Suffrage: "voter",
+	}
+	for _, m := range s.st.Members() {
+		if m.GetId() == me.Id && m.GetRaftAddr() == me.RaftAddr && m.GetGrpcAddr() == me.GrpcAddr &&
+			m.GetHttpAddr() == me.HttpAddr {
+			return nil
+		}
+	}
+	return s.registerMember(me)
+}
+
+// applyInitialRules puts Config.InitialRules when the rule set is empty.
+// expected_version 0 is unconditional, so the emptiness check and the put
+// race only with an operator's put in the same instant.
+func (s *Server) applyInitialRules() error {
+	if s.rulesVersion() != 0 {
+		return nil
+	}
+	req := &allotv1.PutRulesRequest{ReplaceAll: true}
+	for _, f := range s.cfg.InitialRules {
+		req.Files = append(req.Files, &allotv1.RuleFile{Name: f.Name, Domain: f.Domain, Yaml: f.Source})
+	}
+	if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_PutRules{PutRules: req}}); err != nil {
+		return err
+	}
+	s.log.Info("initial rules applied", "files", len(req.Files), "version", s.rulesVersion())
+	return nil
+}
+
+// hasJoined reports whether this node already belongs to a cluster (its
+// data directory held Raft state).
+func (s *Server) hasJoined() bool { return s.node.existing }
+
+// joinLoop asks Config.Join to add this node as a voter, with jittered
+// exponential backoff, until it succeeds or the Server stops.
+func (s *Server) joinLoop() {
+	req := &allotv1.AddVoterRequest{
+		Id:       s.cfg.NodeID,
+		RaftAddr: string(s.node.addr),
+		GrpcAddr: s.grpcAddr,
+		HttpAddr: s.httpAddr,
+	}
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := s.joinOnce(req)
+		if err == nil {
+			s.log.Info("joined cluster", "via", s.cfg.Join, "attempts", attempt)
+			return
+		}
+		s.log.Warn("join failed; retrying", "via", s.cfg.Join, "attempt", attempt, "err", err)
+		d := wait/2 + rand.N(wait/2+1)
+		t := time.NewTimer(d)
+		select {
+		case <-s.stopLoops:
+			t.Stop()
+			return
+		case <-s.done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
+
+func (s *Server) joinOnce(req *allotv1.AddVoterRequest) error {
+	cc, err := s.fwd.conn(s.cfg.Join)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(s.baseCtx, 10*time.Second)
+	defer cancel()
+	_, err = allotv1.NewAdminClient(cc).AddVoter(ctx, req)
+	return err
+}

@@ -1,0 +1,240 @@
+package allocator
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot/allot/allocator/internal/state"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+const metricsNamespace = "allot_allocator"
+
+// metrics are the Server's Prometheus metrics. None has a per-key label.
+type metrics struct {
+	applyLatency  prometheus.Histogram
+	batchRequests prometheus.Histogram
+	batchKeys     prometheus.Histogram
+	acquireCalls  *prometheus.CounterVec
+	forwarded     prometheus.Counter
+	leaderChanges prometheus.Counter
+	granted       prometheus.Counter
+	returned      prometheus.Counter
+	charged       prometheus.Counter
+	commands      *prometheus.CounterVec
+	rulesVersion  prometheus.Gauge
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		applyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "raft_apply_seconds",
+			Help:    "Time from raft.Apply to the entry being applied on the leader.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5 ms .. 4 s
+		}),
+		batchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "batch_requests",
+			Help:    "Acquire calls per committed batch (one Raft entry).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+		}),
+		batchKeys: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "batch_keys",
+			Help:    "Keys per committed batch (one Raft entry).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 16),
+		}),
+		acquireCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "acquire_calls_total",
+			Help: "Acquire RPCs answered by this node, by result (ok, invalid, error).",
+		}, []string{"result"}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "forwarded_calls_total",
+			Help: "Calls this node forwarded to the leader.",
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "leadership_changes_total",
+			Help: "Times this node gained or lost leadership.",
+		}),
+		granted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "tokens_granted_total",
+			Help: "Tokens granted in leases (applied entries on this replica).",
+		}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "tokens_returned_total",
+			Help: "Tokens agents reported returning (applied entries on this replica).",
+		}),
+		charged: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "tokens_charged_total",
+			Help: "Tokens agents admitted without a lease and were charged for.",
+		}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "commands_applied_total",
+			Help: "Raft commands applied on this replica, by type.",
+		}, []string{"type"}),
+		rulesVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "rules_version",
+			Help: "Version of the rule set applied on this replica.",
+		}),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		m.applyLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
+		m.leaderChanges, m.granted, m.returned, m.charged, m.commands, m.rulesVersion,
+	}
+}
+
+// setupMetrics creates the metrics and registers them with the
+// Registerer (and a private registry served on /metrics when the Registerer
+// cannot be gathered).
+func (s *Server) setupMetrics() error {
+	s.metrics = newMetrics()
+	reg := s.cfg.Registerer
+	switch g, ok := reg.(prometheus.Gatherer); {
+	case reg == nil:
+		r := prometheus.NewRegistry()
+		s.registries, s.gather = []prometheus.Registerer{r}, r
+	case ok:
+		s.registries, s.gather = []prometheus.Registerer{reg}, g
+	default:
+		r := prometheus.NewRegistry()
+		s.registries, s.gather = []prometheus.Registerer{reg, r}, r
+	}
+	return s.register(s.metrics.collectors()...)
+}
+
+// register registers cs with every registry, remembering them for
+// unregisterMetrics.
+func (s *Server) register(cs ...prometheus.Collector) error {
+	for _, reg := range s.registries {
+		for _, c := range cs {
+			if err := reg.Register(c); err != nil {
+				return fmt.Errorf("allocator: register metrics: %w", err)
+			}
+		}
+	}
+	s.registered = append(s.registered, cs...)
+	return nil
+}
+
+// unregisterMetrics removes the Server's collectors, so that a caller's
+// Registerer can be reused by a later Server.
+func (s *Server) unregisterMetrics() {
+	for _, reg := range s.registries {
+		for _, c := range s.registered {
+			reg.Unregister(c)
+		}
+	}
+}
+
+// observeApply counts an applied command (called by the FSM on every
+// replica).
+func (m *metrics) observeApply(cmd *allotv1.Command, result any) {
+	switch c := cmd.Cmd.(type) {
+	case *allotv1.Command_Acquire:
+		m.commands.WithLabelValues("acquire").Inc()
+		var returned, charged, granted int64
+		for _, r := range c.Acquire.GetRequests() {
+			for _, k := range r.GetKeys() {
+				returned += k.GetReturned()
+				charged += k.GetCharged()
+			}
+		}
+		if br, ok := result.(*state.AcquireBatchResult); ok {
+			for i, resp := range br.Responses {
+				if i < len(br.Errs) && br.Errs[i] != nil {
+					continue
+				}
+				for _, g := range resp.GetGrants() {
+					granted += g.GetGranted()
+				}
+			}
+		}
+		m.granted.Add(float64(granted))
+		m.returned.Add(float64(returned))
+		m.charged.Add(float64(charged))
+	case *allotv1.Command_Release:
+		m.commands.WithLabelValues("release").Inc()
+		if r, ok := result.(*allotv1.ReleaseResponse); ok {
+			m.returned.Add(float64(r.GetReturned()))
+		}
+	case *allotv1.Command_PutRules:
+		m.commands.WithLabelValues("put_rules").Inc()
+	case *allotv1.Command_Expire:
+		m.commands.WithLabelValues("expire").Inc()
+	case *allotv1.Command_Member:
+		m.commands.WithLabelValues("member").Inc()
+	case *allotv1.Command_Check:
+		m.commands.WithLabelValues("check").Inc()
+	}
+}
+
+// observeBatch records the size of a committed batch (leader only).
+func (m *metrics) observeBatch(b *allotv1.AcquireBatch, keys int) {
+	m.batchRequests.Observe(float64(len(b.GetRequests())))
+	m.batchKeys.Observe(float64(keys))
+}
+
+// stateCollector reads Raft's and the state's statistics at scrape time.
+// It is registered once the node is open.
+type stateCollector struct{ s *Server }
+
+var (
+	descRaftState = prometheus.NewDesc(metricsNamespace+"_raft_state",
+		"Raft state of this node: 0 follower, 1 candidate, 2 leader, 3 shutdown.", nil, nil)
+	descRaftTerm = prometheus.NewDesc(metricsNamespace+"_raft_term",
+		"Current Raft term.", nil, nil)
+	descRaftCommit = prometheus.NewDesc(metricsNamespace+"_raft_commit_index",
+		"Latest committed Raft index known to this node.", nil, nil)
+	descRaftApplied = prometheus.NewDesc(metricsNamespace+"_raft_applied_index",
+		"Latest Raft index applied to this node's state.", nil, nil)
+	descRaftLastContact = prometheus.NewDesc(metricsNamespace+"_raft_last_contact_seconds",
+		"Seconds since this follower last heard from the leader (0 on the leader).", nil, nil)
+	descIsLeader = prometheus.NewDesc(metricsNamespace+"_is_leader",
+		"1 if this node is the Raft leader.", nil, nil)
+	descKeys = prometheus.NewDesc(metricsNamespace+"_keys",
+		"Budget keys tracked by this replica.", nil, nil)
+	descLeases = prometheus.NewDesc(metricsNamespace+"_leases",
+		"Live leases in this replica.", nil, nil)
+	descAgents = prometheus.NewDesc(metricsNamespace+"_agents",
+		"Live agents in this replica.", nil, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied,
+		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	r := s.node.raft
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	st := r.State()
+	gauge(descRaftState, float64(st))
+	gauge(descRaftTerm, float64(r.CurrentTerm()))
+	gauge(descRaftCommit, float64(r.CommitIndex()))
+	gauge(descRaftApplied, float64(r.AppliedIndex()))
+	lc := 0.0
+	if st != raft.Leader {
+		if t := r.LastContact(); !t.IsZero() {
+			lc = time.Since(t).Seconds()
+		}
+	}
+	gauge(descRaftLastContact, lc)
+	leader := 0.0
+	if st == raft.Leader {
+		leader = 1
+	}
+	gauge(descIsLeader, leader)
+	stats := s.st.Stats()
+	gauge(descKeys, float64(stats.Keys))
+	gauge(descLeases, float64(stats.Leases))
+	gauge(descAgents, float64(stats.Agents))
+}

@@ -1,0 +1,273 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+)
+
+// Raft storage layout inside Config.DataDir.
+const (
+	raftDBFile      = "raft.db"   // bolt: log store and stable store
+	snapshotsDir    = "snapshots" // raft.FileSnapshotStore's own subdirectory
+	snapshotsRetain = 2
+)
+
+// node is the Raft half of a Server: the raft.Raft instance and the stores
+// and transport it owns. close releases them all.
+type node struct {
+	raft    *raft.Raft
+	trans   raft.Transport
+	store   *raftboltdb.BoltStore // log store and stable store
+	snaps   *raft.FileSnapshotStore
+	dataDir string
+	// addr is the advertised Raft address (the transport's LocalAddr).
+	addr raft.ServerAddress
+	// existing: the data directory held Raft state at open.
+	existing bool
+	closed   bool
+}
+
+// openNode opens the stores in cfg.DataDir, checks them, and starts Raft
+// with f as its FSM. A node with existing Raft state ignores Bootstrap. Any
+// corruption found stops it with an error naming the path.
+func openNode(cfg Config, f *fsm, logger hclog.Logger) (n *node, err error) {
+	dir := cfg.DataDir
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("allocator: create data dir %s: %w", dir, err)
+	}
+	n = &node{dataDir: dir}
+	defer func() {
+		if err != nil {
+			n.close()
+		}
+	}()
+
+	dbPath := filepath.Join(dir, raftDBFile)
+	n.store, err = openBolt(dbPath)
+	if err != nil {
+		return nil, err
+	}
+	n.snaps, err = raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetain, logger.Named("snapshot"))
+	if err != nil {
+		return nil, fmt.Errorf("allocator: open snapshot store in %s: %w", dir, err)
+	}
+	if err := checkSnapshots(n.snaps, filepath.Join(dir, snapshotsDir)); err != nil {
+		return nil, err
+	}
+
+	existing, err := hasExistingState(n.store, n.snaps, dbPath)
+	if err != nil {
+		return nil, err
+	}
+	n.existing = existing
+	if existing {
+		if err := checkLogCoverage(n.store, n.snaps, dir); err != nil {
+			return nil, err
+		}
+	}
+
+	if cfg.transport != nil {
+		n.trans = cfg.transport
+	} else {
+		n.trans, err = newTCPTransport(cfg.RaftAddr, logger.Named("transport"))
+		if err != nil {
+			return nil, err
+		}
+	}
+	n.addr = n.trans.LocalAddr()
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.Logger = logger
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("allocator: raft config: %w", err)
+	}
+
+	if !existing && cfg.Bootstrap {
+		boot := raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: rc.LocalID, Address: n.addr,
+		}}}
+		if err := raft.BootstrapCluster(rc, n.store, n.store, n.snaps, n.trans, boot); err != nil {
+			return nil, fmt.Errorf("allocator: bootstrap %s: %w", dir, err)
+		}
+	}
+
+	n.raft, err = raft.NewRaft(rc, f, n.store, n.store, n.snaps, n.trans)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: start raft from %s: %w", dir, err)
+	}
+	// Raft falls back to an older snapshot when the newest fails to restore;
+	// the entries between the two may be compacted away, so any restore
+	// failure is fatal here.
+	if rerr := f.restoreError(); rerr != nil {
+		return nil, fmt.Errorf("allocator: restore snapshot from %s: %w", filepath.Join(dir, snapshotsDir), rerr)
+	}
+	return n, nil
+}
+
+// openBolt opens the bolt store, turning bolt's errors (and any panic while
+// reading a damaged file) into an error naming the file.
+func openBolt(path string) (s *raftboltdb.BoltStore, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("allocator: open raft log %s: corrupt database: %v", path, r)
+		}
+	}()
+	s, err = raftboltdb.New(raftboltdb.Options{
+		Path:        path,
+		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+		NoSync:      false,
+	})
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return nil, fmt.Errorf("allocator: open raft log %s: locked by another process: %w", path, err)
+		}
+		return nil, fmt.Errorf("allocator: open raft log %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// hasExistingState wraps raft.HasExistingState, recovering from a panic in
+// bolt on a damaged file.
+func hasExistingState(store *raftboltdb.BoltStore, snaps raft.SnapshotStore, path string) (ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("allocator: read raft log %s: corrupt database: %v", path, r)
+		}
+	}()
+	ok, err = raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		return false, fmt.Errorf("allocator: read raft state %s: %w", path, err)
+	}
+	return ok, nil
+}
+
+// checkSnapshots verifies every snapshot in dir: a readable meta.json and
+// a state.bin whose CRC matches. raft.FileSnapshotStore would silently skip
+// a bad one and fall back to an older snapshot, losing the entries between.
+func checkSnapshots(store *raft.FileSnapshotStore, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("allocator: read snapshot dir %s: %w", dir, err)
+	}
+	metas, err := store.List()
+	if err != nil {
+		return fmt.Errorf("allocator: list snapshots in %s: %w", dir, err)
+	}
+	listed := make(map[string]bool, len(metas))
+	for _, m := range metas {
+		listed[m.ID] = true
+	}
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		if !listed[e.Name()] {
+			return fmt.Errorf("allocator: snapshot %s: unreadable or unsupported meta.json", filepath.Join(dir, e.Name()))
+		}
+	}
+	for _, m := range metas {
+		// Open reads the whole state file and verifies its CRC.
+		_, rc, err := store.Open(m.ID)
+		if err != nil {
+			return fmt.Errorf("allocator: snapshot %s: %w", filepath.Join(dir, m.ID), err)
+		}
+		rc.Close()
+	}
+	return nil
+}
+
+// checkLogCoverage fails when the log was compacted (it does not start at
+// index 1) but no snapshot covers the entries before it: the state would be
+// silently incomplete.
+func checkLogCoverage(store *raftboltdb.BoltStore, snaps *raft.FileSnapshotStore, dir string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("allocator: read raft log in %s: corrupt database: %v", dir, r)
+		}
+	}()
+	first, err := store.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("allocator: read raft log in %s: %w", dir, err)
+	}
+	if first <= 1 {
+		return nil
+	}
+	metas, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("allocator: list snapshots in %s: %w", dir, err)
+	}
+	if len(metas) == 0 || metas[0].Index+1 < first {
+		return fmt.Errorf("allocator: %s: the raft log starts at index %d but no snapshot covers the entries before it (missing %s?)",
+			dir, first, filepath.Join(dir, snapshotsDir))
+	}
+	return nil
+}
+
+// close shuts Raft down and closes the transport and the stores. It is
+// called once, by the Server's shutdown (or a failed start).
+func (n *node) close() {
+	if n == nil {
+		return
+	}
+	if n.closed {
+		return
+	}
+	n.closed = true
+	if n.raft != nil {
+		_ = n.raft.Shutdown().Error() // idempotent
+	}
+	if c, ok := n.trans.(io.Closer); ok {
+		_ = c.Close()
+	}
+	if n.store != nil {
+		_ = n.store.Close()
+	}
+}
+
+// newTCPTransport binds addr (port 0 allowed) and returns a Raft network
+// transport over it, advertising the bound address.
+func newTCPTransport(addr string, logger hclog.Logger) (*raft.NetworkTransport, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: listen raft %s: %w", addr, err)
+	}
+	stream := &tcpStreamLayer{ln: ln}
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  stream,
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  logger,
+	}), nil
+}
+
+// tcpStreamLayer is a raft.StreamLayer over a pre-bound TCP listener. A TLS
+// layer would wrap the listener and the dialer the same way.
+type tcpStreamLayer struct {
+	ln net.Listener
+}
+
+func (t *tcpStreamLayer) Accept() (net.Conn, error) { return t.ln.Accept() }
+func (t *tcpStreamLayer) Close() error              { return t.ln.Close() }
+func (t *tcpStreamLayer) Addr() net.Addr            { return t.ln.Addr() }
+
+func (t *tcpStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	return d.Dial("tcp", string(address))
+}

@@ -1,0 +1,472 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// Server is one allocator node: Raft, the replicated state, the gRPC
+// services and the HTTP endpoints. Create it with New and stop it with
+// Shutdown. Its methods are safe for concurrent use.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	st      *state.State
+	fsm     *fsm
+	node    *node
+	batcher *batcher
+	fwd     *forwarder
+	metrics *metrics
+	gather  prometheus.Gatherer
+	// registries and registered: where the metrics went, for unregistering.
+	registries []prometheus.Registerer
+	registered []prometheus.Collector
+
+	grpcSrv  *grpc.Server
+	grpcLn   net.Listener
+	health   *health.Server
+	httpSrv  *http.Server
+	httpLn   net.Listener
+	grpcAddr string
+	httpAddr string
+
+	rulesMu sync.Mutex    // guards rulesCh
+	rulesCh chan struct{} // closed (and replaced) when the rule set may have changed
+
+	lastStamp atomic.Int64 // the latest time stamped into a command
+
+	// done is closed when Shutdown starts: waits, watchers and loops end.
+	done chan struct{}
+	// baseCtx is canceled when done is closed; the Server's own outgoing
+	// calls derive from it.
+	baseCtx    context.Context
+	cancelBase context.CancelFunc
+	// stopLoops is closed once the gRPC server has drained: the leader and
+	// join loops end.
+	stopLoops chan struct{}
+	wg        sync.WaitGroup // every goroutine the Server starts
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// New opens the stores in cfg.DataDir, starts Raft, and starts the gRPC and
+// HTTP servers. A node with existing Raft state ignores Bootstrap and Join.
+// A damaged data directory is an error naming the path; it is never reset.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(cfg.InitialRules) > 0 {
+		if _, err := rules.Compile(1, cfg.InitialRules); err != nil {
+			return nil, fmt.Errorf("allocator: initial rules: %w", err)
+		}
+	}
+	s := &Server{
+		cfg:       cfg,
+		log:       cfg.Logger.With("node", cfg.NodeID),
+		st:        state.New(cfg.stateConfig()),
+		rulesCh:   make(chan struct{}),
+		done:      make(chan struct{}),
+		stopLoops: make(chan struct{}),
+	}
+	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
+	s.fwd = newForwarder(cfg.DialOptions)
+	s.fsm = &fsm{st: s.st, onRules: s.notifyRules}
+
+	var err error
+	defer func() {
+		if err != nil {
+			s.abortStart()
+		}
+	}()
+
+	if err = s.setupMetrics(); err != nil {
+		return nil, err
+	}
+	s.fsm.onApply = s.metrics.observeApply
+
+	// Listeners first: the bound gRPC address is advertised in MemberCommand.
+	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		err = fmt.Errorf("allocator: listen grpc %s: %w", cfg.GRPCAddr, err)
+		return nil, err
+	}
+	s.grpcAddr = s.grpcLn.Addr().String()
+	if cfg.HTTPAddr != "" {
+		if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			err = fmt.Errorf("allocator: listen http %s: %w", cfg.HTTPAddr, err)
+			return nil, err
+		}
+		s.httpAddr = s.httpLn.Addr().String()
+	}
+
+	if s.node, err = openNode(cfg, s.fsm, newHCLogAdapter(s.log, "raft")); err != nil {
+		return nil, err
+	}
+	if err = s.register(&stateCollector{s: s}); err != nil {
+		return nil, err
+	}
+	s.batcher = newBatcher(s.propose, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
+	s.batcher.observe = s.metrics.observeBatch
+	s.batcher.start()
+
+	s.startGRPC()
+	if s.httpLn != nil {
+		s.startHTTP()
+	}
+	s.goFunc(s.leaderLoop)
+	if cfg.Join != "" && !s.hasJoined() {
+		s.goFunc(s.joinLoop)
+	}
+	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", string(s.node.addr), "http", s.httpAddr,
+		"data_dir", cfg.DataDir)
+	return s, nil
+}
+
+// abortStart releases whatever New had set up before failing.
+func (s *Server) abortStart() {
+	close(s.done)
+	s.cancelBase()
+	close(s.stopLoops)
+	if s.grpcSrv != nil {
+		s.grpcSrv.Stop()
+	} else if s.grpcLn != nil {
+		s.grpcLn.Close()
+	}
+	if s.httpSrv != nil {
+		s.httpSrv.Close()
+	} else if s.httpLn != nil {
+		s.httpLn.Close()
+	}
+	if s.batcher != nil {
+		s.batcher.close()
+	}
+	s.wg.Wait()
+	s.node.close()
+	s.fwd.close()
+	s.unregisterMetrics()
+}
+
+// goFunc runs f in a goroutine tracked by the Server's WaitGroup; f must
+// return once s.done or s.stopLoops is closed.
+func (s *Server) goFunc(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+func (s *Server) startGRPC() {
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.cfg.MaxRecvMsgSize),
+		grpc.MaxSendMsgSize(s.cfg.MaxRecvMsgSize * 4),
+	}
+	opts = append(opts, s.cfg.ServerOptions...)
+	s.grpcSrv = grpc.NewServer(opts...)
+	allotv1.RegisterAllocatorServer(s.grpcSrv, &allocatorService{s: s})
+	allotv1.RegisterAdminServer(s.grpcSrv, &adminService{s: s})
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	ln := s.grpcLn
+	s.goFunc(func() {
+		if err := s.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.log.Error("grpc server stopped", "err", err)
+		}
+	})
+}
+
+// GRPCAddr returns the bound gRPC address.
+func (s *Server) GRPCAddr() string { return s.grpcAddr }
+
+// HTTPAddr returns the bound HTTP address ("" when HTTP is off).
+func (s *Server) HTTPAddr() string { return s.httpAddr }
+
+// RaftAddr returns the advertised Raft address.
+func (s *Server) RaftAddr() string { return string(s.node.addr) }
+
+// NodeID returns the node's Raft server id.
+func (s *Server) NodeID() string { return s.cfg.NodeID }
+
+// IsLeader reports whether this node is the Raft leader now.
+func (s *Server) IsLeader() bool { return s.node.raft.State() == raft.Leader }
+
+// Leader returns the current leader's node id and gRPC address, as known to
+// this node ("" when unknown).
+func (s *Server) Leader() (id, grpcAddr string) {
+	h := s.leaderHint()
+	return h.id, h.addr
+}
+
+// leaderHint returns the leader's id and, if registered, gRPC address.
+func (s *Server) leaderHint() leaderHint {
+	_, id := s.node.raft.LeaderWithID()
+	if id == "" {
+		return leaderHint{}
+	}
+	if string(id) == s.cfg.NodeID {
+		return leaderHint{id: string(id), addr: s.grpcAddr}
+	}
+	for _, m := range s.st.Members() {
+		if m.GetId() == string(id) {
+			return leaderHint{id: string(id), addr: m.GetGrpcAddr()}
+		}
+	}
+	return leaderHint{id: string(id)}
+}
+
+// status maps err for a gRPC reply (see toStatus).
+func (s *Server) status(err error) error {
+	if err == nil {
+		return nil
+	}
+	return toStatus(err, s.leaderHint())
+}
+
+// readiness describes whether the node can serve: a leader is known and
+// this replica has applied everything it knows to be committed (so the
+// replicated rules are in effect), and, if this node carries InitialRules,
+// the rule set is no longer empty.
+type readiness struct {
+	Ready        bool   `json:"ready"`
+	NodeID       string `json:"node_id"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	LeaderAddr   string `json:"leader_addr,omitempty"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	RulesVersion uint64 `json:"rules_version"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+func (s *Server) readiness() readiness {
+	r := s.node.raft
+	h := s.leaderHint()
+	rd := readiness{
+		NodeID:       s.cfg.NodeID,
+		State:        r.State().String(),
+		LeaderID:     h.id,
+		LeaderAddr:   h.addr,
+		CommitIndex:  r.CommitIndex(),
+		AppliedIndex: r.AppliedIndex(),
+		RulesVersion: s.rulesVersion(),
+	}
+	select {
+	case <-s.done:
+		rd.Reason = "shutting down"
+		return rd
+	default:
+	}
+	switch {
+	case h.id == "":
+		rd.Reason = "no leader known"
+	case rd.AppliedIndex < rd.CommitIndex:
+		rd.Reason = "catching up with the log"
+	case len(s.cfg.InitialRules) > 0 && rd.RulesVersion == 0:
+		rd.Reason = "initial rules not applied yet"
+	default:
+		rd.Ready = true
+	}
+	return rd
+}
+
+// WaitReady blocks until a leader is known and this node's replica has
+// applied the rules (see /readyz), ctx ends, or the Server shuts down.
+func (s *Server) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		rd := s.readiness()
+		if rd.Ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("allocator: not ready (%s): %w", rd.Reason, ctx.Err())
+		case <-s.done:
+			return errShutdown
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) rulesVersion() uint64 {
+	if set := s.st.Rules(); set != nil {
+		return set.Version()
+	}
+	return 0
+}
+
+// notifyRules wakes every rule watcher. Called by the FSM; does not block.
+func (s *Server) notifyRules() {
+	s.rulesMu.Lock()
+	close(s.rulesCh)
+	s.rulesCh = make(chan struct{})
+	s.rulesMu.Unlock()
+	s.metrics.rulesVersion.Set(float64(s.rulesVersion()))
+}
+
+// rulesChanged returns a channel closed at the next rule set change. Take
+// it before reading the rules, so that no change is missed.
+func (s *Server) rulesChanged() <-chan struct{} {
+	s.rulesMu.Lock()
+	defer s.rulesMu.Unlock()
+	return s.rulesCh
+}
+
+// stamp returns the time to stamp into a command: the leader's clock,
+// never earlier than a previous stamp from this node.
+func (s *Server) stamp() int64 {
+	now := time.Now().UnixNano()
+	for {
+		last := s.lastStamp.Load()
+		if now <= last {
+			return last
+		}
+		if s.lastStamp.CompareAndSwap(last, now) {
+			return now
+		}
+	}
+}
+
+// advanceStamp makes later stamps at least t.
+func (s *Server) advanceStamp(t int64) {
+	for {
+		last := s.lastStamp.Load()
+		if t <= last || s.lastStamp.CompareAndSwap(last, t) {
+			return
+		}
+	}
+}
+
+// propose commits cmd through Raft and returns the FSM's result; an error
+// result from the FSM is returned as the error. Both ApplyFuture.Error()
+// and Response() are checked.
+func (s *Server) propose(cmd *allotv1.Command) (any, error) {
+	data, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("allocator: encode command: %w", err)
+	}
+	start := time.Now()
+	f := s.node.raft.Apply(data, s.cfg.ApplyTimeout)
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	s.metrics.applyLatency.Observe(time.Since(start).Seconds())
+	resp := f.Response()
+	if err, ok := resp.(error); ok {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// apply stamps and proposes a command that is not batched.
+func (s *Server) apply(cmd *allotv1.Command) (any, error) {
+	cmd.NowUnixNanos = s.stamp()
+	return s.propose(cmd)
+}
+
+// Shutdown stops the node gracefully: it stops accepting calls, hands
+// leadership to another voter if it leads (bounded), drains the gRPC server
+// (falling back to a hard stop when ctx ends), stops its loops, shuts Raft
+// down and closes the stores and the HTTP server. It is safe to call twice;
+// later calls return the first call's result.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() { s.shutdownErr = s.shutdown(ctx, true) })
+	return s.shutdownErr
+}
+
+// kill stops the node abruptly (tests): no leadership transfer, no drain.
+func (s *Server) kill() {
+	s.shutdownOnce.Do(func() { s.shutdownErr = s.shutdown(context.Background(), false) })
+}
+
+func (s *Server) shutdown(ctx context.Context, graceful bool) error {
+	s.log.Info("allocator shutting down", "graceful", graceful)
+	var errs []error
+	s.health.Shutdown()
+	if graceful && s.IsLeader() && s.hasOtherVoters() {
+		f := s.node.raft.LeadershipTransfer()
+		errc := make(chan error, 1)
+		go func() { errc <- f.Error() }() // ends with the transfer's own timeout or raft.Shutdown
+		select {
+		case err := <-errc:
+			if err != nil {
+				s.log.Warn("leadership transfer failed", "err", err)
+			}
+		case <-ctx.Done():
+			s.log.Warn("leadership transfer abandoned", "err", ctx.Err())
+		}
+	}
+	close(s.done)
+	s.cancelBase()
+
+	if graceful {
+		stopped := make(chan struct{})
+		go func() {
+			s.grpcSrv.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			s.grpcSrv.Stop()
+			<-stopped
+		}
+	} else {
+		s.grpcSrv.Stop()
+	}
+	close(s.stopLoops)
+	s.batcher.close()
+
+	if err := s.node.raft.Shutdown().Error(); err != nil {
+		errs = append(errs, fmt.Errorf("allocator: raft shutdown: %w", err))
+	}
+	s.node.close()
+	if s.httpSrv != nil {
+		if err := s.httpSrv.Shutdown(ctx); err != nil {
+			s.httpSrv.Close()
+		}
+	}
+	s.wg.Wait() // the leader and join loops, the gRPC and HTTP serve loops
+	s.fwd.close()
+	s.unregisterMetrics()
+	s.log.Info("allocator stopped")
+	return errors.Join(errs...)
+}
+
+// hasOtherVoters reports whether the configuration has a voter besides
+// this node (a leadership transfer needs one).
+func (s *Server) hasOtherVoters() bool {
+	f := s.node.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, srv := range f.Configuration().Servers {
+		if srv.Suffrage == raft.Voter && string(srv.ID) != s.cfg.NodeID {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,136 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// allocatorService implements the agent-facing allot.v1.Allocator service.
+type allocatorService struct {
+	allotv1.UnimplementedAllocatorServer
+	s *Server
+}
+
+// Acquire validates the request, then commits it through the batcher on
+// the leader (forwarding from a follower). It is idempotent per
+// (agent_id, request_id), so it is retried across a leader change.
+func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+	s := a.s
+	if err := state.ValidateAcquire(req); err != nil {
+		s.metrics.acquireCalls.WithLabelValues("invalid").Inc()
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	var resp *allotv1.AcquireResponse
+	err := s.onLeader(ctx, true,
+		func(ctx context.Context) error {
+			r, err := s.batcher.submit(ctx, req)
+			if err == nil {
+				resp = withLeader(r, s.cfg.NodeID)
+			}
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
+			resp = r
+			return err
+		})
+	if err != nil {
+		s.metrics.acquireCalls.WithLabelValues("error").Inc()
+		return nil, s.status(err)
+	}
+	s.metrics.acquireCalls.WithLabelValues("ok").Inc()
+	return resp, nil
+}
+
+// withLeader returns r with LeaderId set. The FSM may keep r as the
+// recorded answer for retries, so it is copied, not modified.
+func withLeader(r *allotv1.AcquireResponse, leader string) *allotv1.AcquireResponse {
+	if r == nil || r.GetLeaderId() == leader {
+		return r
+	}
+	return &allotv1.AcquireResponse{
+		Grants:       r.GetGrants(),
+		LiveAgents:   r.GetLiveAgents(),
+		RulesVersion: r.GetRulesVersion(),
+		LeaderId:     leader,
+		NowUnixMs:    r.GetNowUnixMs(),
+	}
+}
+
+// Release commits the returned tokens and the end of the agent's leases as
+// one Raft entry (releases are rare: an agent's shutdown).
+func (a *allocatorService) Release(ctx context.Context, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
+	s := a.s
+	if err := state.ValidateRelease(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	var resp *allotv1.ReleaseResponse
+	err := s.onLeader(ctx, true,
+		func(ctx context.Context) error {
+			res, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Release{Release: req}})
+			if err != nil {
+				return err
+			}
+			r, ok := res.(*allotv1.ReleaseResponse)
+			if !ok {
+				return fmt.Errorf("allocator: release applied with unexpected result %T", res)
+			}
+			resp = r
+			return nil
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
+			resp = r
+			return err
+		})
+	if err != nil {
+		return nil, s.status(err)
+	}
+	return resp, nil
+}
+
+// WatchRules streams the current rule set at once if it is newer than
+// known_version (or known_version is 0), then every new version. It is
+// served from this node's replica, so a follower streams what it has
+// applied. The stream ends when the client leaves or the Server shuts down.
+func (a *allocatorService) WatchRules(req *allotv1.WatchRulesRequest, stream grpc.ServerStreamingServer[allotv1.RuleSet]) error {
+	s := a.s
+	ctx := stream.Context()
+	known := req.GetKnownVersion()
+	first := true
+	for {
+		changed := s.rulesChanged()
+		rs := s.st.RuleSet()
+		if rs.GetVersion() > known || (first && known == 0) {
+			if err := stream.Send(rs); err != nil {
+				return err
+			}
+			known = rs.GetVersion()
+		}
+		first = false
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-s.done:
+			return s.status(errShutdown)
+		}
+	}
+}
+
+// ruleFiles converts wire files for rules.Compile.
+func ruleFiles(in []*allotv1.RuleFile) []rules.File {
+	out := make([]rules.File, len(in))
+	for i, f := range in {
+		out[i] = rules.File{Name: f.GetName(), Domain: f.GetDomain(), Source: f.GetYaml()}
+	}
+	return out
+}
