@@ -1,0 +1,275 @@
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Limits on the extraction configuration and on request values.
+const (
+	// MaxDescriptors is the most descriptors a Config may declare.
+	MaxDescriptors = 16
+	// MaxEntries is the most entries one configured descriptor may have.
+	MaxEntries = 8
+	// DefaultMaxValueBytes bounds one extracted value (API key, tier,
+	// header). A longer value makes the request a 400.
+	DefaultMaxValueBytes = 256
+	// MaxForwardedHops bounds the X-Forwarded-For walk: at most this many
+	// addresses are examined from the right.
+	MaxForwardedHops = 32
+	// maxRoutes bounds the configured route patterns.
+	maxRoutes = 1024
+)
+
+// Config declares how descriptors are extracted from an HTTP request. It is
+// YAML-loadable (the gateway's config file embeds it); NewExtractor
+// validates it. The zero Config extracts nothing.
+//
+// Example (the gateway's -dev configuration):
+//
+//	domain: public-api
+//	api_key: {headers: [Authorization, X-API-Key]}
+//	tier:
+//	  keys: {k_free_demo: free, k_premium_demo: premium}
+//	  default: free
+//	routes:
+//	  paths: [/v1/search]
+//	  default: other
+//	descriptors:
+//	  - [tier, api_key]
+//	  - [tier, route, api_key]
+//	  - [api_key]
+type Config struct {
+	// Domain is the rules domain the descriptors are checked in.
+	Domain string `yaml:"domain"`
+	// APIKey says where the API key is found.
+	APIKey APIKeyConfig `yaml:"api_key"`
+	// ClientIP says how the client address is derived.
+	ClientIP ClientIPConfig `yaml:"client_ip"`
+	// Routes maps request paths to route values.
+	Routes RoutesConfig `yaml:"routes"`
+	// Tier says how the tier is derived.
+	Tier TierConfig `yaml:"tier"`
+	// Descriptors are sent for every request, in order; a descriptor with
+	// an entry whose source is missing from the request is skipped, as
+	// Envoy does.
+	Descriptors []DescriptorConfig `yaml:"descriptors"`
+	// MaxValueBytes bounds every extracted value; 0 means
+	// DefaultMaxValueBytes. A request with a longer value gets a 400.
+	MaxValueBytes int `yaml:"max_value_bytes"`
+}
+
+// APIKeyConfig locates the API key.
+type APIKeyConfig struct {
+	// Headers are tried in order; the first present and non-empty wins.
+	// "Authorization" is parsed as "Bearer <key>" (other schemes are
+	// ignored); any other header's whole value is the key. Empty means
+	// [Authorization, X-API-Key].
+	Headers []string `yaml:"headers"`
+}
+
+// ClientIPConfig derives the client address.
+type ClientIPConfig struct {
+	// TrustedProxies are the CIDRs (or single addresses) of proxies whose
+	// forwarding header is believed. When the connection's peer is not one
+	// of them, the peer address is the client. Otherwise the forwarding
+	// header is walked from the right, skipping trusted proxies; the first
+	// untrusted address is the client.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// Header is the forwarding header; empty means X-Forwarded-For.
+	Header string `yaml:"header"`
+}
+
+// RoutesConfig maps request paths to route values.
+type RoutesConfig struct {
+	// Paths are exact paths ("/v1/search") or templates
+	// ("/v1/items/{id}", "/files/{path...}"). The route value is the
+	// pattern itself. Exact paths win over templates; templates are tried
+	// in order. Paths are compared after path.Clean.
+	Paths []string `yaml:"paths"`
+	// Default is the route value of a path that matches no pattern (a
+	// catch-all). Empty: such a request has no route, and descriptors that
+	// need one are skipped.
+	Default string `yaml:"default"`
+}
+
+// TierConfig derives the tier.
+type TierConfig struct {
+	// Header, when set, is a request header carrying the tier. Only set it
+	// when a trusted component in front of the gateway sets (and strips)
+	// that header: clients could otherwise choose their own tier.
+	Header string `yaml:"header"`
+	// Keys maps API keys to tiers, consulted when Header is unset or absent.
+	Keys map[string]string `yaml:"keys"`
+	// Default is the tier of a request whose tier is not otherwise known
+	// (including requests without an API key). Empty: no tier, and
+	// descriptors that need one are skipped.
+	Default string `yaml:"default"`
+}
+
+// DescriptorConfig is one descriptor: an ordered list of entries.
+type DescriptorConfig []EntryConfig
+
+// Source names where an entry's value comes from.
+type Source string
+
+// The sources of entry values.
+const (
+	SourceAPIKey   Source = "api_key"   // the API key (APIKeyConfig); default key "api_key"
+	SourceClientIP Source = "client_ip" // the client address; default key "remote_address" (Envoy's)
+	SourceRoute    Source = "route"     // the matched route pattern; default key "route"
+	SourceTier     Source = "tier"      // the tier; default key "tier"
+	SourceMethod   Source = "method"    // the request method; default key "method"
+	SourceHeader   Source = "header"    // a request header (Header); key required
+	SourceStatic   Source = "static"    // a constant (Value), as Envoy's generic_key
+)
+
+var defaultKeys = map[Source]string{
+	SourceAPIKey:   "api_key",
+	SourceClientIP: "remote_address",
+	SourceRoute:    "route",
+	SourceTier:     "tier",
+	SourceMethod:   "method",
+}
+
+// EntryConfig is one descriptor entry. In YAML it is either a bare source
+// name (api_key, client_ip, route, tier, method), or a mapping:
+//
+//	{source: client_ip, key: ip}        # a source under another key
+//	{key: plan, header: X-Plan}         # a request header
+//	{generic_key: all}                  # Envoy's generic_key: key "generic_key", constant value
+//	{key: edge, value: eu-west}         # any constant entry
+type EntryConfig struct {
+	Key    string `yaml:"key"`
+	Source Source `yaml:"source"`
+	Header string `yaml:"header"` // SourceHeader
+	Value  string `yaml:"value"`  // SourceStatic
+}
+
+// UnmarshalYAML accepts the bare-name and mapping forms, rejecting unknown
+// keys with their line.
+func (e *EntryConfig) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		s := Source(n.Value)
+		if _, ok := defaultKeys[s]; !ok {
+			return fmt.Errorf("line %d: %q: unknown entry source (want api_key, client_ip, route, tier, method, or a mapping)", n.Line, n.Value)
+		}
+		*e = EntryConfig{Source: s}
+		return nil
+	case yaml.MappingNode:
+	default:
+		return fmt.Errorf("line %d: a descriptor entry must be a source name or a mapping", n.Line)
+	}
+	var out EntryConfig
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if v.Kind != yaml.ScalarNode {
+			return fmt.Errorf("line %d: %s: must be a string", v.Line, k.Value)
+		}
+		switch k.Value {
+		case "key":
+			out.Key = v.Value
+		case "source":
+			out.Source = Source(v.Value)
+		case "header":
+			out.Header = v.Value
+		case "value":
+			out.Value = v.Value
+		case "generic_key":
+			out.Key, out.Value, out.Source = "generic_key", v.Value, SourceStatic
+		default:
+			return fmt.Errorf("line %d: %s: unknown key in a descriptor entry", k.Line, k.Value)
+		}
+	}
+	if out.Source == "" {
+		switch {
+		case out.Header != "":
+			out.Source = SourceHeader
+		case out.Value != "":
+			out.Source = SourceStatic
+		}
+	}
+	*e = out
+	return nil
+}
+
+// validate checks one entry and fills its default key.
+func (e *EntryConfig) validate() error {
+	switch e.Source {
+	case SourceAPIKey, SourceClientIP, SourceRoute, SourceTier, SourceMethod:
+		if e.Key == "" {
+			e.Key = defaultKeys[e.Source]
+		}
+		if e.Header != "" || e.Value != "" {
+			return fmt.Errorf("source %s takes no header or value", e.Source)
+		}
+	case SourceHeader:
+		if e.Key == "" || e.Header == "" {
+			return errors.New("a header entry needs key and header")
+		}
+		if !validHeaderName(e.Header) {
+			return fmt.Errorf("%q is not a valid header name", e.Header)
+		}
+	case SourceStatic:
+		if e.Key == "" || e.Value == "" {
+			return errors.New("a constant entry needs key and value")
+		}
+	case "":
+		return errors.New("entry has no source (give source, header, value or generic_key)")
+	default:
+		return fmt.Errorf("unknown source %q", e.Source)
+	}
+	return nil
+}
+
+func validHeaderName(h string) bool {
+	if h == "" {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate reports the first problem with c, prefixed "httplimit: ".
+func (c Config) Validate() error {
+	_, err := NewExtractor(c)
+	return err
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+func canonicalHeaders(hs []string) ([]string, error) {
+	out := make([]string, 0, len(hs))
+	for _, h := range hs {
+		if !validHeaderName(h) {
+			return nil, fmt.Errorf("%q is not a valid header name", h)
+		}
+		out = append(out, http.CanonicalHeaderKey(h))
+	}
+	return out, nil
+}

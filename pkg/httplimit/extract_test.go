@@ -1,0 +1,333 @@
+package httplimit
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"reflect"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/rules"
+)
+
+// devYAML is the gateway's -dev descriptor configuration.
+const devYAML = `
+domain: public-api
+api_key:
+  headers: [Authorization, X-API-Key]
+tier:
+  keys: {k_free_demo: free, k_premium_demo: premium, k_live_abc123: premium}
+  default: free
+routes:
+  paths: [/v1/search, "/v1/items/{id}", "/files/{path...}"]
+  default: other
+descriptors:
+  - [tier, api_key]
+  - [tier, route, api_key]
+  - [api_key]
+`
+
+func mustExtractor(t testing.TB, y string) *Extractor {
+	t.Helper()
+	var cfg Config
+	dec := yaml.NewDecoder(strings.NewReader(y))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	x, err := NewExtractor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func req(method, target string, hdr ...string) *http.Request {
+	r := httptest.NewRequest(method, target, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Add(hdr[i], hdr[i+1])
+	}
+	return r
+}
+
+func entries(kv ...string) []rules.Entry {
+	var out []rules.Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, rules.Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+func descs(ds ...[]rules.Entry) []agent.Descriptor {
+	out := []agent.Descriptor{}
+	for _, d := range ds {
+		out = append(out, agent.Descriptor{Entries: d})
+	}
+	return out
+}
+
+func TestExtractDevConfig(t *testing.T) {
+	x := mustExtractor(t, devYAML)
+	tests := []struct {
+		name string
+		r    *http.Request
+		want []agent.Descriptor
+	}{
+		{"free key on search", req("GET", "/v1/search", "X-API-Key", "k_free_demo"), descs(
+			entries("tier", "free", "api_key", "k_free_demo"),
+			entries("tier", "free", "route", "/v1/search", "api_key", "k_free_demo"),
+			entries("api_key", "k_free_demo"))},
+		{"bearer premium", req("GET", "/v1/search?q=1", "Authorization", "Bearer  k_premium_demo "), descs(
+			entries("tier", "premium", "api_key", "k_premium_demo"),
+			entries("tier", "premium", "route", "/v1/search", "api_key", "k_premium_demo"),
+			entries("api_key", "k_premium_demo"))},
+		{"bearer wins over X-API-Key", req("GET", "/x", "Authorization", "bearer a", "X-API-Key", "b"), descs(
+			entries("tier", "free", "api_key", "a"),
+			entries("tier", "free", "route", "other", "api_key", "a"),
+			entries("api_key", "a"))},
+		{"basic auth ignored", req("GET", "/v1/items/42", "Authorization", "Basic Zm9vOmJhcg==", "X-API-Key", "k"), descs(
+			entries("tier", "free", "api_key", "k"),
+			entries("tier", "free", "route", "/v1/items/{id}", "api_key", "k"),
+			entries("api_key", "k"))},
+		{"no key: every descriptor skipped", req("GET", "/v1/search"), descs()},
+		{"empty bearer", req("GET", "/v1/search", "Authorization", "Bearer "), descs()},
+		{"uncleaned path", req("GET", "/v1//search/", "X-API-Key", "k"), descs(
+			entries("tier", "free", "api_key", "k"),
+			entries("tier", "free", "route", "/v1/search", "api_key", "k"),
+			entries("api_key", "k"))},
+		{"rest template", req("GET", "/files/a/b/c", "X-API-Key", "k"), descs(
+			entries("tier", "free", "api_key", "k"),
+			entries("tier", "free", "route", "/files/{path...}", "api_key", "k"),
+			entries("api_key", "k"))},
+	}
+	for _, tc := range tests {
+		got, err := x.Extract(tc.r)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s:\n got %v\nwant %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestExtractSourcesAndSkipping(t *testing.T) {
+	x := mustExtractor(t, `
+domain: d
+tier: {header: X-Tier}
+client_ip: {trusted_proxies: [10.0.0.0/8]}
+descriptors:
+  - [{generic_key: all}]
+  - [{key: plan, header: x-plan}, method]
+  - [tier, client_ip]
+  - [{source: client_ip, key: ip}, {key: edge, value: eu}]
+  - [route]
+`)
+	r := req("POST", "/p", "X-Plan", "gold", "X-Forwarded-For", "203.0.113.9")
+	r.RemoteAddr = "10.1.2.3:4567"
+	got, err := x.Extract(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := descs(
+		entries("generic_key", "all"),
+		entries("plan", "gold", "method", "POST"),
+		// no tier header and no default: [tier, client_ip] skipped
+		entries("ip", "203.0.113.9", "edge", "eu"),
+		// no routes and no default: [route] skipped
+	)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("\n got %v\nwant %v", got, want)
+	}
+	r.Header.Set("X-Tier", "gold")
+	got, _ = x.Extract(r)
+	if len(got) != 4 || !reflect.DeepEqual(got[2].Entries, entries("tier", "gold", "remote_address", "203.0.113.9")) {
+		t.Fatalf("with a tier header: %v", got)
+	}
+}
+
+func TestClientIP(t *testing.T) {
+	x := mustExtractor(t, `
+domain: d
+client_ip: {trusted_proxies: [10.0.0.0/8, "2001:db8::/32", 192.0.2.1]}
+descriptors: [[client_ip]]
+`)
+	long := strings.Repeat("10.0.0.1, ", MaxForwardedHops+5) + "10.0.0.2"
+	tests := []struct {
+		name   string
+		remote string
+		xff    []string
+		want   string
+	}{
+		{"untrusted peer ignores XFF", "198.51.100.7:1234", []string{"1.1.1.1"}, "198.51.100.7"},
+		{"trusted peer, one hop", "10.0.0.1:1", []string{"203.0.113.5"}, "203.0.113.5"},
+		{"walk from the right skipping proxies", "10.0.0.1:1", []string{"1.1.1.1, 203.0.113.5, 10.9.9.9"}, "203.0.113.5"},
+		{"spoofed left part ignored", "192.0.2.1:1", []string{"6.6.6.6,203.0.113.5"}, "203.0.113.5"},
+		{"several header lines", "10.0.0.1:1", []string{"5.5.5.5", "203.0.113.5, 10.0.0.3"}, "203.0.113.5"},
+		{"all trusted: leftmost", "10.0.0.1:1", []string{"10.0.0.7, 10.0.0.8"}, "10.0.0.7"},
+		{"no XFF: the proxy", "10.0.0.1:1", nil, "10.0.0.1"},
+		{"garbage ends the walk", "10.0.0.1:1", []string{"203.0.113.5, bogus, 10.0.0.4"}, "10.0.0.4"},
+		{"ipv6 peer", "[2001:db8::1]:443", []string{"[2001:db9::5]:80"}, "2001:db9::5"},
+		{"mapped ipv4", "[::ffff:198.51.100.7]:1", nil, "198.51.100.7"},
+		{"hop bound", "10.0.0.1:1", []string{"203.0.113.5, " + long}, "10.0.0.1"},
+		{"empty elements", "10.0.0.1:1", []string{" , 203.0.113.5 ,, "}, "203.0.113.5"},
+	}
+	for _, tc := range tests {
+		r := req("GET", "/")
+		r.RemoteAddr = tc.remote
+		for _, v := range tc.xff {
+			r.Header.Add("X-Forwarded-For", v)
+		}
+		got, err := x.Extract(r)
+		if err != nil || len(got) != 1 || got[0].Entries[0].Value != tc.want {
+			t.Errorf("%s: got %v, %v; want %s", tc.name, got, err, tc.want)
+		}
+	}
+	r := req("GET", "/")
+	r.RemoteAddr = "not an address"
+	if got, _ := x.Extract(r); len(got) != 0 {
+		t.Errorf("unparseable RemoteAddr: got %v, want the descriptor skipped", got)
+	}
+}
+
+func TestRouteTemplates(t *testing.T) {
+	x := mustExtractor(t, `
+domain: d
+routes:
+  paths: [/, /v1/search, "/v1/items/{id}", "/v1/items/{id}/tags/{tag}", "/v2/{rest...}", "/{any}"]
+descriptors: [[route]]
+`)
+	tests := map[string]string{
+		"/":                    "/",
+		"/v1/search":           "/v1/search",
+		"/v1/search/":          "/v1/search",
+		"/v1/./search":         "/v1/search",
+		"/v1/items/7":          "/v1/items/{id}",
+		"/v1/items/7/tags/x":   "/v1/items/{id}/tags/{tag}",
+		"/v1/items/7/tags":     "",
+		"/v1/items":            "",
+		"/v2":                  "/v2/{rest...}",
+		"/v2/a/b":              "/v2/{rest...}",
+		"/v3":                  "/{any}",
+		"/v3/x":                "",
+		"/v1/items/7/tags/x/y": "",
+	}
+	for p, want := range tests {
+		got, ok := x.route(p)
+		if got != want || ok != (want != "") {
+			t.Errorf("route(%q) = %q, %v; want %q", p, got, ok, want)
+		}
+	}
+	if a := testing.AllocsPerRun(100, func() { x.route("/v1/items/7/tags/x") }); a != 0 {
+		t.Errorf("route allocates %v times, want 0", a)
+	}
+}
+
+func TestExtractBounds(t *testing.T) {
+	x := mustExtractor(t, devYAML)
+	long := strings.Repeat("k", DefaultMaxValueBytes+1)
+	for _, r := range []*http.Request{
+		req("GET", "/v1/search", "X-API-Key", long),
+		req("GET", "/v1/search", "Authorization", "Bearer "+long),
+	} {
+		_, err := x.Extract(r)
+		var bre *BadRequestError
+		if !errors.Is(err, ErrBadRequest) || !errors.As(err, &bre) || strings.Contains(bre.Message, "kkk") {
+			t.Errorf("err = %v, want a BadRequestError that does not echo the value", err)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	bad := map[string]string{
+		"unknown entry key":     "domain: d\ndescriptors: [[{key: a, bogus: b}]]",
+		"unknown source name":   "domain: d\ndescriptors: [[nope]]",
+		"bad source in mapping": "domain: d\ndescriptors: [[{key: a, source: nope}]]",
+		"header without key":    "domain: d\ndescriptors: [[{header: X-A}]]",
+		"empty descriptor":      "domain: d\ndescriptors: [[]]",
+		"no domain":             "descriptors: [[api_key]]",
+		"bad cidr":              "client_ip: {trusted_proxies: [10.0.0.0/33]}",
+		"bad template":          "routes: {paths: [\"/a/{x\"]}",
+		"rest not last":         "routes: {paths: [\"/a/{x...}/b\"]}",
+		"relative path":         "routes: {paths: [a/b]}",
+		"duplicate path":        "routes: {paths: [/a, /a/]}",
+		"bad header name":       "api_key: {headers: [\"X Bad\"]}",
+		"unknown top-level":     "domain: d\nbogus: 1",
+		"static with header":    "domain: d\ndescriptors: [[{source: api_key, header: X-A}]]",
+	}
+	bad["too many descriptors"] = "domain: d\ndescriptors: [" + strings.Repeat("[api_key],", MaxDescriptors) + "[api_key]]"
+	bad["too many entries"] = "domain: d\ndescriptors: [[" + strings.Repeat("api_key,", MaxEntries) + "api_key]]"
+	for name, y := range bad {
+		var cfg Config
+		dec := yaml.NewDecoder(strings.NewReader(y))
+		dec.KnownFields(true)
+		err := dec.Decode(&cfg)
+		if err == nil {
+			_, err = NewExtractor(cfg)
+		}
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// Entry errors name the line.
+	var cfg Config
+	err := yaml.Unmarshal([]byte("domain: d\ndescriptors:\n  - [api_key]\n  - [{key: a, bogus: b}]\n"), &cfg)
+	if err == nil || !strings.Contains(err.Error(), "line 4") {
+		t.Errorf("err = %v, want it to name line 4", err)
+	}
+}
+
+// FuzzDescriptors feeds arbitrary request parts to the extractor: it must
+// never panic, and its output stays within the configured bounds.
+func FuzzDescriptors(f *testing.F) {
+	f.Add("/v1/search", "k_free_demo", "Bearer abc", "1.2.3.4, 10.0.0.1", "10.0.0.9:1234", "gold")
+	f.Add("//..//v1/items/%2F/x", "", "bearer\t", ",,,[::1]:80,::ffff:10.0.0.1", "[::1]", "")
+	f.Add("/files/"+strings.Repeat("a/", 100), strings.Repeat("x", 300), "Bearer", "garbage", "", strings.Repeat("t", 300))
+	x := mustExtractor(f, devYAML+`
+client_ip: {trusted_proxies: [10.0.0.0/8, "::1"]}
+`)
+	y := mustExtractor(f, `
+domain: d
+tier: {header: X-Tier, default: t}
+client_ip: {trusted_proxies: [0.0.0.0/0, "::/0"]}
+routes: {paths: ["/{a}/{b...}"]}
+descriptors: [[client_ip, tier], [route, method], [{key: h, header: X-H}]]
+`)
+	f.Fuzz(func(t *testing.T, path, apiKey, auth, xff, remote, tier string) {
+		r := &http.Request{Method: "GET", Header: http.Header{}, RemoteAddr: remote}
+		r.URL = &url.URL{Path: path}
+		r.Header["X-Api-Key"] = []string{apiKey}
+		r.Header["Authorization"] = []string{auth}
+		r.Header["X-Forwarded-For"] = []string{xff, xff}
+		r.Header["X-Tier"] = []string{tier}
+		r.Header["X-H"] = []string{tier}
+		for _, ex := range []*Extractor{x, y} {
+			ds, err := ex.Extract(r)
+			if err != nil {
+				if !errors.Is(err, ErrBadRequest) {
+					t.Fatalf("unexpected error kind: %v", err)
+				}
+				continue
+			}
+			if len(ds) > MaxDescriptors {
+				t.Fatalf("%d descriptors", len(ds))
+			}
+			for _, d := range ds {
+				if len(d.Entries) == 0 || len(d.Entries) > MaxEntries {
+					t.Fatalf("descriptor with %d entries", len(d.Entries))
+				}
+				for _, e := range d.Entries {
+					if e.Key == "" || e.Value == "" || len(e.Value) > DefaultMaxValueBytes && e.Key != "route" {
+						t.Fatalf("bad entry %+v", e)
+					}
+				}
+			}
+		}
+	})
+}

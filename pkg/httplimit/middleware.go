@@ -1,0 +1,295 @@
+// Package httplimit is allot's HTTP contract: net/http middleware that
+// extracts rate limit descriptors from each request, asks a Checker (the
+// embedded agent) for a decision, and either forwards the request with the
+// IETF RateLimit and RateLimit-Policy fields, or answers 429 itself.
+//
+// The Middleware follows net/http/httputil.ReverseProxy: a struct whose
+// optional hooks (Descriptors, OnDenied, ErrorHandler, OnShadow) each have a
+// documented nil default. Descriptor extraction is declared by a Config
+// (YAML) and compiled by NewExtractor.
+//
+// # The contract
+//
+// Allowed: the request is forwarded with
+//
+//	RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>
+//	RateLimit: "<name>";r=<remaining>;t=<seconds until full>
+//
+// Denied: 429 without calling the next handler, with Retry-After
+// (delay-seconds, the retry delay rounded up, at least 1), the same two
+// fields (t then equals Retry-After), Cache-Control: no-store,
+// Content-Type: application/json and the body DeniedBody.
+//
+// The reported policy is the agent's Decision: the denying limit, or, when
+// allowed, the matched limit with the lowest remaining. Limits in shadow
+// mode never deny and are not advertised. A request whose values exceed
+// the bounds gets a 400 JSON answer. A limiter error never turns into a 5xx:
+// the request is forwarded without fields (fail open); rules with
+// failure_mode closed are enforced by the agent itself.
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/sfv"
+)
+
+// Checker decides a request. *agent.Agent implements it. Check must not
+// retain descs (or their entries) after it returns: the middleware reuses
+// them.
+type Checker interface {
+	Check(ctx context.Context, domain string, descs []agent.Descriptor, hits uint32) (agent.Decision, error)
+}
+
+// DeniedBody is the exact body of a 429.
+const DeniedBody = `{"error":"rate_limited","message":"API rate limit exceeded for this key."}`
+
+// Header names (canonical forms; field names are case-insensitive).
+const (
+	HeaderRateLimit       = "Ratelimit"        // RateLimit
+	HeaderRateLimitPolicy = "Ratelimit-Policy" // RateLimit-Policy
+)
+
+// Middleware rate-limits requests in front of a handler. Checker and
+// either Extractor or Descriptors must be set; every other field is
+// optional. A Middleware must not be modified after its first use.
+type Middleware struct {
+	// Checker decides (required).
+	Checker Checker
+	// Domain is the rules domain; empty means Extractor.Domain().
+	Domain string
+	// Extractor extracts descriptors as configured. Used when Descriptors
+	// is nil.
+	Extractor *Extractor
+	// Descriptors, when set, replaces Extractor: it returns the request's
+	// descriptors, or an error. Errors wrapping ErrBadRequest become 400s;
+	// other errors fail open. An empty result forwards the request
+	// unchecked.
+	Descriptors func(r *http.Request) ([]agent.Descriptor, error)
+	// Hits returns the tokens the request costs. Nil means 1.
+	Hits func(r *http.Request) uint32
+	// OnDenied writes the response to a denied request. Nil means
+	// WriteDenied (the 429 of the contract). The RateLimit fields are
+	// already set on w.Header() when it is called.
+	OnDenied func(w http.ResponseWriter, r *http.Request, d agent.Decision)
+	// OnShadow is called for a request that a shadow-mode limit would have
+	// denied (it is forwarded). Nil means a debug log line.
+	OnShadow func(r *http.Request, d agent.Decision)
+	// ErrorHandler answers requests whose descriptors could not be
+	// extracted because of the request itself (errors wrapping
+	// ErrBadRequest). Nil means WriteBadRequest (400 JSON).
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+	// Logger receives shadow hits (debug) and limiter errors (warn, at most
+	// one line a second). Nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics counts decisions. Nil means no metrics.
+	Metrics *Metrics
+
+	lastErrLog atomic.Int64 // unix nanos of the last limiter-error log line
+}
+
+// scratch holds one request's descriptors and entries; pooled.
+type scratch struct {
+	descs   []agent.Descriptor
+	entries []rules.Entry
+	field   []byte
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{
+		descs:   make([]agent.Descriptor, 0, MaxDescriptors),
+		entries: make([]rules.Entry, 0, MaxDescriptors*MaxEntries),
+		field:   make([]byte, 0, 256),
+	}
+}}
+
+// Wrap returns next behind the limiter.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware) logger() *slog.Logger {
+	if m.Logger != nil {
+		return m.Logger
+	}
+	return slog.Default()
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	sc := scratchPool.Get().(*scratch)
+	defer func() {
+		clear(sc.descs[:cap(sc.descs)])
+		clear(sc.entries[:cap(sc.entries)])
+		sc.descs, sc.entries = sc.descs[:0], sc.entries[:0]
+		scratchPool.Put(sc)
+	}()
+
+	var descs []agent.Descriptor
+	var err error
+	domain := m.Domain
+	if m.Descriptors != nil {
+		descs, err = m.Descriptors(r)
+	} else if m.Extractor != nil {
+		descs, sc.entries, err = m.Extractor.extract(r, sc.descs[:0], sc.entries[:0])
+		if domain == "" {
+			domain = m.Extractor.domain
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrBadRequest) {
+			m.Metrics.inc(resultBadRequest)
+			if m.ErrorHandler != nil {
+				m.ErrorHandler(w, r, err)
+			} else {
+				WriteBadRequest(w, r, err)
+			}
+			return
+		}
+		m.limiterError(err)
+		next.ServeHTTP(w, r)
+		return
+	}
+	if len(descs) == 0 || domain == "" {
+		m.Metrics.inc(resultUnlimited)
+		next.ServeHTTP(w, r)
+		return
+	}
+	hits := uint32(1)
+	if m.Hits != nil {
+		hits = m.Hits(r)
+	}
+	d, err := m.Checker.Check(r.Context(), domain, descs, hits)
+	if err != nil {
+		m.limiterError(err)
+		next.ServeHTTP(w, r)
+		return
+	}
+	sc.field = SetFields(w.Header(), d, sc.field)
+	switch {
+	case !d.Allowed:
+		m.Metrics.inc(resultDenied)
+		if m.OnDenied != nil {
+			m.OnDenied(w, r, d)
+		} else {
+			WriteDenied(w, r, d)
+		}
+		return
+	case d.Shadow:
+		m.Metrics.inc(resultShadow)
+		if m.OnShadow != nil {
+			m.OnShadow(r, d)
+		} else if l := m.logger(); l.Enabled(r.Context(), slog.LevelDebug) {
+			l.LogAttrs(r.Context(), slog.LevelDebug, "httplimit: shadow limit exceeded, request forwarded",
+				slog.String("domain", domain), slog.String("path", r.URL.Path))
+		}
+	case d.Rule == nil:
+		m.Metrics.inc(resultUnlimited)
+	default:
+		m.Metrics.inc(resultAllowed)
+	}
+	next.ServeHTTP(w, r)
+}
+
+func (m *Middleware) limiterError(err error) {
+	m.Metrics.inc(resultError)
+	now := time.Now().UnixNano()
+	last := m.lastErrLog.Load()
+	if now-last >= int64(time.Second) && m.lastErrLog.CompareAndSwap(last, now) {
+		m.logger().Warn("httplimit: limiter error, request forwarded (fail open)", "err", err)
+	}
+}
+
+// ceilSeconds rounds d up to whole seconds, saturating.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// RetryAfterSeconds is the Retry-After value for a denial: the retry delay
+// rounded up to whole seconds, at least 1.
+func RetryAfterSeconds(d agent.Decision) int64 {
+	s := ceilSeconds(d.RetryAfter)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// reported reports whether d's limit is advertised: a limited rule that is
+// not in shadow mode.
+func reported(d agent.Decision) bool {
+	if d.Rule == nil || d.Policy == "" || d.Quota <= 0 {
+		return false
+	}
+	return !d.Rule.ShadowMode
+}
+
+// SetFields sets RateLimit-Policy and RateLimit on h for decision d (and
+// deletes them when d reports no limit). buf is scratch space, returned for
+// reuse. t is the seconds until the limit is full again when allowed, and
+// equals Retry-After when denied.
+func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
+	if !reported(d) {
+		delete(h, HeaderRateLimit)
+		delete(h, HeaderRateLimitPolicy)
+		return buf
+	}
+	buf = sfv.AppendPolicy(buf[:0], d.Policy, d.Quota, ceilSeconds(d.Window))
+	h[HeaderRateLimitPolicy] = []string{string(buf)}
+	t := ceilSeconds(d.ResetAfter)
+	if !d.Allowed {
+		t = RetryAfterSeconds(d)
+	}
+	buf = sfv.AppendRateLimit(buf[:0], d.Policy, d.Remaining, t)
+	h[HeaderRateLimit] = []string{string(buf)}
+	return buf
+}
+
+// WriteDenied writes the contract's 429: Retry-After, Cache-Control:
+// no-store, a JSON DeniedBody. The RateLimit fields are expected on
+// w.Header() already (SetFields).
+func WriteDenied(w http.ResponseWriter, _ *http.Request, d agent.Decision) {
+	h := w.Header()
+	h["Retry-After"] = []string{strconv.FormatInt(RetryAfterSeconds(d), 10)}
+	h["Cache-Control"] = []string{"no-store"}
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(DeniedBody))}
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write([]byte(DeniedBody))
+}
+
+// WriteBadRequest writes a 400 with a JSON body naming the problem (the
+// fixed message of a *BadRequestError, never request bytes).
+func WriteBadRequest(w http.ResponseWriter, _ *http.Request, err error) {
+	msg := "The request could not be rate limited."
+	var bre *BadRequestError
+	if errors.As(err, &bre) {
+		msg = bre.Message
+	}
+	body := `{"error":"bad_request","message":` + strconv.Quote(msg) + `}`
+	h := w.Header()
+	delete(h, HeaderRateLimit)
+	delete(h, HeaderRateLimitPolicy)
+	h["Cache-Control"] = []string{"no-store"}
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	w.WriteHeader(http.StatusBadRequest)
+	_, _ = w.Write([]byte(body))
+}

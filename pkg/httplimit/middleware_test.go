@@ -1,0 +1,379 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/sfv/sfvtest"
+)
+
+// fakeChecker returns a scripted decision and records what it was asked.
+type fakeChecker struct {
+	mu     sync.Mutex
+	d      agent.Decision
+	err    error
+	calls  int
+	domain string
+	descs  []agent.Descriptor
+	hits   uint32
+}
+
+func (f *fakeChecker) Check(_ context.Context, domain string, descs []agent.Descriptor, hits uint32) (agent.Decision, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.domain, f.hits = domain, hits
+	f.descs = nil
+	for _, d := range descs { // copy: the middleware reuses its buffers
+		f.descs = append(f.descs, agent.Descriptor{Entries: append([]rules.Entry(nil), d.Entries...)})
+	}
+	return f.d, f.err
+}
+
+var freeSearch = &rules.Rule{Name: "free_search", RequestsPerUnit: 30, Unit: rules.UnitMinute, Burst: 10}
+var shadowRule = &rules.Rule{Name: "key_override", RequestsPerUnit: 5, Unit: rules.UnitMinute, ShadowMode: true}
+
+func allowedDecision() agent.Decision {
+	return agent.Decision{Allowed: true, Source: agent.SourceLease, Policy: "free_search", Quota: 30,
+		Window: time.Minute, Remaining: 9, ResetAfter: 1500 * time.Millisecond, Rule: freeSearch}
+}
+
+func deniedDecision() agent.Decision {
+	return agent.Decision{Allowed: false, Source: agent.SourceLease, Policy: "free_search", Quota: 30,
+		Window: time.Minute, Remaining: 0, ResetAfter: 20 * time.Second, RetryAfter: 2 * time.Second, Rule: freeSearch}
+}
+
+type upstream struct{ hits int }
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.hits++
+	io.WriteString(w, `{"ok":true}`)
+}
+
+func newMW(t *testing.T, c Checker) (*Middleware, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Middleware{Checker: c, Extractor: mustExtractor(t, devYAML), Metrics: m,
+		Logger: slog.New(slog.DiscardHandler)}, reg
+}
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+func counter(t *testing.T, m *Middleware, r result) float64 {
+	t.Helper()
+	var pb dto.Metric
+	if err := m.Metrics.byResult[r].Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	return pb.GetCounter().GetValue()
+}
+
+func TestAllowedForwardsWithFields(t *testing.T) {
+	fc := &fakeChecker{d: allowedDecision()}
+	m, _ := newMW(t, fc)
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", "k_free_demo"))
+	if rec.Code != 200 || up.hits != 1 {
+		t.Fatalf("code %d upstream hits %d, want 200 and 1", rec.Code, up.hits)
+	}
+	if got := rec.Header().Get("RateLimit-Policy"); got != `"free_search";q=30;w=60` {
+		t.Errorf("RateLimit-Policy = %s", got)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"free_search";r=9;t=2` {
+		t.Errorf("RateLimit = %s (t must round 1.5s up)", got)
+	}
+	if rec.Header().Get("Retry-After") != "" {
+		t.Error("Retry-After on an allowed response")
+	}
+	if fc.domain != "public-api" || fc.hits != 1 || len(fc.descs) != 3 {
+		t.Errorf("checker got domain %q hits %d descs %v", fc.domain, fc.hits, fc.descs)
+	}
+	if counter(t, m, resultAllowed) != 1 {
+		t.Error("allowed not counted")
+	}
+}
+
+func TestDeniedContract(t *testing.T) {
+	fc := &fakeChecker{d: deniedDecision()}
+	m, _ := newMW(t, fc)
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", "k_free_demo"))
+	if rec.Code != http.StatusTooManyRequests || up.hits != 0 {
+		t.Fatalf("code %d upstream hits %d, want 429 and 0", rec.Code, up.hits)
+	}
+	want := map[string]string{
+		"Retry-After":      "2",
+		"Cache-Control":    "no-store",
+		"Content-Type":     "application/json",
+		"RateLimit-Policy": `"free_search";q=30;w=60`,
+		"RateLimit":        `"free_search";r=0;t=2`,
+		"Content-Length":   strconv.Itoa(len(DeniedBody)),
+	}
+	for k, v := range want {
+		if got := rec.Header().Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if rec.Body.String() != `{"error":"rate_limited","message":"API rate limit exceeded for this key."}` {
+		t.Errorf("body %q", rec.Body.String())
+	}
+	if counter(t, m, resultDenied) != 1 {
+		t.Error("denied not counted")
+	}
+}
+
+func TestRetryAfterRounding(t *testing.T) {
+	tests := []struct {
+		retry time.Duration
+		want  string
+	}{
+		{0, "1"}, {time.Nanosecond, "1"}, {time.Second, "1"}, {time.Second + 1, "2"},
+		{1200 * time.Millisecond, "2"}, {59*time.Second + 999*time.Millisecond, "60"},
+	}
+	for _, tc := range tests {
+		d := deniedDecision()
+		d.RetryAfter = tc.retry
+		fc := &fakeChecker{d: d}
+		m, _ := newMW(t, fc)
+		rec := serve(m.Wrap(&upstream{}), req("GET", "/v1/search", "X-API-Key", "k"))
+		if got := rec.Header().Get("Retry-After"); got != tc.want {
+			t.Errorf("RetryAfter %v: Retry-After %s, want %s", tc.retry, got, tc.want)
+		}
+		items, err := sfvtest.ParseList(rec.Header().Get("RateLimit"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tv, _ := items[0].Param("t")
+		if ra, _ := strconv.ParseInt(tc.want, 10, 64); tv.(int64) > ra {
+			t.Errorf("RetryAfter %v: t=%v is later than Retry-After %d", tc.retry, tv, ra)
+		}
+	}
+}
+
+func TestShadowForwardsAndCounts(t *testing.T) {
+	d := agent.Decision{Allowed: true, Shadow: true, Policy: "key_override", Quota: 5, Window: time.Minute,
+		Remaining: 0, Rule: shadowRule, Source: agent.SourceLease}
+	fc := &fakeChecker{d: d}
+	m, _ := newMW(t, fc)
+	var shadowed int
+	m.OnShadow = func(*http.Request, agent.Decision) { shadowed++ }
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", "k_live_abc123"))
+	if rec.Code != 200 || up.hits != 1 || shadowed != 1 {
+		t.Fatalf("code %d hits %d shadow hook %d", rec.Code, up.hits, shadowed)
+	}
+	if rec.Header().Get("RateLimit") != "" || rec.Header().Get("RateLimit-Policy") != "" {
+		t.Errorf("a shadow limit was advertised: %v", rec.Header())
+	}
+	if counter(t, m, resultShadow) != 1 {
+		t.Error("shadow not counted")
+	}
+	// The default hook logs at debug level without failing.
+	m.OnShadow = nil
+	serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", "k_live_abc123"))
+	if counter(t, m, resultShadow) != 2 {
+		t.Error("shadow not counted with the default hook")
+	}
+}
+
+func TestLimiterErrorFailsOpen(t *testing.T) {
+	fc := &fakeChecker{err: errors.New("agent: boom")}
+	m, _ := newMW(t, fc)
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", "k"))
+	if rec.Code != 200 || up.hits != 1 {
+		t.Fatalf("code %d hits %d, want the request forwarded", rec.Code, up.hits)
+	}
+	if counter(t, m, resultError) != 1 {
+		t.Error("error not counted")
+	}
+	// A custom Descriptors hook failing (not a bad request) also fails open.
+	m.Descriptors = func(*http.Request) ([]agent.Descriptor, error) { return nil, errors.New("x") }
+	if rec := serve(m.Wrap(up), req("GET", "/")); rec.Code != 200 {
+		t.Fatalf("code %d", rec.Code)
+	}
+}
+
+func TestBadRequest(t *testing.T) {
+	fc := &fakeChecker{d: allowedDecision()}
+	m, _ := newMW(t, fc)
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", strings.Repeat("k", 1000)))
+	if rec.Code != 400 || up.hits != 0 || fc.calls != 0 {
+		t.Fatalf("code %d hits %d calls %d", rec.Code, up.hits, fc.calls)
+	}
+	if rec.Body.String() != `{"error":"bad_request","message":"API key is too long"}` {
+		t.Errorf("body %q", rec.Body.String())
+	}
+	if rec.Header().Get("Content-Type") != "application/json" {
+		t.Error("content type")
+	}
+	if counter(t, m, resultBadRequest) != 1 {
+		t.Error("bad request not counted")
+	}
+}
+
+func TestNoDescriptorsSkipsChecker(t *testing.T) {
+	fc := &fakeChecker{d: deniedDecision()}
+	m, _ := newMW(t, fc)
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search")) // no API key
+	if rec.Code != 200 || fc.calls != 0 || up.hits != 1 {
+		t.Fatalf("code %d calls %d hits %d", rec.Code, fc.calls, up.hits)
+	}
+	if counter(t, m, resultUnlimited) != 1 {
+		t.Error("unlimited not counted")
+	}
+}
+
+func TestUnlimitedDecisionHasNoFields(t *testing.T) {
+	fc := &fakeChecker{d: agent.Decision{Allowed: true, Source: agent.SourceUnlimited}}
+	m, _ := newMW(t, fc)
+	rec := serve(m.Wrap(&upstream{}), req("GET", "/v2", "X-API-Key", "k"))
+	if rec.Code != 200 || rec.Header().Get("RateLimit") != "" || rec.Header().Get("RateLimit-Policy") != "" {
+		t.Fatalf("code %d header %v", rec.Code, rec.Header())
+	}
+}
+
+func TestHooks(t *testing.T) {
+	fc := &fakeChecker{d: deniedDecision()}
+	m, _ := newMW(t, fc)
+	m.Domain = "other"
+	m.Hits = func(*http.Request) uint32 { return 3 }
+	m.OnDenied = func(w http.ResponseWriter, r *http.Request, d agent.Decision) { w.WriteHeader(418) }
+	m.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) { w.WriteHeader(431) }
+	rec := serve(m.Wrap(&upstream{}), req("GET", "/v1/search", "X-API-Key", "k"))
+	if rec.Code != 418 || fc.domain != "other" || fc.hits != 3 {
+		t.Fatalf("code %d domain %q hits %d", rec.Code, fc.domain, fc.hits)
+	}
+	if rec.Header().Get("RateLimit") == "" {
+		t.Error("fields must be set before OnDenied")
+	}
+	rec = serve(m.Wrap(&upstream{}), req("GET", "/v1/search", "X-API-Key", strings.Repeat("k", 1000)))
+	if rec.Code != 431 {
+		t.Fatalf("ErrorHandler not used: %d", rec.Code)
+	}
+}
+
+func TestPolicyNameSanitised(t *testing.T) {
+	d := allowedDecision()
+	d.Policy = "we\"ird\\n\x01é"
+	h := http.Header{}
+	SetFields(h, d, nil)
+	for _, f := range []string{"RateLimit", "RateLimit-Policy"} {
+		items, err := sfvtest.ParseList(h.Get(f))
+		if err != nil || len(items) != 1 || items[0].Value != "we\"ird\\n___" {
+			t.Errorf("%s = %s: %v %v", f, h.Get(f), items, err)
+		}
+	}
+}
+
+// FuzzFields checks the header contract for arbitrary decisions: both
+// fields parse as one-member sf-lists of the right shape, and on a denial
+// Retry-After is a positive integer never earlier than t.
+func FuzzFields(f *testing.F) {
+	f.Add("free_search", int64(30), int64(60e9), int64(0), int64(20e9), int64(2e9), false)
+	f.Add("p\"\\\x00", int64(-1), int64(-5), int64(-9), int64(-1), int64(-1), true)
+	f.Add("", int64(1<<62), int64(1<<62), int64(1<<62), int64(1<<62), int64(1<<62), false)
+	f.Fuzz(func(t *testing.T, name string, quota, window, remaining, reset, retry int64, allowed bool) {
+		d := agent.Decision{Allowed: allowed, Policy: name, Quota: quota, Window: time.Duration(window),
+			Remaining: remaining, ResetAfter: time.Duration(reset), RetryAfter: time.Duration(retry), Rule: freeSearch}
+		rec := httptest.NewRecorder()
+		SetFields(rec.Header(), d, nil)
+		if !reported(d) {
+			if rec.Header().Get("RateLimit") != "" {
+				t.Fatal("fields for an unreported limit")
+			}
+			return
+		}
+		pol, err := sfvtest.ParseList(rec.Header().Get("RateLimit-Policy"))
+		if err != nil || len(pol) != 1 {
+			t.Fatalf("RateLimit-Policy %q: %v", rec.Header().Get("RateLimit-Policy"), err)
+		}
+		if q, _ := pol[0].Param("q"); q == nil || q.(int64) <= 0 {
+			t.Fatalf("q = %v", q)
+		}
+		rl, err := sfvtest.ParseList(rec.Header().Get("RateLimit"))
+		if err != nil || len(rl) != 1 {
+			t.Fatalf("RateLimit %q: %v", rec.Header().Get("RateLimit"), err)
+		}
+		r, _ := rl[0].Param("r")
+		tv, _ := rl[0].Param("t")
+		if r == nil || r.(int64) < 0 || tv == nil || tv.(int64) < 0 {
+			t.Fatalf("r = %v, t = %v", r, tv)
+		}
+		if pol[0].Value != rl[0].Value {
+			t.Fatalf("names differ: %v vs %v", pol[0].Value, rl[0].Value)
+		}
+		if !allowed {
+			WriteDenied(rec, nil, d)
+			ra, err := strconv.ParseInt(rec.Header().Get("Retry-After"), 10, 64)
+			if err != nil || ra < 1 || ra < tv.(int64) {
+				t.Fatalf("Retry-After %q, t %v", rec.Header().Get("Retry-After"), tv)
+			}
+		}
+	})
+}
+
+// nopChecker allows everything with a fixed decision, for benchmarks.
+type nopChecker struct{ d agent.Decision }
+
+func (c nopChecker) Check(context.Context, string, []agent.Descriptor, uint32) (agent.Decision, error) {
+	return c.d, nil
+}
+
+type discardRW struct{ h http.Header }
+
+func (w *discardRW) Header() http.Header         { return w.h }
+func (w *discardRW) Write(b []byte) (int, error) { return len(b), nil }
+func (w *discardRW) WriteHeader(int)             {}
+
+// BenchmarkMiddleware measures the middleware's own cost per request
+// (extraction of three descriptors, the fields), with a constant checker.
+func BenchmarkMiddleware(b *testing.B) {
+	x := mustExtractor(b, devYAML)
+	m := &Middleware{Checker: nopChecker{allowedDecision()}, Extractor: x}
+	h := m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	r := req("GET", "/v1/search", "X-API-Key", "k_free_demo")
+	w := &discardRW{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		h.ServeHTTP(w, r)
+	}
+}
+
+func BenchmarkMiddlewareParallel(b *testing.B) {
+	x := mustExtractor(b, devYAML)
+	m := &Middleware{Checker: nopChecker{allowedDecision()}, Extractor: x}
+	h := m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		r := req("GET", "/v1/search", "X-API-Key", "k_free_demo")
+		w := &discardRW{h: http.Header{}}
+		for pb.Next() {
+			h.ServeHTTP(w, r)
+		}
+	})
+}
