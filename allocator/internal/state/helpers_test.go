@@ -2,11 +2,16 @@ package state
 
 import (
 	"bytes"
-	"testing"
 	"time"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
+
+// tb is what the helpers need from *testing.T and *rapid.T.
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
 
 // t0 is the tests' epoch (2025-01-01T00:00:00Z).
 const t0 = int64(1735689600) * int64(time.Second)
@@ -50,14 +55,14 @@ func testConfig() Config {
 	return c
 }
 
-func newTestState(t testing.TB) *State {
+func newTestState(t tb) *State {
 	t.Helper()
 	s := New(testConfig())
 	putRules(t, s, t0, testRules)
 	return s
 }
 
-func putRules(t testing.TB, s *State, now int64, yaml string) *allotv1.PutRulesResponse {
+func putRules(t tb, s *State, now int64, yaml string) *allotv1.PutRulesResponse {
 	t.Helper()
 	res := s.Apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{
 		Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(yaml)}}, ReplaceAll: true}}})
@@ -83,7 +88,7 @@ func acquire(s *State, now int64, agent string, id uint64, keys ...*allotv1.KeyA
 	return res.Responses[0], res.Errs[0]
 }
 
-func mustAcquire(t testing.TB, s *State, now int64, agent string, id uint64, keys ...*allotv1.KeyAcquire) *allotv1.AcquireResponse {
+func mustAcquire(t tb, s *State, now int64, agent string, id uint64, keys ...*allotv1.KeyAcquire) *allotv1.AcquireResponse {
 	t.Helper()
 	resp, err := acquire(s, now, agent, id, keys...)
 	if err != nil {
@@ -106,7 +111,7 @@ func release(s *State, now int64, agent string, id uint64, all bool, keys ...*al
 }
 
 // persist returns the snapshot bytes of s.
-func persist(t testing.TB, s *State) []byte {
+func persist(t tb, s *State) []byte {
 	t.Helper()
 	snap, err := s.Snapshot()
 	if err != nil {
