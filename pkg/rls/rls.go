@@ -1,0 +1,253 @@
+// Package rls serves Envoy's rate limit service API
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) from the
+// embedded agent, so Envoy's global rate limit filter can point at a gateway
+// instead of envoyproxy/ratelimit + Redis, and get decisions made in-process
+// from leased tokens.
+//
+// Request mapping, following envoyproxy/ratelimit's semantics:
+//
+//   - domain and descriptors are required (InvalidArgument otherwise, as are
+//     descriptors with no entries or an empty entry key, and more than
+//     agent.MaxDescriptors descriptors).
+//   - hits_addend: request level, 0 means 1; a descriptor's hits_addend,
+//     when present, overrides it, and a present 0 checks the descriptor
+//     without consuming. Values above 2³²−1 saturate.
+//   - is_negative_hits (refunds) is not supported: InvalidArgument.
+//   - A descriptor's limit override is ignored: limits come from the rules.
+//
+// Response: overall_code is OVER_LIMIT when any non-shadow descriptor is
+// over its limit. Each status carries current_limit {requests_per_unit,
+// unit, unit_multiplier, name}, limit_remaining (after this request's hits)
+// and duration_until_reset (until the limit is full again; for an
+// OVER_LIMIT status, until the request could succeed), which is what Envoy
+// needs for its x-ratelimit-* headers. Shadow-mode limits always answer OK.
+// A descriptor matching no rule, or an unknown domain, is OK with no
+// current_limit; an unlimited rule is OK with limit_remaining 2³²−1.
+package rls
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"sync"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/rules"
+)
+
+// Checker decides a request with per-descriptor statuses. *agent.Agent
+// implements it. It must not retain descs after returning.
+type Checker interface {
+	CheckStatuses(ctx context.Context, domain string, descs []agent.Descriptor, hits uint32, out []agent.Status) (agent.Decision, []agent.Status, error)
+}
+
+// Server implements rlsv3.RateLimitServiceServer. Create it with New.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	checker Checker
+	logger  *slog.Logger
+	byCode  [numOutcomes]prometheus.Counter
+}
+
+type outcome int
+
+const (
+	outOK outcome = iota
+	outOverLimit
+	outInvalid
+	outError
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"ok", "over_limit", "invalid", "error"}
+
+// Options configures a Server. The zero value is valid.
+type Options struct {
+	// Logger receives checker errors. Nil: discard.
+	Logger *slog.Logger
+	// Registerer receives allot_rls_requests_total{code}. Nil: not
+	// registered.
+	Registerer prometheus.Registerer
+}
+
+// New returns a Server that decides with c.
+func New(c Checker, opts Options) (*Server, error) {
+	if c == nil {
+		return nil, errors.New("rls: nil Checker")
+	}
+	s := &Server{checker: c, logger: opts.Logger}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_rls_requests_total",
+		Help: "Envoy RLS ShouldRateLimit calls, by outcome (ok, over_limit, invalid, error).",
+	}, []string{"code"})
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(vec); err != nil {
+			return nil, err
+		}
+	}
+	for i := range s.byCode {
+		s.byCode[i] = vec.WithLabelValues(outcomeNames[i])
+	}
+	return s, nil
+}
+
+// Register registers s on g.
+func (s *Server) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(g, s) }
+
+// scratch is one call's working memory; pooled.
+type scratch struct {
+	descs    []agent.Descriptor
+	entries  []rules.Entry
+	statuses []agent.Status
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// ShouldRateLimit implements the RLS v3 API.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		s.byCode[outInvalid].Inc()
+		return nil, status.Error(codes.InvalidArgument, "rls: domain must not be empty")
+	}
+	in := req.GetDescriptors()
+	if len(in) == 0 {
+		s.byCode[outInvalid].Inc()
+		return nil, status.Error(codes.InvalidArgument, "rls: descriptors must not be empty")
+	}
+	if len(in) > agent.MaxDescriptors {
+		s.byCode[outInvalid].Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, at most %d", len(in), agent.MaxDescriptors)
+	}
+
+	sc := scratchPool.Get().(*scratch)
+	defer func() {
+		clear(sc.descs)
+		clear(sc.entries)
+		clear(sc.statuses)
+		sc.descs, sc.entries, sc.statuses = sc.descs[:0], sc.entries[:0], sc.statuses[:0]
+		scratchPool.Put(sc)
+	}()
+	total := 0
+	for i, d := range in {
+		n := len(d.GetEntries())
+		if n == 0 || n > agent.MaxEntries {
+			s.byCode[outInvalid].Inc()
+			return nil, status.Errorf(codes.InvalidArgument, "rls: descriptor %d has %d entries, want 1 to %d", i, n, agent.MaxEntries)
+		}
+		if d.GetIsNegativeHits() {
+			s.byCode[outInvalid].Inc()
+			return nil, status.Errorf(codes.InvalidArgument, "rls: descriptor %d: is_negative_hits is not supported", i)
+		}
+		total += n
+	}
+	if cap(sc.entries) < total {
+		sc.entries = make([]rules.Entry, 0, total)
+	}
+	for _, d := range in {
+		start := len(sc.entries)
+		for _, e := range d.GetEntries() {
+			sc.entries = append(sc.entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		ad := agent.Descriptor{Entries: sc.entries[start:len(sc.entries):len(sc.entries)]}
+		if h := d.GetHitsAddend(); h != nil {
+			ad.HitsAddendSet = true
+			ad.HitsAddend = uint32(min(h.GetValue(), math.MaxUint32))
+		}
+		sc.descs = append(sc.descs, ad)
+	}
+
+	dec, sts, err := s.checker.CheckStatuses(ctx, req.GetDomain(), sc.descs, req.GetHitsAddend(), sc.statuses[:0])
+	sc.statuses = sts
+	if err != nil {
+		if errors.Is(err, agent.ErrInvalid) {
+			s.byCode[outInvalid].Inc()
+			return nil, status.Error(codes.InvalidArgument, "rls: "+err.Error())
+		}
+		s.byCode[outError].Inc()
+		s.logger.Warn("rls: check failed", "err", err)
+		return nil, status.Error(codes.Unavailable, "rls: "+err.Error())
+	}
+	if len(sts) != len(in) {
+		s.byCode[outError].Inc()
+		return nil, status.Errorf(codes.Internal, "rls: checker returned %d statuses for %d descriptors", len(sts), len(in))
+	}
+
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sts)),
+	}
+	if !dec.Allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		s.byCode[outOverLimit].Inc()
+	} else {
+		s.byCode[outOK].Inc()
+	}
+	for i := range sts {
+		resp.Statuses[i] = descriptorStatus(&sts[i])
+	}
+	return resp, nil
+}
+
+func descriptorStatus(st *agent.Status) *rlsv3.RateLimitResponse_DescriptorStatus {
+	out := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	r := st.Rule
+	if r == nil {
+		return out
+	}
+	if r.Unlimited {
+		out.LimitRemaining = math.MaxUint32
+		return out
+	}
+	if !st.Allowed && !st.Shadow && !r.ShadowMode {
+		out.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	out.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
+		Name:            r.Name,
+		RequestsPerUnit: r.RequestsPerUnit,
+		Unit:            unit(r.Unit),
+	}
+	if r.UnitMultiplier > 1 {
+		out.CurrentLimit.UnitMultiplier = wrapUint32(r.UnitMultiplier)
+	}
+	out.LimitRemaining = uint32(max(0, min(st.Remaining, math.MaxUint32)))
+	reset := st.ResetAfter
+	if out.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.RetryAfter > 0 {
+		reset = st.RetryAfter
+	}
+	out.DurationUntilReset = durationpb.New(max(reset, 0))
+	return out
+}
+
+func unit(u rules.Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
+	switch u {
+	case rules.UnitSecond:
+		return rlsv3.RateLimitResponse_RateLimit_SECOND
+	case rules.UnitMinute:
+		return rlsv3.RateLimitResponse_RateLimit_MINUTE
+	case rules.UnitHour:
+		return rlsv3.RateLimitResponse_RateLimit_HOUR
+	case rules.UnitDay:
+		return rlsv3.RateLimitResponse_RateLimit_DAY
+	case rules.UnitWeek:
+		return rlsv3.RateLimitResponse_RateLimit_WEEK
+	case rules.UnitMonth:
+		return rlsv3.RateLimitResponse_RateLimit_MONTH
+	case rules.UnitYear:
+		return rlsv3.RateLimitResponse_RateLimit_YEAR
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+func wrapUint32(v uint32) *wrapperspb.UInt32Value { return wrapperspb.UInt32(v) }
