@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	allotv1 "github.com/allot/allot/proto/allot/v1"
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // fakeAllocator is a small, honest in-memory allocator for agent tests: one
@@ -36,12 +36,35 @@ type fakeAllocator struct {
 	ttl         time.Duration
 	refresh     time.Duration
 	failNext    int
+	rejectNext  int // answer InvalidArgument without applying
 	dropReplies int
 	block       chan struct{} // non-nil: Acquire waits for it to close
 	entered     chan struct{} // signalled when a blocked Acquire starts
 	acquires    []*allotv1.AcquireRequest
 	releases    []*allotv1.ReleaseRequest
 	applied     int // Acquire requests applied (not answered from the record)
+	books       map[string]*books
+}
+
+// books are one key's token flows as the fake applied them.
+type books struct{ granted, returned, charged int64 }
+
+func (f *fakeAllocator) book(key string) *books {
+	if f.books == nil {
+		f.books = make(map[string]*books)
+	}
+	b := f.books[key]
+	if b == nil {
+		b = &books{}
+		f.books[key] = b
+	}
+	return b
+}
+
+func (f *fakeAllocator) booksOf(key string) books {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return *f.book(key)
 }
 
 type fakeAgent struct {
@@ -138,6 +161,10 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 		f.failNext--
 		return nil, status.Error(codes.Unavailable, "fake: injected failure")
 	}
+	if f.rejectNext > 0 {
+		f.rejectNext--
+		return nil, status.Error(codes.InvalidArgument, "fake: injected rejection")
+	}
 	ag := f.agents[req.AgentId]
 	if ag == nil {
 		ag = &fakeAgent{held: make(map[string]int64)}
@@ -200,6 +227,10 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	l.Debit(st, now, k.Charged)
 	granted := l.TakeUpTo(st, now, min(k.Want, l.Burst()))
 	ag.held[key] += granted
+	bk := f.book(key)
+	bk.granted += granted
+	bk.returned += ret
+	bk.charged += k.Charged
 	p := l.Peek(*st, now)
 	g.Status = allotv1.KeyStatus_KEY_STATUS_OK
 	g.Granted = granted
@@ -247,6 +278,9 @@ func (f *fakeAllocator) Release(ctx context.Context, req *allotv1.ReleaseRequest
 		ag.held[key] -= ret
 		resp.Returned += ret
 		r.Limit.Debit(st, now, k.Charged)
+		bk := f.book(key)
+		bk.returned += ret
+		bk.charged += k.Charged
 	}
 	if req.All {
 		resp.LeasesEnded = uint32(len(ag.held))
@@ -310,6 +344,12 @@ func (f *fakeAllocator) bucketRemaining(t testing.TB, key string) int64 {
 		st = &bucket.State{}
 	}
 	return r.Limit.Peek(*st, f.now()).Remaining
+}
+
+func (f *fakeAllocator) with(fn func(f *fakeAllocator)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
 }
 
 func (f *fakeAllocator) counts() (acquires, releases, applied int) {
@@ -419,3 +459,11 @@ func newBlackHole(t testing.TB) *blackHole {
 }
 
 func (b *blackHole) addr() string { return b.lis.Addr().String() }
+
+func ids(reqs []*allotv1.AcquireRequest) []uint64 {
+	out := make([]uint64, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.RequestId
+	}
+	return out
+}

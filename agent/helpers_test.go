@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/allot/allot/pkg/rules"
@@ -212,4 +213,13 @@ func keyOf(t testing.TB, a *Agent, d Descriptor) *keyState {
 	defer sh.mu.RUnlock()
 	var buf [keyBufLen]byte
 	return sh.lookupRLocked(h, r, "test", d.Entries, buf[:])
+}
+
+// testutilGauge reads the fallback gauge.
+func testutilGauge(m *metrics) float64 {
+	var out dto.Metric
+	if err := m.fallback.Write(&out); err != nil {
+		panic(err)
+	}
+	return out.GetGauge().GetValue()
 }

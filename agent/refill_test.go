@@ -1,0 +1,239 @@
+package agent
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestRetryUsesSameRequestID: an Acquire whose answer was lost is retried
+// with the same request id; the allocator answers from its record, so the
+// charge is applied once and the grant counted once.
+func TestRetryUsesSameRequestID(t *testing.T) {
+	s := newStepped(t)
+	d := desc("api_key", "r")
+	for range 5 {
+		check(t, s.Agent, d)
+	}
+	s.fake.with(func(f *fakeAllocator) { f.dropReplies = 1 })
+	s.step() // applied, answer lost
+	s.step() // retried
+	s.fake.mu.Lock()
+	reqs := append(s.fake.acquires[:0:0], s.fake.acquires...)
+	applied := s.fake.applied
+	s.fake.mu.Unlock()
+	if len(reqs) != 2 || reqs[0].RequestId != reqs[1].RequestId {
+		t.Fatalf("calls %d, ids %v; want the same request twice", len(reqs), ids(reqs))
+	}
+	if applied != 1 {
+		t.Fatalf("applied %d times, want 1", applied)
+	}
+	ks := keyOf(t, s.Agent, d)
+	want := reqs[0].Keys[0].Want
+	if b := ks.balance.Load(); b != want {
+		t.Fatalf("balance %d, want %d (granted once)", b, want)
+	}
+	if rem := s.fake.bucketRemaining(t, "test:api_key=r"); rem != 50-5-want {
+		t.Fatalf("global remaining %d, want %d (charged once)", rem, 50-5-want)
+	}
+	// The next request gets a new, larger id.
+	check(t, s.Agent, d)
+	ks.charged.Store(1)
+	s.step()
+	if last := s.fake.lastAcquire(); last.RequestId <= reqs[0].RequestId {
+		t.Fatalf("next id %d, want > %d", last.RequestId, reqs[0].RequestId)
+	}
+}
+
+// TestRejectedBatchKeepsCharges: an Acquire the allocator rejects (applied
+// nothing) puts its charges back for the next report.
+func TestRejectedBatchKeepsCharges(t *testing.T) {
+	s := newStepped(t)
+	d := desc("api_key", "rj")
+	for range 4 {
+		check(t, s.Agent, d)
+	}
+	s.fake.with(func(f *fakeAllocator) { f.rejectNext = 1 })
+	s.step()
+	ks := keyOf(t, s.Agent, d)
+	if c := ks.charged.Load(); c != 4 {
+		t.Fatalf("charged %d after a rejected call, want 4", c)
+	}
+	if s.breakerOpen.Load() || s.rf.fails != 0 {
+		t.Fatalf("a rejection counted as a transport failure")
+	}
+	s.clock.advance(s.cfg.ScanInterval) // the next scan picks the key again
+	s.step()
+	if rem := s.fake.bucketRemaining(t, "test:api_key=rj"); rem > 50-4 {
+		t.Fatalf("global remaining %d, want ≤ 46 (the charge delivered)", rem)
+	}
+}
+
+// TestBreakerOpensChargesAndRecovers: after FailureThreshold failures the
+// breaker opens; fallback admissions made while open are not charged after
+// recovery, those made before are.
+func TestBreakerOpensChargesAndRecovers(t *testing.T) {
+	s := newStepped(t)
+	d := desc("api_key", "b")
+	s.fake.with(func(f *fakeAllocator) { f.failNext = 1 << 30 })
+	check(t, s.Agent, d)
+	check(t, s.Agent, d) // 2 charged while the allocator is believed reachable
+	for i := 0; i < s.cfg.FailureThreshold; i++ {
+		if s.breakerOpen.Load() {
+			t.Fatalf("breaker open after %d failures, threshold %d", i, s.cfg.FailureThreshold)
+		}
+		s.step()
+	}
+	if !s.breakerOpen.Load() {
+		t.Fatalf("breaker closed after %d failures", s.cfg.FailureThreshold)
+	}
+	// While open: decided by the fallback, not charged.
+	for range 3 {
+		if got := check(t, s.Agent, d); !got.Allowed || got.Source != SourceFallback {
+			t.Fatalf("while open: %+v", got)
+		}
+	}
+	ks := keyOf(t, s.Agent, d)
+	if c := ks.charged.Load(); c != 0 {
+		// the first two are in the unacknowledged batch
+		t.Fatalf("charged %d while open, want 0", c)
+	}
+	// Not yet time to probe: no call.
+	calls, _, _ := s.fake.counts()
+	s.step()
+	if c, _, _ := s.fake.counts(); c != calls {
+		t.Fatalf("called the allocator before the probe time")
+	}
+	// Recover.
+	s.fake.with(func(f *fakeAllocator) { f.failNext = 0 })
+	s.clock.advance(s.cfg.MaxProbeBackoff)
+	s.step()
+	if s.breakerOpen.Load() {
+		t.Fatalf("breaker still open after a successful probe")
+	}
+	if rem := s.fake.bucketRemaining(t, "test:api_key=b"); rem != 50-2-ks.balance.Load() {
+		t.Fatalf("global remaining %d, want %d (only the 2 pre-outage admissions charged)", rem, 50-2-ks.balance.Load())
+	}
+	if got := check(t, s.Agent, d); got.Source != SourceLease {
+		t.Fatalf("after recovery: source %v, want lease", got.Source)
+	}
+}
+
+// TestFailClosedDeniesWhileUnreachable: failure_mode closed denies once the
+// breaker is open and no lease is left; open rules keep deciding locally.
+func TestFailClosedDeniesWhileUnreachable(t *testing.T) {
+	s := newStepped(t)
+	s.fake.with(func(f *fakeAllocator) { f.failNext = 1 << 30 })
+	check(t, s.Agent, desc("api_key", "first")) // something to send
+	for range s.cfg.FailureThreshold {
+		s.step()
+	}
+	if !s.breakerOpen.Load() {
+		t.Fatalf("breaker not open")
+	}
+	got := check(t, s.Agent, desc("closed", "c"))
+	if got.Allowed || got.RetryAfter < time.Second {
+		t.Fatalf("closed rule: %+v, want denied with RetryAfter ≥ 1s", got)
+	}
+	if got := check(t, s.Agent, desc("api_key", "o")); !got.Allowed || got.Source != SourceFallback {
+		t.Fatalf("open rule: %+v, want allowed by the fallback", got)
+	}
+}
+
+// TestIdleKeyHandsBackAndIsForgotten: an idle key returns its balance and
+// is dropped from the table.
+func TestIdleKeyHandsBackAndIsForgotten(t *testing.T) {
+	s := newStepped(t)
+	s.fake.with(func(f *fakeAllocator) { f.ttl = time.Minute })
+	d := desc("api_key", "idle")
+	check(t, s.Agent, d)
+	ks := keyOf(t, s.Agent, d)
+	ks.demand = 10 // ask for a sizeable lease
+	s.step()
+	bal := ks.balance.Load()
+	if bal < 2 {
+		t.Fatalf("balance %d, want a sizeable lease", bal)
+	}
+	s.clock.advance(s.cfg.IdleTimeout)
+	s.step()
+	last := s.fake.lastAcquire()
+	if len(last.Keys) != 1 || last.Keys[0].Returned != bal || last.Keys[0].Want != 0 {
+		t.Fatalf("idle report %+v, want returned %d, want 0", last.Keys, bal)
+	}
+	s.clock.advance(s.cfg.ScanInterval)
+	s.step()
+	if keyOf(t, s.Agent, d) != nil {
+		t.Fatalf("idle key still tracked")
+	}
+	if rem := s.fake.bucketRemaining(t, "test:api_key=idle"); rem != 49 {
+		t.Fatalf("global remaining %d, want 49 (the unspent lease credited back)", rem)
+	}
+}
+
+// TestLowWatermarkQueuesRefill: spending below the low watermark queues the
+// key for the next tick, without waiting for the scan.
+func TestLowWatermarkQueuesRefill(t *testing.T) {
+	s := newStepped(t)
+	d := desc("tier", "free", "route", "/w", "user", "u")
+	check(t, s.Agent, d)
+	ks := keyOf(t, s.Agent, d)
+	ks.demand = 1000
+	s.step()
+	bal := ks.balance.Load()
+	lw := ks.lowWater.Load()
+	if bal <= lw {
+		t.Fatalf("balance %d not above the low watermark %d", bal, lw)
+	}
+	for ks.balance.Load() >= lw {
+		check(t, s.Agent, d)
+	}
+	if !ks.queued.Load() {
+		t.Fatalf("key not queued below the low watermark")
+	}
+	calls, _, _ := s.fake.counts()
+	s.step() // same instant: no scan, only the queue
+	if c, _, _ := s.fake.counts(); c != calls+1 {
+		t.Fatalf("queued key not sent at the next tick")
+	}
+	if ks.balance.Load() < lw {
+		t.Fatalf("balance %d still below %d after the refill", ks.balance.Load(), lw)
+	}
+}
+
+// TestCloseReleasesLeases: Close hands back every balance in one Release
+// with all=true; Close twice is fine.
+func TestCloseReleasesLeases(t *testing.T) {
+	s := newStepped(t)
+	d1, d2 := desc("api_key", "c1"), desc("api_key", "c2")
+	check(t, s.Agent, d1)
+	check(t, s.Agent, d2)
+	keyOf(t, s.Agent, d1).demand = 5
+	keyOf(t, s.Agent, d2).demand = 5
+	s.step()
+	b1, b2 := keyOf(t, s.Agent, d1).balance.Load(), keyOf(t, s.Agent, d2).balance.Load()
+	check(t, s.Agent, d1) // one more spent from the lease
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	s.fake.mu.Lock()
+	rel := s.fake.releases
+	s.fake.mu.Unlock()
+	if len(rel) != 1 || !rel[0].All {
+		t.Fatalf("releases %v, want one with all", rel)
+	}
+	var returned int64
+	for _, k := range rel[0].Keys {
+		returned += k.Returned
+	}
+	if returned != b1-1+b2 {
+		t.Fatalf("returned %d, want %d", returned, b1-1+b2)
+	}
+	if rem := s.fake.bucketRemaining(t, "test:api_key=c1"); rem != 48 {
+		t.Fatalf("c1 global remaining %d, want 48", rem)
+	}
+}
