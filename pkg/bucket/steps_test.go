@@ -91,7 +91,10 @@ func runSteps(t *testing.T, l Limit, ts []time.Duration, steps []step) {
 	}
 }
 
-func mustLimit(t testing.TB, alg Algorithm, quota int64, window time.Duration, burst int64) Limit {
+func mustLimit(t interface {
+	Helper()
+	Fatal(...any)
+}, alg Algorithm, quota int64, window time.Duration, burst int64) Limit {
 	t.Helper()
 	l, err := NewLimit(alg, quota, window, burst)
 	if err != nil {
@@ -226,16 +229,16 @@ func TestSlidingWindowSteps(t *testing.T) {
 	ts := []time.Duration{0, 11 * s, 15 * s, 16 * s, 5 * s, 30 * s, 45 * s, 50 * s, 61 * s, 12 * s}
 	steps := []step{
 		allow(0, 10, true, 0, 0, 20*s),
-		allow(0, 1, false, 0, 11*s, 20*s), // next window: 10·(W−e)/W ≤ 9 at e = 1s
-		allow(1, 1, true, 0, 0, 19*s),     // 10·0.9 + 0 + 1 = 10
-		allow(2, 5, false, 4, 1*s, 15*s),  // 10·0.5 + 1 = 6; room for 5 at 16s
-		allow(3, 5, true, 0, 0, 14*s),     // 10·0.4 + 1 + 5 = 10
-		allow(9, 1, false, -4, 5*s, 18*s), // back to 12s, same window: prev weighs 0.8 again (no minting)
-		allow(4, 1, false, -6, 7*s, 20*s), // back to 5s, previous window: seen as 10s, the counts are kept
-		peek(5, true, 10, 0, 0),           // two windows later: empty
-		debit(5, 25),                      // capped at an estimate of 2·quota
+		allow(0, 1, false, 0, 11*s, 20*s),   // next window: 10·(W−e)/W ≤ 9 at e = 1s
+		allow(1, 1, true, 0, 0, 19*s),       // 10·0.9 + 0 + 1 = 10
+		allow(2, 5, false, 4, 1*s, 15*s),    // 10·0.5 + 1 = 6; room for 5 at 16s
+		allow(3, 5, true, 0, 0, 14*s),       // 10·0.4 + 1 + 5 = 10
+		allow(9, 1, false, -4, 5*s, 18*s),   // back to 12s, same window: prev weighs 0.8 again (no minting)
+		allow(4, 1, false, -6, 7*s, 20*s),   // back to 5s, previous window: seen as 10s, the counts are kept
+		peek(5, true, 10, 0, 0),             // two windows later: empty
+		debit(5, 25),                        // capped at an estimate of 2·quota
 		peek(5, false, -10, 15500*ms, 20*s), // next window: 20·(W−e)/W ≤ 9 at e = 5.5s
-		take(6, 1, 0), // 20·0.5 = 10: no room
+		take(6, 1, 0),                       // 20·0.5 = 10: no room
 		allow(6, 0, true, 0, 0, 5*s),
 		give(6, 4), // from the previous window's count: 16·0.5 = 8
 		peek(6, true, 2, 0, 5*s),
