@@ -210,14 +210,16 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		}
 	}
 
-	// (1) returned: credit at most what the agent is recorded as holding.
+	// (1) returned: the agent keeps ka.Held and hands back ka.Returned. Only
+	// what the record says it holds beyond what it keeps is credited, so a
+	// return can never create tokens; then the report caps the record (the
+	// agent spent the rest).
 	held := old.held
-	if r := min(ka.Returned, held); r > 0 {
+	if r := min(ka.Returned, max(0, held-ka.Held)); r > 0 {
 		lim.GiveBack(&st, now, r)
 		held -= r
 		credited = r
 	}
-	// The agent's report caps the record: it may have spent since.
 	held = min(held, ka.Held)
 	// (2) charged: tokens admitted without a lease.
 	if ka.Charged > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"time"
 
+	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -123,4 +124,8 @@ func persist(t tb, s *State) []byte {
 		t.Fatalf("Persist: %v", err)
 	}
 	return b.Bytes()
+}
+
+func keyHash(set *rules.Set, domain string, es []rules.Entry) uint64 {
+	return rules.KeyHash(set.Match(domain, es), domain, es)
 }

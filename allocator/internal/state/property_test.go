@@ -119,7 +119,7 @@ func (g *genCtx) step(t *rapid.T) (*allotv1.Command, stepMeta) {
 		} else {
 			k := rapid.SampledFrom(g.keys).Draw(t, "key")
 			ka := g.keyAcquire(t, agent, k)
-			ka.Returned = ka.Held
+			ka.Returned, ka.Held = ka.Held, 0
 			req.Keys = append(req.Keys, ka)
 		}
 		cmd := &allotv1.Command{NowUnixNanos: g.now, Cmd: &allotv1.Command_Release{Release: req}}
@@ -224,7 +224,8 @@ func TestPropertyNothingGrantedTwice(t *testing.T) {
 			// Pre-state holdings, to compute credited returns.
 			type pre struct {
 				agent, key string
-				held       int64
+				held       int64 // recorded before the call
+				kept       int64 // reported held
 				returned   int64
 			}
 			var pres []pre
@@ -232,7 +233,7 @@ func TestPropertyNothingGrantedTwice(t *testing.T) {
 				for _, k := range keys {
 					es := toEntries(k.Entries)
 					pres = append(pres, pre{agent, string(rules.AppendKey(nil, s.Rules().Match("test", es), "test", es)),
-						s.leaseHeld(agent, "test", es), k.Returned})
+						s.leaseHeld(agent, "test", es), k.Held, k.Returned})
 				}
 			}
 			switch x := cmd.Cmd.(type) {
@@ -266,7 +267,7 @@ func TestPropertyNothingGrantedTwice(t *testing.T) {
 					for j, gr := range br.Responses[i].Grants {
 						pr := pres[p]
 						p++
-						credited := min(pr.returned, pr.held)
+						credited := min(pr.returned, max(0, pr.held-pr.kept))
 						if gr.Held < 0 {
 							t.Fatalf("negative held %d", gr.Held)
 						}
@@ -291,7 +292,7 @@ func TestPropertyNothingGrantedTwice(t *testing.T) {
 				}
 				var credited int64
 				for _, pr := range pres {
-					c := min(pr.returned, pr.held)
+					c := min(pr.returned, max(0, pr.held-pr.kept))
 					credited += c
 					net[[2]string{x.Release.AgentId, pr.key}] -= c
 					events[pr.key] = append(events[pr.key], keyEvent{cmd.NowUnixNanos, 0, c})
