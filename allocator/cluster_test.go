@@ -157,7 +157,7 @@ func TestIdempotentRetryThroughBatcher(t *testing.T) {
 	tc := newTestCluster(t, 3)
 	alloc, _ := tc.clients(tc.follower())
 	ctx := ctxT(t)
-	req := &allotv1.AcquireRequest{AgentId: "retry", RequestId: 7, Keys: []*allotv1.KeyAcquire{key("user", "carol", 30)}}
+	req := &allotv1.AcquireRequest{AgentId: "retry", RequestId: 7, Keys: []*allotv1.KeyAcquire{key("quota", "carol", 30)}}
 
 	// The same call twice at once lands in one batch or two; either way the
 	// second gets the recorded answer.
@@ -176,21 +176,24 @@ func TestIdempotentRetryThroughBatcher(t *testing.T) {
 	if a.err != nil || b.err != nil {
 		t.Fatal(a.err, b.err)
 	}
-	if ga, gb := a.r.GetGrants()[0].GetGranted(), b.r.GetGrants()[0].GetGranted(); ga != 30 || gb != 30 {
-		t.Fatalf("grants = %d, %d; want 30 and the recorded 30", ga, gb)
+	ga, gb := a.r.GetGrants()[0], b.r.GetGrants()[0]
+	if ga.GetGranted() != 30 || gb.GetGranted() != 30 || ga.GetRemaining() != gb.GetRemaining() ||
+		a.r.GetNowUnixMs() != b.r.GetNowUnixMs() {
+		t.Fatalf("answers differ: %v and %v; want the recorded answer twice", a.r, b.r)
 	}
-	// A third retry, later, too; and nothing was taken twice.
+	// A later retry gets the same answer; nothing was taken twice.
 	c, err := alloc.Acquire(ctx, req)
-	if err != nil || c.GetGrants()[0].GetGranted() != 30 {
-		t.Fatalf("late retry = %v, %v", c, err)
+	if err != nil || c.GetGrants()[0].GetGranted() != 30 || c.GetNowUnixMs() != a.r.GetNowUnixMs() {
+		t.Fatalf("late retry = %v, %v; want the recorded answer", c, err)
 	}
 	_, admin := tc.clients(tc.leader())
-	ins, err := admin.InspectKey(ctx, &allotv1.InspectKeyRequest{Key: "test:user=carol"})
+	ins, err := admin.InspectKey(ctx, &allotv1.InspectKeyRequest{Key: "test:quota=carol"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ins.GetTokens() > 50-30+5 || ins.GetTokens() < 50-30 {
-		t.Errorf("tokens left = %d, want ≈ 20 (50 − 30 granted once)", ins.GetTokens())
+	// 100 − 30 granted once, plus one token a second of refill.
+	if got := ins.GetTokens(); got < 70 || got > 80 {
+		t.Errorf("tokens left = %d, want ≈ 70 (100 − 30 granted once)", got)
 	}
 	// An older id is rejected.
 	_, err = alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "retry", RequestId: 6, Keys: req.Keys})
@@ -309,7 +312,7 @@ func TestMembershipAddRemoveTransfer(t *testing.T) {
 	if tr.GetLeaderId() != target {
 		t.Errorf("new leader = %q, want %q", tr.GetLeaderId(), target)
 	}
-	waitFor(t, 5*time.Second, "leader "+target, func() bool { return tc.node((old+1)%3).IsLeader() })
+	waitFor(t, 5*time.Second, "leader "+target, func() bool { return tc.node((old + 1) % 3).IsLeader() })
 
 	// Remove the old leader (a follower now), through any node.
 	victim := tc.cfgs[old].NodeID

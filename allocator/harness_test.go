@@ -18,8 +18,9 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// testRules: domain "test"; every user has 100 tokens/s with a burst of 50;
-// "user=slow" values have 10/s, burst 5.
+// testRules: domain "test"; every user value has 100 tokens/s with a burst
+// of 50; every slow value 10/s, burst 5; every quota value 3600/hour (one
+// token a second), burst 100.
 const testRules = `domain: test
 descriptors:
   - key: user
@@ -32,6 +33,11 @@ descriptors:
       unit: second
       requests_per_unit: 10
       burst: 5
+  - key: quota
+    rate_limit:
+      unit: hour
+      requests_per_unit: 3600
+      burst: 100
 `
 
 func testRuleFiles() []rules.File {
@@ -91,9 +97,10 @@ func newTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 		cfg.DataDir = filepath.Join(base, cfg.NodeID)
 		cfg.GRPCAddr = "127.0.0.1:0"
 		cfg.HTTPAddr = ""
-		cfg.HeartbeatTimeout = 100 * time.Millisecond
-		cfg.ElectionTimeout = 100 * time.Millisecond
-		cfg.LeaderLeaseTimeout = 50 * time.Millisecond
+		// Short, but with room for a loaded 2-core machine.
+		cfg.HeartbeatTimeout = 250 * time.Millisecond
+		cfg.ElectionTimeout = 250 * time.Millisecond
+		cfg.LeaderLeaseTimeout = 125 * time.Millisecond
 		cfg.ExpireInterval = 100 * time.Millisecond
 		cfg.ForwardWait = 3 * time.Second
 		cfg.Logger = logger.With("test_node", cfg.NodeID)
@@ -122,7 +129,32 @@ func newTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 		tc.waitReady(i)
 	}
 	tc.waitVoters(n)
+	tc.waitMembers(n)
 	return tc
+}
+
+// waitMembers waits until every running node has n member records with
+// gRPC addresses.
+func (tc *testCluster) waitMembers(n int) {
+	tc.t.Helper()
+	waitFor(tc.t, 10*time.Second, fmt.Sprintf("%d member records everywhere", n), func() bool {
+		for i := range tc.nodes {
+			s := tc.node(i)
+			if s == nil {
+				continue
+			}
+			got := 0
+			for _, m := range s.st.Members() {
+				if m.GetGrpcAddr() != "" {
+					got++
+				}
+			}
+			if got != n {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // newTransport creates node i's in-memory transport and connects it both
@@ -130,7 +162,7 @@ func newTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 func (tc *testCluster) newTransport(i int) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
-	_, tr := raft.NewInmemTransport(raft.ServerAddress(tc.cfgs[i].NodeID))
+	_, tr := raft.NewInmemTransportWithTimeout(raft.ServerAddress(tc.cfgs[i].NodeID), time.Second)
 	tc.trans[i] = tr
 	for j, other := range tc.trans {
 		if j == i || other == nil {
@@ -183,8 +215,14 @@ func (tc *testCluster) stop(i int, graceful bool) {
 	} else {
 		s.kill()
 	}
+	// Like a dead host's refused connections: RPCs to it fail at once.
 	tc.mu.Lock()
 	tc.nodes[i] = nil
+	for j, other := range tc.trans {
+		if j != i && other != nil {
+			other.Disconnect(raft.ServerAddress(tc.cfgs[i].NodeID))
+		}
+	}
 	tc.mu.Unlock()
 }
 

@@ -407,17 +407,7 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 	var errs []error
 	s.health.Shutdown()
 	if graceful && s.IsLeader() && s.hasOtherVoters() {
-		f := s.node.raft.LeadershipTransfer()
-		errc := make(chan error, 1)
-		go func() { errc <- f.Error() }() // ends with the transfer's own timeout or raft.Shutdown
-		select {
-		case err := <-errc:
-			if err != nil {
-				s.log.Warn("leadership transfer failed", "err", err)
-			}
-		case <-ctx.Done():
-			s.log.Warn("leadership transfer abandoned", "err", ctx.Err())
-		}
+		s.handOver(ctx)
 	}
 	close(s.done)
 	s.cancelBase()
@@ -454,6 +444,31 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 	s.unregisterMetrics()
 	s.log.Info("allocator stopped")
 	return errors.Join(errs...)
+}
+
+// handOver transfers leadership before shutting down, bounded by ctx and
+// raft's own transfer timeout. It first checks that a quorum still answers
+// (VerifyLeader): a transfer to voters that are all gone would only wait.
+func (s *Server) handOver(ctx context.Context) {
+	r := s.node.raft
+	errc := make(chan error, 1)
+	go func() { // ends with raft's lease timeout, the transfer timeout or raft.Shutdown
+		if err := r.VerifyLeader().Error(); err != nil {
+			errc <- fmt.Errorf("no quorum: %w", err)
+			return
+		}
+		errc <- r.LeadershipTransfer().Error()
+	}()
+	select {
+	case err := <-errc:
+		if err != nil {
+			s.log.Warn("leadership not handed over", "err", err)
+		} else {
+			s.log.Info("leadership handed over")
+		}
+	case <-ctx.Done():
+		s.log.Warn("leadership hand-over abandoned", "err", ctx.Err())
+	}
 }
 
 // hasOtherVoters reports whether the configuration has a voter besides
