@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/allot/allot/pkg/httplimit"
+)
+
+// fileConfig is the -config YAML file. Unknown keys are errors.
+//
+//	upstream: http://127.0.0.1:9000
+//	allocators: [10.0.0.1:7420, 10.0.0.2:7420]   # or -allocators; none = standalone
+//	rules: [rules/public-api.yaml]               # standalone only: watched rules files
+//	tls: {cert_file: gw.crt, key_file: gw.key}   # serve HTTPS
+//	upstream_tls: {ca_file: ca.pem}
+//	allocator_tls: {ca_file: ca.pem, cert_file: c.crt, key_file: c.key}
+//	domain: public-api                           # the rest is httplimit.Config
+//	api_key: {headers: [Authorization, X-API-Key]}
+//	descriptors: [[api_key]]
+type fileConfig struct {
+	Upstream     string    `yaml:"upstream"`
+	Allocators   []string  `yaml:"allocators"`
+	Rules        []string  `yaml:"rules"`
+	TLS          tlsConfig `yaml:"tls"`
+	UpstreamTLS  tlsConfig `yaml:"upstream_tls"`
+	AllocatorTLS tlsConfig `yaml:"allocator_tls"`
+
+	httplimit.Config `yaml:",inline"`
+}
+
+// tlsConfig names PEM files. For the listener (tls) cert_file and key_file
+// are required together; for the client sides (upstream_tls,
+// allocator_tls) ca_file verifies the server and cert_file/key_file are an
+// optional client certificate (mutual TLS).
+type tlsConfig struct {
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	CAFile             string `yaml:"ca_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+func (t tlsConfig) enabled() bool {
+	return t.CertFile != "" || t.KeyFile != "" || t.CAFile != "" || t.ServerName != "" || t.InsecureSkipVerify
+}
+
+// serverTLS builds the listener's TLS config (nil when not configured).
+func (t tlsConfig) serverTLS() (*tls.Config, error) {
+	if !t.enabled() {
+		return nil, nil
+	}
+	if t.CertFile == "" || t.KeyFile == "" {
+		return nil, errors.New("tls: cert_file and key_file are both required")
+	}
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" { // client certificates required
+		pool, err := loadPool(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// clientTLS builds a client-side TLS config (nil when not configured).
+func (t tlsConfig) clientTLS(what string) (*tls.Config, error) {
+	if !t.enabled() {
+		return nil, nil
+	}
+	cfg := &tls.Config{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pool, err := loadPool(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		cfg.RootCAs = pool
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, fmt.Errorf("%s: cert_file and key_file go together", what)
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+func loadPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificates", path)
+	}
+	return pool, nil
+}
+
+// loadConfig reads and strictly decodes a config file; errors read
+// "file:line: message".
+func loadConfig(path string) (fileConfig, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return fileConfig{}, err
+	}
+	return parseConfig(path, src)
+}
+
+func parseConfig(name string, src []byte) (fileConfig, error) {
+	var cfg fileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return fileConfig{}, yamlError(name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return fileConfig{}, fmt.Errorf("%s:%d: only one YAML document is allowed", name, extra.Line)
+	}
+	if _, err := httplimit.NewExtractor(cfg.Config); err != nil {
+		return fileConfig{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return cfg, nil
+}
+
+var (
+	lineRE    = regexp.MustCompile(`^line (\d+): (.*)$`)
+	unknownRE = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+)
+
+// yamlError rewrites yaml.v3's "line N: ..." messages as "file:N: ...",
+// and "field x not found in type T" as "x: unknown key".
+func yamlError(name string, err error) error {
+	var msgs []string
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	} else {
+		msgs = []string{strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	var out []string
+	for _, m := range msgs {
+		if sm := lineRE.FindStringSubmatch(m); sm != nil {
+			msg := sm[2]
+			if um := unknownRE.FindStringSubmatch(msg); um != nil {
+				msg = um[1] + ": unknown key"
+			}
+			out = append(out, fmt.Sprintf("%s:%s: %s", name, sm[1], msg))
+			continue
+		}
+		out = append(out, name+": "+m)
+	}
+	return errors.New(strings.Join(out, "\n"))
+}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/pkg/rls"
+)
+
+// gateway owns every component and goroutine of a running gateway.
+type gateway struct {
+	logger *slog.Logger
+	agent  *agent.Agent
+	dev    *devEnv // nil unless -dev
+
+	proxy    *http.Server
+	admin    *http.Server // nil when -http-addr is empty
+	grpc     *grpc.Server // nil when -rls-addr is empty
+	wg       sync.WaitGroup
+	failed   chan error // a listener stopped on its own
+	shutOnce sync.Once
+	shutErr  error
+}
+
+// Addresses bound by the gateway, printed on start.
+type addrs struct{ proxy, rls, http string }
+
+// start builds and starts everything; on error, whatever was started is
+// stopped again.
+func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, stdout io.Writer) (g *gateway, err error) {
+	g = &gateway{logger: logger, failed: make(chan error, 3)}
+	defer func() {
+		if err != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+			defer cancel()
+			_ = g.shutdown(sctx)
+			g = nil
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	upstream := cfg.Upstream
+	allocators := cfg.Allocators
+	if o.dev {
+		if g.dev, err = startDev(ctx, o, logger, reg); err != nil {
+			return g, err
+		}
+		if len(cfg.Descriptors) == 0 {
+			cfg.Config = devExtraction()
+		}
+		upstream = g.dev.upstreamURL
+		allocators = []string{g.dev.alloc.GRPCAddr()}
+	}
+	if o.upstream != "" {
+		upstream = o.upstream
+	}
+	if len(o.allocators) > 0 {
+		allocators = o.allocators
+	}
+	target, err := parseUpstream(upstream)
+	if err != nil {
+		return g, err
+	}
+
+	// The agent.
+	acfg := agent.DefaultConfig()
+	if o.agentID != "" {
+		acfg.ID = o.agentID
+	}
+	acfg.Allocators = allocators
+	if len(allocators) == 0 {
+		acfg.RulesFiles = cfg.Rules
+		if len(cfg.Rules) == 0 {
+			logger.Warn("gateway: standalone without rules files: nothing is limited")
+		}
+	} else if len(cfg.Rules) > 0 {
+		logger.Warn("gateway: rules files are ignored with -allocators: rules come from the allocator")
+	}
+	if tc, err := cfg.AllocatorTLS.clientTLS("allocator_tls"); err != nil {
+		return g, err
+	} else if tc != nil {
+		acfg.DialOptions = append(acfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	}
+	acfg.Logger = logger
+	acfg.Registerer = reg
+	if g.agent, err = agent.New(acfg); err != nil {
+		return g, err
+	}
+
+	// The middleware and the proxy.
+	ex, err := httplimit.NewExtractor(cfg.Config)
+	if err != nil {
+		return g, err
+	}
+	met, err := httplimit.NewMetrics(reg)
+	if err != nil {
+		return g, err
+	}
+	upTLS, err := cfg.UpstreamTLS.clientTLS("upstream_tls")
+	if err != nil {
+		return g, err
+	}
+	mw := &httplimit.Middleware{Checker: g.agent, Extractor: ex, Metrics: met, Logger: logger}
+	handler := mw.Wrap(newProxy(target, upTLS, logger))
+
+	serverTLS, err := cfg.TLS.serverTLS()
+	if err != nil {
+		return g, err
+	}
+	var bound addrs
+	proxyLn, err := listen(o.listen, serverTLS)
+	if err != nil {
+		return g, fmt.Errorf("-listen: %w", err)
+	}
+	bound.proxy = proxyLn.Addr().String()
+	g.proxy = &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	g.serve("proxy", func() error { return g.proxy.Serve(proxyLn) })
+
+	if o.rlsAddr != "" {
+		ln, err := net.Listen("tcp", o.rlsAddr)
+		if err != nil {
+			return g, fmt.Errorf("-rls-addr: %w", err)
+		}
+		bound.rls = ln.Addr().String()
+		srv, err := rls.New(g.agent, rls.Options{Logger: logger, Registerer: reg})
+		if err != nil {
+			ln.Close()
+			return g, err
+		}
+		var opts []grpc.ServerOption
+		if serverTLS != nil {
+			opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
+		}
+		g.grpc = grpc.NewServer(opts...)
+		srv.Register(g.grpc)
+		g.serve("rls", func() error { return g.grpc.Serve(ln) })
+	}
+
+	if o.httpAddr != "" {
+		ln, err := net.Listen("tcp", o.httpAddr)
+		if err != nil {
+			return g, fmt.Errorf("-http-addr: %w", err)
+		}
+		bound.http = ln.Addr().String()
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !g.agent.Ready() {
+				http.Error(w, "not ready: no rules yet, or no answer from an allocator", http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(w, "ready\n")
+		})
+		g.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		g.serve("http", func() error { return g.admin.Serve(ln) })
+	}
+
+	logger.Info("gateway: listening", "proxy", bound.proxy, "rls", bound.rls, "http", bound.http,
+		"upstream", target.String(), "allocators", strings.Join(allocators, ","), "domain", ex.Domain())
+	fmt.Fprintf(stdout, "allot gateway listening: proxy=%s rls=%s http=%s\n", bound.proxy, bound.rls, bound.http)
+	if g.dev != nil {
+		printDevHelp(stdout, g.dev, bound, o.listen != "127.0.0.1:8080" || bound.proxy != "127.0.0.1:8080")
+	}
+	return g, nil
+}
+
+// serve runs one listener loop as an owned goroutine.
+func (g *gateway) serve(name string, f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+			select {
+			case g.failed <- fmt.Errorf("%s: %w", name, err):
+			default:
+			}
+		}
+	}()
+}
+
+// shutdown stops accepting, drains in-flight requests (bounded by ctx),
+// closes the agent (releasing its leases), then the dev components. Safe to
+// call twice.
+func (g *gateway) shutdown(ctx context.Context) error {
+	g.shutOnce.Do(func() {
+		var errs []error
+		if g.proxy != nil {
+			if err := g.proxy.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("proxy shutdown: %w", err))
+				g.proxy.Close()
+			}
+		}
+		if g.grpc != nil {
+			stopped := make(chan struct{})
+			go func() { g.grpc.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-ctx.Done():
+				g.grpc.Stop()
+				<-stopped
+			}
+		}
+		if g.agent != nil {
+			if err := g.agent.Close(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if g.dev != nil {
+			if err := g.dev.close(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if g.admin != nil {
+			if err := g.admin.Shutdown(ctx); err != nil {
+				g.admin.Close()
+			}
+		}
+		g.wg.Wait()
+		g.shutErr = errors.Join(errs...)
+		if g.shutErr == nil {
+			g.logger.Info("gateway: stopped")
+		}
+	})
+	return g.shutErr
+}
+
+func listen(addr string, tc *tls.Config) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		ln = tls.NewListener(ln, tc)
+	}
+	return ln, nil
+}
+
+func parseUpstream(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("no upstream: give -upstream URL, `upstream:` in the config file, or -dev")
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream %q: want an http:// or https:// URL with a host", s)
+	}
+	return u, nil
+}
+
+// newProxy is the reverse proxy to target. It appends the client address to
+// X-Forwarded-For, drops the upstream's own RateLimit fields (the
+// gateway's win), and answers 502 JSON when the upstream fails.
+func newProxy(target *url.URL, tc *tls.Config, logger *slog.Logger) *httputil.ReverseProxy {
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		TLSClientConfig:       tc,
+		ForceAttemptHTTP2:     tc != nil,
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			pr.SetXForwarded()
+		},
+		Transport: tr,
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del(httplimit.HeaderRateLimit)
+			resp.Header.Del(httplimit.HeaderRateLimitPolicy)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return // the client went away
+			}
+			logger.Warn("gateway: upstream error", "err", err, "path", r.URL.Path)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			io.WriteString(w, `{"error":"bad_gateway","message":"The upstream service is unavailable."}`)
+		},
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+}

@@ -1,0 +1,129 @@
+// Command gateway is allot's HTTP gateway: a reverse proxy that rate-limits
+// every request in-process with an embedded agent, and an Envoy rate limit
+// service (RLS v3) backed by the same agent.
+//
+//	gateway -dev                                   # everything in one process, zero configuration
+//	gateway -upstream http://127.0.0.1:9000 -allocators 10.0.0.1:7420,10.0.0.2:7420 -config gateway.yaml
+//	gateway -upstream http://127.0.0.1:9000 -config gateway.yaml   # standalone: rules from the config's rules files
+//
+// SIGINT or SIGTERM shuts it down gracefully: the listeners stop accepting,
+// in-flight requests finish (bounded by -shutdown-timeout), and the agent
+// hands its unspent leases back. docs/gateway.md documents the flags, the
+// config file and the HTTP contract.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, stop, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the parsed flags.
+type options struct {
+	listen, upstream, configFile, httpAddr, rlsAddr string
+	allocators                                       []string
+	logLevel, logFormat                              string
+	dev                                              bool
+	shutdownTimeout                                  time.Duration
+	agentID                                          string
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var allocators string
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "proxy listen address")
+	fs.StringVar(&o.upstream, "upstream", "", "upstream base URL (overrides the config file's upstream)")
+	fs.StringVar(&allocators, "allocators", "", "allocator gRPC addresses host:port,... (overrides the config file; none: standalone)")
+	fs.StringVar(&o.configFile, "config", "", "YAML config file: descriptor extraction, domain, rules files, TLS, upstream")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9090", "address for /metrics, /healthz and /readyz (empty: off)")
+	fs.StringVar(&o.rlsAddr, "rls-addr", "127.0.0.1:8081", "Envoy RLS v3 gRPC address (empty: off)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.BoolVar(&o.dev, "dev", false, "run an embedded single-node allocator, a demo upstream and the demo rules")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "graceful shutdown bound")
+	fs.StringVar(&o.agentID, "agent-id", "", "agent id (default: hostname-pid-random)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	for _, a := range strings.Split(allocators, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			o.allocators = append(o.allocators, a)
+		}
+	}
+	return o, nil
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want text or json", format)
+}
+
+// run parses args, starts the gateway, waits for ctx (the signals) and
+// shuts down. stopSignals, called once shutdown starts, lets a second
+// signal kill the process.
+func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger, err := newLogger(o.logLevel, o.logFormat, stderr)
+	if err != nil {
+		return err
+	}
+	var cfg fileConfig
+	if o.configFile != "" {
+		if cfg, err = loadConfig(o.configFile); err != nil {
+			return err
+		}
+	}
+	g, err := start(ctx, o, cfg, logger, stdout)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		logger.Info("gateway: signal received; shutting down", "timeout", o.shutdownTimeout)
+	case err := <-g.failed:
+		logger.Error("gateway: a listener failed; shutting down", "err", err)
+	}
+	stopSignals()
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	return g.shutdown(sctx)
+}
