@@ -28,8 +28,9 @@ const (
 	MaxBurst = 1_000_000_000_000
 	// MaxShards bounds shards.
 	MaxShards = 1024
-	// maxWindow bounds unit × unit_multiplier (100 years).
-	maxWindow = 100 * 365 * 24 * time.Hour
+	// MaxWindow bounds unit × unit_multiplier (bucket.MaxWindow, about 36
+	// years).
+	MaxWindow = bucket.MaxWindow
 )
 
 // Keys accepted at each level. Envoy's loader checks one flat list of keys
@@ -289,6 +290,9 @@ func contains(list []string, s string) bool {
 func nodeText(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.ScalarNode:
+		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0 {
+			return strconv.Quote(n.Value)
+		}
 		return n.Value
 	case yaml.MappingNode:
 		return "a mapping"
@@ -619,8 +623,8 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 		}
 		r.UnitMultiplier = uint32(m)
 	}
-	if int64(r.UnitMultiplier) > int64(maxWindow/u.Duration()) {
-		return nil, c.errf(line, "unit_multiplier", "window %s × %d is longer than 100 years", u, r.UnitMultiplier)
+	if int64(r.UnitMultiplier) > int64(MaxWindow/u.Duration()) {
+		return nil, c.errf(line, "unit_multiplier", "window of %d × %s is longer than the longest supported window (%v)", r.UnitMultiplier, u, MaxWindow)
 	}
 	r.Window = u.Duration() * time.Duration(r.UnitMultiplier)
 
@@ -696,13 +700,17 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 		r.Shards = int(n)
 	}
 
+	if kv, ok := fs["burst"]; ok && (r.Algorithm == bucket.SlidingWindow || r.Algorithm == bucket.FixedWindow) && r.Burst != rpu {
+		return nil, c.errf(kv.key, "burst", "burst applies to token_bucket and gcra only; with %s a window's capacity is requests_per_unit (%d), got burst %d", r.Algorithm, rpu, r.Burst)
+	}
+
 	lim, err := bucket.NewLimit(r.Algorithm, int64(r.RequestsPerUnit), r.Window, r.Burst)
 	if err != nil {
 		key, at := "rate_limit", f.key
 		if kv, ok := fs["burst"]; ok {
 			key, at = "burst", kv.key
 		}
-		return nil, c.errf(at, key, "%s", strings.TrimPrefix(err.Error(), "bucket: "))
+		return nil, c.errf(at, key, "%s", strings.TrimPrefix(err.Error(), "bucket: invalid limit: "))
 	}
 	r.Limit = lim
 	c.register(r)

@@ -91,9 +91,51 @@ var (
 )
 
 // KeyHash returns xxhash64 of AppendKey(nil, r, domain, entries), computed
-// without allocating. Use it to index budgets; it is deterministic across
-// processes and versions.
+// without allocating: keys up to 256 bytes are built in a stack buffer and
+// hashed in one call, longer ones are streamed into the digest. Use it to
+// index budgets; it is deterministic across processes and versions.
 func KeyHash(r *Rule, domain string, entries []Entry) uint64 {
+	var buf [256]byte
+	// Every byte escapes to at most 3, so a short raw key always fits;
+	// only longer ones need the exact count.
+	raw := len(domain) + 1
+	for i := range entries {
+		raw += len(entries[i].Key) + len(keyValue(r, i, &entries[i])) + 2
+	}
+	if raw*3 <= len(buf) || keyLenAtMost(r, domain, entries, len(buf)) {
+		return xxhash.Sum64(AppendKey(buf[:0], r, domain, entries))
+	}
+	return streamKeyHash(r, domain, entries)
+}
+
+// keyLenAtMost reports whether the escaped key fits in max bytes, counting
+// each byte to escape as 3.
+func keyLenAtMost(r *Rule, domain string, entries []Entry, max int) bool {
+	n := escapedLen(domain) + 1
+	for i := range entries {
+		n += escapedLen(entries[i].Key) + 1 + escapedLen(keyValue(r, i, &entries[i]))
+		if i > 0 {
+			n++
+		}
+		if n > max {
+			return false
+		}
+	}
+	return n <= max
+}
+
+func escapedLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		if mustEscape(s[i]) {
+			n += 2
+		}
+	}
+	return n
+}
+
+// streamKeyHash hashes the key by writing its pieces into a digest.
+func streamKeyHash(r *Rule, domain string, entries []Entry) uint64 {
 	var d xxhash.Digest
 	d.Reset()
 	hashEscaped(&d, domain)
