@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
@@ -12,10 +13,10 @@ import (
 
 // stackDescs descriptors are handled in arrays on the stack; larger requests
 // borrow scratch space from a pool. Either way a check does not allocate.
-const stackDescs = 8
+const stackDescs = 4
 
-// keyBufLen is the stack buffer for rendering a canonical key (only needed
-// on a hash hit with different entries, and when a key is first seen).
+// keyBufLen is the stack buffer for rendering a canonical key off the fast
+// path (a hash hit with different entries, the Redis backend).
 const keyBufLen = 256
 
 // takeKind records what a descriptor took, so a later deny can give it back.
@@ -122,7 +123,6 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		entriesArr [stackDescs][]rules.Entry
 		matchedArr [stackDescs]*rules.Rule
 		outsArr    [stackDescs]outcome
-		keyBuf     [keyBufLen]byte
 		sc         *scratch
 		entries    [][]rules.Entry
 		outs       []outcome
@@ -154,13 +154,13 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 			}
 			continue
 		}
-		st, oc := a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied, keyBuf[:])
+		st, oc := a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied)
 		outs[i] = oc
 		if !st.Allowed {
 			if r.ShadowMode {
 				st.Allowed, st.Shadow = true, true
 				dec.Shadow = true
-				a.met.shadow()
+				a.met.shadow(uintptr(unsafe.Pointer(&dec)))
 			} else if !denied {
 				denied = true
 				dec.Allowed = false
@@ -205,7 +205,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 			dec.RetryAfter = reportedSt.RetryAfter
 		}
 	}
-	a.met.decision(dec.Source, dec.Allowed)
+	a.met.decision(uintptr(unsafe.Pointer(&dec)), dec.Source, dec.Allowed)
 	return dec, out, nil
 }
 
@@ -232,9 +232,9 @@ func (a *Agent) refund(oc *outcome, now int64) {
 
 // decide evaluates one descriptor under rule r. With consume false (after
 // an enforced deny, in CheckStatuses) or n == 0 it changes nothing.
-func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, now, n int64, consume bool, buf []byte) (Status, outcome) {
+func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, now, n int64, consume bool) (Status, outcome) {
 	if r.Backend == rules.BackendRedis && a.redis != nil {
-		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume, buf); ok {
+		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
 			return st, outcome{}
 		}
 		if r.FailureMode == rules.FailClosed {
@@ -246,11 +246,11 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 	h := rules.KeyHash(r, domain, entries)
 	sh := a.keys.shard(h)
 	sh.mu.RLock()
-	ks := sh.lookupRLocked(h, r, domain, entries, buf)
+	ks := sh.lookupRLocked(h, r, domain, entries)
 	if ks == nil {
 		sh.mu.RUnlock()
 		var created bool
-		ks, created = sh.insert(h, r, domain, entries, now, buf)
+		ks, created = sh.insert(h, r, domain, entries, now)
 		sh.mu.RLock()
 		if created && a.leasing(r) {
 			a.enqueue(ks)
@@ -442,10 +442,13 @@ func (a *Agent) enqueue(ks *keyState) {
 }
 
 // decideRemote asks Config.Redis. ok is false when the backend failed.
-func (a *Agent) decideRemote(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, n int64, consume bool, buf []byte) (Status, bool) {
+func (a *Agent) decideRemote(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, n int64, consume bool) (Status, bool) {
 	if !consume {
 		n = 0
 	}
+	// Its own buffer: handing a slice to an interface method makes it
+	// escape, which must not cost the lease path an allocation.
+	var buf [keyBufLen]byte
 	key := rules.AppendKey(buf[:0], r, domain, entries)
 	res, err := a.redis.AllowN(ctx, r, key, n)
 	if err != nil {

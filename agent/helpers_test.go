@@ -211,8 +211,7 @@ func keyOf(t testing.TB, a *Agent, d Descriptor) *keyState {
 	sh := a.keys.shard(h)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	var buf [keyBufLen]byte
-	return sh.lookupRLocked(h, r, "test", d.Entries, buf[:])
+	return sh.lookupRLocked(h, r, "test", d.Entries)
 }
 
 // testutilGauge reads the fallback gauge.
@@ -222,4 +221,14 @@ func testutilGauge(m *metrics) float64 {
 		panic(err)
 	}
 	return out.GetGauge().GetValue()
+}
+
+type dtoCounter struct{}
+
+func (dtoCounter) read(c interface{ Write(*dto.Metric) error }) float64 {
+	var out dto.Metric
+	if err := c.Write(&out); err != nil {
+		panic(err)
+	}
+	return out.GetCounter().GetValue()
 }

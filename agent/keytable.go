@@ -94,11 +94,20 @@ type keyState struct {
 // sameKey reports whether the request (domain, entries) under rule r is this
 // key: equal domain and entries (the common case, compared without
 // rendering), else equal canonical keys (share_threshold maps many values to
-// one key). buf is scratch space for rendering.
-func (ks *keyState) sameKey(r *rules.Rule, domain string, entries []rules.Entry, buf []byte) bool {
+// one key).
+func (ks *keyState) sameKey(r *rules.Rule, domain string, entries []rules.Entry) bool {
 	if ks.domain == domain && entriesEqual(ks.entries, entries) {
 		return true
 	}
+	return ks.sameRenderedKey(r, domain, entries)
+}
+
+// sameRenderedKey is sameKey's slow path, kept out of line so the common
+// path does not pay for zeroing the buffer.
+//
+//go:noinline
+func (ks *keyState) sameRenderedKey(r *rules.Rule, domain string, entries []rules.Entry) bool {
+	var buf [keyBufLen]byte
 	return string(rules.AppendKey(buf[:0], r, domain, entries)) == ks.key
 }
 
@@ -115,9 +124,9 @@ func entriesEqual(a, b []rules.Entry) bool {
 }
 
 // lookupRLocked finds the key under sh's read lock, which the caller holds.
-func (sh *shard) lookupRLocked(h uint64, r *rules.Rule, domain string, entries []rules.Entry, buf []byte) *keyState {
+func (sh *shard) lookupRLocked(h uint64, r *rules.Rule, domain string, entries []rules.Entry) *keyState {
 	for ks := sh.m[h]; ks != nil; ks = ks.next {
-		if ks.sameKey(r, domain, entries, buf) {
+		if ks.sameKey(r, domain, entries) {
 			return ks
 		}
 	}
@@ -127,17 +136,17 @@ func (sh *shard) lookupRLocked(h uint64, r *rules.Rule, domain string, entries [
 // insert adds the key if it is still missing and returns its state. It takes
 // the write lock; the caller holds no lock on sh. created reports whether a
 // new state was made.
-func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.Entry, now int64, buf []byte) (ks *keyState, created bool) {
+func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.Entry, now int64) (ks *keyState, created bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if ks := sh.lookupRLocked(h, r, domain, entries, buf); ks != nil {
+	if ks := sh.lookupRLocked(h, r, domain, entries); ks != nil {
 		return ks, false
 	}
 	// Own the strings: a caller may have built its entries over reused
 	// memory (unsafe []byte→string conversions are common in gateways).
 	ks = &keyState{
 		hash:    h,
-		key:     string(rules.AppendKey(buf[:0], r, domain, entries)),
+		key:     string(rules.AppendKey(nil, r, domain, entries)),
 		domain:  strings.Clone(domain),
 		entries: make([]rules.Entry, len(entries)),
 		next:    sh.m[h],

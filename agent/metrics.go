@@ -2,7 +2,6 @@ package agent
 
 import (
 	"errors"
-	"math/rand/v2"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,17 +139,22 @@ func (m *metrics) unregister() {
 	m.registeredWith = nil
 }
 
-func (m *metrics) stripe() *stripe { return &m.stripes[rand.Uint32()&(numStripes-1)] }
+// stripeFor picks a stripe from hint, the address of a variable on the
+// caller's stack: stable for a goroutine and different between goroutines
+// (stacks are at least 2 KiB apart), and free to compute.
+func (m *metrics) stripeFor(hint uintptr) *stripe {
+	return &m.stripes[(hint>>11)&(numStripes-1)]
+}
 
-func (m *metrics) decision(src Source, allowed bool) {
+func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
 	i := 0
 	if allowed {
 		i = 1
 	}
-	m.stripe().decisions[src][i].Add(1)
+	m.stripeFor(hint).decisions[src][i].Add(1)
 }
 
-func (m *metrics) shadow()     { m.stripe().shadow.Add(1) }
+func (m *metrics) shadow(hint uintptr) { m.stripeFor(hint).shadow.Add(1) }
 func (m *metrics) redisError() { m.redisErrors.Inc() }
 
 // decisions sums the stripes; for tests and the collector.
