@@ -47,9 +47,10 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger) (n *node, err error) {
 		return nil, fmt.Errorf("allocator: create data dir %s: %w", dir, err)
 	}
 	n = &node{dataDir: dir}
+	opened := n // n itself is nil once an error is returned
 	defer func() {
 		if err != nil {
-			n.close()
+			opened.close()
 		}
 	}()
 
@@ -110,6 +111,9 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger) (n *node, err error) {
 
 	n.raft, err = raft.NewRaft(rc, f, n.store, n.store, n.snaps, n.trans)
 	if err != nil {
+		if rerr := f.restoreError(); rerr != nil {
+			return nil, fmt.Errorf("allocator: restore snapshot from %s: %w", filepath.Join(dir, snapshotsDir), rerr)
+		}
 		return nil, fmt.Errorf("allocator: start raft from %s: %w", dir, err)
 	}
 	// Raft falls back to an older snapshot when the newest fails to restore;

@@ -1,0 +1,410 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/allocator/internal/state"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// fakeRaft answers batches like the state machine would, recording them.
+type fakeRaft struct {
+	entered atomic.Int32 // propose calls started
+	mu      sync.Mutex   // guards batches
+	batches [][]*allotv1.AcquireRequest
+	gate    chan struct{} // when non-nil, each propose waits for a token
+	err     error
+}
+
+func (f *fakeRaft) propose(cmd *allotv1.Command) (any, error) {
+	f.entered.Add(1)
+	if f.gate != nil {
+		<-f.gate
+	}
+	reqs := cmd.GetAcquire().GetRequests()
+	f.mu.Lock()
+	f.batches = append(f.batches, reqs)
+	f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	res := &state.AcquireBatchResult{Responses: make([]*allotv1.AcquireResponse, len(reqs)), Errs: make([]error, len(reqs))}
+	for i, r := range reqs {
+		if r.GetAgentId() == "bad" {
+			res.Errs[i] = state.ErrStaleRequest
+			res.Responses[i] = nil
+			continue
+		}
+		res.Responses[i] = &allotv1.AcquireResponse{RulesVersion: r.GetRequestId()}
+	}
+	return res, nil
+}
+
+func (f *fakeRaft) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.batches)
+}
+
+func TestBatcherDrainsQueueIntoOneEntry(t *testing.T) {
+	fr := &fakeRaft{gate: make(chan struct{})}
+	b := newBatcher(fr.propose, func() int64 { return 1 }, 20000, 2<<20, 1)
+	b.start()
+	defer b.close()
+
+	// The first call blocks in propose; the next 50 queue behind it and
+	// must all go in the second entry.
+	var wg sync.WaitGroup
+	results := make([]*allotv1.AcquireResponse, 51)
+	errs := make([]error, 51)
+	call := func(i int) {
+		defer wg.Done()
+		agent := fmt.Sprintf("a%d", i)
+		if i == 7 {
+			agent = "bad"
+		}
+		results[i], errs[i] = b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: agent, RequestId: uint64(i + 1)})
+	}
+	wg.Add(1)
+	go call(0)
+	waitFor(t, 5*time.Second, "first batch proposed", func() bool { return fr.entered.Load() == 1 })
+	for i := 1; i <= 50; i++ {
+		wg.Add(1)
+		go call(i)
+	}
+	waitFor(t, 5*time.Second, "50 calls queued", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 50
+	})
+	fr.gate <- struct{}{}
+	fr.gate <- struct{}{}
+	wg.Wait()
+	if n := fr.count(); n != 2 {
+		t.Fatalf("%d entries, want 2", n)
+	}
+	if len(fr.batches[1]) != 50 {
+		t.Errorf("second entry has %d requests, want 50", len(fr.batches[1]))
+	}
+	for i := range 51 {
+		if i == 7 {
+			if !errors.Is(errs[i], state.ErrStaleRequest) {
+				t.Errorf("call 7 error = %v, want ErrStaleRequest", errs[i])
+			}
+			continue
+		}
+		if errs[i] != nil || results[i].GetRulesVersion() != uint64(i+1) {
+			t.Errorf("call %d = %v, %v; want its own response", i, results[i], errs[i])
+		}
+	}
+}
+
+func TestBatcherSplitsAtMaxKeys(t *testing.T) {
+	fr := &fakeRaft{gate: make(chan struct{})}
+	b := newBatcher(fr.propose, func() int64 { return 1 }, 10, 1<<20, 1)
+	b.start()
+	defer b.close()
+	req := func(i, keys int) *allotv1.AcquireRequest {
+		r := &allotv1.AcquireRequest{AgentId: fmt.Sprint(i), RequestId: 1}
+		for range keys {
+			r.Keys = append(r.Keys, key("user", "x", 1))
+		}
+		return r
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = b.submit(context.Background(), req(0, 1)) }()
+	waitFor(t, 5*time.Second, "first batch proposed", func() bool { return fr.entered.Load() == 1 })
+	// 4 calls of 4 keys: 2 per entry (8 ≤ 10 < 12). One of 30 keys goes alone.
+	for i := 1; i <= 4; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = b.submit(context.Background(), req(i, 4)) }()
+	}
+	waitFor(t, 5*time.Second, "queued", func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.queue) == 4 })
+	wg.Add(1)
+	go func() { defer wg.Done(); _, _ = b.submit(context.Background(), req(5, 30)) }()
+	waitFor(t, 5*time.Second, "queued", func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.queue) == 5 })
+	close(fr.gate)
+	wg.Wait()
+	var sizes []int
+	for _, bt := range fr.batches {
+		sizes = append(sizes, len(bt))
+	}
+	if got := fmt.Sprint(sizes); got != "[1 2 2 1]" {
+		t.Errorf("requests per entry = %s, want [1 2 2 1]", got)
+	}
+}
+
+func TestBatcherCloseFailsQueuedAndErrorsReachEveryone(t *testing.T) {
+	fr := &fakeRaft{err: raft.ErrNotLeader}
+	b := newBatcher(fr.propose, func() int64 { return 1 }, 100, 1<<20, 2)
+	b.start()
+	_, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1})
+	if !errors.Is(err, raft.ErrNotLeader) {
+		t.Errorf("submit error = %v, want ErrNotLeader", err)
+	}
+	b.close()
+	b.close()
+	if _, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: "a", RequestId: 2}); !errors.Is(err, errShutdown) {
+		t.Errorf("submit after close = %v, want errShutdown", err)
+	}
+	// A caller whose context ends is told so at once.
+	fr2 := &fakeRaft{gate: make(chan struct{})}
+	b2 := newBatcher(fr2.propose, func() int64 { return 1 }, 100, 1<<20, 1)
+	b2.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b2.submit(ctx, &allotv1.AcquireRequest{AgentId: "a", RequestId: 1}); !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled submit = %v", err)
+	}
+	close(fr2.gate)
+	b2.close()
+}
+
+func TestToStatusMapping(t *testing.T) {
+	hint := leaderHint{id: "n1", addr: "127.0.0.1:1"}
+	cases := []struct {
+		err    error
+		code   codes.Code
+		reason string
+	}{
+		{raft.ErrNotLeader, codes.Unavailable, ReasonNotLeader},
+		{fmt.Errorf("x: %w", raft.ErrLeadershipLost), codes.Unavailable, ReasonLeadershipLost},
+		{raft.ErrRaftShutdown, codes.Unavailable, ReasonLeadershipLost},
+		{errShutdown, codes.Unavailable, ReasonShuttingDown},
+		{fmt.Errorf("%w: bad", state.ErrInvalid), codes.InvalidArgument, ""},
+		{state.ErrStaleRequest, codes.FailedPrecondition, ""},
+		{state.ErrFailedPrecondition, codes.FailedPrecondition, ""},
+		{context.DeadlineExceeded, codes.DeadlineExceeded, ""},
+		{errors.New("boom"), codes.Internal, ""},
+	}
+	for _, c := range cases {
+		err := toStatus(c.err, hint)
+		if status.Code(err) != c.code || statusReason(err) != c.reason {
+			t.Errorf("toStatus(%v) = %v (reason %q), want %v %q", c.err, err, statusReason(err), c.code, c.reason)
+		}
+	}
+	st, _ := status.FromError(toStatus(raft.ErrNotLeader, hint))
+	if !strings.Contains(fmt.Sprint(st.Details()), "127.0.0.1:1") {
+		t.Errorf("no leader hint in %v", st.Details())
+	}
+	if !retryable(toStatus(raft.ErrNotLeader, hint), false) || retryable(toStatus(raft.ErrLeadershipLost, hint), false) ||
+		!retryable(toStatus(raft.ErrLeadershipLost, hint), true) {
+		t.Error("retryable disagrees with the reasons")
+	}
+}
+
+func TestFSMPanicsOnUndecodableEntry(t *testing.T) {
+	f := &fsm{st: state.New(state.DefaultConfig())}
+	mustPanic := func(name string, data []byte) {
+		t.Helper()
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "entry 9") {
+				t.Errorf("%s: recovered %v, want a panic naming entry 9", name, r)
+			}
+		}()
+		f.Apply(&raft.Log{Index: 9, Term: 2, Type: raft.LogCommand, Data: data})
+	}
+	mustPanic("garbage", []byte{0xff, 0xff, 0xff})
+	unknown, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1})
+	mustPanic("no command", unknown)
+	// Flagged unknown commands are skipped.
+	skip, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, IgnoreIfUnknown: true})
+	if got := f.Apply(&raft.Log{Index: 10, Type: raft.LogCommand, Data: skip}); got != nil {
+		t.Errorf("ignored command returned %v", got)
+	}
+}
+
+func TestCorruptDataDir(t *testing.T) {
+	t.Run("garbage raft.db", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, raftDBFile), []byte(strings.Repeat("garbage!", 2048)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := New(testNodeConfig(t, dir))
+		if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, raftDBFile)) {
+			t.Fatalf("New = %v, want an error naming %s", err, raftDBFile)
+		}
+	})
+	t.Run("bad snapshot", func(t *testing.T) {
+		dir := t.TempDir()
+		s, err := New(testNodeConfig(t, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitReady(t, s)
+		if err := s.node.raft.Snapshot().Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		snaps, _ := filepath.Glob(filepath.Join(dir, snapshotsDir, "*", "state.bin"))
+		if len(snaps) == 0 {
+			t.Fatal("no snapshot written")
+		}
+		if err := os.WriteFile(snaps[0], []byte("not a snapshot"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err = New(testNodeConfig(t, dir))
+		if err == nil || !strings.Contains(err.Error(), filepath.Dir(snaps[0])) {
+			t.Fatalf("New = %v, want an error naming %s", err, filepath.Dir(snaps[0]))
+		}
+	})
+	t.Run("snapshot that does not restore", func(t *testing.T) {
+		dir := t.TempDir()
+		store, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, trans := raft.NewInmemTransport("solo")
+		sink, err := store.Create(raft.SnapshotVersionMax, 5, 1, raft.Configuration{Servers: []raft.Server{{ID: "solo", Address: "solo"}}}, 1, trans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = sink.Write([]byte("valid CRC, invalid state"))
+		if err := sink.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = New(testNodeConfig(t, dir))
+		if err == nil || !strings.Contains(err.Error(), "restore") || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("New = %v, want a restore error naming %s", err, dir)
+		}
+	})
+	t.Run("missing snapshot", func(t *testing.T) {
+		dir := t.TempDir()
+		s, err := New(testNodeConfig(t, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitReady(t, s)
+		if err := s.node.raft.Snapshot().Error(); err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Shutdown(context.Background())
+		// Compact the log as a snapshot would, then lose the snapshot.
+		if err := os.RemoveAll(filepath.Join(dir, snapshotsDir)); err != nil {
+			t.Fatal(err)
+		}
+		st, err := openBolt(filepath.Join(dir, raftDBFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, _ := st.LastIndex()
+		if err := st.DeleteRange(1, last-1); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		_, err = New(testNodeConfig(t, dir))
+		if err == nil || !strings.Contains(err.Error(), "no snapshot covers") {
+			t.Fatalf("New = %v, want a missing-snapshot error", err)
+		}
+	})
+}
+
+// testNodeConfig is a one-node bootstrap config over TCP on free ports.
+func testNodeConfig(t testing.TB, dir string) Config {
+	cfg := DefaultConfig()
+	cfg.NodeID = "solo"
+	cfg.DataDir = dir
+	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.RaftAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.Bootstrap = true
+	cfg.InitialRules = testRuleFiles()
+	cfg.Logger = testLogger(t, 0)
+	return cfg
+}
+
+func waitReady(t testing.TB, s *Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHTTPEndpointsAndTCP(t *testing.T) {
+	s, err := New(testNodeConfig(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	waitReady(t, s)
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + s.HTTPAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("/healthz = %d", code)
+	}
+	code, body := get("/readyz")
+	var rd readiness
+	if err := json.Unmarshal([]byte(body), &rd); err != nil || code != 200 || !rd.Ready || rd.LeaderID != "solo" || rd.RulesVersion != 1 {
+		t.Errorf("/readyz = %d %s", code, body)
+	}
+	alloc, _ := dial(t, s.GRPCAddr())
+	if _, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: "h", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "h", 5)}}); err != nil {
+		t.Fatal(err)
+	}
+	_, body = get("/metrics")
+	for _, want := range []string{"allot_allocator_raft_state 2", "allot_allocator_tokens_granted_total 5",
+		"allot_allocator_rules_version 1", "allot_allocator_batch_keys_count", "allot_allocator_raft_apply_seconds_bucket"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if code, _ := get("/debug/pprof/"); code != 200 {
+		t.Errorf("/debug/pprof/ = %d", code)
+	}
+	if !strings.HasPrefix(s.RaftAddr(), "127.0.0.1:") || strings.HasSuffix(s.RaftAddr(), ":0") {
+		t.Errorf("RaftAddr = %q, want the bound port", s.RaftAddr())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	good := DefaultConfig()
+	good.NodeID, good.DataDir = "a", "/tmp/x"
+	if err := good.Validate(); err != nil {
+		t.Fatalf("default config invalid: %v", err)
+	}
+	for name, mut := range map[string]func(*Config){
+		"no node id":         func(c *Config) { c.NodeID = "" },
+		"no data dir":        func(c *Config) { c.DataDir = "" },
+		"unspecified grpc":   func(c *Config) { c.GRPCAddr = "0.0.0.0:1" },
+		"bootstrap and join": func(c *Config) { c.Bootstrap, c.Join = true, "127.0.0.1:1" },
+		"lease > heartbeat":  func(c *Config) { c.LeaderLeaseTimeout = time.Second },
+		"refresh ≥ ttl":      func(c *Config) { c.RefreshInterval = c.LeaseTTL },
+		"negative":           func(c *Config) { c.ExpireInterval = -1 },
+	} {
+		c := good
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: Validate() = nil", name)
+		}
+	}
+}
