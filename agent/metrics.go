@@ -155,7 +155,7 @@ func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
 }
 
 func (m *metrics) shadow(hint uintptr) { m.stripeFor(hint).shadow.Add(1) }
-func (m *metrics) redisError() { m.redisErrors.Inc() }
+func (m *metrics) redisError()         { m.redisErrors.Inc() }
 
 // decisions sums the stripes; for tests and the collector.
 func (m *metrics) decisions(src Source, allowed bool) uint64 {
