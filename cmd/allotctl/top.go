@@ -114,7 +114,11 @@ func (a *app) printTop(r *allotv1.TopKeysResponse, order string, tty bool) error
 	if order == "deny" {
 		by = "deny rate"
 	}
-	fmt.Fprintf(&b, "Top %d keys by %s at %s\n", len(r.GetKeys()), by, fmtUnixMS(r.GetNowUnixMs()))
+	noun := "keys"
+	if len(r.GetKeys()) == 1 {
+		noun = "key"
+	}
+	fmt.Fprintf(&b, "Top %d %s by %s at %s\n", len(r.GetKeys()), noun, by, fmtUnixMS(r.GetNowUnixMs()))
 	if len(r.GetKeys()) == 0 {
 		b.WriteString("No active keys.\n")
 	} else {
