@@ -267,7 +267,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		if granted > 0 {
 			nl.grantedAt = now
 		}
-		ki = c.putLease(h, idx, ki, li, have, nl, g.Key, ka.Domain, rule.Name)
+		ki = c.putLease(h, idx, ki, li, have, nl, g.Key)
 		g.LeaseTtlMs = ms(ttl)
 		g.RefreshAfterMs = ms(refresh)
 		g.Held = held
@@ -284,24 +284,22 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	}
 	if ki != nil {
 		ki = c.mutInfo(h)
-		ki.grants.add(now, granted)
-		ki.denies.add(now, ka.Denied)
+		ki.rates.add(now, granted, ka.Denied)
 		g.Agents = uint32(len(ki.leases))
 	}
 	return g, credited, ended
 }
 
 // putLease creates or updates agent nl.agent's lease on h (slot idx).
-func (c *core) putLease(h uint64, idx int, ki *keyInfo, li int, have bool, nl lease, key, domain, ruleName string) *keyInfo {
+func (c *core) putLease(h uint64, idx int, ki *keyInfo, li int, have bool, nl lease, key string) *keyInfo {
 	ag := c.mutAgent(c.byNum[nl.agent])
 	if ki == nil {
-		ki = &keyInfo{gen: c.gen, key: key, domain: domain}
+		ki = &keyInfo{gen: c.gen, key: key}
 		c.infos[h] = ki
 		c.tab.mut(c, idx).flags |= flagInfo
 	} else {
 		ki = c.mutInfo(h)
 	}
-	ki.rule = ruleName
 	if have {
 		old := ki.leases[li]
 		if nl.expiry < old.expiry {

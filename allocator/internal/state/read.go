@@ -54,12 +54,14 @@ func (s *State) ListLeases(req *allotv1.ListLeasesRequest, nowNanos int64) (*all
 		agentNum = a.num
 	}
 	resp := &allotv1.ListLeasesResponse{NowUnixMs: nowNanos / 1e6}
+	prefix := domainPrefix(req.Domain)
 	// emit appends k's matching leases after the token; it reports false
 	// when the page is full (and sets the next token).
 	emit := func(h uint64, k *keyInfo) bool {
-		if req.Domain != "" && k.domain != req.Domain {
+		if !strings.HasPrefix(k.key, prefix) {
 			return true
 		}
+		var d keyDesc
 		for _, l := range k.leases {
 			if agentNum != 0 && l.agent != agentNum {
 				continue
@@ -71,7 +73,10 @@ func (s *State) ListLeases(req *allotv1.ListLeasesRequest, nowNanos int64) (*all
 				resp.NextPageToken = pageToken(h, l.agent)
 				return false
 			}
-			resp.Leases = append(resp.Leases, c.leaseMsg(k, &l, nowNanos))
+			if d.key == "" {
+				d = c.describe(k.key)
+			}
+			resp.Leases = append(resp.Leases, c.leaseMsg(k, &l, d, nowNanos))
 		}
 		return true
 	}
@@ -113,15 +118,42 @@ func parsePageToken(tok string) (uint64, uint32, error) {
 	return h, uint32(a), nil
 }
 
-func (c *core) leaseMsg(k *keyInfo, l *lease, now int64) *allotv1.Lease {
+// domainPrefix returns the canonical key prefix of a domain ("" for none).
+func domainPrefix(domain string) string {
+	if domain == "" {
+		return ""
+	}
+	return string(rules.AppendKey(nil, nil, domain, nil))
+}
+
+// keyDesc is what the read APIs derive from a canonical key.
+type keyDesc struct {
+	key, domain, rule string
+}
+
+// describe parses a stored canonical key and names its current rule.
+func (c *core) describe(key string) keyDesc {
+	d := keyDesc{key: key}
+	domain, entries, err := rules.ParseKey(key)
+	if err != nil {
+		return d
+	}
+	d.domain = domain
+	if r := c.rules.Match(domain, entries); r != nil {
+		d.rule = r.Name
+	}
+	return d
+}
+
+func (c *core) leaseMsg(k *keyInfo, l *lease, d keyDesc, now int64) *allotv1.Lease {
 	m := &allotv1.Lease{
 		Key:           k.key,
-		Domain:        k.domain,
+		Domain:        d.domain,
 		Tokens:        l.held,
 		GrantedUnixMs: l.grantedAt / 1e6,
 		ExpiresInMs:   max(0, (l.expiry-now)/1e6),
 		Demand:        l.demand,
-		Rule:          k.rule,
+		Rule:          d.rule,
 	}
 	if a := c.byNum[l.agent]; a != nil {
 		m.AgentId = a.id
@@ -189,11 +221,12 @@ func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*all
 	resp.Tokens = p.Remaining
 	resp.FullInMs = ms(p.ResetAfter)
 	if k := c.infos[h]; k != nil {
+		d := keyDesc{key: k.key, domain: domain, rule: rule.Name}
 		for i := range k.leases {
-			resp.Leases = append(resp.Leases, c.leaseMsg(k, &k.leases[i], nowNanos))
+			resp.Leases = append(resp.Leases, c.leaseMsg(k, &k.leases[i], d, nowNanos))
 		}
-		resp.GrantRate = perSecond(k.grants.valueAt(nowNanos))
-		resp.DenyRate = perSecond(k.denies.valueAt(nowNanos))
+		gr, dr := k.rates.valueAt(nowNanos)
+		resp.GrantRate, resp.DenyRate = perSecond(gr), perSecond(dr)
 	}
 	return resp, nil
 }
@@ -235,11 +268,13 @@ func (s *State) TopKeys(req *allotv1.TopKeysRequest, nowNanos int64) *allotv1.To
 	defer s.mu.RUnlock()
 	c := s.st
 	top := &topHeap{}
+	prefix := domainPrefix(req.Domain)
 	for h, k := range c.infos {
-		if req.Domain != "" && k.domain != req.Domain {
+		if !strings.HasPrefix(k.key, prefix) {
 			continue
 		}
-		e := topEnt{h: h, k: k, grant: k.grants.valueAt(nowNanos), deny: k.denies.valueAt(nowNanos)}
+		e := topEnt{h: h, k: k}
+		e.grant, e.deny = k.rates.valueAt(nowNanos)
 		e.score = e.grant
 		if byDeny {
 			e.score = e.deny
@@ -262,7 +297,7 @@ func (s *State) TopKeys(req *allotv1.TopKeysRequest, nowNanos int64) *allotv1.To
 			GrantRate: perSecond(e.grant),
 			DenyRate:  perSecond(e.deny),
 			Agents:    uint32(len(e.k.leases)),
-			Rule:      e.k.rule,
+			Rule:      c.describe(e.k.key).rule,
 		}
 		if i := c.tab.find(e.h); i >= 0 {
 			sl := c.tab.at(i)

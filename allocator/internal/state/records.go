@@ -13,22 +13,25 @@ import (
 // keyInfos are copy-on-write: a record whose gen is older than the core's
 // generation is shared with a live snapshot and is cloned before a write
 // (core.mutInfo).
+//
+// The domain and the rule's name are not stored: the read APIs derive them
+// from the key (rules.ParseKey and a match), which keeps a leased key's
+// overhead down.
 type keyInfo struct {
 	gen     uint32
 	key     string // canonical budget key
-	domain  string
-	rule    string // policy name of the rule the key was last granted under
 	leases  []lease
 	sumNeed int64 // Σ leases[i].need
-	grants  rate  // tokens granted
-	denies  rate  // requests denied by agents (reported)
+	rates   rates // recent grants (tokens) and agent-reported denials (requests)
 }
 
-// lease is one agent's lease on a key.
+// lease is one agent's lease on a key (48 bytes).
 type lease struct {
-	agent     uint32 // agentRec.num
-	seq       uint64 // expiry heap entry; not persisted
-	need      int64  // tokens per refresh interval the agent asked to hold (fair share input)
+	agent uint32 // agentRec.num
+	// seq identifies the lease's expiry heap entry; not persisted. It may
+	// wrap: a stale entry that collides only costs a re-check of expiry.
+	seq       uint32
+	need      int64 // tokens per refresh interval the agent asked to hold (fair share input)
 	held      int64  // tokens the state records the agent as holding
 	grantedAt int64  // Unix ns of the latest grant
 	expiry    int64  // Unix ns
@@ -93,45 +96,59 @@ func (c *core) mutAgent(a *agentRec) *agentRec {
 	return a
 }
 
-// rate is a deterministic, integer exponentially weighted rate: v is in
-// milli-units per second, decayed by τ/(τ+Δt) (a rational stand-in for
-// e^(−Δt/τ)) and bumped by amount/τ on each event.
-type rate struct {
-	v  int64 // milli-units per second
-	at int64 // Unix ns of the last update
+// rates are a key's recent grant and deny rates: deterministic, integer
+// exponentially weighted rates in milli-units per second, decayed by
+// τ/(τ+Δt) (a rational stand-in for e^(−Δt/τ)) and bumped by amount/τ on
+// each event. Both decay from one timestamp.
+type rates struct {
+	grant, deny int64 // milli-units per second as of at
+	at          int64 // Unix ns of the last update
 }
 
 const rateTauMs = 10_000 // τ = 10 s
 
-func (r rate) valueAt(now int64) int64 {
-	if r.v == 0 || now <= r.at {
-		return r.v
+// decay returns v decayed from the rates' timestamp to now.
+func (r *rates) decay(v, now int64) int64 {
+	if v == 0 || now <= r.at {
+		return v
 	}
 	dt := uint64(now-r.at) / 1e6 // ms
 	if dt > 1<<40 {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(r.v), rateTauMs)
+	hi, lo := bits.Mul64(uint64(v), rateTauMs)
 	q, _ := bits.Div64(hi, lo, rateTauMs+dt)
 	return int64(q)
 }
 
-// add records amount units at now.
-func (r *rate) add(now, amount int64) {
-	if amount <= 0 && r.v == 0 {
+// valueAt returns the grant and deny rates at now.
+func (r *rates) valueAt(now int64) (grant, deny int64) {
+	return r.decay(r.grant, now), r.decay(r.deny, now)
+}
+
+// add records granted tokens and denied requests at now.
+func (r *rates) add(now, granted, denied int64) {
+	if granted <= 0 && denied <= 0 && r.grant == 0 && r.deny == 0 {
 		return
 	}
 	if now > r.at {
-		r.v = r.valueAt(now)
+		r.grant, r.deny = r.valueAt(now)
 		r.at = now
 	}
-	// amount/τ in milli-units per second: amount·1000·1000/τms.
-	inc := amount * (1_000_000 / rateTauMs)
-	if amount > 0 && (inc < 0 || r.v > (1<<62)-inc) {
-		r.v = 1 << 62
-		return
+	r.grant = bump(r.grant, granted)
+	r.deny = bump(r.deny, denied)
+}
+
+// bump adds amount/τ (in milli-units per second) to v, saturating.
+func bump(v, amount int64) int64 {
+	if amount <= 0 {
+		return v
 	}
-	r.v += inc
+	inc := amount * (1_000_000 / rateTauMs) // amount ≤ 1e12: no overflow
+	if v > (1<<62)-inc {
+		return 1 << 62
+	}
+	return v + inc
 }
 
 // perSecond converts a milli-rate to units per second for the admin API.
@@ -146,7 +163,7 @@ type expEnt struct {
 	expiry int64
 	hash   uint64
 	agent  uint32
-	seq    uint64
+	seq    uint32
 }
 
 func (h expiryHeap) Len() int { return len(h) }
@@ -172,7 +189,7 @@ func (h *expiryHeap) Pop() any {
 	return e
 }
 
-func (c *core) pushExpiry(hash uint64, agent uint32, expiry int64) uint64 {
+func (c *core) pushExpiry(hash uint64, agent uint32, expiry int64) uint32 {
 	c.seq++
 	heap.Push(&c.exp, expEnt{expiry: expiry, hash: hash, agent: agent, seq: c.seq})
 	return c.seq

@@ -203,12 +203,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 		k := v.infos[h]
 		e.fixed64(h)
 		e.str(k.key)
-		e.str(k.domain)
-		e.str(k.rule)
-		e.varint(k.grants.v)
-		e.varint(k.grants.at)
-		e.varint(k.denies.v)
-		e.varint(k.denies.at)
+		e.varint(k.rates.grant)
+		e.varint(k.rates.deny)
+		e.varint(k.rates.at)
 		e.uvarint(uint64(len(k.leases)))
 		for _, l := range k.leases {
 			e.uvarint(uint64(l.agent))
@@ -443,8 +440,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	prev = 0
 	for i := 0; i < ni && d.err == nil; i++ {
 		h := d.fixed64()
-		k := &keyInfo{key: d.str(), domain: d.str(), rule: d.str(),
-			grants: rate{v: d.varint(), at: d.varint()}, denies: rate{v: d.varint(), at: d.varint()}}
+		k := &keyInfo{key: d.str(),
+			rates: rates{grant: d.varint(), deny: d.varint(), at: d.varint()}}
 		n := d.count("leases")
 		if d.err != nil {
 			break

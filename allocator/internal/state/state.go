@@ -155,7 +155,7 @@ type core struct {
 	sweepSeg  uint32 // next Expire sweep segment
 
 	exp expiryHeap // not persisted: rebuilt from the leases on Restore
-	seq uint64     // expiry heap entry sequence
+	seq uint32     // expiry heap entry sequence
 
 	// gen is the copy-on-write generation: records and chunks stamped with
 	// an older generation are shared with a live snapshot.

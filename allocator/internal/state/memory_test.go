@@ -1,0 +1,95 @@
+package state
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"testing"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// memKeys is the key count of TestMemoryPerKey: 500k, or ALLOT_MEMKEYS.
+func memKeys(t *testing.T) int {
+	if v := os.Getenv("ALLOT_MEMKEYS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1000 {
+			t.Fatalf("ALLOT_MEMKEYS=%q: want an integer ≥ 1000", v)
+		}
+		return n
+	}
+	if testing.Short() {
+		return 100_000
+	}
+	return 500_000
+}
+
+// fillKeys tracks n keys of ~24-byte canonical form ("test:big=" + 15
+// bytes) through Apply, 1000 keys per Acquire from 10 agents. Every
+// leaseEvery-th key is leased (want 1); the others are charged 1 token, so
+// they are tracked (not full) without a lease. leaseEvery 0 leases none.
+func fillKeys(t testing.TB, s *State, n, leaseEvery int) {
+	ids := map[string]uint64{}
+	keys := make([]*allotv1.KeyAcquire, 0, 1000)
+	for i := 0; i < n; {
+		keys = keys[:0]
+		for j := 0; j < 1000 && i < n; j, i = j+1, i+1 {
+			k := &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: fmt.Sprintf("user-%010d", i)}}}
+			if leaseEvery > 0 && i%leaseEvery == 0 {
+				k.Want, k.Demand = 1, 0.1
+			} else {
+				k.Charged = 1
+			}
+			keys = append(keys, k)
+		}
+		agent := fmt.Sprint("agent-", i/1000%10)
+		ids[agent]++
+		res := s.Apply(acquireCmd(at(0), &allotv1.AcquireRequest{AgentId: agent, RequestId: ids[agent], Keys: keys})).(*AcquireBatchResult)
+		if res.Errs[0] != nil {
+			t.Fatalf("fill: %v", res.Errs[0])
+		}
+	}
+}
+
+func heapInUse() uint64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// TestMemoryPerKey measures the heap the state uses per tracked key
+// (runtime.MemStats.HeapAlloc after GC, minus the empty state's), with no
+// leases, with 10% of keys leased, and with every key leased. It asserts
+// ≤ 100 B/key for the first two; set ALLOT_MEMKEYS=5000000 for the 5M
+// figures.
+func TestMemoryPerKey(t *testing.T) {
+	n := memKeys(t)
+	for _, tc := range []struct {
+		name       string
+		leaseEvery int
+		limit      float64 // 0: report only
+	}{
+		{"no leases", 0, 100},
+		{"10% leased", 10, 100},
+		{"all leased", 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestState(t)
+			base := heapInUse()
+			fillKeys(t, s, n, tc.leaseEvery)
+			used := heapInUse() - base
+			if st := s.Stats(); st.Keys != uint64(n) {
+				t.Fatalf("tracked %d keys, want %d", st.Keys, n)
+			}
+			per := float64(used) / float64(n)
+			t.Logf("%d keys, %s: %.1f B/key (table capacity %d, %d leases)", n, tc.name, per, s.st.tab.capa, s.Stats().Leases)
+			if tc.limit > 0 && per > tc.limit {
+				t.Errorf("%.1f B/key, want ≤ %.0f", per, tc.limit)
+			}
+			runtime.KeepAlive(s)
+		})
+	}
+}

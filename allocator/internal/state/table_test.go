@@ -1,0 +1,223 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// The key table against a map model, with skewed hashes (clusters, tail
+// overflow) and an insertion-order independence check.
+func TestTableModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		c := newCore(testConfig())
+		model := map[uint64]bool{}
+		// Hashes from a narrow band make long clusters; high ones hit the tail.
+		hash := rapid.OneOf(rapid.Uint64(), rapid.Uint64Range(0, 1<<52), rapid.Uint64Range(^uint64(0)-1<<52, ^uint64(0)))
+		for range rapid.IntRange(1, 3000).Draw(t, "ops") {
+			h := hash.Draw(t, "h")
+			if rapid.IntRange(0, 3).Draw(t, "del") == 0 && len(model) > 0 {
+				keys := make([]uint64, 0, len(model))
+				for k := range model {
+					keys = append(keys, k)
+				}
+				slices.Sort(keys)
+				h = rapid.SampledFrom(keys).Draw(t, "victim")
+				i := c.tab.find(h)
+				if i < 0 {
+					t.Fatalf("find(%x) missed a present key", h)
+				}
+				c.tab.remove(c, i)
+				delete(model, h)
+				continue
+			}
+			if model[h] {
+				continue
+			}
+			c.tab.insert(c, h, 1)
+			model[h] = true
+		}
+		if c.tab.n != len(model) {
+			t.Fatalf("n = %d, model %d", c.tab.n, len(model))
+		}
+		var got []uint64
+		c.tab.each(func(i int, s *slot) bool {
+			got = append(got, s.hash)
+			if c.tab.find(s.hash) != i {
+				t.Fatalf("find(%x) != %d", s.hash, i)
+			}
+			return true
+		})
+		if !slices.IsSorted(got) || len(got) != len(model) {
+			t.Fatalf("table not sorted or wrong size")
+		}
+		// The layout depends on the key set only.
+		c2 := newCore(testConfig())
+		for c2.tab.capa < c.tab.capa {
+			c2.tab.init(c2.tab.capa * 2)
+		}
+		rev := slices.Clone(got)
+		slices.Reverse(rev)
+		for _, h := range rev {
+			c2.tab.insert(c2, h, 1)
+		}
+		if c2.tab.capa == c.tab.capa {
+			for i := range c.tab.size {
+				if *c.tab.at(i) != *c2.tab.at(i) {
+					t.Fatalf("layout differs at %d with the reverse insertion order", i)
+				}
+			}
+		}
+	})
+}
+
+// Full, lease-less keys are dropped by the sweep; others stay.
+func TestSweepDropsIdleKeys(t *testing.T) {
+	s := newTestState(t)
+	var keys []*allotv1.KeyAcquire
+	for i := range 500 {
+		keys = append(keys, ka("tb", string(rune('A'+i%26))+string(rune('a'+i/26)), 0, 0, 0, 1))
+	}
+	mustAcquire(t, s, at(0), "a", 1, keys...)
+	mustAcquire(t, s, at(0), "a", 2, ka("slow", "held", 1, 0, 0, 0), ka("slow", "debt", 0, 0, 0, 5))
+	if n := s.Stats().Keys; n != 502 {
+		t.Fatalf("keys = %d, want 502", n)
+	}
+	// 0.5 s later the tb keys are still refilling: nothing is dropped.
+	for range testConfig().SweepSegments {
+		expire(s, at(50*time.Millisecond))
+	}
+	if n := s.Stats().Keys; n != 502 {
+		t.Fatalf("keys after an early sweep = %d, want 502", n)
+	}
+	// After 1 s the tb keys are full; slow=debt is not (2 s per token);
+	// slow=held has a lease.
+	for range testConfig().SweepSegments {
+		expire(s, at(time.Second))
+	}
+	if n := s.Stats().Keys; n != 2 {
+		t.Fatalf("keys after a full sweep = %d, want 2", n)
+	}
+	if s.st.tab.capa != minTableCap {
+		t.Fatalf("table did not shrink: capacity %d", s.st.tab.capa)
+	}
+	if err := s.consistency(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A snapshot shares the table copy-on-write: later writes do not show in
+// it, and Release stops the copying.
+func TestSnapshotCopyOnWrite(t *testing.T) {
+	s := newTestState(t)
+	var keys []*allotv1.KeyAcquire
+	for i := range 1000 {
+		keys = append(keys, ka("big", string(rune(0x4e00+i)), 1, 0, 0, 0))
+	}
+	mustAcquire(t, s, at(0), "a", 1, keys...)
+	want := persist(t, s)
+	snap, err := s.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, s, at(time.Second), "a", 2, keys...)
+	mustAcquire(t, s, at(time.Second), "b", 1, keys[:10]...)
+	putRules(t, s, at(time.Second), testRulesAlt)
+	for range 10 {
+		expire(s, at(time.Hour))
+	}
+	var buf bytes.Buffer
+	if err := snap.Persist(&buf); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	snap.Release()
+	if !bytes.Equal(buf.Bytes(), want) {
+		t.Fatalf("snapshot changed after later commands")
+	}
+	if err := snap.Persist(&buf); err == nil {
+		t.Fatalf("Persist after Release succeeded")
+	}
+	if s.live != 0 {
+		t.Fatalf("live snapshots = %d after Release", s.live)
+	}
+}
+
+func TestRestoreRejectsCorruption(t *testing.T) {
+	s := newTestState(t)
+	mustAcquire(t, s, at(0), "a", 1, ka("tb", "x", 5, 0, 0, 0), ka("slow", "y", 0, 0, 0, 3))
+	good := persist(t, s)
+	before := persist(t, s)
+	for i := range good {
+		bad := slices.Clone(good)
+		bad[i] ^= 0x40
+		if err := s.Restore(bytes.NewReader(bad)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Fatalf("flipped byte %d: Restore = %v, want ErrCorruptSnapshot", i, err)
+		}
+	}
+	if err := s.Restore(bytes.NewReader(append(slices.Clone(good), 0))); !errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("trailing byte accepted")
+	}
+	if after := persist(t, s); !bytes.Equal(before, after) {
+		t.Fatalf("a failed Restore changed the state")
+	}
+}
+
+// FuzzRestore: arbitrary bytes never panic Restore, and whatever it accepts
+// is consistent and re-persists to the same bytes.
+func FuzzRestore(f *testing.F) {
+	s := newTestState(f)
+	f.Add(persist(f, s))
+	mustAcquire(f, s, at(0), "a", 1, ka("tb", "x", 5, 0, 0, 0), ka("slow", "y", 0, 0, 0, 3))
+	f.Add(persist(f, s))
+	f.Add([]byte(snapMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := New(testConfig())
+		if err := r.Restore(bytes.NewReader(b)); err != nil {
+			if !errors.Is(err, ErrCorruptSnapshot) {
+				t.Fatalf("Restore error %v does not wrap ErrCorruptSnapshot", err)
+			}
+			return
+		}
+		if err := r.consistency(); err != nil {
+			t.Fatalf("accepted an inconsistent snapshot: %v", err)
+		}
+		if p := persist(t, r); !bytes.Equal(p, b) {
+			t.Fatalf("accepted snapshot re-persists differently")
+		}
+	})
+}
+
+// FuzzRestoreBody fuzzes the body behind a valid frame (the CRC would
+// otherwise reject nearly every input before the decoder runs).
+func FuzzRestoreBody(f *testing.F) {
+	s := newTestState(f)
+	mustAcquire(f, s, at(0), "a", 1, ka("tb", "x", 5, 0, 0, 0), ka("slow", "y", 0, 0, 0, 3))
+	good := persist(f, s)
+	f.Add(good[len(snapMagic) : len(good)-snapTrailer])
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var buf bytes.Buffer
+		e := &enc{w: &buf}
+		e.raw([]byte(snapMagic))
+		e.raw(body)
+		if err := e.finish(); err != nil {
+			t.Fatal(err)
+		}
+		r := New(testConfig())
+		if err := r.Restore(&buf); err != nil {
+			if !errors.Is(err, ErrCorruptSnapshot) {
+				t.Fatalf("Restore error %v does not wrap ErrCorruptSnapshot", err)
+			}
+			return
+		}
+		if err := r.consistency(); err != nil {
+			t.Fatalf("accepted an inconsistent snapshot: %v", err)
+		}
+	})
+}
