@@ -32,9 +32,9 @@ type lease struct {
 	// wrap: a stale entry that collides only costs a re-check of expiry.
 	seq       uint32
 	need      int64 // tokens per refresh interval the agent asked to hold (fair share input)
-	held      int64  // tokens the state records the agent as holding
-	grantedAt int64  // Unix ns of the latest grant
-	expiry    int64  // Unix ns
+	held      int64 // tokens the state records the agent as holding
+	grantedAt int64 // Unix ns of the latest grant
+	expiry    int64 // Unix ns
 	demand    float64
 }
 
