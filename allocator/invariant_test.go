@@ -139,38 +139,6 @@ func TestWorstExcess(t *testing.T) {
 	}
 }
 
-// taker is a lease taker: it Acquires the keys in a loop, retrying a failed
-// call with the same request id on the next node, and records every grant.
-func taker(ctx context.Context, t *testing.T, agent string, addrs []string, keys []string, log *grantLog) {
-	clients := make([]allotv1.AllocatorClient, len(addrs))
-	for i, a := range addrs {
-		clients[i], _ = dial(t, a)
-	}
-	var reqID uint64
-	node := 0
-	for ctx.Err() == nil {
-		reqID++
-		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: reqID}
-		for _, k := range keys {
-			req.Keys = append(req.Keys, key("user", k, 10))
-		}
-		for ctx.Err() == nil {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			resp, err := clients[node].Acquire(cctx, req)
-			cancel()
-			if err == nil {
-				log.add(agent, reqID, resp)
-				break
-			}
-			node = (node + 1) % len(clients)
-			select {
-			case <-ctx.Done():
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}
-}
-
 // TestFailoverNoOverAdmission is invariant (d): lease takers hammer a
 // 3-node cluster while the leader is stopped abruptly; the grants they
 // received never exceed the budget in any window.
@@ -188,7 +156,7 @@ func TestFailoverNoOverAdmission(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			taker(ctx, t, fmt.Sprintf("agent-%d", a), addrs, keys, log)
+			takerLast(ctx, t, fmt.Sprintf("agent-%d", a), addrs, keys, log)
 		}()
 	}
 	waitFor(t, 10*time.Second, "grants before the kill", func() bool {
