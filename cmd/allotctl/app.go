@@ -124,6 +124,12 @@ Exit codes: 0 success, 1 error, 2 usage error.`,
 		a.checkCmd(),
 		a.completionCmd(root),
 	)
+	root.InitDefaultHelpCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "help" {
+			c.Example = "  allotctl help inspect\n  allotctl help rules apply"
+		}
+	}
 	markRunErrors(root)
 	return root
 }

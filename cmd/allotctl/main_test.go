@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -441,5 +443,47 @@ func TestTopRefreshes(t *testing.T) {
 				t.Errorf("pipe: %d ANSI screen clears, want none", got)
 			}
 		})
+	}
+}
+
+// TestEveryCommandHasExamples: every command's --help shows examples.
+func TestEveryCommandHasExamples(t *testing.T) {
+	root := newApp(io.Discard, io.Discard).rootCmd()
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Example == "" {
+			t.Errorf("%q has no Example", c.CommandPath())
+		}
+		r := runCLI(t, append(strings.Fields(c.CommandPath())[1:], "--help")...)
+		if r.code != exitOK || !strings.Contains(r.stdout, "Examples:") {
+			t.Errorf("%s --help: exit %d, no Examples section:\n%s", c.CommandPath(), r.code, r.stdout)
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
+
+func TestCompletionScripts(t *testing.T) {
+	for shell, marker := range map[string]string{"bash": "__allotctl", "zsh": "#compdef allotctl", "fish": "complete -c allotctl"} {
+		r := runCLI(t, "completion", shell)
+		if r.code != exitOK || !strings.Contains(r.stdout, marker) {
+			t.Errorf("completion %s: exit %d, output lacks %q", shell, r.code, marker)
+		}
+	}
+}
+
+func TestAddrFromEnvironment(t *testing.T) {
+	f := newFakeAdmin()
+	addr := startFake(t, f, nil)
+	t.Setenv(addrEnv, addr)
+	if r := runCLI(t, "agents"); r.code != exitOK || !strings.Contains(r.stdout, "gw-a-101-x1") {
+		t.Errorf("with %s=%s: exit %d, stderr %q", addrEnv, addr, r.code, r.stderr)
+	}
+	// --addr wins over the environment.
+	dead := freeAddr(t)
+	if r := runCLI(t, "--addr", dead, "agents"); r.code != exitError || !strings.Contains(r.stderr, dead) {
+		t.Errorf("--addr %s: exit %d, stderr %q", dead, r.code, r.stderr)
 	}
 }
