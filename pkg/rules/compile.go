@@ -273,7 +273,10 @@ func (c *compiler) mergeFields(v *yaml.Node, allowed []string, where string) ([]
 	}
 	// Map iteration order is random; make "first merged source wins"
 	// deterministic by sorting on position.
-	sort.SliceStable(out, func(i, j int) bool { return out[i].key.Line < out[j].key.Line })
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i].key, out[j].key
+		return a.Line < b.Line || (a.Line == b.Line && a.Column < b.Column)
+	})
 	return out, nil
 }
 
@@ -591,6 +594,13 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 		}
 	}
 	if r.Unlimited {
+		// requests_per_unit is ignored with unlimited, as in Envoy, but it
+		// must still be a number.
+		if kv, ok := fs["requests_per_unit"]; ok {
+			if _, err := c.integer(kv); err != nil {
+				return nil, err
+			}
+		}
 		if u, err := ParseUnit(unitText); err == nil && u != UnitUnknown {
 			return nil, c.errf(unitField.key, "unit", "should not specify rate limit unit when unlimited")
 		}

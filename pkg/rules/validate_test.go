@@ -64,6 +64,7 @@ func TestValidationErrors(t *testing.T) {
 		{"key is a mapping", "domain: d\ndescriptors:\n  - key: {a: b}\n", 3, "key", "must be a string, not a mapping"},
 		{"shadow_mode not a bool", "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n" + okLimit, 4, "shadow_mode", "must be true or false, not maybe"},
 		{"quoted bool", "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: \"yes\"\n" + okLimit, 4, "shadow_mode", "must be true or false"},
+		{"unlimited with a bad requests_per_unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      requests_per_unit: lots\n", 6, "requests_per_unit", "must be an integer"},
 		{"unlimited not a bool", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: 1}\n", 4, "unlimited", "must be true or false, not 1"},
 		{"metadata not a mapping", "domain: d\ndescriptors:\n  - key: a\n    metadata: [1]\n", 4, "metadata", "must be a mapping"},
 		{"empty replaces name", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: \"\"\n", 8, "replaces", "should not have an empty replaces entry"},
@@ -181,4 +182,16 @@ func itoa(i int) string {
 		return string(rune('0' + i))
 	}
 	return itoa(i/10) + string(rune('0'+i%10))
+}
+
+// With several merged mappings on one line, the first one listed wins, every
+// time.
+func TestMergeOrderDeterministic(t *testing.T) {
+	src := "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      <<: [{unit: second, requests_per_unit: 1}, {unit: minute, requests_per_unit: 2}]\n"
+	for i := 0; i < 20; i++ {
+		s := compileOne(t, "m.yaml", src)
+		if r := s.Match("d", E("a=x")); r.Unit != UnitSecond || r.RequestsPerUnit != 1 {
+			t.Fatalf("run %d: merged rule = %v/%d, want second/1", i, r.Unit, r.RequestsPerUnit)
+		}
+	}
 }
