@@ -247,14 +247,16 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 	sh := a.keys.shard(h)
 	sh.mu.RLock()
 	ks := sh.lookupRLocked(h, r, domain, entries)
-	if ks == nil {
+	for ks == nil {
+		// First sight: insert under the write lock, then decide under the
+		// read lock like any other check (looking the key up again, so a
+		// key dropped in between is never decided on).
 		sh.mu.RUnlock()
-		var created bool
-		ks, created = sh.insert(h, r, domain, entries, now)
-		sh.mu.RLock()
-		if created && a.leasing(r) {
-			a.enqueue(ks)
+		if k, created := sh.insert(h, r, domain, entries, now); created && a.leasing(r) {
+			a.enqueue(k)
 		}
+		sh.mu.RLock()
+		ks = sh.lookupRLocked(h, r, domain, entries)
 	}
 	if ks.lastUse.Load() != now {
 		ks.lastUse.Store(now)
@@ -341,6 +343,9 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 	nAgents := uint32(1)
 	if r.Routing != rules.RoutingConsistentHash {
 		nAgents = max(a.liveAgents.Load(), 1)
+	}
+	if !ks.fbUsed.Load() {
+		ks.fbUsed.Store(true)
 	}
 	st, oc := a.decideBucket(ks, r, now, n, consume, nAgents, SourceFallback)
 	if oc.taken > 0 && charge {

@@ -53,6 +53,7 @@ type keyState struct {
 	denied  atomic.Int64 // cumulative requests denied; reported as deltas
 	lastUse atomic.Int64 // coarse time of the latest check
 	queued  atomic.Bool  // sitting in the refill queue (set by checks, cleared by the loop)
+	fbUsed  atomic.Bool  // decided by the fallback since the previous scan
 
 	// Written by the refill loop, read by checks.
 	expiry      atomic.Int64 // the lease's end, Unix nanos; 0 = no lease

@@ -44,7 +44,7 @@ type refiller struct {
 	latency  float64 // EWMA of Acquire round trips, seconds
 	keysBuf  []*keyState
 	pick     []*keyState
-	fbKeys   int // keys decided by fallback since the previous scan
+	fbKeys   int // keys decided by their fallback bucket between the last two scans
 }
 
 // batch is one Acquire request and the key states its entries belong to.
@@ -82,9 +82,9 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		return
 	}
 	if rf.open && now < a.nextProbe.Load() {
-		// Waiting to probe: leave the queued keys for later, but forget
-		// the ones picked by the scan (they are found again).
-		rf.pick = rf.pick[:0]
+		// Waiting to probe: leave the queued keys for later, and release
+		// the ones the scan picked (the next scan finds them again).
+		a.unpick()
 		return
 	}
 	if rf.unacked != nil {
@@ -130,8 +130,8 @@ func (a *Agent) drainPending(now int64) {
 			if ks.inflight || ks.local.Load() {
 				continue
 			}
-			if now < ks.deniedUntil.Load() && ks.charged.Load() <= 0 {
-				continue
+			if ks.charged.Load() <= 0 && (now < ks.deniedUntil.Load() || ks.notLeased.Load() && now < ks.retryAt) {
+				continue // nothing to report, and asking again is pointless yet
 			}
 			ks.inflight = true
 			a.rf.pick = append(a.rf.pick, ks)
@@ -154,7 +154,7 @@ func (a *Agent) scan(now int64) {
 		alpha = 1 - math.Exp(-dt/demandTau.Seconds())
 	}
 	rf.lastScan = now
-	total := 0
+	total, fbKeys := 0, 0
 	var idle []*keyState
 	for i := range a.keys.shards {
 		sh := &a.keys.shards[i]
@@ -170,6 +170,10 @@ func (a *Agent) scan(now int64) {
 				}
 			}
 			ks.spentSeen = s
+			if ks.fbUsed.Load() {
+				ks.fbUsed.Store(false)
+				fbKeys++
+			}
 			if ks.local.Load() {
 				if now-ks.lastUse.Load() >= int64(a.cfg.IdleTimeout) {
 					idle = append(idle, ks)
@@ -193,8 +197,8 @@ func (a *Agent) scan(now int64) {
 	}
 	clear(rf.keysBuf)
 	a.met.keys.Set(float64(total))
-	a.met.fallbackKeys.Set(float64(rf.fbKeys))
-	rf.fbKeys = 0
+	rf.fbKeys = fbKeys
+	a.met.fallbackKeys.Set(float64(fbKeys))
 }
 
 // forgettable: idle for IdleTimeout and owing nothing (checked again under

@@ -98,11 +98,18 @@ func TestBreakerOpensChargesAndRecovers(t *testing.T) {
 		// the first two are in the unacknowledged batch
 		t.Fatalf("charged %d while open, want 0", c)
 	}
-	// Not yet time to probe: no call.
+	// Not yet time to probe: no call, even when a scan picks a key.
+	other := desc("api_key", "other")
+	check(t, s.Agent, other)
+	s.cfg.ScanInterval = time.Millisecond
+	s.clock.advance(time.Millisecond)
 	calls, _, _ := s.fake.counts()
 	s.step()
 	if c, _, _ := s.fake.counts(); c != calls {
 		t.Fatalf("called the allocator before the probe time")
+	}
+	if keyOf(t, s.Agent, other).inflight {
+		t.Fatalf("a key picked while waiting to probe stays in flight")
 	}
 	// Recover.
 	s.fake.with(func(f *fakeAllocator) { f.failNext = 0 })
@@ -116,6 +123,11 @@ func TestBreakerOpensChargesAndRecovers(t *testing.T) {
 	}
 	if got := check(t, s.Agent, d); got.Source != SourceLease {
 		t.Fatalf("after recovery: source %v, want lease", got.Source)
+	}
+	s.clock.advance(time.Millisecond)
+	s.step()
+	if ks := keyOf(t, s.Agent, other); !ks.leased.Load() {
+		t.Fatalf("the key picked during the outage was never sent")
 	}
 }
 
