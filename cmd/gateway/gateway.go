@@ -183,6 +183,13 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		g.serve("http", func() error { return g.admin.Serve(ln) })
 	}
 
+	if g.dev != nil {
+		// The demo should work at once: wait (briefly) until the agent has
+		// the rules from the embedded allocator.
+		if err := waitReady(ctx, g.agent, 15*time.Second); err != nil {
+			return g, err
+		}
+	}
 	logger.Info("gateway: listening", "proxy", bound.proxy, "rls", bound.rls, "http", bound.http,
 		"upstream", target.String(), "allocators", strings.Join(allocators, ","), "domain", ex.Domain())
 	fmt.Fprintf(stdout, "allot gateway listening: proxy=%s rls=%s http=%s\n", bound.proxy, bound.rls, bound.http)
@@ -190,6 +197,24 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		printDevHelp(stdout, g.dev, bound, o.listen != "127.0.0.1:8080" || bound.proxy != "127.0.0.1:8080")
 	}
 	return g, nil
+}
+
+// waitReady polls a.Ready until it holds, ctx ends or within passes.
+func waitReady(ctx context.Context, a *agent.Agent, within time.Duration) error {
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !a.Ready() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("the agent has no rules from the dev allocator after %v", within)
+		case <-tick.C:
+		}
+	}
+	return nil
 }
 
 // serve runs one listener loop as an owned goroutine.

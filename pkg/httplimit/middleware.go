@@ -252,13 +252,18 @@ func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
 		return buf
 	}
 	buf = sfv.AppendPolicy(buf[:0], d.Policy, d.Quota, ceilSeconds(d.Window))
-	h[HeaderRateLimitPolicy] = []string{string(buf)}
+	n := len(buf)
 	t := ceilSeconds(d.ResetAfter)
 	if !d.Allowed {
 		t = RetryAfterSeconds(d)
 	}
-	buf = sfv.AppendRateLimit(buf[:0], d.Policy, d.Remaining, t)
-	h[HeaderRateLimit] = []string{string(buf)}
+	buf = sfv.AppendRateLimit(buf, d.Policy, d.Remaining, t)
+	// AppendRateLimit wrote ", " first (buf was not empty): skip it. One
+	// string and one slice back both fields.
+	all := string(buf)
+	vals := []string{all[:n], all[n+2:]}
+	h[HeaderRateLimitPolicy] = vals[0:1:1]
+	h[HeaderRateLimit] = vals[1:2:2]
 	return buf
 }
 

@@ -377,3 +377,29 @@ func BenchmarkMiddlewareParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMiddlewareAgent is BenchmarkMiddleware with a real standalone
+// agent deciding (three descriptors, two of them limited).
+func BenchmarkMiddlewareAgent(b *testing.B) {
+	set, err := rules.Compile(1, rules.ExampleFiles())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := agent.DefaultConfig()
+	cfg.Rules = set
+	a, err := agent.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Close(context.Background())
+	m := &Middleware{Checker: a, Extractor: mustExtractor(b, devYAML)}
+	h := m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		r := req("GET", "/v1/other", "X-API-Key", "k_premium_demo") // premium: 1000/min; denials are as cheap
+		w := &discardRW{h: http.Header{}}
+		for pb.Next() {
+			h.ServeHTTP(w, r)
+		}
+	})
+}

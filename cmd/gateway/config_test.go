@@ -1,0 +1,85 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestParseConfig(t *testing.T) {
+	src := `
+upstream: http://127.0.0.1:9000
+allocators: [127.0.0.1:7420]
+rules: [a.yaml]
+domain: public-api
+api_key: {headers: [X-API-Key]}
+tier: {keys: {k1: gold}, default: free}
+routes: {paths: [/v1/search], default: other}
+descriptors:
+  - [tier, api_key]
+  - [{generic_key: all}]
+`
+	cfg, err := parseConfig("gw.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Upstream != "http://127.0.0.1:9000" || cfg.Domain != "public-api" || len(cfg.Descriptors) != 2 || cfg.Tier.Keys["k1"] != "gold" {
+		t.Fatalf("%+v", cfg)
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	tests := []struct {
+		src, want string
+	}{
+		{"upstream: x\nbogus: 1\n", "gw.yaml:2: bogus: unknown key"},
+		{"domain: d\ndescriptors:\n  - [api_key]\n  - [{key: a, nope: b}]\n", "gw.yaml:4: nope: unknown key in a descriptor entry"},
+		{"domain: d\ntls:\n  cert: x\n", "gw.yaml:3: cert: unknown key"},
+		{"descriptors: [[api_key]]\n", "gw.yaml: httplimit: domain: must be set"},
+		{"domain: d\n---\ndomain: e\n", "only one YAML document"},
+		{"domain: [\n", "gw.yaml"},
+	}
+	for _, tc := range tests {
+		_, err := parseConfig("gw.yaml", []byte(tc.src))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseConfig(%q) = %v, want an error containing %q", tc.src, err, tc.want)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-allocators", " a:1, ,b:2", "-dev"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.allocators) != 2 || o.allocators[1] != "b:2" || !o.dev || o.listen != "127.0.0.1:8080" ||
+		o.rlsAddr != "127.0.0.1:8081" || o.httpAddr != "127.0.0.1:9090" {
+		t.Fatalf("%+v", o)
+	}
+	if _, err := parseFlags([]string{"extra"}, io.Discard); err == nil {
+		t.Fatal("extra arguments accepted")
+	}
+	if _, err := newLogger("loud", "text", io.Discard); err == nil {
+		t.Fatal("bad level accepted")
+	}
+	if _, err := newLogger("info", "xml", io.Discard); err == nil {
+		t.Fatal("bad format accepted")
+	}
+}
+
+func TestParseUpstream(t *testing.T) {
+	for _, bad := range []string{"", "127.0.0.1:9000", "ftp://x", "http://"} {
+		if _, err := parseUpstream(bad); err == nil {
+			t.Errorf("parseUpstream(%q) accepted", bad)
+		}
+	}
+	if u, err := parseUpstream("https://api.internal:8443/base"); err != nil || u.Host != "api.internal:8443" {
+		t.Fatalf("%v %v", u, err)
+	}
+}
+
+func TestDevExtractionIsValid(t *testing.T) {
+	if err := devExtraction().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
