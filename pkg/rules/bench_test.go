@@ -40,6 +40,7 @@ func BenchmarkMatch3LevelParallel(b *testing.B) {
 	s := benchSet(b)
 	d := E("tier=t500", "route=/r500", "api_key=k_live_0123456789abcdef")
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if s.Match("bulk", d) == nil {
