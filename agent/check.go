@@ -93,10 +93,15 @@ func validate(domain string, descs []Descriptor) error {
 		if len(es) > MaxEntries {
 			return fmt.Errorf("%w: descriptor %d has %d entries, at most %d", ErrInvalid, i, len(es), MaxEntries)
 		}
+		size := len(domain)
 		for j := range es {
 			if es[j].Key == "" {
 				return fmt.Errorf("%w: descriptor %d entry %d has an empty key", ErrInvalid, i, j)
 			}
+			size += len(es[j].Key) + len(es[j].Value) + 2
+		}
+		if size > MaxKeyBytes {
+			return fmt.Errorf("%w: descriptor %d is %d bytes, at most %d", ErrInvalid, i, size, MaxKeyBytes)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -309,6 +310,7 @@ func TestInvalidInput(t *testing.T) {
 		{"empty descriptor", "test", []Descriptor{{}}},
 		{"empty key", "test", []Descriptor{desc("", "v")}},
 		{"too many", "test", many},
+		{"too long", "test", []Descriptor{desc("api_key", strings.Repeat("x", MaxKeyBytes))}},
 	} {
 		if _, err := a.Check(context.Background(), tc.domain, tc.descs, 1); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: err %v, want ErrInvalid", tc.name, err)

@@ -80,15 +80,17 @@ type Config struct {
 
 // Limits on Check's input; beyond them Check returns ErrInvalid.
 const (
-	MaxDescriptors = 64  // descriptors per check
-	MaxEntries     = 64  // entries per descriptor
-	maxIDLen       = 256 // bytes of Config.ID (the allocator's limit)
+	MaxDescriptors = 64   // descriptors per check
+	MaxEntries     = 64   // entries per descriptor
+	MaxKeyBytes    = 4096 // domain + entries of one descriptor (len(k)+len(v)+2 each): the allocator's bound
+	maxIDLen       = 256  // bytes of Config.ID (the allocator's limit)
 	maxBatchKeys   = 1000
 )
 
 // ErrInvalid is wrapped by every error Check and CheckStatuses return: the
 // input itself is unusable (empty domain, no descriptors, an empty entry
-// key, too many descriptors or entries).
+// key, too many descriptors or entries, a descriptor longer than
+// MaxKeyBytes).
 var ErrInvalid = errors.New("agent: invalid request")
 
 // DefaultConfig returns the defaults: standalone (no allocators), a fresh

@@ -90,6 +90,8 @@ type keyState struct {
 	refreshEvery time.Duration // the allocator's latest refresh_after
 	retryAt      int64         // for notLeased keys: ask again after this
 	inflight     bool          // part of the unacknowledged batch
+	suspect      bool          // was in a batch the allocator rejected: sent alone
+	holdUntil    int64         // after a rejection: not sent before this
 }
 
 // sameKey reports whether the request (domain, entries) under rule r is this

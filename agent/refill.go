@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -102,8 +103,22 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		}
 		return
 	}
+	// Keys from a rejected batch go alone, so that one key the allocator
+	// refuses cannot hold back the others.
+	slices.SortStableFunc(rf.pick, func(x, y *keyState) int {
+		switch {
+		case x.suspect == y.suspect:
+			return 0
+		case y.suspect:
+			return -1
+		}
+		return 1
+	})
 	for len(rf.pick) > 0 {
-		n := min(len(rf.pick), maxBatchKeys)
+		n := 0
+		for n < len(rf.pick) && n < maxBatchKeys && (n == 0 || !rf.pick[n].suspect) {
+			n++
+		}
 		b := a.build(now, rf.pick[:n])
 		rf.pick = rf.pick[n:]
 		if !a.send(ctx, b) {
@@ -127,7 +142,7 @@ func (a *Agent) drainPending(now int64) {
 		select {
 		case ks := <-a.pending:
 			ks.queued.Store(false)
-			if ks.inflight || ks.local.Load() {
+			if ks.inflight || ks.local.Load() || now < ks.holdUntil {
 				continue
 			}
 			if ks.charged.Load() <= 0 && (now < ks.deniedUntil.Load() || ks.notLeased.Load() && now < ks.retryAt) {
@@ -221,6 +236,9 @@ func (a *Agent) renewMargin() int64 {
 
 // needsAcquire decides whether the scan sends ks now.
 func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
+	if now < ks.holdUntil {
+		return false
+	}
 	if ks.charged.Load() > 0 {
 		return true
 	}
@@ -305,11 +323,13 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			want = min(max(target-ks.balance.Load(), 0), maxWant)
 		}
 		charged := ks.charged.Swap(0)
-		if charged < 0 {
-			// A refund arrived after its charge was sent: keep the
-			// credit for the next report.
-			ks.charged.Add(charged)
-			charged = 0
+		if charged < 0 || charged > maxWant {
+			// Negative: a refund arrived after its charge was sent; keep
+			// the credit for the next report. Beyond the protocol's
+			// bound: send the bound, keep the rest.
+			keep := charged - min(max(charged, 0), maxWant)
+			ks.charged.Add(keep)
+			charged -= keep
 		}
 		b.spent[i] = ks.spent.Load()
 		b.denied[i] = ks.denied.Load()
@@ -317,11 +337,11 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			Domain:   ks.domain,
 			Entries:  toProtoEntries(ks.entries),
 			Want:     want,
-			Held:     ks.balance.Load(),
-			Returned: returned,
+			Held:     min(max(ks.balance.Load(), 0), maxWant),
+			Returned: min(returned, maxWant),
 			Charged:  charged,
-			Demand:   d,
-			Denied:   max(b.denied[i]-ks.deniedSent, 0),
+			Demand:   min(d, maxWant),
+			Denied:   min(max(b.denied[i]-ks.deniedSent, 0), maxWant),
 		})
 	}
 	return b
@@ -409,7 +429,8 @@ func retryable(err error) bool {
 	return true
 }
 
-// reject undoes b's moves: the allocator applied nothing of it.
+// reject undoes b's moves: the allocator applied nothing of it. Its keys
+// wait notLeasedRetry and are then sent one per call.
 func (a *Agent) reject(b *batch) {
 	a.rf.unacked = nil
 	now := a.now()
@@ -420,6 +441,8 @@ func (a *Agent) reject(b *batch) {
 			ks.balance.Add(k.Returned)
 		}
 		ks.inflight = false
+		ks.suspect = true
+		ks.holdUntil = now + int64(notLeasedRetry)
 	}
 }
 
@@ -436,6 +459,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	var granted, charged, returned int64
 	for i, ks := range b.keys {
 		ks.inflight = false
+		ks.suspect = false
 		k := b.req.Keys[i]
 		charged += k.Charged
 		returned += k.Returned

@@ -46,15 +46,20 @@ func TestRetryUsesSameRequestID(t *testing.T) {
 }
 
 // TestRejectedBatchKeepsCharges: an Acquire the allocator rejects (applied
-// nothing) puts its charges back for the next report.
+// nothing) puts its charges back; its keys wait, then go one per call so a
+// key the allocator refuses cannot starve the others.
 func TestRejectedBatchKeepsCharges(t *testing.T) {
 	s := newStepped(t)
-	d := desc("api_key", "rj")
+	d, d2 := desc("api_key", "rj"), desc("api_key", "rj2")
 	for range 4 {
 		check(t, s.Agent, d)
 	}
+	check(t, s.Agent, d2)
 	s.fake.with(func(f *fakeAllocator) { f.rejectNext = 1 })
 	s.step()
+	if n := len(s.fake.lastAcquire().Keys); n != 2 {
+		t.Fatalf("first call had %d keys, want 2", n)
+	}
 	ks := keyOf(t, s.Agent, d)
 	if c := ks.charged.Load(); c != 4 {
 		t.Fatalf("charged %d after a rejected call, want 4", c)
@@ -62,10 +67,25 @@ func TestRejectedBatchKeepsCharges(t *testing.T) {
 	if s.breakerOpen.Load() || s.rf.fails != 0 {
 		t.Fatalf("a rejection counted as a transport failure")
 	}
-	s.clock.advance(s.cfg.ScanInterval) // the next scan picks the key again
+	calls, _, _ := s.fake.counts()
+	s.clock.advance(s.cfg.ScanInterval)
 	s.step()
+	if c, _, _ := s.fake.counts(); c != calls {
+		t.Fatalf("rejected keys resent before their hold time")
+	}
+	s.clock.advance(notLeasedRetry)
+	s.step()
+	s.fake.mu.Lock()
+	last2 := s.fake.acquires[len(s.fake.acquires)-2:]
+	s.fake.mu.Unlock()
+	if len(last2[0].Keys) != 1 || len(last2[1].Keys) != 1 {
+		t.Fatalf("after the hold: calls with %d and %d keys, want one key each", len(last2[0].Keys), len(last2[1].Keys))
+	}
 	if rem := s.fake.bucketRemaining(t, "test:api_key=rj"); rem > 50-4 {
 		t.Fatalf("global remaining %d, want ≤ 46 (the charge delivered)", rem)
+	}
+	if ks.suspect {
+		t.Fatalf("key still suspect after a successful call")
 	}
 }
 
