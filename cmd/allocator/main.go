@@ -71,6 +71,8 @@ func run(args []string) error {
 		refresh       = fs.Duration("refresh-interval", def.RefreshInterval, "period a grant is sized for")
 		agentTTL      = fs.Duration("agent-ttl", def.AgentTTL, "an agent not heard from for this long is forgotten")
 		expire        = fs.Duration("expire-interval", def.ExpireInterval, "how often the leader commits lease expiry")
+		maxInflight   = fs.Int("max-inflight-batches", def.MaxInflightBatches, "Acquire batches (Raft entries) in flight at once")
+		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 		ruleFiles     stringList
 	)
@@ -107,6 +109,7 @@ func run(args []string) error {
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
 	cfg.ExpireInterval = *expire
+	cfg.MaxInflightBatches, cfg.MaxBatchKeys = *maxInflight, *maxBatchKeys
 	cfg.Logger = logger
 	for _, path := range ruleFiles {
 		src, err := os.ReadFile(path)
