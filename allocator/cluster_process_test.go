@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -198,6 +199,17 @@ func TestClusterProcesses(t *testing.T) {
 		}
 		return true
 	})
+
+	resp, err := http.Get("http://" + procs[0].http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "allot_allocator_leases_expired_total ") ||
+		strings.Contains(string(body), "allot_allocator_leases_expired_total 0\n") {
+		t.Errorf("/metrics does not count the expired leases")
+	}
 
 	// Graceful stop: SIGTERM, exit status 0.
 	for _, p := range procs {

@@ -23,6 +23,8 @@ type fsm struct {
 	// onApply, when set, observes every applied command and its result
 	// (metrics). It must not block.
 	onApply func(cmd *allotv1.Command, result any)
+	// onExpired, when set, is told how many leases an Expire command ended.
+	onExpired func(n uint64)
 
 	mu sync.Mutex // guards restoreErr
 	// restoreErr is the first Restore failure. Raft would fall back to an
@@ -50,7 +52,18 @@ func (f *fsm) Apply(l *raft.Log) any {
 		}
 		panic(fmt.Sprintf("allocator: raft log entry %d (term %d) holds an unknown command type; upgrade this node", l.Index, l.Term))
 	}
+	_, isExpire := cmd.Cmd.(*allotv1.Command_Expire)
+	var leasesBefore uint64
+	if isExpire && f.onExpired != nil {
+		leasesBefore = f.st.Stats().Leases
+	}
 	result := f.st.Apply(cmd)
+	if isExpire && f.onExpired != nil {
+		// Expire only ends leases, so the drop is what it ended.
+		if after := f.st.Stats().Leases; after < leasesBefore {
+			f.onExpired(leasesBefore - after)
+		}
+	}
 	if err, ok := result.(error); ok && errors.Is(err, state.ErrUnknownCommand) {
 		panic(fmt.Sprintf("allocator: raft log entry %d (term %d): %v; upgrade this node", l.Index, l.Term, err))
 	}

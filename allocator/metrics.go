@@ -25,6 +25,7 @@ type metrics struct {
 	returned      prometheus.Counter
 	charged       prometheus.Counter
 	commands      *prometheus.CounterVec
+	expired       prometheus.Counter
 	rulesVersion  prometheus.Gauge
 }
 
@@ -73,6 +74,10 @@ func newMetrics() *metrics {
 			Namespace: metricsNamespace, Name: "commands_applied_total",
 			Help: "Raft commands applied on this replica, by type.",
 		}, []string{"type"}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "leases_expired_total",
+			Help: "Leases ended by expiry (applied entries on this replica).",
+		}),
 		rulesVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Name: "rules_version",
 			Help: "Version of the rule set applied on this replica.",
@@ -83,7 +88,7 @@ func newMetrics() *metrics {
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.applyLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
-		m.leaderChanges, m.granted, m.returned, m.charged, m.commands, m.rulesVersion,
+		m.leaderChanges, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
 	}
 }
 
@@ -201,11 +206,13 @@ var (
 		"Live leases in this replica.", nil, nil)
 	descAgents = prometheus.NewDesc(metricsNamespace+"_agents",
 		"Live agents in this replica.", nil, nil)
+	descOutstanding = prometheus.NewDesc(metricsNamespace+"_tokens_outstanding",
+		"Tokens held by agents in live leases, as recorded by this replica.", nil, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied,
-		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents} {
+		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents, descOutstanding} {
 		ch <- d
 	}
 }
@@ -237,4 +244,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descKeys, float64(stats.Keys))
 	gauge(descLeases, float64(stats.Leases))
 	gauge(descAgents, float64(stats.Agents))
+	var held int64
+	for _, a := range s.st.ListAgents(time.Now().UnixNano()).GetAgents() {
+		held += a.GetTokensHeld()
+	}
+	gauge(descOutstanding, float64(held))
 }

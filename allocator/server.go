@@ -105,6 +105,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.fsm.onApply = s.metrics.observeApply
+	s.fsm.onExpired = func(n uint64) { s.metrics.expired.Add(float64(n)) }
 
 	// Listeners first: the bound gRPC address is advertised in MemberCommand.
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {

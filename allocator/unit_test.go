@@ -373,7 +373,8 @@ func TestHTTPEndpointsAndTCP(t *testing.T) {
 	}
 	_, body = get("/metrics")
 	for _, want := range []string{"allot_allocator_raft_state 2", "allot_allocator_tokens_granted_total 5",
-		"allot_allocator_rules_version 1", "allot_allocator_batch_keys_count", "allot_allocator_raft_apply_seconds_bucket"} {
+		"allot_allocator_rules_version 1", "allot_allocator_batch_keys_count", "allot_allocator_raft_apply_seconds_bucket",
+		"allot_allocator_tokens_outstanding 5", "allot_allocator_leases_expired_total 0", "allot_allocator_agents 1"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
