@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/pkg/bucket"
@@ -105,11 +106,11 @@ func (c *core) applyRelease(req *allotv1.ReleaseRequest, now int64) (*allotv1.Re
 // and stamps its last contact.
 func (c *core) touchAgent(ag *agentRec, id string, now int64) *agentRec {
 	if ag == nil {
+		for c.nextAgent == 0 || c.byNum[c.nextAgent] != nil { // after wrapping
+			c.nextAgent++
+		}
 		ag = &agentRec{gen: c.gen, id: id, num: c.nextAgent}
 		c.nextAgent++
-		if c.nextAgent == 0 {
-			c.nextAgent = 1
-		}
 		c.agents[id] = ag
 		c.byNum[ag.num] = ag
 	} else {
@@ -169,7 +170,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	rule := c.rules.Match(ka.Domain, ents)
 	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.Domain, ents)
 	g = &allotv1.KeyGrant{Key: string(c.scr.key)}
-	h := rules.KeyHash(rule, ka.Domain, ents)
+	h := xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
 
 	if rule == nil || rule.Unlimited || rule.Backend != rules.BackendLease {
 		switch {

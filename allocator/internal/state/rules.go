@@ -22,6 +22,9 @@ func (c *core) applyPutRules(req *allotv1.PutRulesRequest, now int64) (*allotv1.
 	if req.ExpectedVersion != 0 && req.ExpectedVersion != cur {
 		return nil, fmt.Errorf("%w: rules version is %d, expected %d", ErrFailedPrecondition, cur, req.ExpectedVersion)
 	}
+	if len(req.Files) == 0 && !req.ReplaceAll {
+		return nil, fmt.Errorf("%w: no rule files (replace_all with no files removes every domain)", ErrInvalid)
+	}
 	if len(req.Files) > maxRuleFile {
 		return nil, fmt.Errorf("%w: %d rule files, at most %d", ErrInvalid, len(req.Files), maxRuleFile)
 	}
