@@ -248,7 +248,7 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		// Fail open: the local bucket decides, below.
 	}
 
-	h := rules.KeyHash(r, domain, entries)
+	h := a.keys.keyHash(r, domain, entries)
 	sh := a.keys.shard(h)
 	sh.mu.RLock()
 	ks := sh.lookupRLocked(h, r, domain, entries)

@@ -389,3 +389,35 @@ func TestFallbackLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestShareThresholdSharesOneBudget: values matching a share_threshold
+// wildcard share one budget key (and one key state), other rules keep one
+// budget per value.
+func TestShareThresholdSharesOneBudget(t *testing.T) {
+	s := newStepped(t)
+	a, b := desc("path", "/api/a"), desc("path", "/api/b")
+	check(t, s.Agent, a)
+	check(t, s.Agent, b)
+	if got := check(t, s.Agent, a); !got.Allowed || got.Remaining != 0 {
+		t.Fatalf("third check: %+v, want the shared budget's last token", got)
+	}
+	if got := check(t, s.Agent, b); got.Allowed {
+		t.Fatalf("fourth check on another value allowed: the budget is not shared")
+	}
+	if keyOf(t, s.Agent, a) != keyOf(t, s.Agent, b) {
+		t.Fatalf("two key states for one shared budget")
+	}
+	s.step()
+	req := s.fake.lastAcquire()
+	if len(req.Keys) != 1 || req.Keys[0].Charged != 3 {
+		t.Fatalf("Acquire %+v, want one key charged 3", req.Keys)
+	}
+	if keyOf(t, s.Agent, desc("api_key", "x1")) != nil {
+		t.Fatalf("untouched key tracked")
+	}
+	check(t, s.Agent, desc("api_key", "x1"))
+	check(t, s.Agent, desc("api_key", "x2"))
+	if keyOf(t, s.Agent, desc("api_key", "x1")) == keyOf(t, s.Agent, desc("api_key", "x2")) {
+		t.Fatalf("two api_key values share a key state")
+	}
+}

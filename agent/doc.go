@@ -10,9 +10,8 @@
 // # How a check is decided
 //
 // Check matches each descriptor against the current rules (compiled once per
-// rules version and swapped atomically), hashes the canonical budget key
-// without allocating (rules.KeyHash) and finds the key's state in a sharded
-// table. Then, for a rule with the lease backend, in this order:
+// rules version and swapped atomically), hashes the budget key without
+// allocating and finds the key's state in a sharded table. Then, for a rule with the lease backend, in this order:
 //
 //  1. A live lease with enough tokens: the balance is decremented with a CAS
 //     (SourceLease). Leased tokens were taken from the global budget by the

@@ -78,6 +78,13 @@ descriptors:
   - key: free
     rate_limit:
       unlimited: true
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit:
+      name: shared
+      unit: hour
+      requests_per_unit: 3
   - key: rate
     rate_limit:
       name: rate
@@ -207,7 +214,7 @@ func keyOf(t testing.TB, a *Agent, d Descriptor) *keyState {
 	if r == nil {
 		t.Fatalf("no rule for %v", d.Entries)
 	}
-	h := rules.KeyHash(r, "test", d.Entries)
+	h := a.keys.keyHash(r, "test", d.Entries)
 	sh := a.keys.shard(h)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
