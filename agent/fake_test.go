@@ -161,10 +161,6 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 		f.failNext--
 		return nil, status.Error(codes.Unavailable, "fake: injected failure")
 	}
-	if f.rejectNext > 0 {
-		f.rejectNext--
-		return nil, status.Error(codes.InvalidArgument, "fake: injected rejection")
-	}
 	ag := f.agents[req.AgentId]
 	if ag == nil {
 		ag = &fakeAgent{held: make(map[string]int64)}
@@ -172,9 +168,16 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 	}
 	switch {
 	case req.RequestId == ag.lastID && ag.lastResp != nil:
-		return ag.lastResp, nil
+		return ag.lastResp, nil // a retry gets the recorded answer, as in the real FSM
 	case req.RequestId <= ag.lastID:
 		return nil, status.Errorf(codes.FailedPrecondition, "fake: stale request id %d ≤ %d", req.RequestId, ag.lastID)
+	}
+	if f.rejectNext > 0 {
+		// A rejection applies nothing (the real FSM validates before
+		// applying, and answers a retry of an applied call from its
+		// record, so a rejected call was never applied).
+		f.rejectNext--
+		return nil, status.Error(codes.InvalidArgument, "fake: injected rejection")
 	}
 	now := f.now()
 	resp := &allotv1.AcquireResponse{RulesVersion: f.set.Version(), NowUnixMs: now / 1e6}
@@ -253,7 +256,8 @@ func (f *fakeAllocator) Release(ctx context.Context, req *allotv1.ReleaseRequest
 	f.releases = append(f.releases, req)
 	ag := f.agents[req.AgentId]
 	if ag == nil {
-		return &allotv1.ReleaseResponse{}, nil
+		ag = &fakeAgent{held: make(map[string]int64)}
+		f.agents[req.AgentId] = ag
 	}
 	if req.RequestId <= ag.lastID {
 		return nil, status.Errorf(codes.FailedPrecondition, "fake: stale request id")

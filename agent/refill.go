@@ -429,8 +429,10 @@ func retryable(err error) bool {
 	return true
 }
 
-// reject undoes b's moves: the allocator applied nothing of it. Its keys
-// wait notLeasedRetry and are then sent one per call.
+// reject undoes b's moves: the allocator applied nothing of it (it
+// validates before applying, and answers a retry of an applied call from
+// its record, invariant (b), so a rejected call was never applied). Its
+// keys wait notLeasedRetry and are then sent one per call.
 func (a *Agent) reject(b *batch) {
 	a.rf.unacked = nil
 	now := a.now()
