@@ -1,0 +1,107 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+)
+
+const redisRules = `
+domain: test
+descriptors:
+  - key: hot
+    rate_limit:
+      name: hot
+      unit: hour
+      requests_per_unit: 2
+      backend: redis
+  - key: hotc
+    rate_limit:
+      name: hotc
+      unit: hour
+      requests_per_unit: 2
+      backend: redis
+      failure_mode: closed
+`
+
+// fakeRemote is a RemoteLimiter with one bucket per key, or failing.
+type fakeRemote struct {
+	mu     sync.Mutex
+	fail   bool
+	states map[string]*bucket.State
+	calls  int
+}
+
+func (f *fakeRemote) AllowN(_ context.Context, r *rules.Rule, key []byte, n int64) (bucket.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.fail {
+		return bucket.Result{}, errors.New("redis down")
+	}
+	if f.states == nil {
+		f.states = map[string]*bucket.State{}
+	}
+	st := f.states[string(key)]
+	if st == nil {
+		st = &bucket.State{}
+		f.states[string(key)] = st
+	}
+	return r.Limit.AllowN(st, time.Unix(0, 0).Add(time.Hour).UnixNano(), n), nil
+}
+
+// TestRedisSeam: rules with the redis backend go to Config.Redis; when it
+// fails, failure_mode open falls back to the local bucket and closed denies.
+func TestRedisSeam(t *testing.T) {
+	remote := &fakeRemote{}
+	a := newAgent(t, Config{Rules: mustCompile(t, 1, redisRules), Redis: remote})
+	d := desc("hot", "k")
+	for i := range 2 {
+		if got := check(t, a, d); !got.Allowed || got.Source != SourceRedis {
+			t.Fatalf("check %d: %+v, want allowed by redis", i, got)
+		}
+	}
+	if got := check(t, a, d); got.Allowed || got.Source != SourceRedis {
+		t.Fatalf("third: %+v, want denied by redis", got)
+	}
+	if _, ok := remote.states["test:hot=k"]; !ok || remote.calls != 3 {
+		t.Fatalf("remote saw keys %v in %d calls, want test:hot=k in 3", remote.states, remote.calls)
+	}
+	remote.mu.Lock()
+	remote.fail = true
+	remote.mu.Unlock()
+	if got := check(t, a, d); !got.Allowed || got.Source != SourceFallback {
+		t.Fatalf("redis down, open: %+v, want allowed by the local fallback", got)
+	}
+	if got := check(t, a, desc("hotc", "k")); got.Allowed {
+		t.Fatalf("redis down, closed: %+v, want denied", got)
+	}
+
+	// Without Config.Redis the redis backend is a local bucket.
+	b := newAgent(t, Config{Rules: mustCompile(t, 1, redisRules)})
+	if got := check(t, b, d); !got.Allowed || got.Source != SourceLocal {
+		t.Fatalf("no Redis: %+v, want local", got)
+	}
+}
+
+// TestSecondAllocatorAddress: the first address is dead; the agent rotates
+// to the next one and leases from it.
+func TestSecondAllocatorAddress(t *testing.T) {
+	fake := newFake(t, func() int64 { return time.Now().UnixNano() }, testRules)
+	srv := serveFake(t, fake)
+	dead := newFake(t, func() int64 { return 0 }, testRules)
+	deadSrv := serveFake(t, dead)
+	deadSrv.stop()
+	cfg := fastConfig(deadSrv.addr, srv.addr)
+	cfg.Rules = mustCompile(t, 0, testRules)
+	a := newAgent(t, cfg)
+	d := desc("tier", "free", "route", "/z", "user", "u")
+	waitFor(t, 10*time.Second, "a lease through the second address", func() bool {
+		return check(t, a, d).Source == SourceLease
+	})
+}
