@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
@@ -111,16 +110,15 @@ type keyState struct {
 	fbAt     int64
 
 	// Owned by the refill loop.
-	demand       float64       // EWMA of tokens/s
-	spentSeen    int64         // spent at the latest EWMA update
-	spentAtAcq   int64         // spent at the latest Acquire that included the key
-	deniedSent   int64         // denied at the latest Acquire that included the key
-	refreshAt    int64         // allocator-directed refresh time
-	refreshEvery time.Duration // the allocator's latest refresh_after
-	retryAt      int64         // for notLeased keys: ask again after this
-	inflight     bool          // part of the unacknowledged batch
-	suspect      bool          // was in a batch the allocator rejected: sent alone
-	holdUntil    int64         // after a rejection: not sent before this
+	demand     float64 // EWMA of tokens/s
+	spentSeen  int64   // spent at the latest EWMA update
+	spentAtAcq int64   // spent at the latest Acquire that included the key
+	deniedSent int64   // denied at the latest Acquire that included the key
+	refreshAt  int64   // allocator-directed refresh time
+	retryAt    int64   // for notLeased keys: ask again after this
+	inflight   bool    // part of the unacknowledged batch
+	suspect    bool    // was in a batch the allocator rejected: sent alone
+	holdUntil  int64   // after a rejection: not sent before this
 }
 
 // sameKey reports whether the request (domain, entries) under rule r is this

@@ -19,9 +19,10 @@ import (
 const (
 	// demandTau is the time constant of the per-key demand EWMA.
 	demandTau = time.Second
-	// minHorizon is the least period a lease is sized for (want = demand ×
-	// max(refresh_after, minHorizon)).
-	minHorizon = time.Second
+	// leaseHorizon is the period a want is sized for: one refresh interval
+	// of demand, the allocator's default RefreshInterval (docs/leases.md:
+	// want = demand × F, plus the low watermark, minus what is held).
+	leaseHorizon = time.Second
 	// minRateWindow keeps a fresh key's demand estimate from overshooting:
 	// tokens seen since the previous scan are spread over at least this.
 	minRateWindow = 250 * time.Millisecond
@@ -318,8 +319,7 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 		case !idle:
 			lw := lowWaterFor(d, a.cfg.RefillInterval, a.rf.latency)
 			ks.lowWater.Store(lw)
-			horizon := max(ks.refreshEvery, minHorizon)
-			target := int64(math.Ceil(d*horizon.Seconds())) + lw
+			target := int64(math.Ceil(d*leaseHorizon.Seconds())) + lw
 			want = min(max(target-ks.balance.Load(), 0), maxWant)
 		}
 		charged := ks.charged.Swap(0)
@@ -486,8 +486,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			}
 			ks.remaining.Store(g.GetRemaining())
 			ks.resetAt.Store(b.firstSent + g.GetResetAfterMs()*int64(time.Millisecond))
-			ks.refreshEvery = time.Duration(g.GetRefreshAfterMs()) * time.Millisecond
-			ks.refreshAt = b.firstSent + int64(ks.refreshEvery)
+			ks.refreshAt = b.firstSent + g.GetRefreshAfterMs()*int64(time.Millisecond)
 			if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED {
 				ks.deniedUntil.Store(b.firstSent + g.GetRetryAfterMs()*int64(time.Millisecond))
 			} else {
