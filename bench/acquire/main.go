@@ -20,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -62,6 +63,7 @@ type options struct {
 	dir         string
 	inflight    int
 	timeouts    string
+	profile     string
 }
 
 func main() {
@@ -77,6 +79,7 @@ func main() {
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
 	flag.IntVar(&o.inflight, "max-inflight-batches", 1, "passed to the allocators")
 	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/250ms", "heartbeat/election/leader-lease timeouts")
+	flag.StringVar(&o.profile, "leader-cpuprofile", "", "write a CPU profile of the leader, taken during the throughput phase, to this file")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "acquire:", err)
@@ -193,7 +196,13 @@ func run(o options) error {
 		return err
 	}
 	start := time.Now()
-	time.Sleep(o.duration)
+	if o.profile != "" {
+		secs := max(int(o.duration.Seconds())-1, 1)
+		if err := fetchProfile(nodes[leader], secs, o.profile); err != nil {
+			return err
+		}
+	}
+	time.Sleep(time.Until(start.Add(o.duration)))
 	elapsed := time.Since(start)
 	m1, err := scrape(nodes[leader])
 	if err != nil {
@@ -422,6 +431,24 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
 		fmt.Printf("raft: %.0f acquire entries/s, %.0f keys/entry, %.1f calls/entry, mean commit %.2f ms (leader's raft.Apply → applied)\n",
 			entries/secs, keys/entries, reqs/entries, 1000*applyS/max(applyN, 1))
 	}
+}
+
+// fetchProfile saves a CPU profile of n taken over secs seconds.
+func fetchProfile(n *node, secs int, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.http, secs))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // scrape reads a node's /metrics into name{labels} → value.
