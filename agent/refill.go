@@ -398,6 +398,9 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 			a.callSucceeded(recv) // the allocator is reachable
 			return true
 		}
+		if ctx.Err() != nil {
+			return false // shutting down: the batch stays for Close to deliver
+		}
 		a.met.callsFailed.Inc()
 		a.callFailed(recv, err)
 		return false
