@@ -115,18 +115,21 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		}
 		return 1
 	})
-	for len(rf.pick) > 0 {
-		n := 0
-		for n < len(rf.pick) && n < maxBatchKeys && (n == 0 || !rf.pick[n].suspect) {
+	for i := 0; i < len(rf.pick); {
+		n := 1
+		for i+n < len(rf.pick) && n < maxBatchKeys && !rf.pick[i+n].suspect {
 			n++
 		}
-		b := a.build(now, rf.pick[:n])
-		rf.pick = rf.pick[n:]
+		b := a.build(now, rf.pick[i:i+n])
+		i += n
 		if !a.send(ctx, b) {
+			rf.pick = append(rf.pick[:0], rf.pick[i:]...)
 			a.unpick()
 			return
 		}
 	}
+	clear(rf.pick)
+	rf.pick = rf.pick[:0]
 }
 
 // unpick releases picked keys that were not sent.
