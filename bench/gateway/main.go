@@ -32,8 +32,10 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -59,17 +61,32 @@ descriptors:
             rate_limit: {name: per_key_search, unit: second, requests_per_unit: 1000000, burst: 1000000}
 `
 
+var exit int
+
 func main() {
+	defer func() { os.Exit(exit) }()
 	var (
 		duration    = flag.Duration("duration", 10*time.Second, "length of each run")
 		rounds      = flag.Int("rounds", 3, "rounds; each runs the bare and the limited proxy once")
 		concurrency = flag.Int("c", 16, "concurrent workers (each with keep-alive connections)")
 		mode        = flag.String("mode", "lease", "agent mode: lease (embedded single-node allocator) or standalone")
 		warmup      = flag.Duration("warmup", time.Second, "warm-up before each run (not measured)")
+		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark to this file")
 	)
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	if err := run(*duration, *warmup, *rounds, *concurrency, *mode); err != nil {
-		log.Fatal(err)
+		log.Print(err)
+		exit = 1
 	}
 }
 
@@ -189,12 +206,13 @@ func run(duration, warmup time.Duration, rounds, conc int, mode string) error {
 
 	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, agent mode %s, GOMAXPROCS %d\n",
 		rounds, duration, conc, mode, runtime.GOMAXPROCS(0))
-	fmt.Printf("%-8s %-8s %12s %10s %10s %10s %10s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9")
+	fmt.Printf("%-8s %-8s %12s %10s %10s %10s %10s %12s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9", "CPU/req")
 	total := map[string]*hdrhistogram.Histogram{
 		"bare":    hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3),
 		"limited": hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3),
 	}
 	count := map[string]int64{}
+	cpu := map[string]time.Duration{}
 	for r := 1; r <= rounds; r++ {
 		order := []string{"bare", "limited"}
 		if r%2 == 0 {
@@ -206,24 +224,31 @@ func run(duration, warmup time.Duration, rounds, conc int, mode string) error {
 				u = limitedURL
 			}
 			load(u, warmup, conc) // warm connections and caches
+			c0 := cpuTime()
 			h, n, errs := load(u, duration, conc)
+			c := cpuTime() - c0
 			if errs > 0 {
 				return fmt.Errorf("%s: %d failed requests", name, errs)
 			}
 			total[name].Merge(h)
 			count[name] += n
-			printRow(fmt.Sprint(r), name, h, float64(n)/duration.Seconds())
+			cpu[name] += c
+			printRow(fmt.Sprint(r), name, h, float64(n)/duration.Seconds(), c/time.Duration(max(n, 1)))
 		}
 	}
 	secs := duration.Seconds() * float64(rounds)
 	bare, lim := total["bare"], total["limited"]
 	fmt.Println()
-	printRow("all", "bare", bare, float64(count["bare"])/secs)
-	printRow("all", "limited", lim, float64(count["limited"])/secs)
+	cpuBare := cpu["bare"] / time.Duration(max(count["bare"], 1))
+	cpuLim := cpu["limited"] / time.Duration(max(count["limited"], 1))
+	printRow("all", "bare", bare, float64(count["bare"])/secs, cpuBare)
+	printRow("all", "limited", lim, float64(count["limited"])/secs, cpuLim)
 	added := time.Duration(lim.ValueAtQuantile(50) - bare.ValueAtQuantile(50))
 	ratio := float64(count["limited"]) / float64(count["bare"])
 	fmt.Printf("\np50 added latency: %v (target ≤ 50µs: %s)\n", added, verdict(added <= 50*time.Microsecond))
 	fmt.Printf("throughput limited/bare: %.1f%% (target ≥ 90%%: %s)\n", 100*ratio, verdict(ratio >= 0.9))
+	fmt.Printf("CPU per request (load generator, proxy and upstream in this process): bare %v, limited %v, added %v (%.1f%%)\n",
+		cpuBare, cpuLim, cpuLim-cpuBare, 100*float64(cpuLim-cpuBare)/float64(cpuBare))
 	if d := denied.Load(); d > 0 {
 		fmt.Printf("warning: %d requests were denied (the rule should admit everything)\n", d)
 	}
@@ -237,9 +262,20 @@ func verdict(ok bool) string {
 	return "NOT met"
 }
 
-func printRow(round, name string, h *hdrhistogram.Histogram, rps float64) {
+func printRow(round, name string, h *hdrhistogram.Histogram, rps float64, cpuPerReq time.Duration) {
 	q := func(p float64) time.Duration { return time.Duration(h.ValueAtQuantile(p)).Round(time.Microsecond) }
-	fmt.Printf("%-8s %-8s %12.0f %10v %10v %10v %10v\n", round, name, rps, q(50), q(90), q(99), q(99.9))
+	fmt.Printf("%-8s %-8s %12.0f %10v %10v %10v %10v %12v\n", round, name, rps, q(50), q(90), q(99), q(99.9),
+		cpuPerReq.Round(100*time.Nanosecond))
+}
+
+// cpuTime is the process's user+system CPU time so far. Unlike wall-clock
+// throughput it is barely affected by other processes on a shared machine.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // load runs conc workers against base for d and returns the latency
