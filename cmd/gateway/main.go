@@ -42,11 +42,11 @@ func main() {
 // options are the parsed flags.
 type options struct {
 	listen, upstream, configFile, httpAddr, rlsAddr string
-	allocators                                       []string
-	logLevel, logFormat                              string
-	dev                                              bool
-	shutdownTimeout                                  time.Duration
-	agentID                                          string
+	allocators                                      []string
+	logLevel, logFormat                             string
+	dev                                             bool
+	shutdownTimeout                                 time.Duration
+	agentID                                         string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
