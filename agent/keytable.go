@@ -55,6 +55,29 @@ func (t *keyTable) keyHash(r *rules.Rule, domain string, entries []rules.Entry) 
 	if r.ShareThreshold {
 		return rules.KeyHash(r, domain, entries)
 	}
+	// One hash over the strings joined in a stack buffer (the join need
+	// not be injective: identity is checked by comparing entries).
+	var buf [hashBufLen]byte
+	b := append(buf[:0], domain...)
+	for i := range entries {
+		if len(b)+len(entries[i].Key)+len(entries[i].Value)+2 > len(buf) {
+			return t.keyHashLong(domain, entries)
+		}
+		b = append(b, 0xff)
+		b = append(b, entries[i].Key...)
+		b = append(b, 0xfe)
+		b = append(b, entries[i].Value...)
+	}
+	return maphash.Bytes(t.seed, b)
+}
+
+// hashBufLen covers typical descriptors; longer ones hash string by string.
+const hashBufLen = 160
+
+// keyHashLong hashes each string and folds the hashes together.
+//
+//go:noinline
+func (t *keyTable) keyHashLong(domain string, entries []rules.Entry) uint64 {
 	h := maphash.String(t.seed, domain)
 	for i := range entries {
 		h = mix(h, maphash.String(t.seed, entries[i].Key))

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,5 +134,25 @@ func TestKeyTableCollisions(t *testing.T) {
 	}
 	if ks, created := sh.insert(h, set.Match("test", desc("api_key", "c0").Entries), "test", desc("api_key", "c0").Entries, 1); !created || ks == states[0] {
 		t.Fatalf("re-insert after removal did not create a fresh state")
+	}
+}
+
+// TestLongDescriptorKey: descriptors longer than the hash buffer take the
+// string-by-string hash and still find their one key state.
+func TestLongDescriptorKey(t *testing.T) {
+	a := newAgent(t, Config{Rules: mustCompile(t, 1, testRules)})
+	long := desc("small", strings.Repeat("v", 3*hashBufLen))
+	for i := range 3 {
+		if got := check(t, a, long); !got.Allowed || got.Remaining != int64(2-i) {
+			t.Fatalf("check %d: %+v", i, got)
+		}
+	}
+	if got := check(t, a, long); got.Allowed {
+		t.Fatalf("4th allowed: the long key got more than one state")
+	}
+	short := desc("small", "v")
+	if h1, h2 := a.keys.keyHash(a.Rules().Match("test", long.Entries), "test", long.Entries),
+		a.keys.keyHash(a.Rules().Match("test", short.Entries), "test", short.Entries); h1 == h2 {
+		t.Fatalf("long and short keys hash alike")
 	}
 }
