@@ -7,18 +7,24 @@
 // latency percentiles per target and the verdict against the targets:
 // p50 added latency ≤ 50 µs and throughput ≥ 90% of the bare proxy.
 //
-//	go run ./bench/gateway                       # 3 rounds × 10 s each, 16 workers, agent with leases from an embedded allocator
+//	go run ./bench/gateway                       # 3 rounds × 10 s each, 16 workers, leases from an allocator child process
 //	go run ./bench/gateway -mode standalone      # agent without allocator (local buckets)
+//	go run ./bench/gateway -mode lease-inprocess # the allocator in this process (its CPU counts as the gateway's)
 //	go run ./bench/gateway -duration 2s -rounds 1
 //
 // Every request is allowed (the rule's limit is far above the offered
 // load), so both targets do the same upstream work; the difference is the
 // descriptor extraction, the check and the RateLimit fields. The requests
 // carry 64 distinct API keys through the -dev descriptor configuration
-// (three descriptors each).
+// (three descriptors each). Besides wall-clock throughput and latency, which
+// other load on a shared machine disturbs, it reports the process's CPU time
+// per request (load generator, proxies and upstream all run in this process;
+// in the default mode the allocator runs in a child process, as it would on
+// other machines).
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -31,6 +37,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/pprof"
 	"sync"
@@ -69,11 +76,19 @@ func main() {
 		duration    = flag.Duration("duration", 10*time.Second, "length of each run")
 		rounds      = flag.Int("rounds", 3, "rounds; each runs the bare and the limited proxy once")
 		concurrency = flag.Int("c", 16, "concurrent workers (each with keep-alive connections)")
-		mode        = flag.String("mode", "lease", "agent mode: lease (embedded single-node allocator) or standalone")
+		mode        = flag.String("mode", "lease", "agent mode: lease (single-node allocator in a child process), lease-inprocess (in this process: its CPU is counted) or standalone (no allocator)")
+		child       = flag.Bool("allocator-child", false, "internal: run the allocator and print its address")
 		warmup      = flag.Duration("warmup", time.Second, "warm-up before each run (not measured)")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark to this file")
 	)
 	flag.Parse()
+	if *child {
+		if err := runAllocatorChild(); err != nil {
+			log.Print(err)
+			exit = 1
+		}
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -135,30 +150,22 @@ func run(duration, warmup time.Duration, rounds, conc int, mode string) error {
 			return err
 		}
 		acfg.Rules = set
-	case "lease":
-		dir, err := os.MkdirTemp("", "allot-bench-gateway-")
+	case "lease", "lease-inprocess":
+		var addr string
+		var stopAlloc func()
+		var err error
+		if mode == "lease" {
+			addr, stopAlloc, err = spawnAllocator()
+		} else {
+			addr, stopAlloc, err = startAllocator(files, quiet)
+		}
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		cfg := allocator.DefaultConfig()
-		cfg.NodeID, cfg.DataDir = "bench", dir
-		cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", ""
-		cfg.Bootstrap, cfg.InitialRules, cfg.Logger = true, files, quiet
-		srv, err := allocator.New(cfg)
-		if err != nil {
-			return err
-		}
-		defer srv.Shutdown(context.Background())
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = srv.WaitReady(ctx)
-		cancel()
-		if err != nil {
-			return err
-		}
-		acfg.Allocators = []string{srv.GRPCAddr()}
+		defer stopAlloc()
+		acfg.Allocators = []string{addr}
 	default:
-		return fmt.Errorf("-mode %q: want lease or standalone", mode)
+		return fmt.Errorf("-mode %q: want lease, lease-inprocess or standalone", mode)
 	}
 	ag, err := agent.New(acfg)
 	if err != nil {
@@ -318,4 +325,77 @@ func load(base string, d time.Duration, conc int) (*hdrhistogram.Histogram, int6
 		h.Merge(o)
 	}
 	return h, n.Load(), errs.Load()
+}
+
+// startAllocator runs a single-node allocator with the benchmark rules in
+// this process.
+func startAllocator(files []rules.File, logger *slog.Logger) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "allot-bench-gateway-")
+	if err != nil {
+		return "", nil, err
+	}
+	cfg := allocator.DefaultConfig()
+	cfg.NodeID, cfg.DataDir = "bench", dir
+	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", ""
+	cfg.Bootstrap, cfg.InitialRules, cfg.Logger = true, files, logger
+	srv, err := allocator.New(cfg)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	stop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		os.RemoveAll(dir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.WaitReady(ctx); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return srv.GRPCAddr(), stop, nil
+}
+
+// runAllocatorChild is the child process of -mode lease: it runs the
+// allocator, prints "allocator <grpc addr>" and exits when stdin closes
+// (the parent ended, however it ended).
+func runAllocatorChild() error {
+	files := []rules.File{{Name: "bench.yaml", Source: []byte(benchRules)}}
+	addr, stop, err := startAllocator(files, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	fmt.Printf("allocator %s\n", addr)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// spawnAllocator re-executes this program as an allocator child, so that
+// the allocator's CPU is not counted as the gateway's.
+func spawnAllocator() (string, func(), error) {
+	cmd := exec.Command(os.Args[0], "-allocator-child")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { stdin.Close(); _ = cmd.Wait() }
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	var addr string
+	if _, serr := fmt.Sscanf(line, "allocator %s", &addr); err != nil || serr != nil {
+		stop()
+		return "", nil, fmt.Errorf("allocator child: %q: %v %v", line, err, serr)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return addr, stop, nil
 }
