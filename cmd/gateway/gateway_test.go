@@ -21,6 +21,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // raceEnabled is set by race_test.go; the binaries are then built with -race too.
@@ -335,6 +340,27 @@ func TestDevDesignCard(t *testing.T) {
 	}
 	if n := metric(t, a.http, `allot_gateway_requests_total{result="denied"}`); n < 2 {
 		t.Errorf("denied = %v", n)
+	}
+
+	// The same agent answers Envoy's RLS on -rls-addr.
+	cc, err := grpc.NewClient(a.rls, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
+		Domain: "public-api",
+		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{
+			{Key: "tier", Value: "free"}, {Key: "route", Value: "/v1/search"}, {Key: "api_key", Value: "k_envoy"}}}},
+	})
+	if err != nil {
+		t.Fatalf("RLS: %v", err)
+	}
+	if st := resp.GetStatuses(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(st) != 1 ||
+		st[0].GetCurrentLimit().GetName() != "free_search" || st[0].GetLimitRemaining() != 9 {
+		t.Errorf("RLS answer %v", resp)
 	}
 
 	// SIGTERM: a clean exit, and the dev data directory is gone.
