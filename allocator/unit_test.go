@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"pgregory.net/rapid"
 
 	"github.com/allot/allot/allocator/internal/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -408,4 +409,61 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%s: Validate() = nil", name)
 		}
 	}
+}
+
+// TestBatcherProperties: whatever the arrivals and sizes, every call is
+// proposed exactly once, gets its own answer, and no entry exceeds the key
+// bound unless it holds a single call.
+func TestBatcherProperties(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		maxKeys := rapid.IntRange(1, 40).Draw(rt, "maxKeys")
+		inflight := rapid.IntRange(1, 3).Draw(rt, "inflight")
+		sizes := rapid.SliceOfN(rapid.IntRange(0, 30), 1, 60).Draw(rt, "sizes")
+		fr := &fakeRaft{}
+		b := newBatcher(fr.propose, func() int64 { return 1 }, maxKeys, 1<<20, inflight)
+		b.start()
+		var wg sync.WaitGroup
+		errs := make([]error, len(sizes))
+		for i, n := range sizes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("a", i), RequestId: uint64(i + 1)}
+				for range n {
+					req.Keys = append(req.Keys, key("user", "x", 1))
+				}
+				resp, err := b.submit(context.Background(), req)
+				if err == nil && resp.GetRulesVersion() != uint64(i+1) {
+					err = fmt.Errorf("call %d got the answer for %d", i, resp.GetRulesVersion())
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		b.close()
+		for i, err := range errs {
+			if err != nil {
+				rt.Fatalf("call %d: %v", i, err)
+			}
+		}
+		seen := map[string]int{}
+		for _, batch := range fr.batches {
+			keys := 0
+			for _, r := range batch {
+				seen[r.GetAgentId()]++
+				keys += len(r.GetKeys())
+			}
+			if keys > maxKeys && len(batch) > 1 {
+				rt.Fatalf("entry of %d calls has %d keys > %d", len(batch), keys, maxKeys)
+			}
+		}
+		if len(seen) != len(sizes) {
+			rt.Fatalf("%d distinct calls proposed, want %d", len(seen), len(sizes))
+		}
+		for id, n := range seen {
+			if n != 1 {
+				rt.Fatalf("call %s proposed %d times", id, n)
+			}
+		}
+	})
 }
