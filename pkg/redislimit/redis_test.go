@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // The Redis tests start their own redis-server processes (Debian's
@@ -195,3 +197,5 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 }
 
 var bg = context.Background()
+
+func xxh64(s string) uint64 { return xxhash.Sum64String(s) }

@@ -1,0 +1,436 @@
+package redislimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/cespare/xxhash/v2"
+)
+
+// BatchConfig configures a Batcher. Start from DefaultBatchConfig.
+type BatchConfig struct {
+	// MaxBatch bounds the tokens one refill takes (default 64). A refill
+	// also takes at most a quarter of the (sub-)key's burst, and at least
+	// the request's n.
+	MaxBatch int64
+	// Horizon sizes a refill: the key's recent demand (tokens/s, an EWMA)
+	// times Horizon (default 50ms).
+	Horizon time.Duration
+	// Hold is how long taken tokens may be spent (default 250ms): the
+	// Batcher stops spending a batch Hold after it asked for it and gives
+	// what is left back. Hold bounds over-admission (docs/redis.md).
+	Hold time.Duration
+	// Sweep is how often expired and idle holdings are given back
+	// (default Hold/2).
+	Sweep time.Duration
+	// MaxKeys bounds the keys held at once (default 100000); past it new
+	// keys are checked per request (Backend.AllowN).
+	MaxKeys int
+}
+
+// DefaultBatchConfig returns the defaults documented on BatchConfig.
+func DefaultBatchConfig() BatchConfig {
+	return BatchConfig{MaxBatch: 64, Horizon: 50 * time.Millisecond, Hold: 250 * time.Millisecond, MaxKeys: 100_000}
+}
+
+// Validate reports the first problem with c.
+func (c BatchConfig) Validate() error {
+	switch {
+	case c.MaxBatch < 1:
+		return fmt.Errorf("redislimit: batch: max batch must be ≥ 1, got %d", c.MaxBatch)
+	case c.Horizon <= 0:
+		return fmt.Errorf("redislimit: batch: horizon must be > 0, got %v", c.Horizon)
+	case c.Hold <= 0:
+		return fmt.Errorf("redislimit: batch: hold must be > 0, got %v", c.Hold)
+	case c.Sweep < 0:
+		return fmt.Errorf("redislimit: batch: sweep must be ≥ 0, got %v", c.Sweep)
+	case c.MaxKeys < 1:
+		return fmt.Errorf("redislimit: batch: max keys must be ≥ 1, got %d", c.MaxKeys)
+	}
+	return nil
+}
+
+// A Batcher is batched mode: the lease model on top of Redis, for users who
+// run no allocator cluster. Instead of one script call per check it takes a
+// small batch of tokens from the key (or, for a sharded key, from one
+// sub-key) with TakeUpTo and spends them locally; the batch is sized from
+// the key's recent demand. Tokens left unspent Hold after they were taken,
+// or when the key goes idle, or at Close, are given back (GiveBack).
+//
+// Batching trades accuracy for calls: tokens one agent holds are not
+// available to the others (false rejects, bounded by the batch sizes), and a
+// token may be spent up to Hold after it was taken, so over any interval the
+// admitted count can exceed the limit by what refills during Hold. Use it
+// for keys whose rate makes per-request calls too costly.
+//
+// A Batcher is safe for concurrent use; it owns one sweeper goroutine,
+// stopped by Close.
+type Batcher struct {
+	b      *Backend
+	cfg    BatchConfig
+	shards [batchShards]batchShard
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+const batchShards = 64
+
+type batchShard struct {
+	mu   sync.Mutex // guards m
+	m    map[string]*holding
+	size int
+}
+
+// holding is one key's local tokens.
+type holding struct {
+	mu         sync.Mutex // guards the fields below; never held across I/O
+	lim        bucket.Limit
+	ruleShards int   // the shards asked for with lim
+	shards     int   // where the tokens come from: ≤ 1 the key, else sub-key `shard` of shards
+	shard      int   //
+	tokens     int64 // spendable until takenAt + Hold
+	takenAt    int64
+	remote     int64   // the key's remaining (estimate) at the last refill
+	demand     float64 // tokens/s, EWMA
+	last       int64   // last use
+	refilling  chan struct{}
+	// After a refill that could not give n, the key is denied locally
+	// until deniedUntil (when a batch would have refilled), with deny.
+	deniedUntil int64
+	deny        bucket.Result
+}
+
+// NewBatcher returns a Batcher on b and starts its sweeper.
+func NewBatcher(b *Backend, cfg BatchConfig) (*Batcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Sweep == 0 {
+		cfg.Sweep = cfg.Hold / 2
+	}
+	bt := &Batcher{b: b, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range bt.shards {
+		bt.shards[i].m = make(map[string]*holding)
+	}
+	go bt.sweeper()
+	return bt, nil
+}
+
+// AllowN is AllowNAt at the backend's current time.
+func (bt *Batcher) AllowN(ctx context.Context, key string, lim bucket.Limit, shards int, n int64) (bucket.Result, error) {
+	return bt.AllowNAt(ctx, key, lim, shards, bt.b.now(), n)
+}
+
+// AllowNAt takes n tokens for key at now from the local batch, refilling
+// it from Redis when it runs short. The Result's Remaining is an estimate
+// (the key's remaining at the last refill plus what this agent holds).
+// n ≤ 0 checks without consuming. Errors are Backend's (ErrUnavailable).
+func (bt *Batcher) AllowNAt(ctx context.Context, key string, lim bucket.Limit, shards int, now, n int64) (bucket.Result, error) {
+	if lim.IsZero() {
+		return bucket.Result{Allowed: true, Remaining: bucket.Unlimited}, nil
+	}
+	h := bt.holding(key, lim, shards, now)
+	if h == nil {
+		return bt.b.AllowNAt(ctx, key, lim, shards, now, n)
+	}
+	n = max(n, 0)
+	for {
+		h.mu.Lock()
+		h.observe(now, n, bt.cfg.Hold)
+		if now < h.takenAt+int64(bt.cfg.Hold) && h.tokens >= n && (n > 0 || h.tokens > 0) {
+			h.tokens -= n
+			r := bucket.Result{Allowed: true, Remaining: max(h.remote, 0) + h.tokens}
+			h.mu.Unlock()
+			bt.b.met.decided(true)
+			return r, nil
+		}
+		if n == 0 {
+			h.mu.Unlock()
+			return bt.b.AllowNAt(ctx, key, lim, shards, now, 0)
+		}
+		if now < h.deniedUntil {
+			// Denied recently: deny without asking Redis until a batch
+			// could have refilled (never longer than Hold).
+			r := h.deny
+			r.RetryAfter = max(time.Duration(h.deniedUntil-now), time.Millisecond)
+			r.Remaining = h.tokens
+			h.mu.Unlock()
+			bt.b.met.decided(false)
+			return r, nil
+		}
+		if wait := h.refilling; wait != nil {
+			// Another caller is refilling this key: wait for it, then look
+			// again.
+			h.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return bucket.Result{}, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
+			}
+		}
+		done := make(chan struct{})
+		h.refilling = done
+		r, err := bt.refill(ctx, h, key, now, n) // unlocks h.mu
+		h.mu.Lock()
+		h.refilling = nil
+		h.mu.Unlock()
+		close(done)
+		if err == nil {
+			bt.b.met.decided(r.Allowed)
+		}
+		return r, err
+	}
+}
+
+// observe updates the demand EWMA (time constant Hold) with n tokens at now.
+func (h *holding) observe(now, n int64, tau time.Duration) {
+	if dt := now - h.last; dt > 0 && h.last != 0 {
+		h.demand *= math.Exp(-float64(dt) / float64(tau))
+	}
+	h.demand += float64(n) * float64(time.Second) / float64(tau)
+	h.last = max(h.last, now)
+}
+
+// refill runs with h.mu held and h.refilling set; it unlocks h.mu for the
+// I/O. It takes a batch, keeps n of it for this request when it can, and
+// returns the decision.
+func (bt *Batcher) refill(ctx context.Context, h *holding, key string, now, n int64) (bucket.Result, error) {
+	lim, shards, shard := h.lim, h.shards, h.shard
+	// Tokens past their hold are no longer spendable: give them back.
+	var stale int64
+	if now >= h.takenAt+int64(bt.cfg.Hold) {
+		stale, h.tokens = h.tokens, 0
+	}
+	have := h.tokens
+	want := int64(math.Ceil(h.demand * bt.cfg.Horizon.Seconds()))
+	h.mu.Unlock()
+
+	if stale > 0 {
+		_ = bt.b.GiveBack(ctx, key, lim, shards, shard, now, stale) // lost tokens only under-admit
+	}
+	tries := 1
+	if Shards(lim, shards) > 1 {
+		tries = 2 // a second sub-key when the first cannot give n
+	}
+	var last outcome
+	var lastLim bucket.Limit
+	for try := 0; try < tries; try++ {
+		sub, err := bt.subLimit(lim, shards, shard)
+		if err != nil {
+			return bucket.Result{}, err
+		}
+		batch := min(max(want, n-have), bt.cfg.MaxBatch, max(sub.Burst()/4, 1))
+		batch = max(batch, n-have)
+		o, err := bt.b.single(ctx, key, lim, shards, shard, opTake, now, batch)
+		var pe *PromotedError
+		if errors.As(err, &pe) {
+			// The key was promoted: hold tokens from one of its sub-keys.
+			shards = pe.Shards
+			shard = bt.b.pick(xxhash.Sum64String(key), Shards(lim, shards))
+			tries = 2
+			o, err = bt.b.single(ctx, key, lim, shards, shard, opTake, now, batch)
+			sub, _ = bt.subLimit(lim, shards, shard)
+		}
+		if err != nil {
+			return bucket.Result{}, err
+		}
+		last, lastLim = o, sub
+		if have+o.taken >= n || try == tries-1 {
+			h.mu.Lock()
+			h.shards, h.shard = shards, shard
+			h.tokens += o.taken
+			h.takenAt = now
+			h.remote = lastLim.Peek(o.state, o.now).Remaining * int64(Shards(lim, shards))
+			if h.tokens >= n {
+				h.tokens -= n
+				r := bucket.Result{Allowed: true, Remaining: max(h.remote, 0) + h.tokens}
+				h.mu.Unlock()
+				return r, nil
+			}
+			h.mu.Unlock()
+			break
+		}
+		// This sub-key cannot give n: return what it gave, try another.
+		if o.taken > 0 {
+			if err := bt.b.GiveBack(ctx, key, lim, shards, shard, now, o.taken); err != nil {
+				return bucket.Result{}, err
+			}
+		}
+		bt.b.met.secondTry()
+		shard = other(shard, Shards(lim, shards))
+	}
+	// Denied: say when n tokens will be there, and deny the key locally
+	// until a batch could be taken (pacing refills to one per batch).
+	st := last.state
+	r := lastLim.AllowN(&st, last.now, n-have)
+	r.Allowed, r.Remaining = false, max(r.Remaining, 0)*int64(Shards(lim, shards))+have
+	if r.RetryAfter <= 0 {
+		r.RetryAfter = time.Millisecond
+	}
+	st = last.state
+	batch := min(max(want, n), bt.cfg.MaxBatch, max(lastLim.Burst()/4, 1))
+	pace := lastLim.AllowN(&st, last.now, max(batch-have, 1)).RetryAfter
+	pace = min(max(pace, r.RetryAfter), bt.cfg.Hold)
+	h.mu.Lock()
+	h.deniedUntil, h.deny = now+int64(pace), r
+	h.mu.Unlock()
+	return r, nil
+}
+
+func (bt *Batcher) subLimit(lim bucket.Limit, shards, shard int) (bucket.Limit, error) {
+	n := Shards(lim, shards)
+	if n <= 1 {
+		return lim, nil
+	}
+	return subLimit(lim, n, shard)
+}
+
+// holding returns key's holding, creating it; nil when MaxKeys are held.
+// A holding whose limit or shards changed (a new rule) gives its tokens
+// back first.
+func (bt *Batcher) holding(key string, lim bucket.Limit, shards int, now int64) *holding {
+	hash := xxhash.Sum64String(key)
+	sh := &bt.shards[hash%batchShards]
+	sh.mu.Lock()
+	h := sh.m[key]
+	if h == nil {
+		if sh.size >= (bt.cfg.MaxKeys+batchShards-1)/batchShards {
+			sh.mu.Unlock()
+			return nil
+		}
+		h = &holding{lim: lim, ruleShards: shards, shards: shards, last: now}
+		if n := Shards(lim, shards); n > 1 {
+			h.shard = bt.b.pick(hash, n)
+		}
+		sh.m[key] = h
+		sh.size++
+	}
+	sh.mu.Unlock()
+	h.mu.Lock()
+	if h.lim != lim || h.ruleShards != shards {
+		oldLim, oldShards, oldShard, oldTokens := h.lim, h.shards, h.shard, h.tokens
+		h.lim, h.ruleShards, h.shards, h.tokens, h.remote, h.deniedUntil = lim, shards, shards, 0, 0, 0
+		if n := Shards(lim, shards); n > 1 {
+			h.shard = bt.b.pick(hash, n)
+		}
+		h.mu.Unlock()
+		if oldTokens > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), bt.b.cfg.Timeout)
+			_ = bt.b.GiveBack(ctx, key, oldLim, oldShards, oldShard, now, oldTokens)
+			cancel()
+		}
+		return h
+	}
+	h.mu.Unlock()
+	return h
+}
+
+// sweeper gives back expired and idle holdings every Sweep and forgets keys
+// idle for 8 holds.
+func (bt *Batcher) sweeper() {
+	defer close(bt.done)
+	t := time.NewTicker(bt.cfg.Sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-bt.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), bt.cfg.Sweep)
+			bt.sweep(ctx, bt.b.now(), false)
+			cancel()
+		}
+	}
+}
+
+type giveBack struct {
+	key           string
+	lim           bucket.Limit
+	shards, shard int
+	n             int64
+}
+
+// sweep gives back the tokens of holdings past their hold or idle for a
+// sweep period (all of them when all is set), and forgets long-idle keys.
+func (bt *Batcher) sweep(ctx context.Context, now int64, all bool) error {
+	hold := int64(bt.cfg.Hold)
+	var out []giveBack
+	for i := range bt.shards {
+		sh := &bt.shards[i]
+		sh.mu.Lock()
+		for key, h := range sh.m {
+			h.mu.Lock()
+			if h.tokens > 0 && (all || now >= h.takenAt+hold || now-h.last >= int64(bt.cfg.Sweep)) {
+				out = append(out, giveBack{key, h.lim, h.shards, h.shard, h.tokens})
+				h.tokens = 0
+			}
+			if h.tokens == 0 && h.refilling == nil && now-h.last >= 8*hold {
+				delete(sh.m, key)
+				sh.size--
+			}
+			h.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	var errs []error
+	for _, g := range out {
+		if err := bt.b.GiveBack(ctx, g.key, g.lim, g.shards, g.shard, now, g.n); err != nil && !errors.Is(err, ErrPromoted) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Held returns the tokens the Batcher holds for key (for tests and
+// introspection).
+func (bt *Batcher) Held(key string) int64 {
+	sh := &bt.shards[xxhash.Sum64String(key)%batchShards]
+	sh.mu.Lock()
+	h := sh.m[key]
+	sh.mu.Unlock()
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.tokens
+}
+
+// Return puts n tokens taken by AllowN for key back into the local batch
+// (a request that another descriptor denied). Tokens for a key no longer
+// held are dropped, which can only under-admit.
+func (bt *Batcher) Return(key string, n int64) {
+	if n <= 0 {
+		return
+	}
+	sh := &bt.shards[xxhash.Sum64String(key)%batchShards]
+	sh.mu.Lock()
+	h := sh.m[key]
+	sh.mu.Unlock()
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.tokens += n
+	h.mu.Unlock()
+}
+
+// Close stops the sweeper and gives every held token back (bounded by
+// ctx). It does not close the Backend. Safe to call twice.
+func (bt *Batcher) Close(ctx context.Context) error {
+	bt.closeOnce.Do(func() {
+		close(bt.stop)
+		<-bt.done
+		bt.closeErr = bt.sweep(ctx, bt.b.now(), true)
+	})
+	return bt.closeErr
+}
