@@ -9,7 +9,7 @@ import (
 
 const (
 	numSources = int(SourceRedis) + 1
-	numStripes = 16 // power of two
+	numStripes = 16 // 1<<4: stripeFor takes the top 4 bits
 )
 
 // metrics holds the agent's Prometheus metrics. Per-check counters are
@@ -140,10 +140,11 @@ func (m *metrics) unregister() {
 }
 
 // stripeFor picks a stripe from hint, the address of a variable on the
-// caller's stack: stable for a goroutine and different between goroutines
-// (stacks are at least 2 KiB apart), and free to compute.
+// caller's stack: stable for a goroutine, different between goroutines,
+// and free to compute. The address is hashed (Fibonacci hashing) because
+// stacks are power-of-two sized and aligned, so its low bits repeat.
 func (m *metrics) stripeFor(hint uintptr) *stripe {
-	return &m.stripes[(hint>>11)&(numStripes-1)]
+	return &m.stripes[(uint64(hint)*0x9E3779B97F4A7C15)>>(64-4)]
 }
 
 func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
