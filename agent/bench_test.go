@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/allot/allot/pkg/rules"
 )
 
 // benchAgent is an agent in production clock mode (the coarse clock, no
@@ -195,6 +197,27 @@ func BenchmarkBaselineXTimeRateParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			lim.AllowN(time.Now(), 1)
+		}
+	})
+}
+
+// BenchmarkKeyHash: the agent's private key hash against rules.KeyHash
+// (render the canonical key, xxhash it) for a 3-level descriptor.
+func BenchmarkKeyHash(b *testing.B) {
+	set := mustCompile(b, 1, testRules)
+	d := deepDesc(7)
+	r := set.Match("test", d.Entries)
+	tab := newKeyTable()
+	b.Run("agent", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tab.keyHash(r, "test", d.Entries)
+		}
+	})
+	b.Run("rules.KeyHash", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rules.KeyHash(r, "test", d.Entries)
 		}
 	})
 }

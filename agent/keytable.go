@@ -46,10 +46,10 @@ func (t *keyTable) shard(h uint64) *shard { return &t.shards[h&(numShards-1)] }
 // "domain:k1=v1,…" is an injective function of (domain, entries) except
 // under share_threshold, where many values share one budget. So for rules
 // without share_threshold the agent hashes the domain and entries directly
-// with the runtime's AES hash (maphash: about 3× cheaper than rendering the
-// canonical key and hashing it with rules.KeyHash, and never shared with
-// another process, so it need not be deterministic), and identity is
-// checked by comparing domain and entries. For share_threshold rules it
+// with the runtime's AES hash (maphash; BenchmarkKeyHash compares it with
+// rendering the canonical key and hashing it with rules.KeyHash; the table
+// is private to this process, so the hash need not be deterministic), and
+// identity is checked by comparing domain and entries. For share_threshold rules it
 // uses rules.KeyHash and compares rendered keys.
 func (t *keyTable) keyHash(r *rules.Rule, domain string, entries []rules.Entry) uint64 {
 	if r.ShareThreshold {
