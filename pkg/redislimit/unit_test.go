@@ -506,6 +506,12 @@ func TestBatcherGivesBackIdle(t *testing.T) {
 	waitFor(t, 5*time.Second, "idle tokens to be given back", func() bool { return bt.Held("idle") == 0 })
 }
 
+// RuleLimiter has the shape of agent.RemoteLimiter (declared here rather
+// than imported: pkg/ does not depend on agent).
+var _ interface {
+	AllowN(ctx context.Context, r *rules.Rule, key []byte, n int64) (bucket.Result, error)
+} = (*RuleLimiter)(nil)
+
 // TestRuleLimiter plugs the backend into the agent's seam shape with a
 // compiled rule, and promotes a key that turns hot.
 func TestRuleLimiter(t *testing.T) {
