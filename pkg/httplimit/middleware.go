@@ -31,6 +31,7 @@ package httplimit
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -52,6 +53,8 @@ type Checker interface {
 
 // DeniedBody is the exact body of a 429.
 const DeniedBody = `{"error":"rate_limited","message":"API rate limit exceeded for this key."}`
+
+var deniedBodyLen = strconv.Itoa(len(DeniedBody))
 
 // Header names (canonical forms; field names are case-insensitive).
 const (
@@ -129,8 +132,10 @@ func (m *Middleware) logger() *slog.Logger {
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	sc := scratchPool.Get().(*scratch)
 	defer func() {
-		clear(sc.descs[:cap(sc.descs)])
-		clear(sc.entries[:cap(sc.entries)])
+		// Drop the request's strings (only the used prefix: clearing the
+		// whole arrays costs write barriers while the GC runs).
+		clear(sc.descs)
+		clear(sc.entries)
 		sc.descs, sc.entries = sc.descs[:0], sc.entries[:0]
 		scratchPool.Put(sc)
 	}()
@@ -141,7 +146,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.Descriptors != nil {
 		descs, err = m.Descriptors(r)
 	} else if m.Extractor != nil {
-		descs, sc.entries, err = m.Extractor.extract(r, sc.descs[:0], sc.entries[:0])
+		sc.descs, sc.entries, err = m.Extractor.extract(r, sc.descs[:0], sc.entries[:0])
+		descs = sc.descs
 		if domain == "" {
 			domain = m.Extractor.domain
 		}
@@ -272,12 +278,13 @@ func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
 // w.Header() already (SetFields).
 func WriteDenied(w http.ResponseWriter, _ *http.Request, d agent.Decision) {
 	h := w.Header()
-	h["Retry-After"] = []string{strconv.FormatInt(RetryAfterSeconds(d), 10)}
-	h["Cache-Control"] = []string{"no-store"}
-	h["Content-Type"] = []string{"application/json"}
-	h["Content-Length"] = []string{strconv.Itoa(len(DeniedBody))}
+	vals := [...]string{strconv.FormatInt(RetryAfterSeconds(d), 10), "no-store", "application/json", deniedBodyLen}
+	h["Retry-After"] = vals[0:1:1]
+	h["Cache-Control"] = vals[1:2:2]
+	h["Content-Type"] = vals[2:3:3]
+	h["Content-Length"] = vals[3:4:4]
 	w.WriteHeader(http.StatusTooManyRequests)
-	_, _ = w.Write([]byte(DeniedBody))
+	_, _ = io.WriteString(w, DeniedBody)
 }
 
 // WriteBadRequest writes a 400 with a JSON body naming the problem (the

@@ -381,25 +381,52 @@ func BenchmarkMiddlewareParallel(b *testing.B) {
 // BenchmarkMiddlewareAgent is BenchmarkMiddleware with a real standalone
 // agent deciding (three descriptors, two of them limited).
 func BenchmarkMiddlewareAgent(b *testing.B) {
-	set, err := rules.Compile(1, rules.ExampleFiles())
-	if err != nil {
-		b.Fatal(err)
+	for _, bc := range []struct {
+		name, rules string
+	}{
+		{"allowed", `
+domain: public-api
+descriptors:
+  - key: tier
+    value: free
+    descriptors:
+      - key: api_key
+        rate_limit: {unit: second, requests_per_unit: 1000000000}
+      - key: route
+        value: /v1/search
+        descriptors:
+          - key: api_key
+            rate_limit: {unit: second, requests_per_unit: 1000000000}
+`},
+		{"denied", `
+domain: public-api
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			set, err := rules.Compile(1, []rules.File{{Name: "b.yaml", Source: []byte(bc.rules)}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg := agent.DefaultConfig()
+			cfg.Rules = set
+			a, err := agent.New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close(context.Background())
+			m := &Middleware{Checker: a, Extractor: mustExtractor(b, devYAML)}
+			h := m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				r := req("GET", "/v1/search", "X-API-Key", "k_free_demo")
+				w := &discardRW{h: http.Header{}}
+				for pb.Next() {
+					h.ServeHTTP(w, r)
+				}
+			})
+		})
 	}
-	cfg := agent.DefaultConfig()
-	cfg.Rules = set
-	a, err := agent.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Close(context.Background())
-	m := &Middleware{Checker: a, Extractor: mustExtractor(b, devYAML)}
-	h := m.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		r := req("GET", "/v1/other", "X-API-Key", "k_premium_demo") // premium: 1000/min; denials are as cheap
-		w := &discardRW{h: http.Header{}}
-		for pb.Next() {
-			h.ServeHTTP(w, r)
-		}
-	})
 }
