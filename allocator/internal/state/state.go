@@ -213,8 +213,8 @@ func newCore(cfg Config) *core {
 // Config returns the configuration in effect (defaults filled in).
 func (s *State) Config() Config { return s.cfg }
 
-// Apply applies one committed command at the command's time and returns its
-// result (see the contract in the package doc of allocator):
+// Apply applies one committed command at time max(cmd.NowUnixNanos, the
+// last applied time) and returns its result:
 //
 //	acquire   → *AcquireBatchResult
 //	release   → *allotv1.ReleaseResponse or error
