@@ -481,3 +481,49 @@ func (p *lagProxy) cut() {
 		p.wg.Wait()
 	})
 }
+
+// TestRedisSentinelFailover runs the backend in sentinel mode: a primary, a
+// replica and one Sentinel; the primary is killed, Sentinel promotes the
+// replica, and the backend (failing fast meanwhile) recovers by itself on
+// the new primary.
+func TestRedisSentinelFailover(t *testing.T) {
+	primary := startRedis(t, "--repl-diskless-sync-delay", "0")
+	replica := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.port), "--replica-announce-ip", "127.0.0.1")
+	waitFor(t, 10*time.Second, "the replica to sync", func() bool {
+		return strings.Contains(replica.cli("INFO", "replication"), "master_link_status:up")
+	})
+	sentinel := startSentinel(t, primary.port)
+	waitFor(t, 10*time.Second, "the sentinel to find the replica", func() bool {
+		return strings.Contains(sentinel.cli("SENTINEL", "replicas", "m"), strconv.Itoa(replica.port))
+	})
+	b := newTestBackend(t, func(c *Config) {
+		c.Mode = ModeSentinel
+		c.MasterName = "m"
+		c.Timeout = 200 * time.Millisecond
+		c.BreakerCooldown = 50 * time.Millisecond
+	}, sentinel.addr())
+	lim := mustLimit(t, bucket.TokenBucket, 100, time.Second, 100)
+	for range 20 {
+		if _, err := b.AllowN(bg, "sentinel", lim, 1, 1); err != nil {
+			t.Fatalf("through the sentinel: %v", err)
+		}
+	}
+	primary.kill()
+	start := time.Now()
+	var failed int
+	waitFor(t, 30*time.Second, "recovery on the promoted replica", func() bool {
+		_, err := b.AllowN(bg, "sentinel", lim, 1, 1)
+		if err != nil {
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("error does not wrap ErrUnavailable: %v", err)
+			}
+			failed++
+		}
+		return err == nil
+	})
+	if got := sentinel.cli("SENTINEL", "get-master-addr-by-name", "m"); !strings.Contains(got, strconv.Itoa(replica.port)) {
+		t.Fatalf("sentinel reports master %q, want the replica's port %d", got, replica.port)
+	}
+	t.Logf("recovered on the promoted replica after %v; %d checks failed meanwhile (%d fast-failed by the breaker)",
+		time.Since(start).Round(time.Millisecond), failed, b.Stats().FastFails)
+}

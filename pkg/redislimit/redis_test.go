@@ -37,11 +37,12 @@ func requireRedis(t testing.TB) {
 
 // redisServer is one redis-server process owned by a test.
 type redisServer struct {
-	t    testing.TB
-	port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
+	t        testing.TB
+	port     int
+	dir      string
+	args     []string
+	sentinel string // a Sentinel's config file; empty for a server
+	cmd      *exec.Cmd
 }
 
 func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
@@ -91,12 +92,34 @@ func startRedis(t testing.TB, args ...string) *redisServer {
 	return s
 }
 
+// startSentinel starts a Redis Sentinel monitoring the primary at
+// 127.0.0.1:primaryPort as "m", quorum 1, with short failure timeouts.
+func startSentinel(t testing.TB, primaryPort int) *redisServer {
+	t.Helper()
+	requireRedis(t)
+	s := &redisServer{t: t, port: freePort(t, false), dir: t.TempDir()}
+	s.sentinel = filepath.Join(s.dir, "sentinel.conf")
+	conf := fmt.Sprintf("sentinel monitor m 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds m 300\n"+
+		"sentinel failover-timeout m 3000\n"+
+		"sentinel parallel-syncs m 1\n", primaryPort)
+	if err := os.WriteFile(s.sentinel, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
 func (s *redisServer) start() {
 	s.t.Helper()
 	args := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--dir", s.dir, "--logfile", filepath.Join(s.dir, "redis.log"),
 		"--save", "", "--appendonly", "no", "--protected-mode", "no",
+	}
+	if s.sentinel != "" {
+		args = append([]string{s.sentinel, "--sentinel"}, args[:8]...) // no persistence flags
 	}
 	args = append(args, s.args...) // later flags win
 	s.cmd = exec.Command("redis-server", args...)

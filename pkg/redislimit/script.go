@@ -68,6 +68,13 @@ local raw = redis.call('GET', key)
 if raw then for v in string.gmatch(raw, '[^:]+') do f[#f + 1] = v end end
 local kind = f[1]
 local x = tonumber(f[2]) or 0
+-- A value this script did not write (or a corrupted one) counts as absent.
+local need = ({b = 6, f = 4, s = 5, p = 3})[kind or '']
+if need then
+  for i = 2, need do if tonumber(f[i]) == nil then kind = nil end end
+else
+  kind = nil
+end
 
 local demoted = nil
 if kind == 'p' then

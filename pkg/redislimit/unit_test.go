@@ -13,6 +13,7 @@ import (
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 	"go.uber.org/goleak"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestMain(m *testing.M) {
@@ -571,4 +572,116 @@ descriptors:
 	if got > 10 || got < 8 {
 		t.Fatalf("sharded rule admitted %d of 50, limit 10", got)
 	}
+}
+
+func TestFileConfig(t *testing.T) {
+	var f struct {
+		Redis FileConfig `yaml:"redis"`
+	}
+	src := `
+redis:
+  addrs: [10.0.0.1:7000, 10.0.0.2:7000]
+  mode: cluster
+  username: allot
+  password: secret
+  timeout: 8ms
+  breaker: {failures: 5, cooldown: 1s}
+  tls: {insecure_skip_verify: true, server_name: redis.internal}
+  batched: {hold: 100ms}
+  promote: {threshold: 5000, shards: 16}
+`
+	if err := yaml.Unmarshal([]byte(src), &f); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.Redis.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.mode() != ModeCluster || len(c.Addrs) != 2 || c.Username != "allot" || c.Timeout != 8*time.Millisecond ||
+		c.BreakerFailures != 5 || c.BreakerCooldown != time.Second || c.TLS == nil || c.TLS.ServerName != "redis.internal" ||
+		c.KeyPrefix != "allot:" {
+		t.Fatalf("Config() = %+v", c)
+	}
+	bc, ok, err := f.Redis.BatchConfig()
+	if err != nil || !ok || bc.Hold != 100*time.Millisecond || bc.MaxBatch != 64 {
+		t.Fatalf("BatchConfig() = %+v %v %v", bc, ok, err)
+	}
+	pc, ok, err := f.Redis.PromoterConfig()
+	if err != nil || !ok || pc.Threshold != 5000 || pc.Shards != 16 || pc.TTL != 30*time.Second {
+		t.Fatalf("PromoterConfig() = %+v %v %v", pc, ok, err)
+	}
+	f.Redis.TLS = &TLSFileConfig{CAFile: "/nonexistent"}
+	if _, err := f.Redis.Config(); err == nil {
+		t.Fatal("a missing CA file was accepted")
+	}
+}
+
+// TestRedisServerTime: with ServerTime the script reads Redis's clock, so
+// agents whose clocks disagree wildly still share one consistent bucket.
+func TestRedisServerTime(t *testing.T) {
+	srv := startRedis(t)
+	b := newTestBackend(t, func(c *Config) { c.ServerTime = true }, srv.addr())
+	lim := mustLimit(t, bucket.TokenBucket, 10, time.Hour, 10)
+	admitted := 0
+	for i := range 20 {
+		skew := []int64{0, base, base + int64(100*365*24*time.Hour), 1}[i%4]
+		r, err := b.AllowNAt(bg, "servertime", lim, 1, skew, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed {
+			admitted++
+		} else if r.RetryAfter <= 0 || r.RetryAfter > 6*time.Minute {
+			t.Fatalf("denied with RetryAfter %v, want (0, 6m]", r.RetryAfter)
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d, want the burst 10", admitted)
+	}
+}
+
+// TestRedisForeignValue: a value the script did not write counts as an
+// absent key instead of failing every check of the key.
+func TestRedisForeignValue(t *testing.T) {
+	srv := startRedis(t)
+	b := newTestBackend(t, nil, srv.addr())
+	for _, alg := range []bucket.Algorithm{bucket.TokenBucket, bucket.FixedWindow, bucket.SlidingWindow} {
+		lim := mustLimit(t, alg, 5, time.Second, 5)
+		key := "foreign:" + alg.String()
+		for _, v := range []string{"garbage", "b:1:2", "b:x:y:z:w:v", "f:", "s:1:2:3:4:5:6", "p:notanumber:3", ":::"} {
+			srv.cli("SET", b.mainKey(key, xxh64(key)), v)
+			r, err := b.AllowNAt(bg, key, lim, 1, base, 1)
+			if err != nil || !r.Allowed || r.Remaining != 4 {
+				t.Fatalf("%v, value %q: %+v, %v; want a fresh key", alg, v, r, err)
+			}
+		}
+	}
+}
+
+// FuzzStateFrom: no script reply, however malformed, panics the Go side.
+func FuzzStateFrom(f *testing.F) {
+	f.Add(uint8(0), int64(0), int64(0), int64(0), int64(base/1e6))
+	f.Add(uint8(1), int64(-1), int64(math.MaxInt64), int64(1), int64(-5))
+	f.Add(uint8(2), int64(math.MinInt64), int64(3), int64(math.MaxInt64), int64(math.MaxInt64))
+	lims := []bucket.Limit{
+		mustLimit(f, bucket.TokenBucket, 7, 3*time.Second, 3),
+		mustLimit(f, bucket.GCRA, 1_000_000, time.Hour, 1000),
+		mustLimit(f, bucket.FixedWindow, 10, time.Minute, 10),
+		mustLimit(f, bucket.SlidingWindow, 10, time.Minute, 10),
+	}
+	f.Fuzz(func(t *testing.T, which uint8, v0, v1, v2, nowMs int64) {
+		lim := lims[int(which)%len(lims)]
+		p, err := limitParams(lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := max(min(nowMs, bucket.MaxTime/nsPerMs), 0) * nsPerMs
+		for n := range 4 {
+			st, err := p.stateFrom(lim, now, []int64{v0, v1, v2}[:n])
+			if err != nil {
+				continue
+			}
+			_ = resultFrom(lim, v0%2 == 0, st, now, v1%5)
+		}
+	})
 }
