@@ -270,6 +270,7 @@ func (b *Backend) AllowNAt(ctx context.Context, key string, lim bucket.Limit, sh
 	if err != nil {
 		return bucket.Result{}, err
 	}
+	n = max(n, 0) // as pkg/bucket: n < 0 checks without taking
 	h := xxhash.Sum64String(key)
 	shards = effectiveShards(lim, shards)
 	if shards <= 1 {
@@ -391,7 +392,7 @@ func (b *Backend) GiveBack(ctx context.Context, key string, lim bucket.Limit, sh
 	if lim.IsZero() || n <= 0 {
 		return nil
 	}
-	_, err := b.single(ctx, key, lim, shards, shard, opGive, now, min(n, 2*lim.Burst()))
+	_, err := b.single(ctx, key, lim, shards, shard, opGive, now, n)
 	return err
 }
 
@@ -402,7 +403,7 @@ func (b *Backend) Debit(ctx context.Context, key string, lim bucket.Limit, shard
 	if lim.IsZero() || n <= 0 {
 		return nil
 	}
-	_, err := b.single(ctx, key, lim, shards, shard, opDebit, now, min(n, 2*lim.Burst()))
+	_, err := b.single(ctx, key, lim, shards, shard, opDebit, now, n)
 	return err
 }
 
@@ -410,6 +411,9 @@ func (b *Backend) single(ctx context.Context, key string, lim bucket.Limit, shar
 	rk, l, p, err := b.target(key, lim, shards, shard)
 	if err != nil {
 		return outcome{}, err
+	}
+	if o == opGive || o == opDebit {
+		n = min(n, 2*l.Burst()) // more can never be outstanding (as pkg/bucket)
 	}
 	c := call{key: rk, lim: l, p: p, op: o, now: now, n: n}
 	out, err := b.do(ctx, &c)

@@ -181,7 +181,7 @@ func TestRedisScriptMatchesBucket(t *testing.T) {
 				at += time.Duration(rapid.Int64Range(-2000, 5000).Draw(rt, "dt")) * time.Millisecond
 				at = max(at, -time.Minute)
 				o := rapid.SampledFrom([]op{opAllow, opAllow, opAllow, opTake, opGive, opDebit}).Draw(rt, "op")
-				n := rapid.Int64Range(0, burst+1).Draw(rt, "n")
+				n := rapid.Int64Range(-1, burst+1).Draw(rt, "n")
 				steps = append(steps, tstep{at, o, n})
 			}
 			seq++
