@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot/allot/pkg/bucket"
@@ -77,6 +78,7 @@ type Batcher struct {
 
 	stop      chan struct{}
 	done      chan struct{}
+	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -136,6 +138,10 @@ func (bt *Batcher) AllowN(ctx context.Context, key string, lim bucket.Limit, sha
 func (bt *Batcher) AllowNAt(ctx context.Context, key string, lim bucket.Limit, shards int, now, n int64) (bucket.Result, error) {
 	if lim.IsZero() {
 		return bucket.Result{Allowed: true, Remaining: bucket.Unlimited}, nil
+	}
+	if bt.closed.Load() {
+		// Closed: nothing may be held any more, so check per request.
+		return bt.b.AllowNAt(ctx, key, lim, shards, now, n)
 	}
 	h := bt.holding(key, lim, shards, now)
 	if h == nil {
@@ -425,9 +431,11 @@ func (bt *Batcher) Return(key string, n int64) {
 }
 
 // Close stops the sweeper and gives every held token back (bounded by
-// ctx). It does not close the Backend. Safe to call twice.
+// ctx); later calls check per request (Backend.AllowN). It does not close
+// the Backend. Safe to call twice.
 func (bt *Batcher) Close(ctx context.Context) error {
 	bt.closeOnce.Do(func() {
+		bt.closed.Store(true)
 		close(bt.stop)
 		<-bt.done
 		bt.closeErr = bt.sweep(ctx, bt.b.now(), true)

@@ -320,9 +320,9 @@ func TestShardingAccuracy(t *testing.T) {
 	}
 }
 
-// TestPromotion: a promoted key is split for every agent; the sub-keys
+// TestRedisPromotion: a promoted key is split for every agent; the sub-keys
 // start with the key's remaining tokens, and demotion never over-admits.
-func TestPromotion(t *testing.T) {
+func TestRedisPromotion(t *testing.T) {
 	t.Run("inmem", func(t *testing.T) { testPromotion(t, newInmem(t, nil), newInmem(t, nil)) })
 	t.Run("redis", func(t *testing.T) {
 		srv := startRedis(t)
@@ -434,10 +434,10 @@ func TestPromoter(t *testing.T) {
 	}
 }
 
-// TestBatcher: batched mode spends local tokens, never admits more than
+// TestRedisBatcher: batched mode spends local tokens, never admits more than
 // the limit plus what refills during the hold, and gives unspent tokens back
 // on Close.
-func TestBatcher(t *testing.T) {
+func TestRedisBatcher(t *testing.T) {
 	t.Run("inmem", func(t *testing.T) { testBatcher(t, newInmem(t, nil)) })
 	t.Run("redis", func(t *testing.T) {
 		srv := startRedis(t)
