@@ -121,7 +121,7 @@ func (a *adminService) TopKeys(_ context.Context, req *allotv1.TopKeysRequest) (
 // Check runs one authoritative check-and-take, committed through Raft.
 func (a *adminService) Check(ctx context.Context, req *allotv1.CheckRequest) (*allotv1.CheckResponse, error) {
 	s := a.s
-	if err := validateCheck(req); err != nil {
+	if err := ValidateCheck(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	var resp *allotv1.CheckResponse
@@ -155,9 +155,11 @@ const (
 	maxKeyBytes         = 4096 // domain + entries, 2 bytes of separators per entry
 )
 
-// validateCheck rejects a Check before it is proposed, with the state
-// machine's bounds (which it checks again when applying).
-func validateCheck(req *allotv1.CheckRequest) error {
+// ValidateCheck checks a CheckRequest against the bounds the state machine
+// applies (it checks them again when applying): a domain, 1..1000
+// descriptors, none empty, each key (domain and entries) at most 4 KiB. It
+// needs no state, so a client (allotctl) or a fuzz target can call it.
+func ValidateCheck(req *allotv1.CheckRequest) error {
 	if req.GetDomain() == "" {
 		return errors.New("allocator: check: domain is required")
 	}
@@ -319,10 +321,21 @@ func (a *adminService) RemoveServer(ctx context.Context, req *allotv1.RemoveServ
 	err := s.onLeader(ctx, true,
 		func(ctx context.Context) error {
 			id := req.GetId()
+			inConfig, err := s.inConfiguration(id)
+			if err != nil {
+				return err
+			}
+			if !inConfig && !s.hasMemberRecord(id) {
+				return status.Errorf(codes.NotFound, "allocator: remove server: %q is not a member", id)
+			}
 			// Forget the addresses first: after removing itself the leader
 			// could not commit anything more.
 			if err := s.forgetMember(id); err != nil {
 				return err
+			}
+			if !inConfig {
+				s.log.Info("stale member record removed", "id", id)
+				return nil
 			}
 			f := s.node.raft.RemoveServer(raft.ServerID(id), 0, s.cfg.ApplyTimeout)
 			if err := f.Error(); err != nil {
@@ -339,6 +352,30 @@ func (a *adminService) RemoveServer(ctx context.Context, req *allotv1.RemoveServ
 		return nil, s.status(err)
 	}
 	return &allotv1.RemoveServerResponse{}, nil
+}
+
+// inConfiguration reports whether id is in the Raft configuration.
+func (s *Server) inConfiguration(id string) (bool, error) {
+	f := s.node.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return false, err
+	}
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == id {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// hasMemberRecord reports whether the replicated member records hold id.
+func (s *Server) hasMemberRecord(id string) bool {
+	for _, m := range s.st.Members() {
+		if m.GetId() == id {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) forgetMember(id string) error {

@@ -25,7 +25,10 @@ type batcher struct {
 	observe func(b *allotv1.AcquireBatch, keys int)
 
 	maxKeys, maxBytes int
-	slots             chan struct{} // one token per batch in flight
+	// maxQueue caps the calls waiting in queue (0: no cap); submit refuses
+	// the excess at once with errOverloaded.
+	maxQueue int
+	slots    chan struct{} // one token per batch in flight
 
 	mu     sync.Mutex // guards queue and closed
 	queue  []*pendingAcquire
@@ -85,6 +88,10 @@ func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*all
 	if b.closed {
 		b.mu.Unlock()
 		return nil, errShutdown
+	}
+	if b.maxQueue > 0 && len(b.queue) >= b.maxQueue {
+		b.mu.Unlock()
+		return nil, errOverloaded
 	}
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/allot/allot/allocator/internal/state"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/tlsconfig"
 )
 
 // Config configures a Server. Start from DefaultConfig; New calls Validate.
@@ -90,11 +91,60 @@ type Config struct {
 	// *prometheus.Registry is), /metrics serves it.
 	Registerer prometheus.Registerer
 
-	// ServerOptions are added to the gRPC server's options. DialOptions are
-	// used for node-to-node calls (forwarding, join); when empty, insecure
-	// transport credentials are used.
+	// ServerOptions are added to the gRPC server's options (after the
+	// Server's own, so they win). DialOptions are added to node-to-node
+	// calls (forwarding, join); without TLS and without transport
+	// credentials among them, calls are plaintext.
 	ServerOptions []grpc.ServerOption
 	DialOptions   []grpc.DialOption
+
+	// TLS names this node's PEM files (docs/security.md). With a
+	// certificate and key, gRPC is served over TLS and node-to-node calls
+	// present the certificate, which must carry the allocator role
+	// (spiffe://allot/allocator or OU=allocator); the other nodes' servers
+	// must carry it too. The files are re-read when they change.
+	TLS tlsconfig.Options
+	// ClientAuth is the gRPC server's client-certificate policy: none
+	// (default), optional (verified when presented) or require. Anything
+	// but none needs TLS.CAFile.
+	ClientAuth tlsconfig.ClientAuth
+	// RaftTLS carries Raft over mutual TLS with the TLS files: both ends
+	// must present certificates with the allocator role signed by the CA.
+	RaftTLS bool
+	// AdminTokens are bearer tokens ("authorization: Bearer <token>") that
+	// grant the admin role; SetAdminTokens replaces them at run time.
+	AdminTokens []string
+	// OpenReads lets any caller use the read-only Admin RPCs (GetRules,
+	// ListLeases, InspectKey, ListAgents, TopKeys, ClusterStatus). Without
+	// it they need an admin whenever authentication is configured (a
+	// ClientAuth other than none, or AdminTokens).
+	OpenReads bool
+
+	// MaxInflight caps the unary calls this node serves at once (default
+	// 1024); a call beyond it is answered ResourceExhausted at once, never
+	// queued.
+	MaxInflight int
+	// MaxQueuedAcquires caps the Acquire calls waiting in the leader's
+	// batcher (default 4096); beyond it, ResourceExhausted.
+	MaxQueuedAcquires int
+	// AgentRate and AgentBurst limit the Acquire and Release calls each
+	// agent sends to this node (a token bucket per agent: the certificate's
+	// agent id, else the agent_id): default 100 calls/s with a burst of
+	// 200. An agent's refill loop sends at most one call per 20 ms tick.
+	// AgentRate < 0 turns the limit off.
+	AgentRate, AgentBurst int
+	// MaxConcurrentStreams caps the concurrent calls on one client
+	// connection (default 256).
+	MaxConcurrentStreams uint32
+	// ForwardTimeout bounds each forwarded call (follower to leader) when
+	// the caller's own deadline is later or absent (default 10 s).
+	ForwardTimeout time.Duration
+	// Keepalive: a client that pings more often than KeepaliveMinTime is
+	// disconnected (default 10 s; pings without calls in flight are
+	// allowed); an idle connection is pinged after KeepaliveTime (default
+	// 30 s) and closed if the ping is not answered in KeepaliveTimeout
+	// (default 10 s).
+	KeepaliveMinTime, KeepaliveTime, KeepaliveTimeout time.Duration
 
 	// transport, when set (tests), replaces the TCP Raft transport; RaftAddr
 	// is then ignored and the transport's LocalAddr is used.
@@ -126,6 +176,16 @@ func DefaultConfig() Config {
 		MaxRecvMsgSize:     4 << 20,
 		SnapshotInterval:   30 * time.Second,
 		SnapshotThreshold:  8192,
+
+		MaxInflight:          1024,
+		MaxQueuedAcquires:    4096,
+		AgentRate:            100,
+		AgentBurst:           200,
+		MaxConcurrentStreams: 256,
+		ForwardTimeout:       10 * time.Second,
+		KeepaliveMinTime:     10 * time.Second,
+		KeepaliveTime:        30 * time.Second,
+		KeepaliveTimeout:     10 * time.Second,
 	}
 }
 
@@ -163,6 +223,19 @@ func (c Config) withDefaults() Config {
 	setInt(&c.MaxBatchBytes, d.MaxBatchBytes)
 	setInt(&c.MaxInflightBatches, d.MaxInflightBatches)
 	setInt(&c.MaxRecvMsgSize, d.MaxRecvMsgSize)
+	setInt(&c.MaxInflight, d.MaxInflight)
+	setInt(&c.MaxQueuedAcquires, d.MaxQueuedAcquires)
+	setInt(&c.AgentRate, d.AgentRate)
+	if c.AgentBurst == 0 {
+		c.AgentBurst = max(d.AgentBurst, c.AgentRate)
+	}
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = d.MaxConcurrentStreams
+	}
+	setDur(&c.ForwardTimeout, d.ForwardTimeout)
+	setDur(&c.KeepaliveMinTime, d.KeepaliveMinTime)
+	setDur(&c.KeepaliveTime, d.KeepaliveTime)
+	setDur(&c.KeepaliveTimeout, d.KeepaliveTimeout)
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = d.SnapshotThreshold
 	}
@@ -241,6 +314,18 @@ func (c Config) Validate() error {
 	if c.MaxInflightBatches > 64 {
 		bad("MaxInflightBatches must be at most 64")
 	}
+	if c.MaxInflight < 0 || c.MaxQueuedAcquires < 0 || c.AgentBurst < 0 {
+		bad("MaxInflight, MaxQueuedAcquires and AgentBurst must not be negative")
+	}
+	for name, d := range map[string]time.Duration{
+		"ForwardTimeout": c.ForwardTimeout, "KeepaliveMinTime": c.KeepaliveMinTime,
+		"KeepaliveTime": c.KeepaliveTime, "KeepaliveTimeout": c.KeepaliveTimeout,
+	} {
+		if d < 0 {
+			bad("%s must not be negative", name)
+		}
+	}
+	errs = append(errs, c.validateSecurity()...)
 	return errors.Join(errs...)
 }
 
@@ -268,4 +353,45 @@ func (c Config) stateConfig() state.Config {
 	sc.RefreshInterval = c.RefreshInterval
 	sc.AgentTTL = c.AgentTTL
 	return sc
+}
+
+// validateSecurity checks the TLS and authentication fields.
+func (c Config) validateSecurity() []error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("allocator: "+format, args...))
+	}
+	if err := c.TLS.Validate(); err != nil {
+		bad("TLS: %v", err)
+	}
+	hasCert := c.TLS.CertFile != "" && c.TLS.KeyFile != ""
+	if c.TLS.Enabled() && !hasCert {
+		bad("TLS: a certificate and key are required to serve TLS")
+	}
+	switch c.ClientAuth {
+	case tlsconfig.ClientAuthNone:
+	case tlsconfig.ClientAuthOptional, tlsconfig.ClientAuthRequire:
+		if !hasCert || c.TLS.CAFile == "" {
+			bad("ClientAuth %s needs TLS with a certificate, key and CA file", c.ClientAuth)
+		}
+	default:
+		bad("unknown ClientAuth %d", c.ClientAuth)
+	}
+	if c.RaftTLS {
+		if !hasCert || c.TLS.CAFile == "" {
+			bad("RaftTLS needs TLS with a certificate, key and CA file")
+		}
+	}
+	for i, tok := range c.AdminTokens {
+		if len(tok) < 16 {
+			bad("AdminTokens[%d] is shorter than 16 bytes", i)
+		}
+	}
+	return errs
+}
+
+// authEnabled reports whether calls are authenticated at all: client
+// certificates are verified, or admin tokens are configured.
+func (c Config) authEnabled() bool {
+	return c.ClientAuth != tlsconfig.ClientAuthNone || len(c.AdminTokens) > 0
 }

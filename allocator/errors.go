@@ -22,6 +22,9 @@ var (
 	// errForwardedNotLeader: a call forwarded to this node found it no longer
 	// leading; it is not forwarded a second time.
 	errForwardedNotLeader = errors.New("allocator: forwarded call reached a node that is not the leader")
+	// errOverloaded: the leader's Acquire queue is full; nothing was
+	// proposed.
+	errOverloaded = errors.New("allocator: overloaded: the Acquire queue is full")
 )
 
 // ErrorInfo reasons and metadata keys carried by Unavailable statuses, so
@@ -73,6 +76,8 @@ func toStatus(err error, hint leaderHint) error {
 		return unavailable(err, ReasonNotLeader, hint)
 	case errors.Is(err, errShutdown):
 		return unavailable(err, ReasonShuttingDown, hint)
+	case errors.Is(err, errOverloaded):
+		return exhausted(ReasonOverloaded, overloadRetry, "%s; retry shortly", err.Error())
 	// Outcome unknown: the entry may have been replicated before the loss.
 	case errors.Is(err, raft.ErrLeadershipLost),
 		errors.Is(err, raft.ErrRaftShutdown),

@@ -10,7 +10,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/allot/allot/pkg/tlsconfig"
 )
 
 // forwardedKey marks a call one node forwarded to another. A node that
@@ -26,8 +29,14 @@ type forwarder struct {
 	closed bool
 }
 
-func newForwarder(dialOpts []grpc.DialOption) *forwarder {
+// newForwarder dials with l's certificate (and requires the other node's
+// to carry the allocator role) when l is non-nil, else plaintext unless
+// dialOpts bring credentials.
+func newForwarder(dialOpts []grpc.DialOption, l *tlsconfig.Loader) *forwarder {
 	opts := []grpc.DialOption{
+		// Find a dead connection to a leader that vanished (the servers
+		// allow pings every 10 s).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// Reconnect quickly to a node that restarts (gRPC's default backoff
 		// starts at 1 s).
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -40,7 +49,9 @@ func newForwarder(dialOpts []grpc.DialOption) *forwarder {
 			MinConnectTimeout: 2 * time.Second,
 		}),
 	}
-	if len(dialOpts) == 0 {
+	if l != nil {
+		opts = append(opts, grpc.WithTransportCredentials(l.ClientCredentials("", tlsconfig.RoleAllocator)))
+	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	opts = append(opts, dialOpts...)
@@ -146,6 +157,10 @@ func (s *Server) forward(ctx context.Context, remote func(context.Context, *grpc
 		return err
 	}
 	s.metrics.forwarded.Inc()
-	ctx = metadata.AppendToOutgoingContext(ctx, forwardedKey, s.cfg.NodeID)
+	// Bound the hop: a caller without a deadline must not hold this node's
+	// resources on a leader that stopped answering.
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ForwardTimeout)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, forwardMetadata(ctx, s.cfg.NodeID)...)
 	return remote(ctx, cc)
 }

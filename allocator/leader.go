@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -187,6 +189,11 @@ func (s *Server) joinOnce(req *allotv1.AddVoterRequest) error {
 	}
 	ctx, cancel := context.WithTimeout(s.baseCtx, 10*time.Second)
 	defer cancel()
+	// With a certificate the node proves the allocator role; without one,
+	// a cluster authenticated by tokens needs an admin token.
+	if tok := s.joinToken.Load(); tok != nil && s.tls == nil {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+*tok)
+	}
 	_, err = allotv1.NewAdminClient(cc).AddVoter(ctx, req)
 	return err
 }

@@ -27,10 +27,20 @@ type metrics struct {
 	commands      *prometheus.CounterVec
 	expired       prometheus.Counter
 	rulesVersion  prometheus.Gauge
+	rejected      *prometheus.CounterVec
+	inflight      prometheus.GaugeFunc
 }
 
-func newMetrics() *metrics {
+func newMetrics(inflight func() float64) *metrics {
 	return &metrics{
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "rejected_calls_total",
+			Help: "Calls refused before any work, by reason: unauthenticated, permission_denied, agent_rate, inflight, queue_full.",
+		}, []string{"reason"}),
+		inflight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Name: "inflight_calls",
+			Help: "Unary calls being served by this node (capped by MaxInflight).",
+		}, inflight),
 		applyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: metricsNamespace, Name: "raft_apply_seconds",
 			Help:    "Time from raft.Apply to the entry being applied on the leader.",
@@ -89,6 +99,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.applyLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
 		m.leaderChanges, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
+		m.rejected, m.inflight,
 	}
 }
 
@@ -96,7 +107,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 // Registerer (and a private registry served on /metrics when the Registerer
 // cannot be gathered).
 func (s *Server) setupMetrics() error {
-	s.metrics = newMetrics()
+	s.metrics = newMetrics(func() float64 { return float64(s.guard.inflight.Load()) })
 	reg := s.cfg.Registerer
 	switch g, ok := reg.(prometheus.Gatherer); {
 	case reg == nil:

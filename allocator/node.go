@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,8 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
+
+	"github.com/allot/allot/pkg/tlsconfig"
 )
 
 // Raft storage layout inside Config.DataDir.
@@ -41,7 +42,7 @@ type node struct {
 // openNode opens the stores in cfg.DataDir, checks them, and starts Raft
 // with f as its FSM. A node with existing Raft state ignores Bootstrap. Any
 // corruption found stops it with an error naming the path.
-func openNode(cfg Config, f *fsm, logger hclog.Logger) (n *node, err error) {
+func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader) (n *node, err error) {
 	dir := cfg.DataDir
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("allocator: create data dir %s: %w", dir, err)
@@ -81,7 +82,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger) (n *node, err error) {
 	if cfg.transport != nil {
 		n.trans = cfg.transport
 	} else {
-		n.trans, err = newTCPTransport(cfg.RaftAddr, logger.Named("transport"))
+		n.trans, err = newTCPTransport(cfg.RaftAddr, logger.Named("transport"), raftTLS)
 		if err != nil {
 			return nil, err
 		}
@@ -237,6 +238,12 @@ func (n *node) close() {
 	if n.raft != nil {
 		_ = n.raft.Shutdown().Error() // idempotent
 	}
+	// CloseStreams first: it closes the pooled outgoing connections, so
+	// the peers' handlers for them end too (Close alone leaves them
+	// blocked in a read).
+	if nt, ok := n.trans.(*raft.NetworkTransport); ok {
+		nt.CloseStreams()
+	}
 	if c, ok := n.trans.(io.Closer); ok {
 		_ = c.Close()
 	}
@@ -246,32 +253,17 @@ func (n *node) close() {
 }
 
 // newTCPTransport binds addr (port 0 allowed) and returns a Raft network
-// transport over it, advertising the bound address.
-func newTCPTransport(addr string, logger hclog.Logger) (*raft.NetworkTransport, error) {
-	ln, err := net.Listen("tcp", addr)
+// transport over it, advertising the bound address; with a non-nil loader,
+// over mutual TLS (see streamLayer).
+func newTCPTransport(addr string, logger hclog.Logger, l *tlsconfig.Loader) (*raft.NetworkTransport, error) {
+	stream, err := newStreamLayer(addr, l)
 	if err != nil {
-		return nil, fmt.Errorf("allocator: listen raft %s: %w", addr, err)
+		return nil, err
 	}
-	stream := &tcpStreamLayer{ln: ln}
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  logger,
 	}), nil
-}
-
-// tcpStreamLayer is a raft.StreamLayer over a pre-bound TCP listener. A TLS
-// layer would wrap the listener and the dialer the same way.
-type tcpStreamLayer struct {
-	ln net.Listener
-}
-
-func (t *tcpStreamLayer) Accept() (net.Conn, error) { return t.ln.Accept() }
-func (t *tcpStreamLayer) Close() error              { return t.ln.Close() }
-func (t *tcpStreamLayer) Addr() net.Addr            { return t.ln.Addr() }
-
-func (t *tcpStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", string(address))
 }

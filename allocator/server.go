@@ -14,12 +14,15 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/allocator/internal/state"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/tlsconfig"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -35,6 +38,8 @@ type Server struct {
 	node    *node
 	batcher *batcher
 	fwd     *forwarder
+	guard   *guard
+	tls     *tlsconfig.Loader // nil without TLS
 	metrics *metrics
 	gather  prometheus.Gatherer
 	// registries and registered: where the metrics went, for unregistering.
@@ -53,6 +58,10 @@ type Server struct {
 	rulesCh chan struct{} // closed (and replaced) when the rule set may have changed
 
 	lastStamp atomic.Int64 // the latest time stamped into a command
+
+	// joinToken is the admin token presented when joining without a
+	// certificate (nil: none).
+	joinToken atomic.Pointer[string]
 
 	// done is closed when Shutdown starts: waits, watchers and loops end.
 	done chan struct{}
@@ -91,7 +100,23 @@ func New(cfg Config) (*Server, error) {
 		stopLoops: make(chan struct{}),
 	}
 	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
-	s.fwd = newForwarder(cfg.DialOptions)
+	if cfg.TLS.Enabled() {
+		opts := cfg.TLS
+		opts.OnReloadError = func(err error) { s.log.Warn("TLS files changed but did not load; keeping the previous ones", "err", err) }
+		l, err := tlsconfig.Load(opts)
+		if err != nil {
+			return nil, fmt.Errorf("allocator: %w", err)
+		}
+		s.tls = l
+		if id, err := l.Identity(); err != nil || id.Role != tlsconfig.RoleAllocator {
+			// The other nodes refuse its forwarded calls and Raft traffic.
+			s.log.Warn("this node's certificate does not carry the allocator role; peers will refuse it",
+				"identity", id.String(), "err", err)
+		}
+	}
+	s.setJoinToken(cfg.AdminTokens)
+	s.guard = newGuard(cfg, s.log)
+	s.fwd = newForwarder(cfg.DialOptions, s.tls)
 	s.fsm = &fsm{st: s.st, onRules: s.notifyRules}
 
 	var err error
@@ -104,6 +129,7 @@ func New(cfg Config) (*Server, error) {
 	if err = s.setupMetrics(); err != nil {
 		return nil, err
 	}
+	s.guard.rejected = func(reason string) { s.metrics.rejected.WithLabelValues(reason).Inc() }
 	s.fsm.onApply = s.metrics.observeApply
 	s.fsm.onExpired = func(n uint64) { s.metrics.expired.Add(float64(n)) }
 
@@ -121,17 +147,24 @@ func New(cfg Config) (*Server, error) {
 		s.httpAddr = s.httpLn.Addr().String()
 	}
 
-	if s.node, err = openNode(cfg, s.fsm, newHCLogAdapter(s.log, "raft")); err != nil {
+	var raftTLS *tlsconfig.Loader
+	if cfg.RaftTLS {
+		raftTLS = s.tls
+	}
+	if s.node, err = openNode(cfg, s.fsm, newHCLogAdapter(s.log, "raft"), raftTLS); err != nil {
 		return nil, err
 	}
 	if err = s.register(&stateCollector{s: s}); err != nil {
 		return nil, err
 	}
 	s.batcher = newBatcher(s.propose, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
+	s.batcher.maxQueue = cfg.MaxQueuedAcquires
 	s.batcher.observe = s.metrics.observeBatch
 	s.batcher.start()
 
-	s.startGRPC()
+	if err = s.startGRPC(); err != nil {
+		return nil, err
+	}
 	if s.httpLn != nil {
 		s.startHTTP()
 	}
@@ -140,7 +173,8 @@ func New(cfg Config) (*Server, error) {
 		s.goFunc(s.joinLoop)
 	}
 	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", string(s.node.addr), "http", s.httpAddr,
-		"data_dir", cfg.DataDir)
+		"data_dir", cfg.DataDir, "tls", s.tls != nil, "client_auth", cfg.ClientAuth.String(), "raft_tls", cfg.RaftTLS,
+		"admin_tokens", len(cfg.AdminTokens))
 	return s, nil
 }
 
@@ -178,12 +212,31 @@ func (s *Server) goFunc(f func()) {
 	}()
 }
 
-func (s *Server) startGRPC() {
+// startGRPC starts the gRPC server: TLS when configured, the guard's
+// interceptors (authentication, per-agent rate, in-flight cap), keepalive
+// enforcement and the per-connection stream cap.
+func (s *Server) startGRPC() error {
+	c := s.cfg
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(s.cfg.MaxRecvMsgSize),
-		grpc.MaxSendMsgSize(s.cfg.MaxRecvMsgSize * 4),
+		grpc.MaxRecvMsgSize(c.MaxRecvMsgSize),
+		grpc.MaxSendMsgSize(c.MaxRecvMsgSize * 4),
+		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.KeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: c.KeepaliveTime, Timeout: c.KeepaliveTimeout}),
+		// A connection that has not finished its handshake in this time is
+		// closed (gRPC's default is 120 s).
+		grpc.ConnectionTimeout(10 * time.Second),
+		grpc.ChainUnaryInterceptor(s.guard.unary),
+		grpc.ChainStreamInterceptor(s.guard.stream),
 	}
-	opts = append(opts, s.cfg.ServerOptions...)
+	if s.tls != nil {
+		tc, err := s.tls.Server(c.ClientAuth)
+		if err != nil {
+			return fmt.Errorf("allocator: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	opts = append(opts, c.ServerOptions...)
 	s.grpcSrv = grpc.NewServer(opts...)
 	allotv1.RegisterAllocatorServer(s.grpcSrv, &allocatorService{s: s})
 	allotv1.RegisterAdminServer(s.grpcSrv, &adminService{s: s})
@@ -196,6 +249,49 @@ func (s *Server) startGRPC() {
 			s.log.Error("grpc server stopped", "err", err)
 		}
 	})
+	return nil
+}
+
+// SetAdminTokens replaces the admin bearer tokens (a rotation: callers with
+// an old token are refused from now on). It fails when authentication was
+// not configured at New (no ClientAuth and no AdminTokens), or a token is
+// shorter than 16 bytes.
+func (s *Server) SetAdminTokens(tokens []string) error {
+	if !s.guard.authOn {
+		return errors.New("allocator: authentication is off (no ClientAuth and no AdminTokens at start); tokens not set")
+	}
+	for i, tok := range tokens {
+		if len(tok) < 16 {
+			return fmt.Errorf("allocator: admin token %d is shorter than 16 bytes", i)
+		}
+	}
+	s.guard.setTokens(tokens)
+	s.setJoinToken(tokens)
+	s.log.Info("admin tokens replaced", "count", len(tokens))
+	return nil
+}
+
+func (s *Server) setJoinToken(tokens []string) {
+	if len(tokens) == 0 {
+		s.joinToken.Store(nil)
+		return
+	}
+	tok := tokens[0]
+	s.joinToken.Store(&tok)
+}
+
+// ReloadTLS re-reads the TLS files now (they are also re-read when they
+// change, within tlsconfig.Options.ReloadInterval). On error the previous
+// certificates stay in use. Without TLS it does nothing.
+func (s *Server) ReloadTLS() error {
+	if s.tls == nil {
+		return nil
+	}
+	if err := s.tls.Reload(); err != nil {
+		return fmt.Errorf("allocator: %w", err)
+	}
+	s.log.Info("TLS files reloaded")
+	return nil
 }
 
 // GRPCAddr returns the bound gRPC address.

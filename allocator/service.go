@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
@@ -43,6 +44,9 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 			return err
 		})
 	if err != nil {
+		if errors.Is(err, errOverloaded) {
+			s.metrics.rejected.WithLabelValues("queue_full").Inc()
+		}
 		s.metrics.acquireCalls.WithLabelValues("error").Inc()
 		return nil, s.status(err)
 	}

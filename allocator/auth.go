@@ -1,0 +1,256 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/allot/allot/pkg/tlsconfig"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// identityKey carries, on a call one node forwards to another, the
+// identity the forwarding node authenticated (tlsconfig.Identity.String();
+// absent for an anonymous caller). The receiving node trusts it only when
+// the forwarding node proved the allocator role with its certificate.
+const identityKey = "x-allot-identity"
+
+// methodClass is what a method requires of its caller.
+type methodClass uint8
+
+const (
+	// classOpen: no authentication (the health service).
+	classOpen methodClass = iota
+	// classAgent: Acquire and Release, only as the caller's own agent id.
+	classAgent
+	// classWatch: WatchRules, any caller the transport admitted.
+	classWatch
+	// classRead: the read-only Admin RPCs (an admin, unless OpenReads).
+	classRead
+	// classJoin: AddVoter (an admin, or an allocator joining).
+	classJoin
+	// classAdmin: every other Admin RPC, and any method not listed.
+	classAdmin
+)
+
+var methodClasses = map[string]methodClass{
+	allotv1.Allocator_Acquire_FullMethodName:    classAgent,
+	allotv1.Allocator_Release_FullMethodName:    classAgent,
+	allotv1.Allocator_WatchRules_FullMethodName: classWatch,
+	allotv1.Admin_GetRules_FullMethodName:       classRead,
+	allotv1.Admin_ListLeases_FullMethodName:     classRead,
+	allotv1.Admin_InspectKey_FullMethodName:     classRead,
+	allotv1.Admin_ListAgents_FullMethodName:     classRead,
+	allotv1.Admin_TopKeys_FullMethodName:        classRead,
+	allotv1.Admin_ClusterStatus_FullMethodName:  classRead,
+	allotv1.Admin_AddVoter_FullMethodName:       classJoin,
+	// PutRules, Check, RemoveServer, TransferLeadership: classAdmin.
+}
+
+// classify returns a method's class; unknown methods need an admin.
+func classify(fullMethod string) methodClass {
+	if c, ok := methodClasses[fullMethod]; ok {
+		return c
+	}
+	if strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/") {
+		return classOpen
+	}
+	return classAdmin
+}
+
+// principal is who a call comes from.
+type principal struct {
+	// cert is the identity in the immediate caller's verified certificate
+	// (zero without one).
+	cert tlsconfig.Identity
+	// forwarded: the immediate caller is an allocator (cert role) that
+	// forwarded the call; via is then the original caller's identity
+	// (zero: anonymous).
+	forwarded bool
+	via       tlsconfig.Identity
+	// token: a valid admin bearer token was presented.
+	token bool
+}
+
+// tokenIdentity is the identity a valid bearer token proves.
+var tokenIdentity = tlsconfig.Identity{Role: tlsconfig.RoleAdmin, Name: "token"}
+
+// acting returns the identity the call acts as: the forwarded identity on
+// a call from a peer, else an admin token's, else the certificate's.
+func (p principal) acting() tlsconfig.Identity {
+	switch {
+	case p.forwarded:
+		return p.via
+	case p.token && !p.cert.Is(tlsconfig.RoleAdmin):
+		return tokenIdentity
+	}
+	return p.cert
+}
+
+func (p principal) String() string {
+	id := p.acting()
+	s := "anonymous"
+	if !id.IsZero() {
+		s = id.String()
+	}
+	if p.forwarded {
+		s += " (forwarded by " + p.cert.String() + ")"
+	}
+	return s
+}
+
+type principalKey struct{}
+
+// withPrincipal records the authenticated principal for the handlers (the
+// forwarder passes it on).
+func withPrincipal(ctx context.Context, p principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// principalFrom returns the call's principal (ok false when the call was
+// not authenticated: authentication is off).
+func principalFrom(ctx context.Context) (principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(principal)
+	return p, ok
+}
+
+// authError is a refusal with its metrics reason.
+type authError struct {
+	reason string // "unauthenticated" or "permission_denied"
+	err    error  // a status error
+}
+
+func (e *authError) Error() string { return e.err.Error() }
+
+func unauthenticated(format string, args ...any) *authError {
+	return &authError{"unauthenticated", status.Errorf(codes.Unauthenticated, "allocator: "+format, args...)}
+}
+
+func denied(format string, args ...any) *authError {
+	return &authError{"permission_denied", status.Errorf(codes.PermissionDenied, "allocator: "+format, args...)}
+}
+
+// authenticate builds the call's principal from the verified peer
+// certificate, the forwarding metadata and the bearer token.
+func (g *guard) authenticate(ctx context.Context) (principal, *authError) {
+	var p principal
+	if pr, ok := peer.FromContext(ctx); ok {
+		if info, ok := pr.AuthInfo.(credentials.TLSInfo); ok {
+			id, err := tlsconfig.PeerIdentity(info.State)
+			if err != nil {
+				return p, denied("client certificate: %v", err)
+			}
+			p.cert = id
+		}
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	if p.cert.Is(tlsconfig.RoleAllocator) && len(md.Get(forwardedKey)) > 0 {
+		p.forwarded = true
+		if v := md.Get(identityKey); len(v) > 0 && v[0] != "" {
+			id, err := tlsconfig.ParseIdentity(v[0])
+			if err != nil {
+				return p, denied("forwarded identity: %v", err)
+			}
+			p.via = id
+		}
+		// The forwarding node checked the caller's token; a rotation in
+		// progress on this node must not refuse it again.
+		return p, nil
+	}
+	for _, h := range md.Get("authorization") {
+		tok, ok := tlsconfig.BearerToken(h)
+		if !ok {
+			return p, unauthenticated(`malformed authorization metadata: want "Bearer <token>"`)
+		}
+		if !g.tokens.Load().Valid(tok) {
+			return p, unauthenticated("invalid bearer token")
+		}
+		p.token = true
+	}
+	return p, nil
+}
+
+// needAdmin is the refusal for a caller without the admin role.
+func needAdmin(p principal, method string) *authError {
+	id := p.acting()
+	if id.IsZero() {
+		return unauthenticated(`%s needs an admin: a client certificate with the admin role, or "authorization: Bearer <token>" metadata`, method)
+	}
+	return denied("%s may not call %s: it needs the admin role", id, method)
+}
+
+// authorize checks that p may call method with req.
+func (g *guard) authorize(p principal, class methodClass, method string, req any) *authError {
+	id := p.acting()
+	switch class {
+	case classOpen, classWatch:
+		return nil
+	case classRead:
+		if g.openReads || id.Is(tlsconfig.RoleAdmin, tlsconfig.RoleAllocator) {
+			return nil
+		}
+		return needAdmin(p, method)
+	case classJoin:
+		if id.Is(tlsconfig.RoleAdmin, tlsconfig.RoleAllocator) {
+			return nil
+		}
+		return needAdmin(p, method)
+	case classAgent:
+		agentID := ""
+		if r, ok := req.(interface{ GetAgentId() string }); ok {
+			agentID = r.GetAgentId()
+		}
+		switch {
+		case id.IsZero():
+			if g.requireCerts {
+				return unauthenticated("%s needs an agent certificate", method)
+			}
+			return nil
+		case id.Role != tlsconfig.RoleAgent:
+			return denied("%s may not call %s: only agents lease tokens", id, method)
+		case !tlsconfig.AgentIDMatches(agentID, id.Name):
+			return denied("%s may not act as agent_id %q (want %q or %q)", id, agentID, id.Name, id.Name+"/<suffix>")
+		}
+		return nil
+	default:
+		if id.Is(tlsconfig.RoleAdmin) {
+			return nil
+		}
+		return needAdmin(p, method)
+	}
+}
+
+// forwardMetadata returns the metadata a node adds to a call it forwards:
+// the forwarding mark, the caller's identity, and the caller's
+// authorization (so a cluster authenticated by tokens alone re-checks the
+// token on the leader).
+func forwardMetadata(ctx context.Context, nodeID string) []string {
+	kv := []string{forwardedKey, nodeID}
+	if p, ok := principalFrom(ctx); ok {
+		if id := p.acting(); !id.IsZero() {
+			kv = append(kv, identityKey, id.String())
+		}
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, v := range md.Get("authorization") {
+			kv = append(kv, "authorization", v)
+		}
+	}
+	return kv
+}
+
+// errorReason returns the metrics reason of a guard refusal.
+func errorReason(err error) string {
+	var ae *authError
+	if errors.As(err, &ae) {
+		return ae.reason
+	}
+	return fmt.Sprint(status.Code(err))
+}
