@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,21 +31,23 @@ type localCluster struct {
 	t       *testing.T
 	bin     string // allocator, gateway, allotctl
 	dir     string // ALLOT_LOCAL_DIR
+	base    int    // ALLOT_ALLOCATOR_PORT
 	env     []string
-	alloc   [3]struct{ grpc, http string }
-	proxy   string // http://host:port
+	alloc   [3]struct{ grpc, raft, http string } // http without the scheme
+	proxy   string                               // http://host:port
 	rls     string
 	gwHTTP  string // http://host:port
 	allotct string
 }
 
 // portBlock finds a base port with every port the local cluster uses free:
-// base+{0,1,2, 10,11,12, 20,21,22} for the allocators, base+50 (proxy),
-// +51 (RLS), +52 (gateway HTTP), +53 (upstream). Ports are picked below
-// Linux's ephemeral range so outgoing connections do not take them.
+// base+{0,1,2, 10,11,12, 20,21,22} for the allocators, base+{40,41,42} for
+// alloc-3 at a new address, base+50 (proxy), +51 (RLS), +52 (gateway
+// HTTP), +53 (upstream). Ports are picked below Linux's ephemeral range so
+// outgoing connections do not take them.
 func portBlock(t *testing.T) int {
 	t.Helper()
-	offsets := []int{0, 1, 2, 10, 11, 12, 20, 21, 22, 50, 51, 52, 53}
+	offsets := []int{0, 1, 2, 10, 11, 12, 20, 21, 22, 40, 41, 42, 50, 51, 52, 53}
 	for range 50 {
 		base := 10000 + rand.IntN(220)*100
 		free := true
@@ -67,10 +71,11 @@ func newLocalCluster(t *testing.T) *localCluster {
 	t.Helper()
 	bin := binaries(t)
 	base := portBlock(t)
-	c := &localCluster{t: t, bin: bin, dir: filepath.Join(t.TempDir(), "allot-local"), allotct: filepath.Join(bin, "allotctl")}
+	c := &localCluster{t: t, bin: bin, dir: filepath.Join(t.TempDir(), "allot-local"), base: base, allotct: filepath.Join(bin, "allotctl")}
 	for i := range c.alloc {
 		c.alloc[i].grpc = fmt.Sprintf("127.0.0.1:%d", base+10*i)
-		c.alloc[i].http = fmt.Sprintf("http://127.0.0.1:%d", base+10*i+2)
+		c.alloc[i].raft = fmt.Sprintf("127.0.0.1:%d", base+10*i+1)
+		c.alloc[i].http = fmt.Sprintf("127.0.0.1:%d", base+10*i+2)
 	}
 	c.proxy = fmt.Sprintf("http://127.0.0.1:%d", base+50)
 	c.rls = fmt.Sprintf("127.0.0.1:%d", base+51)
@@ -360,7 +365,7 @@ func TestLocalCluster(t *testing.T) {
 		leaders, granted := 0.0, 0.0
 		var why []string
 		for i, a := range c.alloc {
-			m := scrape(t, a.http+"/metrics")
+			m := scrape(t, "http://"+a.http+"/metrics")
 			leaders += m["allot_allocator_is_leader"]
 			granted = max(granted, m["allot_allocator_tokens_granted_total"])
 			if m["allot_allocator_rules_version"] != 2 {
@@ -418,7 +423,32 @@ func TestLocalCluster(t *testing.T) {
 		return err == nil && strings.Contains(out, "alloc-3") && strings.Count(out, "voter") == 3, out
 	})
 
-	// 8. Backup and restore: stop, copy the data directories, lose them,
+	// 8. A member comes back at a new address with its data (a Kubernetes
+	// pod rescheduled with a new IP, deploy/kubernetes/allocator.yaml's
+	// allocator.sh): re-registering under the same id updates the Raft
+	// configuration. Then back to its own address, under cluster.sh.
+	c.mustScript("stop", "alloc-3")
+	p := func(off int) string { return fmt.Sprintf("127.0.0.1:%d", c.base+off) }
+	stopMoved := c.startAllocator("alloc-3", p(40), p(41), p(42))
+	c.rejoin("alloc-3", p(40), p(41), p(42))
+	stopMoved()
+	// cluster.sh start waits for alloc-3's readiness, which needs the
+	// re-registration: run both at once.
+	type result struct {
+		out string
+		err error
+	}
+	started := make(chan result, 1)
+	go func() {
+		out, err := c.script("start")
+		started <- result{out, err}
+	}()
+	c.rejoin("alloc-3", c.alloc[2].grpc, c.alloc[2].raft, c.alloc[2].http)
+	if r := <-started; r.err != nil {
+		t.Fatalf("cluster.sh start: %v\n%s", r.err, r.out)
+	}
+
+	// 9. Backup and restore: stop, copy the data directories, lose them,
 	// restore, start; the replicated rules survive.
 	c.mustScript("stop")
 	for name, pid := range c.pids() {
@@ -446,7 +476,7 @@ func TestLocalCluster(t *testing.T) {
 		t.Fatalf("after restore, rules get:\n%s", out)
 	}
 
-	// 9. Stop: every process exits.
+	// 10. Stop: every process exits.
 	before := c.pids()
 	c.mustScript("stop")
 	for name, pid := range before {
@@ -457,6 +487,72 @@ func TestLocalCluster(t *testing.T) {
 	if out, err := c.script("status"); err == nil {
 		t.Errorf("cluster.sh status exits 0 with everything stopped:\n%s", out)
 	}
+}
+
+// startAllocator runs the allocator binary for node id (its data dir under
+// the local cluster's) at the given addresses, outside cluster.sh; stop
+// sends SIGTERM and waits (also run at cleanup; safe twice).
+func (c *localCluster) startAllocator(id, grpcAddr, raftAddr, httpAddr string) (stop func()) {
+	t := c.t
+	t.Helper()
+	cmd := exec.Command(filepath.Join(c.bin, "allocator"), "-node-id", id,
+		"-data-dir", filepath.Join(c.dir, "data", id), "-grpc-addr", grpcAddr,
+		"-raft-addr", raftAddr, "-http-addr", httpAddr, "-log-format", "json")
+	logf, err := os.Create(filepath.Join(c.dir, "logs", id+"-at-"+strings.ReplaceAll(grpcAddr, ":", "_")+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(30 * time.Second):
+				t.Errorf("%s at %s did not stop on SIGTERM; killing it", id, grpcAddr)
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// rejoin registers node id at the given addresses with allotctl cluster
+// join (as allocator.sh does in Kubernetes) and waits until it is ready
+// and the cluster lists it, a voter, at that Raft address.
+func (c *localCluster) rejoin(id, grpcAddr, raftAddr, httpAddr string) {
+	t := c.t
+	t.Helper()
+	eventually(t, 30*time.Second, id+" registered at "+raftAddr, func() (bool, string) {
+		out, err := c.allotctl("cluster", "join", grpcAddr, "--id", id, "--raft-addr", raftAddr, "--http-addr", httpAddr)
+		return err == nil, out
+	})
+	eventually(t, 30*time.Second, id+" ready at "+httpAddr, func() (bool, string) {
+		resp, err := httpClient.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false, err.Error()
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, string(body)
+		}
+		out, err := c.allotctl("status")
+		return err == nil && strings.Contains(out, raftAddr) && strings.Count(out, "voter") == 3, out
+	})
+	t.Logf("%s is a voter at %s", id, raftAddr)
 }
 
 // processRunning reports whether pid is alive and not a zombie.
