@@ -138,6 +138,7 @@ type keyState struct {
 	spentAtAcq int64   // spent at the latest Acquire that included the key
 	deniedSent int64   // denied at the latest Acquire that included the key
 	refreshAt  int64   // allocator-directed refresh time
+	paid       int64   // fallback-admitted tokens settled out of grants (cumulative)
 	retryAt    int64   // for notLeased keys: ask again after this
 	inflight   bool    // part of the unacknowledged batch
 	suspect    bool    // was in a batch the allocator rejected: sent alone

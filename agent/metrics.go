@@ -29,6 +29,7 @@ type metrics struct {
 	keysSent       prometheus.Counter
 	granted        prometheus.Counter
 	charged        prometheus.Counter
+	paid           prometheus.Counter
 	returned       prometheus.Counter
 	keys           prometheus.Gauge
 	fallbackKeys   prometheus.Gauge
@@ -71,10 +72,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.callsRejected = calls.WithLabelValues("rejected")
 	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_agent_tokens_total",
-		Help: "Tokens granted by the allocator, charged to it for fallback admissions, and returned to it.",
+		Help: "Tokens granted by the allocator, charged to it for fallback admissions, paid for fallback admissions out of a grant, and returned to it.",
 	}, []string{"kind"})
 	m.granted = tokens.WithLabelValues("granted")
 	m.charged = tokens.WithLabelValues("charged")
+	m.paid = tokens.WithLabelValues("paid")
 	m.returned = tokens.WithLabelValues("returned")
 	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_agent_rules_reloads_total",

@@ -15,8 +15,10 @@ import (
 // answers, failed and rejected calls), then closes it. Whatever happened:
 //
 //   - every token the fallback admitted while the allocator was believed
-//     reachable is charged exactly once (lost answers are retried with the
-//     same request id, rejected calls put their charges back);
+//     reachable is paid exactly once: charged to the allocator, or settled
+//     out of a grant that arrived while it was owed (lost answers are
+//     retried with the same request id, rejected calls put their charges
+//     back);
 //   - leased admissions never exceed what was granted and not returned
 //     (the difference is what expired unspent);
 //   - no lease balance ever goes negative.
@@ -77,11 +79,15 @@ func TestPropertyBooksBalance(t *testing.T) {
 		}
 		for i, key := range canon {
 			b := s.fake.booksOf(key)
-			if b.charged != charged[i] {
-				rt.Fatalf("%s: allocator charged %d, fallback admitted %d while reachable", key, b.charged, charged[i])
+			var paid int64
+			if ks := keyOf(t, s.Agent, keys[i]); ks != nil {
+				paid = ks.paid
 			}
-			if net := b.granted - b.returned; net < leased[i] {
-				rt.Fatalf("%s: leased admissions %d > granted %d − returned %d", key, leased[i], b.granted, b.returned)
+			if b.charged+paid != charged[i] {
+				rt.Fatalf("%s: allocator charged %d + paid out of grants %d, fallback admitted %d while reachable", key, b.charged, paid, charged[i])
+			}
+			if net := b.granted - b.returned - paid; net < leased[i] {
+				rt.Fatalf("%s: leased admissions %d > granted %d − returned %d − paid %d", key, leased[i], b.granted, b.returned, paid)
 			}
 		}
 	})

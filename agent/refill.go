@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -464,7 +465,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not match the request",
 			"keys", len(b.keys), "grants", len(grants))
 	}
-	var granted, charged, returned int64
+	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {
 		ks.inflight = false
 		ks.suspect = false
@@ -485,8 +486,17 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			if g.GetGranted() > 0 || ttl > 0 {
 				exp := b.firstSent + int64(ttl) - int64(leaseMargin(ttl))
 				if g.GetGranted() > 0 {
-					ks.balance.Add(g.GetGranted())
 					granted += g.GetGranted()
+					// Fallback admissions made while this call was in
+					// flight are owed to the global budget, and this
+					// grant has already taken them from it: pay them out
+					// of the grant instead of charging them later, or the
+					// key is admitted past its budget (an 11th request
+					// through a burst of 10 at cold start).
+					pay := payOwed(&ks.charged, g.GetGranted())
+					ks.paid += pay
+					paid += pay
+					ks.balance.Add(g.GetGranted() - pay)
 				}
 				ks.expiry.Store(exp)
 			}
@@ -519,6 +529,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	}
 	a.met.granted.Add(float64(granted))
 	a.met.charged.Add(float64(charged))
+	a.met.paid.Add(float64(paid))
 	a.met.returned.Add(float64(returned))
 	a.met.keysSent.Add(float64(len(b.keys)))
 }
@@ -575,4 +586,21 @@ func jitter(d time.Duration) time.Duration {
 		return d
 	}
 	return d/2 + rand.N(d/2)
+}
+
+// payOwed settles up to grant tokens of the charge owed in *charged (tokens
+// admitted from the fallback bucket and not yet reported) and returns how
+// many it settled. The hot path adds to *charged concurrently, hence the
+// CAS loop.
+func payOwed(charged *atomic.Int64, grant int64) int64 {
+	for {
+		c := charged.Load()
+		if c <= 0 || grant <= 0 {
+			return 0
+		}
+		pay := min(c, grant)
+		if charged.CompareAndSwap(c, c-pay) {
+			return pay
+		}
+	}
 }
