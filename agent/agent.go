@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -45,6 +46,10 @@ type Agent struct {
 
 	conns   []*grpc.ClientConn
 	clients []allotv1.AllocatorClient
+	names   []string // one per client, for logs
+
+	rngMu sync.Mutex // guards rng
+	rng   *rand.Rand // Config.Rand; nil: the global source
 
 	rf refiller // owned by the refill goroutine, then by Close
 	fw fileWatch
@@ -80,12 +85,13 @@ func New(cfg Config) (*Agent, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		met:        met,
-		standalone: len(cfg.Allocators) == 0,
+		standalone: len(cfg.Allocators) == 0 && len(cfg.Clients) == 0,
 		redis:      cfg.Redis,
 		nowHook:    cfg.Now,
 		keys:       newKeyTable(),
 		pending:    make(chan *keyState, pendingCap),
 		stop:       make(chan struct{}),
+		rng:        cfg.Rand,
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
@@ -109,8 +115,21 @@ func New(cfg Config) (*Agent, error) {
 		a.setRules(set, false)
 	}
 
+	if len(cfg.Clients) > 0 {
+		a.clients = append(a.clients, cfg.Clients...)
+		for i := range cfg.Clients {
+			if len(cfg.Allocators) == len(cfg.Clients) {
+				a.names = append(a.names, cfg.Allocators[i])
+			} else {
+				a.names = append(a.names, fmt.Sprintf("client-%d", i))
+			}
+		}
+	}
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
 	for _, addr := range cfg.Allocators {
+		if len(cfg.Clients) > 0 {
+			break // the clients replace the connections
+		}
 		cc, err := grpc.NewClient(addr, dial...)
 		if err != nil {
 			for _, c := range a.conns {
@@ -121,9 +140,13 @@ func New(cfg Config) (*Agent, error) {
 		}
 		a.conns = append(a.conns, cc)
 		a.clients = append(a.clients, allotv1.NewAllocatorClient(cc))
+		a.names = append(a.names, addr)
 	}
 
 	a.ctx, a.cancel = context.WithCancel(context.Background())
+	if cfg.Manual {
+		return a, nil // the caller drives Refill and ApplyRuleSet
+	}
 	if a.clock != nil {
 		a.goLoop(func() { a.clock.run(a.stop) })
 	}
@@ -154,6 +177,28 @@ func (a *Agent) now() int64 {
 		return a.nowHook()
 	}
 	return a.clock.load()
+}
+
+// Refill runs one tick of the refill loop at the Now hook's time: the
+// periodic scan (every ScanInterval), then the keys that need the allocator
+// sent in batched Acquire calls, through Config.Clients, one call at a time.
+// It is only for Manual agents (others run the loop themselves) and must not
+// run concurrently with itself or Close; checks may run concurrently.
+func (a *Agent) Refill(ctx context.Context) error {
+	if !a.cfg.Manual {
+		return errors.New("agent: Refill is for Manual agents; this agent runs its own refill loop")
+	}
+	a.refillOnce(ctx)
+	return nil
+}
+
+// ApplyRuleSet delivers a rule set as the WatchRules stream would: it is
+// compiled and swapped in if its version is newer than the allocator-
+// delivered rules in use. A set that fails to compile keeps the old rules
+// and is returned as an error (it is also logged and counted, as on the
+// stream). Meant for Manual agents, which run no rule watch.
+func (a *Agent) ApplyRuleSet(rs *allotv1.RuleSet) error {
+	return a.applyRuleSet(rs)
 }
 
 // Rules returns the rule set in use (nil: none yet).

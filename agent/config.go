@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // Config configures an Agent. Start from DefaultConfig; New calls Validate.
@@ -21,11 +22,17 @@ type Config struct {
 	// bytes.
 	ID string
 	// Allocators are the gRPC addresses of allocator nodes (any member
-	// works). Empty: standalone, every decision is local (Rules/RulesFiles).
+	// works). Empty (and no Clients): standalone, every decision is local
+	// (Rules/RulesFiles).
 	Allocators []string
 	// DialOptions are added to every allocator connection. Without transport
 	// credentials among them, connections are insecure (plaintext).
 	DialOptions []grpc.DialOption
+	// Clients, when set, are used as the allocator connections instead of
+	// dialing Allocators: an in-memory transport for simulators and tests.
+	// Allocators may then be empty (the clients are named "client-0", …)
+	// or give one name per client, for logs. The agent never closes them.
+	Clients []allotv1.AllocatorClient
 
 	// Rules is the initial rule set: the only rules in standalone mode
 	// without RulesFiles, or the rules served until the allocator's
@@ -73,8 +80,21 @@ type Config struct {
 	// owned goroutine, so no check reads the system clock.
 	Now func() int64
 
-	// manual, for tests in this package, starts no background goroutines:
-	// the test drives the refill loop with Agent.refillOnce.
+	// Rand is the source of the jitter in the breaker's probe backoff and
+	// the rule watch's reconnect backoff. Nil: math/rand/v2's global source.
+	// The agent serialises its use.
+	Rand *rand.Rand
+
+	// Manual starts no goroutine at all: no coarse clock (Now is required),
+	// no refill loop, no rule watch. The caller drives the agent: Refill runs
+	// one tick of the refill loop, ApplyRuleSet delivers what WatchRules
+	// would. With Now, Clients and Rand this makes an agent's behaviour a
+	// function of its inputs (bench/sim runs fleets of them on a virtual
+	// clock). Manual cannot be combined with RulesFiles.
+	Manual bool
+
+	// manual, for tests in this package, starts no refill goroutine: the
+	// test drives the refill loop with Agent.refillOnce.
 	manual bool
 }
 
@@ -171,7 +191,21 @@ func (c Config) Validate() error {
 			return fmt.Errorf("agent: Allocators[%d] is empty", i)
 		}
 	}
-	if len(c.Allocators) > 0 && len(c.RulesFiles) > 0 {
+	for i, cl := range c.Clients {
+		if cl == nil {
+			return fmt.Errorf("agent: Clients[%d] is nil", i)
+		}
+	}
+	if len(c.Clients) > 0 && len(c.Allocators) > 0 && len(c.Allocators) != len(c.Clients) {
+		return fmt.Errorf("agent: %d Allocators names for %d Clients", len(c.Allocators), len(c.Clients))
+	}
+	if c.Manual && c.Now == nil {
+		return errors.New("agent: Manual needs a Now hook (there is no clock goroutine)")
+	}
+	if c.Manual && len(c.RulesFiles) > 0 {
+		return errors.New("agent: Manual cannot watch RulesFiles")
+	}
+	if (len(c.Allocators) > 0 || len(c.Clients) > 0) && len(c.RulesFiles) > 0 {
 		return errors.New("agent: RulesFiles is for standalone agents; with Allocators the rules come from WatchRules")
 	}
 	for i, f := range c.RulesFiles {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -104,6 +105,12 @@ func (a *Agent) refillOnce(ctx context.Context) {
 			a.send(ctx, a.build(now, nil))
 		}
 		return
+	}
+	if a.cfg.Manual {
+		// The scan walks Go maps, whose order is random: a Manual agent
+		// sends its keys in key order, so that how they are split into
+		// batches is a function of its inputs.
+		slices.SortFunc(rf.pick, func(x, y *keyState) int { return strings.Compare(x.key, y.key) })
 	}
 	// Keys from a rejected batch go alone, so that one key the allocator
 	// refuses cannot hold back the others.
@@ -562,7 +569,7 @@ func (a *Agent) callFailed(now int64, err error) {
 	default:
 		return
 	}
-	a.nextProbe.Store(now + int64(jitter(rf.backoff)))
+	a.nextProbe.Store(now + int64(a.jitter(rf.backoff)))
 }
 
 // callSucceeded closes the breaker.
@@ -580,12 +587,18 @@ func (a *Agent) callSucceeded(now int64) {
 	a.logs.logLevel(a.log, slog.LevelInfo, "breaker_closed", "agent: allocator reachable again; leasing resumed")
 }
 
-// jitter is "equal jitter": d/2 + uniform(0, d/2).
-func jitter(d time.Duration) time.Duration {
+// jitter is "equal jitter": d/2 + uniform(0, d/2), drawn from Config.Rand
+// when set.
+func (a *Agent) jitter(d time.Duration) time.Duration {
 	if d <= 1 {
 		return d
 	}
-	return d/2 + rand.N(d/2)
+	if a.rng == nil {
+		return d/2 + rand.N(d/2)
+	}
+	a.rngMu.Lock()
+	defer a.rngMu.Unlock()
+	return d/2 + time.Duration(a.rng.Int64N(int64(d/2)))
 }
 
 // payOwed settles up to grant tokens of the charge owed in *charged (tokens

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -41,6 +43,20 @@ func (a *Agent) release(ctx context.Context) error {
 				Charged:  charged,
 			})
 		}
+	}
+	if a.cfg.Manual {
+		// Deterministic batches (see refillOnce).
+		slices.SortFunc(keys, func(x, y *allotv1.KeyAcquire) int {
+			if c := strings.Compare(x.Domain, y.Domain); c != 0 {
+				return c
+			}
+			return slices.CompareFunc(x.Entries, y.Entries, func(p, q *allotv1.Entry) int {
+				if c := strings.Compare(p.Key, q.Key); c != 0 {
+					return c
+				}
+				return strings.Compare(p.Value, q.Value)
+			})
+		})
 	}
 	for {
 		n := min(len(keys), maxBatchKeys)

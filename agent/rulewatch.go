@@ -30,7 +30,7 @@ func (a *Agent) watchRules() {
 			backoff = min(2*backoff, maxWatchBackoff)
 		}
 		idx = (idx + 1) % len(a.clients)
-		t := time.NewTimer(jitter(backoff))
+		t := time.NewTimer(a.jitter(backoff))
 		select {
 		case <-a.ctx.Done():
 			t.Stop()
@@ -61,7 +61,7 @@ func (a *Agent) watchOnce(idx int) bool {
 		}
 		got = true
 		a.talked.Store(true)
-		a.applyRuleSet(rs)
+		_ = a.applyRuleSet(rs) // a rejected set is logged and counted
 	}
 }
 
@@ -70,16 +70,17 @@ func (a *Agent) logWatchEnd(idx int, err error) {
 		return
 	}
 	a.logs.log(a.log, "watch_rules", "agent: rule watch interrupted; serving the last rules",
-		"allocator", a.cfg.Allocators[idx], "err", err)
+		"allocator", a.names[idx], "err", err)
 }
 
 // applyRuleSet compiles a streamed rule set and swaps it in. Only newer
 // versions replace allocator-delivered rules (a reconnect to a lagging node
-// must not roll back); a set that fails to compile keeps the old rules.
-func (a *Agent) applyRuleSet(rs *allotv1.RuleSet) {
+// must not roll back); a set that fails to compile keeps the old rules and
+// is returned as an error.
+func (a *Agent) applyRuleSet(rs *allotv1.RuleSet) error {
 	cur := a.rules.Load()
 	if cur != nil && a.rulesFromAllocator.Load() && rs.GetVersion() <= cur.Version() {
-		return
+		return nil
 	}
 	files := make([]rules.File, len(rs.GetFiles()))
 	for i, f := range rs.GetFiles() {
@@ -90,11 +91,12 @@ func (a *Agent) applyRuleSet(rs *allotv1.RuleSet) {
 		a.met.reloadsFailed.Inc()
 		a.logs.logLevel(a.log, slog.LevelError, "rules_compile", "agent: streamed rule set rejected; keeping the old rules",
 			"version", rs.GetVersion(), "err", err)
-		return
+		return fmt.Errorf("agent: rule set version %d rejected: %w", rs.GetVersion(), err)
 	}
 	a.setRules(set, true)
 	a.met.reloadsOK.Inc()
 	a.log.Info("agent: rules updated", "version", set.Version(), "domains", len(set.Domains()))
+	return nil
 }
 
 // fileWatch is the standalone rules files' state, owned by the file watch
