@@ -12,7 +12,7 @@ import (
 // not divide by n. Window algorithms keep their window (it defines the
 // counting period) and get ⌈quota/n⌉ per window.
 func fallbackLimit(l bucket.Limit, n uint32) (bucket.Limit, error) {
-	if n <= 1 {
+	if n <= 1 || l.DeniesAll() {
 		return l, nil
 	}
 	nn := int64(n)

@@ -96,6 +96,7 @@ type Limit struct {
 	burst  int64 // bucket capacity; == quota for the window algorithms
 	tau    vt    // TokenBucket/GCRA: refill time of a full burst, burst·window/quota
 	tau2   vt    // TokenBucket/GCRA: 2·tau, the debt floor
+	deny   bool  // DenyAll: quota 0, admits nothing (see DenyAll)
 }
 
 // NewLimit returns a Limit admitting quota tokens per window with algorithm
@@ -152,6 +153,30 @@ func NewLimit(alg Algorithm, quota int64, window time.Duration, burst int64) (Li
 	return l, nil
 }
 
+// DenyAll returns a Limit that admits nothing: envoyproxy/ratelimit's
+// `requests_per_unit: 0`, which blocks a key. Every check is denied (a
+// check without consuming, n ≤ 0, is allowed), TakeUpTo grants nothing,
+// GiveBack and Debit change nothing, Remaining is 0, and RetryAfter is the
+// time until the next Unix-epoch multiple of window (when Envoy's fixed
+// window would reset — and deny again). window must be in [1ns, MaxWindow].
+func DenyAll(window time.Duration) (Limit, error) {
+	if window <= 0 || window > MaxWindow {
+		return Limit{}, fmt.Errorf("%w: window must be in (0, %v], got %v", ErrInvalidLimit, MaxWindow, window)
+	}
+	return Limit{window: int64(window), deny: true}, nil
+}
+
+// DeniesAll reports whether l was made by DenyAll.
+func (l Limit) DeniesAll() bool { return l.deny }
+
+// denyResult is what a DenyAll limit answers for a check of n tokens.
+func (l Limit) denyResult(now, n int64) Result {
+	if n <= 0 {
+		return Result{Allowed: true}
+	}
+	return Result{RetryAfter: dur(l.window - now%l.window)}
+}
+
 // Algorithm returns the limit's algorithm.
 func (l Limit) Algorithm() Algorithm { return l.alg }
 
@@ -166,12 +191,15 @@ func (l Limit) Window() time.Duration { return time.Duration(l.window) }
 func (l Limit) Burst() int64 { return l.burst }
 
 // IsZero reports whether l is the zero (unlimited) Limit.
-func (l Limit) IsZero() bool { return l.quota == 0 }
+func (l Limit) IsZero() bool { return l.quota == 0 && !l.deny }
 
 // String describes the limit, e.g. "token_bucket 30/1m0s burst 10".
 func (l Limit) String() string {
 	if l.IsZero() {
 		return "unlimited"
+	}
+	if l.deny {
+		return fmt.Sprintf("deny all (window %v)", time.Duration(l.window))
 	}
 	if l.alg == SlidingWindow || l.alg == FixedWindow {
 		return fmt.Sprintf("%s %d/%v", l.alg, l.quota, time.Duration(l.window))
@@ -237,8 +265,11 @@ var unlimitedResult = Result{Allowed: true, Remaining: Unlimited}
 func (l Limit) AllowN(s *State, now, n int64) Result {
 	now = clampTime(now)
 	switch l.alg {
-	case TokenBucket: // the zero Limit's algorithm
+	case TokenBucket: // the zero Limit's algorithm, and DenyAll's
 		if l.quota == 0 {
+			if l.deny {
+				return l.denyResult(now, n)
+			}
 			return unlimitedResult
 		}
 		return l.tbAllowN(s, now, n)
@@ -260,8 +291,11 @@ func (l Limit) TakeUpTo(s *State, now, n int64) int64 {
 	}
 	now = clampTime(now)
 	switch l.alg {
-	case TokenBucket: // the zero Limit's algorithm
+	case TokenBucket: // the zero Limit's algorithm, and DenyAll's
 		if l.quota == 0 {
+			if l.deny {
+				return 0
+			}
 			return n
 		}
 		return l.tbTakeUpTo(s, now, n)
@@ -326,6 +360,9 @@ func (l Limit) Debit(s *State, now, n int64) {
 // how long until s is full again.
 func (l Limit) Peek(s State, now int64) Result {
 	if l.quota == 0 {
+		if l.deny {
+			return l.denyResult(clampTime(now), 1)
+		}
 		return unlimitedResult
 	}
 	now = clampTime(now)

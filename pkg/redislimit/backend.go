@@ -263,8 +263,9 @@ func (b *Backend) AllowN(ctx context.Context, key string, lim bucket.Limit, shar
 // Errors wrap ErrUnavailable (timeouts, Redis errors, open breaker) or
 // ErrUnsupportedLimit.
 func (b *Backend) AllowNAt(ctx context.Context, key string, lim bucket.Limit, shards int, now, n int64) (bucket.Result, error) {
-	if lim.IsZero() {
-		return bucket.Result{Allowed: true, Remaining: bucket.Unlimited}, nil
+	if lim.IsZero() || lim.DeniesAll() {
+		// Unlimited, or blocked (requests_per_unit: 0): no state to keep.
+		return lim.AllowN(&bucket.State{}, now, n), nil
 	}
 	p, err := checkLimit(lim)
 	if err != nil {

@@ -136,8 +136,8 @@ func (bt *Batcher) AllowN(ctx context.Context, key string, lim bucket.Limit, sha
 // (the key's remaining at the last refill plus what this agent holds).
 // n ≤ 0 checks without consuming. Errors are Backend's (ErrUnavailable).
 func (bt *Batcher) AllowNAt(ctx context.Context, key string, lim bucket.Limit, shards int, now, n int64) (bucket.Result, error) {
-	if lim.IsZero() {
-		return bucket.Result{Allowed: true, Remaining: bucket.Unlimited}, nil
+	if lim.IsZero() || lim.DeniesAll() {
+		return lim.AllowN(&bucket.State{}, now, n), nil
 	}
 	if bt.closed.Load() {
 		// Closed: nothing may be held any more, so check per request.

@@ -44,7 +44,7 @@ func (rl *RuleLimiter) AllowN(ctx context.Context, r *rules.Rule, key []byte, n 
 // known, so the tokens go to a random one (capped at its burst); in batched
 // mode they go back to the local batch's source.
 func (rl *RuleLimiter) GiveBack(ctx context.Context, r *rules.Rule, key []byte, n int64) error {
-	if r.Unlimited || r.Limit.IsZero() || n <= 0 {
+	if r.Unlimited || r.Limit.IsZero() || r.Limit.DeniesAll() || n <= 0 {
 		return nil
 	}
 	k := string(key)

@@ -646,11 +646,25 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 	if err != nil {
 		return nil, err
 	}
-	if rpu < 1 || rpu > math.MaxUint32 {
+	if rpu < 0 || rpu > math.MaxUint32 {
 		return nil, c.errf(rpuField.key, "requests_per_unit",
-			"requests_per_unit must be between 1 and %d, got %d (allot has no deny-all limit; use unlimited: true for no limit)", uint32(math.MaxUint32), rpu)
+			"requests_per_unit must be between 0 and %d, got %d", uint32(math.MaxUint32), rpu)
 	}
 	r.RequestsPerUnit = uint32(rpu)
+	if rpu == 0 {
+		// Envoy's way to block a key: every request is over the limit.
+		for _, k := range []string{"burst", "algorithm", "shards"} {
+			if kv, ok := fs[k]; ok {
+				return nil, c.errf(kv.key, k, "should not specify %s when requests_per_unit is 0 (the key is blocked)", k)
+			}
+		}
+		if r.Limit, err = bucket.DenyAll(r.Window); err != nil {
+			return nil, c.errf(line, "unit", "%s", strings.TrimPrefix(err.Error(), "bucket: invalid limit: "))
+		}
+		r.DenyAll = true
+		c.register(r)
+		return r, nil
+	}
 
 	r.Burst = rpu
 	if kv, ok := fs["burst"]; ok {

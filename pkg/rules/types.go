@@ -176,8 +176,11 @@ type Rule struct {
 	Unit            Unit
 	UnitMultiplier  uint32 // Envoy's unit_multiplier; 1 when absent
 	Window          time.Duration
-	RequestsPerUnit uint32 // quota per Window; 0 when Unlimited
+	RequestsPerUnit uint32 // quota per Window; 0 when Unlimited or DenyAll
 	Unlimited       bool
+	// DenyAll: requests_per_unit is 0, Envoy's way to block a key. Limit is
+	// bucket.DenyAll(Window): every request is over the limit.
+	DenyAll bool
 	// ShadowMode: the rule is evaluated and counted but never denies. Also
 	// set when QuotaMode is set.
 	ShadowMode bool
@@ -200,7 +203,7 @@ type Rule struct {
 
 	Replaces []string // names of limits this rule drops from the same request
 
-	Limit bucket.Limit // compiled; zero when Unlimited
+	Limit bucket.Limit // compiled; zero when Unlimited, bucket.DenyAll when DenyAll
 
 	File string // source file name
 	Line int    // line of the descriptor's `key`
