@@ -58,7 +58,7 @@ type Client struct {
 	// where the previous op succeeded, rotate on failure.
 	Pin func() int
 	// CallTimeout bounds each attempt (default 500ms); Interval is the
-	// pause between ops (default 20ms); Seed seeds the op choices.
+	// pause between ops (default 50ms); Seed seeds the op choices.
 	CallTimeout, Interval time.Duration
 	Seed                  uint64
 
@@ -81,7 +81,7 @@ func (c *Client) Run(ctx, finish context.Context, rec *Recorder) error {
 		c.CallTimeout = 500 * time.Millisecond
 	}
 	if c.Interval <= 0 {
-		c.Interval = 20 * time.Millisecond
+		c.Interval = 50 * time.Millisecond
 	}
 	if c.Index < 0 || c.Index >= MaxClients || len(c.Nodes) == 0 {
 		return fmt.Errorf("linearizability: client %d with %d nodes", c.Index, len(c.Nodes))
@@ -104,7 +104,12 @@ func (c *Client) Run(ctx, finish context.Context, rec *Recorder) error {
 // one builds the next op and runs it to completion.
 func (c *Client) one(finish context.Context, rec *Recorder) error {
 	c.reqID++
-	spend := c.rng.Int64N(min(c.held, 4) + 1)
+	// Spend a little now and then (the budget refills at its rate; agents
+	// that spent everything would leave a history of empty answers).
+	var spend int64
+	if c.held > 0 && c.rng.IntN(100) < 10 {
+		spend = 1 + c.rng.Int64N(min(c.held, 3))
+	}
 	keep := c.held - spend
 	key := &allotv1.KeyAcquire{Domain: c.Domain, Entries: c.Entries}
 	op := Op{Client: c.Index, Agent: c.Agent, Key: c.Key, ReqID: c.reqID}
@@ -135,8 +140,8 @@ func (c *Client) one(finish context.Context, rec *Recorder) error {
 	if c.rng.IntN(100) >= 10 {
 		op.Want = 1 + c.rng.Int64N(15)
 	}
-	if c.rng.IntN(100) < 15 {
-		op.Charged = 1 + c.rng.Int64N(3)
+	if c.rng.IntN(100) < 3 {
+		op.Charged = 1 + c.rng.Int64N(2)
 	}
 	key.Want, key.Held, key.Returned, key.Charged = op.Want, op.Held, op.Returned, op.Charged
 	key.Demand = float64(op.Want)

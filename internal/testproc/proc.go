@@ -1,0 +1,297 @@
+// Package testproc runs allot's binaries as real processes for integration
+// tests: it builds them once per test binary, starts them on loopback with
+// free ports, kills them with SIGKILL, and offers the waits and scrapes the
+// fault tests need (an allocator cluster, gateways, a load generator).
+//
+// Every process a test starts is killed and reaped by the test's cleanup,
+// and its combined output is kept in a log file whose tail is printed when
+// the test fails.
+package testproc
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Binaries are the built executables.
+type Binaries struct {
+	Allocator string // cmd/allocator
+	Gateway   string // cmd/gateway
+	AllocNode string // internal/testproc/allocnode: cmd/allocator plus snapshot knobs
+}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildBins Binaries
+	buildErr  error
+)
+
+// RaceBinaries reports whether Build compiles the binaries with -race
+// (ALLOT_FAULT_RACE=1). The default is off: the fault tests measure
+// recovery and admission, and race-instrumented allocators are several
+// times slower on the shared CI cores; the packages' own tests run -race.
+func RaceBinaries() bool { return os.Getenv("ALLOT_FAULT_RACE") == "1" }
+
+// Build builds the binaries once per test binary (later calls reuse them).
+// It skips the test under -short.
+func Build(t testing.TB) Binaries {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("process test: skipped with -short")
+	}
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "allot-testproc-"); buildErr != nil {
+			return
+		}
+		args := []string{"build", "-o", buildDir + string(os.PathSeparator)}
+		if RaceBinaries() {
+			args = append(args, "-race")
+		}
+		args = append(args, "github.com/allot/allot/cmd/allocator", "github.com/allot/allot/cmd/gateway",
+			"github.com/allot/allot/internal/testproc/allocnode")
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("testproc: go build: %v\n%s", err, out)
+			return
+		}
+		buildBins = Binaries{
+			Allocator: filepath.Join(buildDir, "allocator"),
+			Gateway:   filepath.Join(buildDir, "gateway"),
+			AllocNode: filepath.Join(buildDir, "allocnode"),
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildBins
+}
+
+// RemoveBuilds deletes the built binaries; call it from TestMain after
+// m.Run.
+func RemoveBuilds() {
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+}
+
+// Proc is one process. Start it with Start; it is killed by the test's
+// cleanup if still running.
+type Proc struct {
+	Name    string
+	Bin     string
+	Args    []string
+	LogPath string
+
+	mu      sync.Mutex // guards cmd, done, waitErr
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+	starts  int
+}
+
+// NewProc describes a process whose output goes to dir/name.log.
+func NewProc(name, dir, bin string, args ...string) *Proc {
+	return &Proc{Name: name, Bin: bin, Args: args, LogPath: filepath.Join(dir, name+".log")}
+}
+
+// Start runs the process (again, after an exit: same flags). The first
+// Start registers a cleanup that kills it and, if the test failed, logs the
+// tail of its output.
+func (p *Proc) Start(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		select {
+		case <-p.done:
+		default:
+			t.Fatalf("testproc: %s is already running", p.Name)
+		}
+	}
+	f, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "==== start %d: %s %s\n", p.starts+1, p.Bin, strings.Join(p.Args, " "))
+	cmd := exec.Command(p.Bin, p.Args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatalf("testproc: start %s: %v", p.Name, err)
+	}
+	done := make(chan struct{})
+	p.cmd, p.done = cmd, done
+	go func() { // ends when the process exits; Kill and the cleanup make sure it does
+		err := cmd.Wait()
+		f.Close()
+		p.mu.Lock()
+		p.waitErr = err
+		p.mu.Unlock()
+		close(done)
+	}()
+	p.starts++
+	if p.starts == 1 {
+		t.Cleanup(func() {
+			p.Kill()
+			if t.Failed() {
+				t.Logf("---- %s (tail of %s) ----\n%s", p.Name, p.LogPath, Tail(p.Output(), 40))
+			}
+		})
+	}
+}
+
+// Running reports whether the process has been started and not exited.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Done is closed when the current run exits.
+func (p *Proc) Done() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
+
+// ExitErr is the current run's exit error (after Done).
+func (p *Proc) ExitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waitErr
+}
+
+// Pid is the current run's process id.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Kill sends SIGKILL (kill -9) and waits until the process is reaped. A
+// process not running is left alone.
+func (p *Proc) Kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// Signal sends sig and waits up to within for the exit.
+func (p *Proc) Signal(sig os.Signal, within time.Duration) error {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return errors.New("testproc: not started")
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return p.ExitErr()
+	case <-time.After(within):
+		return fmt.Errorf("testproc: %s did not exit within %v of %v", p.Name, within, sig)
+	}
+}
+
+// Output returns everything the process wrote so far (all runs).
+func (p *Proc) Output() string {
+	b, _ := os.ReadFile(p.LogPath)
+	return string(b)
+}
+
+// Tail returns the last n lines of s.
+func Tail(s string, n int) string {
+	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// FreeAddrs returns n distinct loopback addresses whose ports are free now.
+func FreeAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	lns := make([]net.Listener, 0, n)
+	out := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return out
+}
+
+// Eventually polls cond every 20ms until it holds, failing the test after
+// within.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !Within(within, cond) {
+		t.Fatalf("timed out after %v waiting for %s", within, what)
+	}
+}
+
+// Within polls cond every 20ms until it holds (true) or within passes
+// (false).
+func Within(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
+// WriteFile writes content to dir/name and returns the path.
+func WriteFile(t testing.TB, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -1,0 +1,84 @@
+package fault
+
+import (
+	"testing"
+	"time"
+)
+
+// recoveryBound is the stated recovery time for a node kill: a new leader
+// is elected in ~1 s with the default 500/500/250 ms Raft timeouts
+// (docs/performance.md); agents probe again within their breaker's 2 s
+// maximum backoff.
+const recoveryBound = 10 * time.Second
+
+// TestLeaderKill: kill -9 of the allocator leader under load through two
+// gateways, with linearizability clients on their own key. Zero 5xx,
+// admission within the bound, the gateways lease again within
+// recoveryBound, the killed node rejoins, and the Acquire/Release history
+// is linearizable.
+func TestLeaderKill(t *testing.T) { runKill(t, true) }
+
+// TestFollowerKill: the same with a follower: the agents rotate to another
+// node; no breaker should open at all.
+func TestFollowerKill(t *testing.T) { runKill(t, false) }
+
+func runKill(t *testing.T, leader bool) {
+	checkLeaks(t)
+	e := newEnv(t, envConfig{})
+	e.gateway("gw-a", e.c.GRPCAddrs())
+	e.gateway("gw-b", e.c.GRPCAddrs())
+	lin := e.startLin(4)
+	e.startLoad(200, 4)
+	e.waitLeasing()
+	e.runFor(2 * time.Second)
+
+	n := e.liveAgents()
+	lead := e.c.Leader(t, 10*time.Second)
+	victim := lead
+	if !leader {
+		victim = e.c.Followers(lead.ID)[0]
+	}
+	okBefore := e.sample(mCallsOK)
+	openBefore := e.sample(mToOpen)
+	t.Logf("killing %s (leader %s) with %d live agents", victim.ID, lead.ID, n)
+	killed := time.Now()
+	victim.Proc.Kill()
+
+	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, killed, recoveryBound)
+	if leader {
+		e.c.Leader(t, recoveryBound) // a new one
+	}
+	t.Logf("gateways leasing again %v after the kill", rec)
+	e.runFor(2 * time.Second)
+
+	// The killed node restarts on its data dir and catches up.
+	victim.Proc.Start(t)
+	e.c.WaitReady(t, 30*time.Second)
+	e.runFor(2 * time.Second)
+
+	ops := lin.stop()
+	opened := 0
+	for i, v := range e.sample(mToOpen) {
+		if v > openBefore[i] {
+			opened++
+		}
+	}
+	rep := &report{recovery: rec}
+	if leader {
+		rep.fault = "kill -9 of the leader (3 nodes)"
+		rep.bound = "B+R·T + B (charges) + per open breaker ⌈B/N⌉+R·T_open/N"
+		if fg := firstGrantAfter(ops, killed, victim.ID); fg >= 0 {
+			t.Logf("first grant by the new leader %v after the kill", fg)
+		}
+	} else {
+		rep.fault = "kill -9 of a follower"
+		rep.bound = "B+R·T + B (charges); no breaker opens"
+		if opened > 0 {
+			t.Errorf("%d gateways opened their breaker after a follower's kill; want none (they rotate)", opened)
+		}
+	}
+	t.Logf("%d of %d gateways opened their breaker", opened, len(e.gws))
+	e.checkLoad(rep, rec, opened, n)
+	e.checkLin(ops)
+	rep.log(t)
+}
