@@ -19,3 +19,10 @@ import (
 type RemoteLimiter interface {
 	AllowN(ctx context.Context, r *rules.Rule, key []byte, n int64) (bucket.Result, error)
 }
+
+// RemoteRefunder is implemented by a RemoteLimiter that can give tokens
+// back: when another descriptor of the same request denies it, the agent
+// returns what the remote budget took (as it does for leased tokens).
+type RemoteRefunder interface {
+	GiveBack(ctx context.Context, r *rules.Rule, key []byte, n int64) error
+}

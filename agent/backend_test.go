@@ -105,3 +105,41 @@ func TestSecondAllocatorAddress(t *testing.T) {
 		return check(t, a, d).Source == SourceLease
 	})
 }
+
+// refundingRemote is a fakeRemote that can give tokens back.
+type refundingRemote struct{ fakeRemote }
+
+func (f *refundingRemote) GiveBack(_ context.Context, r *rules.Rule, key []byte, n int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.states[string(key)]; st != nil {
+		r.Limit.GiveBack(st, time.Unix(0, 0).Add(time.Hour).UnixNano(), n)
+	}
+	return nil
+}
+
+// TestRedisRefundOnDeny: a request whose Redis-backed descriptor took a
+// token but whose other descriptor denied gives the token back when the
+// backend is a RemoteRefunder, as leased and local tokens are.
+func TestRedisRefundOnDeny(t *testing.T) {
+	const yaml = redisRules + `
+  - key: blocked
+    rate_limit:
+      name: blocked
+      unit: hour
+      requests_per_unit: 0
+`
+	remote := &refundingRemote{}
+	a := newAgent(t, Config{Rules: mustCompile(t, 1, yaml), Redis: remote})
+	for i := range 3 {
+		if got := check(t, a, desc("hot", "k"), desc("blocked", "x")); got.Allowed || got.Policy != "blocked" {
+			t.Fatalf("check %d: %+v, want denied by blocked", i, got)
+		}
+	}
+	// The two tokens of hot=k are all still there.
+	for i := range 2 {
+		if got := check(t, a, desc("hot", "k")); !got.Allowed {
+			t.Fatalf("hot check %d after refunds: %+v, want allowed", i, got)
+		}
+	}
+}

@@ -27,12 +27,17 @@ const (
 	takeLease             // from the lease balance
 	takeFallback          // from the fallback bucket, charged to the allocator
 	takeBucket            // from the fallback or local bucket, not charged
+	takeRemote            // from the Redis backend (Config.Redis)
 )
 
 type outcome struct {
 	ks    *keyState
 	taken int64
 	kind  takeKind
+	// takeRemote only: what identifies the remote budget for a refund.
+	rule    *rules.Rule
+	domain  string
+	entries []rules.Entry
 }
 
 type scratch struct {
@@ -218,6 +223,10 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 // by another descriptor.
 func (a *Agent) refund(oc *outcome, now int64) {
 	ks, n := oc.ks, oc.taken
+	if oc.kind == takeRemote {
+		a.refundRemote(oc)
+		return
+	}
 	switch oc.kind {
 	case takeLease:
 		ks.balance.Add(n)
@@ -240,7 +249,11 @@ func (a *Agent) refund(oc *outcome, now int64) {
 func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, now, n int64, consume bool) (Status, outcome) {
 	if r.Backend == rules.BackendRedis && a.redis != nil {
 		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
-			return st, outcome{}
+			var oc outcome
+			if consume && n > 0 && st.Allowed {
+				oc = outcome{taken: n, kind: takeRemote, rule: r, domain: domain, entries: entries}
+			}
+			return st, oc
 		}
 		if r.FailureMode == rules.FailClosed {
 			return Status{Rule: r, Source: SourceRedis, RetryAfter: time.Second}, outcome{}
@@ -473,3 +486,25 @@ func (a *Agent) decideRemote(ctx context.Context, r *rules.Rule, domain string, 
 	}
 	return st, true
 }
+
+// refundRemote gives tokens the Redis backend took back to it, when the
+// backend can (RemoteRefunder), for a request another descriptor denied.
+// Best effort: a failure leaves the tokens spent (under-admission, never
+// over-admission).
+func (a *Agent) refundRemote(oc *outcome) {
+	rf, ok := a.redis.(RemoteRefunder)
+	if !ok || oc.taken <= 0 {
+		return
+	}
+	var buf [keyBufLen]byte
+	key := rules.AppendKey(buf[:0], oc.rule, oc.domain, oc.entries)
+	ctx, cancel := context.WithTimeout(context.Background(), remoteRefundTimeout)
+	defer cancel()
+	if err := rf.GiveBack(ctx, oc.rule, key, oc.taken); err != nil {
+		a.met.redisError()
+	}
+	oc.taken = 0
+}
+
+// remoteRefundTimeout bounds a refund to the Redis backend.
+const remoteRefundTimeout = 50 * time.Millisecond
