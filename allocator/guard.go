@@ -42,7 +42,7 @@ type guard struct {
 	openReads    bool
 	tokens       atomic.Pointer[tlsconfig.Tokens]
 
-	agents      *agentLimiter // nil: no per-agent limit
+	agents      atomic.Pointer[agentLimiter] // nil: no per-agent limit
 	maxInflight int64
 	inflight    atomic.Int64
 
@@ -63,7 +63,7 @@ func newGuard(cfg Config, log *slog.Logger) *guard {
 	}
 	g.tokens.Store(tlsconfig.NewTokens(cfg.AdminTokens))
 	if cfg.AgentRate > 0 {
-		g.agents = newAgentLimiter(cfg.AgentRate, cfg.AgentBurst)
+		g.agents.Store(newAgentLimiter(cfg.AgentRate, cfg.AgentBurst))
 	}
 	return g
 }
@@ -85,8 +85,8 @@ func (g *guard) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 		}
 		ctx = withPrincipal(ctx, p)
 	}
-	if class == classAgent && g.agents != nil && !p.forwarded {
-		if err := g.limitAgent(p, req); err != nil {
+	if lim := g.agents.Load(); class == classAgent && lim != nil && !p.forwarded {
+		if err := g.limitAgent(lim, p, req); err != nil {
 			return nil, g.refuse("agent_rate", err, info.FullMethod, p)
 		}
 	}
@@ -142,21 +142,21 @@ func (g *guard) refuse(reason string, err error, method string, p principal) err
 	return err
 }
 
-// limitAgent takes one call from the agent's bucket.
-func (g *guard) limitAgent(p principal, req any) error {
+// limitAgent takes one call from the agent's bucket in lim.
+func (g *guard) limitAgent(lim *agentLimiter, p principal, req any) error {
 	key := ""
 	if id := p.acting(); id.Role == tlsconfig.RoleAgent {
 		key = id.Name // every incarnation of a certificate shares one bucket
 	} else if r, ok := req.(interface{ GetAgentId() string }); ok {
 		key = "id:" + r.GetAgentId()
 	}
-	res := g.agents.allow(key, g.now())
+	res := lim.allow(key, g.now())
 	if res.Allowed {
 		return nil
 	}
 	return exhausted(ReasonAgentRate, res.RetryAfter,
 		"allocator: agent over its call rate (%d calls/s, burst %d); retry after %v",
-		g.agents.limit.Quota(), g.agents.limit.Burst(), res.RetryAfter)
+		lim.limit.Quota(), lim.limit.Burst(), res.RetryAfter)
 }
 
 // setTokens replaces the admin tokens.

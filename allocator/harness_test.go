@@ -80,6 +80,9 @@ type testCluster struct {
 	nodes []*Server  // nil once stopped
 	cfgs  []Config
 	trans []*raft.InmemTransport
+	// tcpRaft: Raft runs over TCP on loopback (Config.RaftAddr), not over
+	// trans (which stays nil).
+	tcpRaft bool
 }
 
 type clusterOpt func(i int, c *Config)
@@ -88,7 +91,19 @@ type clusterOpt func(i int, c *Config)
 // others join through node 0. It waits until every node is ready.
 func newTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t}
+	return startTestCluster(t, n, false, opts...)
+}
+
+// newTCPTestCluster is newTestCluster with Raft over TCP on loopback (the
+// real transport, so RaftTLS applies).
+func newTCPTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
+	t.Helper()
+	return startTestCluster(t, n, true, opts...)
+}
+
+func startTestCluster(t testing.TB, n int, tcpRaft bool, opts ...clusterOpt) *testCluster {
+	t.Helper()
+	tc := &testCluster{t: t, tcpRaft: tcpRaft}
 	logger := testLogger(t, slog.LevelInfo)
 	base := t.TempDir()
 	for i := range n {
@@ -96,6 +111,7 @@ func newTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 		cfg.NodeID = fmt.Sprintf("n%d", i)
 		cfg.DataDir = filepath.Join(base, cfg.NodeID)
 		cfg.GRPCAddr = "127.0.0.1:0"
+		cfg.RaftAddr = "127.0.0.1:0"
 		cfg.HTTPAddr = ""
 		// Short, but with room for a loaded 2-core machine.
 		cfg.HeartbeatTimeout = 250 * time.Millisecond
@@ -116,7 +132,9 @@ func newTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 	tc.nodes = make([]*Server, n)
 	tc.trans = make([]*raft.InmemTransport, n)
 	for i := range n {
-		tc.newTransport(i)
+		if !tcpRaft {
+			tc.newTransport(i)
+		}
 	}
 	t.Cleanup(tc.stopAll)
 	tc.start(0)
@@ -176,7 +194,9 @@ func (tc *testCluster) newTransport(i int) {
 func (tc *testCluster) start(i int) {
 	tc.t.Helper()
 	cfg := tc.cfgs[i]
-	cfg.transport = tc.trans[i]
+	if !tc.tcpRaft {
+		cfg.transport = tc.trans[i]
+	}
 	s, err := New(cfg)
 	if err != nil {
 		tc.t.Fatalf("start %s: %v", cfg.NodeID, err)
@@ -190,6 +210,9 @@ func (tc *testCluster) start(i int) {
 // transport at the same address.
 func (tc *testCluster) restart(i int) {
 	tc.t.Helper()
+	if tc.tcpRaft {
+		tc.t.Fatal("restart: not supported with Raft over TCP (the port would change)")
+	}
 	tc.newTransport(i)
 	tc.start(i)
 }

@@ -102,7 +102,9 @@ func New(cfg Config) (*Server, error) {
 	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
 	if cfg.TLS.Enabled() {
 		opts := cfg.TLS
-		opts.OnReloadError = func(err error) { s.log.Warn("TLS files changed but did not load; keeping the previous ones", "err", err) }
+		opts.OnReloadError = func(err error) {
+			s.log.Warn("TLS files changed but did not load; keeping the previous ones", "err", err)
+		}
 		l, err := tlsconfig.Load(opts)
 		if err != nil {
 			return nil, fmt.Errorf("allocator: %w", err)

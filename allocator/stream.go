@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -133,6 +134,21 @@ type trackedConn struct {
 	net.Conn
 	s    *streamLayer
 	once sync.Once
+}
+
+// Read reports a connection closed by the layer's Close as io.EOF, the
+// end the transport expects (it logs any other error).
+func (c *trackedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil && errors.Is(err, net.ErrClosed) {
+		c.s.mu.Lock()
+		closed := c.s.closed
+		c.s.mu.Unlock()
+		if closed {
+			err = io.EOF
+		}
+	}
+	return n, err
 }
 
 func (c *trackedConn) Close() error {

@@ -4,7 +4,17 @@
 // set), the others with -join pointing at any member's gRPC address.
 // Restarting a node with the same -node-id and -data-dir resumes it;
 // -bootstrap and -join are then ignored. SIGINT or SIGTERM shuts the node
-// down gracefully (handing leadership over if it leads).
+// down gracefully (handing leadership over if it leads). SIGHUP re-reads
+// the TLS files and the admin token file.
+//
+// Security (docs/security.md): -tls-cert/-tls-key/-tls-ca serve gRPC over
+// TLS and require client certificates (-tls-client-auth), -raft-tls
+// carries Raft over mutual TLS with the same files, and -admin-token-file
+// adds bearer tokens for admin calls:
+//
+//	allocator -node-id a -data-dir /var/lib/allot/a -bootstrap -rules rules/api.yaml \
+//	    -tls-cert certs/allocator.crt -tls-key certs/allocator.key -tls-ca certs/ca.crt \
+//	    -raft-tls -admin-token-file /etc/allot/admin-tokens
 //
 //	allocator -node-id a -data-dir /var/lib/allot/a -bootstrap -rules rules/api.yaml
 //	allocator -node-id b -data-dir /var/lib/allot/b -grpc-addr 127.0.0.1:7430 \
@@ -22,11 +32,14 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/tlsconfig"
 )
 
 func main() {
@@ -50,7 +63,16 @@ func (l *stringList) Set(v string) error {
 	return nil
 }
 
-func run(args []string) error {
+// options is the parsed command line.
+type options struct {
+	cfg           allocator.Config
+	logger        *slog.Logger
+	shutdownGrace time.Duration
+	tokenFile     string
+	burnCPU       int
+}
+
+func parse(args []string) (*options, error) {
 	def := allocator.DefaultConfig()
 	fs := flag.NewFlagSet("allocator", flag.ContinueOnError)
 	var (
@@ -74,27 +96,40 @@ func run(args []string) error {
 		maxInflight   = fs.Int("max-inflight-batches", def.MaxInflightBatches, "Acquire batches (Raft entries) in flight at once")
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
+
+		tlsCert       = fs.String("tls-cert", "", "PEM certificate of this node (with -tls-key): serve gRPC over TLS")
+		tlsKey        = fs.String("tls-key", "", "PEM private key of -tls-cert")
+		tlsCA         = fs.String("tls-ca", "", "PEM CA bundle that verifies client certificates and the other nodes")
+		tlsClientAuth = fs.String("tls-client-auth", "", "client certificates: require, optional or none (default: require with -tls-ca, else none)")
+		tlsMin        = fs.String("tls-min-version", "1.2", "minimum TLS version: 1.2 or 1.3")
+		raftTLS       = fs.Bool("raft-tls", false, "carry Raft over mutual TLS with the -tls-* files (peers need allocator-role certificates)")
+		tokenFile     = fs.String("admin-token-file", "", "file of admin bearer tokens, one a line (re-read on SIGHUP)")
+		openReads     = fs.Bool("open-reads", false, "let any caller use the read-only Admin RPCs (default: admins only when authentication is on)")
+		callCap       = fs.Int("max-inflight-calls", def.MaxInflight, "unary calls served at once; beyond, ResourceExhausted at once")
+		queueCap      = fs.Int("max-queued-acquires", def.MaxQueuedAcquires, "Acquire calls waiting in the leader's batcher; beyond, ResourceExhausted")
+		agentRate     = fs.Int("agent-rate", def.AgentRate, "Acquire and Release calls per second per agent (negative: no limit)")
+		agentBurst    = fs.Int("agent-burst", def.AgentBurst, "burst of -agent-rate")
+		streams       = fs.Uint("max-concurrent-streams", uint(def.MaxConcurrentStreams), "concurrent calls per client connection")
+		fwdTimeout    = fs.Duration("forward-timeout", def.ForwardTimeout, "bound of one call forwarded to the leader")
+		burnCPU       = fs.Int("debug-burn-cpu", 0, "TESTING ONLY: spin this many goroutines to saturate the node's CPU (for the overload measurement in docs/security.md)")
 		ruleFiles     stringList
 	)
 	fs.Var(&ruleFiles, "rules", "rules YAML file for the initial rule set at bootstrap (repeatable or comma-separated)")
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 
 	logger, err := newLogger(*logLevel, *logFormat)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if *nodeID == "" {
 		*nodeID, err = defaultNodeID(*raftAddr)
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if *dataDir == "" {
@@ -114,13 +149,76 @@ func run(args []string) error {
 	for _, path := range ruleFiles {
 		src, err := os.ReadFile(path)
 		if err != nil {
-			return fmt.Errorf("read rules: %w", err)
+			return nil, fmt.Errorf("read rules: %w", err)
 		}
 		cfg.InitialRules = append(cfg.InitialRules, rules.File{Name: path, Source: src})
 	}
 
+	// Security.
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return nil, errors.New("-tls-cert and -tls-key go together")
+	}
+	if *tlsCA != "" && *tlsCert == "" {
+		return nil, errors.New("-tls-ca needs -tls-cert and -tls-key (the allocator serves TLS)")
+	}
+	cfg.TLS = tlsconfig.Options{CAFile: *tlsCA, CertFile: *tlsCert, KeyFile: *tlsKey}
+	if cfg.TLS.MinVersion, err = tlsconfig.ParseVersion(*tlsMin); err != nil {
+		return nil, fmt.Errorf("-tls-min-version: %w", err)
+	}
+	switch {
+	case *tlsClientAuth != "":
+		if cfg.ClientAuth, err = tlsconfig.ParseClientAuth(*tlsClientAuth); err != nil {
+			return nil, fmt.Errorf("-tls-client-auth: %w", err)
+		}
+		if cfg.ClientAuth != tlsconfig.ClientAuthNone && *tlsCA == "" {
+			return nil, fmt.Errorf("-tls-client-auth %s needs -tls-ca", cfg.ClientAuth)
+		}
+	case *tlsCA != "":
+		cfg.ClientAuth = tlsconfig.ClientAuthRequire
+	}
+	if *raftTLS && (*tlsCert == "" || *tlsCA == "") {
+		return nil, errors.New("-raft-tls needs -tls-cert, -tls-key and -tls-ca")
+	}
+	cfg.RaftTLS = *raftTLS
+	if *tokenFile != "" {
+		if cfg.AdminTokens, err = tlsconfig.ReadTokens(*tokenFile); err != nil {
+			return nil, fmt.Errorf("-admin-token-file: %w", err)
+		}
+	}
+	cfg.OpenReads = *openReads
+
+	// Overload.
+	cfg.MaxInflight, cfg.MaxQueuedAcquires = *callCap, *queueCap
+	cfg.AgentRate, cfg.AgentBurst = *agentRate, *agentBurst
+	if *streams == 0 || *streams > 1<<20 {
+		return nil, errors.New("-max-concurrent-streams must be in [1, 1048576]")
+	}
+	cfg.MaxConcurrentStreams = uint32(*streams)
+	cfg.ForwardTimeout = *fwdTimeout
+	if *burnCPU < 0 || *burnCPU > 256 {
+		return nil, errors.New("-debug-burn-cpu must be in [0, 256]")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &options{cfg: cfg, logger: logger, shutdownGrace: *shutdownGrace, tokenFile: *tokenFile, burnCPU: *burnCPU}, nil
+}
+
+func run(args []string) error {
+	o, err := parse(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	logger, cfg := o.logger, o.cfg
+
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	srv, err := allocator.New(cfg)
 	if err != nil {
@@ -128,13 +226,84 @@ func run(args []string) error {
 	}
 	logger.Info("allocator listening", "node", cfg.NodeID, "grpc", srv.GRPCAddr(), "raft", srv.RaftAddr(),
 		"http", srv.HTTPAddr(), "data_dir", cfg.DataDir)
-	<-ctx.Done()
+	if o.burnCPU > 0 {
+		logger.Warn("burning CPU on purpose (-debug-burn-cpu); do not use in production", "goroutines", o.burnCPU)
+	}
+	burner := startBurner(o.burnCPU)
+	defer burner.stop()
+
+	for {
+		select {
+		case <-hup:
+			reload(logger, srv, o.tokenFile)
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
 	stop() // a second signal kills the process
 
-	logger.Info("signal received; shutting down", "timeout", *shutdownGrace)
-	sctx, cancel := context.WithTimeout(context.Background(), *shutdownGrace)
+	logger.Info("signal received; shutting down", "timeout", o.shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
 	defer cancel()
 	return srv.Shutdown(sctx)
+}
+
+// reload re-reads the TLS files and the admin token file (SIGHUP). A file
+// that fails to load keeps the previous material in use.
+func reload(logger *slog.Logger, srv *allocator.Server, tokenFile string) {
+	if err := srv.ReloadTLS(); err != nil {
+		logger.Error("SIGHUP: TLS files not reloaded; keeping the previous ones", "err", err)
+	}
+	if tokenFile == "" {
+		return
+	}
+	tokens, err := tlsconfig.ReadTokens(tokenFile)
+	if err == nil {
+		err = srv.SetAdminTokens(tokens)
+	}
+	if err != nil {
+		logger.Error("SIGHUP: admin tokens not reloaded; keeping the previous ones", "err", err)
+	}
+}
+
+// burner spins goroutines to saturate the CPU (-debug-burn-cpu), for the
+// measurement "with the allocator's CPU saturated, the gateways keep
+// serving from their leases". It is stopped before the process exits.
+type burner struct {
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startBurner(n int) *burner {
+	b := &burner{quit: make(chan struct{})}
+	for range n {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			x := uint64(1)
+			for {
+				select {
+				case <-b.quit:
+					burnSink.Store(x)
+					return
+				default:
+				}
+				for range 100_000 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+		}()
+	}
+	return b
+}
+
+// burnSink keeps the spin loop's result alive.
+var burnSink atomic.Uint64
+
+func (b *burner) stop() {
+	close(b.quit)
+	b.wg.Wait()
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

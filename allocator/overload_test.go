@@ -1,0 +1,416 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/allot/allot/pkg/tlsconfig"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+func TestAgentRateLimit(t *testing.T) {
+	tc := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.AgentRate, c.AgentBurst = 1, 2
+		c.ExpireInterval = time.Hour
+	})
+	alloc, admin := tc.clients(0)
+	ctx := ctxT(t)
+	for id := uint64(1); id <= 2; id++ {
+		if _, err := alloc.Acquire(ctx, acquireReq("flood", id, key("user", "u", 1))); err != nil {
+			t.Fatalf("call %d within the burst: %v", id, err)
+		}
+	}
+	_, err := alloc.Acquire(ctx, acquireReq("flood", 3, key("user", "u", 1)))
+	wantCode(t, "third call at once", err, codes.ResourceExhausted)
+	if reason, retry := retryInfo(err); reason != ReasonAgentRate || retry <= 0 || retry > time.Second {
+		t.Errorf("refusal details: reason %q, retry %v; want %s and a retry within 1s", reason, retry, ReasonAgentRate)
+	}
+	// Release counts too; another agent is unaffected.
+	_, err = alloc.Release(ctx, &allotv1.ReleaseRequest{AgentId: "flood", RequestId: 3, All: true})
+	wantCode(t, "Release over the rate", err, codes.ResourceExhausted)
+	if _, err := alloc.Acquire(ctx, acquireReq("calm", 1, key("user", "u", 1))); err != nil {
+		t.Errorf("another agent: %v", err)
+	}
+	// The refused calls applied nothing: the agent's last request id is 2.
+	agents, err := admin.ListAgents(ctx, &allotv1.ListAgentsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range agents.GetAgents() {
+		if a.GetAgentId() == "flood" && a.GetLastRequestId() != 2 {
+			t.Errorf("flood's last request id = %d, want 2 (refused calls applied)", a.GetLastRequestId())
+		}
+	}
+	if got := testutilCounter(tc.node(0).metrics.rejected.WithLabelValues("agent_rate")); got != 2 {
+		t.Errorf("rejected_calls_total{reason=agent_rate} = %v, want 2", got)
+	}
+}
+
+// blockingAllocator is a fake Allocator service whose Acquire blocks until
+// release is closed.
+type blockingAllocator struct {
+	allotv1.UnimplementedAllocatorServer
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingAllocator) Acquire(ctx context.Context, _ *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+	b.entered <- struct{}{}
+	select {
+	case <-b.release:
+		return &allotv1.AcquireResponse{}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// serveGuarded serves svc behind a guard for cfg on loopback and returns a
+// client connection.
+func serveGuarded(t *testing.T, cfg Config, svc allotv1.AllocatorServer) (*grpc.ClientConn, *guard) {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	g := newGuard(cfg, testLogger(t, slog.LevelInfo))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream))
+	allotv1.RegisterAllocatorServer(srv, svc)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cc.Close()
+		srv.Stop()
+		<-served
+	})
+	return cc, g
+}
+
+// TestInflightCap: calls beyond MaxInflight are refused at once (never
+// queued) with OVERLOADED; health checks are not counted; capacity comes
+// back as calls finish.
+func TestInflightCap(t *testing.T) {
+	svc := &blockingAllocator{entered: make(chan struct{}, 4), release: make(chan struct{})}
+	cc, g := serveGuarded(t, Config{MaxInflight: 2, AgentRate: -1}, svc)
+	alloc := allotv1.NewAllocatorClient(cc)
+	ctx := ctxT(t)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := alloc.Acquire(ctx, acquireReq(fmt.Sprint("a", i), 1))
+			errs <- err
+		}()
+	}
+	<-svc.entered
+	<-svc.entered
+	start := time.Now()
+	_, err := alloc.Acquire(ctx, acquireReq("c", 1))
+	wantCode(t, "third call in flight", err, codes.ResourceExhausted)
+	if reason, _ := retryInfo(err); reason != ReasonOverloaded {
+		t.Errorf("reason = %q, want %s", reason, ReasonOverloaded)
+	}
+	t.Logf("refusal took %v (not queued)", time.Since(start))
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health check at the cap: %v", err)
+	}
+	if n := g.inflight.Load(); n != 2 {
+		t.Errorf("in flight = %d, want 2", n)
+	}
+	close(svc.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("blocked call: %v", err)
+		}
+	}
+	if _, err := alloc.Acquire(ctx, acquireReq("d", 1)); err != nil {
+		t.Errorf("after the blocked calls ended: %v", err)
+	}
+	if n := g.inflight.Load(); n != 0 {
+		t.Errorf("in flight after all calls = %d, want 0", n)
+	}
+}
+
+func TestBatcherQueueBound(t *testing.T) {
+	release := make(chan struct{})
+	proposed := make(chan struct{}, 1)
+	b := newBatcher(func(cmd *allotv1.Command) (any, error) {
+		proposed <- struct{}{}
+		<-release
+		return nil, errShutdown
+	}, func() int64 { return 1 }, 100, 1<<20, 1)
+	b.maxQueue = 2
+	b.start()
+	defer b.close()
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	submit := func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = b.submit(ctx, acquireReq("a", 1))
+		}()
+	}
+	submit()
+	<-proposed // the first call is committing; the queue is empty
+	submit()
+	submit()
+	waitFor(t, 5*time.Second, "two queued calls", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 2
+	})
+	if _, err := b.submit(ctx, acquireReq("b", 1)); err != errOverloaded {
+		t.Errorf("submit to a full queue = %v, want errOverloaded", err)
+	}
+	st := toStatus(errOverloaded, leaderHint{})
+	if status.Code(st) != codes.ResourceExhausted {
+		t.Errorf("errOverloaded maps to %v, want ResourceExhausted", status.Code(st))
+	}
+	close(release)
+	go func() {
+		for range proposed {
+		}
+	}()
+	wg.Wait()
+	b.close()
+	close(proposed)
+}
+
+// TestAgentLimiter: a certificate's incarnations share one bucket, and
+// agents idle for a full refill are forgotten.
+func TestAgentLimiter(t *testing.T) {
+	a := newAgentLimiter(10, 2)
+	const t0 = int64(1_000_000_000_000)
+	g := &guard{now: func() int64 { return t0 }}
+	cert := principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAgent, Name: "gw-1"}}
+	for i, id := range []string{"gw-1/a", "gw-1/b"} {
+		if err := g.limitAgent(a, cert, acquireReq(id, 1)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if err := g.limitAgent(a, cert, acquireReq("gw-1/c", 1)); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("third incarnation's call = %v, want ResourceExhausted (one bucket per certificate)", err)
+	}
+	// Without a certificate each agent_id has its own bucket.
+	for i := range 1000 {
+		if r := a.allow(fmt.Sprint("id:", i), t0); !r.Allowed {
+			t.Fatalf("agent %d refused", i)
+		}
+	}
+	if n := a.size(); n != 1001 {
+		t.Fatalf("tracked = %d, want 1001", n)
+	}
+	// A second later every bucket is full again: the next insertions sweep
+	// them away.
+	later := t0 + int64(time.Second)
+	for i := range 1000 {
+		a.allow(fmt.Sprint("new:", i), later)
+	}
+	if n := a.size(); n > 1000+16*minSweepAt {
+		t.Errorf("tracked after idle agents refilled = %d, want the idle ones swept", n)
+	}
+}
+
+// TestFairnessUnderFlood: one agent sends Acquire as fast as 16 goroutines
+// can while three well-behaved agents call every 100 ms on a shared key.
+// The well-behaved agents' calls all succeed (no ResourceExhausted) and
+// get their max-min fair share (their whole need: 2 tokens a call, 60
+// tokens/s together on a 100/s key). Their latency with and without the
+// flood is logged (a measurement, not an assertion).
+func TestFairnessUnderFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("flood measurement: skipped with -short")
+	}
+	tc := newTestCluster(t, 1)
+	addr := tc.node(0).GRPCAddr()
+	ctx := ctxT(t)
+
+	good := func(phase string, d time.Duration) (lat []time.Duration, granted, calls int64) {
+		var mu sync.Mutex // guards lat, granted, calls
+		var wg sync.WaitGroup
+		for g := range 3 {
+			alloc, _ := dial(t, addr)
+			id := fmt.Sprintf("good-%d-%s", g, phase)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				end := time.Now().Add(d)
+				for req := uint64(1); time.Now().Before(end); req++ {
+					start := time.Now()
+					resp, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: id, RequestId: req, Keys: []*allotv1.KeyAcquire{
+						{Domain: "test", Entries: []*allotv1.Entry{{Key: "user", Value: "shared"}}, Want: 2, Demand: 20},
+					}})
+					el := time.Since(start)
+					if err != nil {
+						t.Errorf("%s: well-behaved %s call %d: %v", phase, id, req, err)
+						return
+					}
+					mu.Lock()
+					lat = append(lat, el)
+					granted += resp.GetGrants()[0].GetGranted()
+					calls++
+					mu.Unlock()
+					<-tick.C
+				}
+			}()
+		}
+		wg.Wait()
+		return lat, granted, calls
+	}
+
+	// flood runs 16 goroutines of Acquire calls, 20 keys of the flooder's
+	// own each; with shared, also the shared key, wanting 1000 and
+	// claiming to have spent everything (held 0) every time.
+	flood := func(stop <-chan struct{}, agentID string, shared bool) (ok, exhausted, other *atomic.Int64, wait func()) {
+		ok, exhausted, other = new(atomic.Int64), new(atomic.Int64), new(atomic.Int64)
+		var reqID atomic.Uint64
+		var wg sync.WaitGroup
+		for range 16 {
+			alloc, _ := dial(t, addr)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					var keys []*allotv1.KeyAcquire
+					if shared {
+						keys = append(keys, &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "user", Value: "shared"}},
+							Want: 1000, Demand: 1e6})
+					}
+					for k := range 20 {
+						keys = append(keys, key("user", fmt.Sprint("flood-", k), 10))
+					}
+					_, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: agentID, RequestId: reqID.Add(1), Keys: keys})
+					switch {
+					case err == nil:
+						ok.Add(1)
+					case status.Code(err) == codes.ResourceExhausted:
+						exhausted.Add(1)
+					default:
+						other.Add(1)
+					}
+				}
+			}()
+		}
+		return ok, exhausted, other, wg.Wait
+	}
+
+	const phase = 2 * time.Second
+	baseLat, _, _ := good("baseline", phase)
+
+	stop := make(chan struct{})
+	ok, ex, other, wait := flood(stop, "flooder", false)
+	lat, granted, calls := good("flood", phase)
+	close(stop)
+	wait()
+	if granted < (calls-3)*2 {
+		t.Errorf("well-behaved agents got %d tokens in %d calls, want their fair share of 2 a call (at most one short call each)", granted, calls)
+	}
+	if ex.Load() == 0 {
+		t.Errorf("the flooder was never refused ResourceExhausted")
+	}
+	t.Logf("flooder: %d calls served, %d refused ResourceExhausted, %d other errors (stale request ids)", ok.Load(), ex.Load(), other.Load())
+	t.Logf("well-behaved latency without flood: %s", latSummary(baseLat))
+	t.Logf("well-behaved latency under flood (per-agent limit on): %s; %d tokens in %d calls", latSummary(lat), granted, calls)
+
+	// Measurements only (logged, not asserted). The same flood with the
+	// per-agent limit off:
+	tc.node(0).guard.agents.Store(nil)
+	stop = make(chan struct{})
+	ok, _, _, wait = flood(stop, "flooder-unlimited", false)
+	lat, granted, calls = good("nolimit", phase)
+	close(stop)
+	wait()
+	t.Logf("well-behaved latency under flood (per-agent limit off): %s; %d tokens in %d calls; flooder %d calls served",
+		latSummary(lat), granted, calls, ok.Load())
+	// A flooder that also takes from the shared key, claiming every call
+	// that it spent all it held: the grant policy caps what an agent holds,
+	// not how fast it is granted, so this measures the share left to the
+	// well-behaved agents (their need: 120 tokens in 2 s).
+	tc.node(0).guard.agents.Store(newAgentLimiter(tc.node(0).cfg.AgentRate, tc.node(0).cfg.AgentBurst))
+	stop = make(chan struct{})
+	ok, _, _, wait = flood(stop, "flooder-shared", true)
+	lat, granted, calls = good("shared", phase)
+	close(stop)
+	wait()
+	t.Logf("shared-key flood (limit on): well-behaved got %d tokens in %d calls (need %d); latency %s; flooder %d calls served",
+		granted, calls, 2*calls, latSummary(lat), ok.Load())
+}
+
+func latSummary(lat []time.Duration) string {
+	if len(lat) == 0 {
+		return "no calls"
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("n=%d p50=%v p99=%v max=%v", len(s), q(0.5).Round(10*time.Microsecond),
+		q(0.99).Round(10*time.Microsecond), s[len(s)-1].Round(10*time.Microsecond))
+}
+
+// BenchmarkGuardRefusal measures what a refused call costs the server in
+// the interceptor (the gRPC transport's own cost comes on top): an agent
+// over its rate, and a call past the in-flight cap.
+func BenchmarkGuardRefusal(b *testing.B) {
+	handler := func(context.Context, any) (any, error) { return nil, nil }
+	info := &grpc.UnaryServerInfo{FullMethod: allotv1.Allocator_Acquire_FullMethodName}
+	req := acquireReq("flood", 1, key("user", "u", 1))
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	b.Run("agent_rate", func(b *testing.B) {
+		g := newGuard(Config{AgentRate: 1, AgentBurst: 1, MaxInflight: 1 << 20}, quiet)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = g.unary(ctx, req, info, handler)
+		}
+	})
+	b.Run("inflight", func(b *testing.B) {
+		g := newGuard(Config{AgentRate: -1, MaxInflight: 1}, quiet)
+		g.inflight.Store(1)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = g.unary(ctx, req, info, handler)
+		}
+	})
+	b.Run("admitted", func(b *testing.B) {
+		g := newGuard(Config{AgentRate: 1 << 30, AgentBurst: 1 << 30, MaxInflight: 1 << 20}, quiet)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = g.unary(ctx, req, info, handler)
+		}
+	})
+}
