@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/pkg/redislimit"
 )
 
 // fileConfig is the -config YAML file. Unknown keys are errors.
@@ -24,6 +25,7 @@ import (
 //	tls: {cert_file: gw.crt, key_file: gw.key}   # serve HTTPS
 //	upstream_tls: {ca_file: ca.pem}
 //	allocator_tls: {ca_file: ca.pem, cert_file: c.crt, key_file: c.key}
+//	redis: {addrs: [127.0.0.1:6379], timeout: 5ms}  # rules with backend: redis (docs/redis.md)
 //	domain: public-api                           # the rest is httplimit.Config
 //	api_key: {headers: [Authorization, X-API-Key]}
 //	descriptors: [[api_key]]
@@ -34,6 +36,9 @@ type fileConfig struct {
 	TLS          tlsConfig `yaml:"tls"`
 	UpstreamTLS  tlsConfig `yaml:"upstream_tls"`
 	AllocatorTLS tlsConfig `yaml:"allocator_tls"`
+	// Redis configures the backend of rules with `backend: redis`; without
+	// it such rules are decided by a local bucket (docs/redis.md).
+	Redis *redislimit.FileConfig `yaml:"redis"`
 
 	httplimit.Config `yaml:",inline"`
 }
@@ -138,6 +143,11 @@ func parseConfig(name string, src []byte) (fileConfig, error) {
 	}
 	if _, err := httplimit.NewExtractor(cfg.Config); err != nil {
 		return fileConfig{}, fmt.Errorf("%s: %w", name, err)
+	}
+	if cfg.Redis != nil {
+		if _, err := cfg.Redis.Config(); err != nil {
+			return fileConfig{}, fmt.Errorf("%s: redis: %w", name, err)
+		}
 	}
 	return cfg, nil
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/pkg/rls"
 )
 
@@ -32,11 +33,14 @@ type gateway struct {
 	agent  *agent.Agent
 	dev    *devEnv // nil unless -dev
 
-	proxy    *http.Server
-	admin    *http.Server // nil when -http-addr is empty
-	grpc     *grpc.Server // nil when -rls-addr is empty
-	wg       sync.WaitGroup
-	failed   chan error // a listener stopped on its own
+	proxy        *http.Server
+	admin        *http.Server // nil when -http-addr is empty
+	grpc         *grpc.Server // nil when -rls-addr is empty
+	wg           sync.WaitGroup
+	failed       chan error          // a listener stopped on its own
+	redis        *redislimit.Backend // nil without a redis: block
+	redisBatcher *redislimit.Batcher // nil unless batched mode is on
+
 	shutOnce sync.Once
 	shutErr  error
 }
@@ -104,6 +108,11 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	}
 	acfg.Logger = logger
 	acfg.Registerer = reg
+	if cfg.Redis != nil {
+		if acfg.Redis, err = g.startRedis(*cfg.Redis, logger, reg); err != nil {
+			return g, err
+		}
+	}
 	if g.agent, err = agent.New(acfg); err != nil {
 		return g, err
 	}
@@ -258,6 +267,16 @@ func (g *gateway) shutdown(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+		if g.redisBatcher != nil {
+			if err := g.redisBatcher.Close(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("redis batcher: %w", err))
+			}
+		}
+		if g.redis != nil {
+			if err := g.redis.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("redis: %w", err))
+			}
+		}
 		if g.dev != nil {
 			if err := g.dev.close(ctx); err != nil {
 				errs = append(errs, err)
@@ -336,4 +355,35 @@ func newProxy(target *url.URL, tc *tls.Config, logger *slog.Logger) *httputil.Re
 		},
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+}
+
+// startRedis builds the Redis backend for rules with `backend: redis`:
+// optionally in batched mode and with hot-key promotion. Closed by shutdown
+// after the agent (the batcher hands back what it holds).
+func (g *gateway) startRedis(fc redislimit.FileConfig, logger *slog.Logger, reg prometheus.Registerer) (*redislimit.RuleLimiter, error) {
+	rc, err := fc.Config()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	rc.Logger, rc.Registerer = logger, reg
+	if g.redis, err = redislimit.New(rc); err != nil {
+		return nil, err
+	}
+	rl := &redislimit.RuleLimiter{Backend: g.redis, Logger: logger}
+	if bc, ok, err := fc.BatchConfig(); err != nil {
+		return nil, fmt.Errorf("redis: batched: %w", err)
+	} else if ok {
+		if g.redisBatcher, err = redislimit.NewBatcher(g.redis, bc); err != nil {
+			return nil, err
+		}
+		rl.Batcher = g.redisBatcher
+	}
+	if pc, ok, err := fc.PromoterConfig(); err != nil {
+		return nil, fmt.Errorf("redis: promote: %w", err)
+	} else if ok {
+		if rl.Promoter, err = redislimit.NewPromoter(pc); err != nil {
+			return nil, err
+		}
+	}
+	return rl, nil
 }
