@@ -181,7 +181,7 @@ func TestConfigurationDoc(t *testing.T) {
 	// Gateway config keys: the yaml tags of the config structs, and the
 	// entry mapping's keys.
 	var keys []string
-	for _, f := range []string{"cmd/gateway/config.go", "pkg/httplimit/config.go"} {
+	for _, f := range []string{"cmd/gateway/config.go", "pkg/httplimit/config.go", "pkg/redislimit/fileconfig.go"} {
 		for _, m := range docYAMLTag.FindAllStringSubmatch(string(readFile(t, filepath.Join(root, f))), -1) {
 			keys = append(keys, m[1])
 		}
@@ -214,5 +214,27 @@ func TestConfigurationDoc(t *testing.T) {
 		if !strings.Contains(doc["deploy/local/cluster.sh"], "`"+m[1]+"`") {
 			t.Errorf("docs/configuration.md, cluster.sh: %s is not documented", m[1])
 		}
+	}
+}
+
+// TestDocsMetricNames: every allot_* metric name the operator docs mention
+// (tables, PromQL alerts) is defined in the code.
+func TestDocsMetricNames(t *testing.T) {
+	names := metricNames(t)
+	re := regexp.MustCompile(`\ballot_[a-z]+_[a-z0-9_]*[a-z0-9]\b`)
+	for _, doc := range []string{"operations.md", "failure-modes.md", "configuration.md", "migrating-from-envoy-ratelimit.md", "comparison.md"} {
+		src := string(readFile(t, filepath.Join(root, "docs", doc)))
+		n := 0
+		for _, loc := range re.FindAllStringIndex(src, -1) {
+			m := src[loc[0]:loc[1]]
+			if loc[1] < len(src) && src[loc[1]] == '_' {
+				continue // a prefix such as allot_allocator_
+			}
+			n++
+			if !knownMetric(names, m) {
+				t.Errorf("docs/%s mentions metric %s, which the code does not define", doc, m)
+			}
+		}
+		t.Logf("docs/%s: %d metric mentions", doc, n)
 	}
 }

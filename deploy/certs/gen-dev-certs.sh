@@ -109,9 +109,9 @@ chmod 0644 "$OUT/ca.crt"
 
 cat <<EOF
 
-Use them, for example:
+Use them, for example (docs/operations.md, "TLS"):
+  allocator ... -tls-cert $OUT/allocator.crt -tls-key $OUT/allocator.key -tls-ca $OUT/ca.crt -raft-tls
   allotctl --tls-ca $OUT/ca.crt --tls-cert $OUT/admin.crt --tls-key $OUT/admin.key status
   gateway config: allocator_tls: {ca_file: $OUT/ca.crt, cert_file: $OUT/agent-<id>.crt, key_file: $OUT/agent-<id>.key}
                   tls: {cert_file: $OUT/gateway.crt, key_file: $OUT/gateway.key}
-The allocator's own TLS flags are issue #8's work; see docs/operations.md ("TLS").
 EOF
