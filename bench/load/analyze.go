@@ -1,0 +1,179 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/allot/allot/pkg/bucket"
+)
+
+// accuracy is what the admission record says about the limit, over all
+// keys. docs/performance.md ("Load harness") defines each figure.
+type accuracy struct {
+	WindowSeconds float64 `json:"window_seconds"`
+	Keys          int     `json:"keys_requested"`     // keys with at least one check
+	KeysAtLimit   int     `json:"keys_at_limit"`      // keys the ideal limiter denied at least once
+	Offered       int64   `json:"checks"`             // checks recorded
+	Admitted      int64   `json:"admitted"`           // allowed by the system under test
+	Rejected      int64   `json:"rejected"`           // denied by the system under test
+	IdealAdmitted int64   `json:"ideal_admitted"`     // allowed by the ideal central limiter (in-quota requests)
+	ColdShare     float64 `json:"cold_request_share"` // share of checks to keys under 1 req/s over the run
+
+	// Over-admission: per key, the most checks admitted in any window of
+	// WindowSeconds (sliding) beyond burst + R·window, as % of R·window.
+	WorstOverPct       float64 `json:"worst_over_admission_pct"`
+	WorstKey           string  `json:"worst_key,omitempty"`
+	WorstWindowCount   int64   `json:"worst_window_admitted"`
+	WorstWindowBound   float64 `json:"worst_window_bound"`
+	KeysOver1Pct       int     `json:"keys_over_1pct"`
+	OverAdmittedTokens float64 `json:"over_admitted_tokens"`    // Σ over keys of the excess in the key's worst window
+	OverAdmittedPct    float64 `json:"over_admitted_pct"`       // OverAdmittedTokens as % of Admitted
+	OverAdmittedPctIn  float64 `json:"over_admitted_pct_of_rw"` // Σ excess / Σ R·window over keys at the limit
+
+	// False rejects: per key and tumbling window, the shortfall of admitted
+	// checks against what the ideal limiter admitted from the same checks,
+	// as % of IdealAdmitted.
+	FalseRejects   int64   `json:"false_rejects"`
+	FalseRejectPct float64 `json:"false_reject_pct"`
+	// The same shortfall for a static R/N split: each agent limiting each
+	// key alone at R/N with burst ⌈burst/N⌉ (replayed, not run).
+	StaticFalseRejectPct float64 `json:"static_split_false_reject_pct"`
+}
+
+// analyze computes the accuracy of one run from its events (which it
+// sorts). limit and burst are the per-key rule; agents is N.
+func analyze(events []event, limit, burst int64, agents int, window, run time.Duration) (accuracy, error) {
+	acc := accuracy{WindowSeconds: window.Seconds(), Offered: int64(len(events))}
+	ideal, err := bucket.NewLimit(bucket.TokenBucket, limit, time.Second, burst)
+	if err != nil {
+		return acc, fmt.Errorf("ideal limit: %w", err)
+	}
+	split, err := bucket.NewLimit(bucket.TokenBucket, limit, time.Duration(agents)*time.Second, (burst+int64(agents)-1)/int64(agents))
+	if err != nil {
+		return acc, fmt.Errorf("static split limit: %w", err)
+	}
+	slices.SortFunc(events, func(a, b event) int {
+		if c := cmp.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.us, b.us)
+	})
+	wus := uint32(window / time.Microsecond)
+	nWin := int(run/window) + 2
+	rw := float64(limit) * window.Seconds()
+	bound := float64(burst) + rw
+	var (
+		admittedTS []uint32
+		inA, inI   = make([]int64, nWin), make([]int64, nWin)
+		inS        = make([]int64, nWin)
+		agentState = make([]bucket.State, agents)
+		coldChecks int64
+		staticMiss int64
+		sumRWAt    float64
+	)
+	for lo := 0; lo < len(events); {
+		hi := lo
+		for hi < len(events) && events[hi].key == events[lo].key {
+			hi++
+		}
+		ks := events[lo:hi]
+		lo = hi
+		acc.Keys++
+		if float64(len(ks)) < run.Seconds() {
+			coldChecks += int64(len(ks))
+		}
+		clear(inA)
+		clear(inI)
+		clear(inS)
+		clear(agentState)
+		var st bucket.State
+		atLimit := false
+		admittedTS = admittedTS[:0]
+		for _, e := range ks {
+			now := replayBase + int64(e.us)*int64(time.Microsecond)
+			w := min(int(e.us/wus), nWin-1)
+			if e.allowed {
+				acc.Admitted++
+				inA[w]++
+				admittedTS = append(admittedTS, e.us)
+			} else {
+				acc.Rejected++
+			}
+			if ideal.AllowN(&st, now, 1).Allowed {
+				acc.IdealAdmitted++
+				inI[w]++
+			} else {
+				atLimit = true
+			}
+			if int(e.agent) < agents && split.AllowN(&agentState[e.agent], now, 1).Allowed {
+				inS[w]++
+			}
+		}
+		for w := range nWin {
+			acc.FalseRejects += max(inI[w]-inA[w], 0)
+			staticMiss += max(inI[w]-inS[w], 0)
+		}
+		if atLimit {
+			acc.KeysAtLimit++
+			sumRWAt += rw
+		}
+		peak := slidingMax(admittedTS, wus)
+		if over := float64(peak) - bound; over > 0 {
+			acc.OverAdmittedTokens += over
+			pct := 100 * over / rw
+			if pct > 1 {
+				acc.KeysOver1Pct++
+			}
+			if pct > acc.WorstOverPct {
+				acc.WorstOverPct = pct
+				acc.WorstKey = "u" + strconv.FormatUint(uint64(ks[0].key), 10)
+				acc.WorstWindowCount = int64(peak)
+				acc.WorstWindowBound = bound
+			}
+		}
+	}
+	if acc.WorstKey == "" {
+		acc.WorstWindowBound = bound
+	}
+	if acc.Offered > 0 {
+		acc.ColdShare = float64(coldChecks) / float64(acc.Offered)
+	}
+	if acc.Admitted > 0 {
+		acc.OverAdmittedPct = 100 * acc.OverAdmittedTokens / float64(acc.Admitted)
+	}
+	if sumRWAt > 0 {
+		acc.OverAdmittedPctIn = 100 * acc.OverAdmittedTokens / sumRWAt
+	}
+	if acc.IdealAdmitted > 0 {
+		acc.FalseRejectPct = 100 * float64(acc.FalseRejects) / float64(acc.IdealAdmitted)
+		acc.StaticFalseRejectPct = 100 * float64(staticMiss) / float64(acc.IdealAdmitted)
+	}
+	return acc, nil
+}
+
+// replayBase is the Unix time (ns) the replayed limiters take as the run's
+// start; any fixed instant works (the zero State is a full bucket).
+var replayBase = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+
+// slidingMax returns the largest number of timestamps (sorted, µs) in any
+// half-open window (t−w, t] of length w µs.
+func slidingMax(ts []uint32, w uint32) int {
+	best, j := 0, 0
+	for i, t := range ts {
+		for t-ts[j] >= w {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+// round returns v rounded to d decimals, for readable JSON.
+func round(v float64, d int) float64 {
+	p := math.Pow(10, float64(d))
+	return math.Round(v*p) / p
+}

@@ -1,0 +1,462 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// rulesYAML is the workload's rule file: every user value has its own budget
+// of limit/s with the given burst, on the given backend, and one "probe" key
+// with a limit far above anything the probe spends (for the batch-timed
+// leased checks).
+func rulesYAML(limit, burst int, backend string) []byte {
+	return fmt.Appendf(nil, `domain: %s
+descriptors:
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: %d
+      burst: %d
+      backend: %s
+  - key: probe
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+      burst: 1000000000
+      backend: %s
+`, domain, limit, burst, backend, backend)
+}
+
+// cluster is the allocator cluster under test: processes the harness
+// started, or a running cluster it connected to.
+type cluster struct {
+	nodes []*node // nil when connected to a running cluster
+	addrs []string
+	conns []*grpc.ClientConn
+	admin allotv1.AdminClient
+}
+
+// node is one allocator process.
+type node struct {
+	id, grpc, raft, http string
+	args                 []string
+	logPath              string
+	cmd                  *exec.Cmd
+	exited               chan struct{}
+}
+
+// startCluster starts three cmd/allocator processes on loopback with data
+// directories under dir (bolt with fsync on every commit, the defaults),
+// the first with -bootstrap and the others with -join, and waits until all
+// three are voters.
+func startCluster(ctx context.Context, o options, dir string) (*cluster, error) {
+	bin, err := allocatorBinary(o.allocatorBin, dir)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(9)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{}
+	for i := range 3 {
+		n := &node{id: fmt.Sprintf("load%d", i), grpc: ports[3*i], raft: ports[3*i+1], http: ports[3*i+2],
+			logPath: filepath.Join(dir, fmt.Sprintf("allocator%d.log", i))}
+		n.args = []string{"-node-id", n.id, "-data-dir", filepath.Join(dir, n.id),
+			"-grpc-addr", n.grpc, "-raft-addr", n.raft, "-http-addr", n.http, "-log-level", "warn"}
+		if i == 0 {
+			n.args = append(n.args, "-bootstrap")
+		} else {
+			n.args = append(n.args, "-join", c.nodes[0].grpc)
+		}
+		c.nodes = append(c.nodes, n)
+		c.addrs = append(c.addrs, n.grpc)
+	}
+	for _, n := range c.nodes {
+		if err := n.start(bin); err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
+	for _, n := range c.nodes {
+		if err := n.waitReady(ctx, 60*time.Second); err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
+	if err := c.dial(); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if err := c.waitVoters(ctx, 3, 60*time.Second); err != nil {
+		c.stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// connectCluster uses a running cluster.
+func connectCluster(addrs []string) (*cluster, error) {
+	c := &cluster{addrs: addrs}
+	if err := c.dial(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cluster) dial() error {
+	for _, a := range c.addrs {
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.closeConns()
+			return fmt.Errorf("dial %s: %w", a, err)
+		}
+		c.conns = append(c.conns, cc)
+	}
+	c.admin = allotv1.NewAdminClient(c.conns[0])
+	return nil
+}
+
+func (c *cluster) closeConns() {
+	for _, cc := range c.conns {
+		_ = cc.Close()
+	}
+	c.conns = nil
+}
+
+// stop closes the connections and stops the processes the harness started:
+// SIGTERM (graceful shutdown), then SIGKILL after 10 s.
+func (c *cluster) stop() {
+	c.closeConns()
+	for _, n := range c.nodes {
+		n.terminate(10 * time.Second)
+	}
+}
+
+// putRules replaces the harness's domain (only it) and returns the new
+// rules version.
+func (c *cluster) putRules(ctx context.Context, src []byte) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := c.admin.PutRules(cctx, &allotv1.PutRulesRequest{
+		Files: []*allotv1.RuleFile{{Name: domain + ".yaml", Domain: domain, Yaml: src}},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("PutRules: %w", err)
+	}
+	return resp.GetVersion(), nil
+}
+
+// leaderStatus returns the leader's member record and its own
+// ClusterStatus (so that keys and leases are the leader's applied state).
+func (c *cluster) leaderStatus(ctx context.Context) (*allotv1.Member, *allotv1.ClusterStatusResponse, error) {
+	var lastErr error
+	for _, cc := range c.conns {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := allotv1.NewAdminClient(cc).ClusterStatus(cctx, &allotv1.ClusterStatusRequest{})
+		cancel()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		for _, m := range st.GetMembers() {
+			if m.GetId() != st.GetLeaderId() {
+				continue
+			}
+			if st.GetNodeId() == m.GetId() {
+				return m, st, nil
+			}
+			lc, err := grpc.NewClient(m.GetGrpcAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, nil, err
+			}
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			lst, err := allotv1.NewAdminClient(lc).ClusterStatus(cctx, &allotv1.ClusterStatusRequest{})
+			cancel()
+			_ = lc.Close()
+			if err != nil {
+				return nil, nil, fmt.Errorf("ClusterStatus on the leader %s: %w", m.GetId(), err)
+			}
+			return m, lst, nil
+		}
+		lastErr = errors.New("no leader known")
+	}
+	return nil, nil, fmt.Errorf("cluster status: %w", lastErr)
+}
+
+func (c *cluster) waitVoters(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := c.admin.ClusterStatus(cctx, &allotv1.ClusterStatusRequest{})
+		cancel()
+		if err == nil && st.GetLeaderId() != "" && len(st.GetMembers()) == n {
+			ok := true
+			for _, m := range st.GetMembers() {
+				ok = ok && m.GetGrpcAddr() != "" && m.GetSuffrage() == "voter"
+			}
+			if ok {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the cluster did not reach %d voters within %v (last error: %v)", n, timeout, err)
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// memSample is the leader's memory and tracked state at one instant.
+type memSample struct {
+	HeapInuse uint64 `json:"heap_inuse_bytes"` // after a forced GC
+	RSS       uint64 `json:"rss_bytes,omitempty"`
+	Keys      uint64 `json:"keys"`
+	Leases    uint64 `json:"leases"`
+	Leader    string `json:"leader"`
+}
+
+// memory samples the leader: HeapInuse from /debug/pprof/heap?gc=1&debug=1
+// (which runs a GC first and ends with the runtime's MemStats; the
+// allocator's /metrics has no Go runtime collector), RSS from /proc when the
+// harness started the process, and keys and leases from ClusterStatus.
+func (c *cluster) memory(ctx context.Context) (memSample, error) {
+	m, st, err := c.leaderStatus(ctx)
+	if err != nil {
+		return memSample{}, err
+	}
+	s := memSample{Keys: st.GetKeys(), Leases: st.GetLeases(), Leader: m.GetId()}
+	if m.GetHttpAddr() == "" {
+		return s, errors.New("the leader has no HTTP address")
+	}
+	s.HeapInuse, err = heapInuse(ctx, m.GetHttpAddr())
+	if err != nil {
+		return s, err
+	}
+	for _, n := range c.nodes {
+		if n.id == m.GetId() && n.cmd != nil {
+			s.RSS, _ = procRSS(n.cmd.Process.Pid)
+		}
+	}
+	return s, nil
+}
+
+func heapInuse(ctx context.Context, httpAddr string) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+httpAddr+"/debug/pprof/heap?gc=1&debug=1", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("heap profile: HTTP %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# HeapInuse = "); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("heap profile: no HeapInuse line")
+}
+
+// procRSS reads VmRSS of a process.
+func procRSS(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+// cpuTime returns the CPU time (user + system) pids have used, from
+// /proc/<pid>/stat; pid 0 means this process.
+func cpuTime(pids ...int) (time.Duration, error) {
+	const ticks = 100 // USER_HZ on Linux
+	var total time.Duration
+	for _, pid := range pids {
+		path := "/proc/self/stat"
+		if pid != 0 {
+			path = fmt.Sprintf("/proc/%d/stat", pid)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0, err
+		}
+		// The command name (field 2) may contain spaces: parse after ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			return 0, fmt.Errorf("%s: unexpected format", path)
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 13 {
+			return 0, fmt.Errorf("%s: unexpected format", path)
+		}
+		// Fields 14 and 15 (utime, stime) are f[11] and f[12] here.
+		for _, v := range f[11:13] {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			total += time.Duration(n) * time.Second / ticks
+		}
+	}
+	return total, nil
+}
+
+func (c *cluster) pids() []int {
+	var out []int
+	for _, n := range c.nodes {
+		if n.cmd != nil && n.cmd.Process != nil {
+			out = append(out, n.cmd.Process.Pid)
+		}
+	}
+	return out
+}
+
+// allocatorBinary returns path when it exists, or builds cmd/allocator into
+// dir.
+func allocatorBinary(path, dir string) (string, error) {
+	if path != "" {
+		if st, err := os.Stat(path); err == nil && !st.IsDir() {
+			return path, nil
+		}
+	}
+	bin := filepath.Join(dir, "allocator")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/allot/allot/cmd/allocator").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build cmd/allocator: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+func (n *node) start(bin string) error {
+	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	n.cmd = exec.Command(bin, n.args...)
+	n.cmd.Stdout, n.cmd.Stderr = f, f
+	if err := n.cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", bin, err)
+	}
+	n.exited = make(chan struct{})
+	cmd, exited := n.cmd, n.exited
+	go func() { // owned by n: ends when the process does
+		_ = cmd.Wait()
+		f.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+// terminate sends SIGTERM, waits up to grace, then SIGKILL, and waits until
+// the process is reaped.
+func (n *node) terminate(grace time.Duration) {
+	if n.cmd == nil {
+		return
+	}
+	select {
+	case <-n.exited:
+		return
+	default:
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-n.exited:
+	case <-t.C:
+		_ = n.cmd.Process.Kill()
+		<-n.exited
+	}
+}
+
+func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-n.exited:
+			return fmt.Errorf("allocator %s exited (log: %s)", n.id, n.logPath)
+		default:
+		}
+		resp, err := client.Get("http://" + n.http + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("allocator %s not ready within %v (log: %s)", n.id, timeout, n.logPath)
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func freePorts(n int) ([]string, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	var out []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	return out, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,220 @@
+// Command load is allot's end-to-end load harness: a three-node allocator
+// cluster (cmd/allocator processes, Raft over TCP, bolt with fsync) and K
+// agents in this process, driven by an open-loop workload, then the same
+// workload against the Redis backend (one Lua EVALSHA per check, a
+// redis-server the harness starts) for the baseline.
+//
+// Run it from the repository root (make bench-load runs `make build` first,
+// so bin/allocator is fresh):
+//
+//	make bench-load ARGS='-workload longtail -out longtail.json'
+//	go run ./bench/load -workload hot
+//	go run ./bench/load -workload skew -redis off
+//	go run ./bench/load -allocators 10.0.0.1:7420,10.0.0.2:7420,10.0.0.3:7420
+//
+// The workload: requests for M keys chosen by Zipf(s), each key limited to
+// R requests/s with a burst, at a target rate paced open-loop by -workers
+// goroutines, each request routed to one of K agents (uniformly, or with
+// -skew a share to one favored agent that changes every -skew-rotate). Every
+// check's duration is measured around agent.Check and every decision is
+// logged, so that the accuracy is computed afterwards from the global
+// admission record: over-admission per key over sliding windows, and false
+// rejects against an ideal central limiter fed the same requests.
+// docs/performance.md defines every figure and records the measured runs.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// options are the harness's flags.
+type options struct {
+	workload string
+
+	keys       int
+	zipfS      float64
+	rate       float64
+	limit      int
+	burst      int
+	agents     int
+	skew       float64
+	skewRotate time.Duration
+
+	duration time.Duration
+	window   time.Duration
+	workers  int
+	tick     time.Duration
+	maxLag   time.Duration
+	seed     uint64
+
+	allocators   string
+	allocatorBin string
+	dir          string
+	redis        string
+	redisBin     string
+	out          string
+	probe        bool
+	quiet        bool
+	refill       time.Duration
+	cpuProfile   string
+}
+
+// preset is a named workload: the flag values it sets unless the flag is
+// given explicitly.
+type preset struct {
+	about  string
+	values map[string]string
+}
+
+var presets = map[string]preset{
+	"hot": {
+		about: "8 keys, Zipf 1.1, 40,000 req/s over 10 agents, 5,000/s per key (burst 500): two keys over their limit, the rest under",
+		values: map[string]string{"keys": "8", "zipf": "1.1", "rate": "40000", "limit": "5000", "burst": "500",
+			"agents": "10", "skew": "0"},
+	},
+	"longtail": {
+		about: "100,000 keys, Zipf 1.1, 50,000 req/s over 10 agents, 100/s per key (burst 100): ~18% of requests go to keys under 1 req/s",
+		values: map[string]string{"keys": "100000", "zipf": "1.1", "rate": "50000", "limit": "100", "burst": "100",
+			"agents": "10", "skew": "0"},
+	},
+	"skew": {
+		about: "1 key, 4,000 req/s (80% of its 5,000/s limit, burst 500) over 10 agents, half of it to one agent that changes every 5 s",
+		values: map[string]string{"keys": "1", "zipf": "1.1", "rate": "4000", "limit": "5000", "burst": "500",
+			"agents": "10", "skew": "0.5", "skew-rotate": "5s"},
+	},
+}
+
+func main() {
+	o, err := parseFlags(flag.CommandLine, os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "load:", err)
+		os.Exit(2)
+	}
+	rep, err := run(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "load:", err)
+		os.Exit(1)
+	}
+	rep.Command = "go run ./bench/load " + strings.Join(os.Args[1:], " ")
+	if o.out != "" {
+		if err := rep.writeJSON(o.out); err != nil {
+			fmt.Fprintln(os.Stderr, "load:", err)
+			os.Exit(1)
+		}
+	}
+	rep.print(os.Stdout)
+}
+
+// parseFlags parses args into options, applying the -workload preset to
+// the flags not given explicitly.
+func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
+	var o options
+	var names []string
+	for n := range presets {
+		names = append(names, n)
+	}
+	fs.StringVar(&o.workload, "workload", "", "named preset: hot, longtail or skew (explicit flags override it); empty: the flags below")
+	fs.IntVar(&o.keys, "keys", 10000, "distinct budget keys (M)")
+	fs.Float64Var(&o.zipfS, "zipf", 1.1, "Zipf exponent s (> 1) of the key choice; 0: uniform")
+	fs.Float64Var(&o.rate, "rate", 20000, "target request rate, req/s (open loop)")
+	fs.IntVar(&o.limit, "limit", 100, "per-key limit R, requests per second")
+	fs.IntVar(&o.burst, "burst", 100, "per-key burst (token bucket capacity)")
+	fs.IntVar(&o.agents, "agents", 10, "agents (K), in this process")
+	fs.Float64Var(&o.skew, "skew", 0, "share of requests routed to one favored agent (the rest spread uniformly over all agents)")
+	fs.DurationVar(&o.skewRotate, "skew-rotate", 0, "the favored agent changes every this long (0: always agent 0)")
+	fs.DurationVar(&o.duration, "duration", 15*time.Second, "length of each run (lease, then Redis)")
+	fs.DurationVar(&o.window, "window", 10*time.Second, "accuracy window: over-admission over sliding windows, false rejects over tumbling windows of this length")
+	fs.IntVar(&o.workers, "workers", 32, "load goroutines (each paced at rate/workers; Redis checks block, so this bounds its concurrency)")
+	fs.DurationVar(&o.tick, "tick", time.Millisecond, "a worker sleeps at least this long between bursts of due requests")
+	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "a request not issued within this long of its scheduled time is dropped (counted)")
+	fs.Uint64Var(&o.seed, "seed", 1, "workload seed (the same for both backends)")
+	fs.StringVar(&o.allocators, "allocators", "", "gRPC addresses of a running cluster (comma-separated); empty: start 3 allocator processes")
+	fs.StringVar(&o.allocatorBin, "allocator-bin", "bin/allocator", "cmd/allocator binary; built into the run directory when missing")
+	fs.StringVar(&o.dir, "dir", "", "directory for data dirs and logs (default: a new temp dir, removed after)")
+	fs.StringVar(&o.redis, "redis", "auto", "Redis baseline: auto (start redis-server, skip if missing), off, or HOST:PORT of a running server (its data is not flushed)")
+	fs.StringVar(&o.redisBin, "redis-bin", "redis-server", "redis-server binary")
+	fs.StringVar(&o.out, "out", "", "write the JSON report to this file")
+	fs.BoolVar(&o.probe, "probe", true, "after the lease run, batch-time checks on a key with a live lease")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
+	fs.DurationVar(&o.refill, "refill-interval", 0, "agent.Config.RefillInterval of the lease agents (0: the agent's default, 20ms)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (agents and load) during the lease run to this file")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: go run ./bench/load [flags]\n\npresets (-workload):\n")
+		for _, n := range []string{"hot", "longtail", "skew"} {
+			fmt.Fprintf(fs.Output(), "  %-9s %s\n", n, presets[n].about)
+		}
+		fmt.Fprintf(fs.Output(), "\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.workload != "" {
+		p, ok := presets[o.workload]
+		if !ok {
+			return o, fmt.Errorf("unknown -workload %q (want one of %s)", o.workload, strings.Join(names, ", "))
+		}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for name, v := range p.values {
+			if set[name] {
+				continue
+			}
+			if err := fs.Set(name, v); err != nil {
+				return o, fmt.Errorf("preset %s: -%s=%s: %w", o.workload, name, v, err)
+			}
+		}
+	}
+	return o, o.validate()
+}
+
+func (o options) validate() error {
+	switch {
+	case o.keys < 1 || o.keys > 1<<26:
+		return fmt.Errorf("-keys must be in [1, %d], got %d", 1<<26, o.keys)
+	case o.zipfS != 0 && o.zipfS <= 1:
+		return fmt.Errorf("-zipf must be > 1 (or 0 for uniform), got %v", o.zipfS)
+	case !(o.rate > 0) || o.rate > 1e7:
+		return fmt.Errorf("-rate must be in (0, 1e7], got %v", o.rate)
+	case o.limit < 1 || o.burst < 1:
+		return errors.New("-limit and -burst must be ≥ 1")
+	case o.agents < 1 || o.agents > 1000:
+		return fmt.Errorf("-agents must be in [1, 1000], got %d", o.agents)
+	case o.skew < 0 || o.skew > 1:
+		return fmt.Errorf("-skew must be in [0, 1], got %v", o.skew)
+	case o.skewRotate < 0:
+		return errors.New("-skew-rotate must not be negative")
+	case o.duration < time.Second || o.duration > time.Hour:
+		return fmt.Errorf("-duration must be in [1s, 1h], got %v", o.duration)
+	case o.window < 100*time.Millisecond:
+		return fmt.Errorf("-window must be at least 100ms, got %v", o.window)
+	case o.workers < 1 || o.workers > 4096:
+		return fmt.Errorf("-workers must be in [1, 4096], got %d", o.workers)
+	case o.tick < 0 || o.maxLag <= 0:
+		return errors.New("-tick must not be negative and -max-lag must be positive")
+	case o.refill < 0:
+		return errors.New("-refill-interval must not be negative")
+	}
+	if o.rate*o.duration.Seconds() > maxEvents {
+		return fmt.Errorf("-rate × -duration = %.0f requests, more than the %d the harness records", o.rate*o.duration.Seconds(), maxEvents)
+	}
+	return nil
+}
+
+// progress prints a progress line on stderr unless -quiet.
+func (o options) progress(format string, args ...any) {
+	if !o.quiet {
+		fmt.Fprintf(os.Stderr, "load: "+format+"\n", args...)
+	}
+}

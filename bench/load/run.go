@@ -1,0 +1,514 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/redislimit"
+	"github.com/allot/allot/pkg/rules"
+)
+
+// run sets up, runs the lease backend and then the Redis baseline on the
+// same workload, and returns the report.
+func run(o options) (*report, error) {
+	ctx := context.Background()
+	dir := o.dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "allot-bench-load-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	rep := &report{
+		Workload: newWorkloadInfo(o),
+		Machine:  machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadAvgStart: loadAvg()},
+	}
+	p50, p99 := timerOverhead(200_000)
+	rep.TimerOverhead = latencyNS{P50: int64(p50), P99: int64(p99)}
+	wl := newWorkload(o)
+
+	lease, err := runLease(ctx, o, dir, wl)
+	if err != nil {
+		return nil, fmt.Errorf("lease run: %w", err)
+	}
+	rep.Lease = lease
+	rep.Workload.ColdShareGenerated = lease.Accuracy.ColdShare
+
+	switch o.redis {
+	case "off":
+		rep.RedisSkipped = "-redis off"
+	default:
+		res, skip, err := runRedis(ctx, o, dir, wl)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("redis run: %w", err)
+		case skip != "":
+			rep.RedisSkipped = skip
+			o.progress("redis baseline skipped: %s", skip)
+		default:
+			rep.Redis = res
+		}
+	}
+	rep.Machine.LoadAvgEnd = loadAvg()
+	rep.finish(o)
+	return rep, nil
+}
+
+// runLease runs the workload against K agents leasing from the cluster.
+func runLease(ctx context.Context, o options, dir string, wl *workload) (*runResult, error) {
+	var c *cluster
+	var err error
+	if o.allocators != "" {
+		o.progress("connecting to %s", o.allocators)
+		c, err = connectCluster(strings.Split(o.allocators, ","))
+	} else {
+		o.progress("starting 3 allocators (data and logs in %s)", dir)
+		c, err = startCluster(ctx, o, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	version, err := c.putRules(ctx, rulesYAML(o.limit, o.burst, "lease"))
+	if err != nil {
+		return nil, err
+	}
+	memBefore, memErr := c.memory(ctx)
+
+	logf, err := os.Create(filepath.Join(dir, "agents.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	logger := slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	agents := make([]*agent.Agent, o.agents)
+	regs := make([]*prometheus.Registry, o.agents)
+	defer func() { closeAgents(agents) }()
+	for i := range agents {
+		cfg := agent.DefaultConfig()
+		cfg.ID = fmt.Sprintf("load-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), i)
+		cfg.Allocators = c.addrs
+		regs[i] = prometheus.NewRegistry()
+		cfg.Registerer = regs[i]
+		cfg.Logger = logger.With("agent", i)
+		cfg.RefillInterval = o.refill
+		if agents[i], err = agent.New(cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := waitAgents(ctx, agents, version, 30*time.Second); err != nil {
+		return nil, err
+	}
+
+	o.progress("lease run: %s, %.0f req/s, %d keys, %d agents", o.duration, o.rate, o.keys, o.agents)
+	res := &runResult{Backend: "lease"}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+	}
+	cpu := startCPU(c.pids())
+	t0 := time.Now()
+	workers := wl.drive(ctx, checkers(agents))
+	elapsed := time.Since(t0)
+	cpu.stop(res)
+	if o.cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	res.merge(workers, elapsed)
+
+	if memErr == nil {
+		if memAfter, err := c.memory(ctx); err == nil {
+			res.Memory = newMemResult(memBefore, memAfter)
+		} else {
+			res.MemoryError = err.Error()
+		}
+	} else {
+		res.MemoryError = memErr.Error()
+	}
+	for _, reg := range regs {
+		m, err := gatherAgentMetrics(reg)
+		if err != nil {
+			return nil, err
+		}
+		res.StoreOps += m.calls
+		res.AcquireFailed += m.failed
+		res.AcquireKeys += m.keys
+		res.TokensGranted += m.granted
+		res.TokensCharged += m.charged
+		res.BreakerOpens += m.opens
+	}
+	if o.probe {
+		o.progress("probe: batch-timed checks on a leased key")
+		pr, err := probe(ctx, agents[0])
+		if err != nil {
+			return nil, err
+		}
+		if pr.Workload, err = probeWorkload(ctx, wl, checkers(agents)); err != nil {
+			return nil, err
+		}
+		res.Probe = pr
+	}
+	closeAgents(agents)
+	agents = nil
+
+	o.progress("analysing %d decisions", res.Issued)
+	events := mergeEvents(workers)
+	if res.Accuracy, err = analyze(events, int64(o.limit), int64(o.burst), o.agents, o.window, o.duration); err != nil {
+		return nil, err
+	}
+	res.finish()
+	return res, nil
+}
+
+// runRedis runs the workload against K standalone agents whose rule has the
+// redis backend: every check is one EVALSHA of pkg/redislimit's script. skip
+// is non-empty when the baseline cannot run (no redis-server).
+func runRedis(ctx context.Context, o options, dir string, wl *workload) (res *runResult, skip string, err error) {
+	addr := o.redis
+	var srv *redisServer
+	if o.redis == "auto" {
+		srv, err = startRedis(ctx, o.redisBin, dir)
+		if errors.Is(err, exec.ErrNotFound) {
+			return nil, fmt.Sprintf("%s not found (apt-get install redis-server)", o.redisBin), nil
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		defer srv.stop()
+		addr = srv.addr
+	} else if err := waitRedis(ctx, addr, 10*time.Second); err != nil {
+		return nil, "", err
+	}
+	set, err := rules.Compile(1, []rules.File{{Name: domain + ".yaml", Domain: domain, Source: rulesYAML(o.limit, o.burst, "redis")}})
+	if err != nil {
+		return nil, "", err
+	}
+	agents := make([]*agent.Agent, o.agents)
+	backends := make([]*redislimit.Backend, o.agents)
+	defer func() {
+		closeAgents(agents)
+		for _, b := range backends {
+			if b != nil {
+				_ = b.Close()
+			}
+		}
+	}()
+	// A fresh key prefix per run, shared by every agent (one global budget
+	// per key), so that a running server's old keys do not count.
+	prefix := fmt.Sprintf("allot-load-%d:", time.Now().UnixNano())
+	for i := range agents {
+		rc := redislimit.DefaultConfig()
+		rc.Addrs = []string{addr}
+		// One connection per worker that may route to this agent, a
+		// timeout and breaker generous enough that a stall of the shared
+		// machine does not turn the baseline into a failure test: every
+		// check goes to Redis, and errors are counted.
+		rc.PoolSize = o.workers
+		rc.Timeout = 2 * time.Second
+		rc.BreakerFailures = 1 << 20
+		rc.KeyPrefix = prefix
+		if backends[i], err = redislimit.New(rc); err != nil {
+			return nil, "", err
+		}
+		cfg := agent.DefaultConfig()
+		cfg.Rules = set
+		cfg.Redis = &redislimit.RuleLimiter{Backend: backends[i]}
+		if agents[i], err = agent.New(cfg); err != nil {
+			return nil, "", err
+		}
+	}
+
+	o.progress("redis run: %s, %.0f req/s, one EVALSHA per check", o.duration, o.rate)
+	res = &runResult{Backend: "redis"}
+	var pids []int
+	if srv != nil {
+		pids = append(pids, srv.pid())
+	}
+	cpu := startCPU(pids)
+	t0 := time.Now()
+	workers := wl.drive(ctx, checkers(agents))
+	elapsed := time.Since(t0)
+	cpu.stop(res)
+	res.merge(workers, elapsed)
+	for _, b := range backends {
+		st := b.Stats()
+		res.StoreOps += int64(st.Calls)
+		res.StoreErrors += int64(st.Errors + st.FastFails)
+	}
+	o.progress("analysing %d decisions", res.Issued)
+	events := mergeEvents(workers)
+	if res.Accuracy, err = analyze(events, int64(o.limit), int64(o.burst), o.agents, o.window, o.duration); err != nil {
+		return nil, "", err
+	}
+	res.finish()
+	return res, "", nil
+}
+
+func checkers(agents []*agent.Agent) []checker {
+	out := make([]checker, len(agents))
+	for i, a := range agents {
+		out[i] = a
+	}
+	return out
+}
+
+// cpuMeter measures the CPU time of this process and of the server
+// processes over a run.
+type cpuMeter struct {
+	servers         []int
+	self, srv       time.Duration
+	selfErr, srvErr error
+}
+
+func startCPU(servers []int) *cpuMeter {
+	m := &cpuMeter{servers: servers}
+	m.self, m.selfErr = cpuTime(0)
+	if len(servers) > 0 {
+		m.srv, m.srvErr = cpuTime(servers...)
+	}
+	return m
+}
+
+// stop records the CPU used since startCPU into r (nothing for a part that
+// could not be read).
+func (m *cpuMeter) stop(r *runResult) {
+	if self, err := cpuTime(0); err == nil && m.selfErr == nil {
+		r.CPUHarness = (self - m.self).Seconds()
+	}
+	if len(m.servers) > 0 {
+		if srv, err := cpuTime(m.servers...); err == nil && m.srvErr == nil {
+			r.CPUServers = (srv - m.srv).Seconds()
+		}
+	}
+	r.CPUSeconds = r.CPUHarness + r.CPUServers
+}
+
+// closeAgents closes every agent (handing leases back), bounded.
+func closeAgents(agents []*agent.Agent) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, a := range agents {
+		if a != nil {
+			_ = a.Close(ctx)
+			agents[i] = nil
+		}
+	}
+}
+
+// waitAgents waits until every agent has talked to an allocator and uses
+// rules version ≥ version.
+func waitAgents(ctx context.Context, agents []*agent.Agent, version uint64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ready := 0
+		for _, a := range agents {
+			if a.Ready() && a.Rules() != nil && a.Rules().Version() >= version {
+				ready++
+			}
+		}
+		if ready == len(agents) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d agents have rules version %d after %v", ready, len(agents), version, timeout)
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// agentMetrics are the counters the harness reads from an agent's registry.
+type agentMetrics struct {
+	calls, failed, keys, granted, charged, opens int64
+}
+
+func gatherAgentMetrics(reg prometheus.Gatherer) (agentMetrics, error) {
+	var m agentMetrics
+	fams, err := reg.Gather()
+	if err != nil {
+		return m, err
+	}
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			v := int64(mt.GetCounter().GetValue())
+			label := func(name string) string {
+				for _, l := range mt.GetLabel() {
+					if l.GetName() == name {
+						return l.GetValue()
+					}
+				}
+				return ""
+			}
+			switch f.GetName() {
+			case "allot_agent_acquire_calls_total":
+				m.calls += v
+				if label("result") == "failed" {
+					m.failed += v
+				}
+			case "allot_agent_acquire_keys_total":
+				m.keys += v
+			case "allot_agent_tokens_total":
+				switch label("kind") {
+				case "granted":
+					m.granted += v
+				case "charged":
+					m.charged += v
+				}
+			case "allot_agent_breaker_transitions_total":
+				if label("to") == "open" {
+					m.opens += v
+				}
+			}
+		}
+	}
+	return m, nil
+}
+
+// probe measures the leased hot path on its own, on a key whose limit is
+// far above what it spends. It first spins on the key until its demand
+// estimate has converged and whole batches are served from the lease (at
+// most 5 s), then times 200 batches of 500 back-to-back checks (two clock
+// reads per batch, so the timer's cost is spread over 500 checks; only
+// batches served entirely from the lease are kept) and then 100,000 checks
+// timed one by one, for comparison.
+func probe(ctx context.Context, a *agent.Agent) (*probeResult, error) {
+	descs := []agent.Descriptor{{Entries: []rules.Entry{{Key: "probe", Value: "p"}}}}
+	const batches, per, single = 200, 500, 100_000
+	batch := func() (leased int, err error) {
+		for range per {
+			d, err := a.Check(ctx, domain, descs, 1)
+			if err != nil {
+				return 0, err
+			}
+			if d.Source == agent.SourceLease && d.Allowed {
+				leased++
+			}
+		}
+		return leased, nil
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for streak := 0; streak < 20; {
+		n, err := batch()
+		if err != nil {
+			return nil, err
+		}
+		if n == per {
+			streak++
+		} else {
+			streak = 0
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	pr := &probeResult{BatchSize: per, Batches: batches}
+	hb := hdrhistogram.New(1, histMax, 3)
+	var leased, total int64
+	for range batches {
+		t0 := time.Now()
+		n, err := batch()
+		el := time.Since(t0)
+		if err != nil {
+			return nil, err
+		}
+		if n == per {
+			_ = hb.RecordValue(max(int64(el)/per, 1))
+		}
+		leased += int64(n)
+		total += per
+	}
+	pr.BatchMean = latencyOf(hb)
+	hs := hdrhistogram.New(1, histMax, 3)
+	start := time.Now()
+	for range single {
+		t0 := time.Since(start)
+		d, _ := a.Check(ctx, domain, descs, 1)
+		t1 := time.Since(start)
+		if d.Source == agent.SourceLease && d.Allowed {
+			leased++
+			rec(hs, int64(t1-t0))
+		}
+	}
+	total += single
+	pr.Single = latencyOf(hs)
+	pr.LeaseShare = float64(leased) / float64(total)
+	return pr, nil
+}
+
+// probeWorkload batch-times the workload's own checks without pacing: 200
+// batches of 500 checks, keys and agents drawn as in the run, back to back.
+// Compared with the run's per-check times, it separates what a check costs
+// from what waking up to issue it costs (cold caches after a sleep, other
+// processes' work on the same cores).
+func probeWorkload(ctx context.Context, wl *workload, agents []checker) (latencyNS, error) {
+	const batches, per = 200, 500
+	keys := wl.picker(1 << 40)
+	route := rand.New(rand.NewPCG(wl.o.seed, 1<<41))
+	h := hdrhistogram.New(1, histMax, 3)
+	ks, as := make([]uint32, per), make([]int, per)
+	for range batches {
+		for i := range per {
+			ks[i], as[i] = keys.next(), wl.agentFor(route, 0)
+		}
+		t0 := time.Now()
+		for i := range per {
+			if _, err := agents[as[i]].Check(ctx, domain, wl.descs[ks[i]:ks[i]+1], 1); err != nil {
+				return latencyNS{}, err
+			}
+		}
+		_ = h.RecordValue(max(int64(time.Since(t0))/per, 1))
+	}
+	return latencyOf(h), nil
+}
+
+// mergeEvents concatenates the workers' decision logs.
+func mergeEvents(ws []*workerResult) []event {
+	n := 0
+	for _, w := range ws {
+		n += len(w.events)
+	}
+	out := make([]event, 0, n)
+	for _, w := range ws {
+		out = append(out, w.events...)
+		w.events = nil
+	}
+	return out
+}
+
+// loadAvg returns /proc/loadavg's three averages.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
