@@ -211,6 +211,7 @@ func (a *Agent) Ready() bool {
 }
 
 func (a *Agent) setRules(s *rules.Set, fromAllocator bool) {
+	a.met.setRules(s) // before the set: checks count against the index of their own set
 	a.rules.Store(s)
 	a.rulesFromAllocator.Store(fromAllocator)
 	a.met.rulesVersion.Set(float64(s.Version()))

@@ -153,12 +153,15 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	matched = set.MatchAll(domain, entries, matched)
 
 	dec := Decision{Allowed: true, Source: SourceUnlimited}
+	hint := uintptr(unsafe.Pointer(&dec))
+	ri := a.met.ruleIndexFor(set)
 	reported := -1
 	var reportedSt Status
 	denied := false
 	for i, r := range matched {
 		outs[i] = outcome{}
 		if r == nil || r.Unlimited {
+			a.met.unlimitedDecision(hint, ri, domain, r)
 			if withStatuses {
 				out = append(out, Status{Rule: r, Allowed: true, Source: SourceUnlimited})
 			}
@@ -166,12 +169,14 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		}
 		st, oc := a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied)
 		outs[i] = oc
+		if !st.Allowed && r.ShadowMode {
+			st.Allowed, st.Shadow = true, true
+			dec.Shadow = true
+			a.met.shadow(hint)
+		}
+		a.met.ruleDecision(hint, ri, r, &st)
 		if !st.Allowed {
-			if r.ShadowMode {
-				st.Allowed, st.Shadow = true, true
-				dec.Shadow = true
-				a.met.shadow(uintptr(unsafe.Pointer(&dec)))
-			} else if !denied {
+			if !denied {
 				denied = true
 				dec.Allowed = false
 				reported, reportedSt = i, st
@@ -215,7 +220,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 			dec.RetryAfter = reportedSt.RetryAfter
 		}
 	}
-	a.met.decision(uintptr(unsafe.Pointer(&dec)), dec.Source, dec.Allowed)
+	a.met.decision(hint, dec.Source, dec.Allowed)
 	return dec, out, nil
 }
 

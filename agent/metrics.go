@@ -2,9 +2,12 @@ package agent
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot/allot/pkg/rules"
 )
 
 const (
@@ -19,26 +22,34 @@ const (
 type metrics struct {
 	stripes [numStripes]stripe
 
-	fallback       prometheus.Gauge
-	toOpen         prometheus.Counter
-	toClosed       prometheus.Counter
-	callsOK        prometheus.Counter
-	callsFailed    prometheus.Counter
-	callsRejected  prometheus.Counter
-	callSeconds    prometheus.Histogram
-	keysSent       prometheus.Counter
-	granted        prometheus.Counter
-	charged        prometheus.Counter
-	paid           prometheus.Counter
-	returned       prometheus.Counter
-	keys           prometheus.Gauge
-	fallbackKeys   prometheus.Gauge
-	rulesVersion   prometheus.Gauge
-	reloadsOK      prometheus.Counter
-	reloadsFailed  prometheus.Counter
-	redisErrors    prometheus.Counter
-	decisionsDesc  *prometheus.Desc
-	shadowDesc     *prometheus.Desc
+	fallback      prometheus.Gauge
+	toOpen        prometheus.Counter
+	toClosed      prometheus.Counter
+	callsOK       prometheus.Counter
+	callsFailed   prometheus.Counter
+	callsRejected prometheus.Counter
+	callSeconds   prometheus.Histogram
+	keysSent      prometheus.Counter
+	granted       prometheus.Counter
+	charged       prometheus.Counter
+	paid          prometheus.Counter
+	returned      prometheus.Counter
+	keys          prometheus.Gauge
+	fallbackKeys  prometheus.Gauge
+	rulesVersion  prometheus.Gauge
+	reloadsOK     prometheus.Counter
+	reloadsFailed prometheus.Counter
+	redisErrors   prometheus.Counter
+	decisionsDesc *prometheus.Desc
+	shadowDesc    *prometheus.Desc
+	ruleDesc      *prometheus.Desc
+
+	// Per-rule decision counters, keyed by (domain, rule name) so they stay
+	// monotonic across rule reloads; ruleIdx maps the current set's rule
+	// IDs to them.
+	ruleIdx        atomic.Pointer[ruleIndex]
+	ruleMu         sync.Mutex // guards ruleCounters
+	ruleCounters   map[[2]string]*ruleCounter
 	registeredWith prometheus.Registerer
 	collectors     []prometheus.Collector
 }
@@ -56,6 +67,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"source", "result"}, nil),
 		shadowDesc: prometheus.NewDesc("allot_agent_shadow_denials_total",
 			"Descriptors over a limit whose rule is in shadow mode (counted, not enforced).", nil, nil),
+		ruleDesc: prometheus.NewDesc("allot_agent_rule_decisions_total",
+			"Descriptors decided, by domain, rule (policy name; empty when no rule matched) and result: allowed (lease, local or Redis), fallback (allowed by the fallback bucket), denied, shadow_denied (over a shadow-mode limit, allowed), unlimited. Domains the rules do not name are reported as _other.",
+			[]string{"domain", "rule", "result"}, nil),
+		ruleCounters: map[[2]string]*ruleCounter{},
 	}
 	transitions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_agent_breaker_transitions_total",
@@ -146,8 +161,10 @@ func (m *metrics) unregister() {
 // and free to compute. The address is hashed (Fibonacci hashing) because
 // stacks are power-of-two sized and aligned, so its low bits repeat.
 func (m *metrics) stripeFor(hint uintptr) *stripe {
-	return &m.stripes[(uint64(hint)*0x9E3779B97F4A7C15)>>(64-4)]
+	return &m.stripes[stripeIndex(hint)]
 }
+
+func stripeIndex(hint uintptr) int { return int((uint64(hint) * 0x9E3779B97F4A7C15) >> (64 - 4)) }
 
 func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
 	i := 0
@@ -186,6 +203,7 @@ type stripedCollector struct{ m *metrics }
 func (c stripedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.m.decisionsDesc
 	ch <- c.m.shadowDesc
+	ch <- c.m.ruleDesc
 }
 
 func (c stripedCollector) Collect(ch chan<- prometheus.Metric) {
@@ -200,4 +218,123 @@ func (c stripedCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.m.shadowDesc, prometheus.CounterValue, float64(c.m.shadows()))
+	c.m.ruleMu.Lock()
+	defer c.m.ruleMu.Unlock()
+	for k, rc := range c.m.ruleCounters {
+		for res := range ruleResults {
+			if n := rc.sum(res); n > 0 {
+				ch <- prometheus.MustNewConstMetric(c.m.ruleDesc, prometheus.CounterValue, float64(n), k[0], k[1], ruleResultNames[res])
+			}
+		}
+	}
+}
+
+// Per-rule results.
+const (
+	ruleAllowed = iota
+	ruleFallback
+	ruleDenied
+	ruleShadowDenied
+	ruleUnlimited
+	ruleResults
+)
+
+var ruleResultNames = [ruleResults]string{"allowed", "fallback", "denied", "shadow_denied", "unlimited"}
+
+// otherDomain labels decisions for domains the rules do not name, so a
+// request cannot create series.
+const otherDomain = "_other"
+
+// ruleCounter counts one (domain, rule)'s decisions, striped like the
+// decision counters.
+type ruleCounter struct {
+	c [numStripes][ruleResults]atomic.Uint64
+}
+
+func (rc *ruleCounter) sum(res int) uint64 {
+	var n uint64
+	for s := range rc.c {
+		n += rc.c[s][res].Load()
+	}
+	return n
+}
+
+// ruleIndex maps one rule set's rule IDs (and domains, for descriptors no
+// rule matched) to their counters.
+type ruleIndex struct {
+	set      *rules.Set
+	byID     []*ruleCounter
+	byDomain map[string]*ruleCounter // rule ""
+	other    *ruleCounter
+}
+
+func (m *metrics) counter(domain, rule string) *ruleCounter {
+	k := [2]string{domain, rule}
+	rc := m.ruleCounters[k]
+	if rc == nil {
+		rc = &ruleCounter{}
+		m.ruleCounters[k] = rc
+	}
+	return rc
+}
+
+// setRules builds the counter index for s. The counters are bounded by the
+// rules ever loaded (names from configuration, never from requests).
+func (m *metrics) setRules(s *rules.Set) {
+	m.ruleMu.Lock()
+	defer m.ruleMu.Unlock()
+	ri := &ruleIndex{set: s, byDomain: map[string]*ruleCounter{}, other: m.counter(otherDomain, "")}
+	for _, r := range s.Rules() {
+		for len(ri.byID) <= r.ID {
+			ri.byID = append(ri.byID, nil)
+		}
+		ri.byID[r.ID] = m.counter(r.Domain, r.Name)
+	}
+	for _, d := range s.Domains() {
+		ri.byDomain[d] = m.counter(d, "")
+	}
+	m.ruleIdx.Store(ri)
+}
+
+// ruleIndexFor returns the counter index of set, or nil while a reload is
+// switching sets (those few decisions go uncounted per rule).
+func (m *metrics) ruleIndexFor(set *rules.Set) *ruleIndex {
+	if ri := m.ruleIdx.Load(); ri != nil && ri.set == set {
+		return ri
+	}
+	return nil
+}
+
+// ruleDecision counts one descriptor's status under rule r.
+func (m *metrics) ruleDecision(hint uintptr, ri *ruleIndex, r *rules.Rule, st *Status) {
+	if ri == nil || r.ID >= len(ri.byID) || ri.byID[r.ID] == nil {
+		return
+	}
+	res := ruleAllowed
+	switch {
+	case st.Shadow:
+		res = ruleShadowDenied
+	case !st.Allowed:
+		res = ruleDenied
+	case st.Source == SourceFallback:
+		res = ruleFallback
+	}
+	ri.byID[r.ID].c[stripeIndex(hint)][res].Add(1)
+}
+
+// unlimitedDecision counts a descriptor no rule limits: r is nil (no match)
+// or an unlimited rule.
+func (m *metrics) unlimitedDecision(hint uintptr, ri *ruleIndex, domain string, r *rules.Rule) {
+	if ri == nil {
+		return
+	}
+	var rc *ruleCounter
+	if r != nil && r.ID < len(ri.byID) {
+		rc = ri.byID[r.ID]
+	} else if rc = ri.byDomain[domain]; rc == nil {
+		rc = ri.other
+	}
+	if rc != nil {
+		rc.c[stripeIndex(hint)][ruleUnlimited].Add(1)
+	}
 }

@@ -1,0 +1,57 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestRuleDecisionMetrics: decisions are counted by domain, rule and result
+// (issue #9), the counters survive a rule reload, and an unknown domain is
+// folded into _other so requests cannot create series.
+func TestRuleDecisionMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a := newAgent(t, Config{Rules: mustCompile(t, 1, testRules), Registerer: reg})
+	for range 5 {
+		check(t, a, desc("small", "k")) // 3 allowed, 2 denied
+	}
+	if _, err := a.Check(t.Context(), "nosuchdomain", []Descriptor{desc("x", "y")}, 1); err != nil {
+		t.Fatal(err)
+	}
+	a.setRules(mustCompile(t, 2, testRules), false)
+	check(t, a, desc("small", "k")) // denied again: same counter after the reload
+
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "allot_agent_rule_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var l []string
+			for _, lp := range m.GetLabel() {
+				l = append(l, lp.GetName()+"="+lp.GetValue())
+			}
+			got[strings.Join(l, ",")] = m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"domain=test,result=allowed,rule=small": 3,
+		"domain=test,result=denied,rule=small":  3,
+		"domain=_other,result=unlimited,rule=":  1,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+	for k := range got {
+		if strings.Contains(k, "nosuchdomain") {
+			t.Errorf("series %s names a domain the rules do not", k)
+		}
+	}
+}
