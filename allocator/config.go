@@ -129,8 +129,9 @@ type Config struct {
 	MaxQueuedAcquires int
 	// AgentRate and AgentBurst limit the Acquire and Release calls each
 	// agent sends to this node (a token bucket per agent: the certificate's
-	// agent id, else the agent_id): default 100 calls/s with a burst of
-	// 200. An agent's refill loop sends at most one call per 20 ms tick.
+	// agent id, else the agent_id): default 200 calls/s with a burst of
+	// 400. An agent's refill loop sends one call per 1000 keys due per
+	// 20 ms tick, so the default admits 200k key refreshes a second.
 	// AgentRate < 0 turns the limit off.
 	AgentRate, AgentBurst int
 	// MaxConcurrentStreams caps the concurrent calls on one client
@@ -179,8 +180,8 @@ func DefaultConfig() Config {
 
 		MaxInflight:          1024,
 		MaxQueuedAcquires:    4096,
-		AgentRate:            100,
-		AgentBurst:           200,
+		AgentRate:            200,
+		AgentBurst:           400,
 		MaxConcurrentStreams: 256,
 		ForwardTimeout:       10 * time.Second,
 		KeepaliveMinTime:     10 * time.Second,
