@@ -96,6 +96,7 @@ type envConfig struct {
 	bin       string   // allocator binary (default cmd/allocator)
 	args      []string // extra allocator flags
 	dataDir   func(i int) string
+	advertise func(i int, raftBind string) string
 	slowRules bool
 }
 
@@ -116,7 +117,8 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	e.c = testproc.StartCluster(t, testproc.ClusterConfig{
 		Bin: bin, Dir: e.dir, Rules: e.rules,
 		Args:    append(append([]string{}, testproc.FastLeaseArgs...), cfg.args...),
-		DataDir: cfg.dataDir,
+		DataDir:   cfg.dataDir,
+		Advertise: cfg.advertise,
 	})
 	e.up = testproc.StartUpstream(t)
 	return e

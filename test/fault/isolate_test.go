@@ -1,0 +1,200 @@
+package fault
+
+import (
+	"errors"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-msgpack/v2/codec"
+
+	"github.com/allot/allot/internal/faultnet"
+	"github.com/allot/allot/internal/testproc"
+	"github.com/allot/allot/test/linearizability"
+)
+
+// raftSender names the sender of a hashicorp/raft NetworkTransport
+// connection: the first byte is the RPC type, then a msgpack map whose
+// RPCHeader fields (inlined) carry the sender's server ID. Every RPC type
+// (AppendEntries, RequestVote, RequestPreVote, InstallSnapshot, TimeoutNow)
+// starts with the header, and a pooled connection carries only its
+// dialer's RPCs.
+func raftSender(r io.Reader) (string, error) {
+	var typ [1]byte
+	if _, err := io.ReadFull(r, typ[:]); err != nil {
+		return "", err
+	}
+	var hdr struct{ ID []byte }
+	if err := codec.NewDecoder(r, &codec.MsgpackHandle{}).Decode(&hdr); err != nil {
+		return "", err
+	}
+	if len(hdr.ID) == 0 {
+		return "", errors.New("fault: raft RPC without a sender id")
+	}
+	return string(hdr.ID), nil
+}
+
+// TestAllocatorIsolated: the leader is cut off from its peers, both ways,
+// while agents and gateways still reach every node's gRPC port.
+//
+// The allocator advertises the Raft address it binds (no separate
+// advertise flag), so the cluster is formed by hand with every voter added
+// at a faultnet proxy in front of its Raft port (testproc.ClusterConfig.
+// Advertise). One proxy per destination cannot cut one node's outgoing
+// traffic alone, so each proxy identifies the sending node from the Raft
+// RPC header (raftSender) and isolates it.
+//
+// The minority side must grant nothing: no Acquire answered with the old
+// leader's id may carry a stamp after the isolation (it could not have
+// been committed), a client pinned to the isolated node gets no answer
+// until the heal, the majority elects a leader and keeps granting, and the
+// whole Acquire/Release history is linearizable. After the heal the node
+// catches up.
+func TestAllocatorIsolated(t *testing.T) {
+	checkLeaks(t)
+	// A proxy in front of every node's Raft port; the nodes know each other
+	// only by the proxies' addresses.
+	var proxies []*faultnet.Proxy
+	e := newEnv(t, envConfig{advertise: func(i int, raftBind string) string {
+		p, err := faultnet.New(faultnet.Config{Target: raftBind, Identify: raftSender})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		proxies = append(proxies, p)
+		return p.Addr()
+	}})
+	lead := e.c.Leader(t, 10*time.Second)
+	for i, n := range e.c.Nodes {
+		if n == lead {
+			continue
+		}
+		testproc.Eventually(t, 10*time.Second, n.ID+"'s proxy carrying the leader's Raft traffic", func() bool {
+			return proxies[i].Senders()[lead.ID] > 0 && proxies[i].Stats().Forwarded[faultnet.ToTarget] > 0
+		})
+	}
+
+	e.gateway("gw-a", e.c.GRPCAddrs())
+	e.gateway("gw-b", e.c.GRPCAddrs())
+	var pin atomic.Int64
+	pin.Store(-1)
+	probe := &linearizability.Client{Agent: "probe", Seed: 1, Pin: func() int { return int(pin.Load()) }}
+	lin := e.startLin(4, probe)
+	e.startLoad(200, 4)
+	e.waitLeasing()
+	e.runFor(2 * time.Second)
+
+	n := e.liveAgents()
+	lead = e.c.Leader(t, 10*time.Second)
+	x := indexOf(e.c, lead)
+	okBefore := e.sample(mCallsOK)
+	openBefore := e.sample(mToOpen)
+	pin.Store(int64(x))
+	for i, p := range proxies {
+		if i != x {
+			p.Isolate(lead.ID)
+		}
+	}
+	proxies[x].Partition()
+	isolated := time.Now()
+	t.Logf("isolated the leader %s from its peers (%d live agents)", lead.ID, n)
+
+	// Poll both sides: the old leader stepping down (its leader lease) and
+	// the majority electing a new one.
+	var newLeader string
+	var steppedDown, elected time.Duration
+	testproc.Eventually(t, recoveryBound, "a new leader on the majority side and the old one stepping down", func() bool {
+		if steppedDown == 0 {
+			if st, err := lead.Status(t); err == nil && st.GetState() != "leader" {
+				steppedDown = time.Since(isolated)
+			}
+		}
+		if elected == 0 {
+			for _, f := range e.c.Followers(lead.ID) {
+				if st, err := f.Status(t); err == nil && st.GetLeaderId() != "" && st.GetLeaderId() != lead.ID {
+					newLeader, elected = st.GetLeaderId(), time.Since(isolated)
+				}
+			}
+		}
+		return steppedDown > 0 && elected > 0
+	})
+	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, isolated, recoveryBound)
+	t.Logf("new leader %s elected %v after the isolation; %s stepped down after %v; gateways leasing %v after",
+		newLeader, elected, lead.ID, steppedDown, rec)
+	e.runFor(3 * time.Second)
+
+	healed := time.Now()
+	pin.Store(-1)
+	proxies[x].Heal()
+	for i, p := range proxies {
+		if i != x {
+			p.Rejoin(lead.ID)
+		}
+	}
+	// The isolated node catches up with the majority's log.
+	st, err := e.c.ByID(newLeader).Status(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := st.GetCommitIndex()
+	testproc.Eventually(t, 20*time.Second, lead.ID+" catching up", func() bool {
+		s, err := lead.Status(t)
+		return err == nil && s.GetAppliedIndex() >= target && s.GetLeaderId() != ""
+	})
+	rejoin := time.Since(healed)
+	t.Logf("%s caught up %v after the heal", lead.ID, rejoin)
+	for i, p := range proxies {
+		if i != x && p.Stats().Dropped[faultnet.ToTarget] == 0 {
+			t.Errorf("proxy of %s dropped nothing of %s's traffic: the partition did not bite", e.c.Nodes[i].ID, lead.ID)
+		}
+	}
+	e.runFor(2 * time.Second)
+
+	ops := lin.stop()
+	isoMs, healMs := isolated.UnixMilli(), healed.UnixMilli()
+	probeDuring, probeBlocked := 0, 0
+	for _, op := range ops {
+		if op.Agent == "probe" && op.Call/1e6 < healMs-1000 && op.Return/1e6 >= healMs {
+			probeBlocked++ // pinned to the isolated node, answered only after the heal
+		}
+		if op.Kind == linearizability.Acquire && op.Leader == lead.ID && op.NowMs > isoMs && op.NowMs < healMs {
+			t.Errorf("granted by the isolated node without quorum: %v", op)
+		}
+		if op.Agent == "probe" && op.Return/1e6 > isoMs && op.Return/1e6 < healMs && op.Node == lead.ID {
+			probeDuring++
+		}
+	}
+	if probeDuring > 0 {
+		t.Errorf("the isolated node answered the probe %d times during the isolation", probeDuring)
+	}
+	if probeBlocked == 0 {
+		t.Errorf("the probe pinned to the isolated node never waited on it")
+	}
+	opened := 0
+	for i, v := range e.sample(mToOpen) {
+		if v > openBefore[i] {
+			opened++
+		}
+	}
+	rep := &report{
+		fault:    "leader cut off from its peers (Raft proxies, both ways)",
+		bound:    "minority grants nothing; B+R·T + B + per open breaker ⌈B/N⌉+R·T_open/N",
+		recovery: rec,
+	}
+	e.checkLoad(rep, rec, opened, n)
+	if fg := firstGrantAfter(ops, isolated, lead.ID); fg >= 0 {
+		t.Logf("first grant by the majority's leader %v after the isolation", fg)
+	}
+	e.checkLin(ops)
+	rep.log(t)
+}
+
+func indexOf(c *testproc.Cluster, n *testproc.Node) int {
+	for i, m := range c.Nodes {
+		if m == n {
+			return i
+		}
+	}
+	return -1
+}
