@@ -116,7 +116,7 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	}
 	e.c = testproc.StartCluster(t, testproc.ClusterConfig{
 		Bin: bin, Dir: e.dir, Rules: e.rules,
-		Args:    append(append([]string{}, testproc.FastLeaseArgs...), cfg.args...),
+		Args:      append(append([]string{}, testproc.FastLeaseArgs...), cfg.args...),
 		DataDir:   cfg.dataDir,
 		Advertise: cfg.advertise,
 	})
