@@ -17,7 +17,13 @@
 //   - the leader's duties: periodic lease expiry, initial rules, member
 //     registration (leader.go);
 //   - an HTTP server with /healthz, /readyz, /metrics and /debug/pprof/
-//     (http.go, metrics.go).
+//     (http.go, metrics.go);
+//   - a guard in front of every gRPC call: authentication (TLS client
+//     certificates with allot roles, admin bearer tokens) and authorization
+//     (auth.go), then a per-agent call rate and a cap on calls in flight
+//     (guard.go); TLS for gRPC and, optionally, mutual TLS for Raft
+//     (stream.go). Logs carry budget keys only as redacted hashes
+//     (redact.go). See docs/security.md.
 //
 // Most callers need DefaultConfig, New, WaitReady and Shutdown. A Server is
 // safe for concurrent use.

@@ -17,6 +17,11 @@
 // OU=agent|admin|allocator and CN=<name>. deploy/certs/gen-dev-certs.sh
 // issues both forms.
 //
+// Admin bearer tokens are here too: ReadTokens reads a token file, Tokens
+// checks a presented token in constant time, BearerToken parses the
+// "authorization" metadata. pkg/tlsconfig/tlstest makes throw-away CAs and
+// certificates for tests.
+//
 // Most callers need Load, then Server (listeners), Client or
 // ClientCredentials (dialers), and IdentityFromCert. A Loader is safe for
 // concurrent use.
