@@ -228,7 +228,7 @@ func TestMutualTLSAndIdentity(t *testing.T) {
 	}
 
 	for name, cli := range map[string]*tls.Config{
-		"no client certificate":       load(t, p.caOnly).Client("localhost"),
+		"no client certificate":        load(t, p.caOnly).Client("localhost"),
 		"client certificate, wrong CA": load(t, p.stranger).Client("localhost"),
 	} {
 		if _, serr, cerr := handshake(t, require, cli); serr == nil || cerr == nil {
