@@ -126,6 +126,11 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	if err := validate(domain, descs); err != nil {
 		return Decision{}, out, err
 	}
+	var sampleHint byte
+	var t0 int64 // nanotime of a sampled check, 0 otherwise
+	if a.met.sampleCheck(uintptr(unsafe.Pointer(&sampleHint))) {
+		t0 = time.Now().UnixNano()
+	}
 	set := a.rules.Load()
 	now := a.now()
 
@@ -221,6 +226,9 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		}
 	}
 	a.met.decision(hint, dec.Source, dec.Allowed)
+	if t0 != 0 {
+		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
+	}
 	return dec, out, nil
 }
 

@@ -40,6 +40,7 @@ type metrics struct {
 	reloadsOK     prometheus.Counter
 	reloadsFailed prometheus.Counter
 	redisErrors   prometheus.Counter
+	checkSeconds  prometheus.Histogram
 	decisionsDesc *prometheus.Desc
 	shadowDesc    *prometheus.Desc
 	ruleDesc      *prometheus.Desc
@@ -57,7 +58,18 @@ type metrics struct {
 type stripe struct {
 	decisions [numSources][2]atomic.Uint64 // [source][allowed]
 	shadow    atomic.Uint64
-	_         [128 - (numSources*2+1)*8]byte
+	checks    atomic.Uint64 // for sampling the check latency
+	_         [128 - (numSources*2+2)*8]byte
+}
+
+// checkSampleMask: one check in 64 is timed for allot_agent_check_seconds.
+// Timing every check would cost more than the check (time.Now is tens of
+// nanoseconds).
+const checkSampleMask = 63
+
+// sampleCheck reports whether this check should be timed.
+func (m *metrics) sampleCheck(hint uintptr) bool {
+	return m.stripeFor(hint).checks.Add(1)&checkSampleMask == 0
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -128,8 +140,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_agent_redis_errors_total",
 		Help: "Checks the Redis backend could not decide (the rule's failure mode applied).",
 	})
+	m.checkSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "allot_agent_check_seconds",
+		Help: "Check latency (Agent.Check and CheckStatuses), sampled: one check in 64 is timed.",
+		Buckets: []float64{100e-9, 250e-9, 500e-9, 1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 100e-6,
+			250e-6, 1e-3, 5e-3, 25e-3},
+	})
 	m.collectors = []prometheus.Collector{stripedCollector{m}, transitions, calls, tokens, reloads,
-		m.fallback, m.callSeconds, m.keysSent, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors}
+		m.fallback, m.callSeconds, m.keysSent, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds}
 	if reg != nil {
 		for i, c := range m.collectors {
 			if err := reg.Register(c); err != nil {
