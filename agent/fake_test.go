@@ -26,24 +26,25 @@ type fakeAllocator struct {
 
 	now func() int64
 
-	mu          sync.Mutex // guards everything below
-	set         *rules.Set
-	ruleSet     *allotv1.RuleSet
-	watchers    map[chan struct{}]struct{}
-	buckets     map[string]*bucket.State
-	agents      map[string]*fakeAgent
-	live        uint32 // live_agents to report; 0 = count agents
-	ttl         time.Duration
-	refresh     time.Duration
-	failNext    int
-	rejectNext  int // answer InvalidArgument without applying
-	dropReplies int
-	block       chan struct{} // non-nil: Acquire waits for it to close
-	entered     chan struct{} // signalled when a blocked Acquire starts
-	acquires    []*allotv1.AcquireRequest
-	releases    []*allotv1.ReleaseRequest
-	applied     int // Acquire requests applied (not answered from the record)
-	books       map[string]*books
+	mu           sync.Mutex // guards everything below
+	set          *rules.Set
+	ruleSet      *allotv1.RuleSet
+	watchers     map[chan struct{}]struct{}
+	buckets      map[string]*bucket.State
+	agents       map[string]*fakeAgent
+	live         uint32 // live_agents to report; 0 = count agents
+	ttl          time.Duration
+	refresh      time.Duration
+	failNext     int
+	rejectNext   int // answer InvalidArgument without applying
+	throttleNext int // answer ResourceExhausted (overloaded) without applying
+	dropReplies  int
+	block        chan struct{} // non-nil: Acquire waits for it to close
+	entered      chan struct{} // signalled when a blocked Acquire starts
+	acquires     []*allotv1.AcquireRequest
+	releases     []*allotv1.ReleaseRequest
+	applied      int // Acquire requests applied (not answered from the record)
+	books        map[string]*books
 }
 
 // books are one key's token flows as the fake applied them.
@@ -160,6 +161,10 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 	if f.failNext > 0 {
 		f.failNext--
 		return nil, status.Error(codes.Unavailable, "fake: injected failure")
+	}
+	if f.throttleNext > 0 {
+		f.throttleNext--
+		return nil, status.Error(codes.ResourceExhausted, "fake: overloaded")
 	}
 	ag := f.agents[req.AgentId]
 	if ag == nil {

@@ -22,28 +22,29 @@ const (
 type metrics struct {
 	stripes [numStripes]stripe
 
-	fallback      prometheus.Gauge
-	toOpen        prometheus.Counter
-	toClosed      prometheus.Counter
-	callsOK       prometheus.Counter
-	callsFailed   prometheus.Counter
-	callsRejected prometheus.Counter
-	callSeconds   prometheus.Histogram
-	keysSent      prometheus.Counter
-	granted       prometheus.Counter
-	charged       prometheus.Counter
-	paid          prometheus.Counter
-	returned      prometheus.Counter
-	keys          prometheus.Gauge
-	fallbackKeys  prometheus.Gauge
-	rulesVersion  prometheus.Gauge
-	reloadsOK     prometheus.Counter
-	reloadsFailed prometheus.Counter
-	redisErrors   prometheus.Counter
-	checkSeconds  prometheus.Histogram
-	decisionsDesc *prometheus.Desc
-	shadowDesc    *prometheus.Desc
-	ruleDesc      *prometheus.Desc
+	fallback       prometheus.Gauge
+	toOpen         prometheus.Counter
+	toClosed       prometheus.Counter
+	callsOK        prometheus.Counter
+	callsFailed    prometheus.Counter
+	callsRejected  prometheus.Counter
+	callsThrottled prometheus.Counter
+	callSeconds    prometheus.Histogram
+	keysSent       prometheus.Counter
+	granted        prometheus.Counter
+	charged        prometheus.Counter
+	paid           prometheus.Counter
+	returned       prometheus.Counter
+	keys           prometheus.Gauge
+	fallbackKeys   prometheus.Gauge
+	rulesVersion   prometheus.Gauge
+	reloadsOK      prometheus.Counter
+	reloadsFailed  prometheus.Counter
+	redisErrors    prometheus.Counter
+	checkSeconds   prometheus.Histogram
+	decisionsDesc  *prometheus.Desc
+	shadowDesc     *prometheus.Desc
+	ruleDesc       *prometheus.Desc
 
 	// Per-rule decision counters, keyed by (domain, rule name) so they stay
 	// monotonic across rule reloads; ruleIdx maps the current set's rule
@@ -92,11 +93,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.toClosed = transitions.WithLabelValues("closed")
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_agent_acquire_calls_total",
-		Help: "Acquire calls by result: ok, failed (transport, counts towards the breaker), rejected (answered with an error).",
+		Help: "Acquire calls by result: ok, failed (transport, counts towards the breaker), rejected (answered with an error), throttled (the allocator was overloaded; retried later, not a failure).",
 	}, []string{"result"})
 	m.callsOK = calls.WithLabelValues("ok")
 	m.callsFailed = calls.WithLabelValues("failed")
 	m.callsRejected = calls.WithLabelValues("rejected")
+	m.callsThrottled = calls.WithLabelValues("throttled")
 	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_agent_tokens_total",
 		Help: "Tokens granted by the allocator, charged to it for fallback admissions, paid for fallback admissions out of a grant, and returned to it.",

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -49,6 +50,12 @@ type refiller struct {
 	keysBuf  []*keyState
 	pick     []*keyState
 	fbKeys   int // keys decided by their fallback bucket between the last two scans
+	// The allocator refused the last call as overloaded (ResourceExhausted:
+	// refused before any work, so not applied): wait until throttledUntil,
+	// then retry the same batch. It is not a failure: the breaker stays
+	// closed and leases keep being spent.
+	throttledUntil int64
+	throttle       time.Duration
 }
 
 // batch is one Acquire request and the key states its entries belong to.
@@ -88,6 +95,10 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	if rf.open && now < a.nextProbe.Load() {
 		// Waiting to probe: leave the queued keys for later, and release
 		// the ones the scan picked (the next scan finds them again).
+		a.unpick()
+		return
+	}
+	if now < rf.throttledUntil {
 		a.unpick()
 		return
 	}
@@ -412,6 +423,10 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 		if ctx.Err() != nil {
 			return false // shutting down: the batch stays for Close to deliver
 		}
+		if status.Code(err) == codes.ResourceExhausted {
+			a.throttled(recv, err)
+			return false
+		}
 		a.met.callsFailed.Inc()
 		a.callFailed(recv, err)
 		return false
@@ -572,9 +587,33 @@ func (a *Agent) callFailed(now int64, err error) {
 	a.nextProbe.Store(now + int64(a.jitter(rf.backoff)))
 }
 
+// throttled records an overload refusal: the batch stays unacknowledged and
+// is retried, with the same request id, after the allocator's RetryInfo
+// delay (or a doubling backoff from 20 ms up to 1 s), jittered.
+func (a *Agent) throttled(now int64, err error) {
+	rf := &a.rf
+	a.met.callsThrottled.Inc()
+	rf.throttle = min(max(2*rf.throttle, minThrottle), maxThrottle)
+	wait := rf.throttle
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			wait = min(max(ri.GetRetryDelay().AsDuration(), minThrottle), maxThrottle)
+		}
+	}
+	rf.throttledUntil = now + int64(a.jitter(wait))
+	a.logs.log(a.log, "acquire_throttled", "agent: the allocator is overloaded; retrying the refill later",
+		"retry_in", wait, "err", err)
+}
+
+const (
+	minThrottle = 20 * time.Millisecond
+	maxThrottle = time.Second
+)
+
 // callSucceeded closes the breaker.
 func (a *Agent) callSucceeded(now int64) {
 	rf := &a.rf
+	rf.throttle, rf.throttledUntil = 0, 0
 	rf.fails = 0
 	if !rf.open {
 		return
