@@ -544,7 +544,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			ks.notLeased.Store(true)
 			ks.retryAt = recv + int64(notLeasedRetry)
 			a.logs.logLevel(a.log, slog.LevelInfo, "not_leased", "agent: the allocator does not lease a key this agent limits",
-				"key", g.GetKey(), "status", g.GetStatus().String())
+				"key", rules.RedactKey(g.GetKey()), "status", g.GetStatus().String())
 		default:
 			// Unknown status: try again at the next scan.
 		}

@@ -1,28 +1,15 @@
 package allocator
 
 import (
-	"encoding/hex"
 	"log/slog"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// redactKey returns a short, stable stand-in for a budget key in logs:
-// "key#" and the first 8 hex digits of the key's xxhash64. Budget keys
-// hold descriptor values (API keys, user ids), which must never reach a
-// log or a metric; the hash still lets an operator correlate log lines
-// with a key they already know (allotctl inspect prints the same form).
-func redactKey(key string) string {
-	var b [8]byte
-	h := xxhash.Sum64String(key)
-	for i := range b {
-		b[i] = byte(h >> (56 - 8*i))
-	}
-	return "key#" + hex.EncodeToString(b[:4])
-}
+// redactKey is rules.RedactKey: "key#" and 8 hex digits of the key's
+// xxhash64, never the key itself.
+func redactKey(key string) string { return rules.RedactKey(key) }
 
 // redactDescriptor redacts the canonical key of domain and entries.
 func redactDescriptor(domain string, entries []*allotv1.Entry) string {

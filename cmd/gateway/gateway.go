@@ -348,7 +348,7 @@ func newProxy(target *url.URL, tc *tls.Config, logger *slog.Logger) *httputil.Re
 			if errors.Is(err, context.Canceled) {
 				return // the client went away
 			}
-			logger.Warn("gateway: upstream error", "err", err, "path", r.URL.Path)
+			logger.Warn("gateway: upstream error", "err", err, "method", r.Method) // no path: it may carry keys
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusBadGateway)
 			io.WriteString(w, `{"error":"bad_gateway","message":"The upstream service is unavailable."}`)

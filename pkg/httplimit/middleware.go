@@ -197,7 +197,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.OnShadow(r, d)
 		} else if l := m.logger(); l.Enabled(r.Context(), slog.LevelDebug) {
 			l.LogAttrs(r.Context(), slog.LevelDebug, "httplimit: shadow limit exceeded, request forwarded",
-				slog.String("domain", domain), slog.String("path", r.URL.Path))
+				slog.String("domain", domain), slog.String("policy", d.Policy)) // no path: it may carry keys
 		}
 	case d.Rule == nil:
 		m.Metrics.inc(resultUnlimited)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -235,7 +236,7 @@ func (b *Backend) do(ctx context.Context, c *call) (outcome, error) {
 	if errors.Is(err, errShortReply) {
 		return outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	return outcome{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.key, err)
+	return outcome{}, fmt.Errorf("%w: %s: %w", ErrUnavailable, rules.RedactKey(c.key), err)
 }
 
 // checkLimit validates the limit and returns its script parameters.
@@ -480,7 +481,7 @@ func (b *Backend) Promote(ctx context.Context, key string, lim bucket.Limit, sha
 		}
 		if debit := sub.Burst() - share; debit > 0 {
 			if err := b.Debit(ctx, key, lim, n, i, o.now, debit); err != nil {
-				return 0, time.Time{}, fmt.Errorf("redislimit: promoted %q but seeding sub-key %d failed: %w", key, i, err)
+				return 0, time.Time{}, fmt.Errorf("redislimit: promoted %s but seeding sub-key %d failed: %w", rules.RedactKey(key), i, err)
 			}
 		}
 	}

@@ -243,3 +243,19 @@ func unescape(s string) (string, error) {
 	}
 	return string(b), nil
 }
+
+// RedactKey returns a short, stable stand-in for a budget key, for logs and
+// error texts: "key#" and the first 8 hex digits of the key's xxhash64.
+// Budget keys hold descriptor values (API keys, client IPs, user ids),
+// which must never reach a log or a metric; the hash still lets an operator
+// correlate log lines with a key they know (allotctl inspect prints it).
+func RedactKey(key string) string {
+	const hexdigits = "0123456789abcdef"
+	h := xxhash.Sum64String(key)
+	var b [12]byte
+	copy(b[:], "key#")
+	for i := range 8 {
+		b[4+i] = hexdigits[(h>>(60-4*i))&0xf]
+	}
+	return string(b[:])
+}
