@@ -25,6 +25,7 @@ import (
 	"github.com/allot/allot/pkg/httplimit"
 	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/pkg/rls"
+	"github.com/allot/allot/pkg/tlsconfig"
 )
 
 // gateway owns every component and goroutine of a running gateway.
@@ -101,10 +102,17 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	} else if len(cfg.Rules) > 0 {
 		logger.Warn("gateway: rules files are ignored with -allocators: rules come from the allocator")
 	}
-	if tc, err := cfg.AllocatorTLS.clientTLS("allocator_tls"); err != nil {
-		return g, err
-	} else if tc != nil {
-		acfg.DialOptions = append(acfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if cfg.AllocatorTLS.enabled() {
+		creds, id, err := allocatorCredentials(cfg.AllocatorTLS, logger)
+		if err != nil {
+			return g, err
+		}
+		acfg.DialOptions = append(acfg.DialOptions, grpc.WithTransportCredentials(creds))
+		if id != "" && !tlsconfig.AgentIDMatches(acfg.ID, id) {
+			// Under mutual TLS the allocator accepts only agent ids that are
+			// the certificate's agent name, or name/<incarnation>.
+			acfg.ID = id + "/" + acfg.ID
+		}
 	}
 	acfg.Logger = logger
 	acfg.Registerer = reg
@@ -386,4 +394,44 @@ func (g *gateway) startRedis(fc redislimit.FileConfig, logger *slog.Logger, reg 
 		}
 	}
 	return rl, nil
+}
+
+// allocatorCredentials builds the agent's gRPC credentials for allocator_tls
+// with pkg/tlsconfig: the allocator must present an allocator certificate,
+// files are re-read when they change (rotation), and a client certificate
+// with an agent identity yields the agent name the allocator will demand
+// (id is "" without one). insecure_skip_verify keeps plain crypto/tls
+// without verification, for tests only.
+func allocatorCredentials(t tlsConfig, logger *slog.Logger) (creds credentials.TransportCredentials, id string, err error) {
+	if t.InsecureSkipVerify {
+		tc, err := t.clientTLS("allocator_tls")
+		if err != nil {
+			return nil, "", err
+		}
+		logger.Warn("gateway: allocator_tls.insecure_skip_verify: the allocator's certificate is not verified")
+		return credentials.NewTLS(tc), "", nil
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, "", errors.New("allocator_tls: cert_file and key_file go together")
+	}
+	l, err := tlsconfig.Load(tlsconfig.Options{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
+		OnReloadError: func(err error) {
+			logger.Warn("gateway: allocator_tls reload failed; keeping the previous certificates", "err", err)
+		}})
+	if err != nil {
+		return nil, "", fmt.Errorf("allocator_tls: %w", err)
+	}
+	if l.HasCertificate() {
+		ident, err := l.Identity()
+		switch {
+		case err != nil:
+			return nil, "", fmt.Errorf("allocator_tls: %w", err)
+		case ident.Role == tlsconfig.RoleAgent:
+			id = ident.Name
+		default:
+			logger.Warn("gateway: allocator_tls certificate is not an agent certificate; the allocator may refuse Acquire",
+				"identity", ident.String())
+		}
+	}
+	return l.ClientCredentials(t.ServerName, tlsconfig.RoleAllocator), id, nil
 }
