@@ -3,11 +3,14 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/allot/allot/agent"
 	"github.com/allot/allot/pkg/bucket"
 )
 
@@ -153,6 +156,47 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 		acc.StaticFalseRejectPct = 100 * float64(staticMiss) / float64(acc.IdealAdmitted)
 	}
 	return acc, nil
+}
+
+// traceKey prints, for the key named name (u<index>), the checks per step
+// since the run started: admitted from the lease, admitted by the fallback
+// bucket, denied, and the running admitted total (events must be sorted by
+// key and time, as analyze leaves them).
+func traceKey(w io.Writer, events []event, name string, step time.Duration) {
+	idx, err := strconv.ParseUint(strings.TrimPrefix(name, "u"), 10, 32)
+	if err != nil {
+		fmt.Fprintf(w, "trace: bad key %q (want u<index>)\n", name)
+		return
+	}
+	lo, _ := slices.BinarySearchFunc(events, uint32(idx), func(e event, k uint32) int { return cmp.Compare(e.key, k) })
+	fmt.Fprintf(w, "trace %s: t(s)  lease  fallback  denied  admitted_total\n", name)
+	sus := uint32(max(step/time.Microsecond, 1))
+	var lease, fb, denied, total int64
+	cur := uint32(0)
+	flush := func() {
+		fmt.Fprintf(w, "trace %s: %6.2f %6d %9d %7d %15d\n", name, (time.Duration(cur) * step).Seconds(), lease, fb, denied, total)
+		lease, fb, denied = 0, 0, 0
+	}
+	for _, e := range events[lo:] {
+		if e.key != uint32(idx) {
+			break
+		}
+		for e.us/sus > cur {
+			flush()
+			cur++
+		}
+		switch {
+		case !e.allowed:
+			denied++
+		case e.source == agent.SourceLease:
+			lease++
+			total++
+		default:
+			fb++
+			total++
+		}
+	}
+	flush()
 }
 
 // replayBase is the Unix time (ns) the replayed limiters take as the run's

@@ -62,6 +62,9 @@ type options struct {
 	quiet        bool
 	refill       time.Duration
 	cpuProfile   string
+	coldAgents   bool
+	traceKey     string
+	traceStep    time.Duration
 }
 
 // preset is a named workload: the flag values it sets unless the flag is
@@ -145,6 +148,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.BoolVar(&o.probe, "probe", true, "after the lease run, batch-time checks on a key with a live lease")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.DurationVar(&o.refill, "refill-interval", 0, "agent.Config.RefillInterval of the lease agents (0: the agent's default, 20ms)")
+	fs.BoolVar(&o.coldAgents, "cold-agents", false, "start the load on freshly started agents (no warm-up Acquire: they decide with N = 1 until their first answer)")
+	fs.StringVar(&o.traceKey, "trace-key", "", "after the lease run, print one key's decisions per -trace-step on stderr (e.g. u0)")
+	fs.DurationVar(&o.traceStep, "trace-step", 500*time.Millisecond, "time step of -trace-key")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (agents and load) during the lease run to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./bench/load [flags]\n\npresets (-workload):\n")
@@ -203,6 +209,8 @@ func (o options) validate() error {
 		return fmt.Errorf("-workers must be in [1, 4096], got %d", o.workers)
 	case o.tick < 0 || o.maxLag <= 0:
 		return errors.New("-tick must not be negative and -max-lag must be positive")
+	case o.traceStep <= 0:
+		return errors.New("-trace-step must be positive")
 	case o.refill < 0:
 		return errors.New("-refill-interval must not be negative")
 	}

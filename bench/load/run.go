@@ -117,6 +117,15 @@ func runLease(ctx context.Context, o options, dir string, wl *workload) (*runRes
 	if err := waitAgents(ctx, agents, version, 30*time.Second); err != nil {
 		return nil, err
 	}
+	if !o.coldAgents {
+		if err := warmAgents(ctx, agents, regs, 30*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	m0, err := sumAgentMetrics(regs)
+	if err != nil {
+		return nil, err
+	}
 
 	o.progress("lease run: %s, %.0f req/s, %d keys, %d agents", o.duration, o.rate, o.keys, o.agents)
 	res := &runResult{Backend: "lease"}
@@ -149,18 +158,16 @@ func runLease(ctx context.Context, o options, dir string, wl *workload) (*runRes
 	} else {
 		res.MemoryError = memErr.Error()
 	}
-	for _, reg := range regs {
-		m, err := gatherAgentMetrics(reg)
-		if err != nil {
-			return nil, err
-		}
-		res.StoreOps += m.calls
-		res.AcquireFailed += m.failed
-		res.AcquireKeys += m.keys
-		res.TokensGranted += m.granted
-		res.TokensCharged += m.charged
-		res.BreakerOpens += m.opens
+	m1, err := sumAgentMetrics(regs)
+	if err != nil {
+		return nil, err
 	}
+	res.StoreOps = m1.calls - m0.calls
+	res.AcquireFailed = m1.failed - m0.failed
+	res.AcquireKeys = m1.keys - m0.keys
+	res.TokensGranted = m1.granted - m0.granted
+	res.TokensCharged = m1.charged - m0.charged
+	res.BreakerOpens = m1.opens - m0.opens
 	if o.probe {
 		o.progress("probe: batch-timed checks on a leased key")
 		pr, err := probe(ctx, agents[0])
@@ -179,6 +186,9 @@ func runLease(ctx context.Context, o options, dir string, wl *workload) (*runRes
 	events := mergeEvents(workers)
 	if res.Accuracy, err = analyze(events, int64(o.limit), int64(o.burst), o.agents, o.window, o.duration); err != nil {
 		return nil, err
+	}
+	if o.traceKey != "" {
+		traceKey(os.Stderr, events, o.traceKey, o.traceStep)
 	}
 	res.finish()
 	return res, nil
@@ -342,9 +352,70 @@ func waitAgents(ctx context.Context, agents []*agent.Agent, version uint64, time
 	}
 }
 
+// warmAgents makes every agent learn the number of live agents (N) before
+// the run, as agents that have been running do: each agent checks a fresh
+// warm-up key, which its refill loop sends in an Acquire, and once every
+// agent has had an answer, once more, so that the answers count all of
+// them. Without this (-cold-agents), an agent decides the run's first keys
+// with N = 1 until its first Acquire returns.
+func warmAgents(ctx context.Context, agents []*agent.Agent, regs []*prometheus.Registry, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for round := range 2 {
+		before := make([]int64, len(agents))
+		for i, reg := range regs {
+			m, err := gatherAgentMetrics(reg)
+			if err != nil {
+				return err
+			}
+			before[i] = m.ok
+		}
+		descs := []agent.Descriptor{{Entries: []rules.Entry{{Key: "probe", Value: fmt.Sprintf("warm%d", round)}}}}
+		for _, a := range agents {
+			if _, err := a.Check(ctx, domain, descs, 1); err != nil {
+				return err
+			}
+		}
+		for i := 0; i < len(agents); {
+			m, err := gatherAgentMetrics(regs[i])
+			if err != nil {
+				return err
+			}
+			if m.ok > before[i] {
+				i++
+				continue
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("agent %d had no Acquire answer within %v", i, timeout)
+			}
+			if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // agentMetrics are the counters the harness reads from an agent's registry.
 type agentMetrics struct {
-	calls, failed, keys, granted, charged, opens int64
+	calls, ok, failed, keys, granted, charged, opens int64
+}
+
+func sumAgentMetrics(regs []*prometheus.Registry) (agentMetrics, error) {
+	var sum agentMetrics
+	for _, reg := range regs {
+		m, err := gatherAgentMetrics(reg)
+		if err != nil {
+			return sum, err
+		}
+		sum.calls += m.calls
+		sum.ok += m.ok
+		sum.failed += m.failed
+		sum.keys += m.keys
+		sum.granted += m.granted
+		sum.charged += m.charged
+		sum.opens += m.opens
+	}
+	return sum, nil
 }
 
 func gatherAgentMetrics(reg prometheus.Gatherer) (agentMetrics, error) {
@@ -367,7 +438,10 @@ func gatherAgentMetrics(reg prometheus.Gatherer) (agentMetrics, error) {
 			switch f.GetName() {
 			case "allot_agent_acquire_calls_total":
 				m.calls += v
-				if label("result") == "failed" {
+				switch label("result") {
+				case "ok":
+					m.ok += v
+				case "failed":
 					m.failed += v
 				}
 			case "allot_agent_acquire_keys_total":
@@ -411,8 +485,10 @@ func probe(ctx context.Context, a *agent.Agent) (*probeResult, error) {
 		}
 		return leased, nil
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for streak := 0; streak < 20; {
+	// The demand estimate is an EWMA with a 1 s time constant: spin for 2 s
+	// before looking for a streak of fully leased batches.
+	start := time.Now()
+	for streak := 0; streak < 20 || time.Since(start) < 2*time.Second; {
 		n, err := batch()
 		if err != nil {
 			return nil, err
@@ -422,7 +498,7 @@ func probe(ctx context.Context, a *agent.Agent) (*probeResult, error) {
 		} else {
 			streak = 0
 		}
-		if time.Now().After(deadline) {
+		if time.Since(start) > 6*time.Second {
 			break
 		}
 	}
@@ -444,7 +520,7 @@ func probe(ctx context.Context, a *agent.Agent) (*probeResult, error) {
 	}
 	pr.BatchMean = latencyOf(hb)
 	hs := hdrhistogram.New(1, histMax, 3)
-	start := time.Now()
+	start = time.Now()
 	for range single {
 		t0 := time.Since(start)
 		d, _ := a.Check(ctx, domain, descs, 1)

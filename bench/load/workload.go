@@ -34,6 +34,7 @@ type event struct {
 	key     uint32 // key index (rank: 0 is the most frequent)
 	agent   uint16
 	allowed bool
+	source  agent.Source
 }
 
 // workload is the request stream: which key, which agent, when.
@@ -220,7 +221,7 @@ func (w *workload) worker(ctx context.Context, id uint64, agents []checker, star
 				res.bySource[d.Source][b2i(d.Allowed)]++
 			}
 			if len(res.events) < cap(res.events) {
-				res.events = append(res.events, event{us: uint32(t0 / time.Microsecond), key: k, agent: uint16(a), allowed: d.Allowed})
+				res.events = append(res.events, event{us: uint32(t0 / time.Microsecond), key: k, agent: uint16(a), allowed: d.Allowed, source: d.Source})
 			}
 			now = t1
 		}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestLoad runs a tiny version of the harness end to end: three allocator
+// processes built from this tree, three agents, 3 s of load on 20 keys
+// (the hottest over its limit), then the Redis baseline when redis-server
+// is installed. It checks the JSON report's fields and that no key was
+// over-admitted beyond 1% of R per window. ALLOT_ALLOCATOR_BIN names a
+// prebuilt cmd/allocator to use instead of building one.
+func TestLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts allocator processes and runs load for several seconds")
+	}
+	dir := t.TempDir()
+	bin, err := allocatorBinary(os.Getenv("ALLOT_ALLOCATOR_BIN"), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := options{
+		workload: "", keys: 20, zipfS: 1.1, rate: 4000, limit: 1000, burst: 100, agents: 3,
+		duration: 3 * time.Second, window: 3 * time.Second, workers: 8, tick: time.Millisecond,
+		maxLag: time.Second, seed: 1, allocatorBin: bin, dir: dir, redis: "auto", redisBin: "redis-server",
+		probe: true, quiet: !testing.Verbose(), traceStep: time.Second,
+	}
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := run(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run took %v", time.Since(start))
+	// Every agent, connection, Redis client and process watcher the run
+	// started is closed when run returns.
+	goleak.VerifyNone(t)
+	out := filepath.Join(dir, "report.json")
+	if err := rep.writeJSON(out); err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	rep.print(&sb)
+	t.Log("\n" + sb.String())
+
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	backends := []string{"lease"}
+	if rep.Redis != nil {
+		backends = append(backends, "redis")
+	} else {
+		t.Logf("redis baseline skipped: %s", rep.RedisSkipped)
+	}
+	for _, be := range backends {
+		for _, path := range []string{
+			"checks_per_second", "issued", "latency_ns.all.p50", "latency_ns.all.p99", "latency_ns.all.p999",
+			"store_ops", "store_ops_per_admitted", "cpu_per_check_ns",
+			"accuracy.worst_over_admission_pct", "accuracy.false_reject_pct", "accuracy.ideal_admitted",
+			"accuracy.static_split_false_reject_pct", "accuracy.cold_request_share",
+		} {
+			if _, ok := lookup(doc, be+"."+path); !ok {
+				t.Errorf("JSON report has no %s.%s", be, path)
+			}
+		}
+	}
+	for _, path := range []string{"lease.allocator_memory.heap_bytes_per_key", "lease.allocator_memory.after.keys",
+		"lease.probe.batch_mean_ns.p99", "lease.latency_ns.lease.p99", "workload.cold_share_expected", "targets",
+		"machine.load_avg_start", "timer_pair_overhead_ns.p50"} {
+		if _, ok := lookup(doc, path); !ok {
+			t.Errorf("JSON report has no %s", path)
+		}
+	}
+	if rep.Redis != nil {
+		if _, ok := lookup(doc, "ratios.checks_per_second_lease_over_redis"); !ok {
+			t.Error("JSON report has no ratios")
+		}
+	}
+
+	l := rep.Lease
+	if l.Issued < int64(0.9*o.rate*o.duration.Seconds()) {
+		t.Errorf("lease run issued %d checks, want ≥ 90%% of %.0f", l.Issued, o.rate*o.duration.Seconds())
+	}
+	if l.Accuracy.KeysAtLimit == 0 || l.Accuracy.Rejected == 0 {
+		t.Errorf("no key reached its limit (%d at limit, %d rejected): the workload does not exercise the limit", l.Accuracy.KeysAtLimit, l.Accuracy.Rejected)
+	}
+	if l.StoreOps == 0 || l.BySource["lease"][1] == 0 {
+		t.Errorf("no Acquire calls (%d) or no checks served from a lease (%v)", l.StoreOps, l.BySource)
+	}
+	for _, r := range []*runResult{rep.Lease, rep.Redis} {
+		if r == nil {
+			continue
+		}
+		if a := r.Accuracy; a.WorstOverPct > 1 {
+			t.Errorf("%s: over-admission %.3f%% of R·%gs on %s (%d admitted in a window, bound %.0f), want ≤ 1%%",
+				r.Backend, a.WorstOverPct, a.WindowSeconds, a.WorstKey, a.WorstWindowCount, a.WorstWindowBound)
+		}
+	}
+	if rep.Redis != nil && rep.Redis.StoreOps < rep.Redis.Issued {
+		t.Errorf("redis: %d script calls for %d checks, want one per check", rep.Redis.StoreOps, rep.Redis.Issued)
+	}
+}
+
+// lookup follows a dotted path through decoded JSON objects.
+func lookup(doc map[string]any, path string) (any, bool) {
+	var cur any = doc
+	for _, p := range strings.Split(path, ".") {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[p]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}
