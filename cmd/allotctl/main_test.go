@@ -24,12 +24,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// allocator.Server.Shutdown closes the Raft NetworkTransport without
-		// CloseStreams, so a peer's pooled connection keeps one handleConn
-		// goroutine of another in-process node blocked in Read (reported to
-		// the allocator owner; not allotctl's goroutine).
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"))
+	goleak.VerifyTestMain(m)
 }
 
 type result struct {
