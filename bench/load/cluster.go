@@ -258,6 +258,27 @@ func (c *cluster) memory(ctx context.Context) (memSample, error) {
 	return s, nil
 }
 
+// memoryWithoutLeases waits (up to timeout) until the leader holds no
+// leases, then samples its memory.
+func (c *cluster) memoryWithoutLeases(ctx context.Context, timeout time.Duration) (memSample, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		_, st, err := c.leaderStatus(ctx)
+		if err != nil {
+			return memSample{}, err
+		}
+		if st.GetLeases() == 0 {
+			return c.memory(ctx)
+		}
+		if time.Now().After(deadline) {
+			return memSample{}, fmt.Errorf("%d leases still live %v after the agents released them", st.GetLeases(), timeout)
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return memSample{}, err
+		}
+	}
+}
+
 func heapInuse(ctx context.Context, httpAddr string) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

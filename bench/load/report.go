@@ -177,6 +177,17 @@ type memResult struct {
 	RSSPerKey       float64   `json:"rss_bytes_per_key,omitempty"`
 	LeasedShare     float64   `json:"leased_share"` // leases / keys at the end (a key may have several leases)
 	DifferentLeader bool      `json:"leader_changed,omitempty"`
+	// Released is sampled after the agents closed (no leases left);
+	// HeapPerKeyReleased is its heap growth per tracked key.
+	Released           *memSample `json:"released,omitempty"`
+	HeapPerKeyReleased float64    `json:"heap_bytes_per_key_released,omitempty"`
+}
+
+func (m *memResult) setReleased(s memSample) {
+	m.Released = &s
+	if dk := float64(s.Keys) - float64(m.Before.Keys); dk > 0 {
+		m.HeapPerKeyReleased = (float64(s.HeapInuse) - float64(m.Before.HeapInuse)) / dk
+	}
 }
 
 func newMemResult(before, after memSample) *memResult {
@@ -371,6 +382,9 @@ func (rep *report) print(w io.Writer) {
 			note = "; under 10,000 new keys: noise, not a per-key figure"
 		}
 		row("allocator memory per tracked key (leader)", fmt.Sprintf("%.0f B heap, %.0f B RSS (%d → %d keys, %d leases%s)", m.HeapPerKey, m.RSSPerKey, m.Before.Keys, m.After.Keys, m.After.Leases, note), "", "")
+		if rel := m.Released; rel != nil {
+			row("  the same keys after the agents released their leases", fmt.Sprintf("%.0f B heap (%d keys, %d leases)", m.HeapPerKeyReleased, rel.Keys, rel.Leases), "", "")
+		}
 	} else if l.MemoryError != "" {
 		row("allocator memory per tracked key", "error: "+l.MemoryError, "", "")
 	}

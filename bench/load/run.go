@@ -181,9 +181,22 @@ func runLease(ctx context.Context, o options, dir string, wl *workload) (*runRes
 	}
 	closeAgents(agents)
 	agents = nil
+	if res.Memory != nil {
+		// The agents released their leases on Close: measure the same keys
+		// without them (the state drops keys with a full bucket and no
+		// lease only gradually, a sweep segment per Expire).
+		if s, err := c.memoryWithoutLeases(ctx, 10*time.Second); err == nil {
+			res.Memory.setReleased(s)
+		} else {
+			res.MemoryError = err.Error()
+		}
+	}
 
 	o.progress("analysing %d decisions", res.Issued)
-	events := mergeEvents(workers)
+	events, err := mergeEvents(workers)
+	if err != nil {
+		return nil, err
+	}
 	if res.Accuracy, err = analyze(events, int64(o.limit), int64(o.burst), o.agents, o.window, o.duration); err != nil {
 		return nil, err
 	}
@@ -270,7 +283,10 @@ func runRedis(ctx context.Context, o options, dir string, wl *workload) (res *ru
 		res.StoreErrors += int64(st.Errors + st.FastFails)
 	}
 	o.progress("analysing %d decisions", res.Issued)
-	events := mergeEvents(workers)
+	events, err := mergeEvents(workers)
+	if err != nil {
+		return nil, "", err
+	}
 	if res.Accuracy, err = analyze(events, int64(o.limit), int64(o.burst), o.agents, o.window, o.duration); err != nil {
 		return nil, "", err
 	}
@@ -562,18 +578,22 @@ func probeWorkload(ctx context.Context, wl *workload, agents []checker) (latency
 	return latencyOf(h), nil
 }
 
-// mergeEvents concatenates the workers' decision logs.
-func mergeEvents(ws []*workerResult) []event {
+// mergeEvents concatenates the workers' decision logs. The accuracy is
+// computed from every decision, so a log that missed one is an error.
+func mergeEvents(ws []*workerResult) ([]event, error) {
 	n := 0
 	for _, w := range ws {
 		n += len(w.events)
+		if w.unrecorded > 0 {
+			return nil, fmt.Errorf("%d checks were not recorded (event log full)", w.unrecorded)
+		}
 	}
 	out := make([]event, 0, n)
 	for _, w := range ws {
 		out = append(out, w.events...)
 		w.events = nil
 	}
-	return out
+	return out, nil
 }
 
 // loadAvg returns /proc/loadavg's three averages.
