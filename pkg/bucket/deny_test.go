@@ -13,8 +13,13 @@ func TestDenyAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.IsZero() || !l.DeniesAll() || l.Quota() != 0 {
-		t.Fatalf("DenyAll: IsZero %v DeniesAll %v Quota %d", l.IsZero(), l.DeniesAll(), l.Quota())
+	if l.IsZero() || !l.DeniesAll() || l.Quota() != 0 || l.Burst() != 0 {
+		t.Fatalf("DenyAll: IsZero %v DeniesAll %v Quota %d Burst %d", l.IsZero(), l.DeniesAll(), l.Quota(), l.Burst())
+	}
+	// Rebuilt from its accessors (as allocator snapshots store limits), it
+	// is itself: the regression FuzzFSMApply found.
+	if r, err := NewLimit(l.Algorithm(), l.Quota(), l.Window(), l.Burst()); err != nil || r != l {
+		t.Fatalf("NewLimit(accessors) = %v, %v; want %v", r, err, l)
 	}
 	var s State
 	t0 := int64(10*time.Minute + 15*time.Second)

@@ -111,11 +111,17 @@ type Limit struct {
 // and burst must equal quota (pkg/rules defaults burst to requests_per_unit).
 // SlidingWindow's quota is at most MaxSlidingQuota.
 //
-// quota must be in [1, MaxTokens] and window in [1ns, MaxWindow]. Errors wrap
-// ErrInvalidLimit.
+// quota must be in [1, MaxTokens] and window in [1ns, MaxWindow]; quota and
+// burst both 0 give DenyAll(window), so that a Limit rebuilt from its
+// accessors is itself. Errors wrap ErrInvalidLimit.
 func NewLimit(alg Algorithm, quota int64, window time.Duration, burst int64) (Limit, error) {
 	fail := func(format string, args ...any) (Limit, error) {
 		return Limit{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidLimit}, args...)...)
+	}
+	if quota == 0 && burst == 0 && alg <= FixedWindow && window > 0 && window <= MaxWindow {
+		// What DenyAll produces, so that a Limit stored as its
+		// parameters (allocator snapshots) comes back as itself.
+		return DenyAll(window)
 	}
 	switch {
 	case alg > FixedWindow:
