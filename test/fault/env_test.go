@@ -88,6 +88,8 @@ type env struct {
 	gws  []*testproc.Gateway
 	load *testproc.Load
 	keys []string
+	// breakers watches the gateways' breakers while the load runs.
+	breakers *breakerWatch
 	// rules files for the bootstrap node.
 	rules []string
 }
@@ -146,6 +148,7 @@ func (e *env) startLoad(rate float64, nKeys int) {
 	e.load = &testproc.Load{Proxies: proxies, Keys: e.keys, Rate: rate}
 	e.load.Start()
 	e.t.Cleanup(e.load.Stop)
+	e.breakers = e.watchBreakers()
 }
 
 // runFor lets the load run for about d: it waits (on the load's progress,
@@ -235,24 +238,30 @@ type admission struct {
 	overAdmit float64 // admitted − ceiling (≤ 0: none)
 }
 
-// boundFor is the documented over-admission bound for a fault (see
-// docs/reliability.md): on top of the limiter's B + R·T,
+// failOpen is what agents admitted with their breaker open: per opening,
+// one fallback burst, and the fallback rate for the time open.
+type failOpen struct {
+	openings int
+	open     time.Duration // summed over the agents
+}
+
+// boundFor is the documented over-admission bound (docs/reliability.md):
+// on top of the limiter's B + R·T,
 //
 //   - B: fallback admissions are charged after the fact, and a charge can
-//     take the bucket down to its debt floor −B (cold start: one fallback
-//     burst per agent that saw the key, ≤ B in total);
-//   - for each agent whose breaker was open (fail open, uncharged): its
-//     fallback bucket, ⌈B/N⌉ + R·T_open/N, N the live agents it last
-//     heard of;
-//   - held: tokens agents held when cut off (already paid, spent late).
-func boundFor(span, open time.Duration, openAgents, n int) float64 {
+//     take the bucket down to its debt floor −B (this covers the cold start:
+//     one fallback burst per agent that saw the key, ≤ B in total);
+//   - fail open: each time an agent's breaker opens, its fallback bucket,
+//     up to ⌈B/N⌉ at once and R/N while open (N the live agents it last
+//     heard of), is not charged.
+func boundFor(span time.Duration, fo failOpen, n int) float64 {
 	ceiling := keyBurst + keyRate*span.Seconds()
-	perAgent := math.Ceil(float64(keyBurst)/float64(n)) + math.Ceil(keyRate*open.Seconds()/float64(n))
-	return ceiling + keyBurst + float64(openAgents)*perAgent
+	return ceiling + keyBurst + float64(fo.openings)*math.Ceil(float64(keyBurst)/float64(n)) +
+		math.Ceil(keyRate*fo.open.Seconds()/float64(n))
 }
 
 // admissions computes every key's admission over the load's whole span.
-func (e *env) admissions(rs []testproc.Request, open time.Duration, openAgents, n int) []admission {
+func (e *env) admissions(rs []testproc.Request, fo failOpen, n int) []admission {
 	first, last := testproc.Span(rs)
 	span := time.Duration(last - first)
 	var out []admission
@@ -261,11 +270,87 @@ func (e *env) admissions(rs []testproc.Request, open time.Duration, openAgents, 
 		ceiling := keyBurst + keyRate*span.Seconds()
 		out = append(out, admission{
 			key: key, admitted: tally.OK, span: span, ceiling: ceiling,
-			bound:     boundFor(span, open, openAgents, n),
+			bound:     boundFor(span, fo, n),
 			overAdmit: float64(tally.OK) - ceiling,
 		})
 	}
 	return out
+}
+
+// breakerWatch samples every gateway's allot_agent_fallback gauge every
+// 100 ms and sums the time each spent with its breaker open (an interval
+// in which the gauge was 1 at either end counts whole, so the sum bounds
+// the true time from above).
+type breakerWatch struct {
+	stop chan struct{}
+	done chan struct{}
+
+	mu       sync.Mutex // guards open
+	open     []time.Duration
+	openings []float64 // allot_agent_breaker_transitions_total{to="open"} at the start
+}
+
+const watchEvery = 100 * time.Millisecond
+
+func (e *env) watchBreakers() *breakerWatch {
+	w := &breakerWatch{stop: make(chan struct{}), done: make(chan struct{}),
+		open: make([]time.Duration, len(e.gws)), openings: e.sample(mToOpen)}
+	gws := append([]*testproc.Gateway(nil), e.gws...)
+	go func() {
+		defer close(w.done)
+		last := make([]bool, len(gws))
+		prev := time.Now()
+		t := time.NewTicker(watchEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+			now := time.Now()
+			for i, g := range gws {
+				v := g.Metric(mFallback) == 1
+				if v || last[i] {
+					w.mu.Lock()
+					w.open[i] += now.Sub(prev)
+					w.mu.Unlock()
+				}
+				last[i] = v
+			}
+			prev = now
+		}
+	}()
+	e.t.Cleanup(w.halt)
+	return w
+}
+
+// halt stops the sampler; safe twice.
+func (w *breakerWatch) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// result stops the sampler and returns the fail-open exposure of the
+// gateways since it started.
+func (w *breakerWatch) result(e *env) failOpen {
+	w.halt()
+	now := e.sample(mToOpen)
+	var fo failOpen
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range now {
+		k := int(now[i] - w.openings[i])
+		fo.openings += k
+		if k > 0 {
+			fo.open += w.open[i] + watchEvery
+		}
+	}
+	return fo
 }
 
 // report is the scenario's line for docs/reliability.md.
@@ -277,13 +362,17 @@ type report struct {
 	recovery  time.Duration
 	requests  int
 	fiveXX    int
+	failOpen  failOpen
 }
 
 // checkLoad stops the load and asserts zero 5xx and transport errors and
-// every key within bound; it logs the numbers for docs/reliability.md.
-func (e *env) checkLoad(rep *report, open time.Duration, openAgents, n int) []testproc.Request {
+// every key within the bound for the breaker openings the watch saw; it
+// logs the numbers for docs/reliability.md.
+func (e *env) checkLoad(rep *report, n int) []testproc.Request {
 	e.t.Helper()
 	e.load.Stop()
+	fo := e.breakers.result(e)
+	rep.failOpen = fo
 	rs := e.load.Results()
 	tally := testproc.Count(rs, nil)
 	rep.requests, rep.fiveXX = tally.Total, tally.FiveXX
@@ -296,7 +385,8 @@ func (e *env) checkLoad(rep *report, open time.Duration, openAgents, n int) []te
 		e.t.Errorf("load admitted %d and denied %d: the keys were not driven past their limits", tally.OK, tally.Denied)
 	}
 	rep.worstOver = math.Inf(-1)
-	for _, a := range e.admissions(rs, open, openAgents, n) {
+	e.t.Logf("breakers: %d openings, %v open in total (N = %d)", fo.openings, fo.open.Round(time.Millisecond), n)
+	for _, a := range e.admissions(rs, fo, n) {
 		e.t.Logf("key %s: admitted %d in %.1fs; limiter ceiling B+R·T = %.0f; over-admission %+.0f; bound %.0f",
 			a.key, a.admitted, a.span.Seconds(), a.ceiling, a.overAdmit, a.bound)
 		if float64(a.admitted) > a.bound {
@@ -311,8 +401,9 @@ func (e *env) checkLoad(rep *report, open time.Duration, openAgents, n int) []te
 }
 
 func (rep *report) log(t *testing.T) {
-	t.Logf("RELIABILITY | %s | %s | worst key %+.0f tokens (%+.1f%% of B+R·T) | recovery %v | %d requests, %d × 5xx | %s",
-		rep.fault, rep.bound, rep.worstOver, 100*rep.worstFrac, rep.recovery.Round(10*time.Millisecond), rep.requests, rep.fiveXX, t.Name())
+	t.Logf("RELIABILITY | %s | %s | worst key %+.0f tokens (%+.1f%% of B+R·T) | breakers opened %d× (%v) | recovery %v | %d requests, %d × 5xx | %s",
+		rep.fault, rep.bound, rep.worstOver, 100*rep.worstFrac, rep.failOpen.openings, rep.failOpen.open.Round(100*time.Millisecond),
+		rep.recovery.Round(10*time.Millisecond), rep.requests, rep.fiveXX, t.Name())
 }
 
 // linRun drives linearizability clients against the cluster.

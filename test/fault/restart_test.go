@@ -122,10 +122,10 @@ func TestFullClusterRestart(t *testing.T) {
 	e.runFor(2 * time.Second)
 	rep := &report{
 		fault:    "full-cluster restart (3 × kill -9, restart on the same data dirs)",
-		bound:    "B+R·T + B + per agent ⌈B/N⌉+R·T_outage/N",
+		bound:    "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N",
 		recovery: rec,
 	}
-	e.checkLoad(rep, outage, len(e.gws), n)
+	e.checkLoad(rep, n)
 	rep.log(t)
 }
 

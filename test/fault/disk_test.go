@@ -1,0 +1,161 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allot/allot/internal/testproc"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// TestDataDirFull: the leader's data directory, a small tmpfs, fills up
+// under load. The node must fail loudly (exit, or log the write error) or
+// step down, and the other two keep granting: zero 5xx, admission within
+// the bound. Once space is freed the node (restarted if it exited)
+// catches up. Needs root to mount a tmpfs; skipped otherwise.
+//
+// A read-only remount is not tried: Linux refuses to remount a filesystem
+// read-only while a file on it is open for writing (EBUSY), and the node
+// holds raft.db open; a full disk is the failure a running node can meet.
+func TestDataDirFull(t *testing.T) {
+	checkLeaks(t)
+	testproc.Build(t) // skips under -short before anything is mounted
+	mnt := filepath.Join(t.TempDir(), "n0-tmpfs")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=64m,mode=0700"); err != nil {
+		t.Skipf("cannot mount a tmpfs for the data dir (needs root / CAP_SYS_ADMIN): %v", err)
+	}
+	// Registered before the processes start, so it runs after they are
+	// killed.
+	t.Cleanup(func() {
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	dataDir := filepath.Join(mnt, "data")
+	e := newEnv(t, envConfig{dataDir: func(i int) string {
+		if i == 0 {
+			return dataDir
+		}
+		return filepath.Join(t.TempDir(), "data")
+	}})
+	n0 := e.c.Nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if e.c.Leader(t, 10*time.Second) != n0 {
+		if _, err := n0.Admin(t).TransferLeadership(ctx, &allotv1.TransferLeadershipRequest{Id: n0.ID}); err != nil {
+			t.Fatalf("transfer leadership to %s: %v", n0.ID, err)
+		}
+		testproc.Eventually(t, 10*time.Second, n0.ID+" leading", func() bool { return e.c.LeaderID(t) == n0.ID })
+	}
+	e.gateway("gw-a", e.c.GRPCAddrs())
+	e.gateway("gw-b", e.c.GRPCAddrs())
+	e.startLoad(200, 4)
+	e.waitLeasing()
+	e.runFor(2 * time.Second)
+
+	n := e.liveAgents()
+	okBefore := e.sample(mCallsOK)
+	filler := filepath.Join(mnt, "filler")
+	filled := time.Now()
+	fill(t, filler)
+	t.Logf("%s's data dir is full (leader, %d live agents)", n0.ID, n)
+
+	// The node fails loudly or steps down, and another leads.
+	var how string
+	testproc.Eventually(t, recoveryBound, n0.ID+" to exit or step down, and another leader", func() bool {
+		lead := e.c.LeaderID(t)
+		if lead == "" || lead == n0.ID {
+			return false
+		}
+		if !n0.Proc.Running() {
+			how = "exited: " + errString(n0.Proc.ExitErr())
+			return true
+		}
+		st, err := n0.Status(t)
+		if err == nil && st.GetState() != "leader" {
+			how = "stepped down to " + st.GetState()
+			return true
+		}
+		return false
+	})
+	stepped := time.Since(filled)
+	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, filled, recoveryBound)
+	out := n0.Proc.Output()
+	loud := strings.Contains(out, "no space left on device")
+	t.Logf("%s %s %v after the disk filled (logged ENOSPC: %v); gateways leasing %v after", n0.ID, how, stepped, loud, rec)
+	if !loud {
+		t.Errorf("%s never reported the full disk in its log", n0.ID)
+	}
+	// The others keep granting while the disk stays full.
+	e.runFor(3 * time.Second)
+	if e.c.LeaderID(t) == n0.ID {
+		t.Errorf("%s leads again with a full disk", n0.ID)
+	}
+
+	// Free the space; the node (restarted if it died) catches up.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	if !n0.Proc.Running() {
+		n0.Proc.Start(t)
+	}
+	lead := e.c.Leader(t, 10*time.Second)
+	st, err := lead.Status(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testproc.Eventually(t, 30*time.Second, n0.ID+" catching up after space is freed", func() bool {
+		s, err := n0.Status(t)
+		return err == nil && s.GetAppliedIndex() >= st.GetCommitIndex()
+	})
+	t.Logf("%s caught up %v after space was freed", n0.ID, time.Since(freed))
+	e.runFor(time.Second)
+
+	rep := &report{
+		fault:    "leader's data dir full (tmpfs)",
+		bound:    "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N",
+		recovery: rec,
+	}
+	e.checkLoad(rep, n)
+	rep.log(t)
+}
+
+// fill writes path until the filesystem is full (ENOSPC).
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, size := range []int{1 << 20, 4 << 10} {
+		buf := make([]byte, size)
+		for {
+			_, err := f.Write(buf)
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill %s: %v", path, err)
+			}
+			break
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "status 0"
+	}
+	return err.Error()
+}
