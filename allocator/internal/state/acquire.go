@@ -2,7 +2,7 @@ package state
 
 import (
 	"fmt"
-	"slices"
+	"math"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -171,6 +171,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.Domain, ents)
 	g = &allotv1.KeyGrant{Key: string(c.scr.key)}
 	h := xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
+	e := &c.scr.e
 
 	if rule == nil || rule.Unlimited || rule.Backend != rules.BackendLease {
 		switch {
@@ -187,9 +188,12 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		g.LeaseTtlMs = ms(c.cfg.MaxLeaseTTL)
 		g.RefreshAfterMs = g.LeaseTtlMs
 		// A lease left from an earlier rule ends: the key is not leased now.
-		if ki := c.infos[h]; ki != nil {
-			if i, ok := ki.leaseIdx(ag.num); ok {
-				c.endLease(h, i)
+		if idx := c.tab.find(h); idx >= 0 && c.tab.at(idx).link != 0 {
+			c.loadEntry(e, h, c.tab.at(idx).link)
+			if i, ok := e.find(ag.num); ok {
+				oldMin := e.minSec()
+				c.dropLease(e, i, h)
+				c.storeEntry(h, idx, e, oldMin, false)
 				ended = true
 			}
 		}
@@ -199,17 +203,21 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	lim := rule.Limit
 	idx := c.slotFor(h, lim)
 	st := c.tab.at(idx).st
-	ki := c.infos[h]
-	var (
-		old  lease
-		li   int
-		have bool
-	)
-	if ki != nil {
-		if li, have = ki.leaseIdx(ag.num); have {
-			old = ki.leases[li]
-		}
+	leased := c.tab.at(idx).link != 0
+	if leased {
+		c.loadEntry(e, h, c.tab.at(idx).link)
+	} else {
+		e.leases = e.leases[:0]
 	}
+	oldMin := e.minSec()
+	li, have := e.find(ag.num)
+	var old lease
+	if have {
+		old = e.leases[li]
+	}
+	// A new lease needs room in the arena (8 GiB of entries); without it
+	// the agent is granted nothing and keeps deciding locally.
+	canLease := have || c.ar.canAlloc(entrySize(len(e.leases)+1, math.MaxUint32, len(c.scr.key)))
 
 	// (1) returned: the agent keeps ka.Held and hands back ka.Returned. Only
 	// what the record says it holds beyond what it keeps is credited, so a
@@ -229,7 +237,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	// (3) want: size, cap at the fair share, take what the bucket has.
 	capacity := capacityOf(lim, c.cfg.RefreshInterval)
 	want := int64(0)
-	if !release {
+	if !release && canLease {
 		want = min(ka.Want, capacity)
 	}
 	need := min(capacity, held+want)
@@ -237,7 +245,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	contended := false
 	if want > 0 {
 		var agentCap int64
-		agentCap, contended = c.agentCap(ki, ag.num, old.need, need, capacity)
+		agentCap, contended = c.agentCap(e.leases, ag.num, need, capacity)
 		if ask := min(want, agentCap-held); ask > 0 {
 			granted = lim.TakeUpTo(&st, now, ask)
 			held += granted
@@ -258,103 +266,73 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		g.RetryAfterMs = ms(retry)
 	}
 
-	if !release && (want > 0 || held > 0) {
+	if !release && canLease && (want > 0 || held > 0) {
 		ttl, refresh := c.leaseTiming(contended, held, ka.Demand)
 		if retry > 0 {
 			refresh = min(retry, ttl)
 		}
 		nl := lease{agent: ag.num, need: need, held: held, grantedAt: old.grantedAt,
-			expiry: now + int64(ttl), demand: ka.Demand, seq: old.seq}
+			expiry: now + int64(ttl), demand: float32(ka.Demand), ext: old.ext}
 		if granted > 0 {
-			nl.grantedAt = now
+			nl.grantedAt = now / 1e6
 		}
-		ki = c.putLease(h, idx, ki, li, have, nl, g.Key)
+		if !leased {
+			c.newEntry(e, c.scr.key)
+			leased = true
+		}
+		if have {
+			ag = c.mutAgent(ag)
+			ag.tokensHeld += nl.held - old.held
+			e.leases[li] = nl
+		} else {
+			c.addLease(e, li, nl)
+		}
 		g.LeaseTtlMs = ms(ttl)
 		g.RefreshAfterMs = ms(refresh)
 		g.Held = held
 	} else {
 		if have {
-			c.endLease(h, li)
+			c.dropLease(e, li, h)
 			ended = true
 		}
-		ki = c.infos[h]
 		g.RefreshAfterMs = ms(c.cfg.MaxLeaseTTL)
 		if retry > 0 {
 			g.RefreshAfterMs = ms(retry)
 		}
 	}
-	if ki != nil {
-		ki = c.mutInfo(h)
-		ki.rates.add(now, granted, ka.Denied)
-		g.Agents = uint32(len(ki.leases))
+	if !leased {
+		return g, credited, ended
 	}
+	if len(e.leases) > 0 {
+		e.addRates(now, granted, ka.Denied)
+		e.base = clampBase(now)
+		g.Agents = uint32(len(e.leases))
+	}
+	c.storeEntry(h, idx, e, oldMin, false)
 	return g, credited, ended
 }
 
-// putLease creates or updates agent nl.agent's lease on h (slot idx).
-func (c *core) putLease(h uint64, idx int, ki *keyInfo, li int, have bool, nl lease, key string) *keyInfo {
-	ag := c.mutAgent(c.byNum[nl.agent])
-	if ki == nil {
-		ki = &keyInfo{gen: c.gen, key: key}
-		c.infos[h] = ki
-		c.tab.mut(c, idx).flags |= flagInfo
-	} else {
-		ki = c.mutInfo(h)
-	}
-	if have {
-		old := ki.leases[li]
-		if nl.expiry < old.expiry {
-			// The heap entry may be later than the new expiry: queue anew
-			// (the old entry is dropped by its stale seq).
-			nl.seq = c.pushExpiry(h, nl.agent, nl.expiry)
-		}
-		ki.sumNeed += nl.need - old.need
-		ag.tokensHeld += nl.held - old.held
-		ki.leases[li] = nl
-		return ki
-	}
-	nl.seq = c.pushExpiry(h, nl.agent, nl.expiry)
-	ki.leases = slices.Insert(ki.leases, li, nl)
-	ki.sumNeed += nl.need
-	ag.keysHeld++
-	ag.tokensHeld += nl.held
-	c.leases++
-	return ki
-}
-
-// endLease ends lease i of key h. Its tokens are not credited back: the
-// agent may have spent them (docs/architecture.md, invariant (c)).
-func (c *core) endLease(h uint64, i int) {
-	ki := c.mutInfo(h)
-	l := ki.leases[i]
-	if ag := c.byNum[l.agent]; ag != nil {
-		ag = c.mutAgent(ag)
-		ag.keysHeld--
-		ag.tokensHeld -= l.held
-	}
-	ki.sumNeed -= l.need
-	ki.leases = slices.Delete(ki.leases, i, i+1)
-	c.leases--
-	if len(ki.leases) == 0 {
-		delete(c.infos, h)
-		if idx := c.tab.find(h); idx >= 0 {
-			c.tab.mut(c, idx).flags &^= flagInfo
-		}
-	}
-}
-
 // endAgentLeases ends every lease of the agent and returns how many. It
-// scans the leased keys (agents end all their leases only on shutdown or
-// when forgotten); the result does not depend on the scan order.
+// scans the leased keys in table order (agents end all their leases only
+// on shutdown or when forgotten).
 func (c *core) endAgentLeases(num uint32) uint32 {
 	ag := c.byNum[num]
 	if ag == nil || ag.keysHeld == 0 {
 		return 0
 	}
 	var n uint32
-	for h, ki := range c.infos {
-		if i, ok := ki.leaseIdx(num); ok {
-			c.endLease(h, i)
+	e := &c.scr.e
+	t := &c.tab
+	for i := 0; i < t.size; i++ {
+		s := t.at(i)
+		if s.link == 0 {
+			continue
+		}
+		c.loadEntry(e, s.hash, s.link)
+		if li, ok := e.find(num); ok {
+			oldMin := e.minSec()
+			c.dropLease(e, li, s.hash)
+			c.storeEntry(s.hash, i, e, oldMin, false)
 			n++
 			if c.byNum[num].keysHeld == 0 {
 				break

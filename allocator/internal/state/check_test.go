@@ -1,7 +1,12 @@
 package state
 
 import (
+	"cmp"
+	"encoding/binary"
 	"fmt"
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // consistency checks every internal invariant of the state and returns the
@@ -40,9 +45,6 @@ func (s *State) consistency() error {
 			return fmt.Errorf("table: find(%016x) != %d", sl.hash, i)
 		}
 		refs[sl.lim]++
-		if (sl.flags&flagInfo != 0) != (c.infos[sl.hash] != nil) {
-			return fmt.Errorf("table: slot %d flag %d but info %v", i, sl.flags, c.infos[sl.hash] != nil)
-		}
 	}
 	if n != t.n {
 		return fmt.Errorf("table: %d occupied slots, n = %d", n, t.n)
@@ -60,41 +62,73 @@ func (s *State) consistency() error {
 		return fmt.Errorf("limits: %d indexed, %d used", len(c.lims.idx), len(refs))
 	}
 
-	// Leases: counters, sums, agents, expiry heap.
+	// Leased keys: entries, leases, counters, agents.
 	keys := make(map[uint32]uint32)
 	tokens := make(map[uint32]int64)
-	live := make(map[[2]uint64]lease)
+	type want struct {
+		minSec int64
+		queued uint8
+	}
+	wheelWant := make(map[uint32]want) // by link
+	tplRefs := make(map[uint32]uint32)
+	var blocks []block
 	var leases uint64
-	for h, k := range c.infos {
-		if len(k.leases) == 0 {
-			return fmt.Errorf("info %016x without leases", h)
+	var live int64
+	exts := 0
+	for i := 0; i < t.size; i++ {
+		sl := t.at(i)
+		if sl.link == 0 {
+			continue
 		}
-		if t.find(h) < 0 {
-			return fmt.Errorf("info %016x for an untracked key", h)
+		if sl.lim == 0 {
+			return fmt.Errorf("entry %#x in an empty slot %d", sl.link, i)
 		}
-		var need int64
-		for i, l := range k.leases {
-			if i > 0 && l.agent <= k.leases[i-1].agent {
-				return fmt.Errorf("info %016x: leases out of order", h)
+		var e entry
+		if !decodeEntry(c.ar.pages, &c.codec, sl.link, sl.hash, &e) {
+			return fmt.Errorf("key %016x: bad entry at %#x", sl.hash, sl.link)
+		}
+		if _, dup := wheelWant[sl.link]; dup {
+			return fmt.Errorf("key %016x: entry %#x shared", sl.hash, sl.link)
+		}
+		if int(e.tpl) >= len(c.tpls.strs) || c.tpls.refs[e.tpl] == 0 {
+			return fmt.Errorf("key %016x: bad template %d", sl.hash, e.tpl)
+		}
+		if key := c.keyOf(nil, &e); xxhash.Sum64(key) != sl.hash {
+			return fmt.Errorf("key %016x: stored key %q hashes differently", sl.hash, key)
+		}
+		if size := blockSize(entrySize(len(e.leases), e.tpl, len(e.value))); size != e.size {
+			return fmt.Errorf("key %016x: entry size %d, want %d", sl.hash, e.size, size)
+		}
+		tplRefs[e.tpl]++
+		live += int64(e.size)
+		blocks = append(blocks, block{sl.link, e.size, true})
+		wheelWant[sl.link] = want{e.minSec(), e.queued}
+		for j, l := range e.leases {
+			if j > 0 && l.agent <= e.leases[j-1].agent {
+				return fmt.Errorf("key %016x: leases out of order", sl.hash)
 			}
 			if l.held < 0 || l.need < 0 {
-				return fmt.Errorf("info %016x: negative lease %+v", h, l)
+				return fmt.Errorf("key %016x: negative lease %+v", sl.hash, l)
 			}
 			if c.byNum[l.agent] == nil {
-				return fmt.Errorf("info %016x: lease of unknown agent %d", h, l.agent)
+				return fmt.Errorf("key %016x: lease of unknown agent %d", sl.hash, l.agent)
 			}
-			need += l.need
+			if _, ok := c.codec.ext[extKey{sl.hash, l.agent}]; ok != l.ext {
+				return fmt.Errorf("key %016x: lease of agent %d escaped %v, in map %v", sl.hash, l.agent, l.ext, ok)
+			}
+			if l.ext {
+				exts++
+			}
 			keys[l.agent]++
 			tokens[l.agent] += l.held
-			live[[2]uint64{h, uint64(l.agent)}] = l
 			leases++
-		}
-		if need != k.sumNeed {
-			return fmt.Errorf("info %016x: sumNeed %d, Σ %d", h, k.sumNeed, need)
 		}
 	}
 	if leases != c.leases {
 		return fmt.Errorf("leases: counted %d, counter %d", leases, c.leases)
+	}
+	if exts != len(c.codec.ext) {
+		return fmt.Errorf("escaped leases: %d, map %d", exts, len(c.codec.ext))
 	}
 	if len(c.agents) != len(c.byNum) {
 		return fmt.Errorf("agents: %d by id, %d by number", len(c.agents), len(c.byNum))
@@ -107,18 +141,63 @@ func (s *State) consistency() error {
 			return fmt.Errorf("agent %q: keysHeld %d tokensHeld %d, leases say %d %d", id, a.keysHeld, a.tokensHeld, keys[a.num], tokens[a.num])
 		}
 	}
-	queued := make(map[[2]uint64]bool)
-	for _, e := range c.exp {
-		k := [2]uint64{e.hash, uint64(e.agent)}
-		if l, ok := live[k]; ok && l.seq == e.seq {
-			if e.expiry > l.expiry {
-				return fmt.Errorf("expiry heap: entry %d after lease expiry %d", e.expiry, l.expiry)
-			}
-			queued[k] = true
+
+	// Templates: references are the entries using them.
+	for id, s := range c.tpls.strs {
+		if c.tpls.refs[id] != tplRefs[uint32(id)] {
+			return fmt.Errorf("template %d %q: refs %d, entries %d", id, s, c.tpls.refs[id], tplRefs[uint32(id)])
+		}
+		if c.tpls.refs[id] > 0 && c.tpls.idx[s] != uint32(id) {
+			return fmt.Errorf("template %d %q not indexed", id, s)
 		}
 	}
-	if len(queued) != len(live) {
-		return fmt.Errorf("expiry heap: %d of %d leases queued", len(queued), len(live))
+
+	// Arena: live bytes, free lists, no two blocks overlapping.
+	if live != c.ar.live {
+		return fmt.Errorf("arena: live %d, entries %d", c.ar.live, live)
+	}
+	var free int64
+	for s2, l := range c.ar.free {
+		for ; l != 0; l = binary.LittleEndian.Uint32(c.ar.bytes(l, minBlock)[8:]) {
+			b := c.ar.bytes(l, minBlock)
+			if binary.LittleEndian.Uint64(b) != 0 || int(binary.LittleEndian.Uint32(b[12:])) != s2*2 {
+				return fmt.Errorf("arena: free block %#x of list %d is not marked free", l, s2*2)
+			}
+			free += int64(s2 * 2)
+			blocks = append(blocks, block{l, s2 * 2, false})
+		}
+	}
+	if free > c.ar.idle {
+		return fmt.Errorf("arena: free lists hold %d bytes, idle %d", free, c.ar.idle)
+	}
+	slices.SortFunc(blocks, func(a, b block) int { return cmp.Compare(a.link, b.link) })
+	for i := 1; i < len(blocks); i++ {
+		a, b := blocks[i-1], blocks[i]
+		if linkPage(a.link) == linkPage(b.link) && linkOff(a.link)+a.size > linkOff(b.link) {
+			return fmt.Errorf("arena: blocks %#x+%d and %#x overlap", a.link, a.size, b.link)
+		}
+	}
+
+	// Expiry wheel: every leased key has its current entry.
+	found := make(map[uint32]bool)
+	n = 0
+	c.wheel.each(func(s int64, l uint32) {
+		n++
+		if w, ok := wheelWant[l]; ok && w.queued == uint8(s) && s <= w.minSec {
+			found[l] = true
+		}
+	})
+	if n != c.wheel.n {
+		return fmt.Errorf("wheel: %d entries, counter %d", n, c.wheel.n)
+	}
+	if len(found) != len(wheelWant) {
+		return fmt.Errorf("expiry wheel: %d of %d leased keys queued", len(found), len(wheelWant))
 	}
 	return nil
+}
+
+type block struct {
+	link uint32
+	size int
+	live bool
 }

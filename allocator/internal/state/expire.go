@@ -1,7 +1,6 @@
 package state
 
 import (
-	"container/heap"
 	"sort"
 
 	"github.com/allot/allot/pkg/bucket"
@@ -12,28 +11,13 @@ import (
 // AgentTTL, and sweeps one segment of the key table for keys that carry no
 // information (full bucket, no lease).
 //
-// Cost: expired leases are popped from a heap (one entry per lease; a
-// renewed lease is re-queued when its old entry surfaces), agents are
-// scanned (thousands at most), and the sweep visits 1/SweepSegments of the
-// table, so an Expire does not touch every key.
+// Cost: the keys with a lease due are taken from the expiry wheel (one
+// entry per leased key; a renewed key is re-queued when its entry is
+// taken), agents are scanned (thousands at most), and the sweep visits
+// 1/SweepSegments of the table, so an Expire does not touch every key.
 func (c *core) applyExpire(now int64) {
 	c.now = now
-	for len(c.exp) > 0 && c.exp[0].expiry <= now {
-		e := heap.Pop(&c.exp).(expEnt)
-		ki := c.infos[e.hash]
-		if ki == nil {
-			continue
-		}
-		i, ok := ki.leaseIdx(e.agent)
-		if !ok || ki.leases[i].seq != e.seq {
-			continue // the lease ended or was re-queued
-		}
-		if exp := ki.leases[i].expiry; exp > now {
-			c.mutInfo(e.hash).leases[i].seq = c.pushExpiry(e.hash, e.agent, exp)
-			continue
-		}
-		c.endLease(e.hash, i)
-	}
+	c.wheel.takeDue(floorDiv(now, 1e9), func(s int64, link uint32) { c.expireEntry(s, link, now) })
 
 	var dead []*agentRec
 	for _, a := range c.agents {
@@ -49,6 +33,7 @@ func (c *core) applyExpire(now int64) {
 	}
 
 	c.sweep(now)
+	c.maybeCompact()
 }
 
 // sweep drops the full, lease-less keys of one hash-space segment and
@@ -82,7 +67,7 @@ func (c *core) sweep(now int64) {
 		if s.hash > hiLast {
 			break
 		}
-		if s.flags&flagInfo == 0 && idle(c.lims.get(s.lim), s.st, now) {
+		if s.link == 0 && idle(c.lims.get(s.lim), s.st, now) {
 			lim := s.lim
 			t.remove(c, i)
 			c.lims.unref(lim)

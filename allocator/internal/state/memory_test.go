@@ -30,10 +30,17 @@ func memKeys(t *testing.T) int {
 // leaseEvery-th key is leased (want 1); the others are charged 1 token, so
 // they are tracked (not full) without a lease. leaseEvery 0 leases none.
 func fillKeys(t testing.TB, s *State, n, leaseEvery int) {
+	fillKeysN(t, s, n, leaseEvery, 1)
+}
+
+// fillKeysN is fillKeys with perKey agents leasing each leased key: each
+// batch of 1000 keys is sent by perKey different agents in turn.
+func fillKeysN(t testing.TB, s *State, n, leaseEvery, perKey int) {
 	ids := map[string]uint64{}
 	keys := make([]*allotv1.KeyAcquire, 0, 1000)
 	for i := 0; i < n; {
 		keys = keys[:0]
+		first := i
 		for j := 0; j < 1000 && i < n; j, i = j+1, i+1 {
 			k := &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: fmt.Sprintf("user-%010d", i)}}}
 			if leaseEvery > 0 && i%leaseEvery == 0 {
@@ -43,11 +50,13 @@ func fillKeys(t testing.TB, s *State, n, leaseEvery int) {
 			}
 			keys = append(keys, k)
 		}
-		agent := fmt.Sprint("agent-", i/1000%10)
-		ids[agent]++
-		res := s.Apply(acquireCmd(at(0), &allotv1.AcquireRequest{AgentId: agent, RequestId: ids[agent], Keys: keys})).(*AcquireBatchResult)
-		if res.Errs[0] != nil {
-			t.Fatalf("fill: %v", res.Errs[0])
+		for a := range perKey {
+			agent := fmt.Sprint("agent-", (first/1000+a*3)%10)
+			ids[agent]++
+			res := s.Apply(acquireCmd(at(0), &allotv1.AcquireRequest{AgentId: agent, RequestId: ids[agent], Keys: keys})).(*AcquireBatchResult)
+			if res.Errs[0] != nil {
+				t.Fatalf("fill: %v", res.Errs[0])
+			}
 		}
 	}
 }
@@ -62,30 +71,41 @@ func heapInUse() uint64 {
 
 // TestMemoryPerKey measures the heap the state uses per tracked key
 // (runtime.MemStats.HeapAlloc after GC, minus the empty state's), with no
-// leases, with 10% of keys leased, and with every key leased. It asserts
-// ≤ 100 B/key for the first two; set ALLOT_MEMKEYS=5000000 for the 5M
-// figures.
+// leases, with 10% of keys leased, with every key leased (the long tail:
+// an agent that saw a key leases it) and with every key leased by two
+// agents. It asserts ≤ 100 B/key for the first three; set
+// ALLOT_MEMKEYS=5000000 for the 5M figures.
 func TestMemoryPerKey(t *testing.T) {
 	n := memKeys(t)
 	for _, tc := range []struct {
 		name       string
 		leaseEvery int
+		perKey     int
 		limit      float64 // 0: report only
 	}{
-		{"no leases", 0, 100},
-		{"10% leased", 10, 100},
-		{"all leased", 1, 0},
+		{"no leases", 0, 1, 100},
+		{"10% leased", 10, 1, 100},
+		{"all leased", 1, 1, 100},
+		{"all leased by 2 agents", 1, 2, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestState(t)
 			base := heapInUse()
-			fillKeys(t, s, n, tc.leaseEvery)
+			fillKeysN(t, s, n, tc.leaseEvery, tc.perKey)
 			used := heapInUse() - base
-			if st := s.Stats(); st.Keys != uint64(n) {
+			st := s.Stats()
+			if st.Keys != uint64(n) {
 				t.Fatalf("tracked %d keys, want %d", st.Keys, n)
 			}
+			if want := uint64(0); tc.leaseEvery > 0 {
+				want = uint64((n + tc.leaseEvery - 1) / tc.leaseEvery * tc.perKey)
+				if st.Leases != want {
+					t.Fatalf("%d leases, want %d", st.Leases, want)
+				}
+			}
 			per := float64(used) / float64(n)
-			t.Logf("%d keys, %s: %.1f B/key (table capacity %d, %d leases)", n, tc.name, per, s.st.tab.capa, s.Stats().Leases)
+			t.Logf("%d keys, %s: %.1f B/key (table capacity %d, %d leases, arena %d B live + %d B free)",
+				n, tc.name, per, s.st.tab.capa, st.Leases, s.st.ar.live, s.st.ar.idle)
 			if tc.limit > 0 && per > tc.limit {
 				t.Errorf("%.1f B/key, want ≤ %.0f", per, tc.limit)
 			}

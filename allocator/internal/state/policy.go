@@ -80,16 +80,18 @@ func fairShare(needs []needEnt, capacity int64, target uint32) int64 {
 
 // agentCap returns the most the agent may hold on the key after this call
 // and whether the key is contended (Σ needs > C).
-func (c *core) agentCap(ki *keyInfo, agent uint32, oldNeed, need, capacity int64) (int64, bool) {
+func (c *core) agentCap(leases []lease, agent uint32, need, capacity int64) (int64, bool) {
 	others := int64(0)
-	if ki != nil {
-		others = ki.sumNeed - oldNeed
+	for i := range leases {
+		if leases[i].agent != agent {
+			others += leases[i].need
+		}
 	}
 	if others+need <= capacity {
 		return need, false
 	}
 	needs := c.scr.needs[:0]
-	for _, l := range ki.leases {
+	for _, l := range leases {
 		if l.agent != agent {
 			needs = append(needs, needEnt{need: l.need, agent: l.agent})
 		}

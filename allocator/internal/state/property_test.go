@@ -184,12 +184,15 @@ func (s *State) leaseHeld(agent string, domain string, entries []rules.Entry) in
 	if a == nil || r == nil {
 		return 0
 	}
-	k := c.infos[rules.KeyHash(r, domain, entries)]
-	if k == nil {
+	h := rules.KeyHash(r, domain, entries)
+	i := c.tab.find(h)
+	if i < 0 || c.tab.at(i).link == 0 {
 		return 0
 	}
-	if i, ok := k.leaseIdx(a.num); ok {
-		return k.leases[i].held
+	var e entry
+	c.loadEntry(&e, h, c.tab.at(i).link)
+	if j, ok := e.find(a.num); ok {
+		return e.leases[j].held
 	}
 	return 0
 }

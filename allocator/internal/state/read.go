@@ -55,14 +55,23 @@ func (s *State) ListLeases(req *allotv1.ListLeasesRequest, nowNanos int64) (*all
 	}
 	resp := &allotv1.ListLeasesResponse{NowUnixMs: nowNanos / 1e6}
 	prefix := domainPrefix(req.Domain)
-	// emit appends k's matching leases after the token; it reports false
-	// when the page is full (and sets the next token).
-	emit := func(h uint64, k *keyInfo) bool {
-		if !strings.HasPrefix(k.key, prefix) {
+	var (
+		e  entry
+		kb []byte
+	)
+	// emit appends the matching leases of h's entry after the token; it
+	// reports false when the page is full (and sets the next token).
+	emit := func(h uint64, link uint32, wantKey string) bool {
+		if !decodeEntry(c.ar.pages, &c.codec, link, h, &e) || !strings.HasPrefix(c.tpls.strs[e.tpl], prefix) {
+			return true
+		}
+		kb = c.keyOf(kb[:0], &e)
+		if wantKey != "" && string(kb) != wantKey {
 			return true
 		}
 		var d keyDesc
-		for _, l := range k.leases {
+		for i := range e.leases {
+			l := &e.leases[i]
 			if agentNum != 0 && l.agent != agentNum {
 				continue
 			}
@@ -74,26 +83,26 @@ func (s *State) ListLeases(req *allotv1.ListLeasesRequest, nowNanos int64) (*all
 				return false
 			}
 			if d.key == "" {
-				d = c.describe(k.key)
+				d = c.describe(string(kb))
 			}
-			resp.Leases = append(resp.Leases, c.leaseMsg(k, &l, d, nowNanos))
+			resp.Leases = append(resp.Leases, c.leaseMsg(l, d, nowNanos))
 		}
 		return true
 	}
 	if req.Key != "" {
 		h := xxhash.Sum64String(req.Key)
-		if k := c.infos[h]; k != nil && k.key == req.Key && h >= fromHash {
-			emit(h, k)
+		if i := c.tab.find(h); i >= 0 && c.tab.at(i).link != 0 && h >= fromHash {
+			emit(h, c.tab.at(i).link, req.Key)
 		}
 		return resp, nil
 	}
 	t := &c.tab
 	for i := t.lowerBound(fromHash); i < t.size; i++ {
 		sl := t.at(i)
-		if sl.lim == 0 || sl.flags&flagInfo == 0 {
+		if sl.lim == 0 || sl.link == 0 {
 			continue
 		}
-		if k := c.infos[sl.hash]; k != nil && !emit(sl.hash, k) {
+		if !emit(sl.hash, sl.link, "") {
 			break
 		}
 	}
@@ -145,14 +154,14 @@ func (c *core) describe(key string) keyDesc {
 	return d
 }
 
-func (c *core) leaseMsg(k *keyInfo, l *lease, d keyDesc, now int64) *allotv1.Lease {
+func (c *core) leaseMsg(l *lease, d keyDesc, now int64) *allotv1.Lease {
 	m := &allotv1.Lease{
-		Key:           k.key,
+		Key:           d.key,
 		Domain:        d.domain,
 		Tokens:        l.held,
-		GrantedUnixMs: l.grantedAt / 1e6,
+		GrantedUnixMs: l.grantedAt,
 		ExpiresInMs:   max(0, (l.expiry-now)/1e6),
-		Demand:        l.demand,
+		Demand:        float64(l.demand),
 		Rule:          d.rule,
 	}
 	if a := c.byNum[l.agent]; a != nil {
@@ -220,12 +229,13 @@ func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*all
 	p := rule.Limit.Peek(st, nowNanos)
 	resp.Tokens = p.Remaining
 	resp.FullInMs = ms(p.ResetAfter)
-	if k := c.infos[h]; k != nil {
-		d := keyDesc{key: k.key, domain: domain, rule: rule.Name}
-		for i := range k.leases {
-			resp.Leases = append(resp.Leases, c.leaseMsg(k, &k.leases[i], d, nowNanos))
+	var e entry
+	if i := c.tab.find(h); i >= 0 && c.tab.at(i).link != 0 && decodeEntry(c.ar.pages, &c.codec, c.tab.at(i).link, h, &e) {
+		d := keyDesc{key: string(c.keyOf(nil, &e)), domain: domain, rule: rule.Name}
+		for i := range e.leases {
+			resp.Leases = append(resp.Leases, c.leaseMsg(&e.leases[i], d, nowNanos))
 		}
-		gr, dr := k.rates.valueAt(nowNanos)
+		gr, dr := e.ratesAt(nowNanos)
 		resp.GrantRate, resp.DenyRate = perSecond(gr), perSecond(dr)
 	}
 	return resp, nil
@@ -269,20 +279,43 @@ func (s *State) TopKeys(req *allotv1.TopKeysRequest, nowNanos int64) *allotv1.To
 	c := s.st
 	top := &topHeap{}
 	prefix := domainPrefix(req.Domain)
-	for h, k := range c.infos {
-		if !strings.HasPrefix(k.key, prefix) {
+	var (
+		e  entry
+		kb []byte
+	)
+	t := &c.tab
+	for i := 0; i < t.size; i++ {
+		sl := t.at(i)
+		if sl.link == 0 {
 			continue
 		}
-		e := topEnt{h: h, k: k}
-		e.grant, e.deny = k.rates.valueAt(nowNanos)
-		e.score = e.grant
-		if byDeny {
-			e.score = e.deny
+		b, ok := c.ar.head(sl.link)
+		if !ok {
+			continue
 		}
-		if top.Len() < limit {
-			heap.Push(top, e)
-		} else if top.better(e, (*top)[0]) {
-			(*top)[0] = e
+		n, _, _, ok := parseHeader(b, &e)
+		if !ok || !strings.HasPrefix(c.tpls.strs[e.tpl], prefix) {
+			continue
+		}
+		te := topEnt{idx: i, agents: uint32(n)}
+		te.grant, te.deny = e.ratesAt(nowNanos)
+		te.score = te.grant
+		if byDeny {
+			te.score = te.deny
+		}
+		full := top.Len() >= limit
+		if full && te.score < (*top)[0].score {
+			continue
+		}
+		kb = c.keyOf(kb[:0], &e)
+		if full && te.score == (*top)[0].score && string(kb) >= (*top)[0].key {
+			continue
+		}
+		te.key = string(kb)
+		if !full {
+			heap.Push(top, te)
+		} else {
+			(*top)[0] = te
 			heap.Fix(top, 0)
 		}
 	}
@@ -291,26 +324,24 @@ func (s *State) TopKeys(req *allotv1.TopKeysRequest, nowNanos int64) *allotv1.To
 		out[i] = heap.Pop(top).(topEnt)
 	}
 	resp := &allotv1.TopKeysResponse{NowUnixMs: nowNanos / 1e6}
-	for _, e := range out {
-		kr := &allotv1.KeyRate{
-			Key:       e.k.key,
-			GrantRate: perSecond(e.grant),
-			DenyRate:  perSecond(e.deny),
-			Agents:    uint32(len(e.k.leases)),
-			Rule:      c.describe(e.k.key).rule,
-		}
-		if i := c.tab.find(e.h); i >= 0 {
-			sl := c.tab.at(i)
-			kr.Tokens = c.lims.get(sl.lim).Peek(sl.st, nowNanos).Remaining
-		}
-		resp.Keys = append(resp.Keys, kr)
+	for _, te := range out {
+		sl := t.at(te.idx)
+		resp.Keys = append(resp.Keys, &allotv1.KeyRate{
+			Key:       te.key,
+			GrantRate: perSecond(te.grant),
+			DenyRate:  perSecond(te.deny),
+			Agents:    te.agents,
+			Rule:      c.describe(te.key).rule,
+			Tokens:    c.lims.get(sl.lim).Peek(sl.st, nowNanos).Remaining,
+		})
 	}
 	return resp
 }
 
 type topEnt struct {
-	h                  uint64
-	k                  *keyInfo
+	idx                int // slot
+	key                string
+	agents             uint32
 	score, grant, deny int64
 }
 
@@ -321,7 +352,7 @@ func (t topHeap) better(a, b topEnt) bool {
 	if a.score != b.score {
 		return a.score > b.score
 	}
-	return a.k.key < b.k.key
+	return a.key < b.key
 }
 func (t topHeap) Len() int           { return len(t) }
 func (t topHeap) Less(i, j int) bool { return t.better(t[j], t[i]) }

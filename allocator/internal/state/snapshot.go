@@ -3,7 +3,6 @@ package state
 import (
 	"bufio"
 	"bytes"
-	"container/heap"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -23,19 +24,22 @@ import (
 
 // Snapshot format (all integers little-endian; varints as encoding/binary):
 //
-//	header  "ALLOTSNP" uvarint(format version = 1)
+//	header  "ALLOTSNP" uvarint(format version = 2)
 //	body    scalars, rules, limits, members, agents, keys, leased keys
 //	trailer crc32c(header+body) uint32 · len(header+body) uint64 · "ALLOTEND"
 //
-// Records appear in a canonical order (keys and leased keys by hash, agents
-// and members by id, leases by agent number), so equal states give equal
-// bytes. Derived data (counters, the expiry heap, limit reference counts) is
-// not stored: Restore recomputes it and checks the stored data for
-// consistency.
+// A leased key is its hash, canonical key, base (Unix ms), packed grant and
+// deny rates, and its leases (agent, need, held, latest grant in Unix ms,
+// expiry in Unix ns, demand as float32 bits). Records appear in a canonical
+// order (keys and leased keys by hash, agents and members by id, leases by
+// agent number), so equal states give equal bytes. Derived data (counters,
+// the arena layout, the expiry wheel, limit reference counts) is not
+// stored: Restore recomputes it and checks the stored data for
+// consistency. Version 2 (compact leased keys) replaced version 1.
 const (
 	snapMagic     = "ALLOTSNP"
 	snapEnd       = "ALLOTEND"
-	snapVersion   = 1
+	snapVersion   = 2
 	snapTrailer   = 4 + 8 + len(snapEnd)
 	snapFlushSize = 64 << 10
 )
@@ -43,9 +47,10 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Snapshot is a point-in-time capture of a State, taken cheaply under the
-// lock: the key table's chunks and the leased-key and agent records are
+// lock: the key table's chunks, the arena's pages and the agent records are
 // shared copy-on-write with the live state, so capture copies pointers
-// only (one per 4096 keys, one per leased key and agent). Persist streams
+// only (one per 4096 keys, per 64 KiB of leased-key entries and per
+// agent). Persist streams
 // it; Release ends the sharing (call it when done, after Persist or
 // instead of it; safe to call twice). A Snapshot is used by one goroutine.
 type Snapshot interface {
@@ -66,7 +71,9 @@ type view struct {
 	lims              limits
 	chunks            []*chunk
 	tabN              int
-	infos             map[uint64]*keyInfo
+	pages             [][]byte
+	tpls              []string
+	codec             leaseCodec
 	agents            []*agentRec
 	members           []*allotv1.Member
 	nextAgent         uint32
@@ -74,9 +81,9 @@ type view struct {
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
-// leased keys + agents) pointer copies under the lock; the table itself is
-// not copied (mutations after the capture copy a 128 KiB chunk on first
-// write).
+// pages + agents) pointer copies under the lock; the table and the arena
+// are not copied (mutations after the capture copy a 128 KiB chunk or a
+// 64 KiB page on first write).
 func (s *State) Snapshot() (Snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -90,7 +97,9 @@ func (s *State) Snapshot() (Snapshot, error) {
 		lims:         c.lims.clone(),
 		chunks:       slices.Clone(c.tab.chunks),
 		tabN:         c.tab.n,
-		infos:        maps.Clone(c.infos),
+		pages:        slices.Clone(c.ar.pages),
+		tpls:         slices.Clone(c.tpls.strs),
+		codec:        leaseCodec{unit: c.codec.unit, ext: maps.Clone(c.codec.ext)},
 		nextAgent:    c.nextAgent,
 		sweepSeg:     c.sweepSeg,
 	}
@@ -193,27 +202,43 @@ func (sn *snapshot) Persist(w io.Writer) error {
 		}
 	}
 
-	hashes := make([]uint64, 0, len(v.infos))
-	for h := range v.infos {
-		hashes = append(hashes, h)
+	nLeased := 0
+	for _, ch := range v.chunks {
+		for k := range ch {
+			if ch[k].link != 0 {
+				nLeased++
+			}
+		}
 	}
-	slices.Sort(hashes)
-	e.uvarint(uint64(len(hashes)))
-	for _, h := range hashes {
-		k := v.infos[h]
-		e.fixed64(h)
-		e.str(k.key)
-		e.varint(k.rates.grant)
-		e.varint(k.rates.deny)
-		e.varint(k.rates.at)
-		e.uvarint(uint64(len(k.leases)))
-		for _, l := range k.leases {
-			e.uvarint(uint64(l.agent))
-			e.varint(l.need)
-			e.varint(l.held)
-			e.varint(l.grantedAt)
-			e.varint(l.expiry)
-			e.fixed64(math.Float64bits(l.demand))
+	e.uvarint(uint64(nLeased))
+	var (
+		ent entry
+		kb  []byte
+	)
+	for _, ch := range v.chunks {
+		for k := range ch {
+			s := &ch[k]
+			if s.link == 0 {
+				continue
+			}
+			if !decodeEntry(v.pages, &v.codec, s.link, s.hash, &ent) {
+				return fmt.Errorf("state: persist: key %016x: corrupt lease entry", s.hash)
+			}
+			kb = joinKey(kb[:0], v.tpls[ent.tpl], ent.value)
+			e.fixed64(s.hash)
+			e.bytes(kb)
+			e.varint(ent.base)
+			e.fixed32(packRate(ent.grant))
+			e.fixed32(packRate(ent.deny))
+			e.uvarint(uint64(len(ent.leases)))
+			for _, l := range ent.leases {
+				e.uvarint(uint64(l.agent))
+				e.varint(l.need)
+				e.varint(l.held)
+				e.varint(l.grantedAt)
+				e.varint(l.expiry)
+				e.fixed32(math.Float32bits(l.demand))
+			}
 		}
 	}
 	return e.finish()
@@ -249,6 +274,7 @@ func (e *enc) byte(b byte)      { e.buf = append(e.buf, b); e.grow() }
 func (e *enc) uvarint(x uint64) { e.buf = binary.AppendUvarint(e.buf, x); e.grow() }
 func (e *enc) varint(x int64)   { e.buf = binary.AppendVarint(e.buf, x); e.grow() }
 func (e *enc) fixed64(x uint64) { e.buf = binary.LittleEndian.AppendUint64(e.buf, x); e.grow() }
+func (e *enc) fixed32(x uint32) { e.buf = binary.LittleEndian.AppendUint32(e.buf, x); e.grow() }
 func (e *enc) str(s string)     { e.uvarint(uint64(len(s))); e.buf = append(e.buf, s...); e.grow() }
 func (e *enc) bytes(b []byte)   { e.uvarint(uint64(len(b))); e.raw(b) }
 func (e *enc) finish() error {
@@ -436,55 +462,85 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 
 	// Leased keys.
+	if err := c.restoreLeased(d); err != nil {
+		return nil, err
+	}
+	if len(d.b) != 0 {
+		return nil, corrupt("%d trailing bytes", len(d.b))
+	}
+	c.rebuildWheel()
+	return c, nil
+}
+
+// restoreLeased reads the leased keys into c's arena, checking that each is
+// a tracked key, that its hash is its key's, that its leases name known
+// agents in order, and that every number is in the canonical form the
+// arena stores it in (so the state re-persists to the same bytes).
+func (c *core) restoreLeased(d *dec) error {
 	ni := d.count("leased keys")
-	prev = 0
+	var (
+		prev  uint64
+		e     entry
+		given []lease
+	)
 	for i := 0; i < ni && d.err == nil; i++ {
 		h := d.fixed64()
-		k := &keyInfo{key: d.str(),
-			rates: rates{grant: d.varint(), deny: d.varint(), at: d.varint()}}
+		key := d.bytes()
+		base := d.varint()
+		grant, deny := d.fixed32(), d.fixed32()
 		n := d.count("leases")
 		if d.err != nil {
 			break
 		}
 		if (i > 0 && h <= prev) || n == 0 {
-			return nil, corrupt("leased keys out of order or empty")
+			return corrupt("leased keys out of order or empty")
 		}
 		prev = h
 		idx := c.tab.find(h)
 		if idx < 0 {
-			return nil, corrupt("leased key %016x is not tracked", h)
+			return corrupt("leased key %016x is not tracked", h)
 		}
-		c.tab.at(idx).flags |= flagInfo
+		if xxhash.Sum64(key) != h || base < 0 || base > baseMax ||
+			packRate(unpackRate(grant)) != grant || packRate(unpackRate(deny)) != deny {
+			return corrupt("leased key %016x: bad key, base or rates", h)
+		}
+		tpl, val, ok := splitKey(key, nil, nil)
+		if !ok || !bytes.Equal(joinKey(nil, string(tpl), val), key) {
+			return corrupt("leased key %016x: malformed key", h)
+		}
+		given = given[:0]
 		for j := 0; j < n && d.err == nil; j++ {
 			l := lease{agent: uint32(d.uvarintMax(math.MaxUint32, "lease agent")), need: d.varint(), held: d.varint(),
-				grantedAt: d.varint(), expiry: d.varint(), demand: math.Float64frombits(d.fixed64())}
+				grantedAt: d.varint(), expiry: d.varint(), demand: math.Float32frombits(d.fixed32())}
 			if d.err != nil {
 				break
 			}
-			a := c.byNum[l.agent]
-			if a == nil || (j > 0 && l.agent <= k.leases[j-1].agent) || l.need < 0 || l.held < 0 ||
-				math.IsNaN(l.demand) || l.demand < 0 {
-				return nil, corrupt("leased key %016x: bad lease", h)
+			if c.byNum[l.agent] == nil || (j > 0 && l.agent <= given[j-1].agent) || l.need < 0 || l.held < 0 ||
+				l.grantedAt < 0 || l.demand != l.demand || l.demand < 0 {
+				return corrupt("leased key %016x: bad lease", h)
 			}
-			a.keysHeld++
-			a.tokensHeld += l.held
-			k.sumNeed += l.need
-			c.leases++
-			l.seq = c.seq + 1
-			c.seq++
-			c.exp = append(c.exp, expEnt{expiry: l.expiry, hash: h, agent: l.agent, seq: l.seq})
-			k.leases = append(k.leases, l)
+			given = append(given, l)
 		}
-		c.infos[h] = k
+		if d.err != nil {
+			break
+		}
+		e = entry{base: base, grant: unpackRate(grant), deny: unpackRate(deny), value: val, leases: e.leases[:0]}
+		size := entrySize(n, math.MaxUint32, len(val))
+		if !c.ar.canAlloc(size) {
+			return corrupt("leased keys exceed the arena")
+		}
+		e.tpl = c.tpls.ref(tpl)
+		for _, l := range given {
+			c.addLease(&e, len(e.leases), l)
+		}
+		c.storeEntry(h, idx, &e, math.MaxInt64, false)
+		for j, l := range e.leases { // as stored
+			if l.expiry != given[j].expiry || l.grantedAt != given[j].grantedAt {
+				return corrupt("leased key %016x: lease times not in stored form", h)
+			}
+		}
 	}
-	if d.err != nil {
-		return nil, d.err
-	}
-	if len(d.b) != 0 {
-		return nil, corrupt("%d trailing bytes", len(d.b))
-	}
-	heap.Init(&c.exp)
-	return c, nil
+	return d.err
 }
 
 // placeNext places sl (larger than every key placed so far) at or after
@@ -586,6 +642,19 @@ func (d *dec) byte() byte {
 	}
 	v := d.b[0]
 	d.b = d.b[1:]
+	return v
+}
+
+func (d *dec) fixed32() uint32 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 4 {
+		d.fail("fixed32")
+		return 0
+	}
+	v := binary.LittleEndian.Uint32(d.b)
+	d.b = d.b[4:]
 	return v
 }
 

@@ -146,8 +146,12 @@ type core struct {
 
 	lims limits
 	tab  table
-	// infos holds the leased keys: key strings, leases, rates.
-	infos map[uint64]*keyInfo
+	// The leased keys' entries (rates, leases, key) live in the arena, named
+	// by their slots' links; tpls interns their key templates and codec
+	// holds the few escaped leases (entry.go).
+	ar    arena
+	tpls  templates
+	codec leaseCodec
 	// agents by id; byNum indexes the same records by their number.
 	agents    map[string]*agentRec
 	byNum     map[uint32]*agentRec
@@ -156,8 +160,7 @@ type core struct {
 	leases    uint64 // live lease count
 	sweepSeg  uint32 // next Expire sweep segment
 
-	exp expiryHeap // not persisted: rebuilt from the leases on Restore
-	seq uint32     // expiry heap entry sequence
+	wheel wheel // lease expiry index; not persisted: rebuilt on Restore
 
 	// gen is the copy-on-write generation: records and chunks stamped with
 	// an older generation are shared with a live snapshot.
@@ -173,6 +176,9 @@ type scratch struct {
 	matched []*rules.Rule
 	key     []byte
 	needs   []needEnt
+	e       entry
+	tpl     []byte
+	val     []byte
 }
 
 // New returns an empty State. Zero fields of cfg take their defaults; an
@@ -199,7 +205,7 @@ func clampConfig(c Config) Config {
 func newCore(cfg Config) *core {
 	c := &core{
 		cfg:       cfg,
-		infos:     make(map[uint64]*keyInfo),
+		codec:     leaseCodec{unit: expUnitFor(cfg)},
 		agents:    make(map[string]*agentRec),
 		byNum:     make(map[uint32]*agentRec),
 		members:   make(map[string]*allotv1.Member),
@@ -207,6 +213,9 @@ func newCore(cfg Config) *core {
 	}
 	c.lims.init()
 	c.tab.init(minTableCap)
+	c.ar.init()
+	c.tpls.init()
+	c.wheel.init()
 	return c
 }
 

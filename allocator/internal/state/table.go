@@ -1,12 +1,15 @@
 package state
 
 import (
+	"math/bits"
+
 	"github.com/allot/allot/pkg/bucket"
 )
 
 // The key table is an ordered open-addressing hash table (Amble and Knuth's
-// "ordered hash table" with linear probing): a slot's home is the top bits
-// of the key hash, and every cluster is kept sorted by hash. Two properties
+// "ordered hash table" with linear probing): a slot's home is
+// ⌊hash·capacity/2⁶⁴⌋ (monotone in the hash, so the capacity need not be a
+// power of two), and every cluster is kept sorted by hash. Two properties
 // follow that the state relies on:
 //
 //   - the layout depends only on the set of keys, not on insertion order, so
@@ -15,8 +18,12 @@ import (
 //     one segment of the hash space cheaply.
 //
 // There is no wrap-around: the array has a tail chunk of slack after the
-// power-of-two capacity, and an insertion that would run past the end grows
-// the table. Slots are stored in fixed-size chunks so that a snapshot shares
+// capacity, and an insertion that would run past the end grows the table.
+//
+// Memory is 32 bytes per slot divided by the load, so the table runs full:
+// it grows when the load would pass 15/16 and is then resized to a load of
+// 5/6, a multiple of the chunk size (an ordered table keeps lookups short
+// at such loads: a search stops at the first larger hash). Slots are stored in fixed-size chunks so that a snapshot shares
 // them and a write after a snapshot copies one 128 KiB chunk at most
 // (copy-on-write by generation).
 
@@ -25,37 +32,43 @@ const (
 	chunkSize   = 1 << chunkBits // slots per chunk
 	chunkMask   = chunkSize - 1
 	minTableCap = chunkSize
-	// maxLoadNum/maxLoadDen: grow when n > cap·0.8.
-	maxLoadNum = 4
-	maxLoadDen = 5
+	// maxLoadNum/maxLoadDen: grow when n > cap·15/16.
+	maxLoadNum = 15
+	maxLoadDen = 16
+	// fitLoadNum/fitLoadDen: the load a resized table starts at (5/6).
+	fitLoadNum = 5
+	fitLoadDen = 6
 )
 
 // slot is one tracked key: 32 bytes.
 type slot struct {
-	hash  uint64
-	st    bucket.State
-	lim   uint32 // interned limit index (≥ 1); 0 marks an empty slot
-	flags uint32
+	hash uint64
+	st   bucket.State
+	lim  uint32 // interned limit index (≥ 1); 0 marks an empty slot
+	link uint32 // the key's leased-key entry in the arena; 0: no live lease
 }
-
-// flagInfo: the key has an entry in core.infos (live leases).
-const flagInfo = 1
 
 type chunk [chunkSize]slot
 
 type table struct {
 	chunks []*chunk
 	gens   []uint32 // generation each chunk was made private at
-	shift  uint     // home(h) = h >> shift
-	capa   int      // power of two
+	capa   int      // a multiple of chunkSize; home(h) = ⌊h·capa/2⁶⁴⌋
 	size   int      // capa + chunkSize (tail slack)
 	n      int      // occupied slots
+}
+
+// fitCap returns the capacity for n keys at the resize load (at least
+// minTableCap, a multiple of chunkSize).
+func fitCap(n int) int {
+	c := (n*fitLoadDen + fitLoadNum - 1) / fitLoadNum
+	c = (c + chunkMask) &^ chunkMask
+	return max(c, minTableCap)
 }
 
 func (t *table) init(capa int) {
 	t.capa = capa
 	t.size = capa + chunkSize
-	t.shift = uint(64 - log2(capa))
 	t.chunks = make([]*chunk, t.size/chunkSize)
 	t.gens = make([]uint32, len(t.chunks))
 	for i := range t.chunks {
@@ -72,7 +85,10 @@ func log2(n int) int {
 	return l
 }
 
-func (t *table) home(h uint64) int { return int(h >> t.shift) }
+func (t *table) home(h uint64) int {
+	hi, _ := bits.Mul64(h, uint64(t.capa))
+	return int(hi)
+}
 
 // at returns slot i for reading.
 func (t *table) at(i int) *slot { return &t.chunks[i>>chunkBits][i&chunkMask] }
@@ -141,13 +157,26 @@ func (t *table) insert(c *core, h uint64, lim uint32) int {
 			t.grow(c)
 			continue
 		}
-		// Shift [i, j) right by one, from the back.
-		for k := j; k > i; k-- {
-			*t.mut(c, k) = *t.at(k - 1)
-		}
+		t.shiftRight(c, i, j)
 		*t.mut(c, i) = slot{hash: h, lim: lim}
 		t.n++
 		return i
+	}
+}
+
+// shiftRight moves slots [i, j) to [i+1, j+1), a chunk's run at a time.
+func (t *table) shiftRight(c *core, i, j int) {
+	for j > i {
+		base := j &^ chunkMask // first index of j's chunk
+		t.mut(c, j)            // make j's chunk private
+		ch := t.chunks[j>>chunkBits]
+		lo := max(i, base) // sources [lo, j) stay in the chunk
+		copy(ch[lo-base+1:j-base+1], ch[lo-base:j-base])
+		if lo == i {
+			return
+		}
+		ch[0] = *t.at(base - 1) // the previous chunk's last slot
+		j = base - 1
 	}
 }
 
@@ -166,10 +195,11 @@ func (t *table) remove(c *core, i int) {
 	t.n--
 }
 
-// grow doubles the capacity and re-places every slot in order.
+// grow resizes the table to the resize load for one more key than it holds
+// (at least one chunk more) and re-places every slot in order.
 func (t *table) grow(c *core) {
 	old := *t
-	t.init(old.capa * 2)
+	t.init(max(fitCap(old.n+1), old.capa+chunkSize))
 	t.fill(c, &old)
 }
 
@@ -192,25 +222,21 @@ func (t *table) fill(c *core, old *table) {
 		if ok {
 			break
 		}
-		t.init(t.capa * 2) // pathological clustering at the tail
+		t.init(t.capa + t.capa/2) // pathological clustering at the tail
 	}
 	for i := range t.gens {
 		t.gens[i] = c.gen
 	}
 }
 
-// maybeShrink halves the table when it is very sparse, to return memory
-// after a burst of keys has been swept.
+// maybeShrink resizes the table to the resize load when it is below half
+// that load, to return memory after a burst of keys has been swept.
 func (t *table) maybeShrink(c *core) {
-	if t.capa <= minTableCap || t.n*8 > t.capa {
+	if t.capa <= minTableCap || t.n*fitLoadDen*2 > t.capa*fitLoadNum {
 		return
 	}
 	old := *t
-	capa := t.capa
-	for capa > minTableCap && t.n*4 <= capa/2 {
-		capa /= 2
-	}
-	t.init(capa)
+	t.init(fitCap(t.n))
 	t.fill(c, &old)
 }
 

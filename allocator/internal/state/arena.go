@@ -1,0 +1,203 @@
+package state
+
+// The arena stores the leased keys' entries (entry.go) as byte blocks in
+// 64 KiB pages, so that a leased key costs no Go object, no string header
+// and no pointer for the garbage collector to trace. A block is named by a
+// uint32 link, page<<15 | offset/2 (blocks are 2-byte aligned), so 8 GiB
+// of entries can be addressed; page 0 is never used, so link 0 names no
+// block. A block larger
+// than arenaLarge gets a page of its own (its link has offset 0).
+//
+// Freed blocks go on exact-size free lists and are reused first; a page
+// tail too short for the next block goes on its free list too. When more
+// than half of the arena is free (after many keys ended their leases), the
+// core compacts it: every live entry is copied, in table order, into fresh
+// pages (core.compact).
+//
+// A free block starts with eight zero bytes, which no entry does (an entry
+// always has at least one lease, encoded in its first word), followed by
+// the next free link and the block size.
+//
+// Pages are shared copy-on-write with snapshots, like the table's chunks:
+// a page whose generation is older than the core's is copied before its
+// first write.
+
+import (
+	"encoding/binary"
+)
+
+const (
+	arenaPageBits = 16
+	arenaPageSize = 1 << arenaPageBits
+	arenaOffBits  = arenaPageBits - 1 // offsets in 2-byte units
+	arenaOffMask  = 1<<arenaOffBits - 1
+	arenaMaxPages = 1 << (32 - arenaOffBits) // 8 GiB of pages
+	arenaLarge    = arenaPageSize / 4        // larger blocks get their own page
+	minBlock      = 16                       // a free block's marker, link and size
+)
+
+type arena struct {
+	pages [][]byte // nil: a released large page (its index is on freePages)
+	gens  []uint32 // generation each page was made private at
+	// free[s/2] is the first free block of s bytes (0: none).
+	free      []uint32
+	freePages []uint32 // released page indices, reused first
+	cur       int      // page being filled, -1 when none
+	off       int      // next free byte of cur
+	live      int64    // bytes in live blocks
+	idle      int64    // bytes in free blocks and lost page tails
+}
+
+func (a *arena) init() {
+	// Page 0 is never allocated, so that link 0 names no block.
+	*a = arena{pages: [][]byte{nil}, gens: []uint32{0}, free: make([]uint32, arenaLarge/2+1), cur: -1}
+}
+
+// blockSize rounds an entry's size up to the arena's 2-byte alignment.
+func blockSize(n int) int { return max(n+n&1, minBlock) }
+
+func mkLink(page, off int) uint32 { return uint32(page)<<arenaOffBits | uint32(off/2) }
+
+func linkPage(l uint32) int { return int(l >> arenaOffBits) }
+func linkOff(l uint32) int  { return int(l&arenaOffMask) * 2 }
+
+// bytes returns the block at l (size bytes) for reading. The caller knows
+// the link is live.
+func (a *arena) bytes(l uint32, size int) []byte {
+	p, off := linkPage(l), linkOff(l)
+	return a.pages[p][off : off+size : off+size]
+}
+
+// head returns the first bytes of the block at l if l names a block start
+// that may be live (for links that may be stale: the wheel's). It reports
+// false for a released page or a free block.
+func (a *arena) head(l uint32) ([]byte, bool) {
+	return arenaHead(a.pages, l)
+}
+
+func arenaHead(pages [][]byte, l uint32) ([]byte, bool) {
+	p, off := linkPage(l), linkOff(l)
+	if p >= len(pages) || pages[p] == nil || off+minBlock > len(pages[p]) {
+		return nil, false
+	}
+	b := pages[p][off:]
+	if binary.LittleEndian.Uint64(b) == 0 {
+		return nil, false // a free block
+	}
+	return b, true
+}
+
+// mut returns the block at l for writing, copying its page first if a
+// snapshot shares it.
+func (a *arena) mut(c *core, l uint32, size int) []byte {
+	p, off := linkPage(l), linkOff(l)
+	if c.cow && a.gens[p] != c.gen {
+		a.pages[p] = append(make([]byte, 0, len(a.pages[p])), a.pages[p]...)
+		a.gens[p] = c.gen
+	}
+	return a.pages[p][off : off+size : off+size]
+}
+
+// canAlloc reports whether alloc(size) will succeed.
+func (a *arena) canAlloc(size int) bool {
+	size = blockSize(size)
+	if len(a.freePages) > 0 || len(a.pages) < arenaMaxPages {
+		return true
+	}
+	if size > arenaLarge {
+		return false
+	}
+	return a.free[size/2] != 0 || (a.cur >= 0 && a.off+size <= arenaPageSize)
+}
+
+// newPage returns a page index for a page of n bytes.
+func (a *arena) newPage(c *core, n int) int {
+	pg := make([]byte, n)
+	if k := len(a.freePages); k > 0 {
+		p := int(a.freePages[k-1])
+		a.freePages = a.freePages[:k-1]
+		a.pages[p], a.gens[p] = pg, c.gen
+		return p
+	}
+	a.pages = append(a.pages, pg)
+	a.gens = append(a.gens, c.gen)
+	return len(a.pages) - 1
+}
+
+// alloc returns a block of size bytes (rounded by blockSize; its content
+// is undefined). Call canAlloc first: alloc panics when the arena is full.
+func (a *arena) alloc(c *core, size int) uint32 {
+	size = blockSize(size)
+	if !a.canAlloc(size) {
+		panic("state: lease arena full") // callers check canAlloc
+	}
+	a.live += int64(size)
+	if size > arenaLarge {
+		return mkLink(a.newPage(c, size), 0)
+	}
+	if l := a.free[size/2]; l != 0 {
+		b := a.bytes(l, size)
+		a.free[size/2] = binary.LittleEndian.Uint32(b[8:])
+		a.idle -= int64(size)
+		return l
+	}
+	if a.cur < 0 || a.off+size > arenaPageSize {
+		if a.cur >= 0 {
+			a.retireTail(c)
+		}
+		a.cur, a.off = a.newPage(c, arenaPageSize), 0
+	}
+	l := mkLink(a.cur, a.off)
+	a.off += size
+	return l
+}
+
+// retireTail puts the unused end of the current page on a free list.
+func (a *arena) retireTail(c *core) {
+	n := arenaPageSize - a.off
+	a.idle += int64(n)
+	if n >= minBlock {
+		a.pushFree(c, mkLink(a.cur, a.off), n)
+	}
+	a.off = arenaPageSize
+}
+
+// release frees the block at l of size bytes.
+func (a *arena) release(c *core, l uint32, size int) {
+	size = blockSize(size)
+	a.live -= int64(size)
+	if linkOff(l) == 0 && len(a.pages[linkPage(l)]) == size && size > arenaLarge {
+		p := linkPage(l)
+		a.pages[p] = nil
+		a.freePages = append(a.freePages, uint32(p))
+		return
+	}
+	a.idle += int64(size)
+	a.pushFree(c, l, size)
+}
+
+func (a *arena) pushFree(c *core, l uint32, size int) {
+	b := a.mut(c, l, size)
+	binary.LittleEndian.PutUint64(b, 0)
+	binary.LittleEndian.PutUint32(b[8:], a.free[size/2])
+	binary.LittleEndian.PutUint32(b[12:], uint32(size))
+	a.free[size/2] = l
+}
+
+// split frees the tail of the block at l beyond its first keep bytes (the
+// entry at l shrank in place); keep and size are block sizes and the tail
+// is at least minBlock bytes. A block with a page of its own is not split.
+func (a *arena) split(c *core, l uint32, size, keep int) {
+	a.live -= int64(size - keep)
+	a.idle += int64(size - keep)
+	a.pushFree(c, l+uint32(keep/2), size-keep)
+}
+
+// sizeBytes is the memory the arena's pages hold.
+func (a *arena) sizeBytes() int64 {
+	var n int64
+	for _, p := range a.pages {
+		n += int64(len(p))
+	}
+	return n
+}

@@ -1,0 +1,462 @@
+package state
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"math/bits"
+	"slices"
+)
+
+// A leased key (a key with at least one live lease) has an entry in the
+// arena, named by its slot's link. The entry holds everything the state
+// keeps about the key beyond its slot: its recent grant and deny rates, its
+// leases and its canonical key. For a key of ~24 bytes with one lease it is
+// 54 bytes:
+//
+//	word   uint64  base (bits 0-41) | queued (42-49) | n (50-56) | template (57-63)
+//	grant  uint32  packed rate (packRate), milli-tokens per second at base
+//	deny   uint32  packed rate, milli-requests per second at base
+//	[n]    uvarint when n ≥ 127 (n field = 127)
+//	[tpl]  uvarint when the template id ≥ 127 (template field = 127)
+//	vlen   uvarint, then the key's values (below)
+//	leases n × 24 bytes, sorted by agent number
+//
+// base is the Unix millisecond of the key's last Acquire or Release that
+// kept it leased: the rates' timestamp and the origin of the leases' times.
+// queued is the low byte of the second the key's expiry wheel entry is in
+// (wheel.go).
+//
+// The key is stored as an interned template and its values: the canonical
+// key "domain:k1=v1,k2=v2" becomes the template "domain:k1=,k2=" and the
+// values "v1,v2" (canonical escaping leaves no raw ',' or '=' in a value),
+// so the domain and the descriptor keys, shared by every key of a rule, are
+// stored once.
+//
+// A lease is 22 bytes:
+//
+//	agent  uint32  agent number
+//	held   uint32  tokens held; leaseEscaped: the lease's numbers are in core.ext
+//	need   uint32  tokens per refresh interval it may hold
+//	demand float32 reported demand, tokens per second (for the admin API)
+//	expiry int24   in units of core.codec.unit (1 ms by default) after base,
+//	               rounded up (a lease never ends early)
+//	grant  uint24  the latest grant, before base: milliseconds below 2²³,
+//	               else 2²³ + seconds; noGrant: none
+//
+// A lease whose held or need do not fit in 32 bits, whose expiry is too far
+// after base or whose latest grant is too far before it (97 days) is
+// escaped: its exact numbers are in the small map core.codec.ext. An expiry
+// more than 2²³ units before base is recorded as exactly 2²³ units before
+// it: such a lease is already due, and it ends at the next Expire either
+// way.
+
+const (
+	entryFixed   = 16
+	leaseBytes   = 22
+	baseBits     = 42
+	baseMax      = 1<<baseBits - 1 // year 2109
+	fieldEsc     = 127             // the n or template field is a uvarint that follows
+	leaseEscaped = math.MaxUint32  // held: the lease's numbers are in core.ext
+	expMax       = 1<<23 - 1       // expiry offsets are in [-2²³, 2²³)
+	grantSecs    = 1 << 23         // grant ≥ grantSecs: seconds
+	noGrant      = 1<<24 - 1       // grant: no grant yet
+)
+
+// lease is one agent's lease on a key, decoded.
+type lease struct {
+	agent     uint32
+	need      int64 // tokens per refresh interval the agent asked to hold (fair share input)
+	held      int64 // tokens the state records the agent as holding
+	grantedAt int64 // Unix ms of the latest grant; 0: none
+	expiry    int64 // Unix ns
+	demand    float32
+	ext       bool // its numbers are in core.ext
+}
+
+// extKey names an escaped lease.
+type extKey struct {
+	hash  uint64
+	agent uint32
+}
+
+// extLease holds an escaped lease's numbers.
+type extLease struct {
+	need, held, grantedAt, expiry int64
+}
+
+// entry is a leased key's entry, decoded.
+type entry struct {
+	link uint32 // its block (0: not stored yet)
+	size int    // its block size (0: not stored yet)
+
+	base        int64 // Unix ms; see above
+	grant, deny int64 // rates in milli-units per second as of base
+	queued      uint8
+	tpl         uint32
+	value       []byte // the key's values; aliases the arena: read only
+	leases      []lease
+}
+
+// entrySize returns the encoded size of an entry (before alignment).
+func entrySize(n int, tpl uint32, vlen int) int {
+	s := entryFixed + uvarintLen(uint64(vlen)) + vlen + n*leaseBytes
+	if n >= fieldEsc {
+		s += uvarintLen(uint64(n))
+	}
+	if tpl >= fieldEsc {
+		s += uvarintLen(uint64(tpl))
+	}
+	return s
+}
+
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
+
+// parseHeader decodes an entry's header from b (which may extend past the
+// entry) and returns the entry's n, the offset of its leases and its
+// encoded size. It reports false if b is not a well-formed entry.
+func parseHeader(b []byte, e *entry) (n, leasesAt, size int, ok bool) {
+	if len(b) < entryFixed {
+		return 0, 0, 0, false
+	}
+	w := binary.LittleEndian.Uint64(b)
+	e.base = int64(w & baseMax)
+	e.queued = uint8(w >> baseBits)
+	n = int(w >> 50 & 127)
+	e.tpl = uint32(w >> 57)
+	e.grant = unpackRate(binary.LittleEndian.Uint32(b[8:]))
+	e.deny = unpackRate(binary.LittleEndian.Uint32(b[12:]))
+	p := entryFixed
+	if n == fieldEsc {
+		v, k := binary.Uvarint(b[p:])
+		if k <= 0 || v < fieldEsc || v > math.MaxInt32 {
+			return 0, 0, 0, false
+		}
+		n, p = int(v), p+k
+	}
+	if n == 0 {
+		return 0, 0, 0, false
+	}
+	if e.tpl == fieldEsc {
+		v, k := binary.Uvarint(b[p:])
+		if k <= 0 || v < fieldEsc || v > math.MaxUint32 {
+			return 0, 0, 0, false
+		}
+		e.tpl, p = uint32(v), p+k
+	}
+	vlen, k := binary.Uvarint(b[p:])
+	if k <= 0 || vlen > uint64(len(b)) {
+		return 0, 0, 0, false
+	}
+	p += k
+	if p+int(vlen)+n*leaseBytes > len(b) {
+		return 0, 0, 0, false
+	}
+	e.value = b[p : p+int(vlen) : p+int(vlen)]
+	p += int(vlen)
+	return n, p, p + n*leaseBytes, true
+}
+
+// leaseCodec holds what encoding and decoding leases need: the expiry unit
+// and the escaped leases.
+type leaseCodec struct {
+	unit int64 // ns per expiry unit (a multiple of 1 ms)
+	ext  map[extKey]extLease
+}
+
+// expUnitFor returns the expiry unit for a configuration: 1 ms, or coarser
+// so that MaxLeaseTTL (plus slack) fits in 2²³ units.
+func expUnitFor(cfg Config) int64 {
+	span := int64(cfg.MaxLeaseTTL) + 1e9 // a lease expires at most MaxLeaseTTL after base
+	u := (span + expMax - 1) / expMax
+	u = (u + 999_999) / 1e6 * 1e6
+	return max(u, 1e6)
+}
+
+func getU24(b []byte) uint32    { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 }
+func putU24(b []byte, v uint32) { b[0], b[1], b[2] = byte(v), byte(v>>8), byte(v>>16) }
+
+// getI24 sign-extends a 24-bit value.
+func getI24(b []byte) int64 { return int64(int32(getU24(b)<<8) >> 8) }
+
+// decodeLeases decodes n leases of key h from b.
+func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, n int, h uint64, base int64) []lease {
+	origin := floorDiv(base*1e6, lc.unit) // base, in units
+	for i := range n {
+		r := b[i*leaseBytes:]
+		l := lease{
+			agent:  binary.LittleEndian.Uint32(r),
+			demand: math.Float32frombits(binary.LittleEndian.Uint32(r[12:])),
+		}
+		if held := binary.LittleEndian.Uint32(r[4:]); held == leaseEscaped {
+			x := lc.ext[extKey{h, l.agent}]
+			l.need, l.held, l.grantedAt, l.expiry, l.ext = x.need, x.held, x.grantedAt, x.expiry, true
+		} else {
+			l.held = int64(held)
+			l.need = int64(binary.LittleEndian.Uint32(r[8:]))
+			l.expiry = (origin + getI24(r[16:])) * lc.unit
+			switch g := getU24(r[19:]); {
+			case g == noGrant:
+			case g >= grantSecs:
+				l.grantedAt = (base/1000 - int64(g-grantSecs)) * 1000
+			default:
+				l.grantedAt = base - int64(g)
+			}
+		}
+		dst = append(dst, l)
+	}
+	return dst
+}
+
+// encodeLease writes l (of key h) at b, escaping it if needed, and sets
+// l's expiry and latest grant to what they decode to: the expiry rounded up
+// to a multiple of the unit (or, if long past, moved to 2²³ units before
+// base), a grant older than 2²³ ms rounded down to the second. Both are
+// rounded in absolute time, so re-encoding at a later base changes
+// nothing.
+func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
+	binary.LittleEndian.PutUint32(b, l.agent)
+	binary.LittleEndian.PutUint32(b[12:], math.Float32bits(l.demand))
+	origin := floorDiv(base*1e6, lc.unit)
+	off := floorDiv(l.expiry, lc.unit) - origin
+	if off*lc.unit+origin*lc.unit < l.expiry {
+		off++
+	}
+	off = max(off, -(expMax + 1)) // long past: still due
+	g, gAt := int64(noGrant), int64(0)
+	if l.grantedAt != 0 {
+		switch dg, ds := base-l.grantedAt, base/1000-l.grantedAt/1000; {
+		case dg >= 0 && dg < grantSecs:
+			g, gAt = dg, l.grantedAt
+		case dg >= 0 && ds < noGrant-grantSecs:
+			g, gAt = grantSecs+ds, l.grantedAt/1000*1000
+		default:
+			g = -1
+		}
+	}
+	fits := l.held < leaseEscaped && l.need <= math.MaxUint32 && off <= expMax && g >= 0
+	k := extKey{h, l.agent}
+	if !fits {
+		if lc.ext == nil {
+			lc.ext = make(map[extKey]extLease)
+		}
+		lc.ext[k] = extLease{need: l.need, held: l.held, grantedAt: l.grantedAt, expiry: l.expiry}
+		l.ext = true
+		binary.LittleEndian.PutUint32(b[4:], leaseEscaped)
+		clear(b[8:12])
+		clear(b[16:22])
+		return
+	}
+	if l.ext {
+		delete(lc.ext, k)
+		l.ext = false
+	}
+	l.expiry, l.grantedAt = (origin+off)*lc.unit, gAt
+	binary.LittleEndian.PutUint32(b[4:], uint32(l.held))
+	binary.LittleEndian.PutUint32(b[8:], uint32(l.need))
+	putU24(b[16:], uint32(off)&(1<<24-1))
+	putU24(b[19:], uint32(g))
+}
+
+// encode writes e (of key h) into b (entrySize bytes), updating e.leases'
+// expiries and escape flags to what they decode to.
+func (lc *leaseCodec) encode(b []byte, e *entry, h uint64) {
+	n := len(e.leases)
+	nf, tf := uint64(min(n, fieldEsc)), uint64(min(e.tpl, fieldEsc))
+	w := uint64(e.base) | uint64(e.queued)<<baseBits | nf<<50 | tf<<57
+	binary.LittleEndian.PutUint64(b, w)
+	binary.LittleEndian.PutUint32(b[8:], packRate(e.grant))
+	binary.LittleEndian.PutUint32(b[12:], packRate(e.deny))
+	p := entryFixed
+	if n >= fieldEsc {
+		p += binary.PutUvarint(b[p:], uint64(n))
+	}
+	if e.tpl >= fieldEsc {
+		p += binary.PutUvarint(b[p:], uint64(e.tpl))
+	}
+	p += binary.PutUvarint(b[p:], uint64(len(e.value)))
+	p += copy(b[p:], e.value)
+	for i := range e.leases {
+		lc.encodeLease(b[p:], &e.leases[i], h, e.base)
+		p += leaseBytes
+	}
+	clear(b[p:])
+}
+
+// clampBase returns the base (Unix ms) for a command at now (Unix ns ≥ 0).
+func clampBase(now int64) int64 { return min(max(now/1e6, 0), baseMax) }
+
+// minSec returns the second of the earliest lease expiry (math.MaxInt64
+// with no lease).
+func (e *entry) minSec() int64 {
+	m := int64(math.MaxInt64)
+	for i := range e.leases {
+		m = min(m, e.leases[i].expiry)
+	}
+	if m == math.MaxInt64 {
+		return m
+	}
+	return floorDiv(m, 1e9)
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// find returns the position of agent's lease (leases are sorted by agent
+// number) and whether it exists.
+func (e *entry) find(agent uint32) (int, bool) {
+	return slices.BinarySearchFunc(e.leases, agent, func(l lease, a uint32) int {
+		switch {
+		case l.agent < a:
+			return -1
+		case l.agent > a:
+			return 1
+		}
+		return 0
+	})
+}
+
+// rates at now, decayed from base.
+func (e *entry) ratesAt(now int64) (grant, deny int64) {
+	at := e.base * 1e6
+	return decayRate(e.grant, at, now), decayRate(e.deny, at, now)
+}
+
+// addRates records granted tokens and denied requests at now (the caller
+// then moves base to now).
+func (e *entry) addRates(now, granted, denied int64) {
+	if granted <= 0 && denied <= 0 && e.grant == 0 && e.deny == 0 {
+		return
+	}
+	e.grant, e.deny = e.ratesAt(now)
+	e.grant = bump(e.grant, granted)
+	e.deny = bump(e.deny, denied)
+}
+
+// Packed rates: a uint32 with a 5-bit exponent and a 27-bit mantissa, so
+// v = m for m < 2²⁷ and v = m·2^e otherwise (m in [2²⁶, 2²⁷)), truncated;
+// relative precision 2⁻²⁶, saturating near 2⁵⁸ milli-units per second.
+const (
+	rateMantBits = 27
+	rateMax      = (1<<rateMantBits - 1) << 31
+)
+
+func packRate(v int64) uint32 {
+	if v <= 0 {
+		return 0
+	}
+	if v < 1<<rateMantBits {
+		return uint32(v)
+	}
+	if v >= rateMax {
+		return math.MaxUint32
+	}
+	e := bits.Len64(uint64(v)) - rateMantBits // 1..31
+	m := uint64(v) >> e                       // in [2²⁶, 2²⁷)
+	return uint32(e)<<rateMantBits | uint32(m-1<<(rateMantBits-1))
+}
+
+func unpackRate(u uint32) int64 {
+	e := u >> rateMantBits
+	m := int64(u & (1<<rateMantBits - 1))
+	if e == 0 {
+		return m
+	}
+	return (m + 1<<(rateMantBits-1)) << e
+}
+
+// Templates: the interned key templates (see above), reference counted by
+// entries. Ids are internal (the snapshot stores whole keys).
+type templates struct {
+	strs  []string
+	refs  []uint32
+	idx   map[string]uint32
+	freed []uint32 // free ids, reused first
+}
+
+func (ts *templates) init() { *ts = templates{idx: make(map[string]uint32)} }
+
+// ref interns tpl and takes a reference.
+func (ts *templates) ref(tpl []byte) uint32 {
+	if id, ok := ts.idx[string(tpl)]; ok {
+		ts.refs[id]++
+		return id
+	}
+	s := string(tpl)
+	var id uint32
+	if k := len(ts.freed); k > 0 {
+		id = ts.freed[k-1]
+		ts.freed = ts.freed[:k-1]
+		ts.strs[id], ts.refs[id] = s, 1
+	} else {
+		id = uint32(len(ts.strs))
+		ts.strs = append(ts.strs, s)
+		ts.refs = append(ts.refs, 1)
+	}
+	ts.idx[s] = id
+	return id
+}
+
+func (ts *templates) unref(id uint32) {
+	ts.refs[id]--
+	if ts.refs[id] == 0 {
+		delete(ts.idx, ts.strs[id])
+		ts.strs[id] = ""
+		ts.freed = append(ts.freed, id)
+	}
+}
+
+// splitKey splits a canonical key into its template and values (appended
+// to tpl and val). It reports false for a key that is not canonical in
+// form.
+func splitKey(key, tpl, val []byte) ([]byte, []byte, bool) {
+	colon := bytes.IndexByte(key, ':')
+	if colon < 0 {
+		return tpl, val, false
+	}
+	tpl = append(tpl, key[:colon+1]...)
+	rest := key[colon+1:]
+	for i := 0; len(rest) > 0; i++ {
+		ent := rest
+		if j := bytes.IndexByte(rest, ','); j >= 0 {
+			ent, rest = rest[:j], rest[j+1:]
+			if len(rest) == 0 {
+				return tpl, val, false // a trailing ','
+			}
+		} else {
+			rest = nil
+		}
+		eq := bytes.IndexByte(ent, '=')
+		if eq < 0 {
+			return tpl, val, false
+		}
+		if i > 0 {
+			tpl = append(tpl, ',')
+			val = append(val, ',')
+		}
+		tpl = append(tpl, ent[:eq+1]...)
+		val = append(val, ent[eq+1:]...)
+	}
+	return tpl, val, true
+}
+
+// joinKey appends the key of template tpl and values val to dst.
+func joinKey(dst []byte, tpl string, val []byte) []byte {
+	for i := 0; i < len(tpl); i++ {
+		dst = append(dst, tpl[i])
+		if tpl[i] == '=' {
+			j := bytes.IndexByte(val, ',')
+			if j < 0 {
+				j = len(val)
+			}
+			dst = append(dst, val[:j]...)
+			val = val[min(j+1, len(val)):]
+		}
+	}
+	return dst
+}
