@@ -73,4 +73,3 @@ func bump(v, amount int64) int64 {
 
 // perSecond converts a milli-rate to units per second for the admin API.
 func perSecond(milli int64) float64 { return float64(milli) / 1000 }
-
