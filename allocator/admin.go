@@ -245,7 +245,7 @@ func (s *Server) members() ([]*allotv1.Member, error) {
 		}
 		if string(srv.ID) == s.cfg.NodeID {
 			m.Role = roleName(s.node.raft.State())
-			m.GrpcAddr, m.HttpAddr = s.grpcAddr, s.httpAddr
+			m.GrpcAddr, m.HttpAddr = s.advGRPC, s.advHTTP
 		} else if rec := recs[m.Id]; rec != nil {
 			m.GrpcAddr, m.HttpAddr = rec.GetGrpcAddr(), rec.GetHttpAddr()
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -27,17 +28,36 @@ type Config struct {
 	DataDir string
 	// GRPCAddr, RaftAddr and HTTPAddr are listen addresses. Port 0 picks a
 	// free port; the bound addresses are reported by the Server's methods.
-	// GRPCAddr and RaftAddr are advertised to the other nodes, so their host
-	// must be reachable by them (not 0.0.0.0). HTTPAddr "" runs no HTTP
-	// server.
+	// Without an advertise address (below) the bound address is advertised
+	// to the other nodes, so its host must be reachable by them (not
+	// 0.0.0.0). HTTPAddr "" runs no HTTP server.
 	GRPCAddr, RaftAddr, HTTPAddr string
+
+	// AdvertiseGRPCAddr, AdvertiseRaftAddr and AdvertiseHTTPAddr are the
+	// addresses the cluster knows this node by, when they differ from the
+	// listen addresses: a stable DNS name (a Kubernetes StatefulSet pod's
+	// allot-allocator-1.allot-allocator-peers:7421), a NAT or a proxy in
+	// front of the node. AdvertiseRaftAddr goes into the Raft configuration
+	// (the other nodes dial it, and its host is the name a Raft TLS
+	// certificate must carry); all three go into the replicated member
+	// records, which forwarding, leader hints and allotctl status use. The
+	// host must be a name or an IP the other nodes reach (not 0.0.0.0),
+	// and the port explicit. Empty: the bound address. With an advertise
+	// address the listen address may be 0.0.0.0 or :port. A node that
+	// resumes with other addresses than the cluster recorded for it
+	// re-registers itself (see Join).
+	AdvertiseGRPCAddr, AdvertiseRaftAddr, AdvertiseHTTPAddr string
 
 	// Bootstrap makes this node a one-member cluster when its data directory
 	// is empty. Join is the gRPC address of any member of an existing
 	// cluster: the node asks it (through Admin.AddVoter, forwarded to the
 	// leader) to add it as a voter, retrying until it succeeds or the Server
 	// shuts down. A node whose data directory already holds Raft state
-	// ignores both.
+	// ignores Bootstrap, and uses Join (or, without Join, the other
+	// members' recorded gRPC addresses) only to re-register itself when
+	// the cluster holds other addresses for it than it advertises now (it
+	// moved to a new IP or port): once a member confirms its addresses, or
+	// that it is no longer a member, it stops asking.
 	Bootstrap bool
 	Join      string
 
@@ -262,18 +282,31 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		bad("DataDir is required")
 	}
-	if err := checkAddr(c.GRPCAddr); err != nil {
+	if err := checkListenAddr(c.GRPCAddr, c.AdvertiseGRPCAddr); err != nil {
 		bad("GRPCAddr: %v", err)
 	}
+	if err := checkAdvertiseAddr(c.AdvertiseGRPCAddr); err != nil {
+		bad("AdvertiseGRPCAddr: %v", err)
+	}
 	if c.transport == nil {
-		if err := checkAddr(c.RaftAddr); err != nil {
+		if err := checkListenAddr(c.RaftAddr, c.AdvertiseRaftAddr); err != nil {
 			bad("RaftAddr: %v", err)
 		}
+		if err := checkAdvertiseAddr(c.AdvertiseRaftAddr); err != nil {
+			bad("AdvertiseRaftAddr: %v", err)
+		}
+	} else if c.AdvertiseRaftAddr != "" {
+		bad("AdvertiseRaftAddr needs the TCP Raft transport")
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 			bad("HTTPAddr: %v", err)
 		}
+		if err := checkAdvertiseAddr(c.AdvertiseHTTPAddr); err != nil {
+			bad("AdvertiseHTTPAddr: %v", err)
+		}
+	} else if c.AdvertiseHTTPAddr != "" {
+		bad("AdvertiseHTTPAddr needs HTTPAddr (there is no HTTP server to advertise)")
 	}
 	if c.Bootstrap && c.Join != "" {
 		bad("Bootstrap and Join are mutually exclusive")
@@ -330,18 +363,44 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkAddr accepts host:port with an advertisable host (a node's address
-// is given to the other nodes).
-func checkAddr(addr string) error {
+// checkListenAddr accepts host:port. Without an advertise address the
+// bound address is given to the other nodes, so its host must be
+// advertisable; with one, any listen host (0.0.0.0, or none) will do.
+func checkListenAddr(addr, advertise string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return err
 	}
+	if advertise != "" {
+		return nil
+	}
 	if host == "" {
-		return errors.New("a host is required (it is advertised to the other nodes)")
+		return errors.New("a host is required (it is advertised to the other nodes; or set an advertise address)")
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%s is not an advertisable address (set an advertise address)", host)
+	}
+	return nil
+}
+
+// checkAdvertiseAddr accepts "" (advertise the bound address) or
+// host:port with an advertisable host and a port in 1..65535.
+func checkAdvertiseAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return errors.New("a host is required")
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		return fmt.Errorf("%s is not an advertisable address", host)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("port %q: want 1..65535", port)
 	}
 	return nil
 }

@@ -77,6 +77,13 @@ func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
+// has reports whether a connection to addr is cached.
+func (f *forwarder) has(addr string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.conns[addr] != nil
+}
+
 // close closes every connection. Safe twice.
 func (f *forwarder) close() {
 	f.mu.Lock()

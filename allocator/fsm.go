@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -25,6 +28,14 @@ type fsm struct {
 	onApply func(cmd *allotv1.Command, result any)
 	// onExpired, when set, is told how many leases an Expire command ended.
 	onExpired func(n uint64)
+	// onSnapshot, when set, observes every snapshot capture, persist and
+	// restore (metrics). It must not block.
+	onSnapshot func(ev snapshotEvent)
+	// snaps and snapsDir locate the snapshot store, to report the newest
+	// snapshot after a persist or a restore (nil: not reported). Set before
+	// Raft starts.
+	snaps    *raft.FileSnapshotStore
+	snapsDir string
 
 	mu sync.Mutex // guards restoreErr
 	// restoreErr is the first Restore failure. Raft would fall back to an
@@ -76,20 +87,27 @@ func (f *fsm) Apply(l *raft.Log) any {
 	return result
 }
 
-// Snapshot captures the state under its lock; Persist does the I/O.
+// Snapshot captures the state under its lock; Persist does the I/O. The
+// clock is read only to time the capture for the metrics; the state never
+// sees it.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	start := time.Now()
 	snap, err := f.st.Snapshot()
+	f.observe(snapshotEvent{stage: stageCapture, took: time.Since(start), err: err})
 	if err != nil {
 		return nil, fmt.Errorf("allocator: snapshot: %w", err)
 	}
-	return &fsmSnapshot{snap: snap}, nil
+	return &fsmSnapshot{snap: snap, f: f}, nil
 }
 
 // Restore replaces the state with a snapshot's.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	if err := f.st.Restore(rc); err != nil {
+	start := time.Now()
+	cr := &countingReader{r: rc}
+	if err := f.st.Restore(cr); err != nil {
 		err = fmt.Errorf("allocator: restore: %w", err)
+		f.observe(snapshotEvent{stage: stageRestore, took: time.Since(start), bytes: cr.n, err: err})
 		f.mu.Lock()
 		if f.restoreErr == nil {
 			f.restoreErr = err
@@ -97,10 +115,65 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		f.mu.Unlock()
 		return err
 	}
+	f.observe(snapshotEvent{stage: stageRestore, took: time.Since(start), bytes: cr.n})
 	if f.onRules != nil {
 		f.onRules()
 	}
 	return nil
+}
+
+// Snapshot stages, the values of snapshotEvent.stage.
+const (
+	stageCapture = "capture" // FSM.Snapshot: the state captured under its lock
+	stagePersist = "persist" // FSMSnapshot.Persist: the capture streamed to the store
+	stageRestore = "restore" // FSM.Restore: at start, or a snapshot installed by the leader
+)
+
+// snapshotEvent is one snapshot stage's outcome. After a successful
+// persist or restore, newest describes the newest snapshot in the store
+// (nil when unknown).
+type snapshotEvent struct {
+	stage  string
+	took   time.Duration
+	bytes  int64 // persist: written; restore: read
+	err    error
+	newest *snapshotInfo
+}
+
+// snapshotInfo is a snapshot in the store: its last included Raft index
+// and when it was written (its meta.json's modification time).
+type snapshotInfo struct {
+	index uint64
+	at    time.Time
+}
+
+// observe reports ev, with the newest snapshot after a successful persist
+// or restore.
+func (f *fsm) observe(ev snapshotEvent) {
+	if f.onSnapshot == nil {
+		return
+	}
+	if ev.err == nil && ev.stage != stageCapture {
+		ev.newest = f.newestSnapshot()
+	}
+	f.onSnapshot(ev)
+}
+
+// newestSnapshot reads the store's newest snapshot (nil without a store,
+// or on error: it is for the metrics only).
+func (f *fsm) newestSnapshot() *snapshotInfo {
+	if f.snaps == nil {
+		return nil
+	}
+	metas, err := f.snaps.List()
+	if err != nil || len(metas) == 0 {
+		return nil
+	}
+	fi, err := os.Stat(filepath.Join(f.snapsDir, metas[0].ID, "meta.json"))
+	if err != nil {
+		return nil
+	}
+	return &snapshotInfo{index: metas[0].Index, at: fi.ModTime()}
 }
 
 func (f *fsm) restoreError() error {
@@ -112,12 +185,22 @@ func (f *fsm) restoreError() error {
 // fsmSnapshot adapts state.Snapshot to raft.FSMSnapshot.
 type fsmSnapshot struct {
 	snap state.Snapshot
+	f    *fsm // observes the persist
 }
 
 // Persist streams the captured state to the sink, then closes it, or
-// cancels it on error.
+// cancels it on error. It is timed, and its bytes counted, for the
+// metrics.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := s.snap.Persist(sink); err != nil {
+	start := time.Now()
+	cw := &countingWriter{w: sink}
+	err := s.persist(sink, cw)
+	s.f.observe(snapshotEvent{stage: stagePersist, took: time.Since(start), bytes: cw.n, err: err})
+	return err
+}
+
+func (s *fsmSnapshot) persist(sink raft.SnapshotSink, w io.Writer) error {
+	if err := s.snap.Persist(w); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("allocator: persist snapshot: %w", err)
 	}
@@ -128,3 +211,27 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *fsmSnapshot) Release() { s.snap.Release() }
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"google.golang.org/grpc/metadata"
-
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -112,16 +110,9 @@ func (s *Server) retryWhileLeader(ctx context.Context, what string, f func() err
 // registerSelf commits this node's current addresses unless the replicated
 // record already has them.
 func (s *Server) registerSelf() error {
-	me := &allotv1.Member{
-		Id:       s.cfg.NodeID,
-		RaftAddr: string(s.node.addr),
-		GrpcAddr: s.grpcAddr,
-		HttpAddr: s.httpAddr,
-		Suffrage: "voter",
-	}
+	me := s.self()
 	for _, m := range s.st.Members() {
-		if m.GetId() == me.Id && m.GetRaftAddr() == me.RaftAddr && m.GetGrpcAddr() == me.GrpcAddr &&
-			m.GetHttpAddr() == me.HttpAddr {
+		if m.GetId() == me.Id && sameAddrs(m, me) {
 			return nil
 		}
 	}
@@ -153,12 +144,7 @@ func (s *Server) hasJoined() bool { return s.node.existing }
 // joinLoop asks Config.Join to add this node as a voter, with jittered
 // exponential backoff, until it succeeds or the Server stops.
 func (s *Server) joinLoop() {
-	req := &allotv1.AddVoterRequest{
-		Id:       s.cfg.NodeID,
-		RaftAddr: string(s.node.addr),
-		GrpcAddr: s.grpcAddr,
-		HttpAddr: s.httpAddr,
-	}
+	req := s.addVoterRequest()
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := s.joinOnce(req)
@@ -189,11 +175,6 @@ func (s *Server) joinOnce(req *allotv1.AddVoterRequest) error {
 	}
 	ctx, cancel := context.WithTimeout(s.baseCtx, 10*time.Second)
 	defer cancel()
-	// With a certificate the node proves the allocator role; without one,
-	// a cluster authenticated by tokens needs an admin token.
-	if tok := s.joinToken.Load(); tok != nil && s.tls == nil {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+*tok)
-	}
-	_, err = allotv1.NewAdminClient(cc).AddVoter(ctx, req)
+	_, err = allotv1.NewAdminClient(cc).AddVoter(s.withJoinToken(ctx), req)
 	return err
 }

@@ -32,8 +32,10 @@ type node struct {
 	store   *raftboltdb.BoltStore // log store and stable store
 	snaps   *raft.FileSnapshotStore
 	dataDir string
-	// addr is the advertised Raft address (the transport's LocalAddr).
-	addr raft.ServerAddress
+	// addr is the advertised Raft address (the transport's LocalAddr);
+	// bound is the listener's address (addr with a test transport).
+	addr  raft.ServerAddress
+	bound string
 	// existing: the data directory held Raft state at open.
 	existing bool
 	closed   bool
@@ -67,6 +69,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 	if err := checkSnapshots(n.snaps, filepath.Join(dir, snapshotsDir)); err != nil {
 		return nil, err
 	}
+	f.snaps, f.snapsDir = n.snaps, filepath.Join(dir, snapshotsDir)
 
 	existing, err := hasExistingState(n.store, n.snaps, dbPath)
 	if err != nil {
@@ -81,11 +84,14 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 
 	if cfg.transport != nil {
 		n.trans = cfg.transport
+		n.bound = string(n.trans.LocalAddr())
 	} else {
-		n.trans, err = newTCPTransport(cfg.RaftAddr, logger.Named("transport"), raftTLS)
+		stream, err := newStreamLayer(cfg.RaftAddr, cfg.AdvertiseRaftAddr, raftTLS)
 		if err != nil {
 			return nil, err
 		}
+		n.trans = newTCPTransport(stream, logger.Named("transport"))
+		n.bound = stream.boundAddr().String()
 	}
 	n.addr = n.trans.LocalAddr()
 
@@ -252,18 +258,14 @@ func (n *node) close() {
 	}
 }
 
-// newTCPTransport binds addr (port 0 allowed) and returns a Raft network
-// transport over it, advertising the bound address; with a non-nil loader,
-// over mutual TLS (see streamLayer).
-func newTCPTransport(addr string, logger hclog.Logger, l *tlsconfig.Loader) (*raft.NetworkTransport, error) {
-	stream, err := newStreamLayer(addr, l)
-	if err != nil {
-		return nil, err
-	}
+// newTCPTransport returns a Raft network transport over stream (see
+// streamLayer: its Addr, the advertised address, is the transport's
+// LocalAddr).
+func newTCPTransport(stream *streamLayer, logger hclog.Logger) *raft.NetworkTransport {
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  logger,
-	}), nil
+	})
 }

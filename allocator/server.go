@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,8 +52,12 @@ type Server struct {
 	health   *health.Server
 	httpSrv  *http.Server
 	httpLn   net.Listener
-	grpcAddr string
-	httpAddr string
+	grpcAddr string // bound
+	httpAddr string // bound ("" without HTTP)
+	// advGRPC and advHTTP are the advertised addresses (the bound ones
+	// unless Config.Advertise* says otherwise).
+	advGRPC string
+	advHTTP string
 
 	rulesMu sync.Mutex    // guards rulesCh
 	rulesCh chan struct{} // closed (and replaced) when the rule set may have changed
@@ -62,6 +67,8 @@ type Server struct {
 	// joinToken is the admin token presented when joining without a
 	// certificate (nil: none).
 	joinToken atomic.Pointer[string]
+	// reregistered is how reregisterLoop ended (nil: running, or not run).
+	reregistered atomic.Pointer[string]
 
 	// done is closed when Shutdown starts: waits, watchers and loops end.
 	done chan struct{}
@@ -134,19 +141,23 @@ func New(cfg Config) (*Server, error) {
 	s.guard.rejected = func(reason string) { s.metrics.rejected.WithLabelValues(reason).Inc() }
 	s.fsm.onApply = s.metrics.observeApply
 	s.fsm.onExpired = func(n uint64) { s.metrics.expired.Add(float64(n)) }
+	s.fsm.onSnapshot = s.observeSnapshot
 
-	// Listeners first: the bound gRPC address is advertised in MemberCommand.
+	// Listeners first: without an advertise address, the bound gRPC
+	// address is advertised in MemberCommand.
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		err = fmt.Errorf("allocator: listen grpc %s: %w", cfg.GRPCAddr, err)
 		return nil, err
 	}
 	s.grpcAddr = s.grpcLn.Addr().String()
+	s.advGRPC = cmp.Or(cfg.AdvertiseGRPCAddr, s.grpcAddr)
 	if cfg.HTTPAddr != "" {
 		if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 			err = fmt.Errorf("allocator: listen http %s: %w", cfg.HTTPAddr, err)
 			return nil, err
 		}
 		s.httpAddr = s.httpLn.Addr().String()
+		s.advHTTP = cmp.Or(cfg.AdvertiseHTTPAddr, s.httpAddr)
 	}
 
 	var raftTLS *tlsconfig.Loader
@@ -171,10 +182,14 @@ func New(cfg Config) (*Server, error) {
 		s.startHTTP()
 	}
 	s.goFunc(s.leaderLoop)
-	if cfg.Join != "" && !s.hasJoined() {
+	switch {
+	case cfg.Join != "" && !s.hasJoined():
 		s.goFunc(s.joinLoop)
+	case s.hasJoined():
+		s.goFunc(s.reregisterLoop)
 	}
-	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", string(s.node.addr), "http", s.httpAddr,
+	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", s.node.bound, "http", s.httpAddr,
+		"advertise_grpc", s.advGRPC, "advertise_raft", string(s.node.addr), "advertise_http", s.advHTTP,
 		"data_dir", cfg.DataDir, "tls", s.tls != nil, "client_auth", cfg.ClientAuth.String(), "raft_tls", cfg.RaftTLS,
 		"admin_tokens", len(cfg.AdminTokens))
 	return s, nil
@@ -302,8 +317,20 @@ func (s *Server) GRPCAddr() string { return s.grpcAddr }
 // HTTPAddr returns the bound HTTP address ("" when HTTP is off).
 func (s *Server) HTTPAddr() string { return s.httpAddr }
 
-// RaftAddr returns the advertised Raft address.
-func (s *Server) RaftAddr() string { return string(s.node.addr) }
+// RaftAddr returns the bound Raft address.
+func (s *Server) RaftAddr() string { return s.node.bound }
+
+// AdvertiseGRPCAddr returns the gRPC address the cluster knows this node
+// by: Config.AdvertiseGRPCAddr, or the bound address.
+func (s *Server) AdvertiseGRPCAddr() string { return s.advGRPC }
+
+// AdvertiseRaftAddr returns the Raft address in the Raft configuration:
+// Config.AdvertiseRaftAddr, or the bound address.
+func (s *Server) AdvertiseRaftAddr() string { return string(s.node.addr) }
+
+// AdvertiseHTTPAddr returns the advertised HTTP address ("" when HTTP is
+// off).
+func (s *Server) AdvertiseHTTPAddr() string { return s.advHTTP }
 
 // NodeID returns the node's Raft server id.
 func (s *Server) NodeID() string { return s.cfg.NodeID }
@@ -325,7 +352,7 @@ func (s *Server) leaderHint() leaderHint {
 		return leaderHint{}
 	}
 	if string(id) == s.cfg.NodeID {
-		return leaderHint{id: string(id), addr: s.grpcAddr}
+		return leaderHint{id: string(id), addr: s.advGRPC}
 	}
 	for _, m := range s.st.Members() {
 		if m.GetId() == string(id) {
@@ -583,4 +610,13 @@ func (s *Server) hasOtherVoters() bool {
 		}
 	}
 	return false
+}
+
+// observeSnapshot records a snapshot stage in the metrics, and logs a
+// failure (Raft logs it too, without the stage).
+func (s *Server) observeSnapshot(ev snapshotEvent) {
+	s.metrics.observeSnapshot(ev)
+	if ev.err != nil {
+		s.log.Warn("snapshot failed", "stage", ev.stage, "after", ev.took, "err", ev.err)
+	}
 }

@@ -29,6 +29,10 @@ const raftHandshakeTimeout = 10 * time.Second
 // and can neither join nor replicate.
 type streamLayer struct {
 	ln net.Listener
+	// advertise, when set, is what Addr reports instead of the bound
+	// address: the transport's LocalAddr, which Raft puts in the
+	// configuration and in every RPC it sends as this node's address.
+	advertise net.Addr
 	// server and client are nil for plain TCP. client builds a config for
 	// a peer's host (its certificate must name it).
 	server *tls.Config
@@ -41,10 +45,14 @@ type streamLayer struct {
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
 
-// newStreamLayer binds addr; with a non-nil loader the layer speaks mutual
-// TLS between allocator-role certificates.
-func newStreamLayer(addr string, l *tlsconfig.Loader) (*streamLayer, error) {
+// newStreamLayer binds addr and reports advertise ("" for the bound
+// address) as its Addr; with a non-nil loader the layer speaks mutual TLS
+// between allocator-role certificates.
+func newStreamLayer(addr, advertise string, l *tlsconfig.Loader) (*streamLayer, error) {
 	s := &streamLayer{conns: make(map[net.Conn]struct{})}
+	if advertise != "" {
+		s.advertise = advertisedAddr(advertise)
+	}
 	if l != nil {
 		srv, err := l.Server(tlsconfig.ClientAuthRequire, tlsconfig.RoleAllocator)
 		if err != nil {
@@ -101,7 +109,23 @@ func (s *streamLayer) Close() error {
 	return err
 }
 
-func (s *streamLayer) Addr() net.Addr { return s.ln.Addr() }
+// Addr is the advertised address (the bound one unless advertise was
+// given); boundAddr is the listener's.
+func (s *streamLayer) Addr() net.Addr {
+	if s.advertise != nil {
+		return s.advertise
+	}
+	return s.ln.Addr()
+}
+
+func (s *streamLayer) boundAddr() net.Addr { return s.ln.Addr() }
+
+// advertisedAddr is a host:port as given (the host may be a DNS name,
+// resolved by each peer when it dials).
+type advertisedAddr string
+
+func (a advertisedAddr) Network() string { return "tcp" }
+func (a advertisedAddr) String() string  { return string(a) }
 
 // Dial connects to a peer; with TLS the handshake completes within
 // timeout before the connection is returned.

@@ -34,11 +34,11 @@ func rpcServer(trans raft.Transport, stop <-chan struct{}) <-chan struct{} {
 
 func testTransport(t *testing.T, l *tlsconfig.Loader) *raft.NetworkTransport {
 	t.Helper()
-	tr, err := newTCPTransport("127.0.0.1:0", hclog.NewNullLogger(), l)
+	sl, err := newStreamLayer("127.0.0.1:0", "", l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr
+	return newTCPTransport(sl, hclog.NewNullLogger())
 }
 
 func appendOnce(src *raft.NetworkTransport, dst raft.ServerAddress) error {
