@@ -50,7 +50,8 @@ func raftSender(r io.Reader) (string, error) {
 // been committed), a client pinned to the isolated node gets no answer
 // until the heal, the majority elects a leader and keeps granting, and the
 // whole Acquire/Release history is linearizable. After the heal the node
-// catches up.
+// catches up. The isolation lasts 3 s past the election (30 s with
+// ALLOT_SOAK=1).
 func TestAllocatorIsolated(t *testing.T) {
 	checkLeaks(t)
 	// A proxy in front of every node's Raft port; the nodes know each other
@@ -121,7 +122,11 @@ func TestAllocatorIsolated(t *testing.T) {
 	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, isolated, recoveryBound)
 	t.Logf("new leader %s elected %v after the isolation; %s stepped down after %v; gateways leasing %v after",
 		newLeader, elected, lead.ID, steppedDown, rec)
-	e.runFor(3 * time.Second)
+	hold := 3 * time.Second
+	if soak() {
+		hold = 30 * time.Second
+	}
+	e.runFor(hold)
 
 	healed := time.Now()
 	pin.Store(-1)
