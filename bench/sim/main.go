@@ -1,0 +1,168 @@
+// Command sim is allot's deterministic fleet simulator (issue #7): the real
+// agent (hot path and refill logic, agent.Config.Manual) and the real
+// allocator grant code (allocator/internal/state) run over an in-memory
+// transport on a virtual clock, with the network, Raft and failures
+// modelled, side by side with the baselines (no coordination, a static R/N
+// split, Redis per request) on the same arrivals. Each scenario prints the
+// bound the design promises next to the measured value; the exit status is
+// 1 when a bound is broken. Same seed, same output.
+//
+//	go run ./bench/sim -quick                 # make sim: every scenario, scaled down
+//	go run ./bench/sim -scale full            # the design card's sizing
+//	go run ./bench/sim -scenarios failover,hot-key -seed 7
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+)
+
+// scenario is one named simulation.
+type scenario struct {
+	name string
+	run  func(sc scale, seed uint64) (*result, error)
+}
+
+var scenarios = []scenario{
+	{"fleet", runFleet},
+	{"failover", runFailover},
+	{"unreachable", runUnreachable},
+	{"hot-key", runHotKey},
+	{"churn", runChurn},
+	{"rule-change", runRuleChange},
+	{"retry-storm", runRetryStorm},
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "shorthand for -scale quick (what `make sim` runs)")
+	scaleName := fs.String("scale", "quick", "tiny, quick or full (the design card's sizing)")
+	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same output")
+	only := fs.String("scenarios", "", "comma-separated scenarios to run (default all): "+names())
+	plots := fs.String("plots", "bench/sim/out", "directory for PNG plots (\"\" = none)")
+	md := fs.String("md", "", "also write the results as Markdown to this file")
+	imgDir := fs.String("md-img", "img", "image directory the Markdown links to")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	parallel := fs.Int("parallel", runtime.NumCPU(), "scenarios run at once (each is single-threaded)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *quick {
+		*scaleName = "quick"
+	}
+	sc, ok := scales[*scaleName]
+	if !ok {
+		fmt.Fprintf(stderr, "sim: unknown scale %q (tiny, quick, full)\n", *scaleName)
+		return 2
+	}
+	var pick []scenario
+	for _, s := range scenarios {
+		if *only == "" || slices.Contains(strings.Split(*only, ","), s.name) {
+			pick = append(pick, s)
+		}
+	}
+	if len(pick) == 0 {
+		fmt.Fprintf(stderr, "sim: no scenario matches %q (%s)\n", *only, names())
+		return 2
+	}
+	if *plots != "" {
+		if err := os.MkdirAll(*plots, 0o755); err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
+			return 1
+		}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Fprintf(stdout, "allot fleet simulation: scale %s, seed %d\n", sc.name, *seed)
+	type outcome struct {
+		res  *result
+		err  error
+		wall time.Duration
+	}
+	outs := make([]outcome, len(pick))
+	done := make([]chan struct{}, len(pick))
+	sem := make(chan struct{}, max(*parallel, 1))
+	for i, s := range pick {
+		done[i] = make(chan struct{})
+		go func() {
+			defer close(done[i])
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			start := time.Now()
+			res, err := s.run(sc, *seed)
+			outs[i] = outcome{res, err, time.Since(start)}
+		}()
+	}
+	var mdBuf bytes.Buffer
+	failed, errored := false, false
+	for i, s := range pick {
+		<-done[i]
+		o := outs[i]
+		if o.err != nil {
+			fmt.Fprintf(stderr, "sim: %s: %v\n", s.name, o.err)
+			errored = true
+			continue
+		}
+		o.res.writeText(stdout)
+		fmt.Fprintf(stderr, "sim: %s took %s of wall-clock time\n", s.name, o.wall.Round(time.Millisecond))
+		if *plots != "" {
+			for j := range o.res.plots {
+				if err := o.res.plots[j].write(*plots); err != nil {
+					fmt.Fprintf(stderr, "sim: %v\n", err)
+					errored = true
+				}
+			}
+		}
+		o.res.writeMarkdown(&mdBuf, *imgDir)
+		if len(o.res.broken()) > 0 {
+			failed = true
+		}
+	}
+	if errored {
+		return 1
+	}
+	if *md != "" {
+		if err := os.WriteFile(*md, mdBuf.Bytes(), 0o644); err != nil {
+			fmt.Fprintf(stderr, "sim: %v\n", err)
+			return 1
+		}
+	}
+	if failed {
+		fmt.Fprintln(stdout, "\nsim: a bound the design promises is broken (FAIL above)")
+		return 1
+	}
+	fmt.Fprintln(stdout, "\nsim: every bound holds")
+	return 0
+}
+
+func names() string {
+	var n []string
+	for _, s := range scenarios {
+		n = append(n, s.name)
+	}
+	return strings.Join(n, ", ")
+}

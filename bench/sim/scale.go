@@ -1,0 +1,40 @@
+package main
+
+import "time"
+
+// scale sizes every scenario. full is the design card's sizing; quick is
+// `make sim`; tiny is what the tests run.
+type scale struct {
+	name   string
+	agents int // gateways with an agent (N)
+
+	// The fleet run: Zipf(1.1) over keys, a base rate with one peak.
+	keys             int
+	base, peak       float64 // requests/s
+	peakFrom, peakTo time.Duration
+	fleet            time.Duration // measured time after the warm-up
+	warmup           time.Duration
+
+	chaos   time.Duration // measured time of the chaos scenarios
+	hotRate float64       // the hot key's offered rate
+	clients int           // retry storm clients
+}
+
+var scales = map[string]scale{
+	"tiny": {
+		name: "tiny", agents: 4,
+		keys: 2000, base: 2000, peak: 2000, fleet: 4 * time.Second, warmup: time.Second,
+		chaos: 12 * time.Second, hotRate: 6000, clients: 300,
+	},
+	"quick": {
+		name: "quick", agents: 20,
+		keys: 100_000, base: 100_000, peak: 100_000, fleet: 25 * time.Second, warmup: 5 * time.Second,
+		chaos: 25 * time.Second, hotRate: 120_000, clients: 2000,
+	},
+	"full": {
+		name: "full", agents: 200,
+		keys: 5_000_000, base: 300_000, peak: 1_000_000, peakFrom: 25 * time.Second, peakTo: 35 * time.Second,
+		fleet: 55 * time.Second, warmup: 5 * time.Second,
+		chaos: 30 * time.Second, hotRate: 150_000, clients: 20_000,
+	},
+}
