@@ -111,7 +111,7 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 	for _, s := range w.systems {
 		plot.lines = append(plot.lines, w.seriesLine(s.name, s.rec.tracked[0], smooth))
 	}
-	plot.lines = append(plot.lines, flatLine("limit R", 0, (sc.warmup + sc.fleet).Seconds(), limit))
+	plot.lines = append(plot.lines, flatLine("limit R", 0, (sc.warmup+sc.fleet).Seconds(), limit))
 	res.plots = append(res.plots, plot)
 	return res, nil
 }

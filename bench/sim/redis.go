@@ -42,7 +42,7 @@ type redisModel struct {
 	snaps             []redisSnap
 
 	calls, ops, timeouts, fastFails, downCalls int64
-	lat                                 *histogram // added latency per check (ns)
+	lat                                        *histogram // added latency per check (ns)
 }
 
 type redisSnap struct {
