@@ -61,6 +61,7 @@ type options struct {
 	probe        bool
 	quiet        bool
 	refill       time.Duration
+	callTimeout  time.Duration
 	cpuProfile   string
 	coldAgents   bool
 	traceKey     string
@@ -151,6 +152,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.BoolVar(&o.coldAgents, "cold-agents", false, "start the load on freshly started agents (no warm-up Acquire: they decide with N = 1 until their first answer)")
 	fs.StringVar(&o.traceKey, "trace-key", "", "after the lease run, print one key's decisions per -trace-step on stderr (e.g. u0)")
 	fs.DurationVar(&o.traceStep, "trace-step", 500*time.Millisecond, "time step of -trace-key")
+	fs.DurationVar(&o.callTimeout, "call-timeout", 0, "agent.Config.CallTimeout of the lease agents (0: the agent's default, 200ms)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (agents and load) during the lease run to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./bench/load [flags]\n\npresets (-workload):\n")
@@ -211,8 +213,8 @@ func (o options) validate() error {
 		return errors.New("-tick must not be negative and -max-lag must be positive")
 	case o.traceStep <= 0:
 		return errors.New("-trace-step must be positive")
-	case o.refill < 0:
-		return errors.New("-refill-interval must not be negative")
+	case o.refill < 0 || o.callTimeout < 0:
+		return errors.New("-refill-interval and -call-timeout must not be negative")
 	}
 	if o.rate*o.duration.Seconds() > maxEvents {
 		return fmt.Errorf("-rate × -duration = %.0f requests, more than the %d the harness records", o.rate*o.duration.Seconds(), maxEvents)
