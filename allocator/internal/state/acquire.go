@@ -2,7 +2,6 @@ package state
 
 import (
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -217,7 +216,14 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	}
 	// A new lease needs room in the arena (8 GiB of entries); without it
 	// the agent is granted nothing and keeps deciding locally.
-	canLease := have || c.ar.canAlloc(entrySize(len(e.leases)+1, math.MaxUint32, len(c.scr.key)))
+	canLease := have
+	if !have && !release && ka.Want > 0 {
+		tpl, vlen := e.tpl, len(e.value)
+		if !leased {
+			tpl, vlen = c.splitNew(c.scr.key)
+		}
+		canLease = c.ar.canAlloc(entrySize(len(e.leases)+1, tpl, vlen))
+	}
 
 	// (1) returned: the agent keeps ka.Held and hands back ka.Returned. Only
 	// what the record says it holds beyond what it keeps is credited, so a
@@ -277,7 +283,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 			nl.grantedAt = now / 1e6
 		}
 		if !leased {
-			c.newEntry(e, c.scr.key)
+			c.newEntry(e)
 			leased = true
 		}
 		if have {

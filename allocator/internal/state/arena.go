@@ -8,9 +8,11 @@ package state
 // block. A block larger
 // than arenaLarge gets a page of its own (its link has offset 0).
 //
-// Freed blocks go on exact-size free lists and are reused first; a page
-// tail too short for the next block goes on its free list too. When more
-// than half of the arena is free (after many keys ended their leases), the
+// Freed blocks go on exact-size free lists. An allocation takes a free
+// block of its size, else bumps the current page, else splits the smallest
+// free block that leaves a usable remainder, else opens a page; a page
+// tail too short for the next block goes on its free list. When more than
+// a third of the arena is free (after many keys ended their leases), the
 // core compacts it: every live entry is copied, in table order, into fresh
 // pages (core.compact).
 //
@@ -24,6 +26,7 @@ package state
 
 import (
 	"encoding/binary"
+	"math/bits"
 )
 
 const (
@@ -39,18 +42,22 @@ const (
 type arena struct {
 	pages [][]byte // nil: a released large page (its index is on freePages)
 	gens  []uint32 // generation each page was made private at
-	// free[s/2] is the first free block of s bytes (0: none).
+	// free[s/2] is the first free block of s bytes (0: none); nonEmpty has
+	// bit s/2 set when free[s/2] != 0.
 	free      []uint32
+	nonEmpty  []uint64
 	freePages []uint32 // released page indices, reused first
 	cur       int      // page being filled, -1 when none
 	off       int      // next free byte of cur
 	live      int64    // bytes in live blocks
 	idle      int64    // bytes in free blocks and lost page tails
+	maxPages  int      // arenaMaxPages (tests lower it)
 }
 
 func (a *arena) init() {
 	// Page 0 is never allocated, so that link 0 names no block.
-	*a = arena{pages: [][]byte{nil}, gens: []uint32{0}, free: make([]uint32, arenaLarge/2+1), cur: -1}
+	*a = arena{pages: [][]byte{nil}, gens: []uint32{0}, free: make([]uint32, arenaLarge/2+1), cur: -1,
+		nonEmpty: make([]uint64, (arenaLarge/2+1+63)/64), maxPages: arenaMaxPages}
 }
 
 // blockSize rounds an entry's size up to the arena's 2-byte alignment.
@@ -101,13 +108,39 @@ func (a *arena) mut(c *core, l uint32, size int) []byte {
 // canAlloc reports whether alloc(size) will succeed.
 func (a *arena) canAlloc(size int) bool {
 	size = blockSize(size)
-	if len(a.freePages) > 0 || len(a.pages) < arenaMaxPages {
+	if len(a.freePages) > 0 || len(a.pages) < a.maxPages {
 		return true
 	}
 	if size > arenaLarge {
 		return false
 	}
-	return a.free[size/2] != 0 || (a.cur >= 0 && a.off+size <= arenaPageSize)
+	return a.free[size/2] != 0 || (a.cur >= 0 && a.off+size <= arenaPageSize) || a.fit(size) != 0
+}
+
+// fit returns the smallest size s ≥ size+minBlock with a free block (0:
+// none), so that a block of size can be cut from it.
+func (a *arena) fit(size int) int {
+	i := (size + minBlock) / 2
+	for w := i / 64; w < len(a.nonEmpty); w++ {
+		m := a.nonEmpty[w]
+		if w == i/64 {
+			m &^= 1<<(i%64) - 1
+		}
+		if m != 0 {
+			return (w*64 + bits.TrailingZeros64(m)) * 2
+		}
+	}
+	return 0
+}
+
+// popFree takes the first free block of s bytes.
+func (a *arena) popFree(s int) uint32 {
+	l := a.free[s/2]
+	a.free[s/2] = binary.LittleEndian.Uint32(a.bytes(l, s)[8:])
+	if a.free[s/2] == 0 {
+		a.nonEmpty[s/128] &^= 1 << (s / 2 % 64)
+	}
+	return l
 }
 
 // newPage returns a page index for a page of n bytes.
@@ -135,13 +168,17 @@ func (a *arena) alloc(c *core, size int) uint32 {
 	if size > arenaLarge {
 		return mkLink(a.newPage(c, size), 0)
 	}
-	if l := a.free[size/2]; l != 0 {
-		b := a.bytes(l, size)
-		a.free[size/2] = binary.LittleEndian.Uint32(b[8:])
+	if a.free[size/2] != 0 {
 		a.idle -= int64(size)
-		return l
+		return a.popFree(size)
 	}
 	if a.cur < 0 || a.off+size > arenaPageSize {
+		if s := a.fit(size); s != 0 {
+			l := a.popFree(s)
+			a.idle -= int64(size)
+			a.pushFree(c, l+uint32(size/2), s-size)
+			return l
+		}
 		if a.cur >= 0 {
 			a.retireTail(c)
 		}
@@ -182,6 +219,7 @@ func (a *arena) pushFree(c *core, l uint32, size int) {
 	binary.LittleEndian.PutUint32(b[8:], a.free[size/2])
 	binary.LittleEndian.PutUint32(b[12:], uint32(size))
 	a.free[size/2] = l
+	a.nonEmpty[size/128] |= 1 << (size / 2 % 64)
 }
 
 // split frees the tail of the block at l beyond its first keep bytes (the

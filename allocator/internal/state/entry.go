@@ -381,6 +381,17 @@ type templates struct {
 
 func (ts *templates) init() { *ts = templates{idx: make(map[string]uint32)} }
 
+// peek returns the id ref(tpl) would return.
+func (ts *templates) peek(tpl []byte) uint32 {
+	if id, ok := ts.idx[string(tpl)]; ok {
+		return id
+	}
+	if k := len(ts.freed); k > 0 {
+		return ts.freed[k-1]
+	}
+	return uint32(len(ts.strs))
+}
+
 // ref interns tpl and takes a reference.
 func (ts *templates) ref(tpl []byte) uint32 {
 	if id, ok := ts.idx[string(tpl)]; ok {

@@ -37,9 +37,10 @@ func (c *core) keyOf(dst []byte, e *entry) []byte {
 	return joinKey(dst, c.tpls.strs[e.tpl], e.value)
 }
 
-// newEntry prepares e for key (canonical) as a new entry: no leases, its
-// template interned. The caller stores it (storeEntry) or calls dropNew.
-func (c *core) newEntry(e *entry, key []byte) {
+// splitNew splits key (canonical) into c.scr.tpl and c.scr.val, for
+// newEntry, and returns the id its template has or will get and the
+// values' length.
+func (c *core) splitNew(key []byte) (tpl uint32, vlen int) {
 	var ok bool
 	c.scr.tpl, c.scr.val, ok = splitKey(key, c.scr.tpl[:0], c.scr.val[:0])
 	if !ok {
@@ -47,6 +48,12 @@ func (c *core) newEntry(e *entry, key []byte) {
 		// template rather than fail.
 		c.scr.tpl, c.scr.val = append(c.scr.tpl[:0], key...), c.scr.val[:0]
 	}
+	return c.tpls.peek(c.scr.tpl), len(c.scr.val)
+}
+
+// newEntry prepares e as a new entry, with no lease, for the key split by
+// splitNew, interning its template. The caller stores it (storeEntry).
+func (c *core) newEntry(e *entry) {
 	*e = entry{leases: e.leases[:0], tpl: c.tpls.ref(c.scr.tpl), value: c.scr.val}
 }
 
@@ -184,12 +191,12 @@ func (c *core) rebuildWheel() {
 	}
 }
 
-// maybeCompact rebuilds the arena when more than half of it is free (and
-// it is more than a few pages), copying the live entries in table order
-// into fresh pages. It waits while a snapshot shares the pages.
+// maybeCompact rebuilds the arena when more than a third of it is free
+// (and it is more than a few pages), copying the live entries in table
+// order into fresh pages. It waits while a snapshot shares the pages.
 func (c *core) maybeCompact() {
 	a := &c.ar
-	if c.cow || a.idle <= a.live || len(a.pages) < 9 {
+	if c.cow || a.idle*2 <= a.live || len(a.pages) < 9 {
 		return
 	}
 	c.compact()
@@ -198,6 +205,7 @@ func (c *core) maybeCompact() {
 func (c *core) compact() {
 	old := c.ar
 	c.ar.init()
+	c.ar.maxPages = old.maxPages
 	e := &c.scr.e
 	t := &c.tab
 	for i := 0; i < t.size; i++ {

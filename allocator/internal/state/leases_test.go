@@ -1,0 +1,251 @@
+package state
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+func mustConsistent(t *testing.T, s *State) {
+	t.Helper()
+	if err := s.consistency(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func roundTrip(t *testing.T, s *State) {
+	t.Helper()
+	b := persist(t, s)
+	r := New(s.Config())
+	if err := r.Restore(bytes.NewReader(b)); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	mustConsistent(t, r)
+	if b2 := persist(t, r); !bytes.Equal(b, b2) {
+		t.Fatalf("restored state re-persists differently")
+	}
+}
+
+// Holdings beyond 32 bits are kept exactly (escaped leases), and a lease
+// that shrinks back is compact again.
+func TestEscapedLeases(t *testing.T) {
+	s := newTestState(t)
+	putRules(t, s, at(0), testRules+`  - key: huge
+    rate_limit: {unit: second, requests_per_unit: 4000000000, burst: 10000000000}
+`)
+	g := mustAcquire(t, s, at(0), "a", 1, ka("huge", "x", 6e9, 0, 0, 0)).Grants[0]
+	if g.Granted != 6e9 || g.Held != 6e9 {
+		t.Fatalf("grant = %v, want 6e9", g)
+	}
+	if len(s.st.codec.ext) != 1 {
+		t.Fatalf("%d escaped leases, want 1", len(s.st.codec.ext))
+	}
+	mustConsistent(t, s)
+	r, err := s.ListLeases(&allotv1.ListLeasesRequest{Key: "test:huge=x"}, at(0))
+	if err != nil || len(r.Leases) != 1 || r.Leases[0].Tokens != 6e9 {
+		t.Fatalf("ListLeases = %v, %v", r, err)
+	}
+	roundTrip(t, s)
+	g = mustAcquire(t, s, at(time.Second), "a", 2, ka("huge", "x", 1, 5, 0, 0)).Grants[0]
+	if g.Held != 6 {
+		t.Fatalf("held %d after spending, want 6", g.Held)
+	}
+	if len(s.st.codec.ext) != 0 {
+		t.Fatalf("%d escaped leases after shrinking, want 0", len(s.st.codec.ext))
+	}
+	mustConsistent(t, s)
+}
+
+// A lease whose expiry passed long ago, with no Expire since, is recorded
+// as due when another agent's call moves the key's base; it ends at the
+// next Expire, as it would have.
+func TestLongPastExpiry(t *testing.T) {
+	cfg := testConfig()
+	cfg.AgentTTL = 24 * time.Hour
+	s := New(cfg)
+	putRules(t, s, at(0), testRules)
+	mustAcquire(t, s, at(0), "a", 1, ka("tb", "x", 10, 0, 0, 0))
+	later := at(3 * time.Hour)
+	g := mustAcquire(t, s, later, "b", 1, ka("tb", "x", 1, 0, 0, 0)).Grants[0]
+	if g.Agents != 2 {
+		t.Fatalf("agents on the key = %d, want 2 (a's lease is due but not ended)", g.Agents)
+	}
+	mustConsistent(t, s)
+	h := hashOf(s, "tb", "x")
+	var e entry
+	s.st.loadEntry(&e, h, s.st.tab.at(s.st.tab.find(h)).link)
+	if exp := e.leases[0].expiry; exp > later || exp < at(10*time.Second) {
+		t.Fatalf("a's expiry is %v after t0, want between 10s and 3h", time.Duration(exp-t0))
+	}
+	roundTrip(t, s)
+	expire(s, later)
+	if st := s.Stats(); st.Leases != 1 {
+		t.Fatalf("leases after Expire = %d, want 1 (b's)", st.Leases)
+	}
+	mustConsistent(t, s)
+}
+
+// Many agents on one key: the lease count and then the entry outgrow their
+// compact forms (n ≥ 127, an entry with a page of its own) and shrink
+// back as agents leave.
+func TestManyAgentsOneKey(t *testing.T) {
+	s := newTestState(t)
+	const n = 800
+	for i := range n {
+		mustAcquire(t, s, at(time.Duration(i)*time.Millisecond), fmt.Sprint("agent-", i), 1, ka("big", "x", 1, 0, 0, 0))
+		if i == 126 || i == 127 || i == n-1 {
+			mustConsistent(t, s)
+		}
+	}
+	h := hashOf(s, "big", "x")
+	var e entry
+	s.st.loadEntry(&e, h, s.st.tab.at(s.st.tab.find(h)).link)
+	if len(e.leases) != n || e.size <= arenaLarge {
+		t.Fatalf("entry has %d leases in %d bytes, want %d in a large block", len(e.leases), e.size, n)
+	}
+	roundTrip(t, s)
+	now := at(time.Second)
+	for i := range n {
+		if _, err := release(s, now, fmt.Sprint("agent-", i), 2, true); err != nil {
+			t.Fatal(err)
+		}
+		if i%97 == 0 || n-i < 3 || i == n-128 || i == n-127 {
+			mustConsistent(t, s)
+		}
+	}
+	if st := s.Stats(); st.Leases != 0 || s.st.ar.live != 0 {
+		t.Fatalf("after every release: %d leases, %d live arena bytes", st.Leases, s.st.ar.live)
+	}
+}
+
+// More templates than fit the entry's one-byte field.
+func TestManyTemplates(t *testing.T) {
+	s := New(testConfig())
+	var b strings.Builder
+	b.WriteString("domain: many\ndescriptors:\n")
+	for i := range 200 {
+		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: second, requests_per_unit: 10}\n", i)
+	}
+	putRules(t, s, at(0), b.String())
+	var keys []*allotv1.KeyAcquire
+	for i := range 200 {
+		keys = append(keys, &allotv1.KeyAcquire{Domain: "many", Entries: []*allotv1.Entry{{Key: fmt.Sprint("k", i), Value: "v"}}, Want: 1})
+	}
+	mustAcquire(t, s, at(0), "a", 1, keys...)
+	if len(s.st.tpls.idx) != 200 {
+		t.Fatalf("%d templates, want 200", len(s.st.tpls.idx))
+	}
+	mustConsistent(t, s)
+	r, err := s.ListLeases(&allotv1.ListLeasesRequest{Key: "many:k150=v"}, at(0))
+	if err != nil || len(r.Leases) != 1 || r.Leases[0].Domain != "many" {
+		t.Fatalf("ListLeases = %v, %v", r, err)
+	}
+	roundTrip(t, s)
+	if _, err := release(s, at(0), "a", 2, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.st.tpls.idx) != 0 {
+		t.Fatalf("%d templates after every release, want 0", len(s.st.tpls.idx))
+	}
+	mustConsistent(t, s)
+}
+
+// When most of the arena is free, Expire compacts it; the state persists
+// the same before and after.
+func TestArenaCompaction(t *testing.T) {
+	s := newTestState(t)
+	var keys []*allotv1.KeyAcquire
+	for i := range 20_000 {
+		keys = append(keys, ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0))
+	}
+	for i := range 20 {
+		mustAcquire(t, s, at(0), "a", uint64(i+1), keys[i*1000:(i+1)*1000]...)
+	}
+	pages := len(s.st.ar.pages)
+	// Release 90% of the keys.
+	var rel []*allotv1.KeyAcquire
+	for i, k := range keys {
+		if i%10 != 0 {
+			rel = append(rel, ka("big", k.Entries[0].Value, 0, 0, 1, 0))
+		}
+	}
+	for i := 0; i < len(rel); i += 1000 {
+		if _, err := release(s, at(time.Second), "a", uint64(100+i), false, rel[i:min(i+1000, len(rel))]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustConsistent(t, s)
+	before := persist(t, s)
+	s.mu.Lock()
+	s.st.compact()
+	s.mu.Unlock()
+	mustConsistent(t, s)
+	if after := persist(t, s); !bytes.Equal(before, after) {
+		t.Fatalf("compaction changed the persisted state")
+	}
+	if got := len(s.st.ar.pages); got*4 > pages {
+		t.Fatalf("%d pages after compaction, %d before", got, pages)
+	}
+	// The same through Expire.
+	s2 := newTestState(t)
+	for i := range 20 {
+		mustAcquire(t, s2, at(0), "a", uint64(i+1), keys[i*1000:(i+1)*1000]...)
+	}
+	for i := 0; i < len(rel); i += 1000 {
+		if _, err := release(s2, at(time.Second), "a", uint64(100+i), false, rel[i:min(i+1000, len(rel))]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire(s2, at(time.Second))
+	if got := len(s2.st.ar.pages); got*4 > pages || s2.st.ar.idle > s2.st.ar.live {
+		t.Fatalf("Expire did not compact: %d pages (%d before), %d idle, %d live bytes", got, pages, s2.st.ar.idle, s2.st.ar.live)
+	}
+	mustConsistent(t, s2)
+}
+
+// A full arena grants no new lease (the agent keeps deciding locally) and
+// never panics; existing leases keep working and freed room is reused.
+func TestArenaFull(t *testing.T) {
+	s := newTestState(t)
+	s.st.ar.maxPages = 2 // page 0 is reserved: one 64 KiB page
+	var keys []*allotv1.KeyAcquire
+	for i := range 3000 {
+		keys = append(keys, ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0))
+	}
+	r := mustAcquire(t, s, at(0), "a", 1, keys[:1000]...)
+	r2 := mustAcquire(t, s, at(0), "a", 2, keys[1000:2000]...)
+	r3 := mustAcquire(t, s, at(0), "a", 3, keys[2000:]...)
+	leased := 0
+	for _, g := range append(append(r.Grants, r2.Grants...), r3.Grants...) {
+		if g.Agents == 1 {
+			leased++
+			if g.Granted != 1 {
+				t.Fatalf("leased key granted %d", g.Granted)
+			}
+		} else if g.Granted != 0 || g.Held != 0 {
+			t.Fatalf("key without a lease: %v", g)
+		}
+	}
+	if st := s.Stats(); leased == 0 || leased == 3000 || st.Leases != uint64(leased) {
+		t.Fatalf("%d keys leased (%d leases) in a one-page arena", leased, st.Leases)
+	}
+	mustConsistent(t, s)
+	// Renewals of existing leases still work.
+	g := mustAcquire(t, s, at(time.Second), "a", 4, ka("big", "key-0", 1, 1, 0, 0)).Grants[0]
+	if g.Agents != 1 || g.Held != 2 {
+		t.Fatalf("renewal in a full arena = %v", g)
+	}
+	// Room freed by a release is used again, by a longer key too.
+	if _, err := release(s, at(time.Second), "a", 5, false, ka("big", "key-1000", 0, 0, 0, 0), ka("big", "key-1001", 0, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	g = mustAcquire(t, s, at(time.Second), "a", 6, ka("big", "key-2999x", 1, 0, 0, 0)).Grants[0]
+	if g.Agents != 1 {
+		t.Fatalf("no lease after room was freed: %v", g)
+	}
+	mustConsistent(t, s)
+}
