@@ -3,7 +3,16 @@
 // Start the first node with -bootstrap (and -rules for the initial rule
 // set), the others with -join pointing at any member's gRPC address.
 // Restarting a node with the same -node-id and -data-dir resumes it;
-// -bootstrap and -join are then ignored. SIGINT or SIGTERM shuts the node
+// -bootstrap is then ignored, and -join only serves to re-register the
+// node if it comes back at other addresses. A node whose IP may change
+// (a Kubernetes pod) binds 0.0.0.0 and advertises a stable name with
+// -advertise-grpc-addr, -advertise-raft-addr and -advertise-http-addr:
+//
+//	allocator -node-id allot-allocator-1 -grpc-addr 0.0.0.0:7420 -raft-addr 0.0.0.0:7421 \
+//	    -advertise-grpc-addr allot-allocator-1.allot-allocator-peers:7420 \
+//	    -advertise-raft-addr allot-allocator-1.allot-allocator-peers:7421 -join allot-allocator:7420
+//
+// SIGINT or SIGTERM shuts the node
 // down gracefully (handing leadership over if it leads). SIGHUP re-reads
 // the TLS files and the admin token file.
 //
@@ -78,9 +87,12 @@ func parse(args []string) (*options, error) {
 	var (
 		nodeID        = fs.String("node-id", "", "node id, stable across restarts (default: hostname-<raft port>)")
 		dataDir       = fs.String("data-dir", "", "data directory (default: allot-data/<node-id>)")
-		grpcAddr      = fs.String("grpc-addr", def.GRPCAddr, "gRPC listen and advertise address")
-		raftAddr      = fs.String("raft-addr", def.RaftAddr, "Raft listen and advertise address")
+		grpcAddr      = fs.String("grpc-addr", def.GRPCAddr, "gRPC listen address (also advertised unless -advertise-grpc-addr)")
+		raftAddr      = fs.String("raft-addr", def.RaftAddr, "Raft listen address (also advertised unless -advertise-raft-addr)")
 		httpAddr      = fs.String("http-addr", def.HTTPAddr, "HTTP address for /healthz, /readyz, /metrics, /debug/pprof (empty: off)")
+		advGRPC       = fs.String("advertise-grpc-addr", "", "gRPC address HOST:PORT the other nodes and clients reach this node at, e.g. a stable DNS name (default: the bound -grpc-addr)")
+		advRaft       = fs.String("advertise-raft-addr", "", "Raft address HOST:PORT in the Raft configuration, e.g. a stable DNS name (default: the bound -raft-addr)")
+		advHTTP       = fs.String("advertise-http-addr", "", "HTTP address HOST:PORT recorded for this node (default: the bound -http-addr)")
 		bootstrap     = fs.Bool("bootstrap", false, "bootstrap a new one-node cluster (ignored when the data dir has state)")
 		join          = fs.String("join", "", "gRPC address HOST:PORT of any member to join (ignored when the data dir has state)")
 		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -140,6 +152,7 @@ func parse(args []string) (*options, error) {
 	cfg.NodeID = *nodeID
 	cfg.DataDir = *dataDir
 	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = *grpcAddr, *raftAddr, *httpAddr
+	cfg.AdvertiseGRPCAddr, cfg.AdvertiseRaftAddr, cfg.AdvertiseHTTPAddr = *advGRPC, *advRaft, *advHTTP
 	cfg.Bootstrap, cfg.Join = *bootstrap, *join
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
@@ -225,7 +238,8 @@ func run(args []string) error {
 		return err
 	}
 	logger.Info("allocator listening", "node", cfg.NodeID, "grpc", srv.GRPCAddr(), "raft", srv.RaftAddr(),
-		"http", srv.HTTPAddr(), "data_dir", cfg.DataDir)
+		"http", srv.HTTPAddr(), "advertise_grpc", srv.AdvertiseGRPCAddr(), "advertise_raft", srv.AdvertiseRaftAddr(),
+		"advertise_http", srv.AdvertiseHTTPAddr(), "data_dir", cfg.DataDir)
 	if o.burnCPU > 0 {
 		logger.Warn("burning CPU on purpose (-debug-burn-cpu); do not use in production", "goroutines", o.burnCPU)
 	}

@@ -93,6 +93,33 @@ func TestParseSecurityFlags(t *testing.T) {
 	}
 }
 
+func TestParseAdvertiseFlags(t *testing.T) {
+	base := []string{"-node-id", "n", "-data-dir", t.TempDir(), "-log-level", "error"}
+	o, err := parse(append(base, "-grpc-addr", "0.0.0.0:7420", "-raft-addr", "0.0.0.0:7421", "-http-addr", "0.0.0.0:7422",
+		"-advertise-grpc-addr", "a-1.peers:7420", "-advertise-raft-addr", "a-1.peers:7421", "-advertise-http-addr", "a-1.peers:7422"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.cfg; c.AdvertiseGRPCAddr != "a-1.peers:7420" || c.AdvertiseRaftAddr != "a-1.peers:7421" ||
+		c.AdvertiseHTTPAddr != "a-1.peers:7422" || c.RaftAddr != "0.0.0.0:7421" {
+		t.Errorf("parsed %+v", c)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-raft-addr", "0.0.0.0:7421"}, "RaftAddr"},
+		{[]string{"-advertise-raft-addr", "a-1.peers"}, "AdvertiseRaftAddr"},
+		{[]string{"-advertise-grpc-addr", "0.0.0.0:7420"}, "AdvertiseGRPCAddr"},
+		{[]string{"-http-addr", "", "-advertise-http-addr", "a:7422"}, "AdvertiseHTTPAddr"},
+	} {
+		_, err := parse(append(append([]string{}, base...), tc.args...))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parse(%q) error = %v, want one mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 func TestBurnerStops(t *testing.T) {
 	b := startBurner(2)
 	b.stop() // goleak in TestMain checks that the goroutines ended

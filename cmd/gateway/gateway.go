@@ -13,13 +13,19 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/pkg/httplimit"
@@ -33,6 +39,15 @@ type gateway struct {
 	logger *slog.Logger
 	agent  *agent.Agent
 	dev    *devEnv // nil unless -dev
+	// withAllocators: rules come from the allocators (not standalone).
+	withAllocators bool
+	// stopping is set when shutdown starts: /readyz and the gRPC health
+	// service report not ready while the listeners drain.
+	stopping atomic.Bool
+	// stop is closed when shutdown starts: the readiness watcher and the
+	// health Watch streams end.
+	stop   chan struct{}
+	health *health.Server // nil when -rls-addr is empty
 
 	proxy        *http.Server
 	admin        *http.Server // nil when -http-addr is empty
@@ -52,7 +67,7 @@ type addrs struct{ proxy, rls, http string }
 // start builds and starts everything; on error, whatever was started is
 // stopped again.
 func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, stdout io.Writer) (g *gateway, err error) {
-	g = &gateway{logger: logger, failed: make(chan error, 3)}
+	g = &gateway{logger: logger, failed: make(chan error, 3), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
@@ -94,6 +109,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		acfg.ID = o.agentID
 	}
 	acfg.Allocators = allocators
+	g.withAllocators = len(allocators) > 0
 	if len(allocators) == 0 {
 		acfg.RulesFiles = cfg.Rules
 		if len(cfg.Rules) == 0 {
@@ -177,7 +193,15 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		}
 		g.grpc = grpc.NewServer(opts...)
 		srv.Register(g.grpc)
+		// grpc.health.v1.Health: NOT_SERVING until ready (see ready), and
+		// again from the start of shutdown.
+		g.health = health.NewServer()
+		for _, svc := range healthServices {
+			g.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+		healthpb.RegisterHealthServer(g.grpc, &drainingHealth{Server: g.health, stop: g.stop})
 		g.serve("rls", func() error { return g.grpc.Serve(ln) })
+		g.goFunc(g.watchReadiness)
 	}
 
 	if o.httpAddr != "" {
@@ -190,8 +214,9 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if !g.agent.Ready() {
-				http.Error(w, "not ready: no rules yet, or no answer from an allocator", http.StatusServiceUnavailable)
+			w.Header().Set("Cache-Control", "no-store")
+			if ok, why := g.ready(); !ok {
+				http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 				return
 			}
 			io.WriteString(w, "ready\n")
@@ -203,7 +228,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	if g.dev != nil {
 		// The demo should work at once: wait (briefly) until the agent has
 		// the rules from the embedded allocator.
-		if err := waitReady(ctx, g.agent, 15*time.Second); err != nil {
+		if err := g.waitReady(ctx, 15*time.Second); err != nil {
 			return g, err
 		}
 	}
@@ -216,22 +241,126 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	return g, nil
 }
 
-// waitReady polls a.Ready until it holds, ctx ends or within passes.
-func waitReady(ctx context.Context, a *agent.Agent, within time.Duration) error {
+// waitReady polls g.ready until it holds, ctx ends or within passes.
+func (g *gateway) waitReady(ctx context.Context, within time.Duration) error {
 	deadline := time.NewTimer(within)
 	defer deadline.Stop()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for !a.Ready() {
+	for {
+		ok, why := g.ready()
+		if ok {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return fmt.Errorf("the agent has no rules from the dev allocator after %v", within)
+			return fmt.Errorf("not ready after %v: %s", within, why)
 		case <-tick.C:
 		}
 	}
-	return nil
+}
+
+// ready reports whether the gateway should get traffic, and why not:
+// standalone, once the agent has its rules; with allocators, once it has a
+// rule set from them with version ≥ 1 (an allocator that has not applied
+// its bootstrap rules yet streams the empty version 0, and a gateway
+// serving that would limit nothing). Once ready, it stays ready while
+// the allocators are away (the agent decides from its leases and fallback
+// buckets), until shutdown starts.
+func (g *gateway) ready() (bool, string) {
+	switch {
+	case g.stopping.Load():
+		return false, "shutting down"
+	case !g.agent.Ready() && g.withAllocators:
+		return false, "no answer from an allocator yet"
+	case !g.agent.Ready():
+		return false, "no rules yet"
+	case g.withAllocators && g.agent.Rules().Version() < 1:
+		return false, "the allocators have no rules yet (rule set version 0): apply rules, or wait for the bootstrap rules"
+	}
+	return true, ""
+}
+
+// healthServices are the names the gRPC health service answers for: the
+// server as a whole ("") and the RLS service.
+var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
+
+// watchReadiness keeps the gRPC health status in step with ready until
+// shutdown (which sets NOT_SERVING for good).
+func (g *gateway) watchReadiness() {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	serving := false
+	for {
+		if ok, _ := g.ready(); ok != serving {
+			serving = ok
+			st := healthpb.HealthCheckResponse_NOT_SERVING
+			if ok {
+				st = healthpb.HealthCheckResponse_SERVING
+				g.logger.Info("gateway: ready")
+			}
+			for _, svc := range healthServices {
+				g.health.SetServingStatus(svc, st)
+			}
+		}
+		select {
+		case <-g.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// drainingHealth is the health service, with Watch streams that end when
+// shutdown starts (after NOT_SERVING is sent): a watcher's stream must not
+// hold the RLS server's graceful stop until the shutdown timeout.
+type drainingHealth struct {
+	*health.Server
+	stop <-chan struct{}
+}
+
+func (h *drainingHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	done := make(chan struct{})
+	defer func() { <-done }() // runs last, after cancel
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	go func() { // owned by this call: ends with it
+		defer close(done)
+		select {
+		case <-h.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := h.Server.Watch(req, watchStream{stream, ctx})
+	select {
+	case <-h.stop:
+		// The update from Shutdown may have lost the race with cancel.
+		_ = stream.Send(&healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_NOT_SERVING})
+		return status.Error(codes.Unavailable, "gateway: shutting down")
+	default:
+		return err
+	}
+}
+
+// watchStream is a Watch stream with a context that also ends at shutdown.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (w watchStream) Context() context.Context { return w.ctx }
+
+// goFunc runs f as a goroutine owned by the gateway (shutdown waits for
+// it); f must return once g.stop is closed.
+func (g *gateway) goFunc(f func()) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
 }
 
 // serve runs one listener loop as an owned goroutine.
@@ -248,27 +377,48 @@ func (g *gateway) serve(name string, f func() error) {
 	}()
 }
 
-// shutdown stops accepting, drains in-flight requests (bounded by ctx),
-// closes the agent (releasing its leases), then the dev components. Safe to
-// call twice.
+// shutdown reports not ready (/readyz 503, gRPC health NOT_SERVING),
+// stops accepting, drains the proxy's and the RLS server's in-flight
+// requests together (bounded by ctx; past it, what is left is cut),
+// closes the agent (releasing its leases), then the dev components and the
+// HTTP endpoints. Safe to call twice.
 func (g *gateway) shutdown(ctx context.Context) error {
 	g.shutOnce.Do(func() {
+		g.stopping.Store(true)
+		if g.health != nil {
+			g.health.Shutdown()
+		}
+		close(g.stop)
 		var errs []error
+		var drain sync.WaitGroup // the two drains, joined here
+		var proxyErr error
 		if g.proxy != nil {
-			if err := g.proxy.Shutdown(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("proxy shutdown: %w", err))
-				g.proxy.Close()
-			}
+			drain.Add(1)
+			go func() {
+				defer drain.Done()
+				if err := g.proxy.Shutdown(ctx); err != nil {
+					proxyErr = fmt.Errorf("proxy shutdown: %w", err)
+					g.proxy.Close()
+				}
+			}()
 		}
 		if g.grpc != nil {
-			stopped := make(chan struct{})
-			go func() { g.grpc.GracefulStop(); close(stopped) }()
-			select {
-			case <-stopped:
-			case <-ctx.Done():
-				g.grpc.Stop()
-				<-stopped
-			}
+			drain.Add(1)
+			go func() {
+				defer drain.Done()
+				stopped := make(chan struct{})
+				go func() { g.grpc.GracefulStop(); close(stopped) }()
+				select {
+				case <-stopped:
+				case <-ctx.Done():
+					g.grpc.Stop()
+					<-stopped
+				}
+			}()
+		}
+		drain.Wait()
+		if proxyErr != nil {
+			errs = append(errs, proxyErr)
 		}
 		if g.agent != nil {
 			if err := g.agent.Close(ctx); err != nil {

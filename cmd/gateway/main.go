@@ -6,10 +6,13 @@
 //	gateway -upstream http://127.0.0.1:9000 -allocators 10.0.0.1:7420,10.0.0.2:7420 -config gateway.yaml
 //	gateway -upstream http://127.0.0.1:9000 -config gateway.yaml   # standalone: rules from the config's rules files
 //
-// SIGINT or SIGTERM shuts it down gracefully: the listeners stop accepting,
-// in-flight requests finish (bounded by -shutdown-timeout), and the agent
-// hands its unspent leases back. docs/gateway.md documents the flags, the
-// config file and the HTTP contract.
+// /readyz and the gRPC health service on the RLS port (grpc.health.v1)
+// report ready once the agent has rules: with -allocators, a rule set of
+// version ≥ 1 from them. SIGINT or SIGTERM shuts it down gracefully: both
+// report not ready, the listeners stop accepting, in-flight proxy and RLS
+// requests finish (bounded by -shutdown-timeout), and the agent hands its
+// unspent leases back. docs/gateway.md documents the flags, the config
+// file and the HTTP contract.
 package main
 
 import (
