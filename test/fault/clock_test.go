@@ -18,7 +18,8 @@ import (
 )
 
 // TestAgentClockJumps: an in-process agent whose clock (agent.Config.Now)
-// jumps 30 s backwards, then 60 s forwards, shares four keys with a steady
+// jumps 5 s backwards, then 15 s forwards (to 10 s ahead, past every lease
+// TTL; 30 s and 40 s with ALLOT_SOAK=1), shares four keys with a steady
 // agent, against three real allocator processes. (The gateway binary has
 // no clock hook; in production the agent's coarse clock is derived from
 // the monotonic clock, so a wall-clock step never reaches it. The hook
@@ -26,9 +27,12 @@ import (
 //
 // No panic and no Check error; the two agents together admit no more than
 // the limiter's B + R·T plus the debt floor B; the jumpy agent leases again
-// after each jump; and after the forward jump, which is longer than every
-// lease TTL, no token of a lease acquired before it is spent: a lease is
-// measured from its Acquire's send time on the agent's clock.
+// after each jump (after a backward jump, within the jump's length plus
+// the usual recovery: deadlines it computed before the jump, such as an
+// EXHAUSTED key's retry time, stretch by the jump); and after the forward
+// jump, which is longer than every lease TTL, no token of a lease acquired
+// before it is spent: a lease is measured from its Acquire's send time on
+// the agent's clock.
 func TestAgentClockJumps(t *testing.T) {
 	checkLeaks(t)
 	e := newEnv(t, envConfig{})
@@ -71,21 +75,25 @@ func TestAgentClockJumps(t *testing.T) {
 	}
 	load.waitChecks(t, 300)
 
-	// 30 s backwards.
+	back, ahead := 5*time.Second, 10*time.Second
+	if soak() {
+		back = 30 * time.Second
+	}
+	// Backwards.
 	before := leaseAllowed(jumpyReg)
 	backAt := time.Now()
-	offset.Store(int64(-30 * time.Second))
-	testproc.Eventually(t, recoveryBound, "jumpy leasing after the backward jump", func() bool { return leaseAllowed(jumpyReg) > before+20 })
+	offset.Store(int64(-back))
+	testproc.Eventually(t, back+recoveryBound, "jumpy leasing after the backward jump", func() bool { return leaseAllowed(jumpyReg) > before+20 })
 	recBack := time.Since(backAt)
 	load.waitChecks(t, 500)
 
-	// 60 s forwards: 30 s past real time, longer than every lease TTL
+	// Forwards, to 10 s past real time: longer than every lease TTL
 	// (FastLeaseArgs: 4 s at most). The first check must not spend a lease
 	// acquired before the jump.
 	okPre := okCalls()
 	before = leaseAllowed(jumpyReg)
 	fwdAt := time.Now()
-	offset.Store(int64(30 * time.Second))
+	offset.Store(int64(ahead))
 	d, err := jumpy.Check(context.Background(), "fault", []agent.Descriptor{{Entries: []rules.Entry{{Key: "api_key", Value: keys[0]}}}}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +114,8 @@ func TestAgentClockJumps(t *testing.T) {
 	phases := []struct {
 		name     string
 		from, to int64
-	}{{"before", 0, backAt.UnixNano()}, {"after −30s", backAt.UnixNano(), fwdAt.UnixNano()}, {"after +60s", fwdAt.UnixNano(), 1 << 62}}
+	}{{"before", 0, backAt.UnixNano()}, {"after −" + back.String(), backAt.UnixNano(), fwdAt.UnixNano()},
+		{"after +" + (back + ahead).String(), fwdAt.UnixNano(), 1 << 62}}
 	for _, ph := range phases {
 		var allowed, checked [2]int
 		deniedBy := map[agent.Source]int{}
@@ -160,7 +169,7 @@ func TestAgentClockJumps(t *testing.T) {
 		t.Errorf("%d checks returned an error", n)
 	}
 	rep := &report{
-		fault:     "agent clock −30 s, then +60 s (agent.Config.Now)",
+		fault:     "agent clock −" + back.String() + ", then +" + (back + ahead).String() + " (agent.Config.Now)",
 		bound:     "B+R·T + B; no lease spent past its send-time TTL",
 		worstOver: worst, worstFrac: worst / ceiling,
 		recovery: max(recBack, recFwd), requests: len(res),

@@ -44,6 +44,7 @@ func TestAgentPartition(t *testing.T) {
 
 	n := e.liveAgents()
 	okBefore := e.sample(mCallsOK)
+	bLease := e.gws[1].Metric(mLeaseAllowed)
 	cutAt := time.Now()
 	for _, p := range proxies {
 		p.Partition()
@@ -54,8 +55,11 @@ func TestAgentPartition(t *testing.T) {
 	testproc.Eventually(t, 5*time.Second, "gw-a's fallback to engage", func() bool { return e.gws[0].Metric(mFallback) == 1 })
 	engaged := time.Since(cutAt)
 	e.runFor(cut)
-	if v := e.gws[1].Metric(mFallback); v != 0 {
-		t.Errorf("gw-b, still connected, has allot_agent_fallback %v", v)
+	// gw-b, still connected, kept leasing. (Not "its breaker never
+	// opened": on a loaded machine three commits slower than the agent's
+	// 200 ms call timeout open it for a moment; the bound counts that.)
+	if v := e.gws[1].Metric(mLeaseAllowed); v < bLease+keyRate*cut.Seconds()/2 {
+		t.Errorf("gw-b, still connected, admitted %v from leases during the %v cut", v-bLease, cut)
 	}
 	healAt := time.Now()
 	for _, p := range proxies {

@@ -111,7 +111,9 @@ func TestFullClusterRestart(t *testing.T) {
 			after.frozenTokens, before.frozenTokens, before.frozenTokens, maxTokens)
 	}
 	// The idempotency record: a retry gets the recorded answer.
-	again, err := e.c.Nodes[1].Allocator(t).Acquire(ctx, frozen)
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	again, err := e.c.Nodes[1].Allocator(t).Acquire(rctx, frozen)
 	if err != nil {
 		t.Fatalf("retry of the frozen agent's call: %v", err)
 	}
