@@ -396,6 +396,10 @@ func (rep *report) print(w io.Writer) {
 	}
 	row("breaker opens", fmt.Sprint(l.BreakerOpens), get(func(*runResult) string { return "-" }), "")
 	tw.Flush()
+	if l.AcquireFailed > 0 || l.BreakerOpens > 0 {
+		fmt.Fprintf(w, "\nnote: %d Acquire calls failed (timed out) and agents' breakers opened %d times: the allocators did not keep up on this machine during the run, and the lease figures include the fallback's admission while they did not answer (fail-open, not charged once a breaker is open)\n",
+			l.AcquireFailed, l.BreakerOpens)
+	}
 	if rep.RedisSkipped != "" {
 		fmt.Fprintf(w, "\nredis baseline skipped: %s\n", rep.RedisSkipped)
 	}
