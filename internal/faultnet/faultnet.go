@@ -359,8 +359,10 @@ func (p *Proxy) delayOf(dir Direction) time.Duration {
 	return p.delay[dir]
 }
 
-func (p *Proxy) sawName(name string) {
+// named records l's sender (l.name is read under p.mu from then on).
+func (p *Proxy) named(l *link, name string) {
 	p.mu.Lock()
+	l.name = name
 	p.names[name]++
 	p.mu.Unlock()
 }
@@ -370,7 +372,7 @@ func (p *Proxy) sawName(name string) {
 type link struct {
 	p      *Proxy
 	client net.Conn
-	name   string // from Config.Identify; set before any pump starts
+	name   string // from Config.Identify; guarded by p.mu
 
 	mu     sync.Mutex // guards target and closed
 	target net.Conn
@@ -432,8 +434,7 @@ func (l *link) serve() {
 		if err != nil {
 			return
 		}
-		l.name = name
-		p.sawName(name)
+		p.named(l, name)
 		head = buf.Bytes()
 	}
 	if p.blocked(l) {

@@ -423,3 +423,56 @@ func TestCloseWithOpenClients(t *testing.T) {
 		t.Errorf("%d links after Close", p.Stats().Active)
 	}
 }
+
+// TestConcurrentControl: the controls race with connections being named
+// and pumped (run with -race).
+func TestConcurrentControl(t *testing.T) {
+	echo := newEcho(t)
+	p := newProxy(t, Config{Target: echo.addr(), Identify: lineName})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			switch i % 6 {
+			case 0:
+				p.Partition()
+			case 1:
+				p.Heal()
+			case 2:
+				p.Isolate("a")
+			case 3:
+				p.Rejoin("a")
+			case 4:
+				p.Delay(ToClient, time.Millisecond)
+			case 5:
+				p.Delay(ToClient, 0)
+				_ = p.Stats()
+				_ = p.Senders()
+			}
+		}
+	}()
+	for i := range 20 {
+		c, err := net.DialTimeout("tcp", p.Addr(), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := []string{"a", "b"}[i%2]
+		_, _ = roundTrip(c, bufio.NewReader(c), name, 50*time.Millisecond)
+		c.Close()
+	}
+	close(stop)
+	wg.Wait()
+	p.Heal()
+	p.Rejoin("a")
+	c := dial(t, p.Addr())
+	if got, err := roundTrip(c, bufio.NewReader(c), "b", 5*time.Second); err != nil || got != "b" {
+		t.Fatalf("after the storm: %q, %v", got, err)
+	}
+}
