@@ -2,15 +2,23 @@ package allocator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/grpc/metadata"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
+
+// advertisedFile, in Config.DataDir, records the addresses the node last
+// advertised and the cluster confirmed (or that it started with), so that
+// a restart can tell "I moved" from "someone registered me elsewhere".
+const advertisedFile = "advertised.json"
 
 // self returns this node's member record: its id and advertised addresses.
 func (s *Server) self() *allotv1.Member {
@@ -34,15 +42,15 @@ func sameAddrs(a, b *allotv1.Member) bool {
 	return a.GetRaftAddr() == b.GetRaftAddr() && a.GetGrpcAddr() == b.GetGrpcAddr() && a.GetHttpAddr() == b.GetHttpAddr()
 }
 
-// recordedAs reports whether the cluster's view rec of this node holds
-// me's addresses. The Raft address comes from the Raft configuration and
+// recordedAs reports whether the cluster's view rec of a node holds the
+// addresses of m. The Raft address comes from the Raft configuration and
 // is always there; an empty gRPC or HTTP address means the answering
-// replica has not applied the member record yet (it is catching up), which
-// is not a difference.
-func recordedAs(rec, me *allotv1.Member) bool {
+// replica has not applied the member record yet (it is catching up),
+// which is not a difference.
+func recordedAs(rec, m *allotv1.Member) bool {
 	same := func(recorded, mine string) bool { return recorded == "" || recorded == mine }
-	return rec.GetRaftAddr() == me.GetRaftAddr() && same(rec.GetGrpcAddr(), me.GetGrpcAddr()) &&
-		same(rec.GetHttpAddr(), me.GetHttpAddr())
+	return rec.GetRaftAddr() == m.GetRaftAddr() && same(rec.GetGrpcAddr(), m.GetGrpcAddr()) &&
+		same(rec.GetHttpAddr(), m.GetHttpAddr())
 }
 
 // withJoinToken adds the admin token to a node-to-node call that needs a
@@ -56,33 +64,175 @@ func (s *Server) withJoinToken(ctx context.Context) context.Context {
 	return ctx
 }
 
-// reregisterLoop runs on a node that resumed its Raft state. The cluster
-// may hold other addresses for it than it advertises now: it moved to a
-// new IP or port, or it now advertises a DNS name where it used to
-// advertise an IP. Then the leader cannot reach it, and it may never hear
-// from one. So it asks a member for the cluster's view (the leader it
-// knows of, Config.Join, then every other member it has a record of) and,
-// when that view lists it at other addresses, re-registers through that
-// member (AddVoter under its own id, which the leader applies as an
-// address change, as `allotctl cluster join` does by hand). A leader
-// checks its own entry in the Raft configuration instead. The loop ends
-// once a member confirms the addresses, once it has re-registered, once a
-// member's view no longer lists the node (it was removed while down: it
-// must not add itself back), or when the Server stops.
-func (s *Server) reregisterLoop() {
+// advertisedRecord is advertisedFile's content.
+type advertisedRecord struct {
+	Raft string `json:"raft_addr"`
+	GRPC string `json:"grpc_addr"`
+	HTTP string `json:"http_addr"`
+}
+
+func (r advertisedRecord) member(id string) *allotv1.Member {
+	return &allotv1.Member{Id: id, RaftAddr: r.Raft, GrpcAddr: r.GRPC, HttpAddr: r.HTTP}
+}
+
+// readAdvertised returns the recorded addresses (ok false when there is no
+// record: a data directory from before the record existed).
+func readAdvertised(dir string) (rec advertisedRecord, ok bool, err error) {
+	path := filepath.Join(dir, advertisedFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, fmt.Errorf("allocator: read %s: %w", path, err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, false, fmt.Errorf("allocator: %s: %w", path, err)
+	}
+	return rec, true, nil
+}
+
+// writeAdvertised records this node's advertised addresses (write, fsync,
+// rename).
+func (s *Server) writeAdvertised() error {
+	me := s.self()
+	b, err := json.Marshal(advertisedRecord{Raft: me.RaftAddr, GRPC: me.GrpcAddr, HTTP: me.HttpAddr})
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(s.cfg.DataDir, advertisedFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return fmt.Errorf("allocator: write %s: %w", path, err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("allocator: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// checkAddresses runs at start, once the node is open. A new data
+// directory records the addresses the node starts with. A resumed one
+// compares them with the record: unchanged, nothing to do; changed (the
+// node moved to a new IP or port, or now advertises a name), the
+// reregister loop runs; no record (a data directory from an older
+// version), it records the current ones and leaves the cluster alone.
+func (s *Server) checkAddresses() error {
+	if !s.node.existing {
+		return s.writeAdvertised()
+	}
+	old, ok, err := readAdvertised(s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	me := s.self()
+	switch {
+	case !ok:
+		s.log.Info("no record of the addresses this node advertised before; recording the current ones " +
+			"(if it moved, re-register it: allotctl cluster join)")
+		s.setOutcome(outcomeUnchanged)
+		return s.writeAdvertised()
+	case sameAddrs(old.member(me.Id), me):
+		s.setOutcome(outcomeUnchanged)
+		return nil
+	}
+	s.log.Info("this node advertises other addresses than at its last run; it will re-register",
+		"was_raft", old.Raft, "was_grpc", old.GRPC, "was_http", old.HTTP,
+		"raft", me.RaftAddr, "grpc", me.GrpcAddr, "http", me.HttpAddr)
+	prev := old.member(me.Id)
+	s.goFunc(func() { s.reregisterLoop(prev) })
+	return nil
+}
+
+// Outcomes of the address check (reregisterOutcome).
+const (
+	outcomeUnchanged    = "unchanged"          // the node advertises what it did at its last run
+	outcomeConfirmed    = "confirmed"          // the cluster already holds the new addresses
+	outcomeReregistered = "re-registered"      // it held the old ones; now it holds the new ones
+	outcomeNotMember    = "not a member"       // removed while down: left alone
+	outcomeElsewhere    = "recorded elsewhere" // the cluster holds addresses this node never advertised: left alone
+)
+
+func (s *Server) setOutcome(o string) { s.reregistered.Store(&o) }
+
+// reregisterOutcome returns how the address check ended ("" while the
+// reregister loop runs).
+func (s *Server) reregisterOutcome() string {
+	if p := s.reregistered.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// reregisterDecision is what to do given the cluster's view rec of this
+// node (nil: not in the configuration), its addresses at its last run
+// (old) and now (cur).
+func reregisterDecision(rec, old, cur *allotv1.Member) string {
+	// ours: each recorded address is unknown (""), the old one or the new
+	// one (a mix happens when the node led for a while after it moved: it
+	// registered its member record, not its Raft address).
+	ours := func(recorded, was, now string, optional bool) bool {
+		return (optional && recorded == "") || recorded == was || recorded == now
+	}
+	switch {
+	case rec == nil:
+		return outcomeNotMember
+	case recordedAs(rec, cur):
+		return outcomeConfirmed
+	case ours(rec.GetRaftAddr(), old.GetRaftAddr(), cur.GetRaftAddr(), false) &&
+		ours(rec.GetGrpcAddr(), old.GetGrpcAddr(), cur.GetGrpcAddr(), true) &&
+		ours(rec.GetHttpAddr(), old.GetHttpAddr(), cur.GetHttpAddr(), true):
+		return outcomeReregistered
+	default:
+		// An operator registered it at other addresses (a proxy, a NAT)
+		// on purpose: theirs wins.
+		return outcomeElsewhere
+	}
+}
+
+// reregisterLoop runs on a node that resumed its Raft state at other
+// advertised addresses than its last run's (old). The cluster still holds
+// the old ones, so the leader cannot reach it and it may never hear from
+// one. It asks a member for the cluster's view (the leader it knows of,
+// Config.Join, then every other member it has a record of) and, when that
+// view lists it at its old addresses, re-registers through that member
+// (AddVoter under its own id, which the leader applies as an address
+// change, as `allotctl cluster join` does by hand); a leader fixes its own
+// entry in the Raft configuration. The loop ends with the decision (see
+// reregisterDecision: a node removed while down does not add itself back)
+// or when the Server stops; the new addresses are recorded once the
+// cluster holds them.
+func (s *Server) reregisterLoop(old *allotv1.Member) {
 	wait := 200 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		outcome, err := s.reregisterOnce()
+		outcome, err := s.reregisterOnce(old)
 		if outcome != "" {
-			s.reregistered.Store(&outcome)
+			if outcome == outcomeConfirmed || outcome == outcomeReregistered {
+				if err := s.writeAdvertised(); err != nil {
+					s.log.Warn("addresses re-registered but not recorded", "err", err)
+				}
+			}
+			s.setOutcome(outcome)
 			return
 		}
 		// A cluster still electing a leader fails a few attempts; say so
 		// now and then, not every time.
 		if attempt%12 == 3 {
-			s.log.Warn("cannot confirm this node's addresses with the cluster yet; retrying", "attempt", attempt, "err", err)
+			s.log.Warn("cannot reach the cluster to re-register this node's addresses yet; retrying", "attempt", attempt, "err", err)
 		} else {
-			s.log.Debug("address check failed; retrying", "attempt", attempt, "err", err)
+			s.log.Debug("re-register attempt failed; retrying", "attempt", attempt, "err", err)
 		}
 		t := time.NewTimer(wait/2 + rand.N(wait/2+1))
 		select {
@@ -98,31 +248,15 @@ func (s *Server) reregisterLoop() {
 	}
 }
 
-// Outcomes of reregisterLoop.
-const (
-	outcomeConfirmed    = "confirmed"     // the cluster holds the advertised addresses
-	outcomeReregistered = "re-registered" // it held others; now it holds these
-	outcomeNotMember    = "not a member"  // removed: left alone
-)
-
-// reregisterOutcome returns how reregisterLoop ended ("" while it runs,
-// or when it did not run).
-func (s *Server) reregisterOutcome() string {
-	if p := s.reregistered.Load(); p != nil {
-		return *p
-	}
-	return ""
-}
-
 // reregisterOnce makes one pass over the members. It returns the outcome,
 // or "" and why not (try again later).
-func (s *Server) reregisterOnce() (outcome string, err error) {
+func (s *Server) reregisterOnce(old *allotv1.Member) (outcome string, err error) {
 	if s.IsLeader() {
-		return s.reregisterAsLeader()
+		return s.reregisterAsLeader(old)
 	}
 	var errs []error
 	for _, addr := range s.reregisterCandidates() {
-		outcome, err := s.reregisterVia(addr)
+		outcome, err := s.reregisterVia(addr, old)
 		if outcome != "" {
 			return outcome, nil
 		}
@@ -158,8 +292,8 @@ func (s *Server) reregisterCandidates() []string {
 }
 
 // reregisterVia asks the member at addr for the cluster's view of this
-// node and, if it lists other addresses, re-registers through it.
-func (s *Server) reregisterVia(addr string) (outcome string, err error) {
+// node and acts on it (reregisterDecision) through that member.
+func (s *Server) reregisterVia(addr string, old *allotv1.Member) (outcome string, err error) {
 	cc, err := s.fwd.conn(addr)
 	if err != nil {
 		return "", err
@@ -182,46 +316,51 @@ func (s *Server) reregisterVia(addr string) (outcome string, err error) {
 			rec = m
 		}
 	}
-	switch {
-	case rec == nil:
+	decision := reregisterDecision(rec, old, me)
+	switch decision {
+	case outcomeNotMember:
 		s.log.Warn("this node is not in the cluster's Raft configuration (removed while down?); not re-registering it",
 			"asked", st.GetNodeId())
-		return outcomeNotMember, nil
-	case recordedAs(rec, me):
-		s.log.Debug("the cluster holds this node's advertised addresses", "asked", st.GetNodeId())
-		return outcomeConfirmed, nil
+		return decision, nil
+	case outcomeElsewhere:
+		s.log.Warn("the cluster holds addresses for this node that it never advertised (registered by hand?); leaving them",
+			"asked", st.GetNodeId(), "recorded_raft", rec.GetRaftAddr(), "recorded_grpc", rec.GetGrpcAddr())
+		return decision, nil
+	case outcomeConfirmed:
+		return decision, nil
 	}
-	s.log.Info("the cluster holds other addresses for this node; re-registering", "via", st.GetNodeId(),
+	s.log.Info("re-registering this node at its new addresses", "via", st.GetNodeId(),
 		"recorded_raft", rec.GetRaftAddr(), "recorded_grpc", rec.GetGrpcAddr(), "recorded_http", rec.GetHttpAddr(),
 		"raft", me.RaftAddr, "grpc", me.GrpcAddr, "http", me.HttpAddr)
 	if _, err := admin.AddVoter(ctx, s.addVoterRequest()); err != nil {
 		return "", err
 	}
 	s.log.Info("re-registered at the advertised addresses")
-	return outcomeReregistered, nil
+	return decision, nil
 }
 
 // reregisterAsLeader fixes the leader's own entry in the Raft
 // configuration (leaderDuties registers its member record).
-func (s *Server) reregisterAsLeader() (outcome string, err error) {
+func (s *Server) reregisterAsLeader(old *allotv1.Member) (outcome string, err error) {
 	f := s.node.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return "", err
 	}
+	me := s.self()
+	var rec *allotv1.Member
 	for _, srv := range f.Configuration().Servers {
-		if string(srv.ID) != s.cfg.NodeID {
-			continue
+		if string(srv.ID) == me.Id {
+			rec = &allotv1.Member{Id: me.Id, RaftAddr: string(srv.Address)} // member records: registerSelf
 		}
-		if srv.Address == s.node.addr {
-			return outcomeConfirmed, nil
-		}
-		s.log.Info("the Raft configuration holds another address for this node; re-registering",
-			"recorded_raft", string(srv.Address), "raft", string(s.node.addr))
-		me := s.self()
-		if err := s.addVoter(me.Id, me.RaftAddr, me.GrpcAddr, me.HttpAddr); err != nil {
-			return "", err
-		}
-		return outcomeReregistered, nil
 	}
-	return outcomeNotMember, nil
+	decision := reregisterDecision(rec, old, me)
+	if decision != outcomeReregistered {
+		return decision, nil
+	}
+	s.log.Info("the Raft configuration holds this node's old address; re-registering",
+		"recorded_raft", rec.GetRaftAddr(), "raft", me.RaftAddr)
+	if err := s.addVoter(me.Id, me.RaftAddr, me.GrpcAddr, me.HttpAddr); err != nil {
+		return "", err
+	}
+	return decision, nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -278,8 +279,8 @@ func TestAdvertiseAddresses(t *testing.T) {
 	for i := range ac.nodes {
 		s := ac.node(i)
 		waitFor(t, 20*time.Second, fmt.Sprintf("n%d's address check", i), func() bool { return s.reregisterOutcome() != "" })
-		if got := s.reregisterOutcome(); got != outcomeConfirmed {
-			t.Errorf("n%d: address check %q, want %q (the names did not change)", i, got, outcomeConfirmed)
+		if got := s.reregisterOutcome(); got != outcomeUnchanged {
+			t.Errorf("n%d: address check %q, want %q (the names did not change)", i, got, outcomeUnchanged)
 		}
 	}
 	ls = ac.node(ac.leader())
@@ -357,6 +358,97 @@ func TestMovedNodeReregisters(t *testing.T) {
 	}
 	if _, ok := raftServers(t, tc.node(tc.leader()))[s.NodeID()]; ok {
 		t.Error("the removed node is back in the configuration")
+	}
+}
+
+// TestMovedSingleNode: a one-node cluster restarted on new ports leads
+// and fixes its own Raft address; a data directory without the address
+// record (an older version's) is left alone and gets one.
+func TestMovedSingleNode(t *testing.T) {
+	dir := t.TempDir()
+	s, err := New(testNodeConfig(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, s)
+	first := s.AdvertiseRaftAddr()
+	if rec, ok, err := readAdvertised(dir); err != nil || !ok || rec.Raft != first {
+		t.Fatalf("record after the first start: %+v %v %v, want raft %s", rec, ok, err, first)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = New(testNodeConfig(t, dir)) // port 0: new ports
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(context.Background()) }()
+	waitFor(t, 20*time.Second, "the address check", func() bool { return s.reregisterOutcome() != "" })
+	if got := s.reregisterOutcome(); got != outcomeReregistered {
+		t.Errorf("outcome %q, want %q", got, outcomeReregistered)
+	}
+	if got := raftServers(t, s)[s.NodeID()]; got != s.AdvertiseRaftAddr() || got == first {
+		t.Errorf("configuration holds %s, want the new %s", got, s.AdvertiseRaftAddr())
+	}
+	if rec, _, _ := readAdvertised(dir); rec.Raft != s.AdvertiseRaftAddr() {
+		t.Errorf("record %+v, want raft %s", rec, s.AdvertiseRaftAddr())
+	}
+	alloc, _ := dial(t, s.GRPCAddr())
+	if _, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: "moved", RequestId: 1,
+		Keys: []*allotv1.KeyAcquire{key("user", "m", 1)}}); err != nil {
+		t.Fatalf("Acquire after the move: %v", err)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// No record: left alone, recorded.
+	if err := os.Remove(filepath.Join(dir, advertisedFile)); err != nil {
+		t.Fatal(err)
+	}
+	s, err = New(testNodeConfig(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.reregisterOutcome(); got != outcomeUnchanged {
+		t.Errorf("without a record: outcome %q, want %q", got, outcomeUnchanged)
+	}
+	if rec, ok, _ := readAdvertised(dir); !ok || rec.Raft != s.AdvertiseRaftAddr() {
+		t.Errorf("without a record: now %+v, want raft %s", rec, s.AdvertiseRaftAddr())
+	}
+}
+
+// TestReregisterDecision: a moved node re-registers only over its own old
+// addresses; it leaves alone what an operator registered, and does not
+// add itself back once removed.
+func TestReregisterDecision(t *testing.T) {
+	m := func(raft, grpc, http string) *allotv1.Member {
+		return &allotv1.Member{Id: "n", RaftAddr: raft, GrpcAddr: grpc, HttpAddr: http}
+	}
+	old, cur := m("10.0.0.1:7421", "10.0.0.1:7420", "10.0.0.1:7422"), m("a-1.peers:7421", "a-1.peers:7420", "a-1.peers:7422")
+	for _, tt := range []struct {
+		name string
+		rec  *allotv1.Member
+		want string
+	}{
+		{"removed", nil, outcomeNotMember},
+		{"already new", m("a-1.peers:7421", "a-1.peers:7420", "a-1.peers:7422"), outcomeConfirmed},
+		{"new raft, member record not applied yet", m("a-1.peers:7421", "", ""), outcomeConfirmed},
+		{"old", m("10.0.0.1:7421", "10.0.0.1:7420", "10.0.0.1:7422"), outcomeReregistered},
+		{"old raft only", m("10.0.0.1:7421", "", ""), outcomeReregistered},
+		{"old raft, new grpc (it led after it moved)", m("10.0.0.1:7421", "a-1.peers:7420", ""), outcomeReregistered},
+		{"a proxy by hand", m("proxy:9000", "10.0.0.1:7420", "10.0.0.1:7422"), outcomeElsewhere},
+		{"old raft, a gRPC proxy by hand", m("10.0.0.1:7421", "proxy:9000", ""), outcomeElsewhere},
+	} {
+		if got := reregisterDecision(tt.rec, old, cur); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	// Only the gRPC port moved (the Raft address is the same).
+	old2, cur2 := m("r:1", "g:1", ""), m("r:1", "g:2", "")
+	if got := reregisterDecision(m("r:1", "g:1", ""), old2, cur2); got != outcomeReregistered {
+		t.Errorf("gRPC port moved: %q, want %q", got, outcomeReregistered)
 	}
 }
 

@@ -44,8 +44,8 @@ type Config struct {
 	// host must be a name or an IP the other nodes reach (not 0.0.0.0),
 	// and the port explicit. Empty: the bound address. With an advertise
 	// address the listen address may be 0.0.0.0 or :port. A node that
-	// resumes with other addresses than the cluster recorded for it
-	// re-registers itself (see Join).
+	// resumes at other addresses than at its last run re-registers itself
+	// (see Join).
 	AdvertiseGRPCAddr, AdvertiseRaftAddr, AdvertiseHTTPAddr string
 
 	// Bootstrap makes this node a one-member cluster when its data directory
@@ -53,11 +53,12 @@ type Config struct {
 	// cluster: the node asks it (through Admin.AddVoter, forwarded to the
 	// leader) to add it as a voter, retrying until it succeeds or the Server
 	// shuts down. A node whose data directory already holds Raft state
-	// ignores Bootstrap, and uses Join (or, without Join, the other
-	// members' recorded gRPC addresses) only to re-register itself when
-	// the cluster holds other addresses for it than it advertises now (it
-	// moved to a new IP or port): once a member confirms its addresses, or
-	// that it is no longer a member, it stops asking.
+	// ignores Bootstrap. It uses Join (or the leader it hears of, or the
+	// members it has records of) only when it advertises other addresses
+	// than at its last run (recorded in DataDir/advertised.json): it moved
+	// to a new IP or port. It then re-registers itself (AddVoter under its
+	// id) if the cluster still holds its old addresses; not if it was
+	// removed, or registered by hand at addresses it never advertised.
 	Bootstrap bool
 	Join      string
 

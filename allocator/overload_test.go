@@ -249,7 +249,12 @@ func TestFairnessUnderFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("flood measurement: skipped with -short")
 	}
-	tc := newTestCluster(t, 1)
+	// A per-agent limit of 50 calls/s (burst 50) instead of the default
+	// 200/s (burst 400): with -race on a loaded 2-core machine the 16
+	// flooding goroutines made only ~300 calls/s, under the default's
+	// 800 calls in 2 s, and were never refused. The well-behaved agents
+	// call 10 times a second each.
+	tc := newTestCluster(t, 1, func(_ int, c *Config) { c.AgentRate, c.AgentBurst = 50, 50 })
 	addr := tc.node(0).GRPCAddr()
 	ctx := ctxT(t)
 

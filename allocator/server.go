@@ -67,7 +67,8 @@ type Server struct {
 	// joinToken is the admin token presented when joining without a
 	// certificate (nil: none).
 	joinToken atomic.Pointer[string]
-	// reregistered is how reregisterLoop ended (nil: running, or not run).
+	// reregistered is how the address check ended (nil: the reregister
+	// loop runs).
 	reregistered atomic.Pointer[string]
 
 	// done is closed when Shutdown starts: waits, watchers and loops end.
@@ -182,11 +183,11 @@ func New(cfg Config) (*Server, error) {
 		s.startHTTP()
 	}
 	s.goFunc(s.leaderLoop)
-	switch {
-	case cfg.Join != "" && !s.hasJoined():
+	if cfg.Join != "" && !s.hasJoined() {
 		s.goFunc(s.joinLoop)
-	case s.hasJoined():
-		s.goFunc(s.reregisterLoop)
+	}
+	if err = s.checkAddresses(); err != nil {
+		return nil, err
 	}
 	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", s.node.bound, "http", s.httpAddr,
 		"advertise_grpc", s.advGRPC, "advertise_raft", string(s.node.addr), "advertise_http", s.advHTTP,
