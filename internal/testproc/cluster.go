@@ -28,12 +28,8 @@ type ClusterConfig struct {
 	DataDir func(i int) string
 	// Advertise, when set, returns the Raft address the other nodes must
 	// dial to reach node i (bound at raftBind), e.g. a fault-injecting
-	// proxy in front of it. The allocator advertises the address it binds
-	// (it has no separate advertise flag), so StartCluster then starts the
-	// other nodes without -join and adds each one itself with
-	// Admin.AddVoter at the advertised address, after re-addressing the
-	// bootstrap node the same way: every Raft connection is made to the
-	// advertised addresses from the start.
+	// proxy in front of it; it is passed as -advertise-raft-addr, so every
+	// Raft connection to the node goes through it from the start.
 	Advertise func(i int, raftBind string) string
 }
 
@@ -85,41 +81,22 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 		args := []string{"-node-id", n.ID, "-data-dir", n.DataDir, "-grpc-addr", n.GRPC,
 			"-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "info"}
 		args = append(args, cfg.Args...)
+		if cfg.Advertise != nil {
+			args = append(args, "-advertise-raft-addr", cfg.Advertise(i, n.Raft))
+		}
 		if i == 0 {
 			args = append(args, "-bootstrap")
 			for _, r := range cfg.Rules {
 				args = append(args, "-rules", r)
 			}
-		} else if cfg.Advertise == nil {
+		} else {
 			args = append(args, "-join", c.Nodes[0].GRPC)
 		}
 		n.Proc = NewProc("allocator-"+n.ID, cfg.Dir, cfg.Bin, args...)
 		c.Nodes = append(c.Nodes, n)
 	}
-	if cfg.Advertise == nil {
-		for _, n := range c.Nodes {
-			n.Proc.Start(t)
-		}
-	} else {
-		first := c.Nodes[0]
-		first.Proc.Start(t)
-		Eventually(t, 60*time.Second, first.ID+" /readyz", first.Ready)
-		for i, n := range c.Nodes {
-			if i > 0 {
-				n.Proc.Start(t)
-			}
-			req := &allotv1.AddVoterRequest{Id: n.ID, RaftAddr: cfg.Advertise(i, n.Raft), GrpcAddr: n.GRPC, HttpAddr: n.HTTP}
-			var err error
-			ok := Within(30*time.Second, func() bool {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_, err = first.Admin(t).AddVoter(ctx, req)
-				return err == nil
-			})
-			if !ok {
-				t.Fatalf("testproc: add %s at %s: %v", n.ID, req.RaftAddr, err)
-			}
-		}
+	for _, n := range c.Nodes {
+		n.Proc.Start(t)
 	}
 	c.WaitReady(t, 60*time.Second)
 	return c

@@ -38,12 +38,11 @@ func raftSender(r io.Reader) (string, error) {
 // TestAllocatorIsolated: the leader is cut off from its peers, both ways,
 // while agents and gateways still reach every node's gRPC port.
 //
-// The allocator advertises the Raft address it binds (no separate
-// advertise flag), so the cluster is formed by hand with every voter added
-// at a faultnet proxy in front of its Raft port (testproc.ClusterConfig.
-// Advertise). One proxy per destination cannot cut one node's outgoing
-// traffic alone, so each proxy identifies the sending node from the Raft
-// RPC header (raftSender) and isolates it.
+// Every node advertises (-advertise-raft-addr) a faultnet proxy in front of
+// its Raft port, so all Raft traffic goes through the proxies. One proxy
+// per destination cannot cut one node's outgoing traffic alone, so each
+// proxy identifies the sending node from the Raft RPC header (raftSender)
+// and isolates it.
 //
 // The minority side must grant nothing: no Acquire answered with the old
 // leader's id may carry a stamp after the isolation (it could not have

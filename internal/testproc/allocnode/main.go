@@ -47,6 +47,7 @@ func run(args []string) error {
 		grpcAddr    = fs.String("grpc-addr", def.GRPCAddr, "gRPC address")
 		raftAddr    = fs.String("raft-addr", def.RaftAddr, "Raft address")
 		httpAddr    = fs.String("http-addr", def.HTTPAddr, "HTTP address (empty: off)")
+		advRaft     = fs.String("advertise-raft-addr", "", "Raft address in the Raft configuration (default: the bound -raft-addr)")
 		bootstrap   = fs.Bool("bootstrap", false, "bootstrap a one-node cluster")
 		join        = fs.String("join", "", "gRPC address of a member to join")
 		logLevel    = fs.String("log-level", "info", "log level")
@@ -75,6 +76,7 @@ func run(args []string) error {
 	cfg := def
 	cfg.NodeID, cfg.DataDir = *nodeID, *dataDir
 	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = *grpcAddr, *raftAddr, *httpAddr
+	cfg.AdvertiseRaftAddr = *advRaft
 	cfg.Bootstrap, cfg.Join = *bootstrap, *join
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
 	cfg.ExpireInterval = *expire
