@@ -102,7 +102,7 @@ func (an *agentNode) fire(int64) {
 	w.eng.at(w.eng.now+int64(w.cfg.refill), an, 0)
 }
 
-// stop closes the agent (its Release goes through the model), then ends the
+// stop waits for the agent's call in flight, closes the agent, then ends the
 // driver goroutine.
 func (an *agentNode) stop() {
 	w := an.w

@@ -25,7 +25,7 @@ func runChurn(sc scale, seed uint64) (*result, error) {
 	tr := []*traffic{tf}
 	groups, groupOf, keys := layout(tr)
 	warm := min(sc.warmup, 5*time.Second)
-	cfg := worldConfig{seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
+	cfg := worldConfig{name: "churn", seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
 		lease: true, redis: true, baselines: true, warmup: warm, duration: sc.chaos, track: tf.keysOf()}
 	w, err := newWorld(cfg)
 	if err != nil {
@@ -117,7 +117,7 @@ func runChurn(sc scale, seed uint64) (*result, error) {
 	}
 	res.notes = append(res.notes, "no coordination here is a hash-routed local limiter (each key counted on the one gateway that sees it): a moved key starts over from a full bucket at its new gateway. The static R/N split is shown for completeness (under consistent hashing it caps a key at R/N).")
 
-	plot := plotSpec{file: "sim-churn.png", title: fmt.Sprintf("routing churn (%s): %d keys, admitted vs limit", sc.name, k), marks: marks}
+	plot := plotSpec{file: "sim-" + sc.name + "-churn.png", title: fmt.Sprintf("routing churn (%s): %d keys, admitted vs limit", sc.name, k), marks: marks}
 	for _, s := range w.systems {
 		plot.lines = append(plot.lines, w.seriesLine(s.name, sumSeries(trackedOf(s.rec, tf.keysOf())...), 5))
 	}

@@ -98,6 +98,10 @@ func (c *cluster) expireTick() {
 // virtual time: it times out after the agent's CallTimeout unless answered.
 func (c *cluster) call(r *rpc) {
 	w := c.w
+	if w.closing {
+		w.settle(r, rpcResult{err: status.Error(codes.Unavailable, "sim: shut down")})
+		return
+	}
 	c.calls++
 	r.sent = w.eng.now
 	w.eng.atFunc(r.sent+int64(w.cfg.callTimeout), func() {

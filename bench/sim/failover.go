@@ -31,7 +31,7 @@ func runFailover(sc scale, seed uint64) (*result, error) {
 	}
 	groups, groupOf, keys := layout(tr)
 	warm := min(sc.warmup, 5*time.Second)
-	cfg := worldConfig{seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
+	cfg := worldConfig{name: "failover", seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
 		lease: true, redis: true, baselines: true, warmup: warm, duration: sc.chaos, track: tr[0].keysOf()}
 	w, err := newWorld(cfg)
 	if err != nil {
@@ -98,7 +98,7 @@ func runFailover(sc scale, seed uint64) (*result, error) {
 	res.notes = append(res.notes, fmt.Sprintf("Redis: expected free burst ≈ (N−1)·R·RTO while every gateway fails open at R (≈ %s tokens here, capped by the offered 1.5 R), plus the tokens spent in the last RPO that the promoted replica hands out again (at most B per key).",
 		count(int64(k*min(float64(n-1)*r, 0.5*r)*redisRTO.Seconds()))))
 
-	plot := plotSpec{file: "sim-failover.png", title: fmt.Sprintf("failover (%s): %d keys over their limit, admitted vs limit", sc.name, tr[0].keys),
+	plot := plotSpec{file: "sim-" + sc.name + "-failover.png", title: fmt.Sprintf("failover (%s): %d keys over their limit, admitted vs limit", sc.name, tr[0].keys),
 		marks: []float64{kill.Seconds(), (kill + unavail).Seconds(), (kill + redisRTO).Seconds()}}
 	plot.lines = append(plot.lines, w.seriesLine("offered", sumSeries(offerOf(lease.rec, tr[0].keysOf())...), 5))
 	plot.lines[0].ref = true

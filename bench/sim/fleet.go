@@ -25,7 +25,7 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 		near++
 	}
 	cfg := worldConfig{
-		seed: seed, agents: sc.agents, keys: sc.keys, groups: []*group{g},
+		name: "fleet", seed: seed, agents: sc.agents, keys: sc.keys, groups: []*group{g},
 		lease: true, redis: true, baselines: true,
 		warmup: sc.warmup, duration: sc.fleet, track: []int{0, near},
 	}
@@ -105,7 +105,7 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 
 	smooth := 5
 	limit := float64(quota)
-	plot := plotSpec{file: "sim-fleet-hot.png", title: fmt.Sprintf("fleet (%s): the hottest key, offered %s vs limit %d/s", sc.name, rate(sc.base*p[0]), quota)}
+	plot := plotSpec{file: "sim-" + sc.name + "-fleet-hot.png", title: fmt.Sprintf("fleet (%s): the hottest key, offered %s vs limit %d/s", sc.name, rate(sc.base*p[0]), quota)}
 	plot.lines = append(plot.lines, w.seriesLine("offered", lr.offer[0], smooth))
 	plot.lines[0].ref = true
 	for _, s := range w.systems {

@@ -22,7 +22,7 @@ func runHotKey(sc scale, seed uint64) (*result, error) {
 	if sc.name == "tiny" {
 		warm, measure = 3*time.Second, 4*time.Second
 	}
-	cfg := worldConfig{seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
+	cfg := worldConfig{name: "hot-key", seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
 		lease: true, redis: true, baselines: true, warmup: warm, duration: measure, track: []int{0}}
 	w, err := newWorld(cfg)
 	if err != nil {
@@ -74,7 +74,7 @@ func runHotKey(sc scale, seed uint64) (*result, error) {
 			measured: lease.rec.falseRejectRate(), limit: 0.01, unit: "%"},
 	}
 	res.notes = append(res.notes, "pkg/redislimit's `shards:` (sub-keys) and batched modes exist for this case; they are not modelled here: the baseline is the design card's one script call per request.")
-	plot := plotSpec{file: "sim-hot-key.png", title: fmt.Sprintf("hot key (%s): offered %s, limit %s", sc.name, rate(sc.hotRate), rate(g.rate()))}
+	plot := plotSpec{file: "sim-" + sc.name + "-hot-key.png", title: fmt.Sprintf("hot key (%s): offered %s, limit %s", sc.name, rate(sc.hotRate), rate(g.rate()))}
 	plot.lines = append(plot.lines, w.seriesLine("offered", lease.rec.offer[0], 5))
 	plot.lines[0].ref = true
 	for _, s := range w.systems {

@@ -22,6 +22,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -56,6 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	md := fs.String("md", "", "also write the results as Markdown to this file")
 	imgDir := fs.String("md-img", "img", "image directory the Markdown links to")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	verbose := fs.Bool("v", false, "report progress (virtual time) on stderr")
 	parallel := fs.Int("parallel", runtime.NumCPU(), "scenarios run at once (each is single-threaded)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -82,6 +84,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err := os.MkdirAll(*plots, 0o755); err != nil {
 			fmt.Fprintf(stderr, "sim: %v\n", err)
 			return 1
+		}
+	}
+	if *verbose {
+		start := time.Now()
+		var mu sync.Mutex
+		progress = func(s string) {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(stderr, "sim: [%s] %s\n", time.Since(start).Round(time.Second), s)
 		}
 	}
 	if *cpuProfile != "" {

@@ -101,6 +101,13 @@ func (p *plotSpec) write(dir string) error {
 		pl.Legend.Add(l.name, ln)
 	}
 	pl.Y.Min = 0
+	top := 0.0
+	for _, l := range p.lines {
+		for _, y := range l.ys {
+			top = max(top, y)
+		}
+	}
+	pl.Y.Max = 1.3 * top // headroom for the legend
 	if len(p.marks) > 0 {
 		pl.Add(markers{xs: p.marks})
 	}

@@ -121,7 +121,7 @@ func runRetryStorm(sc scale, seed uint64) (*result, error) {
 	var bounds []bound
 	for i, mode := range retryModes {
 		g := &group{name: "storm", quota: quota, unit: time.Second, burst: quota}
-		cfg := worldConfig{seed: seed, agents: sc.agents, keys: 1, groups: []*group{g},
+		cfg := worldConfig{name: "retry-storm", seed: seed, agents: sc.agents, keys: 1, groups: []*group{g},
 			lease: true, warmup: 2 * time.Second, duration: sc.chaos - 2*time.Second, bin: 100 * time.Millisecond, track: []int{0}}
 		w, err := newWorld(cfg)
 		if err != nil {
@@ -167,7 +167,7 @@ func runRetryStorm(sc scale, seed uint64) (*result, error) {
 	res.bounds = bounds
 	res.notes = append(res.notes,
 		"pkg/client's retry loop is modelled from pkg/client/client.go (attempt, throttle check, Retry-After floor, MaxRetries); its Throttler and pkg/httplimit's Retry-After rounding are the real code. With Retry-After ≥ 1 s and a 100 ms base, the full-jitter delay of the first retries (≤ 800 ms) is always below the Retry-After floor, so pkg/client's retries land exactly Retry-After later, in lockstep, unless the throttle sheds them; adding the jitter on top of Retry-After (the proposal row) spreads them.")
-	plot := plotSpec{file: "sim-retry-storm.png", title: fmt.Sprintf("retry storm (%s): attempts reaching the limiter per second (limit %d/s)", sc.name, quota),
+	plot := plotSpec{file: "sim-" + sc.name + "-retry-storm.png", title: fmt.Sprintf("retry storm (%s): attempts reaching the limiter per second (limit %d/s)", sc.name, quota),
 		ylabel: "attempts (per second)", lines: plotLines, marks: []float64{herdAt.Seconds()}}
 	plot.lines = append(plot.lines, flatLine("limit R", 0, sc.chaos.Seconds(), float64(quota)))
 	res.plots = append(res.plots, plot)

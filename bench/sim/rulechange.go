@@ -25,7 +25,7 @@ func runRuleChange(sc scale, seed uint64) (*result, error) {
 	tr := []*traffic{tf}
 	groups, groupOf, keys := layout(tr)
 	warm := min(sc.warmup, 5*time.Second)
-	cfg := worldConfig{seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
+	cfg := worldConfig{name: "rule-change", seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
 		lease: true, warmup: warm, duration: sc.chaos, track: tf.keysOf()}
 	w, err := newWorld(cfg)
 	if err != nil {
@@ -133,7 +133,7 @@ func runRuleChange(sc scale, seed uint64) (*result, error) {
 		res.bounds = append(res.bounds, bound{system: "allot leases", what: "agents that never got the new rules", promise: "every agent gets them", measured: float64(missing), limit: 0})
 	}
 	res.notes = append(res.notes, "the allocator resets a key's bucket to full when its limit's parameters change (allocator/internal/state: slotFor), so a tightened limit hands out one burst of the new size on top of what agents already hold.")
-	plot := plotSpec{file: "sim-rule-change.png", title: fmt.Sprintf("rule change (%s): %d keys, limit halved at t=%s", sc.name, tf.keys, change),
+	plot := plotSpec{file: "sim-" + sc.name + "-rule-change.png", title: fmt.Sprintf("rule change (%s): %d keys, limit halved at t=%s", sc.name, tf.keys, change),
 		marks: []float64{change.Seconds()}}
 	plot.lines = append(plot.lines, w.seriesLine("allot leases", sum, 5))
 	plot.lines = append(plot.lines,

@@ -28,7 +28,7 @@ var scales = map[string]scale{
 	},
 	"quick": {
 		name: "quick", agents: 20,
-		keys: 100_000, base: 100_000, peak: 100_000, fleet: 25 * time.Second, warmup: 5 * time.Second,
+		keys: 100_000, base: 100_000, peak: 100_000, fleet: 20 * time.Second, warmup: 5 * time.Second,
 		chaos: 25 * time.Second, hotRate: 120_000, clients: 2000,
 	},
 	"full": {

@@ -43,7 +43,7 @@ func runUnreachable(sc scale, seed uint64) (*result, error) {
 	for _, t := range tr {
 		track = append(track, t.keysOf()...)
 	}
-	cfg := worldConfig{seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
+	cfg := worldConfig{name: "unreachable", seed: seed, agents: n, keys: keys, groups: groups, groupOf: groupOf,
 		lease: true, redis: true, baselines: true, warmup: warm, duration: sc.chaos, track: track}
 	w, err := newWorld(cfg)
 	if err != nil {
@@ -123,7 +123,7 @@ func runUnreachable(sc scale, seed uint64) (*result, error) {
 		"No coordination admits N×R on spread keys; every design admits R on consistent-hash keys, where one gateway sees the key. The cost of allot's R/N fail-open under skew is visible in the last column: the busy gateway's R/N share is too small for 70% of the traffic; with the allocator reachable the fair share follows demand.")
 
 	for _, tf := range []*traffic{sp, hs} {
-		plot := plotSpec{file: "sim-unreachable-" + tf.g.name + ".png",
+		plot := plotSpec{file: "sim-" + sc.name + "-unreachable-" + tf.g.name + ".png",
 			title: fmt.Sprintf("allocator unreachable (%s), %s keys: admitted vs limit", sc.name, tf.g.name),
 			marks: []float64{start.Seconds(), end.Seconds()}}
 		for _, s := range w.systems {

@@ -71,6 +71,7 @@ func rulesFile(groups []*group) *allotv1.RuleFile {
 // worldConfig describes one simulation run: the fleet, the key space, the
 // systems compared side by side on the same arrivals, and what to measure.
 type worldConfig struct {
+	name    string // the scenario, for progress lines
 	seed    uint64
 	agents  int
 	keys    int
@@ -117,6 +118,10 @@ func (c *worldConfig) defaults() {
 	}
 }
 
+// progress, when set (-v), receives a line every 5 virtual seconds of every
+// world. It must be safe for concurrent use (scenarios run in parallel).
+var progress func(string)
+
 // world is one simulation: engine, models, systems, measurements.
 type world struct {
 	cfg worldConfig
@@ -135,6 +140,8 @@ type world struct {
 
 	atMeasure counters // the cluster's counters when the warm-up ended
 	redisAt   [2]int64 // Redis ops and calls when the warm-up ended
+
+	closing bool // shutting down: calls fail at once
 
 	wg  sync.WaitGroup // the agents' driver goroutines
 	err error          // the first model failure
@@ -174,6 +181,16 @@ func newWorld(cfg worldConfig) (*world, error) {
 	if cfg.baselines {
 		w.addSystem(newLocalSystem(w, "no coordination (N×R)", false))
 		w.addSystem(newLocalSystem(w, "static R/N split", true))
+	}
+	if progress != nil {
+		var tick func()
+		tick = func() {
+			progress(fmt.Sprintf("%s: t=%s of %s", w.cfg.name, w.eng.since().Round(time.Second), time.Duration(w.end-epoch)))
+			if w.eng.now+int64(5*time.Second) < w.end {
+				w.eng.after(5*time.Second, tick)
+			}
+		}
+		w.eng.after(5*time.Second, tick)
 	}
 	w.eng.atFunc(w.measureFrom, func() {
 		if w.cl != nil {
@@ -276,9 +293,10 @@ func (w *world) run() error {
 	return w.err
 }
 
-// shutdown closes the lease agents (their Release goes through the model)
-// and ends their goroutines.
+// shutdown closes the lease agents and ends their goroutines. Calls made
+// while closing (the agents' Release) fail at once: the run is over.
 func (w *world) shutdown() {
+	w.closing = true
 	for _, an := range w.leaseAgents {
 		if an.a != nil {
 			an.stop()
