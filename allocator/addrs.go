@@ -17,7 +17,8 @@ import (
 
 // advertisedFile, in Config.DataDir, records the addresses the node last
 // advertised and the cluster confirmed (or that it started with), so that
-// a restart can tell "I moved" from "someone registered me elsewhere".
+// a restart can tell "I moved" from "an operator registered me elsewhere"
+// (a proxy, a NAT): the replicated configuration holds the latter too.
 const advertisedFile = "advertised.json"
 
 // self returns this node's member record: its id and advertised addresses.
@@ -127,33 +128,60 @@ func (s *Server) writeAdvertised() error {
 // directory records the addresses the node starts with. A resumed one
 // compares them with the record: unchanged, nothing to do; changed (the
 // node moved to a new IP or port, or now advertises a name), the
-// reregister loop runs; no record (a data directory from an older
-// version), it records the current ones and leaves the cluster alone.
+// reregister loop runs. Without a record (a data directory from a version
+// that kept none), the node's own replica stands in for it: its entry in
+// the Raft configuration and its member record.
 func (s *Server) checkAddresses() error {
 	if !s.node.existing {
 		return s.writeAdvertised()
 	}
-	old, ok, err := readAdvertised(s.cfg.DataDir)
+	rec, ok, err := readAdvertised(s.cfg.DataDir)
 	if err != nil {
 		return err
 	}
 	me := s.self()
-	switch {
-	case !ok:
-		s.log.Info("no record of the addresses this node advertised before; recording the current ones " +
-			"(if it moved, re-register it: allotctl cluster join)")
+	var old *allotv1.Member
+	if ok {
+		old = rec.member(me.Id)
+	} else if old = s.localView(); old == nil || recordedAs(old, me) {
+		// Not a voter here, or the replica holds these addresses.
 		s.setOutcome(outcomeUnchanged)
 		return s.writeAdvertised()
-	case sameAddrs(old.member(me.Id), me):
+	}
+	if sameAddrs(old, me) {
 		s.setOutcome(outcomeUnchanged)
 		return nil
 	}
 	s.log.Info("this node advertises other addresses than at its last run; it will re-register",
-		"was_raft", old.Raft, "was_grpc", old.GRPC, "was_http", old.HTTP,
-		"raft", me.RaftAddr, "grpc", me.GrpcAddr, "http", me.HttpAddr)
-	prev := old.member(me.Id)
-	s.goFunc(func() { s.reregisterLoop(prev) })
+		"was_raft", old.GetRaftAddr(), "was_grpc", old.GetGrpcAddr(), "was_http", old.GetHttpAddr(),
+		"raft", me.RaftAddr, "grpc", me.GrpcAddr, "http", me.HttpAddr, "from_record", ok)
+	s.goFunc(func() { s.reregisterLoop(old) })
 	return nil
+}
+
+// localView is this node as its own replica records it: its address in
+// the Raft configuration (read from its log and snapshot at start) and
+// its member record's (nil when it is not in the configuration).
+func (s *Server) localView() *allotv1.Member {
+	f := s.node.raft.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	var m *allotv1.Member
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) == s.cfg.NodeID {
+			m = &allotv1.Member{Id: s.cfg.NodeID, RaftAddr: string(srv.Address)}
+		}
+	}
+	if m == nil {
+		return nil
+	}
+	for _, r := range s.st.Members() {
+		if r.GetId() == s.cfg.NodeID {
+			m.GrpcAddr, m.HttpAddr = r.GetGrpcAddr(), r.GetHttpAddr()
+		}
+	}
+	return m
 }
 
 // Outcomes of the address check (reregisterOutcome).
