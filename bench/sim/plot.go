@@ -94,7 +94,11 @@ func (p *plotSpec) write(dir string) error {
 			ln.Color = color.Gray{Y: 150}
 			ln.Dashes = []vg.Length{vg.Points(2), vg.Points(2)}
 		default:
+			// Distinct colours and dashes: systems that admit the same
+			// traffic draw on top of each other.
 			ln.Color = plotutil.Color(ci)
+			ln.Dashes = plotutil.Dashes(ci)
+			ln.Width = vg.Points(1.6)
 			ci++
 		}
 		pl.Add(ln)
