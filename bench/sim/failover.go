@@ -93,7 +93,7 @@ func runFailover(sc scale, seed uint64) (*result, error) {
 	allow := k * (r*unavail.Seconds() + float64(n)*float64((g.burst+int64(n)-1)/int64(n)))
 	res.bounds = []bound{
 		{system: "allot leases", what: "tokens admitted beyond B + R·T in the failover window (all keys)",
-			promise: "(d): no re-grant; fail-open allowance R·T_unavailable + N·⌈B/N⌉ per key", measured: max(leaseOver, 0), limit: allow},
+			promise: "(d): no re-grant; fail-open allowance R·T_unavailable + N·⌈B/N⌉ per key", measured: max(leaseOver, 0), limit: allow, unit: "tokens"},
 	}
 	res.notes = append(res.notes, fmt.Sprintf("Redis: expected free burst ≈ (N−1)·R·RTO while every gateway fails open at R (≈ %s tokens here, capped by the offered 1.5 R), plus the tokens spent in the last RPO that the promoted replica hands out again (at most B per key).",
 		count(int64(k*min(float64(n-1)*r, 0.5*r)*redisRTO.Seconds()))))

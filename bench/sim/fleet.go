@@ -100,7 +100,7 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 			measured: ratioF(m.calls, lr.admitted), limit: 0.05},
 	}
 	res.notes = append(res.notes,
-		"over-admission counts a key's admissions in each aligned 10 s window beyond B + R·W, the most an exact token bucket can admit in W; false rejects are requests the system denied that one exact token bucket per key, fed the same arrivals, admitted.",
+		"over-admission counts a key's admissions in each aligned 10 s window beyond B + R·W, the most an exact token bucket can admit in W; false rejects count, per key and 10 s window, how many fewer requests the system admitted than one exact token bucket per key fed the same arrivals (over all in-quota requests); excess over exact is the converse, per key over the whole run.",
 		"Redis per request is modelled (16 shards, one core each at 100k script calls/s, 5 ms client deadline, breaker, fail-open onto a local bucket at R); the baselines are per-gateway token buckets at R (no coordination) and at R/N (static split).")
 
 	smooth := 5

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 )
@@ -36,7 +37,7 @@ type bound struct {
 	measured float64
 	limit    float64
 	atLeast  bool
-	unit     string // "%" (values are fractions), "s", "x", ""
+	unit     string // "%" (values are fractions), "s", "x", "tokens", ""
 	// target: an issue #7 performance target rather than a guarantee the
 	// design derives from its invariants (the tests assert the latter).
 	target bool
@@ -59,6 +60,8 @@ func fmtUnit(v float64, unit string) string {
 		return fmt.Sprintf("%.3f s", v)
 	case "x":
 		return fmt.Sprintf("%.2f×", v)
+	case "tokens":
+		return count(int64(math.Round(v)))
 	}
 	return fmt.Sprintf("%.4g", v)
 }

@@ -120,7 +120,8 @@ func runUnreachable(sc scale, seed uint64) (*result, error) {
 			measured: shareOf(lease, sf, warm, start), limit: 0.99, atLeast: true, unit: "%"},
 	}
 	res.notes = append(res.notes,
-		"No coordination admits N×R on spread keys; every design admits R on consistent-hash keys, where one gateway sees the key. The cost of allot's R/N fail-open under skew is visible in the last column: the busy gateway's R/N share is too small for 70% of the traffic; with the allocator reachable the fair share follows demand.")
+		"No coordination admits N×R on spread keys; every design admits R on consistent-hash keys, where one gateway sees the key. During the outage allot's R/N fail-open cannot follow skew: the busy gateway's R/N share is too small for 70% of the traffic (the static split's problem, for the outage's duration).",
+		"Before the outage, with the allocator reachable, the 1000/s skewed keys are admitted in full (the fair share follows demand), but the 20/s ones are not: each of the N−1 lightly loaded agents asks for at least ⌈demand·1 s⌉ + 1 low-water token (2 here), so the needs exceed the key's capacity C = max(B, R·1 s) = 20 and the water-filling hands every agent about C/N = 1 token per interval, starving the busy agent, which then runs on its R/N fallback. Low-rate keys spread over many gateways are where the lease sizing needs work.")
 
 	for _, tf := range []*traffic{sp, hs} {
 		plot := plotSpec{file: "sim-" + sc.name + "-unreachable-" + tf.g.name + ".png",
