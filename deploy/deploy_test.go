@@ -423,9 +423,9 @@ func TestLocalCluster(t *testing.T) {
 		return err == nil && strings.Contains(out, "alloc-3") && strings.Count(out, "voter") == 3, out
 	})
 
-	// 8. A member comes back at a new address with its data (a Kubernetes
-	// pod rescheduled with a new IP, deploy/kubernetes/allocator.yaml's
-	// allocator.sh): re-registering under the same id updates the Raft
+	// 8. A member comes back at a new address with its data (a node moved
+	// without -advertise-*-addr; deploy/kubernetes advertises stable DNS
+	// names instead): re-registering under the same id updates the Raft
 	// configuration. Then back to its own address, under cluster.sh.
 	c.mustScript("stop", "alloc-3")
 	p := func(off int) string { return fmt.Sprintf("127.0.0.1:%d", c.base+off) }

@@ -39,6 +39,10 @@ type fileConfig struct {
 	// Redis configures the backend of rules with `backend: redis`; without
 	// it such rules are decided by a local bucket (docs/redis.md).
 	Redis *redislimit.FileConfig `yaml:"redis"`
+	// MaxRequestBodyBytes bounds a proxied request's body: larger is a 413
+	// (before the upstream is called when Content-Length says so). 0 means
+	// the default, 10 MiB; -1 means no limit.
+	MaxRequestBodyBytes int64 `yaml:"max_request_body_bytes"`
 
 	httplimit.Config `yaml:",inline"`
 }
@@ -144,6 +148,9 @@ func parseConfig(name string, src []byte) (fileConfig, error) {
 	if _, err := httplimit.NewExtractor(cfg.Config); err != nil {
 		return fileConfig{}, fmt.Errorf("%s: %w", name, err)
 	}
+	if cfg.MaxRequestBodyBytes < -1 {
+		return fileConfig{}, fmt.Errorf("%s: max_request_body_bytes: must be -1 (no limit), 0 (default) or positive, got %d", name, cfg.MaxRequestBodyBytes)
+	}
 	if cfg.Redis != nil {
 		if _, err := cfg.Redis.Config(); err != nil {
 			return fileConfig{}, fmt.Errorf("%s: redis: %w", name, err)
@@ -180,4 +187,18 @@ func yamlError(name string, err error) error {
 		out = append(out, name+": "+m)
 	}
 	return errors.New(strings.Join(out, "\n"))
+}
+
+// defaultMaxRequestBodyBytes is max_request_body_bytes' default.
+const defaultMaxRequestBodyBytes = 10 << 20
+
+// bodyLimit returns the request body bound, or 0 for none.
+func (c fileConfig) bodyLimit() int64 {
+	switch {
+	case c.MaxRequestBodyBytes < 0:
+		return 0
+	case c.MaxRequestBodyBytes == 0:
+		return defaultMaxRequestBodyBytes
+	}
+	return c.MaxRequestBodyBytes
 }

@@ -155,7 +155,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		return g, err
 	}
 	mw := &httplimit.Middleware{Checker: g.agent, Extractor: ex, Metrics: met, Logger: logger}
-	handler := mw.Wrap(newProxy(target, upTLS, logger))
+	handler := limitBody(mw.Wrap(newProxy(target, upTLS, logger)), cfg.bodyLimit())
 
 	serverTLS, err := cfg.TLS.serverTLS()
 	if err != nil {
@@ -191,6 +191,8 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		if serverTLS != nil {
 			opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		}
+		// Envoy's RateLimitRequests are small: bound what a client can send.
+		opts = append(opts, grpc.MaxRecvMsgSize(rlsMaxRecvMsgSize))
 		g.grpc = grpc.NewServer(opts...)
 		srv.Register(g.grpc)
 		// grpc.health.v1.Health: NOT_SERVING until ready (see ready), and
@@ -506,6 +508,10 @@ func newProxy(target *url.URL, tc *tls.Config, logger *slog.Logger) *httputil.Re
 			if errors.Is(err, context.Canceled) {
 				return // the client went away
 			}
+			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+				writeTooLarge(w, mbe.Limit)
+				return
+			}
 			logger.Warn("gateway: upstream error", "err", err, "method", r.Method) // no path: it may carry keys
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusBadGateway)
@@ -584,4 +590,33 @@ func allocatorCredentials(t tlsConfig, logger *slog.Logger) (creds credentials.T
 		}
 	}
 	return l.ClientCredentials(t.ServerName, tlsconfig.RoleAllocator), id, nil
+}
+
+// rlsMaxRecvMsgSize bounds one RLS request (Envoy sends a few descriptors).
+const rlsMaxRecvMsgSize = 1 << 20
+
+// limitBody answers 413 for a request whose declared body exceeds limit,
+// and bounds the bytes read from any body to limit (the proxy's error
+// handler turns the overflow into a 413). limit 0: no bound.
+func limitBody(next http.Handler, limit int64) http.Handler {
+	if limit <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			writeTooLarge(w, limit)
+			return
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeTooLarge(w http.ResponseWriter, limit int64) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	fmt.Fprintf(w, `{"error":"request_too_large","message":"The request body is larger than %d bytes."}`, limit)
 }
