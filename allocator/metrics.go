@@ -6,6 +6,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/allot/allot/allocator/internal/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -174,7 +175,10 @@ func (s *Server) setupMetrics() error {
 	reg := s.cfg.Registerer
 	switch g, ok := reg.(prometheus.Gatherer); {
 	case reg == nil:
+		// The node's own registry: also the Go runtime and process
+		// metrics (memory per key is read from them, bench/load).
 		r := prometheus.NewRegistry()
+		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		s.registries, s.gather = []prometheus.Registerer{r}, r
 	case ok:
 		s.registries, s.gather = []prometheus.Registerer{reg}, g
