@@ -855,6 +855,31 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
+	// Issue #9: the panels for the newer metrics stay on the dashboard.
+	for _, m := range []string{
+		"allot_agent_check_seconds_bucket", "allot_agent_rule_decisions_total",
+		"allot_agent_acquire_calls_total", "allot_agent_tokens_total",
+		"allot_allocator_rejected_calls_total", "allot_allocator_inflight_calls",
+		"allot_allocator_snapshot_capture_seconds_bucket", "allot_allocator_snapshot_persist_seconds_bucket",
+		"allot_allocator_snapshot_restore_seconds_bucket", "allot_allocator_snapshot_bytes_bucket",
+		"allot_allocator_snapshot_failures_total", "allot_allocator_snapshot_last_index",
+		"allot_allocator_snapshot_last_timestamp_seconds",
+	} {
+		if !used[m] {
+			t.Errorf("no panel queries %s", m)
+		}
+	}
+	for _, sel := range []string{`result="throttled"`, `kind="paid"`} {
+		found := false
+		for _, p := range dash.Panels {
+			for _, tg := range p.Targets {
+				found = found || strings.Contains(tg.Expr, sel)
+			}
+		}
+		if !found {
+			t.Errorf("no panel selects %s", sel)
+		}
+	}
 	t.Logf("%d panels use %d metrics: %v", len(dash.Panels), len(used), sortedKeys(used))
 }
 
