@@ -22,10 +22,15 @@ import (
 )
 
 // rulesYAML is the workload's rule file: every user value has its own budget
-// of limit/s with the given burst, on the given backend, and one "probe" key
+// of limit/s with the given burst, on the given backend (split into shards
+// sub-keys when shards > 1), and one "probe" key
 // with a limit far above anything the probe spends (for the batch-timed
 // leased checks).
-func rulesYAML(limit, burst int, backend string) []byte {
+func rulesYAML(limit, burst int, backend string, shards int) []byte {
+	sh := ""
+	if shards > 1 {
+		sh = fmt.Sprintf("\n      shards: %d", shards)
+	}
 	return fmt.Appendf(nil, `domain: %s
 descriptors:
   - key: user
@@ -33,14 +38,14 @@ descriptors:
       unit: second
       requests_per_unit: %d
       burst: %d
-      backend: %s
+      backend: %s%s
   - key: probe
     rate_limit:
       unit: second
       requests_per_unit: 1000000000
       burst: 1000000000
       backend: %s
-`, domain, limit, burst, backend, backend)
+`, domain, limit, burst, backend, sh, backend)
 }
 
 // cluster is the allocator cluster under test: processes the harness

@@ -1,8 +1,11 @@
 // Command load is allot's end-to-end load harness: a three-node allocator
 // cluster (cmd/allocator processes, Raft over TCP, bolt with fsync) and K
 // agents in this process, driven by an open-loop workload, then the same
-// workload against the Redis backend (one Lua EVALSHA per check, a
-// redis-server the harness starts) for the baseline.
+// workload against the Redis backend (a redis-server the harness starts):
+// one Lua EVALSHA per check for the baseline and, with -redis-modes, also
+// sharded sub-keys and batched mode, each in turn on the same requests,
+// compared in one table (issue #5's four rows: lease, eval, sharded,
+// batched).
 //
 // Run it from the repository root (make bench-load runs `make build` first,
 // so bin/allocator is fresh):
@@ -10,6 +13,7 @@
 //	make bench-load ARGS='-workload longtail -out longtail.json'
 //	go run ./bench/load -workload hot
 //	go run ./bench/load -workload skew -redis off
+//	go run ./bench/load -workload longtail -redis-modes eval,sharded,batched
 //	go run ./bench/load -allocators 10.0.0.1:7420,10.0.0.2:7420,10.0.0.3:7420
 //
 // The workload: requests for M keys chosen by Zipf(s), each key limited to
@@ -28,8 +32,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/allot/allot/pkg/rules"
 )
 
 // options are the harness's flags.
@@ -57,15 +64,21 @@ type options struct {
 	dir          string
 	redis        string
 	redisBin     string
-	out          string
-	probe        bool
-	quiet        bool
-	refill       time.Duration
-	callTimeout  time.Duration
-	cpuProfile   string
-	coldAgents   bool
-	traceKey     string
-	traceStep    time.Duration
+	// redisModes are the Redis runs, in order (parsed from -redis-modes);
+	// redisShards is the rule's shards for the sharded modes; redisDuration
+	// is each Redis run's length (0: duration).
+	redisModes    []redisMode
+	redisShards   int
+	redisDuration time.Duration
+	out           string
+	probe         bool
+	quiet         bool
+	refill        time.Duration
+	callTimeout   time.Duration
+	cpuProfile    string
+	coldAgents    bool
+	traceKey      string
+	traceStep     time.Duration
 }
 
 // preset is a named workload: the flag values it sets unless the flag is
@@ -145,6 +158,10 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.dir, "dir", "", "directory for data dirs and logs (default: a new temp dir, removed after)")
 	fs.StringVar(&o.redis, "redis", "auto", "Redis baseline: auto (start redis-server, skip if missing), off, or HOST:PORT of a running server (its data is not flushed)")
 	fs.StringVar(&o.redisBin, "redis-bin", "redis-server", "redis-server binary")
+	modes := fs.String("redis-modes", string(modeEval), "Redis runs after the lease run, in order, comma-separated: "+strings.Join(modeNames(), ", ")+
+		" (eval: one EVALSHA per check; sharded: the rule has shards: -redis-shards; batched: redislimit.Batcher; sharded-batched: both)")
+	fs.IntVar(&o.redisShards, "redis-shards", 4, "shards: N of the rule in the sharded Redis modes (capped at the limit and the burst)")
+	fs.DurationVar(&o.redisDuration, "redis-duration", 0, "length of each Redis run (0: -duration); the requests are a prefix of the lease run's")
 	fs.StringVar(&o.out, "out", "", "write the JSON report to this file")
 	fs.BoolVar(&o.probe, "probe", true, "after the lease run, batch-time checks on a key with a live lease")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
@@ -167,6 +184,10 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	var err error
+	if o.redisModes, err = parseRedisModes(*modes); err != nil {
+		return o, err
 	}
 	if o.workload != "" {
 		p, ok := presets[o.workload]
@@ -215,11 +236,67 @@ func (o options) validate() error {
 		return errors.New("-trace-step must be positive")
 	case o.refill < 0 || o.callTimeout < 0:
 		return errors.New("-refill-interval and -call-timeout must not be negative")
+	case o.redisShards < 2 || o.redisShards > rules.MaxShards:
+		return fmt.Errorf("-redis-shards must be in [2, %d], got %d", rules.MaxShards, o.redisShards)
+	case o.redisDuration != 0 && (o.redisDuration < time.Second || o.redisDuration > time.Hour):
+		return fmt.Errorf("-redis-duration must be 0 or in [1s, 1h], got %v", o.redisDuration)
 	}
 	if o.rate*o.duration.Seconds() > maxEvents {
 		return fmt.Errorf("-rate × -duration = %.0f requests, more than the %d the harness records", o.rate*o.duration.Seconds(), maxEvents)
 	}
 	return nil
+}
+
+// redisMode is one way the Redis runs decide the workload's rule.
+type redisMode string
+
+const (
+	modeEval           redisMode = "eval"            // one EVALSHA per check (the baseline)
+	modeSharded        redisMode = "sharded"         // shards: N, one sub-key per check (a second when it denies)
+	modeBatched        redisMode = "batched"         // redislimit.Batcher on the key
+	modeShardedBatched redisMode = "sharded-batched" // redislimit.Batcher on one sub-key of N
+)
+
+var allModes = []redisMode{modeEval, modeSharded, modeBatched, modeShardedBatched}
+
+func modeNames() []string {
+	out := make([]string, len(allModes))
+	for i, m := range allModes {
+		out[i] = string(m)
+	}
+	return out
+}
+
+// sharded reports whether the mode's rule has shards: -redis-shards.
+func (m redisMode) sharded() bool { return m == modeSharded || m == modeShardedBatched }
+
+// batched reports whether the mode's agents use a Batcher.
+func (m redisMode) batched() bool { return m == modeBatched || m == modeShardedBatched }
+
+// backend is the mode's runResult.Backend: "redis" for eval (the name the
+// reports have always used), "redis-" + mode otherwise.
+func (m redisMode) backend() string {
+	if m == modeEval {
+		return "redis"
+	}
+	return "redis-" + string(m)
+}
+
+// parseRedisModes parses -redis-modes: known modes, comma-separated, each
+// at most once, at least one.
+func parseRedisModes(s string) ([]redisMode, error) {
+	var out []redisMode
+	for _, f := range strings.Split(s, ",") {
+		m := redisMode(strings.TrimSpace(f))
+		if !slices.Contains(allModes, m) {
+			return nil, fmt.Errorf("-redis-modes: unknown mode %q (want %s)", m, strings.Join(modeNames(), ", "))
+		}
+		if slices.Contains(out, m) {
+			return nil, fmt.Errorf("-redis-modes: %q given twice", m)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // progress prints a progress line on stderr unless -quiet.

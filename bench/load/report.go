@@ -23,28 +23,38 @@ type report struct {
 	Machine       machineInfo  `json:"machine"`
 	TimerOverhead latencyNS    `json:"timer_pair_overhead_ns"`
 	Lease         *runResult   `json:"lease"`
-	Redis         *runResult   `json:"redis,omitempty"`
-	RedisSkipped  string       `json:"redis_skipped,omitempty"`
-	Ratios        *ratios      `json:"ratios,omitempty"`
-	Targets       []target     `json:"targets"`
+	Redis         *runResult   `json:"redis,omitempty"` // -redis-modes eval: one EVALSHA per check
+	// RedisModes holds the other -redis-modes runs by mode name (sharded,
+	// batched, sharded-batched).
+	RedisModes   map[string]*runResult `json:"redis_modes,omitempty"`
+	RedisSkipped string                `json:"redis_skipped,omitempty"`
+	// Backends is the comparison table: the lease run, then each Redis run
+	// in -redis-modes order.
+	Backends   []backendRow `json:"backends,omitempty"`
+	redisOrder []redisMode
+	Ratios     *ratios  `json:"ratios,omitempty"`
+	Targets    []target `json:"targets"`
 }
 
 type workloadInfo struct {
-	Name               string  `json:"name"`
-	Keys               int     `json:"keys"`
-	ZipfS              float64 `json:"zipf_s"`
-	Rate               float64 `json:"target_rate"`
-	Limit              int     `json:"limit_per_second"`
-	Burst              int     `json:"burst"`
-	Agents             int     `json:"agents"`
-	Skew               float64 `json:"skew"`
-	SkewRotate         string  `json:"skew_rotate"`
-	Duration           string  `json:"duration"`
-	Window             string  `json:"window"`
-	Workers            int     `json:"workers"`
-	Seed               uint64  `json:"seed"`
-	ColdShareExpected  float64 `json:"cold_share_expected"`  // requests to keys whose expected rate < 1/s
-	ColdShareGenerated float64 `json:"cold_share_generated"` // requests to keys that got < 1/s in the lease run
+	Name               string   `json:"name"`
+	Keys               int      `json:"keys"`
+	ZipfS              float64  `json:"zipf_s"`
+	Rate               float64  `json:"target_rate"`
+	Limit              int      `json:"limit_per_second"`
+	Burst              int      `json:"burst"`
+	Agents             int      `json:"agents"`
+	Skew               float64  `json:"skew"`
+	SkewRotate         string   `json:"skew_rotate"`
+	Duration           string   `json:"duration"`
+	Window             string   `json:"window"`
+	Workers            int      `json:"workers"`
+	Seed               uint64   `json:"seed"`
+	ColdShareExpected  float64  `json:"cold_share_expected"`  // requests to keys whose expected rate < 1/s
+	ColdShareGenerated float64  `json:"cold_share_generated"` // requests to keys that got < 1/s in the lease run
+	RedisModes         []string `json:"redis_modes,omitempty"`
+	RedisShards        int      `json:"redis_shards,omitempty"`   // the rule's shards in the sharded modes (before capping)
+	RedisDuration      string   `json:"redis_duration,omitempty"` // each Redis run's length when not Duration
 }
 
 func newWorkloadInfo(o options) workloadInfo {
@@ -52,10 +62,22 @@ func newWorkloadInfo(o options) workloadInfo {
 	if name == "" {
 		name = "custom"
 	}
-	return workloadInfo{Name: name, Keys: o.keys, ZipfS: o.zipfS, Rate: o.rate, Limit: o.limit, Burst: o.burst,
+	w := workloadInfo{Name: name, Keys: o.keys, ZipfS: o.zipfS, Rate: o.rate, Limit: o.limit, Burst: o.burst,
 		Agents: o.agents, Skew: o.skew, SkewRotate: o.skewRotate.String(), Duration: o.duration.String(),
 		Window: o.window.String(), Workers: o.workers, Seed: o.seed,
 		ColdShareExpected: round(coldShareExpected(o.keys, o.zipfS, o.rate), 4)}
+	if o.redis != "off" {
+		for _, m := range o.redisModes {
+			w.RedisModes = append(w.RedisModes, string(m))
+			if m.sharded() {
+				w.RedisShards = o.redisShards
+			}
+		}
+		if o.redisDuration > 0 {
+			w.RedisDuration = o.redisDuration.String()
+		}
+	}
+	return w
 }
 
 type machineInfo struct {
@@ -85,6 +107,8 @@ func latencyOf(h *hdrhistogram.Histogram) latencyNS {
 // runResult is one backend's run.
 type runResult struct {
 	Backend      string  `json:"backend"`
+	RedisMode    string  `json:"redis_mode,omitempty"` // eval, sharded, batched, sharded-batched
+	Shards       int     `json:"shards,omitempty"`     // sub-keys per key in the sharded modes (the rule's shards, capped)
 	Seconds      float64 `json:"seconds"`
 	Scheduled    int64   `json:"scheduled"`
 	Issued       int64   `json:"issued"`
@@ -96,10 +120,12 @@ type runResult struct {
 	BySource map[string][2]int64  `json:"decisions_by_source"` // [denied, allowed]
 	Accuracy accuracy             `json:"accuracy"`
 
-	// StoreOps: Acquire calls (lease) or script calls (redis).
+	// StoreOps: Acquire calls (lease) or script calls (redis: checks,
+	// batch takes and give-backs, the give-backs at the end included).
 	StoreOps            int64   `json:"store_ops"`
 	StoreOpsPerAdmitted float64 `json:"store_ops_per_admitted"`
 	StoreErrors         int64   `json:"store_errors,omitempty"`
+	SecondTries         int64   `json:"redis_second_tries,omitempty"` // sharded checks that tried a second sub-key
 	AcquireFailed       int64   `json:"acquire_failed,omitempty"`
 	AcquireKeys         int64   `json:"acquire_keys,omitempty"`
 	TokensGranted       int64   `json:"tokens_granted,omitempty"`
@@ -227,6 +253,63 @@ type ratios struct {
 	FalseRejectPct   [2]float64 `json:"false_reject_pct_lease_redis"`
 }
 
+// backendRow is one row of the comparison table (issue #5): one backend or
+// Redis mode on the same workload.
+type backendRow struct {
+	Backend             string  `json:"backend"`
+	ChecksPerSec        float64 `json:"checks_per_second"`
+	Dropped             int64   `json:"dropped_late"`
+	P50                 int64   `json:"p50_ns"`
+	P99                 int64   `json:"p99_ns"`
+	StoreOps            int64   `json:"store_ops"` // Acquire calls or Redis script calls
+	StoreOpsPerAdmitted float64 `json:"store_ops_per_admitted"`
+	Admitted            int64   `json:"admitted"`
+	WorstOverPct        float64 `json:"worst_over_admission_pct"`
+	OverAdmittedTokens  float64 `json:"over_admitted_tokens"`
+	KeysOver1Pct        int     `json:"keys_over_1pct"`
+	FalseRejectPct      float64 `json:"false_reject_pct"`
+	CPUPerCheckNS       float64 `json:"cpu_per_check_ns"`
+}
+
+func newBackendRow(name string, r *runResult) backendRow {
+	a := r.Accuracy
+	return backendRow{Backend: name, ChecksPerSec: round(r.ChecksPerSec, 1), Dropped: r.Dropped,
+		P50: r.Latency["all"].P50, P99: r.Latency["all"].P99,
+		StoreOps: r.StoreOps, StoreOpsPerAdmitted: round(r.StoreOpsPerAdmitted, 5), Admitted: a.Admitted,
+		WorstOverPct: round(a.WorstOverPct, 3), OverAdmittedTokens: a.OverAdmittedTokens, KeysOver1Pct: a.KeysOver1Pct,
+		FalseRejectPct: round(a.FalseRejectPct, 3), CPUPerCheckNS: round(r.CPUPerCheckNS, 0)}
+}
+
+// rowName is a run's name in the comparison table.
+func rowName(r *runResult) string {
+	switch redisMode(r.RedisMode) {
+	case modeEval:
+		return "redis: EVAL per check"
+	case modeSharded:
+		return fmt.Sprintf("redis: %d sharded sub-keys", r.Shards)
+	case modeBatched:
+		return "redis: batched"
+	case modeShardedBatched:
+		return fmt.Sprintf("redis: batched, %d sub-keys", r.Shards)
+	}
+	return r.Backend
+}
+
+// redisRuns returns the Redis runs in -redis-modes order.
+func (rep *report) redisRuns() []*runResult {
+	var out []*runResult
+	for _, m := range rep.redisOrder {
+		if m == modeEval {
+			if rep.Redis != nil {
+				out = append(out, rep.Redis)
+			}
+		} else if r := rep.RedisModes[string(m)]; r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // target is one of issue #7's targets, evaluated on this run.
 type target struct {
 	Name     string  `json:"name"`
@@ -241,6 +324,12 @@ type target struct {
 func (rep *report) finish(o options) {
 	rep.Time = time.Now().UTC().Format(time.RFC3339)
 	l, r := rep.Lease, rep.Redis
+	if redis := rep.redisRuns(); len(redis) > 0 && l != nil {
+		rep.Backends = []backendRow{newBackendRow("lease", l)}
+		for _, rr := range redis {
+			rep.Backends = append(rep.Backends, newBackendRow(rowName(rr), rr))
+		}
+	}
 	if l != nil && r != nil {
 		div := func(a, b float64) float64 {
 			if b == 0 {
@@ -403,6 +492,9 @@ func (rep *report) print(w io.Writer) {
 	if rep.RedisSkipped != "" {
 		fmt.Fprintf(w, "\nredis baseline skipped: %s\n", rep.RedisSkipped)
 	}
+	if len(rep.RedisModes) > 0 {
+		rep.printBackends(w)
+	}
 	fmt.Fprintln(w, "\ntargets (lease):")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, t := range rep.Targets {
@@ -424,6 +516,36 @@ func (rep *report) print(w io.Writer) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", t.Name, applies, bound, measured, met)
 	}
 	tw.Flush()
+}
+
+// printBackends writes the comparison table: one row per backend or Redis
+// mode (issue #5's four rows with -redis-modes eval,sharded,batched).
+func (rep *report) printBackends(w io.Writer) {
+	fmt.Fprintf(w, "\nbackends on the same requests (Redis runs %s each):\n", rep.redisDuration())
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tchecks/s\tdropped\tp50\tp99\tstore ops / admitted\tover-admission, worst key\tover-admitted tokens\tfalse rejects\tCPU / check")
+	for _, b := range rep.Backends {
+		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%s\t%s\t%.4f (%d)\t%.3f%% (%d keys > 1%%)\t%.0f\t%.3f%%\t%s\n",
+			b.Backend, b.ChecksPerSec, b.Dropped, ns(b.P50), ns(b.P99), b.StoreOpsPerAdmitted, b.StoreOps,
+			b.WorstOverPct, b.KeysOver1Pct, b.OverAdmittedTokens, b.FalseRejectPct, ns(int64(b.CPUPerCheckNS)))
+	}
+	tw.Flush()
+	for _, r := range rep.redisRuns() {
+		if r.StoreErrors > 0 || r.CheckErrors > 0 {
+			fmt.Fprintf(w, "note: %s: %d Redis call errors, %d check errors\n", rowName(r), r.StoreErrors, r.CheckErrors)
+		}
+		if r.SecondTries > 0 {
+			fmt.Fprintf(w, "%s: %d checks tried a second sub-key\n", rowName(r), r.SecondTries)
+		}
+	}
+}
+
+// redisDuration is the Redis runs' length as the report records it.
+func (rep *report) redisDuration() string {
+	if rr := rep.redisRuns(); len(rr) > 0 {
+		return time.Duration(rr[0].Seconds * float64(time.Second)).Round(100 * time.Millisecond).String()
+	}
+	return rep.Workload.Duration
 }
 
 func sources(m map[string][2]int64) string {

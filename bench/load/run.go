@@ -22,8 +22,8 @@ import (
 	"github.com/allot/allot/pkg/rules"
 )
 
-// run sets up, runs the lease backend and then the Redis baseline on the
-// same workload, and returns the report.
+// run sets up, runs the lease backend and then each Redis mode on the same
+// workload, and returns the report.
 func run(o options) (*report, error) {
 	ctx := context.Background()
 	dir := o.dir
@@ -56,16 +56,25 @@ func run(o options) (*report, error) {
 	case "off":
 		rep.RedisSkipped = "-redis off"
 	default:
-		res, skip, err := runRedis(ctx, o, dir, wl)
+		runs, skip, err := runRedis(ctx, o, dir)
 		switch {
 		case err != nil:
 			return nil, fmt.Errorf("redis run: %w", err)
 		case skip != "":
 			rep.RedisSkipped = skip
-			o.progress("redis baseline skipped: %s", skip)
-		default:
-			rep.Redis = res
+			o.progress("redis runs skipped: %s", skip)
 		}
+		for _, res := range runs {
+			if res.RedisMode == string(modeEval) {
+				rep.Redis = res
+				continue
+			}
+			if rep.RedisModes == nil {
+				rep.RedisModes = map[string]*runResult{}
+			}
+			rep.RedisModes[res.RedisMode] = res
+		}
+		rep.redisOrder = o.redisModes
 	}
 	rep.Machine.LoadAvgEnd = loadAvg()
 	rep.finish(o)
@@ -87,7 +96,7 @@ func runLease(ctx context.Context, o options, dir string, wl *workload) (*runRes
 		return nil, err
 	}
 	defer c.stop()
-	version, err := c.putRules(ctx, rulesYAML(o.limit, o.burst, "lease"))
+	version, err := c.putRules(ctx, rulesYAML(o.limit, o.burst, "lease", 0))
 	if err != nil {
 		return nil, err
 	}
@@ -208,14 +217,15 @@ func runLease(ctx context.Context, o options, dir string, wl *workload) (*runRes
 	return res, nil
 }
 
-// runRedis runs the workload against K standalone agents whose rule has the
-// redis backend: every check is one EVALSHA of pkg/redislimit's script. skip
-// is non-empty when the baseline cannot run (no redis-server).
-func runRedis(ctx context.Context, o options, dir string, wl *workload) (res *runResult, skip string, err error) {
+// runRedis starts a redis-server (or connects to -redis HOST:PORT) and
+// runs the workload against it once per -redis-modes entry, in order, each
+// on the same request sequence (a prefix of it with -redis-duration). skip
+// is non-empty when the runs cannot happen (no redis-server).
+func runRedis(ctx context.Context, o options, dir string) (runs []*runResult, skip string, err error) {
 	addr := o.redis
-	var srv *redisServer
+	var pids []int
 	if o.redis == "auto" {
-		srv, err = startRedis(ctx, o.redisBin, dir)
+		srv, err := startRedis(ctx, o.redisBin, dir)
 		if errors.Is(err, exec.ErrNotFound) {
 			return nil, fmt.Sprintf("%s not found (apt-get install redis-server)", o.redisBin), nil
 		}
@@ -224,75 +234,147 @@ func runRedis(ctx context.Context, o options, dir string, wl *workload) (res *ru
 		}
 		defer srv.stop()
 		addr = srv.addr
+		pids = append(pids, srv.pid())
 	} else if err := waitRedis(ctx, addr, 10*time.Second); err != nil {
 		return nil, "", err
 	}
-	set, err := rules.Compile(1, []rules.File{{Name: domain + ".yaml", Domain: domain, Source: rulesYAML(o.limit, o.burst, "redis")}})
+	ro := o
+	if o.redisDuration > 0 {
+		ro.duration = o.redisDuration
+	}
+	// newWorkload(ro) draws the same keys and agents in the same order as
+	// the lease run's workload: only the end differs.
+	wl := newWorkload(ro)
+	for _, m := range o.redisModes {
+		res, err := runRedisMode(ctx, ro, addr, pids, wl, m)
+		if err != nil {
+			return runs, "", fmt.Errorf("%s: %w", m, err)
+		}
+		runs = append(runs, res)
+	}
+	return runs, "", nil
+}
+
+// runRedisMode runs the workload against K standalone agents whose rule has
+// the redis backend, decided as mode says: every check one EVALSHA of
+// pkg/redislimit's script (eval), the same on one sub-key of the rule's
+// -redis-shards (sharded, a second sub-key when the first denies), or from
+// local batches a Batcher per agent takes from Redis and gives back
+// (batched, sharded-batched). Every agent has its own Backend (connection
+// pool); all share one key prefix, fresh per run, so that each key is one
+// global budget and a running server's old keys do not count.
+func runRedisMode(ctx context.Context, o options, addr string, pids []int, wl *workload, mode redisMode) (*runResult, error) {
+	shards := 0
+	if mode.sharded() {
+		shards = o.redisShards
+	}
+	set, err := rules.Compile(1, []rules.File{{Name: domain + ".yaml", Domain: domain, Source: rulesYAML(o.limit, o.burst, "redis", shards)}})
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	agents := make([]*agent.Agent, o.agents)
 	backends := make([]*redislimit.Backend, o.agents)
+	batchers := make([]*redislimit.Batcher, o.agents)
+	closeBatchers := func() error {
+		// Hand every held token back before the stats are read and the
+		// backends close.
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var errs []error
+		for i, bt := range batchers {
+			if bt != nil {
+				errs = append(errs, bt.Close(cctx))
+				batchers[i] = nil
+			}
+		}
+		return errors.Join(errs...)
+	}
 	defer func() {
 		closeAgents(agents)
+		_ = closeBatchers()
 		for _, b := range backends {
 			if b != nil {
 				_ = b.Close()
 			}
 		}
 	}()
-	// A fresh key prefix per run, shared by every agent (one global budget
-	// per key), so that a running server's old keys do not count.
-	prefix := fmt.Sprintf("allot-load-%d:", time.Now().UnixNano())
+	prefix := fmt.Sprintf("allot-load-%d-%s:", time.Now().UnixNano(), mode)
 	for i := range agents {
 		rc := redislimit.DefaultConfig()
 		rc.Addrs = []string{addr}
 		// One connection per worker that may route to this agent, a
 		// timeout and breaker generous enough that a stall of the shared
-		// machine does not turn the baseline into a failure test: every
-		// check goes to Redis, and errors are counted.
+		// machine does not turn the run into a failure test: every
+		// check goes to Redis (or to a batch taken from it), and errors
+		// are counted.
 		rc.PoolSize = o.workers
 		rc.Timeout = 2 * time.Second
 		rc.BreakerFailures = 1 << 20
 		rc.KeyPrefix = prefix
 		if backends[i], err = redislimit.New(rc); err != nil {
-			return nil, "", err
+			return nil, err
+		}
+		rl := &redislimit.RuleLimiter{Backend: backends[i]}
+		if mode.batched() {
+			if batchers[i], err = redislimit.NewBatcher(backends[i], redislimit.DefaultBatchConfig()); err != nil {
+				return nil, err
+			}
+			rl.Batcher = batchers[i]
 		}
 		cfg := agent.DefaultConfig()
 		cfg.Rules = set
-		cfg.Redis = &redislimit.RuleLimiter{Backend: backends[i]}
+		cfg.Redis = rl
 		if agents[i], err = agent.New(cfg); err != nil {
-			return nil, "", err
+			return nil, err
 		}
 	}
 
-	o.progress("redis run: %s, %.0f req/s, one EVALSHA per check", o.duration, o.rate)
-	res = &runResult{Backend: "redis"}
-	var pids []int
-	if srv != nil {
-		pids = append(pids, srv.pid())
+	res := &runResult{Backend: mode.backend(), RedisMode: string(mode)}
+	if mode.sharded() {
+		if r := set.Match(domain, wl.descs[0].Entries); r != nil {
+			res.Shards = redislimit.Shards(r.Limit, r.Shards)
+		}
 	}
+	o.progress("redis run (%s): %s, %.0f req/s, %s", mode, o.duration, o.rate, mode.about(res.Shards))
 	cpu := startCPU(pids)
 	t0 := time.Now()
 	workers := wl.drive(ctx, checkers(agents))
 	elapsed := time.Since(t0)
+	if err := closeBatchers(); err != nil {
+		// The failed calls are counted in the backends' Errors below.
+		o.progress("redis run (%s): giving batches back: %v", mode, err)
+	}
 	cpu.stop(res)
 	res.merge(workers, elapsed)
 	for _, b := range backends {
 		st := b.Stats()
 		res.StoreOps += int64(st.Calls)
 		res.StoreErrors += int64(st.Errors + st.FastFails)
+		res.SecondTries += int64(st.SecondTries)
 	}
 	o.progress("analysing %d decisions", res.Issued)
 	events, err := mergeEvents(workers)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if res.Accuracy, err = analyze(events, int64(o.limit), int64(o.burst), o.agents, o.window, o.duration); err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	res.finish()
-	return res, "", nil
+	return res, nil
+}
+
+// about describes the mode in a progress line.
+func (m redisMode) about(shards int) string {
+	switch m {
+	case modeSharded:
+		return fmt.Sprintf("%d sub-keys, one EVALSHA per check (two near the limit)", shards)
+	case modeBatched:
+		return "batches taken from the key and spent locally"
+	case modeShardedBatched:
+		return fmt.Sprintf("batches taken from one of %d sub-keys and spent locally", shards)
+	}
+	return "one EVALSHA per check"
 }
 
 func checkers(agents []*agent.Agent) []checker {
