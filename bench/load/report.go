@@ -540,10 +540,10 @@ func (rep *report) printBackends(w io.Writer) {
 	}
 }
 
-// redisDuration is the Redis runs' length as the report records it.
+// redisDuration is each Redis run's scheduled length.
 func (rep *report) redisDuration() string {
-	if rr := rep.redisRuns(); len(rr) > 0 {
-		return time.Duration(rr[0].Seconds * float64(time.Second)).Round(100 * time.Millisecond).String()
+	if d := rep.Workload.RedisDuration; d != "" {
+		return d
 	}
 	return rep.Workload.Duration
 }
