@@ -11,6 +11,25 @@
 //	go run ./bench/gateway -mode standalone      # agent without allocator (local buckets)
 //	go run ./bench/gateway -mode lease-inprocess # the allocator in this process (its CPU counts as the gateway's)
 //	go run ./bench/gateway -duration 2s -rounds 1
+//	go run ./bench/gateway -burn 4 -allocator-cpus 1  # also the limited proxy while the allocator's CPU is saturated
+//	go run ./bench/gateway -allocator 127.0.0.1:7001  # an allocator already running (it must serve -print-rules)
+//
+// With -burn N the allocator child spins N goroutines (its flag
+// -debug-burn-cpu, as cmd/allocator's) during two more targets,
+// "bare+burnN" and "limited+burnN": the same proxies, agent, keys and live
+// leases, measured while the allocator's CPU is saturated. The bare proxy
+// under burn is the control (the burner takes a core from everything else
+// on the machine), so the limited proxy under burn is compared with it.
+// Each round runs the targets in a rotated order and switches the burn on
+// and off through the child's stdin.
+// -allocator-cpus runs the child under taskset (pin this process with
+// "taskset -c 0 ..." to keep the load generator and the gateway apart from
+// it). For every limited target the harness also reads the agent's metrics
+// (the registry the gateway serves on /metrics): allot_agent_check_seconds
+// (sampled, 1 check in 64) as p50/p99 the way histogram_quantile computes
+// them, the Acquire calls by result and their latency, the tokens by kind,
+// the descriptors decided by the fallback bucket, and the largest value of
+// allot_agent_fallback seen (polled every 100 ms).
 //
 // Every request is allowed (the rule's limit is far above the offered
 // load), so both targets do the same upstream work; the difference is the
@@ -40,12 +59,14 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/allocator"
@@ -70,23 +91,48 @@ descriptors:
 
 var exit int
 
+// options are the command's flags.
+type options struct {
+	duration, warmup time.Duration
+	rounds, conc     int
+	mode             string
+	allocator        string // external allocator address ("" = start one)
+	burn             int    // goroutines the allocator child spins during the "burn" target (0 = no such target)
+	allocatorCPUs    string // taskset CPU list for the allocator child
+}
+
 func main() {
 	defer func() { os.Exit(exit) }()
+	var o options
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every target once (bare, limited, and with -burn the limited proxy under burn)")
+	flag.IntVar(&o.conc, "c", 16, "concurrent workers (each with keep-alive connections)")
+	flag.StringVar(&o.mode, "mode", "lease", "agent mode: lease (single-node allocator in a child process), lease-inprocess (in this process: its CPU is counted) or standalone (no allocator)")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each run (not measured)")
+	flag.StringVar(&o.allocator, "allocator", "", "gRPC address of a running allocator to use instead of starting one (it must serve the rules -print-rules shows)")
+	flag.IntVar(&o.burn, "burn", 0, "with -mode lease: add a target that measures the limited proxy while the allocator child spins this many goroutines (its -debug-burn-cpu)")
+	flag.StringVar(&o.allocatorCPUs, "allocator-cpus", "", "with -mode lease: run the allocator child under taskset -c LIST (e.g. 1)")
 	var (
-		duration    = flag.Duration("duration", 10*time.Second, "length of each run")
-		rounds      = flag.Int("rounds", 3, "rounds; each runs the bare and the limited proxy once")
-		concurrency = flag.Int("c", 16, "concurrent workers (each with keep-alive connections)")
-		mode        = flag.String("mode", "lease", "agent mode: lease (single-node allocator in a child process), lease-inprocess (in this process: its CPU is counted) or standalone (no allocator)")
-		child       = flag.Bool("allocator-child", false, "internal: run the allocator and print its address")
-		warmup      = flag.Duration("warmup", time.Second, "warm-up before each run (not measured)")
-		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark to this file")
+		child      = flag.Bool("allocator-child", false, "internal: run the allocator and print its address")
+		childBurn  = flag.Int("debug-burn-cpu", 0, "with -allocator-child: goroutines spinning from the start (stdin \"burn N\" changes it)")
+		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark to this file")
+		printRules = flag.Bool("print-rules", false, "print the benchmark's rule file (domain bench) and exit")
 	)
 	flag.Parse()
+	if *printRules {
+		fmt.Print(strings.TrimPrefix(benchRules, "\n"))
+		return
+	}
 	if *child {
-		if err := runAllocatorChild(); err != nil {
+		if err := runAllocatorChild(*childBurn); err != nil {
 			log.Print(err)
 			exit = 1
 		}
+		return
+	}
+	if err := o.validate(); err != nil {
+		log.Print(err)
+		exit = 2
 		return
 	}
 	if *cpuprofile != "" {
@@ -99,10 +145,31 @@ func main() {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	if err := run(*duration, *warmup, *rounds, *concurrency, *mode); err != nil {
+	if err := run(o); err != nil {
 		log.Print(err)
 		exit = 1
 	}
+}
+
+func (o options) validate() error {
+	switch o.mode {
+	case "lease", "lease-inprocess", "standalone":
+	default:
+		return fmt.Errorf("-mode %q: want lease, lease-inprocess or standalone", o.mode)
+	}
+	if o.burn < 0 || o.burn > 256 {
+		return errors.New("-burn must be in [0, 256]")
+	}
+	if (o.burn > 0 || o.allocatorCPUs != "") && (o.mode != "lease" || o.allocator != "") {
+		return errors.New("-burn and -allocator-cpus need -mode lease and no -allocator (they act on the allocator child)")
+	}
+	if o.allocator != "" && o.mode == "standalone" {
+		return errors.New("-allocator needs -mode lease")
+	}
+	if o.rounds < 1 || o.conc < 1 || o.duration <= 0 {
+		return errors.New("-rounds, -c and -duration must be positive")
+	}
+	return nil
 }
 
 func serve(h http.Handler) (string, func(), error) {
@@ -127,7 +194,7 @@ func newProxy(target *url.URL) *httputil.ReverseProxy {
 	}
 }
 
-func run(duration, warmup time.Duration, rounds, conc int, mode string) error {
+func run(o options) error {
 	quiet := slog.New(slog.DiscardHandler)
 	body := []byte(`{"ok":true,"message":"hello from the benchmark upstream"}`)
 	upURL, stopUp, err := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -141,31 +208,34 @@ func run(duration, warmup time.Duration, rounds, conc int, mode string) error {
 	target, _ := url.Parse(upURL)
 
 	files := []rules.File{{Name: "bench.yaml", Source: []byte(benchRules)}}
+	reg := prometheus.NewRegistry()
 	acfg := agent.DefaultConfig()
 	acfg.Logger = quiet
-	switch mode {
-	case "standalone":
+	acfg.Registerer = reg
+	var child *allocatorChild
+	switch {
+	case o.mode == "standalone":
 		set, err := rules.Compile(1, files)
 		if err != nil {
 			return err
 		}
 		acfg.Rules = set
-	case "lease", "lease-inprocess":
-		var addr string
-		var stopAlloc func()
-		var err error
-		if mode == "lease" {
-			addr, stopAlloc, err = spawnAllocator()
-		} else {
-			addr, stopAlloc, err = startAllocator(files, quiet)
+	case o.allocator != "":
+		acfg.Allocators = []string{o.allocator}
+	case o.mode == "lease":
+		child, err = spawnAllocator(o.allocatorCPUs)
+		if err != nil {
+			return err
 		}
+		defer child.stop()
+		acfg.Allocators = []string{child.addr}
+	default: // lease-inprocess
+		addr, stopAlloc, err := startAllocator(files, quiet)
 		if err != nil {
 			return err
 		}
 		defer stopAlloc()
 		acfg.Allocators = []string{addr}
-	default:
-		return fmt.Errorf("-mode %q: want lease, lease-inprocess or standalone", mode)
 	}
 	ag, err := agent.New(acfg)
 	if err != nil {
@@ -211,51 +281,118 @@ func run(duration, warmup time.Duration, rounds, conc int, mode string) error {
 	}
 	defer stopLimited()
 
-	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, agent mode %s, GOMAXPROCS %d\n",
-		rounds, duration, conc, mode, runtime.GOMAXPROCS(0))
-	fmt.Printf("%-8s %-8s %12s %10s %10s %10s %10s %12s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9", "CPU/req")
-	total := map[string]*hdrhistogram.Histogram{
-		"bare":    hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3),
-		"limited": hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3),
+	// A target is a proxy (bare or limited) and a burn level; "+burnN"
+	// targets run while the allocator child spins N goroutines. The bare
+	// proxy under burn is the control: the burner shares the machine, so
+	// the added latency under burn is limited+burnN minus bare+burnN.
+	names := []string{"bare", "limited"}
+	burnSuffix := fmt.Sprintf("+burn%d", o.burn)
+	if o.burn > 0 {
+		names = append(names, "bare"+burnSuffix, "limited"+burnSuffix)
+	}
+	baseOf := func(name string) string { // the bare target measured alike
+		if strings.HasSuffix(name, burnSuffix) {
+			return "bare" + burnSuffix
+		}
+		return "bare"
+	}
+	isBare := func(name string) bool { return strings.HasPrefix(name, "bare") }
+	burning := func(name string) bool { return o.burn > 0 && strings.HasSuffix(name, burnSuffix) }
+	where := o.mode
+	if o.allocator != "" {
+		where += " (allocator " + o.allocator + ")"
+	}
+	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, agent mode %s, GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
+		o.rounds, o.duration, o.conc, where, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
+	fmt.Printf("%-6s %-14s %12s %10s %10s %10s %10s %12s %s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9", "CPU/req", "agent (limited targets)")
+	total := map[string]*hdrhistogram.Histogram{}
+	stats := map[string]*agentStats{}
+	for _, n := range names {
+		total[n] = hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3)
+		stats[n] = &agentStats{}
 	}
 	count := map[string]int64{}
 	cpu := map[string]time.Duration{}
-	for r := 1; r <= rounds; r++ {
-		order := []string{"bare", "limited"}
-		if r%2 == 0 {
-			order = []string{"limited", "bare"}
+	for r := 1; r <= o.rounds; r++ {
+		order := make([]string, len(names)) // rotate so that drift hits every target alike
+		for i := range names {
+			order[i] = names[(i+r-1)%len(names)]
 		}
 		for _, name := range order {
-			u := bareURL
-			if name == "limited" {
-				u = limitedURL
+			u := limitedURL
+			if isBare(name) {
+				u = bareURL
 			}
-			load(u, warmup, conc) // warm connections and caches
+			if burning(name) {
+				if err := child.setBurn(o.burn); err != nil {
+					return err
+				}
+			}
+			load(u, o.warmup, o.conc) // warm connections and caches (and, under burn, let the leases feel it)
+			before, err := gatherAgent(reg)
+			if err != nil {
+				return err
+			}
+			poll := pollFallback(reg)
 			c0 := cpuTime()
-			h, n, errs := load(u, duration, conc)
+			h, n, errs := load(u, o.duration, o.conc)
 			c := cpuTime() - c0
+			maxFallback := poll()
+			after, err := gatherAgent(reg)
+			if err != nil {
+				return err
+			}
+			if burning(name) {
+				if err := child.setBurn(0); err != nil {
+					return err
+				}
+			}
 			if errs > 0 {
 				return fmt.Errorf("%s: %d failed requests", name, errs)
 			}
+			d := after.sub(before)
+			d.maxFallback = maxFallback
 			total[name].Merge(h)
 			count[name] += n
 			cpu[name] += c
-			printRow(fmt.Sprint(r), name, h, float64(n)/duration.Seconds(), c/time.Duration(max(n, 1)))
+			stats[name].add(d)
+			note := ""
+			if !isBare(name) {
+				note = d.String()
+			}
+			printRow(fmt.Sprint(r), name, h, float64(n)/o.duration.Seconds(), c/time.Duration(max(n, 1)), note)
 		}
 	}
-	secs := duration.Seconds() * float64(rounds)
-	bare, lim := total["bare"], total["limited"]
+	secs := o.duration.Seconds() * float64(o.rounds)
 	fmt.Println()
-	cpuBare := cpu["bare"] / time.Duration(max(count["bare"], 1))
-	cpuLim := cpu["limited"] / time.Duration(max(count["limited"], 1))
-	printRow("all", "bare", bare, float64(count["bare"])/secs, cpuBare)
-	printRow("all", "limited", lim, float64(count["limited"])/secs, cpuLim)
-	added := time.Duration(lim.ValueAtQuantile(50) - bare.ValueAtQuantile(50))
-	ratio := float64(count["limited"]) / float64(count["bare"])
-	fmt.Printf("\np50 added latency: %v (target ≤ 50µs: %s)\n", added, verdict(added <= 50*time.Microsecond))
-	fmt.Printf("throughput limited/bare: %.1f%% (target ≥ 90%%: %s)\n", 100*ratio, verdict(ratio >= 0.9))
-	fmt.Printf("CPU per request (load generator, proxy and upstream in this process): bare %v, limited %v, added %v (%.1f%%)\n",
-		cpuBare, cpuLim, cpuLim-cpuBare, 100*float64(cpuLim-cpuBare)/float64(cpuBare))
+	perReq := func(n string) time.Duration { return cpu[n] / time.Duration(max(count[n], 1)) }
+	for _, n := range names {
+		note := ""
+		if !isBare(n) {
+			note = stats[n].String()
+		}
+		printRow("all", n, total[n], float64(count[n])/secs, perReq(n), note)
+	}
+	fmt.Println()
+	for _, n := range names {
+		if isBare(n) {
+			continue
+		}
+		b := baseOf(n)
+		h, bare := total[n], total[b]
+		added := time.Duration(h.ValueAtQuantile(50) - bare.ValueAtQuantile(50))
+		added99 := time.Duration(h.ValueAtQuantile(99) - bare.ValueAtQuantile(99))
+		ratio := float64(count[n]) / float64(count[b])
+		fmt.Printf("%s vs %s: p50 added latency %v (target ≤ 50µs: %s), p99 added %v, throughput %.1f%% (target ≥ 90%%: %s), CPU/req added %v (%.1f%%)\n",
+			n, b, added, verdict(added <= 50*time.Microsecond), added99, 100*ratio, verdict(ratio >= 0.9),
+			perReq(n)-perReq(b), 100*float64(perReq(n)-perReq(b))/float64(perReq(b)))
+	}
+	if o.burn > 0 {
+		l, b := stats["limited"], stats["limited"+burnSuffix]
+		fmt.Printf("agent check latency (allot_agent_check_seconds, histogram_quantile over %d and %d samples): limited p50 %v p99 %v; limited%s p50 %v p99 %v\n",
+			l.checks.count(), b.checks.count(), l.checks.quantile(0.5), l.checks.quantile(0.99), burnSuffix, b.checks.quantile(0.5), b.checks.quantile(0.99))
+	}
+	fmt.Printf("load average at the end: %s\n", loadAvg())
 	if d := denied.Load(); d > 0 {
 		fmt.Printf("warning: %d requests were denied (the rule should admit everything)\n", d)
 	}
@@ -269,10 +406,24 @@ func verdict(ok bool) string {
 	return "NOT met"
 }
 
-func printRow(round, name string, h *hdrhistogram.Histogram, rps float64, cpuPerReq time.Duration) {
+func printRow(round, name string, h *hdrhistogram.Histogram, rps float64, cpuPerReq time.Duration, note string) {
 	q := func(p float64) time.Duration { return time.Duration(h.ValueAtQuantile(p)).Round(time.Microsecond) }
-	fmt.Printf("%-8s %-8s %12.0f %10v %10v %10v %10v %12v\n", round, name, rps, q(50), q(90), q(99), q(99.9),
-		cpuPerReq.Round(100*time.Nanosecond))
+	fmt.Printf("%-6s %-14s %12.0f %10v %10v %10v %10v %12v %s\n", round, name, rps, q(50), q(90), q(99), q(99.9),
+		cpuPerReq.Round(100*time.Nanosecond), note)
+}
+
+// loadAvg is the first three fields of /proc/loadavg ("?" elsewhere): the
+// machine is shared, so every figure carries the load it was measured under.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // cpuTime is the process's user+system CPU time so far. Unlike wall-clock
@@ -359,43 +510,127 @@ func startAllocator(files []rules.File, logger *slog.Logger) (string, func(), er
 }
 
 // runAllocatorChild is the child process of -mode lease: it runs the
-// allocator, prints "allocator <grpc addr>" and exits when stdin closes
-// (the parent ended, however it ended).
-func runAllocatorChild() error {
+// allocator, prints "allocator <grpc addr>", then reads commands from
+// stdin: "burn N" makes N goroutines spin (replacing the previous ones) and
+// is answered "burn N". It exits when stdin closes (the parent ended,
+// however it ended).
+func runAllocatorChild(burn int) error {
+	if burn < 0 || burn > 256 {
+		return errors.New("-debug-burn-cpu must be in [0, 256]")
+	}
 	files := []rules.File{{Name: "bench.yaml", Source: []byte(benchRules)}}
 	addr, stop, err := startAllocator(files, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
 	}
 	defer stop()
+	b := startBurner(burn)
+	defer func() { b.stop() }()
 	fmt.Printf("allocator %s\n", addr)
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		var n int
+		if _, err := fmt.Sscanf(sc.Text(), "burn %d", &n); err != nil || n < 0 || n > 256 {
+			fmt.Printf("error %q\n", sc.Text())
+			continue
+		}
+		b.stop()
+		b = startBurner(n)
+		fmt.Printf("burn %d\n", n)
+	}
 	return nil
 }
 
+// allocatorChild is the allocator process of -mode lease.
+type allocatorChild struct {
+	addr  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
 // spawnAllocator re-executes this program as an allocator child, so that
-// the allocator's CPU is not counted as the gateway's.
-func spawnAllocator() (string, func(), error) {
-	cmd := exec.Command(os.Args[0], "-allocator-child")
+// the allocator's CPU is not counted as the gateway's; with cpus it runs
+// under taskset -c cpus.
+func spawnAllocator(cpus string) (*allocatorChild, error) {
+	args := []string{os.Args[0], "-allocator-child"}
+	if cpus != "" {
+		ts, err := exec.LookPath("taskset")
+		if err != nil {
+			return nil, fmt.Errorf("-allocator-cpus: %w", err)
+		}
+		args = append([]string{ts, "-c", cpus}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	stop := func() { stdin.Close(); _ = cmd.Wait() }
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	var addr string
-	if _, serr := fmt.Sscanf(line, "allocator %s", &addr); err != nil || serr != nil {
-		stop()
-		return "", nil, fmt.Errorf("allocator child: %q: %v %v", line, err, serr)
+	c := &allocatorChild{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	line, err := c.out.ReadString('\n')
+	if _, serr := fmt.Sscanf(line, "allocator %s", &c.addr); err != nil || serr != nil {
+		c.stop()
+		return nil, fmt.Errorf("allocator child: %q: %v %v", line, err, serr)
 	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
-	return addr, stop, nil
+	return c, nil
+}
+
+// setBurn makes the child spin n goroutines and waits for its answer.
+func (c *allocatorChild) setBurn(n int) error {
+	if _, err := fmt.Fprintf(c.stdin, "burn %d\n", n); err != nil {
+		return fmt.Errorf("allocator child: %w", err)
+	}
+	line, err := c.out.ReadString('\n')
+	if err != nil || line != fmt.Sprintf("burn %d\n", n) {
+		return fmt.Errorf("allocator child: burn %d answered %q: %v", n, line, err)
+	}
+	return nil
+}
+
+func (c *allocatorChild) stop() { c.stdin.Close(); _ = c.cmd.Wait() }
+
+// burner spins goroutines to saturate the allocator child's CPU, as
+// cmd/allocator's -debug-burn-cpu does.
+type burner struct {
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startBurner(n int) *burner {
+	b := &burner{quit: make(chan struct{})}
+	for range n {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			x := uint64(1)
+			for {
+				select {
+				case <-b.quit:
+					burnSink.Store(x)
+					return
+				default:
+				}
+				for range 100_000 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+		}()
+	}
+	return b
+}
+
+// burnSink keeps the spin loop's result alive.
+var burnSink atomic.Uint64
+
+func (b *burner) stop() {
+	close(b.quit)
+	b.wg.Wait()
 }
