@@ -45,10 +45,13 @@ type cluster struct {
 	// Counters.
 	calls       int64 // calls sent by agents (Acquire and Release, retries included)
 	entries     int64 // Raft entries committed (Acquire batches, Release, PutRules)
-	acquireRPCs int64 // Acquire calls applied (not replays of lost answers)
+	acquireRPCs int64 // Acquire calls answered by the state (replays of lost answers included)
 	keyAcquires int64 // keys in those calls
 	releaseRPCs int64
 	unavailable int64 // calls answered Unavailable (no leader)
+	replays     int64 // Acquire calls that repeated the agent's last request id (answered from the record)
+
+	lastID map[string]uint64 // per agent, the last Acquire request id applied
 }
 
 // counters is a copy of the cluster's counters (to subtract the warm-up).
@@ -205,6 +208,13 @@ func (c *cluster) commitEntry(batch *allotv1.AcquireBatch, calls []*rpc, stamp i
 		if br == nil {
 			break
 		}
+		if c.lastID == nil {
+			c.lastID = make(map[string]uint64)
+		}
+		if id, ok := c.lastID[r.acq.AgentId]; ok && id == r.acq.RequestId {
+			c.replays++
+		}
+		c.lastID[r.acq.AgentId] = r.acq.RequestId
 		if br.Errs[i] == nil {
 			c.acquireRPCs++
 			c.keyAcquires += int64(len(r.acq.Keys))
