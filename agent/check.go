@@ -30,14 +30,13 @@ const (
 	takeRemote            // from the Redis backend (Config.Redis)
 )
 
+// outcome is small on purpose: it is returned by value through every
+// decide layer on the hot path (a takeRemote refund gets the rule and the
+// descriptor from check, which has them).
 type outcome struct {
 	ks    *keyState
 	taken int64
 	kind  takeKind
-	// takeRemote only: what identifies the remote budget for a refund.
-	rule    *rules.Rule
-	domain  string
-	entries []rules.Entry
 }
 
 type scratch struct {
@@ -187,7 +186,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 				reported, reportedSt = i, st
 				for j := 0; j < i; j++ {
 					if t := outs[j].taken; t > 0 {
-						a.refund(&outs[j], now)
+						a.refund(&outs[j], now, matched[j], domain, descs[j].Entries)
 						if withStatuses {
 							out[j].Remaining += t
 						}
@@ -234,10 +233,10 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 
 // refund gives back what one descriptor took for a request that was denied
 // by another descriptor.
-func (a *Agent) refund(oc *outcome, now int64) {
+func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, entries []rules.Entry) {
 	ks, n := oc.ks, oc.taken
 	if oc.kind == takeRemote {
-		a.refundRemote(oc)
+		a.refundRemote(oc, r, domain, entries)
 		return
 	}
 	switch oc.kind {
@@ -264,7 +263,7 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
 			var oc outcome
 			if consume && n > 0 && st.Allowed {
-				oc = outcome{taken: n, kind: takeRemote, rule: r, domain: domain, entries: entries}
+				oc = outcome{taken: n, kind: takeRemote}
 			}
 			return st, oc
 		}
@@ -504,16 +503,16 @@ func (a *Agent) decideRemote(ctx context.Context, r *rules.Rule, domain string, 
 // backend can (RemoteRefunder), for a request another descriptor denied.
 // Best effort: a failure leaves the tokens spent (under-admission, never
 // over-admission).
-func (a *Agent) refundRemote(oc *outcome) {
+func (a *Agent) refundRemote(oc *outcome, r *rules.Rule, domain string, entries []rules.Entry) {
 	rf, ok := a.redis.(RemoteRefunder)
 	if !ok || oc.taken <= 0 {
 		return
 	}
 	var buf [keyBufLen]byte
-	key := rules.AppendKey(buf[:0], oc.rule, oc.domain, oc.entries)
+	key := rules.AppendKey(buf[:0], r, domain, entries)
 	ctx, cancel := context.WithTimeout(context.Background(), remoteRefundTimeout)
 	defer cancel()
-	if err := rf.GiveBack(ctx, oc.rule, key, oc.taken); err != nil {
+	if err := rf.GiveBack(ctx, r, key, oc.taken); err != nil {
 		a.met.redisError()
 	}
 	oc.taken = 0
