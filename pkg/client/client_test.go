@@ -133,9 +133,10 @@ func TestRetryAfterSecondsHonoured(t *testing.T) {
 	if got := s.hits.Load(); got != 2 {
 		t.Fatalf("hits = %d, want 2", got)
 	}
-	// backoff would be 0.5·100ms; Retry-After wins.
-	if sl := clk.Sleeps(); len(sl) != 1 || sl[0] != 2*time.Second {
-		t.Fatalf("sleeps = %v, want [2s]", sl)
+	// Retry-After, plus the jitter on top (0.5·100ms with the fixed rand):
+	// never earlier than Retry-After, and not in lockstep with others.
+	if sl := clk.Sleeps(); len(sl) != 1 || sl[0] != 2*time.Second+50*time.Millisecond {
+		t.Fatalf("sleeps = %v, want [2.05s]", sl)
 	}
 }
 
@@ -149,8 +150,8 @@ func TestRetryAfterHTTPDate(t *testing.T) {
 	if resp := get(t, tr, srv.URL); resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	if sl := clk.Sleeps(); len(sl) != 1 || sl[0] != 7*time.Second {
-		t.Fatalf("sleeps = %v, want [7s]", sl)
+	if sl := clk.Sleeps(); len(sl) != 1 || sl[0] != 7*time.Second+50*time.Millisecond {
+		t.Fatalf("sleeps = %v, want [7.05s] (Retry-After plus jitter)", sl)
 	}
 }
 
