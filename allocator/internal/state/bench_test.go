@@ -117,3 +117,42 @@ func BenchmarkExpire(b *testing.B) {
 		expire(s, at(time.Duration(i)*time.Microsecond))
 	}
 }
+
+// BenchmarkExpireDue measures an Expire that ends 1000 leases (1000 keys
+// leased by one agent one lease TTL earlier), over 100k other leased keys
+// whose leases are far from due.
+func BenchmarkExpireDue(b *testing.B) {
+	cfg := DefaultConfig()
+	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.AgentTTL = time.Second, 24*time.Hour, 48*time.Hour
+	s := New(cfg)
+	putRules(b, s, t0, testRules)
+	keys := make([]*allotv1.KeyAcquire, 1000)
+	for i := range 100 { // background: no demand reported, so 24 h leases
+		for k := range keys {
+			keys[k] = &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: fmt.Sprint("bg-", i, "-", k)}}, Want: 1}
+		}
+		mustAcquire(b, s, at(0), fmt.Sprint("bg-", i%10), uint64(i/10+1), keys...)
+	}
+	now := at(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		for k := range keys {
+			keys[k] = &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: fmt.Sprint("due-", i, "-", k)}},
+				Want: 1, Demand: 1000} // busy: LeaseTTL
+		}
+		now += int64(time.Millisecond)
+		g := mustAcquire(b, s, now, "due", uint64(i+1), keys...).Grants[0]
+		// Expiries are kept to the expiry unit (11 ms with 24 h leases),
+		// rounded up.
+		now += int64(time.Duration(g.LeaseTtlMs)*time.Millisecond) + s.st.codec.unit
+		b.StartTimer()
+		expire(s, now)
+		b.StopTimer()
+		if st := s.Stats(); st.Leases != 100_000 {
+			b.Fatalf("%d leases after Expire, want the 100000 background ones", st.Leases)
+		}
+		b.StartTimer()
+	}
+}

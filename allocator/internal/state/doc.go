@@ -11,11 +11,15 @@
 // this package imports no raft.
 //
 // Memory. Per-key limiter state lives in an ordered open-addressing table of
-// 32-byte slots keyed by rules.KeyHash (xxhash64 of the canonical key), with
-// copy-on-write chunks so that Snapshot does not copy the table under the
-// lock. Key strings and leases are kept only for keys with live leases. Keys
-// whose bucket is full and that carry no lease are dropped by the Expire
-// sweep, a bounded slice of the hash space per Expire.
+// 32-byte slots keyed by rules.KeyHash (xxhash64 of the canonical key), run
+// at 5/6 to 15/16 load, with copy-on-write chunks so that Snapshot does not
+// copy the table under the lock. A key with live leases also has an entry
+// in a byte arena (arena.go, entry.go): its rates, its leases (22 bytes
+// each) and its key (an interned template and the values), named by a
+// uint32 link in its slot, with no Go pointer; an expiry wheel of 4-byte
+// links (wheel.go) finds the leases due. Keys whose bucket is full and that
+// carry no lease are dropped by the Expire sweep, a bounded slice of the
+// hash space per Expire. docs/leases.md gives the measured cost per key.
 //
 // The grant policy (sizing, max-min fair share, lease TTL and refresh) is
 // described in docs/leases.md.

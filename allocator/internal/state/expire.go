@@ -1,6 +1,7 @@
 package state
 
 import (
+	"math/bits"
 	"sort"
 
 	"github.com/allot/allot/pkg/bucket"
@@ -36,23 +37,44 @@ func (c *core) applyExpire(now int64) {
 	c.maybeCompact()
 }
 
-// sweep drops the full, lease-less keys of one hash-space segment and
-// advances the segment cursor. Such a key is indistinguishable from an
+// sweepStripes is the number of hash ranges one sweep segment is made of.
+const sweepStripes = 256
+
+// sweep drops the full, lease-less keys of one segment of the hash space
+// and advances the segment cursor. Such a key is indistinguishable from an
 // untracked one (a zero State is a full bucket), so dropping it changes no
 // future decision; the segment order is fixed, so every replica drops the
 // same keys.
+//
+// A segment is not one contiguous range: the hash space is cut into
+// SweepSegments·256 stripes, and stripe m belongs to the segment whose
+// cursor is the bit-reversal of m mod SweepSegments. Idle keys wait for
+// the sweep in proportion to the time since their stripe was swept, so with
+// contiguous segments they would pile up in the ranges swept longest ago,
+// and the table, run near full, would meet loads above 1 there (clusters
+// of many thousand slots, every insert shifting them). Neighbouring stripes
+// are swept half a pass apart, which keeps the density even at the scale
+// of a cluster.
 func (c *core) sweep(now int64) {
 	segs := uint64(c.cfg.SweepSegments)
 	seg := uint64(c.sweepSeg) % segs
 	c.sweepSeg = uint32((seg + 1) % segs)
-	bitsPer := uint(64 - log2(int(segs)))
-	var lo, hiLast uint64 // keys in [lo, hiLast]
 	if segs == 1 {
-		lo, hiLast = 0, ^uint64(0)
+		c.sweepRange(0, ^uint64(0), now)
 	} else {
-		lo = seg << bitsPer
-		hiLast = lo + (1<<bitsPer - 1)
+		b := log2(int(segs))
+		r := bits.Reverse64(seg) >> (64 - b)
+		shift := uint(64 - b - log2(sweepStripes))
+		for j := range uint64(sweepStripes) {
+			lo := (j<<b | r) << shift
+			c.sweepRange(lo, lo+(1<<shift-1), now)
+		}
 	}
+	c.tab.maybeShrink(c)
+}
+
+// sweepRange drops the idle, lease-less keys with hashes in [lo, hiLast].
+func (c *core) sweepRange(lo, hiLast uint64, now int64) {
 	t := &c.tab
 	endHome := t.home(hiLast)
 	for i := t.lowerBound(lo); i < t.size; {
@@ -75,7 +97,6 @@ func (c *core) sweep(now int64) {
 		}
 		i++
 	}
-	t.maybeShrink(c)
 }
 
 // idle reports whether st behaves like the zero State from now on: as many
