@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -218,4 +219,67 @@ func FuzzRestoreBody(f *testing.F) {
 			t.Fatalf("accepted an inconsistent snapshot: %v", err)
 		}
 	})
+}
+
+// meanRun returns the mean, over slots, of the distance from a slot to the
+// next empty one: the scan an insertion homed there makes.
+func meanRun(t *table) float64 {
+	tot, run := 0, 0
+	for i := 0; i < t.size; i++ {
+		if t.at(i).lim != 0 {
+			run++
+			continue
+		}
+		tot += run * (run + 1) / 2
+		run = 0
+	}
+	return float64(tot) / float64(t.size)
+}
+
+// Regression: with each sweep segment one contiguous hash range, idle keys
+// piled up in the ranges swept longest ago, and the table, run near full,
+// went over load 1 there (clusters of ~100k slots, inserts scanning ~13k).
+// Keys that turn idle at a steady rate must leave the density even.
+func TestSweepKeepsDensityEven(t *testing.T) {
+	cfg := testConfig()
+	cfg.SweepSegments = 16
+	cfg.MaxLeaseTTL, cfg.AgentTTL = time.Hour, 2*time.Hour
+	s := New(cfg)
+	putRules(t, s, at(0), testRules)
+	var keys []*allotv1.KeyAcquire
+	id := uint64(0)
+	for i := range 40 { // background: 40k keys leased for an hour (no demand reported)
+		keys = keys[:0]
+		for k := range 1000 {
+			keys = append(keys, &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: fmt.Sprint("bg-", i, "-", k)}}, Want: 1})
+		}
+		id++
+		mustAcquire(t, s, at(0), "bg", id, keys...)
+	}
+	// Churn: 4000 new keys per Expire, idle 10 ms later; 4 full passes.
+	now := at(0)
+	var worst float64
+	for i := range 4 * cfg.SweepSegments {
+		keys = keys[:0]
+		for k := range 4000 {
+			keys = append(keys, ka("big", fmt.Sprint("churn-", i, "-", k), 0, 0, 0, 1))
+		}
+		now += int64(time.Second)
+		for j := 0; j < len(keys); j += 1000 {
+			id++
+			mustAcquire(t, s, now, "bg", id, keys[j:j+1000]...)
+		}
+		expire(s, now)
+		if i >= cfg.SweepSegments {
+			worst = max(worst, meanRun(&s.st.tab))
+		}
+	}
+	if st := s.Stats(); st.Leases != 40_000 {
+		t.Fatalf("%d leases, want the 40000 background ones", st.Leases)
+	}
+	t.Logf("worst mean scan to an empty slot: %.1f slots (table load %.2f at the end)", worst, float64(s.st.tab.n)/float64(s.st.tab.capa))
+	if worst > 100 {
+		t.Fatalf("mean scan to an empty slot reached %.0f, want ≤ 100 (uniform keys at 15/16 load: ~128 at worst, ~30 typical)", worst)
+	}
+	mustConsistent(t, s)
 }
