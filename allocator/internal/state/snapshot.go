@@ -479,13 +479,15 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 func (c *core) restoreLeased(d *dec) error {
 	ni := d.count("leased keys")
 	var (
-		prev  uint64
-		e     entry
-		given []lease
+		prev          uint64
+		cur           int // table cursor
+		e             entry
+		given         []lease
+		tpl, val, buf []byte
 	)
 	for i := 0; i < ni && d.err == nil; i++ {
 		h := d.fixed64()
-		key := d.bytes()
+		key := d.view()
 		base := d.varint()
 		grant, deny := d.fixed32(), d.fixed32()
 		n := d.count("leases")
@@ -496,16 +498,21 @@ func (c *core) restoreLeased(d *dec) error {
 			return corrupt("leased keys out of order or empty")
 		}
 		prev = h
-		idx := c.tab.find(h)
-		if idx < 0 {
+		// Leased keys come in hash order, as the slots are.
+		for cur < c.tab.size && (c.tab.at(cur).lim == 0 || c.tab.at(cur).hash < h) {
+			cur++
+		}
+		idx := cur
+		if idx == c.tab.size || c.tab.at(idx).hash != h {
 			return corrupt("leased key %016x is not tracked", h)
 		}
 		if xxhash.Sum64(key) != h || base < 0 || base > baseMax ||
 			packRate(unpackRate(grant)) != grant || packRate(unpackRate(deny)) != deny {
 			return corrupt("leased key %016x: bad key, base or rates", h)
 		}
-		tpl, val, ok := splitKey(key, nil, nil)
-		if !ok || !bytes.Equal(joinKey(nil, string(tpl), val), key) {
+		var ok bool
+		tpl, val, ok = splitKey(key, tpl[:0], val[:0])
+		if buf = joinKey(buf[:0], string(tpl), val); !ok || !bytes.Equal(buf, key) {
 			return corrupt("leased key %016x: malformed key", h)
 		}
 		given = given[:0]
@@ -677,6 +684,17 @@ func (d *dec) bytes() []byte {
 		return nil
 	}
 	v := bytes.Clone(d.b[:n])
+	d.b = d.b[n:]
+	return v
+}
+
+// view returns the next length-prefixed bytes without copying them.
+func (d *dec) view() []byte {
+	n := d.count("bytes")
+	if d.err != nil {
+		return nil
+	}
+	v := d.b[:n:n]
 	d.b = d.b[n:]
 	return v
 }
