@@ -3,18 +3,21 @@ package state
 // The arena stores the leased keys' entries (entry.go) as byte blocks in
 // 64 KiB pages, so that a leased key costs no Go object, no string header
 // and no pointer for the garbage collector to trace. A block is named by a
-// uint32 link, page<<15 | offset/2 (blocks are 2-byte aligned), so 8 GiB
-// of entries can be addressed; page 0 is never used, so link 0 names no
-// block. A block larger
-// than arenaLarge gets a page of its own (its link has offset 0).
+// uint32 link: tag<<31 | page<<15 | offset/2 (blocks are 2-byte aligned),
+// so an arena addresses 4 GiB; page 0 is never used, so link 0 names no
+// block. A block larger than arenaLarge gets a page of its own (its link
+// has offset 0).
 //
 // Freed blocks go on exact-size free lists. An allocation takes a free
 // block of its size, else bumps the current page, else splits the smallest
 // free block that leaves a usable remainder, else opens a page; a page
-// tail too short for the next block goes on its free list. When more than
-// a third of the arena is free (after many keys ended their leases), the
-// core compacts it: every live entry is copied, in table order, into fresh
-// pages (core.compact).
+// tail too short for the next block goes on its free list.
+//
+// Compaction is incremental (core.compactStep): when more than a third of
+// the arena is free, a new arena with the other tag takes all allocations,
+// and each Expire moves a bounded number of entries into it, in hash order;
+// when every key has been passed, the old arena is dropped whole. The tag
+// bit tells which arena a link is in.
 //
 // A free block starts with eight zero bytes, which no entry does (an entry
 // always has at least one lease, encoded in its first word), followed by
@@ -34,12 +37,13 @@ const (
 	arenaPageSize = 1 << arenaPageBits
 	arenaOffBits  = arenaPageBits - 1 // offsets in 2-byte units
 	arenaOffMask  = 1<<arenaOffBits - 1
-	arenaMaxPages = 1 << (32 - arenaOffBits) // 8 GiB of pages
+	arenaMaxPages = 1 << (31 - arenaOffBits) // 4 GiB of pages
 	arenaLarge    = arenaPageSize / 4        // larger blocks get their own page
 	minBlock      = 16                       // a free block's marker, link and size
 )
 
 type arena struct {
+	tag   uint32   // 0 or 1: bit 31 of its links
 	pages [][]byte // nil: a released large page (its index is on freePages)
 	gens  []uint32 // generation each page was made private at
 	// free[s/2] is the first free block of s bytes (0: none); nonEmpty has
@@ -54,19 +58,22 @@ type arena struct {
 	maxPages  int      // arenaMaxPages (tests lower it)
 }
 
-func (a *arena) init() {
+func (a *arena) init(tag uint32) {
 	// Page 0 is never allocated, so that link 0 names no block.
-	*a = arena{pages: [][]byte{nil}, gens: []uint32{0}, free: make([]uint32, arenaLarge/2+1), cur: -1,
+	*a = arena{tag: tag, pages: [][]byte{nil}, gens: []uint32{0}, free: make([]uint32, arenaLarge/2+1), cur: -1,
 		nonEmpty: make([]uint64, (arenaLarge/2+1+63)/64), maxPages: arenaMaxPages}
 }
 
 // blockSize rounds an entry's size up to the arena's 2-byte alignment.
 func blockSize(n int) int { return max(n+n&1, minBlock) }
 
-func mkLink(page, off int) uint32 { return uint32(page)<<arenaOffBits | uint32(off/2) }
+func (a *arena) mkLink(page, off int) uint32 {
+	return a.tag<<31 | uint32(page)<<arenaOffBits | uint32(off/2)
+}
 
-func linkPage(l uint32) int { return int(l >> arenaOffBits) }
-func linkOff(l uint32) int  { return int(l&arenaOffMask) * 2 }
+func linkTag(l uint32) uint32 { return l >> 31 }
+func linkPage(l uint32) int   { return int(l >> arenaOffBits & (arenaMaxPages - 1)) }
+func linkOff(l uint32) int    { return int(l&arenaOffMask) * 2 }
 
 // bytes returns the block at l (size bytes) for reading. The caller knows
 // the link is live.
@@ -75,14 +82,15 @@ func (a *arena) bytes(l uint32, size int) []byte {
 	return a.pages[p][off : off+size : off+size]
 }
 
-// head returns the first bytes of the block at l if l names a block start
-// that may be live (for links that may be stale: the wheel's). It reports
-// false for a released page or a free block.
-func (a *arena) head(l uint32) ([]byte, bool) {
-	return arenaHead(a.pages, l)
-}
+// pageSets are the pages of the arenas, by tag (nil: no such arena), for
+// reading entries: the live state's (core.pageSets) or a snapshot's.
+type pageSets [2][][]byte
 
-func arenaHead(pages [][]byte, l uint32) ([]byte, bool) {
+// head returns the bytes from l to the end of its page if l may name a
+// live entry. A link that may be stale (the wheel's) can name anything:
+// the caller checks that the key's slot links to it.
+func (ps *pageSets) head(l uint32) ([]byte, bool) {
+	pages := ps[linkTag(l)]
 	p, off := linkPage(l), linkOff(l)
 	if p >= len(pages) || pages[p] == nil || off+minBlock > len(pages[p]) {
 		return nil, false
@@ -166,7 +174,7 @@ func (a *arena) alloc(c *core, size int) uint32 {
 	}
 	a.live += int64(size)
 	if size > arenaLarge {
-		return mkLink(a.newPage(c, size), 0)
+		return a.mkLink(a.newPage(c, size), 0)
 	}
 	if a.free[size/2] != 0 {
 		a.idle -= int64(size)
@@ -184,7 +192,7 @@ func (a *arena) alloc(c *core, size int) uint32 {
 		}
 		a.cur, a.off = a.newPage(c, arenaPageSize), 0
 	}
-	l := mkLink(a.cur, a.off)
+	l := a.mkLink(a.cur, a.off)
 	a.off += size
 	return l
 }
@@ -194,7 +202,7 @@ func (a *arena) retireTail(c *core) {
 	n := arenaPageSize - a.off
 	a.idle += int64(n)
 	if n >= minBlock {
-		a.pushFree(c, mkLink(a.cur, a.off), n)
+		a.pushFree(c, a.mkLink(a.cur, a.off), n)
 	}
 	a.off = arenaPageSize
 }

@@ -73,7 +73,7 @@ func (s *State) consistency() error {
 	tplRefs := make(map[uint32]uint32)
 	var blocks []block
 	var leases uint64
-	var live int64
+	var live [2]int64
 	exts := 0
 	for i := 0; i < t.size; i++ {
 		sl := t.at(i)
@@ -84,7 +84,14 @@ func (s *State) consistency() error {
 			return fmt.Errorf("entry %#x in an empty slot %d", sl.link, i)
 		}
 		var e entry
-		if !decodeEntry(c.ar.pages, &c.codec, sl.link, sl.hash, &e) {
+		ps := c.pageSets()
+		if c.old == nil && linkTag(sl.link) != c.ar.tag {
+			return fmt.Errorf("key %016x: entry %#x in no arena", sl.hash, sl.link)
+		}
+		if c.old != nil && linkTag(sl.link) == c.old.tag && sl.hash < c.compactFrom {
+			return fmt.Errorf("key %016x: entry %#x left in the old arena behind the cursor %016x", sl.hash, sl.link, c.compactFrom)
+		}
+		if !decodeEntry(&ps, &c.codec, sl.link, sl.hash, &e) {
 			return fmt.Errorf("key %016x: bad entry at %#x", sl.hash, sl.link)
 		}
 		if _, dup := wheelWant[sl.link]; dup {
@@ -100,7 +107,7 @@ func (s *State) consistency() error {
 			return fmt.Errorf("key %016x: entry size %d, want %d", sl.hash, e.size, size)
 		}
 		tplRefs[e.tpl]++
-		live += int64(e.size)
+		live[linkTag(sl.link)] += int64(e.size)
 		blocks = append(blocks, block{sl.link, e.size, true})
 		wheelWant[sl.link] = want{e.minSec(), e.queued}
 		for j, l := range e.leases {
@@ -152,28 +159,40 @@ func (s *State) consistency() error {
 		}
 	}
 
-	// Arena: live bytes, free lists, no two blocks overlapping.
-	if live != c.ar.live {
-		return fmt.Errorf("arena: live %d, entries %d", c.ar.live, live)
-	}
-	var free int64
-	for s2, l := range c.ar.free {
-		for ; l != 0; l = binary.LittleEndian.Uint32(c.ar.bytes(l, minBlock)[8:]) {
-			b := c.ar.bytes(l, minBlock)
-			if binary.LittleEndian.Uint64(b) != 0 || int(binary.LittleEndian.Uint32(b[12:])) != s2*2 {
-				return fmt.Errorf("arena: free block %#x of list %d is not marked free", l, s2*2)
-			}
-			free += int64(s2 * 2)
-			blocks = append(blocks, block{l, s2 * 2, false})
+	// Arenas: live bytes, free lists, no two blocks overlapping.
+	arenas := []*arena{&c.ar}
+	if c.old != nil {
+		arenas = append(arenas, c.old)
+		if c.old.tag == c.ar.tag {
+			return fmt.Errorf("arenas: both tagged %d", c.ar.tag)
 		}
 	}
-	if free > c.ar.idle {
-		return fmt.Errorf("arena: free lists hold %d bytes, idle %d", free, c.ar.idle)
+	for _, a := range arenas {
+		if live[a.tag] != a.live {
+			return fmt.Errorf("arena %d: live %d, entries %d", a.tag, a.live, live[a.tag])
+		}
+		var free int64
+		for s2, l := range a.free {
+			if (a.nonEmpty[s2/64]>>(s2%64)&1 != 0) != (l != 0) {
+				return fmt.Errorf("arena %d: free list %d and its bit disagree", a.tag, s2*2)
+			}
+			for ; l != 0; l = binary.LittleEndian.Uint32(a.bytes(l, minBlock)[8:]) {
+				b := a.bytes(l, minBlock)
+				if linkTag(l) != a.tag || binary.LittleEndian.Uint64(b) != 0 || int(binary.LittleEndian.Uint32(b[12:])) != s2*2 {
+					return fmt.Errorf("arena %d: free block %#x of list %d is not marked free", a.tag, l, s2*2)
+				}
+				free += int64(s2 * 2)
+				blocks = append(blocks, block{l, s2 * 2, false})
+			}
+		}
+		if free > a.idle {
+			return fmt.Errorf("arena %d: free lists hold %d bytes, idle %d", a.tag, free, a.idle)
+		}
 	}
 	slices.SortFunc(blocks, func(a, b block) int { return cmp.Compare(a.link, b.link) })
 	for i := 1; i < len(blocks); i++ {
 		a, b := blocks[i-1], blocks[i]
-		if linkPage(a.link) == linkPage(b.link) && linkOff(a.link)+a.size > linkOff(b.link) {
+		if linkTag(a.link) == linkTag(b.link) && linkPage(a.link) == linkPage(b.link) && linkOff(a.link)+a.size > linkOff(b.link) {
 			return fmt.Errorf("arena: blocks %#x+%d and %#x overlap", a.link, a.size, b.link)
 		}
 	}

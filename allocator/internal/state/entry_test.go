@@ -262,7 +262,8 @@ func TestArenaModel(t *testing.T) {
 				})).Draw(t, "victim")
 				b := live[l]
 				delete(live, l)
-				if _, ok := a.head(l); !ok {
+				ps := pageSets{a.pages}
+				if _, ok := ps.head(l); !ok {
 					t.Fatalf("live block %#x reads as free", l)
 				}
 				if op == 7 && b.size <= arenaLarge && b.size >= 2*minBlock+2 {
@@ -275,7 +276,7 @@ func TestArenaModel(t *testing.T) {
 					}
 				}
 				a.release(c, l, b.size)
-				if _, ok := a.head(l); ok {
+				if _, ok := (&pageSets{a.pages}).head(l); ok {
 					t.Fatalf("released block %#x reads as live", l)
 				}
 			default: // a snapshot shares the pages from now on

@@ -3,16 +3,18 @@ package state
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
 
-// decodeEntry decodes the entry at link of key h from pages into e (its
+// decodeEntry decodes the entry at link of key h from ps into e (its
 // leases slice is reused). It reports false if link does not name a
 // well-formed entry.
-func decodeEntry(pages [][]byte, lc *leaseCodec, link uint32, h uint64, e *entry) bool {
-	b, ok := arenaHead(pages, link)
+func decodeEntry(ps *pageSets, lc *leaseCodec, link uint32, h uint64, e *entry) bool {
+	b, ok := ps.head(link)
 	if !ok {
 		return false
 	}
@@ -25,9 +27,28 @@ func decodeEntry(pages [][]byte, lc *leaseCodec, link uint32, h uint64, e *entry
 	return true
 }
 
+// pageSets returns the live arenas' pages, by tag.
+func (c *core) pageSets() pageSets {
+	var ps pageSets
+	ps[c.ar.tag] = c.ar.pages
+	if c.old != nil {
+		ps[c.old.tag] = c.old.pages
+	}
+	return ps
+}
+
+// arenaOf returns the arena link is in.
+func (c *core) arenaOf(link uint32) *arena {
+	if linkTag(link) == c.ar.tag {
+		return &c.ar
+	}
+	return c.old
+}
+
 // loadEntry decodes the live entry at link of key h into e.
 func (c *core) loadEntry(e *entry, h uint64, link uint32) {
-	if !decodeEntry(c.ar.pages, &c.codec, link, h, e) {
+	ps := c.pageSets()
+	if !decodeEntry(&ps, &c.codec, link, h, e) {
 		panic(fmt.Sprintf("state: key %016x: corrupt lease entry at %#x", h, link))
 	}
 }
@@ -91,7 +112,7 @@ func (c *core) dropLease(e *entry, i int, h uint64) {
 func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bool) {
 	if len(e.leases) == 0 {
 		if e.link != 0 {
-			c.ar.release(c, e.link, e.size)
+			c.arenaOf(e.link).release(c, e.link, e.size)
 			c.tab.mut(c, idx).link = 0
 		}
 		c.tpls.unref(e.tpl)
@@ -102,20 +123,24 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 	push := consumed
 	var old uint32
 	oldSize := e.size
+	in := &c.ar
+	if e.link != 0 {
+		in = c.arenaOf(e.link)
+	}
 	switch {
 	case e.link == 0:
 		e.link, e.size, push = c.ar.alloc(c, size), size, true
 		c.tab.mut(c, idx).link = e.link
 	case size == e.size:
 	case size < e.size && e.size <= arenaLarge:
-		c.ar.split(c, e.link, e.size, size)
+		in.split(c, e.link, e.size, size)
 		e.size = size
 	default:
 		old = e.link
 		e.link, e.size, push = c.ar.alloc(c, size), size, true
 		c.tab.mut(c, idx).link = e.link
 	}
-	b := c.ar.mut(c, e.link, size)
+	b := c.arenaOf(e.link).mut(c, e.link, size)
 	c.codec.encode(b, e, h) // e.value may alias the old block: release it after
 	m := e.minSec()
 	if push || m < oldMin {
@@ -124,7 +149,7 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 		c.wheel.push(m, e.link)
 	}
 	if old != 0 {
-		c.ar.release(c, old, oldSize)
+		in.release(c, old, oldSize)
 	}
 }
 
@@ -139,11 +164,12 @@ func setQueued(b []byte, q uint8) {
 // due leases and re-queues the key, or ignores the entry if it is stale.
 func (c *core) expireEntry(s int64, link uint32, now int64) {
 	e := &c.scr.e
-	b, ok := c.ar.head(link)
+	ps := c.pageSets()
+	b, ok := ps.head(link)
 	if !ok {
 		return
 	}
-	if _, _, _, ok := parseHeader(b, e); !ok || e.queued != uint8(s) {
+	if _, _, _, ok := parseHeader(b, e); !ok || e.queued != uint8(s) || int(e.tpl) >= len(c.tpls.strs) {
 		return
 	}
 	c.scr.key = c.keyOf(c.scr.key[:0], e)
@@ -169,7 +195,7 @@ func (c *core) expireEntry(s int64, link uint32, now int64) {
 	}
 	// Nothing due yet: re-queue at the earliest expiry.
 	e.queued = uint8(oldMin)
-	setQueued(c.ar.mut(c, link, e.size), e.queued)
+	setQueued(c.arenaOf(link).mut(c, link, e.size), e.queued)
 	c.wheel.push(oldMin, link)
 }
 
@@ -186,42 +212,98 @@ func (c *core) rebuildWheel() {
 		}
 		c.loadEntry(e, s.hash, s.link)
 		m := e.minSec()
-		setQueued(c.ar.mut(c, s.link, e.size), uint8(m))
+		setQueued(c.arenaOf(s.link).mut(c, s.link, e.size), uint8(m))
 		c.wheel.push(m, s.link)
 	}
 }
 
-// maybeCompact rebuilds the arena when more than a third of it is free
-// (and it is more than a few pages), copying the live entries in table
-// order into fresh pages. It waits while a snapshot shares the pages.
+// compactBudget is the most entries an Expire moves while the arena is
+// compacted (about 2 ms).
+const compactBudget = 16_384
+
+// maybeCompact starts a compaction when more than a third of the arena is
+// free (and it is more than a few pages, and no snapshot shares it), and
+// advances a running one by one step.
 func (c *core) maybeCompact() {
 	a := &c.ar
-	if c.cow || a.idle*2 <= a.live || len(a.pages) < 9 {
-		return
+	if c.old == nil && (c.compactAlways || (!c.cow && a.idle*2 > a.live && len(a.pages) > 8)) {
+		c.startCompaction()
 	}
-	c.compact()
+	if c.old != nil {
+		c.compactStep(c.compactBudget)
+	}
 }
 
-func (c *core) compact() {
+// startCompaction makes the arena the old one and allocates from now on in
+// a new arena with the other tag.
+func (c *core) startCompaction() {
 	old := c.ar
-	c.ar.init()
+	c.old = &old
+	c.ar.init(1 - old.tag)
 	c.ar.maxPages = old.maxPages
-	e := &c.scr.e
+	c.compactFrom = 0
+}
+
+// compactStep moves up to budget entries (looking at up to 16 keys per
+// entry) from the old arena into the new one, resuming at the hash cursor;
+// keys inserted, moved or reallocated meanwhile are in the new arena
+// already. Once the cursor has passed every key, the old arena is dropped.
+// A moved entry is queued on the wheel at its new link; its old entries
+// there are stale.
+func (c *core) compactStep(budget int) {
 	t := &c.tab
-	for i := 0; i < t.size; i++ {
+	e := &c.scr.e
+	scan := budget * 16
+	i := t.lowerBound(c.compactFrom)
+	for ; i < t.size && budget > 0 && scan > 0; i++ {
 		s := t.at(i)
-		if s.link == 0 {
+		if s.lim == 0 {
 			continue
 		}
-		b, _ := arenaHead(old.pages, s.link)
-		_, _, size, ok := parseHeader(b, e)
-		if !ok {
-			panic(fmt.Sprintf("state: key %016x: corrupt lease entry at %#x", s.hash, s.link))
+		scan--
+		if s.hash == math.MaxUint64 {
+			c.compactFrom = s.hash
+		} else {
+			c.compactFrom = s.hash + 1
 		}
-		size = blockSize(size)
-		l := c.ar.alloc(c, size)
-		copy(c.ar.mut(c, l, size), b[:size])
+		if s.link == 0 || linkTag(s.link) == c.ar.tag {
+			continue
+		}
+		c.loadEntry(e, s.hash, s.link)
+		l := c.ar.alloc(c, e.size)
+		b := c.ar.mut(c, l, e.size)
+		copy(b, c.old.bytes(s.link, e.size))
+		c.old.live -= int64(e.size) // the old arena is dropped whole
+		m := e.minSec()
+		setQueued(b, uint8(m))
+		c.wheel.push(m, l)
 		t.mut(c, i).link = l
+		budget--
 	}
-	c.rebuildWheel()
+	switch {
+	case i >= t.size || c.compactFrom == math.MaxUint64:
+		c.old = nil
+	case i > 0 && t.at(i-1).lim == 0:
+		// No key homed before i lies at or after it (slots from a key's
+		// home to it are full): the cursor may skip to i's first hash.
+		if i >= t.capa {
+			c.old = nil // the rest is empty tail slack
+			return
+		}
+		q, r := bits.Div64(uint64(i), 0, uint64(t.capa))
+		if r != 0 {
+			q++
+		}
+		c.compactFrom = max(c.compactFrom, q)
+	}
+}
+
+// compact runs a whole compaction (for tests and tools).
+func (c *core) compact() {
+	if c.old == nil {
+		c.startCompaction()
+	}
+	for c.old != nil {
+		c.compactStep(compactBudget)
+	}
 }

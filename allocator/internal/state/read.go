@@ -59,10 +59,11 @@ func (s *State) ListLeases(req *allotv1.ListLeasesRequest, nowNanos int64) (*all
 		e  entry
 		kb []byte
 	)
+	ps := c.pageSets()
 	// emit appends the matching leases of h's entry after the token; it
 	// reports false when the page is full (and sets the next token).
 	emit := func(h uint64, link uint32, wantKey string) bool {
-		if !decodeEntry(c.ar.pages, &c.codec, link, h, &e) || !strings.HasPrefix(c.tpls.strs[e.tpl], prefix) {
+		if !decodeEntry(&ps, &c.codec, link, h, &e) || !strings.HasPrefix(c.tpls.strs[e.tpl], prefix) {
 			return true
 		}
 		kb = c.keyOf(kb[:0], &e)
@@ -230,7 +231,8 @@ func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*all
 	resp.Tokens = p.Remaining
 	resp.FullInMs = ms(p.ResetAfter)
 	var e entry
-	if i := c.tab.find(h); i >= 0 && c.tab.at(i).link != 0 && decodeEntry(c.ar.pages, &c.codec, c.tab.at(i).link, h, &e) {
+	ps := c.pageSets()
+	if i := c.tab.find(h); i >= 0 && c.tab.at(i).link != 0 && decodeEntry(&ps, &c.codec, c.tab.at(i).link, h, &e) {
 		d := keyDesc{key: string(c.keyOf(nil, &e)), domain: domain, rule: rule.Name}
 		for i := range e.leases {
 			resp.Leases = append(resp.Leases, c.leaseMsg(&e.leases[i], d, nowNanos))
@@ -284,12 +286,13 @@ func (s *State) TopKeys(req *allotv1.TopKeysRequest, nowNanos int64) *allotv1.To
 		kb []byte
 	)
 	t := &c.tab
+	ps := c.pageSets()
 	for i := 0; i < t.size; i++ {
 		sl := t.at(i)
 		if sl.link == 0 {
 			continue
 		}
-		b, ok := c.ar.head(sl.link)
+		b, ok := ps.head(sl.link)
 		if !ok {
 			continue
 		}

@@ -71,7 +71,7 @@ type view struct {
 	lims              limits
 	chunks            []*chunk
 	tabN              int
-	pages             [][]byte
+	pages             pageSets
 	tpls              []string
 	codec             leaseCodec
 	agents            []*agentRec
@@ -97,11 +97,14 @@ func (s *State) Snapshot() (Snapshot, error) {
 		lims:         c.lims.clone(),
 		chunks:       slices.Clone(c.tab.chunks),
 		tabN:         c.tab.n,
-		pages:        slices.Clone(c.ar.pages),
+		pages:        c.pageSets(),
 		tpls:         slices.Clone(c.tpls.strs),
 		codec:        leaseCodec{unit: c.codec.unit, ext: maps.Clone(c.codec.ext)},
 		nextAgent:    c.nextAgent,
 		sweepSeg:     c.sweepSeg,
+	}
+	for i := range v.pages {
+		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
 	}
 	v.agents = make([]*agentRec, 0, len(c.agents))
 	for _, a := range c.agents {
@@ -221,7 +224,7 @@ func (sn *snapshot) Persist(w io.Writer) error {
 			if s.link == 0 {
 				continue
 			}
-			if !decodeEntry(v.pages, &v.codec, s.link, s.hash, &ent) {
+			if !decodeEntry(&v.pages, &v.codec, s.link, s.hash, &ent) {
 				return fmt.Errorf("state: persist: key %016x: corrupt lease entry", s.hash)
 			}
 			kb = joinKey(kb[:0], v.tpls[ent.tpl], ent.value)

@@ -152,6 +152,12 @@ type core struct {
 	ar    arena
 	tpls  templates
 	codec leaseCodec
+	// old is the arena a compaction is emptying (nil when none);
+	// compactFrom is its hash cursor (leases.go).
+	old           *arena
+	compactFrom   uint64
+	compactBudget int  // compactBudget; tests lower it
+	compactAlways bool // tests: compact whenever none is running
 	// agents by id; byNum indexes the same records by their number.
 	agents    map[string]*agentRec
 	byNum     map[uint32]*agentRec
@@ -213,7 +219,8 @@ func newCore(cfg Config) *core {
 	}
 	c.lims.init()
 	c.tab.init(minTableCap)
-	c.ar.init()
+	c.ar.init(0)
+	c.compactBudget = compactBudget
 	c.tpls.init()
 	c.wheel.init()
 	return c
