@@ -238,12 +238,3 @@ func (a *arena) split(c *core, l uint32, size, keep int) {
 	a.idle += int64(size - keep)
 	a.pushFree(c, l+uint32(keep/2), size-keep)
 }
-
-// sizeBytes is the memory the arena's pages hold.
-func (a *arena) sizeBytes() int64 {
-	var n int64
-	for _, p := range a.pages {
-		n += int64(len(p))
-	}
-	return n
-}

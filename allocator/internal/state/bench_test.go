@@ -104,7 +104,7 @@ var _ io.Writer = (*countWriter)(nil)
 
 // BenchmarkExpire measures one Expire at 1M tracked keys (10% leased, the
 // leases renewed and not yet due): the sweep of one segment (1/64 of the
-// table) plus the expiry heap check.
+// table) plus the expiry wheel check.
 func BenchmarkExpire(b *testing.B) {
 	cfg := testConfig()
 	cfg.SweepSegments = 64

@@ -18,7 +18,7 @@ func (s *State) consistency() error {
 	t := &c.tab
 
 	// Table: sorted, every slot at or after its home with no gap between,
-	// counts and limit references right, flags match infos.
+	// counts and limit references right.
 	refs := make(map[uint32]uint32)
 	n := 0
 	var prev uint64

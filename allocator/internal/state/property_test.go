@@ -356,7 +356,6 @@ func TestPropertyDeterministic(t *testing.T) {
 		g := newGenCtx(keys, true)
 		steps := rapid.IntRange(1, 100).Draw(t, "steps")
 		cut := rapid.IntRange(0, steps).Draw(t, "cut")
-		var cmds []*allotv1.Command
 		a, b := newTestState(t), newTestState(t)
 		// a compacts its arena all the time, an entry per Expire; b only
 		// when it needs to. Compaction must not be observable.
@@ -377,7 +376,6 @@ func TestPropertyDeterministic(t *testing.T) {
 				}
 			}
 			cmd, _ := g.step(t)
-			cmds = append(cmds, cmd)
 			ra := a.Apply(cmd)
 			rb := b.Apply(proto.Clone(cmd).(*allotv1.Command))
 			if c != nil {

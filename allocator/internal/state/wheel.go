@@ -12,7 +12,7 @@ import (
 // S ≤ the second of its earliest lease expiry, whose link is the key's
 // link and whose S matches the queued byte of the key's entry. So an
 // Expire at now, which takes every bucket up to now's second, meets every
-// key with a lease due. Entries are queued lazily, as the expiry heap was:
+// key with a lease due. Entries are queued lazily:
 //
 //   - a renewal that makes the earliest expiry later queues nothing (the
 //     current entry is early, and is re-queued when it is taken);
