@@ -105,6 +105,8 @@ func parse(args []string) (*options, error) {
 		refresh       = fs.Duration("refresh-interval", def.RefreshInterval, "period a grant is sized for")
 		agentTTL      = fs.Duration("agent-ttl", def.AgentTTL, "an agent not heard from for this long is forgotten")
 		expire        = fs.Duration("expire-interval", def.ExpireInterval, "how often the leader commits lease expiry")
+		snapEvery     = fs.Duration("snapshot-interval", def.SnapshotInterval, "how often Raft checks whether to take a snapshot")
+		snapAfter     = fs.Uint64("snapshot-threshold", def.SnapshotThreshold, "log entries since the last snapshot that trigger one")
 		maxInflight   = fs.Int("max-inflight-batches", def.MaxInflightBatches, "Acquire batches (Raft entries) in flight at once")
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
@@ -157,6 +159,7 @@ func parse(args []string) (*options, error) {
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
 	cfg.ExpireInterval = *expire
+	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
 	cfg.MaxInflightBatches, cfg.MaxBatchKeys = *maxInflight, *maxBatchKeys
 	cfg.Logger = logger
 	for _, path := range ruleFiles {

@@ -18,7 +18,7 @@ import (
 
 // ClusterConfig describes an allocator cluster to start.
 type ClusterConfig struct {
-	Bin   string   // the allocator binary (Binaries.Allocator or AllocNode)
+	Bin   string   // the allocator binary (Binaries.Allocator)
 	Dir   string   // parent of data dirs and logs
 	Size  int      // default 3
 	Rules []string // rules files, given to the bootstrap node

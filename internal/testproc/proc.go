@@ -27,7 +27,6 @@ import (
 type Binaries struct {
 	Allocator string // cmd/allocator
 	Gateway   string // cmd/gateway
-	AllocNode string // internal/testproc/allocnode: cmd/allocator plus snapshot knobs
 }
 
 var (
@@ -58,8 +57,7 @@ func Build(t testing.TB) Binaries {
 		if RaceBinaries() {
 			args = append(args, "-race")
 		}
-		args = append(args, "github.com/allot/allot/cmd/allocator", "github.com/allot/allot/cmd/gateway",
-			"github.com/allot/allot/internal/testproc/allocnode")
+		args = append(args, "github.com/allot/allot/cmd/allocator", "github.com/allot/allot/cmd/gateway")
 		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("testproc: go build: %v\n%s", err, out)
@@ -68,7 +66,6 @@ func Build(t testing.TB) Binaries {
 		buildBins = Binaries{
 			Allocator: filepath.Join(buildDir, "allocator"),
 			Gateway:   filepath.Join(buildDir, "gateway"),
-			AllocNode: filepath.Join(buildDir, "allocnode"),
 		}
 	})
 	if buildErr != nil {

@@ -15,8 +15,8 @@ import (
 
 // TestFullClusterRestart: all three allocators are killed with SIGKILL
 // under load and restarted on the same data directories. The nodes take
-// Raft snapshots every ~50 entries (internal/testproc/allocnode, see the
-// report: cmd/allocator has no snapshot flags), so the state comes back
+// Raft snapshots every ~50 entries (cmd/allocator's -snapshot-interval and
+// -snapshot-threshold), so the state comes back
 // from a snapshot plus the bolt log. The rules, a lease, a drained bucket
 // and the agent's idempotency record all survive; the gateways fail open
 // during the outage (zero 5xx, within the fallback bound) and lease again
@@ -25,7 +25,7 @@ func TestFullClusterRestart(t *testing.T) {
 	checkLeaks(t)
 	bins := testproc.Build(t)
 	e := newEnv(t, envConfig{
-		bin:       bins.AllocNode,
+		bin:       bins.Allocator,
 		slowRules: true,
 		// A long cold-key lease and agent TTL, so that the frozen agent's
 		// lease outlives the outage.
