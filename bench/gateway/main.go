@@ -70,6 +70,7 @@ import (
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/allocator"
+	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/pkg/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -524,8 +525,8 @@ func runAllocatorChild(burn int) error {
 		return err
 	}
 	defer stop()
-	b := startBurner(burn)
-	defer func() { b.stop() }()
+	b := cpuburn.Start(burn)
+	defer func() { b.Stop() }()
 	fmt.Printf("allocator %s\n", addr)
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
@@ -534,8 +535,8 @@ func runAllocatorChild(burn int) error {
 			fmt.Printf("error %q\n", sc.Text())
 			continue
 		}
-		b.stop()
-		b = startBurner(n)
+		b.Stop()
+		b = cpuburn.Start(n)
 		fmt.Printf("burn %d\n", n)
 	}
 	return nil
@@ -596,41 +597,3 @@ func (c *allocatorChild) setBurn(n int) error {
 }
 
 func (c *allocatorChild) stop() { c.stdin.Close(); _ = c.cmd.Wait() }
-
-// burner spins goroutines to saturate the allocator child's CPU, as
-// cmd/allocator's -debug-burn-cpu does.
-type burner struct {
-	quit chan struct{}
-	wg   sync.WaitGroup
-}
-
-func startBurner(n int) *burner {
-	b := &burner{quit: make(chan struct{})}
-	for range n {
-		b.wg.Add(1)
-		go func() {
-			defer b.wg.Done()
-			x := uint64(1)
-			for {
-				select {
-				case <-b.quit:
-					burnSink.Store(x)
-					return
-				default:
-				}
-				for range 100_000 {
-					x = x*6364136223846793005 + 1442695040888963407
-				}
-			}
-		}()
-	}
-	return b
-}
-
-// burnSink keeps the spin loop's result alive.
-var burnSink atomic.Uint64
-
-func (b *burner) stop() {
-	close(b.quit)
-	b.wg.Wait()
-}

@@ -41,12 +41,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/allot/allot/allocator"
+	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
@@ -246,8 +245,8 @@ func run(args []string) error {
 	if o.burnCPU > 0 {
 		logger.Warn("burning CPU on purpose (-debug-burn-cpu); do not use in production", "goroutines", o.burnCPU)
 	}
-	burner := startBurner(o.burnCPU)
-	defer burner.stop()
+	burner := cpuburn.Start(o.burnCPU)
+	defer burner.Stop()
 
 	for {
 		select {
@@ -282,45 +281,6 @@ func reload(logger *slog.Logger, srv *allocator.Server, tokenFile string) {
 	if err != nil {
 		logger.Error("SIGHUP: admin tokens not reloaded; keeping the previous ones", "err", err)
 	}
-}
-
-// burner spins goroutines to saturate the CPU (-debug-burn-cpu), for the
-// measurement "with the allocator's CPU saturated, the gateways keep
-// serving from their leases". It is stopped before the process exits.
-type burner struct {
-	quit chan struct{}
-	wg   sync.WaitGroup
-}
-
-func startBurner(n int) *burner {
-	b := &burner{quit: make(chan struct{})}
-	for range n {
-		b.wg.Add(1)
-		go func() {
-			defer b.wg.Done()
-			x := uint64(1)
-			for {
-				select {
-				case <-b.quit:
-					burnSink.Store(x)
-					return
-				default:
-				}
-				for range 100_000 {
-					x = x*6364136223846793005 + 1442695040888963407
-				}
-			}
-		}()
-	}
-	return b
-}
-
-// burnSink keeps the spin loop's result alive.
-var burnSink atomic.Uint64
-
-func (b *burner) stop() {
-	close(b.quit)
-	b.wg.Wait()
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

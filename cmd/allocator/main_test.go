@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/pkg/tlsconfig"
 	"github.com/allot/allot/pkg/tlsconfig/tlstest"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -121,9 +122,9 @@ func TestParseAdvertiseFlags(t *testing.T) {
 }
 
 func TestBurnerStops(t *testing.T) {
-	b := startBurner(2)
-	b.stop() // goleak in TestMain checks that the goroutines ended
-	startBurner(0).stop()
+	b := cpuburn.Start(2)
+	b.Stop() // goleak in TestMain checks that the goroutines ended
+	cpuburn.Start(0).Stop()
 }
 
 // TestTLSProcess runs the binary with TLS, mutual TLS for Raft and an
