@@ -21,7 +21,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -37,6 +36,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/allot/allot/internal/allocproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -88,13 +88,9 @@ func main() {
 }
 
 // node is one allocator process.
-type node struct {
-	id, grpc, raft, http string
-	args                 []string
-	logPath              string
-	cmd                  *exec.Cmd
-	exited               chan struct{}
-}
+
+// node is one allocator process.
+type node = allocproc.Node
 
 func run(o options) error {
 	if o.rate <= 0 || o.keysPerCall <= 0 || o.clients <= 0 || o.keyspace <= 0 {
@@ -125,43 +121,43 @@ func run(o options) error {
 	if err := os.WriteFile(rulesPath, []byte(benchRules), 0o600); err != nil {
 		return err
 	}
-	ports, err := freePorts(9)
+	ports, err := allocproc.FreeAddrs(9)
 	if err != nil {
 		return err
 	}
 	nodes := make([]*node, 3)
 	for i := range nodes {
-		n := &node{id: fmt.Sprintf("b%d", i), grpc: ports[3*i], raft: ports[3*i+1], http: ports[3*i+2],
-			logPath: filepath.Join(dir, fmt.Sprintf("b%d.log", i))}
-		n.args = []string{"-node-id", n.id, "-data-dir", filepath.Join(dir, n.id),
-			"-grpc-addr", n.grpc, "-raft-addr", n.raft, "-http-addr", n.http,
+		n := &node{ID: fmt.Sprintf("b%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2],
+			LogPath: filepath.Join(dir, fmt.Sprintf("b%d.log", i))}
+		n.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
+			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP,
 			"-heartbeat-timeout", tmo[0], "-election-timeout", tmo[1], "-leader-lease-timeout", tmo[2],
 			"-max-inflight-batches", strconv.Itoa(o.inflight), "-log-level", "warn"}
 		if i == 0 {
-			n.args = append(n.args, "-bootstrap", "-rules", rulesPath)
+			n.Args = append(n.Args, "-bootstrap", "-rules", rulesPath)
 		} else {
-			n.args = append(n.args, "-join", nodes[0].grpc)
+			n.Args = append(n.Args, "-join", nodes[0].GRPC)
 		}
 		nodes[i] = n
 	}
 	defer func() {
 		for _, n := range nodes {
-			n.kill()
+			n.Kill()
 		}
 	}()
 	for _, n := range nodes {
-		if err := n.start(bin); err != nil {
+		if err := n.Start(bin); err != nil {
 			return err
 		}
 	}
 	for _, n := range nodes {
-		if err := waitReady(n, 30*time.Second); err != nil {
+		if err := n.WaitReady(context.Background(), 30*time.Second); err != nil {
 			return err
 		}
 	}
 	conns := make([]*grpc.ClientConn, 3)
 	for i, n := range nodes {
-		cc, err := grpc.NewClient(n.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(n.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return err
 		}
@@ -223,9 +219,9 @@ func run(o options) error {
 			lg.pin(-1)
 		}
 		survivor := allotv1.NewAdminClient(conns[(leader+1)%3])
-		killAt := lg.markKill(victim.id)
-		victim.kill()
-		elected := waitNewLeader(survivor, victim.id, killAt, 30*time.Second)
+		killAt := lg.markKill(victim.ID)
+		victim.Kill()
+		elected := waitNewLeader(survivor, victim.ID, killAt, 30*time.Second)
 		d, err := lg.waitRecovery(killAt, 30*time.Second)
 		if err != nil {
 			return fmt.Errorf("failover %d: %w", i+1, err)
@@ -233,11 +229,11 @@ func run(o options) error {
 		recov = append(recov, d)
 		elections = append(elections, elected)
 		fmt.Printf("failover %d: killed leader %s; new leader known to a survivor after %v, first grant from it after %v\n",
-			i+1, victim.id, elected.Round(time.Millisecond), d.Round(time.Millisecond))
-		if err := victim.start(bin); err != nil {
+			i+1, victim.ID, elected.Round(time.Millisecond), d.Round(time.Millisecond))
+		if err := victim.Start(bin); err != nil {
 			return err
 		}
-		if err := waitReady(victim, 30*time.Second); err != nil {
+		if err := victim.WaitReady(context.Background(), 30*time.Second); err != nil {
 			return err
 		}
 		time.Sleep(2 * time.Second)
@@ -435,7 +431,7 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
 
 // fetchProfile saves a CPU profile of n taken over secs seconds.
 func fetchProfile(n *node, secs int, path string) error {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.http, secs))
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.HTTP, secs))
 	if err != nil {
 		return err
 	}
@@ -453,7 +449,7 @@ func fetchProfile(n *node, secs int, path string) error {
 
 // scrape reads a node's /metrics into name{labels} → value.
 func scrape(n *node) (map[string]float64, error) {
-	resp, err := http.Get("http://" + n.http + "/metrics")
+	resp, err := http.Get("http://" + n.HTTP + "/metrics")
 	if err != nil {
 		return nil, err
 	}
@@ -486,7 +482,7 @@ func leaderIndex(admin allotv1.AdminClient, nodes []*node) (int, error) {
 		cancel()
 		if err == nil {
 			for i, n := range nodes {
-				if n.id == st.GetLeaderId() {
+				if n.ID == st.GetLeaderId() {
 					return i, nil
 				}
 			}
@@ -527,74 +523,4 @@ func waitMembers(admin allotv1.AdminClient, n int, timeout time.Duration) error 
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("cluster did not reach %d members", n)
-}
-
-func (n *node) start(bin string) error {
-	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	n.cmd = exec.Command(bin, n.args...)
-	n.cmd.Stdout, n.cmd.Stderr = f, f
-	if err := n.cmd.Start(); err != nil {
-		f.Close()
-		return err
-	}
-	n.exited = make(chan struct{})
-	cmd, exited := n.cmd, n.exited
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(exited)
-	}()
-	return nil
-}
-
-// kill sends SIGKILL and waits until the process is reaped.
-func (n *node) kill() {
-	if n.cmd == nil {
-		return
-	}
-	select {
-	case <-n.exited:
-		return
-	default:
-	}
-	_ = n.cmd.Process.Kill()
-	<-n.exited
-}
-
-func waitReady(n *node, timeout time.Duration) error {
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		resp, err := client.Get("http://" + n.http + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not ready within %v (log: %s)", n.id, timeout, n.logPath)
-}
-
-func freePorts(n int) ([]string, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().String())
-	}
-	return out, nil
 }

@@ -5,19 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/allot/allot/internal/allocproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -58,13 +57,6 @@ type cluster struct {
 }
 
 // node is one allocator process.
-type node struct {
-	id, grpc, raft, http string
-	args                 []string
-	logPath              string
-	cmd                  *exec.Cmd
-	exited               chan struct{}
-}
 
 // startCluster starts three cmd/allocator processes on loopback with data
 // directories under dir (bolt with fsync on every commit, the defaults),
@@ -75,32 +67,32 @@ func startCluster(ctx context.Context, o options, dir string) (*cluster, error) 
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(9)
+	ports, err := allocproc.FreeAddrs(9)
 	if err != nil {
 		return nil, err
 	}
 	c := &cluster{}
 	for i := range 3 {
-		n := &node{id: fmt.Sprintf("load%d", i), grpc: ports[3*i], raft: ports[3*i+1], http: ports[3*i+2],
-			logPath: filepath.Join(dir, fmt.Sprintf("allocator%d.log", i))}
-		n.args = []string{"-node-id", n.id, "-data-dir", filepath.Join(dir, n.id),
-			"-grpc-addr", n.grpc, "-raft-addr", n.raft, "-http-addr", n.http, "-log-level", "warn"}
+		n := &node{ID: fmt.Sprintf("load%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2],
+			LogPath: filepath.Join(dir, fmt.Sprintf("allocator%d.log", i))}
+		n.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
+			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "warn"}
 		if i == 0 {
-			n.args = append(n.args, "-bootstrap")
+			n.Args = append(n.Args, "-bootstrap")
 		} else {
-			n.args = append(n.args, "-join", c.nodes[0].grpc)
+			n.Args = append(n.Args, "-join", c.nodes[0].GRPC)
 		}
 		c.nodes = append(c.nodes, n)
-		c.addrs = append(c.addrs, n.grpc)
+		c.addrs = append(c.addrs, n.GRPC)
 	}
 	for _, n := range c.nodes {
-		if err := n.start(bin); err != nil {
+		if err := n.Start(bin); err != nil {
 			c.stop()
 			return nil, err
 		}
 	}
 	for _, n := range c.nodes {
-		if err := n.waitReady(ctx, 60*time.Second); err != nil {
+		if err := n.WaitReady(ctx, 60*time.Second); err != nil {
 			c.stop()
 			return nil, err
 		}
@@ -150,7 +142,7 @@ func (c *cluster) closeConns() {
 func (c *cluster) stop() {
 	c.closeConns()
 	for _, n := range c.nodes {
-		n.terminate(10 * time.Second)
+		n.Terminate(10 * time.Second)
 	}
 }
 
@@ -256,8 +248,8 @@ func (c *cluster) memory(ctx context.Context) (memSample, error) {
 		return s, err
 	}
 	for _, n := range c.nodes {
-		if n.id == m.GetId() && n.cmd != nil {
-			s.RSS, _ = procRSS(n.cmd.Process.Pid)
+		if n.ID == m.GetId() && n.Pid() != 0 {
+			s.RSS, _ = procRSS(n.Pid())
 		}
 	}
 	return s, nil
@@ -366,8 +358,8 @@ func cpuTime(pids ...int) (time.Duration, error) {
 func (c *cluster) pids() []int {
 	var out []int
 	for _, n := range c.nodes {
-		if n.cmd != nil && n.cmd.Process != nil {
-			out = append(out, n.cmd.Process.Pid)
+		if pid := n.Pid(); pid != 0 {
+			out = append(out, pid)
 		}
 	}
 	return out
@@ -389,92 +381,8 @@ func allocatorBinary(path, dir string) (string, error) {
 	return bin, nil
 }
 
-func (n *node) start(bin string) error {
-	f, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	n.cmd = exec.Command(bin, n.args...)
-	n.cmd.Stdout, n.cmd.Stderr = f, f
-	if err := n.cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("start %s: %w", bin, err)
-	}
-	n.exited = make(chan struct{})
-	cmd, exited := n.cmd, n.exited
-	go func() { // owned by n: ends when the process does
-		_ = cmd.Wait()
-		f.Close()
-		close(exited)
-	}()
-	return nil
-}
-
-// terminate sends SIGTERM, waits up to grace, then SIGKILL, and waits until
-// the process is reaped.
-func (n *node) terminate(grace time.Duration) {
-	if n.cmd == nil {
-		return
-	}
-	select {
-	case <-n.exited:
-		return
-	default:
-	}
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-n.exited:
-	case <-t.C:
-		_ = n.cmd.Process.Kill()
-		<-n.exited
-	}
-}
-
-func (n *node) waitReady(ctx context.Context, timeout time.Duration) error {
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(timeout)
-	for {
-		select {
-		case <-n.exited:
-			return fmt.Errorf("allocator %s exited (log: %s)", n.id, n.logPath)
-		default:
-		}
-		resp, err := client.Get("http://" + n.http + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("allocator %s not ready within %v (log: %s)", n.id, timeout, n.logPath)
-		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
-	}
-}
-
-func freePorts(n int) ([]string, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().String())
-	}
-	return out, nil
-}
+// node is one allocator process.
+type node = allocproc.Node
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

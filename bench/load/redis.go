@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/allot/allot/internal/allocproc"
 )
 
 // redisServer is a redis-server process the harness started: no
@@ -29,7 +31,7 @@ func startRedis(ctx context.Context, bin, dir string) (*redisServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(1)
+	ports, err := allocproc.FreeAddrs(1)
 	if err != nil {
 		return nil, err
 	}
