@@ -22,20 +22,7 @@ its last request id.`,
   allotctl agents -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.admin()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.ListAgents(ctx, &allotv1.ListAgentsRequest{})
-			if err != nil {
-				return a.rpcErr("ListAgents", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			return a.printAgents(resp)
+			return runAdmin(a, cmd.Context(), "ListAgents", allotv1.AdminClient.ListAgents, &allotv1.ListAgentsRequest{}, a.printAgents)
 		},
 	}
 }

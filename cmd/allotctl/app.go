@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -338,4 +339,27 @@ func transportReason(msg string) string {
 		}
 	}
 	return s
+}
+
+// adminRPC is an Admin method as a method expression, for runAdmin:
+// allotv1.AdminClient.ListAgents, say.
+type adminRPC[Req, Resp proto.Message] func(allotv1.AdminClient, context.Context, Req, ...grpc.CallOption) (Resp, error)
+
+// runAdmin makes one Admin call (op names it in errors) and prints the
+// answer: the message itself with -o json|yaml, else through table.
+func runAdmin[Req, Resp proto.Message](a *app, parent context.Context, op string, call adminRPC[Req, Resp], req Req, table func(Resp) error) error {
+	c, err := a.admin()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.rpcCtx(parent)
+	defer cancel()
+	resp, err := call(c, ctx, req)
+	if err != nil {
+		return a.rpcErr(op, err)
+	}
+	if a.structured() {
+		return a.writeProto(resp)
+	}
+	return table(resp)
 }

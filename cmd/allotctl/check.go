@@ -58,20 +58,7 @@ several with repeated -D 'k1=v1,k2=v2' (write a literal comma in a value as
 			if len(req.Descriptors) == 0 {
 				return usagef("give a descriptor with -d key=value (repeatable) or -D k1=v1,k2=v2")
 			}
-			c, err := a.admin()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.Check(ctx, req)
-			if err != nil {
-				return a.rpcErr("Check", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			return a.printCheck(req, resp)
+			return runAdmin(a, cmd.Context(), "Check", allotv1.AdminClient.Check, req, func(resp *allotv1.CheckResponse) error { return a.printCheck(req, resp) })
 		},
 	}
 	f := cmd.Flags()

@@ -36,21 +36,10 @@ themselves; use this command for nodes started without it.`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.GrpcAddr = args[0]
-			c, err := a.admin()
-			if err != nil {
+			return runAdmin(a, cmd.Context(), "AddVoter", allotv1.AdminClient.AddVoter, req, func(resp *allotv1.AddVoterResponse) error {
+				_, err := fmt.Fprintf(a.stdout, "Added voter %s (raft %s, grpc %s).\n", req.Id, req.RaftAddr, req.GrpcAddr)
 				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.AddVoter(ctx, req)
-			if err != nil {
-				return a.rpcErr("AddVoter", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			_, err = fmt.Fprintf(a.stdout, "Added voter %s (raft %s, grpc %s).\n", req.Id, req.RaftAddr, req.GrpcAddr)
-			return err
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -72,21 +61,10 @@ voters up.`,
 		Example: `  allotctl cluster remove alloc-4`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.admin()
-			if err != nil {
+			return runAdmin(a, cmd.Context(), "RemoveServer", allotv1.AdminClient.RemoveServer, &allotv1.RemoveServerRequest{Id: args[0]}, func(resp *allotv1.RemoveServerResponse) error {
+				_, err := fmt.Fprintf(a.stdout, "Removed %s.\n", args[0])
 				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.RemoveServer(ctx, &allotv1.RemoveServerRequest{Id: args[0]})
-			if err != nil {
-				return a.rpcErr("RemoveServer", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			_, err = fmt.Fprintf(a.stdout, "Removed %s.\n", args[0])
-			return err
+			})
 		},
 	}
 }
@@ -106,21 +84,10 @@ leader's machine.`,
 			if len(args) == 1 {
 				req.Id = args[0]
 			}
-			c, err := a.admin()
-			if err != nil {
+			return runAdmin(a, cmd.Context(), "TransferLeadership", allotv1.AdminClient.TransferLeadership, req, func(resp *allotv1.TransferLeadershipResponse) error {
+				_, err := fmt.Fprintf(a.stdout, "Leader is now %s.\n", orDash(resp.GetLeaderId()))
 				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.TransferLeadership(ctx, req)
-			if err != nil {
-				return a.rpcErr("TransferLeadership", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			_, err = fmt.Fprintf(a.stdout, "Leader is now %s.\n", orDash(resp.GetLeaderId()))
-			return err
+			})
 		},
 	}
 }

@@ -51,20 +51,7 @@ bucket is full.`,
 				}
 				req.Domain, req.Entries = domain, es
 			}
-			c, err := a.admin()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.InspectKey(ctx, req)
-			if err != nil {
-				return a.rpcErr("InspectKey", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			return a.printInspect(resp)
+			return runAdmin(a, cmd.Context(), "InspectKey", allotv1.AdminClient.InspectKey, req, a.printInspect)
 		},
 	}
 	f := cmd.Flags()

@@ -21,20 +21,7 @@ rules version, and the number of live agents, tracked keys and leases.`,
   allotctl --addr 10.0.0.6:7420 status -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.admin()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			resp, err := c.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
-			if err != nil {
-				return a.rpcErr("ClusterStatus", err)
-			}
-			if a.structured() {
-				return a.writeProto(resp)
-			}
-			return a.printStatus(resp)
+			return runAdmin(a, cmd.Context(), "ClusterStatus", allotv1.AdminClient.ClusterStatus, &allotv1.ClusterStatusRequest{}, a.printStatus)
 		},
 	}
 }
