@@ -30,13 +30,14 @@ type fakeAdmin struct {
 	mu       sync.Mutex // guards the fields below
 	calls    map[string]int
 	lastReq  map[string]proto.Message
-	authz    []string                 // authorization metadata seen
-	rules    *allotv1.RuleSet         // GetRules answer; PutRules updates it
-	putErr   error                    // PutRules error to return, if set
-	leases   []*allotv1.Lease         // ListLeases serves these in pages of pageSize
-	pageSize int                      // 0 = all in one page
-	errs     map[string]error         // per-method error to return
-	block    map[string]chan struct{} // per-method: block until closed or ctx done
+	authz    []string                               // authorization metadata seen
+	rules    *allotv1.RuleSet                       // GetRules answer; PutRules updates it
+	putErr   error                                  // PutRules error to return, if set
+	leases   []*allotv1.Lease                       // ListLeases serves these in pages of pageSize
+	pageSize int                                    // 0 = all in one page
+	errs     map[string]error                       // per-method error to return
+	block    map[string]chan struct{}               // per-method: block until closed or ctx done
+	inspect  map[string]*allotv1.InspectKeyResponse // InspectKey answers by key, ahead of the built-in ones
 }
 
 func newFakeAdmin() *fakeAdmin {
@@ -193,6 +194,12 @@ func (f *fakeAdmin) InspectKey(ctx context.Context, req *allotv1.InspectKeyReque
 			}
 			key += e.Key + "=" + e.Value
 		}
+	}
+	f.mu.Lock()
+	custom := f.inspect[key]
+	f.mu.Unlock()
+	if custom != nil {
+		return custom, nil
 	}
 	if key != fakeKey {
 		return &allotv1.InspectKeyResponse{

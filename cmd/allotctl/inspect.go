@@ -1,18 +1,23 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/allot/allot/pkg/redislimit"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 func (a *app) inspectCmd() *cobra.Command {
 	var (
-		domain  string
-		entries []string
+		domain      string
+		entries     []string
+		redisAddr   string
+		redisPrefix string
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect [KEY]",
@@ -22,13 +27,18 @@ func (a *app) inspectCmd() *cobra.Command {
 (-d is repeatable). It shows the rule that matches and why (one line per
 descriptor level), the global limiter state (tokens available now and the
 time until the bucket is full), every agent's lease on the key, the recent
-grant and deny rates, and whether the key is promoted to Redis shards.
+grant and deny rates, and whether the key is decided on Redis: its rule's
+backend and shards. A hot key the agents promoted to sharded sub-keys at
+run time (redis: promote in the gateway config) is recorded in Redis, not in
+the allocator: --redis ADDR reads that promotion marker from Redis too
+(--redis-key-prefix must match the gateway's redis.key_prefix).
 
 A key the allocator holds no state for is reported as not tracked: its
 bucket is full.`,
 		Example: `  allotctl inspect 'public-api:tier=free,route=/v1/search,api_key=k_1'
   allotctl inspect --domain public-api -d tier=free -d route=/v1/search -d api_key=k_1
-  allotctl inspect --domain public-api -d api_key=k_live_abc123 -o yaml`,
+  allotctl inspect --domain public-api -d api_key=k_live_abc123 -o yaml
+  allotctl inspect 'public-api:api_key=k_hot' --redis 10.0.0.20:6379`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &allotv1.InspectKeyRequest{}
@@ -51,12 +61,22 @@ bucket is full.`,
 				}
 				req.Domain, req.Entries = domain, es
 			}
-			return runAdmin(a, cmd.Context(), "InspectKey", allotv1.AdminClient.InspectKey, req, a.printInspect)
+			return runAdmin(a, cmd.Context(), "InspectKey", allotv1.AdminClient.InspectKey, req, func(r *allotv1.InspectKeyResponse) error {
+				if err := a.printInspect(r); err != nil {
+					return err
+				}
+				if redisAddr == "" || r.GetLimit().GetBackend() != "redis" {
+					return nil
+				}
+				return a.printPromotion(cmd.Context(), redisAddr, redisPrefix, r.GetKey())
+			})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&domain, "domain", "", "the descriptor's domain (instead of KEY)")
 	f.StringArrayVarP(&entries, "entry", "d", nil, "descriptor entry key=value (repeatable, order kept)")
+	f.StringVar(&redisAddr, "redis", "", "a Redis address: also show whether agents promoted the key to sharded sub-keys (redis backend only)")
+	f.StringVar(&redisPrefix, "redis-key-prefix", redislimit.DefaultConfig().KeyPrefix, "the gateway's redis.key_prefix")
 	return cmd
 }
 
@@ -100,8 +120,11 @@ func (a *app) printInspect(r *allotv1.InspectKeyResponse) error {
 		k.add("Rates", fmt.Sprintf("granted %s tokens/s, denied %s req/s (recent)",
 			fmtRate(r.GetGrantRate()), fmtRate(r.GetDenyRate())))
 		redis := "no"
-		if r.GetRedisPromoted() {
-			redis = "yes, " + strconv.Itoa(int(r.GetShards())) + " shards"
+		switch {
+		case r.GetRedisPromoted() && r.GetShards() > 1:
+			redis = "yes, " + strconv.Itoa(int(r.GetShards())) + " sharded sub-keys (rule)"
+		case r.GetRedisPromoted():
+			redis = "yes, unsharded (rule); run-time promotion: see --redis"
 		}
 		k.add("Redis", redis)
 	}
@@ -126,4 +149,28 @@ func (a *app) printInspect(r *allotv1.InspectKeyResponse) error {
 			fmtMS(l.GetExpiresInMs()), fmtRate(l.GetDemand()))
 	}
 	return t.flush()
+}
+
+// printPromotion reads key's promotion marker from Redis at addr and prints
+// whether agents promoted it to sharded sub-keys.
+func (a *app) printPromotion(parent context.Context, addr, prefix, key string) error {
+	cfg := redislimit.DefaultConfig()
+	cfg.Addrs, cfg.KeyPrefix, cfg.Timeout = []string{addr}, prefix, a.timeout
+	b, err := redislimit.New(cfg)
+	if err != nil {
+		return fmt.Errorf("--redis: %w", err)
+	}
+	defer b.Close()
+	ctx, cancel := a.rpcCtx(parent)
+	defer cancel()
+	n, until, ok, err := b.Promotion(ctx, key, time.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("cannot read the promotion from Redis at %s: %w", addr, err)
+	}
+	line := "not promoted (checks use the key itself)"
+	if ok {
+		line = fmt.Sprintf("promoted to %d sub-keys until %s", n, until.UTC().Format(time.RFC3339))
+	}
+	_, err = fmt.Fprintf(a.stdout, "Redis promotion: %s\n", line)
+	return err
 }

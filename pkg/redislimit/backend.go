@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -507,4 +510,39 @@ func (b *Backend) remember(key string, p promotion) {
 	b.promos[key] = p
 	b.promoN.Store(int64(len(b.promos)))
 	b.promoMu.Unlock()
+}
+
+// Promotion reports whether key is promoted to sharded sub-keys at now
+// (Unix ns): the marker Promote writes, read with one GET, with its shard
+// count and end. For inspection tools (allotctl inspect --redis); checks
+// find the marker themselves.
+func (b *Backend) Promotion(ctx context.Context, key string, now int64) (shards int, until time.Time, ok bool, err error) {
+	if b.client == nil {
+		return 0, time.Time{}, false, errors.New("redislimit: Promotion needs a Redis client (not an in-memory backend)")
+	}
+	v, err := b.client.Get(ctx, b.mainKey(key, xxhash.Sum64String(key))).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, time.Time{}, false, nil
+	}
+	if err != nil {
+		return 0, time.Time{}, false, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return parsePromotion(v, now)
+}
+
+// parsePromotion reads a stored value: "p:<until ms>:<shards>" is a
+// promotion marker; anything else is an unsharded key's state.
+func parsePromotion(v string, now int64) (shards int, until time.Time, ok bool, err error) {
+	rest, isMarker := strings.CutPrefix(v, "p:")
+	if !isMarker {
+		return 0, time.Time{}, false, nil
+	}
+	u, n, found := strings.Cut(rest, ":")
+	untilMs, err1 := strconv.ParseInt(u, 10, 64)
+	sh, err2 := strconv.Atoi(n)
+	if !found || err1 != nil || err2 != nil || sh < 2 || untilMs < 0 || untilMs > math.MaxInt64/nsPerMs {
+		return 0, time.Time{}, false, fmt.Errorf("redislimit: malformed promotion marker %q", v)
+	}
+	end := untilMs * nsPerMs
+	return sh, time.Unix(0, end), end > now, nil
 }
