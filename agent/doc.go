@@ -25,8 +25,9 @@
 //     the fallback bucket to this agent's share of the global remaining
 //     (remaining/N, capped at its burst), so a key whose lease ran dry
 //     cannot take a second full burst. Tokens the fallback admits while the
-//     allocator is reachable are charged in the next Acquire: the global
-//     budget pays for them.
+//     allocator is reachable are charged in the next Acquire, or paid out of
+//     a grant that arrives while they are owed (that grant already took them
+//     from the global budget): the global budget pays for each exactly once.
 //
 // Rules with the local backend are always decided by a per-agent bucket at
 // the full rate (SourceLocal); rules with the redis backend go to
@@ -43,7 +44,9 @@
 // lease expiry or past the allocator's refresh_after, or has tokens to hand
 // back because it went idle. A failed call is retried with the same request
 // id (the allocator answers a retry from its record, so nothing is granted
-// or charged twice) before any new request is made. A lease expires, on the
+// or charged twice) before any new request is made. An overload refusal
+// (ResourceExhausted) is not a failure: the same batch is retried after
+// the allocator's RetryInfo delay, and the breaker stays closed. A lease expires, on the
 // agent, at the time the call was first sent plus lease_ttl_ms minus a
 // safety margin: never later than the allocator's own expiry.
 //
