@@ -119,7 +119,7 @@ const (
 var ErrInvalid = errors.New("agent: invalid request")
 
 // DefaultConfig returns the defaults: standalone (no allocators), a fresh
-// ID, 20ms refill ticks, 200ms call timeout, breaker after 3 failures.
+// ID, 50ms refill ticks, 1s call timeout, breaker after 3 failures.
 func DefaultConfig() Config {
 	return Config{
 		ID:                defaultID(),
