@@ -20,9 +20,7 @@ import (
 // the bound. Once space is freed the node (restarted if it exited)
 // catches up. Needs root to mount a tmpfs; skipped otherwise.
 //
-// A read-only remount is not tried: Linux refuses to remount a filesystem
-// read-only while a file on it is open for writing (EBUSY), and the node
-// holds raft.db open; a full disk is the failure a running node can meet.
+// A disk that turns read-only is TestDataDirReadOnly.
 func TestDataDirFull(t *testing.T) {
 	checkLeaks(t)
 	testproc.Build(t) // skips under -short before anything is mounted
