@@ -38,6 +38,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/pkg/rules"
@@ -264,13 +265,36 @@ func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
 		t = RetryAfterSeconds(d)
 	}
 	buf = sfv.AppendRateLimit(buf, d.Policy, d.Remaining, t)
-	// AppendRateLimit wrote ", " first (buf was not empty): skip it. One
-	// string and one slice back both fields.
-	all := string(buf)
-	vals := []string{all[:n], all[n+2:]}
+	// AppendRateLimit wrote ", " first (buf was not empty): skip it.
+	var vals []string
+	if len(buf) <= fieldTextCap {
+		// One allocation backs both values and their bytes.
+		fv := new(fieldValues)
+		copy(fv.text[:], buf)
+		fv.vals[0] = unsafe.String(&fv.text[0], n)
+		fv.vals[1] = unsafe.String(&fv.text[n+2], len(buf)-n-2)
+		vals = fv.vals[:]
+	} else {
+		all := string(buf)
+		vals = []string{all[:n], all[n+2:]}
+	}
 	h[HeaderRateLimitPolicy] = vals[0:1:1]
 	h[HeaderRateLimit] = vals[1:2:2]
 	return buf
+}
+
+// fieldTextCap is the longest pair of field values (with the ", " between
+// them) that one fieldValues holds; the object is 128 bytes, a size class.
+// Longer values (long policy names) take two allocations.
+const fieldTextCap = 96
+
+// fieldValues is one response's RateLimit-Policy and RateLimit values: the
+// header map's []string entries and the bytes of both strings in one
+// allocation. text is written once, before the strings are made, and never
+// again (the strings alias it), so the strings are immutable as Go requires.
+type fieldValues struct {
+	vals [2]string
+	text [fieldTextCap]byte
 }
 
 // WriteDenied writes the contract's 429: Retry-After, Cache-Control:

@@ -290,6 +290,45 @@ func TestPolicyNameSanitised(t *testing.T) {
 	}
 }
 
+// TestSetFieldsExactBytes pins the field values byte for byte on both
+// sides of the one-allocation path (values up to fieldTextCap bytes share
+// one object; longer ones take the string path), and checks that reusing
+// the scratch buffer afterwards leaves the header values intact.
+func TestSetFieldsExactBytes(t *testing.T) {
+	for n := 1; n <= 128; n++ { // sfv truncates longer names
+		d := allowedDecision()
+		d.Policy = strings.Repeat("p", n)
+		wantPol := `"` + d.Policy + `";q=30;w=60`
+		wantRL := `"` + d.Policy + `";r=9;t=2`
+		h := http.Header{}
+		buf := SetFields(h, d, make([]byte, 0, 8))
+		for i := range buf[:cap(buf)] {
+			buf[:cap(buf)][i] = 'X' // the next request reuses the buffer
+		}
+		if got := h[HeaderRateLimitPolicy]; len(got) != 1 || got[0] != wantPol {
+			t.Fatalf("name length %d: RateLimit-Policy = %q, want %q", n, got, wantPol)
+		}
+		if got := h[HeaderRateLimit]; len(got) != 1 || got[0] != wantRL {
+			t.Fatalf("name length %d: RateLimit = %q, want %q", n, got, wantRL)
+		}
+		h.Add(HeaderRateLimit, "extra") // appending must not write into the other field
+		if got := h[HeaderRateLimitPolicy]; len(got) != 1 || got[0] != wantPol {
+			t.Fatalf("name length %d: RateLimit-Policy after Add = %q", n, got)
+		}
+	}
+}
+
+// TestSetFieldsAllocs pins SetFields to one allocation when the values fit
+// fieldTextCap (the common case: the gateway's per-request cost).
+func TestSetFieldsAllocs(t *testing.T) {
+	d := allowedDecision()
+	buf := make([]byte, 0, 256)
+	h := http.Header{}
+	if a := testing.AllocsPerRun(100, func() { buf = SetFields(h, d, buf) }); a != 1 {
+		t.Fatalf("SetFields: %v allocations, want 1", a)
+	}
+}
+
 // FuzzFields checks the header contract for arbitrary decisions: both
 // fields parse as one-member sf-lists of the right shape, and on a denial
 // Retry-After is a positive integer never earlier than t.
