@@ -35,11 +35,26 @@
 // load), so both targets do the same upstream work; the difference is the
 // descriptor extraction, the check and the RateLimit fields. The requests
 // carry 64 distinct API keys through the -dev descriptor configuration
-// (three descriptors each). Besides wall-clock throughput and latency, which
-// other load on a shared machine disturbs, it reports the process's CPU time
-// per request (load generator, proxies and upstream all run in this process;
-// in the default mode the allocator runs in a child process, as it would on
-// other machines).
+// (three descriptors each). Both proxies are cmd/gateway's reverse proxy
+// (Rewrite, transport, copy-buffer pool).
+//
+// Besides wall-clock throughput and latency, which other load on a shared
+// machine disturbs, it reports CPU time per request, split by process. By
+// default (-loadgen process) the load generator and the upstream run in a
+// child process, so "CPU/req" is this process alone (the two proxies and
+// the agent, with its refill loop and gRPC client) and "client CPU" is the
+// generator's and upstream's; -loadgen-cpus pins the child (and "taskset -c
+// 0" this process) so that the two sides do not share a core. -loadgen
+// inprocess keeps everything in one process as the first measurements did
+// (CPU/req then counts all of it). In the default agent mode the allocator
+// runs in its own child process, as it would on other machines.
+// -target-cpuprofile writes one CPU profile of this process per measured
+// run, so the bare and limited targets can be compared function by
+// function (go tool pprof -diff_base).
+//
+//	go run ./bench/gateway -rounds 6 -duration 4s -target-cpuprofile /tmp/gw
+//	go tool pprof -top -diff_base /tmp/gw.bare.r1.prof /tmp/gw.limited.r1.prof
+//	taskset -c 0 go run ./bench/gateway -loadgen-cpus 1   # gateway on core 0, load generator on core 1
 package main
 
 import (
@@ -100,6 +115,9 @@ type options struct {
 	allocator        string // external allocator address ("" = start one)
 	burn             int    // goroutines the allocator child spins during the "burn" target (0 = no such target)
 	allocatorCPUs    string // taskset CPU list for the allocator child
+	loadgen          string // "process" or "inprocess"
+	loadgenCPUs      string // taskset CPU list for the load generator child
+	targetProfiles   string // per-target CPU profile file prefix ("" = none)
 }
 
 func main() {
@@ -113,8 +131,12 @@ func main() {
 	flag.StringVar(&o.allocator, "allocator", "", "gRPC address of a running allocator to use instead of starting one (it must serve the rules -print-rules shows)")
 	flag.IntVar(&o.burn, "burn", 0, "with -mode lease: add a target that measures the limited proxy while the allocator child spins this many goroutines (its -debug-burn-cpu)")
 	flag.StringVar(&o.allocatorCPUs, "allocator-cpus", "", "with -mode lease: run the allocator child under taskset -c LIST (e.g. 1)")
+	flag.StringVar(&o.loadgen, "loadgen", "process", "where the load generator and the upstream run: process (a child process: the gateway's CPU is measured apart from theirs) or inprocess (in this process, as before: all CPU counted together)")
+	flag.StringVar(&o.loadgenCPUs, "loadgen-cpus", "", "with -loadgen process: run the load generator child under taskset -c LIST (pin this process with \"taskset -c 0 ...\" to give each its own core)")
+	flag.StringVar(&o.targetProfiles, "target-cpuprofile", "", "write a CPU profile of each measured run to PREFIX.<target>.r<round>.prof (this process only; merge a target's rounds with go tool pprof)")
 	var (
 		child      = flag.Bool("allocator-child", false, "internal: run the allocator and print its address")
+		loadChild  = flag.Bool("loadgen-child", false, "internal: run the upstream and the load generator, commanded on stdin")
 		childBurn  = flag.Int("debug-burn-cpu", 0, "with -allocator-child: goroutines spinning from the start (stdin \"burn N\" changes it)")
 		cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole benchmark to this file")
 		printRules = flag.Bool("print-rules", false, "print the benchmark's rule file (domain bench) and exit")
@@ -122,6 +144,13 @@ func main() {
 	flag.Parse()
 	if *printRules {
 		fmt.Print(strings.TrimPrefix(benchRules, "\n"))
+		return
+	}
+	if *loadChild {
+		if err := runLoadChild(); err != nil {
+			log.Print(err)
+			exit = 1
+		}
 		return
 	}
 	if *child {
@@ -133,6 +162,11 @@ func main() {
 	}
 	if err := o.validate(); err != nil {
 		log.Print(err)
+		exit = 2
+		return
+	}
+	if *cpuprofile != "" && o.targetProfiles != "" {
+		log.Print("-cpuprofile and -target-cpuprofile: choose one")
 		exit = 2
 		return
 	}
@@ -167,6 +201,14 @@ func (o options) validate() error {
 	if o.allocator != "" && o.mode == "standalone" {
 		return errors.New("-allocator needs -mode lease")
 	}
+	switch o.loadgen {
+	case "process", "inprocess":
+	default:
+		return fmt.Errorf("-loadgen %q: want process or inprocess", o.loadgen)
+	}
+	if o.loadgenCPUs != "" && o.loadgen != "process" {
+		return errors.New("-loadgen-cpus needs -loadgen process")
+	}
 	if o.rounds < 1 || o.conc < 1 || o.duration <= 0 {
 		return errors.New("-rounds, -c and -duration must be positive")
 	}
@@ -184,6 +226,8 @@ func serve(h http.Handler) (string, func(), error) {
 	return "http://" + ln.Addr().String(), func() { srv.Close(); <-done }, nil
 }
 
+// newProxy is cmd/gateway's reverse proxy (its Rewrite, transport pool
+// sizes and copy-buffer pool), for both targets.
 func newProxy(target *url.URL) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -191,22 +235,50 @@ func newProxy(target *url.URL) *httputil.ReverseProxy {
 			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 			pr.SetXForwarded()
 		},
-		Transport: &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second},
+		Transport:  &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second},
+		BufferPool: &copyBuffers,
+	}
+}
+
+// copyBufferSize is the size of the proxy's copy buffers (what
+// httputil.ReverseProxy allocates per request without a BufferPool).
+const copyBufferSize = 32 << 10
+
+// bufferPool is an httputil.BufferPool, as cmd/gateway's.
+type bufferPool struct{ p sync.Pool }
+
+var copyBuffers bufferPool
+
+func (b *bufferPool) Get() []byte {
+	if a, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return a[:]
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) >= copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
 	}
 }
 
 func run(o options) error {
 	quiet := slog.New(slog.DiscardHandler)
-	body := []byte(`{"ok":true,"message":"hello from the benchmark upstream"}`)
-	upURL, stopUp, err := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(body)
-	}))
+	var lg loadGen
+	var err error
+	if o.loadgen == "process" {
+		lg, err = spawnLoad(o.loadgenCPUs)
+	} else {
+		lg, err = newInprocLoad()
+	}
 	if err != nil {
 		return err
 	}
-	defer stopUp()
-	target, _ := url.Parse(upURL)
+	defer lg.close()
+	target, err := url.Parse(lg.upstream())
+	if err != nil {
+		return err
+	}
 
 	files := []rules.File{{Name: "bench.yaml", Source: []byte(benchRules)}}
 	reg := prometheus.NewRegistry()
@@ -303,9 +375,14 @@ func run(o options) error {
 	if o.allocator != "" {
 		where += " (allocator " + o.allocator + ")"
 	}
-	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, agent mode %s, GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
-		o.rounds, o.duration, o.conc, where, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
-	fmt.Printf("%-6s %-14s %12s %10s %10s %10s %10s %12s %s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9", "CPU/req", "agent (limited targets)")
+	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, agent mode %s, load generator %s (CPUs %q), GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
+		o.rounds, o.duration, o.conc, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
+	if o.loadgen == "process" {
+		fmt.Println("CPU/req: this process (proxies, agent); client CPU/req: the load generator and upstream process")
+	} else {
+		fmt.Println("CPU/req: this process (proxies, agent, load generator and upstream together)")
+	}
+	fmt.Printf("%-6s %-14s %12s %10s %10s %10s %10s %12s %12s %s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9", "CPU/req", "client CPU", "agent (limited targets)")
 	total := map[string]*hdrhistogram.Histogram{}
 	stats := map[string]*agentStats{}
 	for _, n := range names {
@@ -314,6 +391,7 @@ func run(o options) error {
 	}
 	count := map[string]int64{}
 	cpu := map[string]time.Duration{}
+	clientCPU := map[string]time.Duration{}
 	for r := 1; r <= o.rounds; r++ {
 		order := make([]string, len(names)) // rotate so that drift hits every target alike
 		for i := range names {
@@ -329,16 +407,28 @@ func run(o options) error {
 					return err
 				}
 			}
-			load(u, o.warmup, o.conc) // warm connections and caches (and, under burn, let the leases feel it)
+			// Warm connections and caches (and, under burn, let the leases feel it).
+			if _, err := lg.run(u, o.warmup, o.conc); err != nil {
+				return err
+			}
 			before, err := gatherAgent(reg)
 			if err != nil {
 				return err
 			}
 			poll := pollFallback(reg)
+			stopProfile, err := startTargetProfile(o.targetProfiles, name, r)
+			if err != nil {
+				return err
+			}
 			c0 := cpuTime()
-			h, n, errs := load(u, o.duration, o.conc)
+			res, err := lg.run(u, o.duration, o.conc)
 			c := cpuTime() - c0
+			stopProfile()
 			maxFallback := poll()
+			if err != nil {
+				return err
+			}
+			h, n, errs := res.h, res.n, res.errs
 			after, err := gatherAgent(reg)
 			if err != nil {
 				return err
@@ -356,12 +446,13 @@ func run(o options) error {
 			total[name].Merge(h)
 			count[name] += n
 			cpu[name] += c
+			clientCPU[name] += res.cpu
 			stats[name].add(d)
 			note := ""
 			if !isBare(name) {
 				note = d.String()
 			}
-			printRow(fmt.Sprint(r), name, h, float64(n)/o.duration.Seconds(), c/time.Duration(max(n, 1)), note)
+			printRow(fmt.Sprint(r), name, h, float64(n)/o.duration.Seconds(), c/time.Duration(max(n, 1)), res.cpu/time.Duration(max(n, 1)), note)
 		}
 	}
 	secs := o.duration.Seconds() * float64(o.rounds)
@@ -372,7 +463,7 @@ func run(o options) error {
 		if !isBare(n) {
 			note = stats[n].String()
 		}
-		printRow("all", n, total[n], float64(count[n])/secs, perReq(n), note)
+		printRow("all", n, total[n], float64(count[n])/secs, perReq(n), clientCPU[n]/time.Duration(max(count[n], 1)), note)
 	}
 	fmt.Println()
 	for _, n := range names {
@@ -407,10 +498,32 @@ func verdict(ok bool) string {
 	return "NOT met"
 }
 
-func printRow(round, name string, h *hdrhistogram.Histogram, rps float64, cpuPerReq time.Duration, note string) {
+func printRow(round, name string, h *hdrhistogram.Histogram, rps float64, cpuPerReq, clientPerReq time.Duration, note string) {
 	q := func(p float64) time.Duration { return time.Duration(h.ValueAtQuantile(p)).Round(time.Microsecond) }
-	fmt.Printf("%-6s %-14s %12.0f %10v %10v %10v %10v %12v %s\n", round, name, rps, q(50), q(90), q(99), q(99.9),
-		cpuPerReq.Round(100*time.Nanosecond), note)
+	client := "-"
+	if clientPerReq > 0 {
+		client = clientPerReq.Round(100 * time.Nanosecond).String()
+	}
+	fmt.Printf("%-6s %-14s %12.0f %10v %10v %10v %10v %12v %12s %s\n", round, name, rps, q(50), q(90), q(99), q(99.9),
+		cpuPerReq.Round(100*time.Nanosecond), client, note)
+}
+
+// startTargetProfile starts a CPU profile of one measured run into
+// prefix.<target>.r<round>.prof and returns its stop function (a no-op
+// without a prefix).
+func startTargetProfile(prefix, target string, round int) (func(), error) {
+	if prefix == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%s.r%d.prof", prefix, target, round))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // loadAvg is the first three fields of /proc/loadavg ("?" elsewhere): the
@@ -435,48 +548,6 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// load runs conc workers against base for d and returns the latency
-// histogram, the completed requests and the failures.
-func load(base string, d time.Duration, conc int) (*hdrhistogram.Histogram, int64, int64) {
-	tr := &http.Transport{MaxIdleConns: conc * 2, MaxIdleConnsPerHost: conc * 2, IdleConnTimeout: 90 * time.Second}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-	hs := make([]*hdrhistogram.Histogram, conc)
-	var n, errs atomic.Int64
-	stop := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for w := 0; w < conc; w++ {
-		hs[w] = hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3)
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodGet, base+"/v1/search", nil)
-			for i := 0; ; i++ {
-				t0 := time.Now()
-				if t0.After(stop) {
-					return
-				}
-				req.Header.Set("X-API-Key", fmt.Sprintf("k_bench_%02d", (w*7+i)%64))
-				resp, err := client.Do(req)
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				_ = hs[w].RecordValue(int64(time.Since(t0)))
-				n.Add(1)
-			}
-		}(w)
-	}
-	wg.Wait()
-	h := hs[0]
-	for _, o := range hs[1:] {
-		h.Merge(o)
-	}
-	return h, n.Load(), errs.Load()
 }
 
 // startAllocator runs a single-node allocator with the benchmark rules in
