@@ -248,6 +248,7 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	g.ResetAfterMs = p.ResetAfter.Milliseconds()
 	g.Held = ag.held[key]
 	g.Agents = 1
+	g.Limit = r.Proto()
 	if granted == 0 && k.Want > 0 && !p.Allowed {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
 		g.RetryAfterMs = max(p.RetryAfter.Milliseconds(), 1)

@@ -108,7 +108,7 @@ type keyState struct {
 
 	// Written by the refill loop, read by checks.
 	expiry      atomic.Int64 // the lease's end, Unix nanos; 0 = no lease
-	deniedUntil atomic.Int64 // EXHAUSTED until, Unix nanos
+	deniedUntil atomic.Int64 // a dry lease denies until this, Unix nanos (EXHAUSTED, or the share is spent: see pace)
 	lowWater    atomic.Int64 // refill when the balance drops below this
 	remaining   atomic.Int64 // global remaining at the latest grant
 	resetAt     atomic.Int64 // global bucket full again at, Unix nanos
@@ -142,6 +142,7 @@ type keyState struct {
 	retryAt    int64   // for notLeased keys: ask again after this
 	inflight   bool    // part of the unacknowledged batch
 	suspect    bool    // was in a batch the allocator rejected: sent alone
+	paced      bool    // the budget was spent at the last grant: asked again only at refreshAt (see pace)
 	holdUntil  int64   // after a rejection: not sent before this
 }
 

@@ -165,8 +165,8 @@ func (a *Agent) drainPending(now int64) {
 		select {
 		case ks := <-a.pending:
 			ks.queued.Store(false)
-			if ks.inflight || ks.local.Load() || now < ks.holdUntil {
-				continue
+			if ks.inflight || ks.local.Load() || now < ks.holdUntil || ks.paced && now < ks.refreshAt {
+				continue // a paced key is sent by the scan at its time
 			}
 			if ks.charged.Load() <= 0 && (now < ks.deniedUntil.Load() || ks.notLeased.Load() && now < ks.retryAt) {
 				continue // nothing to report, and asking again is pointless yet
@@ -262,6 +262,10 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 	if now < ks.holdUntil {
 		return false
 	}
+	exp := ks.expiry.Load()
+	if ks.paced && now < ks.refreshAt && now < exp-a.renewMargin() {
+		return false // its share is spent: ask at the paced time, charges included
+	}
 	if ks.charged.Load() > 0 {
 		return true
 	}
@@ -269,10 +273,9 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 	if ks.notLeased.Load() {
 		return active && now >= ks.retryAt
 	}
-	if now < ks.deniedUntil.Load() {
+	if now < ks.deniedUntil.Load() && !ks.paced {
 		return false
 	}
-	exp := ks.expiry.Load()
 	if !ks.leased.Load() || now >= exp {
 		return active
 	}
@@ -525,10 +528,25 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			ks.remaining.Store(g.GetRemaining())
 			ks.resetAt.Store(b.firstSent + g.GetResetAfterMs()*int64(time.Millisecond))
 			ks.refreshAt = b.firstSent + g.GetRefreshAfterMs()*int64(time.Millisecond)
-			if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED {
-				ks.deniedUntil.Store(b.firstSent + g.GetRetryAfterMs()*int64(time.Millisecond))
+			// Short: less than asked and the global bucket is empty, so
+			// the budget, not this agent's cap, is what ran out.
+			short := k.Want > 0 && g.GetGranted() < k.Want && g.GetRemaining() <= 0
+			if p, ok := a.pace(g, short); ok {
+				// The global budget is spent: what this agent holds is
+				// what it may spend until it asks again, at the paced
+				// time. Meanwhile a dry lease
+				// denies (the lease says no) instead of admitting from
+				// the fallback bucket and owing a charge every tick.
+				ks.paced = true
+				ks.refreshAt = b.firstSent + int64(p)
+				ks.deniedUntil.Store(ks.refreshAt + a.paceGrace())
 			} else {
-				ks.deniedUntil.Store(0)
+				ks.paced = false
+				if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED {
+					ks.deniedUntil.Store(b.firstSent + g.GetRetryAfterMs()*int64(time.Millisecond))
+				} else {
+					ks.deniedUntil.Store(0)
+				}
 			}
 			// The fallback bucket now starts from this agent's share of
 			// what is left globally.
@@ -554,6 +572,53 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	a.met.paid.Add(float64(paid))
 	a.met.returned.Add(float64(returned))
 	a.met.keysSent.Add(float64(len(b.keys)))
+}
+
+// maxPace bounds how long a key whose grant fell short waits before asking
+// again: the allocator's refresh under contention (F/2, F = 1 s by default).
+const maxPace = 500 * time.Millisecond
+
+// pace decides whether a key whose grant fell short of its want (short) or
+// was EXHAUSTED is paced, and for how long: until the allocator's
+// refresh_after (or retry_after when EXHAUSTED), but at most B/(2R), so that
+// the global bucket, which holds B, cannot fill up and overflow between two
+// of this agent's asks, and at most maxPace. Keys whose pace would be under
+// two scans (a small B/R) are not paced: their asks must keep up with the
+// bucket, and the fallback bucket decides between them as before.
+func (a *Agent) pace(g *allotv1.KeyGrant, short bool) (time.Duration, bool) {
+	exhausted := g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
+	l := g.GetLimit()
+	if !short && !exhausted || l == nil || l.GetRequestsPerUnit() == 0 || l.GetWindowSeconds() <= 0 {
+		return 0, false
+	}
+	burst := l.GetBurst()
+	if burst <= 0 {
+		burst = int64(l.GetRequestsPerUnit())
+	}
+	// B/(2R) in seconds, computed in float64 and clamped before it becomes
+	// a Duration (burst and window can be large).
+	half := float64(burst) * float64(l.GetWindowSeconds()) / float64(l.GetRequestsPerUnit()) / 2
+	p := maxPace
+	if half < maxPace.Seconds() {
+		p = time.Duration(half * float64(time.Second))
+	}
+	if exhausted {
+		p = max(p, time.Duration(g.GetRetryAfterMs())*time.Millisecond)
+	} else {
+		p = min(p, time.Duration(g.GetRefreshAfterMs())*time.Millisecond)
+	}
+	if p < 2*a.cfg.ScanInterval {
+		return 0, false
+	}
+	return p, true
+}
+
+// paceGrace is how long past a paced key's ask its dry lease keeps
+// denying: the ask goes at the first scan after refreshAt and its answer
+// takes a round trip. An answer that is later than that (a slow or
+// unreachable allocator) leaves the key to its fallback bucket.
+func (a *Agent) paceGrace() int64 {
+	return int64(a.cfg.ScanInterval+a.cfg.RefillInterval) + int64(2*a.rf.latency*float64(time.Second))
 }
 
 // leaseMargin is taken off a lease's TTL: clocks drift and the allocator's
