@@ -240,19 +240,30 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	if ka.Charged > 0 {
 		lim.Debit(&st, now, ka.Charged)
 	}
-	// (3) want: size, cap at the fair share, take what the bucket has.
+	// (3) want: size, cap at the fair share and the window's allowance,
+	// take what the bucket has.
 	capacity := capacityOf(lim, c.cfg.RefreshInterval)
 	want := int64(0)
 	if !release && canLease {
 		want = min(ka.Want, capacity)
 	}
 	need := min(capacity, held+want)
-	var granted int64
+	var granted, used int64
 	contended := false
+	demand := roundDemand(ka.Demand)
 	if want > 0 {
 		var agentCap int64
 		agentCap, contended = c.agentCap(e.leases, ag.num, need, capacity)
-		if ask := min(want, agentCap-held); ask > 0 {
+		// Grant pacing: at most the allowance per refresh window, however
+		// little the agent reports holding.
+		f := c.cfg.RefreshInterval
+		used = usedInWindow(&old, now/1e6, f)
+		allow, reserved := c.allowance(e.leases, ag.num, claimOf(need, demand, f, capacity), capacity, refillOf(lim, f), now)
+		left := allow - used
+		if reserved > 0 && left > 0 {
+			left = fromBucket(lim.Peek(st, now).Remaining, left, reserved)
+		}
+		if ask := min(want, agentCap-held, left); ask > 0 {
 			granted = lim.TakeUpTo(&st, now, ask)
 			held += granted
 		}
@@ -277,10 +288,10 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		if retry > 0 {
 			refresh = min(retry, ttl)
 		}
-		nl := lease{agent: ag.num, need: need, held: held, grantedAt: old.grantedAt,
-			expiry: now + int64(ttl), demand: float32(ka.Demand), ext: old.ext}
+		nl := lease{agent: ag.num, need: need, held: held, win: old.win, grantedAt: old.grantedAt,
+			expiry: now + int64(ttl), demand: demand, ext: old.ext}
 		if granted > 0 {
-			nl.grantedAt = now / 1e6
+			nl.grantedAt, nl.win = now/1e6, used+granted
 		}
 		if !leased {
 			c.newEntry(e)

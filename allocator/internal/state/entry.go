@@ -20,7 +20,7 @@ import (
 //	[n]    uvarint when n ≥ 127 (n field = 127)
 //	[tpl]  uvarint when the template id ≥ 127 (template field = 127)
 //	vlen   uvarint, then the key's values (below)
-//	leases n × 24 bytes, sorted by agent number
+//	leases n × 22 bytes, sorted by agent number
 //
 // base is the Unix millisecond of the key's last Acquire or Release that
 // kept it leased: the rates' timestamp and the origin of the leases' times.
@@ -36,20 +36,22 @@ import (
 // A lease is 22 bytes:
 //
 //	agent  uint32  agent number
-//	held   uint32  tokens held; leaseEscaped: the lease's numbers are in core.ext
-//	need   uint32  tokens per refresh interval it may hold
-//	demand float32 reported demand, tokens per second (for the admin API)
+//	held   uint24  tokens held; leaseEscaped: the lease's numbers are in core.ext
+//	need   uint24  tokens per refresh interval it may hold
+//	win    uint24  tokens granted in the refresh window of the latest grant
+//	demand 24 bits reported demand, tokens per second: the high 24 bits of
+//	               its float32 (15-bit mantissa; roundDemand)
 //	expiry int24   in units of core.codec.unit (1 ms by default) after base,
 //	               rounded up (a lease never ends early)
 //	grant  uint24  the latest grant, before base: milliseconds below 2²³,
 //	               else 2²³ + seconds; noGrant: none
 //
-// A lease whose held or need do not fit in 32 bits, whose expiry is too far
-// after base or whose latest grant is too far before it (97 days) is
-// escaped: its exact numbers are in the small map core.codec.ext. An expiry
-// more than 2²³ units before base is recorded as exactly 2²³ units before
-// it: such a lease is already due, and it ends at the next Expire either
-// way.
+// A lease whose held, need or win do not fit in 24 bits (held: below
+// leaseEscaped), whose expiry is too far after base or whose latest grant
+// is too far before it (97 days) is escaped: its exact numbers are in the
+// small map core.codec.ext. An expiry more than 2²³ units before base is
+// recorded as exactly 2²³ units before it: such a lease is already due,
+// and it ends at the next Expire either way.
 
 const (
 	entryFixed   = 16
@@ -57,7 +59,7 @@ const (
 	baseBits     = 42
 	baseMax      = 1<<baseBits - 1 // year 2109
 	fieldEsc     = 127             // the n or template field is a uvarint that follows
-	leaseEscaped = math.MaxUint32  // held: the lease's numbers are in core.ext
+	leaseEscaped = 1<<24 - 1       // held: the lease's numbers are in core.ext
 	expMax       = 1<<23 - 1       // expiry offsets are in [-2²³, 2²³)
 	grantSecs    = 1 << 23         // grant ≥ grantSecs: seconds
 	noGrant      = 1<<24 - 1       // grant: no grant yet
@@ -68,6 +70,7 @@ type lease struct {
 	agent     uint32
 	need      int64 // tokens per refresh interval the agent asked to hold (fair share input)
 	held      int64 // tokens the state records the agent as holding
+	win       int64 // tokens granted in the refresh window grantedAt is in (policy.go)
 	grantedAt int64 // Unix ms of the latest grant; 0: none
 	expiry    int64 // Unix ns
 	demand    float32
@@ -82,7 +85,7 @@ type extKey struct {
 
 // extLease holds an escaped lease's numbers.
 type extLease struct {
-	need, held, grantedAt, expiry int64
+	need, held, win, grantedAt, expiry int64
 }
 
 // entry is a leased key's entry, decoded.
@@ -173,6 +176,19 @@ func expUnitFor(cfg Config) int64 {
 	return max(u, 1e6)
 }
 
+// u24Max is the largest count a compact lease stores (held must also
+// differ from leaseEscaped).
+const u24Max = 1<<24 - 1
+
+// roundDemand returns a reported demand as a lease stores it: float32,
+// truncated to its high 24 bits (a 15-bit mantissa, relative error below
+// 2⁻¹⁵). Demand is validated finite and non-negative, so the sign bit is 0.
+func roundDemand(d float64) float32 { return roundDemand32(float32(d)) }
+
+func roundDemand32(d float32) float32 {
+	return math.Float32frombits(math.Float32bits(d) &^ 0xff)
+}
+
 func getU24(b []byte) uint32    { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 }
 func putU24(b []byte, v uint32) { b[0], b[1], b[2] = byte(v), byte(v>>8), byte(v>>16) }
 
@@ -186,14 +202,15 @@ func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, n int, h uint64, base 
 		r := b[i*leaseBytes:]
 		l := lease{
 			agent:  binary.LittleEndian.Uint32(r),
-			demand: math.Float32frombits(binary.LittleEndian.Uint32(r[12:])),
+			demand: math.Float32frombits(getU24(r[13:]) << 8),
 		}
-		if held := binary.LittleEndian.Uint32(r[4:]); held == leaseEscaped {
+		if held := getU24(r[4:]); held == leaseEscaped {
 			x := lc.ext[extKey{h, l.agent}]
-			l.need, l.held, l.grantedAt, l.expiry, l.ext = x.need, x.held, x.grantedAt, x.expiry, true
+			l.need, l.held, l.win, l.grantedAt, l.expiry, l.ext = x.need, x.held, x.win, x.grantedAt, x.expiry, true
 		} else {
 			l.held = int64(held)
-			l.need = int64(binary.LittleEndian.Uint32(r[8:]))
+			l.need = int64(getU24(r[7:]))
+			l.win = int64(getU24(r[10:]))
 			l.expiry = (origin + getI24(r[16:])) * lc.unit
 			switch g := getU24(r[19:]); {
 			case g == noGrant:
@@ -209,14 +226,16 @@ func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, n int, h uint64, base 
 }
 
 // encodeLease writes l (of key h) at b, escaping it if needed, and sets
-// l's expiry and latest grant to what they decode to: the expiry rounded up
+// l's demand, expiry and latest grant to what they decode to: the demand
+// truncated by roundDemand, the expiry rounded up
 // to a multiple of the unit (or, if long past, moved to 2²³ units before
 // base), a grant older than 2²³ ms rounded down to the second. Both are
 // rounded in absolute time, so re-encoding at a later base changes
 // nothing.
 func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
 	binary.LittleEndian.PutUint32(b, l.agent)
-	binary.LittleEndian.PutUint32(b[12:], math.Float32bits(l.demand))
+	l.demand = roundDemand32(l.demand)
+	putU24(b[13:], math.Float32bits(l.demand)>>8)
 	origin := floorDiv(base*1e6, lc.unit)
 	off := floorDiv(l.expiry, lc.unit) - origin
 	if off*lc.unit+origin*lc.unit < l.expiry {
@@ -234,16 +253,16 @@ func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
 			g = -1
 		}
 	}
-	fits := l.held < leaseEscaped && l.need <= math.MaxUint32 && off <= expMax && g >= 0
+	fits := l.held < leaseEscaped && l.need <= u24Max && l.win <= u24Max && off <= expMax && g >= 0
 	k := extKey{h, l.agent}
 	if !fits {
 		if lc.ext == nil {
 			lc.ext = make(map[extKey]extLease)
 		}
-		lc.ext[k] = extLease{need: l.need, held: l.held, grantedAt: l.grantedAt, expiry: l.expiry}
+		lc.ext[k] = extLease{need: l.need, held: l.held, win: l.win, grantedAt: l.grantedAt, expiry: l.expiry}
 		l.ext = true
-		binary.LittleEndian.PutUint32(b[4:], leaseEscaped)
-		clear(b[8:12])
+		putU24(b[4:], leaseEscaped)
+		clear(b[7:13])
 		clear(b[16:22])
 		return
 	}
@@ -252,8 +271,9 @@ func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
 		l.ext = false
 	}
 	l.expiry, l.grantedAt = (origin+off)*lc.unit, gAt
-	binary.LittleEndian.PutUint32(b[4:], uint32(l.held))
-	binary.LittleEndian.PutUint32(b[8:], uint32(l.need))
+	putU24(b[4:], uint32(l.held))
+	putU24(b[7:], uint32(l.need))
+	putU24(b[10:], uint32(l.win))
 	putU24(b[16:], uint32(off)&(1<<24-1))
 	putU24(b[19:], uint32(g))
 }

@@ -171,7 +171,7 @@ func TestFairShareEqual(t *testing.T) {
 func TestFairShareSkewed(t *testing.T) {
 	// Water-filling: capacity 20, needs 1, 2, 10, 10, 30 → 1, 2, 6, 6, 5
 	// (ceil shares: 20/5=4 → 1; 19/4=5 → 2; 17/3=6 → 6, 11/2=6 → 6; 5).
-	needs := []needEnt{{10, 3}, {1, 1}, {30, 5}, {2, 2}, {10, 4}}
+	needs := []needEnt{{need: 10, agent: 3}, {need: 1, agent: 1}, {need: 30, agent: 5}, {need: 2, agent: 2}, {need: 10, agent: 4}}
 	want := map[uint32]int64{1: 1, 2: 2, 3: 6, 4: 6, 5: 5}
 	var sum int64
 	for agent, w := range want {

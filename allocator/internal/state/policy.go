@@ -11,12 +11,20 @@ import (
 // The grant policy. docs/leases.md derives it; in short:
 //
 //   - capacity C = max(burst, ⌈R·F⌉) tokens, R the limit's rate and F the
-//     refresh interval: the most one refresh interval can hand out;
+//     refresh interval: the most one refresh interval can hand out; the
+//     refill Cᵣ = ⌈R·F⌉ is what the bucket gains in one interval;
 //   - an agent's need = min(C, held + min(want, C));
 //   - when the needs of all agents leasing the key fit in C, each agent may
 //     hold its need; otherwise its cap is its max-min fair share of C
 //     (water-filling over the needs, integer tokens);
-//   - grant = TakeUpTo(min(want, cap − held)): never more than the bucket has;
+//   - grant pacing: what an agent is granted within one refresh window (a
+//     multiple of F in absolute time) is at most its allowance: its max-min
+//     fair share of Cᵣ over the live agents' claims min(C, max(need,
+//     ⌈demand·F⌉)) when the claims exceed Cᵣ, else Cᵣ less the others'
+//     claims (C for an agent alone on the key). So an agent that reports
+//     held 0 on every call still gets at most its fair share per interval;
+//   - grant = TakeUpTo(min(want, cap − held, allowance − granted in the
+//     window)): never more than the bucket has;
 //   - the lease TTL and refresh grow as demand falls (cold keys get long
 //     leases) and shrink under contention.
 
@@ -26,8 +34,18 @@ func capacityOf(l bucket.Limit, refresh time.Duration) int64 {
 	if burst <= 0 {
 		burst = l.Quota()
 	}
+	return max(burst, refillOf(l, refresh))
+}
+
+// refillOf returns Cᵣ = ⌈quota·F/window⌉ (at least 1), the tokens the limit
+// refills in one refresh interval; for a limit without a rate, its burst.
+func refillOf(l bucket.Limit, refresh time.Duration) int64 {
 	w := l.Window()
 	if w <= 0 || l.Quota() <= 0 {
+		burst := l.Burst()
+		if burst <= 0 {
+			burst = l.Quota()
+		}
 		return max(burst, 1)
 	}
 	hi, lo := bits.Mul64(uint64(l.Quota()), uint64(refresh))
@@ -41,21 +59,134 @@ func capacityOf(l bucket.Limit, refresh time.Duration) int64 {
 	if q > maxAmount {
 		q = maxAmount
 	}
-	return max(burst, int64(q), 1)
+	return max(int64(q), 1)
+}
+
+// claimLiveIntervals: a lease not renewed within this many refresh
+// intervals no longer counts in the other agents' allowances (an agent
+// that stopped asking does not hold back the ones still asking).
+const claimLiveIntervals = 2
+
+// claimOf returns an agent's claim on the key's refill per interval:
+// min(C, max(need, ⌈demand·F⌉)). An agent that refills often asks for
+// little at a time (its need) but is granted about demand·F per interval.
+func claimOf(need int64, demand float32, refresh time.Duration, capacity int64) int64 {
+	per := int64(0)
+	if dm := demandMilli(float64(demand)); dm > 0 {
+		// ⌈dm·F/10¹²⌉: dm in milli-tokens/s, F in ns.
+		const div = 1_000_000_000_000
+		hi, lo := bits.Mul64(uint64(dm), uint64(refresh))
+		if hi >= div {
+			per = capacity
+		} else {
+			q, r := bits.Div64(hi, lo, div)
+			if r != 0 {
+				q++
+			}
+			per = int64(min(q, uint64(capacity)))
+		}
+	}
+	return min(capacity, max(need, per))
+}
+
+// windowOf returns the refresh window a Unix millisecond is in.
+func windowOf(ms int64, refresh time.Duration) int64 {
+	return floorDiv(ms*1e6, int64(refresh)) // |ms| < 2⁶³/10⁶: ms is a command time / 10⁶
+}
+
+// usedInWindow returns the tokens l was granted in the refresh window of
+// nowMs (Unix ms): its win count if its latest grant is in that window.
+func usedInWindow(l *lease, nowMs int64, refresh time.Duration) int64 {
+	if l.grantedAt == 0 || windowOf(l.grantedAt, refresh) != windowOf(nowMs, refresh) {
+		return 0
+	}
+	return l.win
+}
+
+// allowance returns the most agent may be granted in the current refresh
+// window, given its claim: C when no other live lease is on the key; else
+// Cᵣ less the others' claims when all claims fit in Cᵣ; else its max-min
+// fair share of Cᵣ over the live claims. A lease is live when it was
+// renewed within claimLiveIntervals·F: its expiry is at least
+// now − claimLiveIntervals·F + LeaseTTL (a lease renewed with a longer TTL,
+// a cold key's, counts for longer).
+//
+// It also returns reserved: what the live agents with a smaller claim may
+// still be granted in this window (their allowances less their window
+// grants), for fromBucket.
+func (c *core) allowance(leases []lease, agent uint32, claim, capacity, refill, now int64) (allow, reserved int64) {
+	f := c.cfg.RefreshInterval
+	live := now - claimLiveIntervals*int64(f) + int64(c.cfg.LeaseTTL)
+	nowMs := now / 1e6
+	others, n := int64(0), 0
+	for i := range leases {
+		l := &leases[i]
+		if l.agent == agent || l.expiry < live {
+			continue
+		}
+		others += claimOf(l.need, l.demand, f, capacity)
+		n++
+	}
+	switch {
+	case n == 0:
+		return capacity, 0
+	case others+claim <= refill:
+		for i := range leases {
+			l := &leases[i]
+			if l.agent == agent || l.expiry < live {
+				continue
+			}
+			if cl := claimOf(l.need, l.demand, f, capacity); cl < claim {
+				reserved += max(0, cl-usedInWindow(l, nowMs, f))
+			}
+		}
+		return refill - others, reserved
+	}
+	needs := c.scr.needs[:0]
+	for i := range leases {
+		l := &leases[i]
+		if l.agent != agent && l.expiry >= live {
+			needs = append(needs, needEnt{need: claimOf(l.need, l.demand, f, capacity), agent: l.agent, used: usedInWindow(l, nowMs, f)})
+		}
+	}
+	needs = append(needs, needEnt{need: claim, agent: agent})
+	c.scr.needs = needs
+	waterFill(needs, refill)
+	for _, e := range needs {
+		switch {
+		case e.agent == agent:
+			allow = e.share
+		case e.need < claim:
+			reserved += max(0, e.share-e.used)
+		}
+	}
+	return allow, reserved
+}
+
+// fromBucket returns the most an agent whose window allowance has left
+// tokens may take from a bucket with avail tokens: what the bucket holds
+// beyond reserved, the unused allowances of the agents with smaller claims
+// (the ones max-min fairness serves first). Without the reservation an
+// agent that calls first in every window (a flooder) would drain a bucket
+// that holds less than every allowance, and the others would find it empty
+// until it refilled. Equal claims reserve nothing for each other.
+func fromBucket(avail, left, reserved int64) int64 {
+	if reserved <= 0 {
+		return left
+	}
+	return min(left, max(0, avail-reserved))
 }
 
 // needEnt is one agent's need in a water-filling.
 type needEnt struct {
 	need  int64
 	agent uint32
+	share int64 // waterFill's result
+	used  int64 // allowance: tokens granted in the window
 }
 
-// fairShare returns target's max-min fair share of capacity among needs
-// (which include target). Needs are served smallest first; each gets
-// min(need, ⌈remaining/agents left⌉), so equal needs differ by at most one
-// token, lower agent numbers first, and the shares never sum above
-// capacity.
-func fairShare(needs []needEnt, capacity int64, target uint32) int64 {
+// sortNeeds orders needs ascending, ties by agent number.
+func sortNeeds(needs []needEnt) {
 	slices.SortFunc(needs, func(a, b needEnt) int {
 		if a.need != b.need {
 			if a.need < b.need {
@@ -65,17 +196,33 @@ func fairShare(needs []needEnt, capacity int64, target uint32) int64 {
 		}
 		return int(int64(a.agent) - int64(b.agent))
 	})
-	remaining := capacity
-	for i, e := range needs {
-		k := int64(len(needs) - i)
-		share := (remaining + k - 1) / k
-		a := min(e.need, share)
+}
+
+// fairShare returns target's max-min fair share of capacity among needs
+// (which include target). Needs are served smallest first; each gets
+// min(need, ⌈remaining/agents left⌉), so equal needs differ by at most one
+// token, lower agent numbers first, and the shares never sum above
+// capacity.
+func fairShare(needs []needEnt, capacity int64, target uint32) int64 {
+	waterFill(needs, capacity)
+	for _, e := range needs {
 		if e.agent == target {
-			return a
+			return e.share
 		}
-		remaining -= a
 	}
 	return 0
+}
+
+// waterFill sorts needs and sets every share as fairShare describes.
+func waterFill(needs []needEnt, capacity int64) {
+	sortNeeds(needs)
+	remaining := capacity
+	for i := range needs {
+		k := int64(len(needs) - i)
+		share := (remaining + k - 1) / k
+		needs[i].share = min(needs[i].need, share)
+		remaining -= needs[i].share
+	}
 }
 
 // agentCap returns the most the agent may hold on the key after this call

@@ -24,22 +24,27 @@ import (
 
 // Snapshot format (all integers little-endian; varints as encoding/binary):
 //
-//	header  "ALLOTSNP" uvarint(format version = 2)
+//	header  "ALLOTSNP" uvarint(format version = 3)
 //	body    scalars, rules, limits, members, agents, keys, leased keys
 //	trailer crc32c(header+body) uint32 · len(header+body) uint64 · "ALLOTEND"
 //
 // A leased key is its hash, canonical key, base (Unix ms), packed grant and
-// deny rates, and its leases (agent, need, held, latest grant in Unix ms,
-// expiry in Unix ns, demand as float32 bits). Records appear in a canonical
+// deny rates, and its leases (agent, need, held, tokens granted in the
+// window of the latest grant, latest grant in Unix ms, expiry in Unix ns,
+// demand as float32 bits). Records appear in a canonical
 // order (keys and leased keys by hash, agents and members by id, leases by
 // agent number), so equal states give equal bytes. Derived data (counters,
 // the arena layout, the expiry wheel, limit reference counts) is not
 // stored: Restore recomputes it and checks the stored data for
-// consistency. Version 2 (compact leased keys) replaced version 1.
+// consistency. Version 2 (compact leased keys) replaced version 1; version
+// 3 added the per-lease window grant count (grant pacing). Restore reads
+// versions 2 and 3: a version-2 lease has granted nothing in the current
+// window, and its demand is truncated as a lease stores it (roundDemand).
 const (
 	snapMagic     = "ALLOTSNP"
 	snapEnd       = "ALLOTEND"
-	snapVersion   = 2
+	snapVersion   = 3
+	snapVersionV2 = 2 // still restored
 	snapTrailer   = 4 + 8 + len(snapEnd)
 	snapFlushSize = 64 << 10
 )
@@ -238,6 +243,7 @@ func (sn *snapshot) Persist(w io.Writer) error {
 				e.uvarint(uint64(l.agent))
 				e.varint(l.need)
 				e.varint(l.held)
+				e.varint(l.win)
 				e.varint(l.grantedAt)
 				e.varint(l.expiry)
 				e.fixed32(math.Float32bits(l.demand))
@@ -337,8 +343,9 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		return nil, corrupt("checksum mismatch")
 	}
 	d := &dec{b: body[len(snapMagic):]}
-	if v := d.uvarint(); d.err == nil && v != snapVersion {
-		return nil, corrupt("format version %d, this binary reads %d", v, snapVersion)
+	version := d.uvarint()
+	if d.err == nil && version != snapVersion && version != snapVersionV2 {
+		return nil, corrupt("format version %d, this binary reads %d and %d", version, snapVersionV2, snapVersion)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -465,7 +472,7 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 
 	// Leased keys.
-	if err := c.restoreLeased(d); err != nil {
+	if err := c.restoreLeased(d, version); err != nil {
 		return nil, err
 	}
 	if len(d.b) != 0 {
@@ -479,7 +486,7 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 // a tracked key, that its hash is its key's, that its leases name known
 // agents in order, and that every number is in the canonical form the
 // arena stores it in (so the state re-persists to the same bytes).
-func (c *core) restoreLeased(d *dec) error {
+func (c *core) restoreLeased(d *dec, version uint64) error {
 	ni := d.count("leased keys")
 	var (
 		prev          uint64
@@ -520,13 +527,19 @@ func (c *core) restoreLeased(d *dec) error {
 		}
 		given = given[:0]
 		for j := 0; j < n && d.err == nil; j++ {
-			l := lease{agent: uint32(d.uvarintMax(math.MaxUint32, "lease agent")), need: d.varint(), held: d.varint(),
-				grantedAt: d.varint(), expiry: d.varint(), demand: math.Float32frombits(d.fixed32())}
+			l := lease{agent: uint32(d.uvarintMax(math.MaxUint32, "lease agent")), need: d.varint(), held: d.varint()}
+			if version >= 3 {
+				l.win = d.varint()
+			}
+			l.grantedAt, l.expiry, l.demand = d.varint(), d.varint(), math.Float32frombits(d.fixed32())
 			if d.err != nil {
 				break
 			}
+			if version < 3 {
+				l.demand = roundDemand32(l.demand)
+			}
 			if c.byNum[l.agent] == nil || (j > 0 && l.agent <= given[j-1].agent) || l.need < 0 || l.held < 0 ||
-				l.grantedAt < 0 || l.demand != l.demand || l.demand < 0 {
+				l.win < 0 || l.grantedAt < 0 || l.demand != l.demand || l.demand < 0 {
 				return corrupt("leased key %016x: bad lease", h)
 			}
 			given = append(given, l)
@@ -545,8 +558,8 @@ func (c *core) restoreLeased(d *dec) error {
 		}
 		c.storeEntry(h, idx, &e, math.MaxInt64, false)
 		for j, l := range e.leases { // as stored
-			if l.expiry != given[j].expiry || l.grantedAt != given[j].grantedAt {
-				return corrupt("leased key %016x: lease times not in stored form", h)
+			if l.expiry != given[j].expiry || l.grantedAt != given[j].grantedAt || l.demand != given[j].demand {
+				return corrupt("leased key %016x: lease times or demand not in stored form", h)
 			}
 		}
 	}

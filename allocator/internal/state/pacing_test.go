@@ -1,0 +1,183 @@
+package state
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// pacingRules: big has C = Cᵣ = 100 per interval; wide has a burst of 300
+// above its refill of 100 per interval (C = 300, Cᵣ = 100); small has
+// C = Cᵣ = 10.
+const pacingRules = `domain: test
+descriptors:
+  - key: big
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+  - key: wide
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 300}
+  - key: small
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 10}
+`
+
+// TestGrantPacing is the step table of grant pacing on big (C = Cᵣ = 100,
+// F = 1 s, windows aligned to whole seconds), with the issue-#8 liar:
+// held 0, want 1000, calling every 10 ms.
+func TestGrantPacing(t *testing.T) {
+	s := New(testConfig())
+	putRules(t, s, t0, pacingRules)
+	liar := func(id uint64) *allotv1.KeyAcquire {
+		return &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: "x"}}, Want: 1000, Demand: 1e6}
+	}
+	honest := &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: "x"}}, Want: 2, Demand: 20}
+	grant := func(step int, now int64, agent string, id uint64, k *allotv1.KeyAcquire, want int64) {
+		t.Helper()
+		if g := mustAcquire(t, s, now, agent, id, k).Grants[0].Granted; g != want {
+			t.Fatalf("step %d: %s call %d at %v granted %d, want %d", step, agent, id, time.Duration(now-t0), g, want)
+		}
+	}
+	ms := func(d int) int64 { return at(time.Duration(d) * time.Millisecond) }
+	// t0: the liar alone on the key may take all of C.
+	grant(0, ms(0), "liar", 1, liar(1), 100)
+	// t0+10ms: its held 0 report makes its hold cap room again, but the
+	// window's allowance is spent.
+	grant(1, ms(10), "liar", 2, liar(2), 0)
+	// The honest agent's claim is ⌈20·1 s⌉ = 20; the bucket refilled 2.
+	grant(2, ms(20), "h", 1, honest, 2)
+	// Next window: the key is contended (claims 100 + 20 > Cᵣ = 100): the
+	// liar's allowance is its max-min share, 80, and it may not take the
+	// honest agent's unused allowance (20) from the bucket (98): 78.
+	grant(3, ms(1000), "liar", 3, liar(3), 78)
+	// 10 ms later the bucket refilled 1 above the reservation.
+	grant(4, ms(1010), "liar", 4, liar(4), 1)
+	// The honest agent gets 2 a call, 10 calls a window.
+	id := uint64(2)
+	for i := range 10 {
+		grant(5+i, ms(1020+100*i), "h", id, honest, 2)
+		id++
+	}
+	// Its allowance is spent: nothing is reserved, the liar takes its last 1.
+	grant(15, ms(1990), "liar", 5, liar(5), 1)
+	grant(16, ms(1995), "liar", 6, liar(6), 0)
+	// Window 2: the bucket (refilled 100 − 22 granted) is 78 + 1 … the liar
+	// takes 80 less the honest reservation of 20.
+	// A lease not renewed for 2F stops counting: after the honest agent's
+	// last call at 1.92 s, at 4 s the liar is alone again and may take C
+	// (what the bucket has).
+	if g := mustAcquire(t, s, ms(4000), "liar", 8, liar(8)).Grants[0].Granted; g < 90 {
+		t.Fatalf("step 18: liar alone after the honest lease went stale granted %d, want ≥ 90 (bucket after refill)", g)
+	}
+}
+
+// TestPropertyLiarCannotStarve: one agent lies (held 0 on every call, want
+// 1000, demand 10⁶, calling every 10 ms) on a key shared with k honest
+// agents, each calling every step ms for what it spent since (held 0,
+// want ⌈d·step⌉, demand d). From the second whole refresh window after the
+// liar arrives, every honest agent is granted, in every window, at least
+// min(what it asked in the window, its max-min fair share of Cᵣ over the
+// claims: max(want, ⌈d·F⌉) for the honest agents, C for the liar). The
+// fair share is computed here in real numbers and floored.
+func TestPropertyLiarCannotStarve(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		s := New(testConfig())
+		putRules(t, s, t0, pacingRules)
+		key := rapid.SampledFrom([]string{"big", "wide", "small"}).Draw(t, "key")
+		c, cr := map[string]float64{"big": 100, "wide": 300, "small": 10}[key], map[string]float64{"big": 100, "wide": 100, "small": 10}[key]
+		type actor struct {
+			id          string
+			liar        bool
+			step, want  int64 // ms, tokens
+			demand      float64
+			next        int64 // ms after t0
+			req         uint64
+			got, wanted map[int64]int64 // per window
+		}
+		k := rapid.IntRange(1, 3).Draw(t, "honest")
+		var actors []*actor
+		for i := range k {
+			d := rapid.IntRange(1, int(cr)).Draw(t, "demand")
+			step := int64(rapid.IntRange(20, 400).Draw(t, "stepMs"))
+			actors = append(actors, &actor{id: fmt.Sprint("h", i), step: step, demand: float64(d),
+				want: (int64(d)*step + 999) / 1000, next: int64(rapid.IntRange(0, int(step)).Draw(t, "startMs")),
+				got: map[int64]int64{}, wanted: map[int64]int64{}})
+		}
+		liarStart := int64(rapid.IntRange(0, 1500).Draw(t, "liarStartMs"))
+		actors = append(actors, &actor{id: "liar", liar: true, step: 10, want: 1000, demand: 1e6, next: liarStart,
+			got: map[int64]int64{}, wanted: map[int64]int64{}})
+		const endMs = 5000
+		nextExpire := int64(1000)
+		for {
+			a := slices.MinFunc(actors, func(x, y *actor) int { return int(x.next - y.next) })
+			if a.next >= endMs {
+				break
+			}
+			now := a.next
+			for nextExpire <= now {
+				expire(s, at(time.Duration(nextExpire)*time.Millisecond))
+				nextExpire += 1000
+			}
+			a.req++
+			g := mustAcquire(t, s, at(time.Duration(now)*time.Millisecond), a.id, a.req, &allotv1.KeyAcquire{Domain: "test",
+				Entries: []*allotv1.Entry{{Key: key, Value: "x"}}, Want: a.want, Demand: a.demand}).Grants[0]
+			w := now / 1000
+			a.got[w] += g.Granted
+			a.wanted[w] += a.want
+			a.next += a.step
+		}
+		// The fair shares, water-filling in real numbers.
+		claims := make([]float64, 0, len(actors))
+		for _, a := range actors {
+			cl := c
+			if !a.liar {
+				cl = min(c, max(float64(a.want), a.demand)) // F = 1 s
+			}
+			claims = append(claims, cl)
+		}
+		share := realWaterFill(claims, cr)
+		first := liarStart/1000 + 2
+		for i, a := range actors[:k] {
+			f := int64(share[i])
+			for w := first; w < endMs/1000; w++ {
+				if need := min(a.wanted[w], f); a.got[w] < need {
+					t.Fatalf("window %d: honest %s (step %d ms, want %d, demand %v) granted %d, want ≥ %d (asked %d, fair share %.2f of Cᵣ %v; claims %v)",
+						w, a.id, a.step, a.want, a.demand, a.got[w], need, a.wanted[w], share[i], cr, claims)
+				}
+			}
+		}
+		liar := actors[k]
+		for w := liarStart/1000 + 1; w < endMs/1000; w++ {
+			if f := share[k]; float64(liar.got[w]) > f+1 {
+				t.Fatalf("window %d: liar granted %d, above its fair share %.2f + 1", w, liar.got[w], f)
+			}
+		}
+	})
+}
+
+// realWaterFill returns the max-min fair shares of capacity over claims, in
+// real numbers.
+func realWaterFill(claims []float64, capacity float64) []float64 {
+	out := make([]float64, len(claims))
+	left := capacity
+	idx := make([]int, len(claims))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		switch {
+		case claims[a] < claims[b]:
+			return -1
+		case claims[a] > claims[b]:
+			return 1
+		}
+		return 0
+	})
+	for n, i := range idx {
+		out[i] = min(claims[i], left/float64(len(idx)-n))
+		left -= out[i]
+	}
+	return out
+}
