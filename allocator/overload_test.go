@@ -243,8 +243,10 @@ func TestAgentLimiter(t *testing.T) {
 // can while three well-behaved agents call every 100 ms on a shared key.
 // The well-behaved agents' calls all succeed (no ResourceExhausted) and
 // get their max-min fair share (their whole need: 2 tokens a call, 60
-// tokens/s together on a 100/s key). Their latency with and without the
-// flood is logged (a measurement, not an assertion).
+// tokens/s together on a 100/s key), also when the flooder takes from
+// their key reporting held 0 on every call (issue #8; at least 90% of what
+// they ask). Their latency with and without the flood is logged (a
+// measurement, not an assertion).
 func TestFairnessUnderFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("flood measurement: skipped with -short")
@@ -270,7 +272,14 @@ func TestFairnessUnderFlood(t *testing.T) {
 				tick := time.NewTicker(100 * time.Millisecond)
 				defer tick.Stop()
 				end := time.Now().Add(d)
-				for req := uint64(1); time.Now().Before(end); req++ {
+				req := uint64(1)
+				// An honest agent ends its leases when it stops (as the
+				// agent library does on Close), so the next phase's agents
+				// do not share the key with stale claims.
+				defer func() {
+					_, _ = alloc.Release(ctx, &allotv1.ReleaseRequest{AgentId: id, RequestId: req, All: true})
+				}()
+				for ; time.Now().Before(end); req++ {
 					start := time.Now()
 					resp, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: id, RequestId: req, Keys: []*allotv1.KeyAcquire{
 						{Domain: "test", Entries: []*allotv1.Entry{{Key: "user", Value: "shared"}}, Want: 2, Demand: 20},
@@ -368,10 +377,14 @@ func TestFairnessUnderFlood(t *testing.T) {
 	wait()
 	t.Logf("well-behaved latency under flood (per-agent limit off): %s; %d tokens in %d calls; flooder %d calls served",
 		latSummary(lat), granted, calls, ok.Load())
-	// A flooder that also takes from the shared key, claiming every call
-	// that it spent all it held: the grant policy caps what an agent holds,
-	// not how fast it is granted, so this measures the share left to the
-	// well-behaved agents (their need: 120 tokens in 2 s).
+	// Issue #8: a flooder that also takes from the shared key, claiming on
+	// every call that it spent all it held (held 0, want 1000). Grant
+	// pacing (docs/leases.md) caps what any agent is granted per refresh
+	// interval at its max-min share of the key's refill over the claims
+	// (well-behaved: ⌈20/s·1 s⌉ = 20 each; flooder: 100), so each
+	// well-behaved agent keeps 20 tokens/s, all it asks, and the flooder
+	// gets 40/s. Before pacing they got 12–17 of the 114–120 tokens they
+	// needed in 2 s.
 	tc.node(0).guard.agents.Store(newAgentLimiter(tc.node(0).cfg.AgentRate, tc.node(0).cfg.AgentBurst))
 	stop = make(chan struct{})
 	ok, _, _, wait = flood(stop, "flooder-shared", true)
@@ -380,6 +393,10 @@ func TestFairnessUnderFlood(t *testing.T) {
 	wait()
 	t.Logf("shared-key flood (limit on): well-behaved got %d tokens in %d calls (need %d); latency %s; flooder %d calls served",
 		granted, calls, 2*calls, latSummary(lat), ok.Load())
+	if granted*10 < 2*calls*9 {
+		t.Errorf("shared-key flood: well-behaved agents got %d of the %d tokens they asked for, want ≥ 90%% (their fair share is all of it)",
+			granted, 2*calls)
+	}
 }
 
 func latSummary(lat []time.Duration) string {
