@@ -111,10 +111,10 @@ func usedInWindow(l *lease, nowMs int64, refresh time.Duration) int64 {
 // now − claimLiveIntervals·F + LeaseTTL (a lease renewed with a longer TTL,
 // a cold key's, counts for longer).
 //
-// It also returns reserved: what the live agents with a smaller claim may
-// still be granted in this window (their allowances less their window
-// grants), for fromBucket.
-func (c *core) allowance(leases []lease, agent uint32, claim, capacity, refill, now int64) (allow, reserved int64) {
+// It also returns reserved: what the live agents served first may still
+// be granted in this window (their allowances less their window grants),
+// for fromBucket.
+func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, refill, now int64) (allow, reserved int64) {
 	f := c.cfg.RefreshInterval
 	live := now - claimLiveIntervals*int64(f) + int64(c.cfg.LeaseTTL)
 	nowMs := now / 1e6
@@ -136,8 +136,9 @@ func (c *core) allowance(leases []lease, agent uint32, claim, capacity, refill, 
 			if l.agent == agent || l.expiry < live {
 				continue
 			}
-			if cl := claimOf(l.need, l.demand, f, capacity); cl < claim {
-				reserved += max(0, cl-usedInWindow(l, nowMs, f))
+			cl, u := claimOf(l.need, l.demand, f, capacity), usedInWindow(l, nowMs, f)
+			if servedFirst(cl, u, claim, used) {
+				reserved += max(0, cl-u)
 			}
 		}
 		return refill - others, reserved
@@ -156,20 +157,27 @@ func (c *core) allowance(leases []lease, agent uint32, claim, capacity, refill, 
 		switch {
 		case e.agent == agent:
 			allow = e.share
-		case e.need < claim:
+		case servedFirst(e.need, e.used, claim, used):
 			reserved += max(0, e.share-e.used)
 		}
 	}
 	return allow, reserved
 }
 
+// servedFirst reports whether an agent with claim cj that was granted uj
+// in this window is served before one with claim ci granted ui: a smaller
+// claim first (max-min fairness serves it first), and between equal claims
+// the one granted less so far. Of two agents at most one is served first.
+func servedFirst(cj, uj, ci, ui int64) bool {
+	return cj < ci || (cj == ci && uj < ui)
+}
+
 // fromBucket returns the most an agent whose window allowance has left
 // tokens may take from a bucket with avail tokens: what the bucket holds
-// beyond reserved, the unused allowances of the agents with smaller claims
-// (the ones max-min fairness serves first). Without the reservation an
-// agent that calls first in every window (a flooder) would drain a bucket
-// that holds less than every allowance, and the others would find it empty
-// until it refilled. Equal claims reserve nothing for each other.
+// beyond reserved, the unused allowances of the agents served before it
+// (servedFirst). Without the reservation an agent that calls first in
+// every window (a flooder) would drain a bucket that holds less than every
+// allowance, and the others would find it empty until it refilled.
 func fromBucket(avail, left, reserved int64) int64 {
 	if reserved <= 0 {
 		return left
