@@ -35,6 +35,7 @@ type fakeAllocator struct {
 	live         uint32 // live_agents to report; 0 = count agents
 	ttl          time.Duration
 	refresh      time.Duration
+	keyAgents    uint32 // agents to report on every key (KeyGrant.agents); 0 = 1
 	failNext     int
 	rejectNext   int // answer InvalidArgument without applying
 	throttleNext int // answer ResourceExhausted (overloaded) without applying
@@ -247,7 +248,7 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	g.Remaining = p.Remaining
 	g.ResetAfterMs = p.ResetAfter.Milliseconds()
 	g.Held = ag.held[key]
-	g.Agents = 1
+	g.Agents = max(f.keyAgents, 1)
 	g.Limit = r.Proto()
 	if granted == 0 && k.Want > 0 && !p.Allowed {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED

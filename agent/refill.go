@@ -538,7 +538,11 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 				// denies (the lease says no) instead of admitting from
 				// the fallback bucket and owing a charge every tick.
 				ks.paced = true
-				ks.refreshAt = b.firstSent + int64(p)
+				// Jittered (p/2 … p): agents that found the budget
+				// spent together must not all come back together, or
+				// the refill waits in the bucket between their waves.
+				// Never before retry_after: no token exists before it.
+				ks.refreshAt = b.firstSent + int64(max(a.jitter(p), time.Duration(g.GetRetryAfterMs())*time.Millisecond))
 				ks.deniedUntil.Store(ks.refreshAt + a.paceGrace())
 			} else {
 				ks.paced = false
@@ -578,13 +582,19 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 // again: the allocator's refresh under contention (F/2, F = 1 s by default).
 const maxPace = 500 * time.Millisecond
 
+// paceStep is the pace per agent on the key: k agents that each ask every
+// k·paceStep leave the key's refill waiting about paceStep for its next
+// ask.
+const paceStep = 20 * time.Millisecond
+
 // pace decides whether a key whose grant fell short of its want (short) or
 // was EXHAUSTED is paced, and for how long: until the allocator's
 // refresh_after (or retry_after when EXHAUSTED), but at most B/(2R), so that
 // the global bucket, which holds B, cannot fill up and overflow between two
-// of this agent's asks, and at most maxPace. Keys whose pace would be under
-// two scans (a small B/R) are not paced: their asks must keep up with the
-// bucket, and the fallback bucket decides between them as before.
+// of this agent's asks, at most k·paceStep with k agents on the key, and at
+// most maxPace. Keys whose pace would be under two scans (a small B/R, or
+// fewer than 10 agents on the key) are not paced: their asks must keep up
+// with the bucket, and the fallback bucket decides between them as before.
 func (a *Agent) pace(g *allotv1.KeyGrant, short bool) (time.Duration, bool) {
 	exhausted := g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
 	l := g.GetLimit()
@@ -602,6 +612,11 @@ func (a *Agent) pace(g *allotv1.KeyGrant, short bool) (time.Duration, bool) {
 	if half < maxPace.Seconds() {
 		p = time.Duration(half * float64(time.Second))
 	}
+	// The budget's refill waits in the global bucket for the next ask of
+	// any agent on the key, about pace/k with k agents asking in turn:
+	// requests denied meanwhile are false rejects. Keep that under
+	// paceStep (~0.2% of the key's rate over a 10 s window).
+	p = min(p, time.Duration(max(g.GetAgents(), 1))*paceStep)
 	if exhausted {
 		p = max(p, time.Duration(g.GetRetryAfterMs())*time.Millisecond)
 	} else {
