@@ -21,8 +21,9 @@
 // carry no lease are dropped by the Expire sweep, a bounded slice of the
 // hash space per Expire. docs/leases.md gives the measured cost per key.
 //
-// The grant policy (sizing, max-min fair share, lease TTL and refresh) is
-// described in docs/leases.md.
+// The grant policy (sizing, max-min fair share of holdings, grant pacing
+// per refresh window, lease TTL and refresh) is described in
+// docs/leases.md and summarised in policy.go.
 //
 // State is safe for concurrent use: Apply and Restore take the write lock,
 // the read APIs take the read lock.
