@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -72,8 +73,16 @@ func (w *discardWriter) WriteHeader(code int)        { w.status = code }
 // and ModifyResponse) over a canned upstream, without and with the limiter:
 // the difference is the limiter's cost per request through the gateway,
 // in allocations and CPU, free of the network and the load generator.
-// The agent is standalone (local buckets); its lease path costs about the
-// same (agent's BenchmarkCheckLeased).
+// The agent is standalone (local buckets) and manual (no goroutines); its
+// lease path costs about the same (agent's BenchmarkCheckLeased).
+//
+// Instructions per request, load-independent (the difference of two runs
+// cancels the setup; asynchronous preemption off, as callgrind needs):
+//
+//	go test -c -o /tmp/gw.test ./cmd/gateway/
+//	GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind \
+//	  /tmp/gw.test -test.run '^$' -test.bench 'HandlerChain/limited$' -test.benchtime 4000x -test.cpu 1
+//	(again with 2000x; (Ir(4000) − Ir(2000)) / 2000)
 func BenchmarkHandlerChain(b *testing.B) {
 	set, err := rules.Compile(1, []rules.File{{Name: "bench.yaml", Source: []byte(benchRules)}})
 	if err != nil {
@@ -82,6 +91,12 @@ func BenchmarkHandlerChain(b *testing.B) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	acfg := agent.DefaultConfig()
 	acfg.Rules, acfg.Logger = set, logger
+	// No agent goroutine (coarse clock, refill loop): the benchmark then
+	// measures only the request path, and instruction counts under
+	// callgrind do not depend on how long the run takes. The clock stands
+	// still; the rule's burst covers any run.
+	now := time.Now().UnixNano()
+	acfg.Manual, acfg.Now = true, func() int64 { return now }
 	acfg.Registerer = prometheus.NewRegistry()
 	ag, err := agent.New(acfg)
 	if err != nil {
