@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -23,6 +24,9 @@ type batcher struct {
 	now func() int64
 	// observe, when set, sees each committed batch (metrics).
 	observe func(b *allotv1.AcquireBatch, keys int)
+	// queued, when set, is told how long each call waited in the queue
+	// before its batch was proposed (metrics).
+	queued func(time.Duration)
 
 	maxKeys, maxBytes int
 	// maxQueue caps the calls waiting in queue (0: no cap); submit refuses
@@ -45,6 +49,7 @@ type pendingAcquire struct {
 	keys  int
 	bytes int
 	done  chan acquireResult // capacity 1
+	at    time.Time          // when submit queued it
 }
 
 type acquireResult struct {
@@ -83,6 +88,9 @@ func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*all
 		keys:  len(req.GetKeys()),
 		bytes: proto.Size(req),
 		done:  make(chan acquireResult, 1),
+	}
+	if b.queued != nil {
+		p.at = time.Now()
 	}
 	b.mu.Lock()
 	if b.closed {
@@ -174,6 +182,12 @@ func (b *batcher) take() []*pendingAcquire {
 func (b *batcher) commit(batch []*pendingAcquire) {
 	reqs := make([]*allotv1.AcquireRequest, len(batch))
 	keys := 0
+	if b.queued != nil {
+		now := time.Now()
+		for _, p := range batch {
+			b.queued(now.Sub(p.at))
+		}
+	}
 	for i, p := range batch {
 		reqs[i] = p.req
 		keys += p.keys

@@ -169,5 +169,8 @@ func (s *Server) forward(ctx context.Context, remote func(context.Context, *grpc
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ForwardTimeout)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, forwardMetadata(ctx, s.cfg.NodeID)...)
-	return remote(ctx, cc)
+	start := time.Now()
+	err = remote(ctx, cc)
+	s.metrics.forwardLatency.Observe(time.Since(start).Seconds())
+	return err
 }

@@ -26,6 +26,12 @@ type fsm struct {
 	// onApply, when set, observes every applied command and its result
 	// (metrics). It must not block.
 	onApply func(cmd *allotv1.Command, result any)
+	// onEntry, when set, is told, for every applied command entry (and
+	// the command, decoded by then unless the entry did not decode), how long
+	// after the leader appended it the FSM started applying it (-1 when
+	// the entry carries no append time) and how long the apply took. The
+	// clock is read for these metrics only; the state never sees it.
+	onEntry func(cmd *allotv1.Command, commit, apply time.Duration)
 	// onExpired, when set, is told how many leases an Expire command ended.
 	onExpired func(n uint64)
 	// onSnapshot, when set, observes every snapshot capture, persist and
@@ -54,6 +60,14 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return nil
 	}
 	cmd := new(allotv1.Command)
+	if f.onEntry != nil {
+		start := time.Now()
+		commit := time.Duration(-1)
+		if !l.AppendedAt.IsZero() {
+			commit = start.Sub(l.AppendedAt)
+		}
+		defer func() { f.onEntry(cmd, commit, time.Since(start)) }()
+	}
 	if err := proto.Unmarshal(l.Data, cmd); err != nil {
 		panic(fmt.Sprintf("allocator: raft log entry %d (term %d) does not decode as an allot.v1.Command: %v", l.Index, l.Term, err))
 	}

@@ -14,22 +14,36 @@ import (
 
 const metricsNamespace = "allot_allocator"
 
+// latencyBuckets are the latency histograms' buckets: 50 µs to ~2.8 s,
+// each 25% wider than the last, fine enough to read a p99 between two
+// bounds 25% apart.
+var latencyBuckets = prometheus.ExponentialBuckets(0.00005, 1.25, 50)
+
 // metrics are the Server's Prometheus metrics. None has a per-key label.
 type metrics struct {
-	applyLatency  prometheus.Histogram
-	batchRequests prometheus.Histogram
-	batchKeys     prometheus.Histogram
-	acquireCalls  *prometheus.CounterVec
-	forwarded     prometheus.Counter
-	leaderChanges prometheus.Counter
-	granted       prometheus.Counter
-	returned      prometheus.Counter
-	charged       prometheus.Counter
-	commands      *prometheus.CounterVec
-	expired       prometheus.Counter
-	rulesVersion  prometheus.Gauge
-	rejected      *prometheus.CounterVec
-	inflight      prometheus.GaugeFunc
+	applyLatency prometheus.Histogram
+	// The Acquire latency breakdown (docs/performance.md, "Where the time
+	// goes"): handler time by path, time queued in the batcher, Raft's
+	// commit (the leader's append to the FSM seeing the entry), the FSM's
+	// apply, and the follower's forwarding hop.
+	acquireLatency *prometheus.HistogramVec
+	batchQueue     prometheus.Histogram
+	raftCommit     prometheus.Histogram
+	fsmApply       *prometheus.HistogramVec
+	forwardLatency prometheus.Histogram
+	batchRequests  prometheus.Histogram
+	batchKeys      prometheus.Histogram
+	acquireCalls   *prometheus.CounterVec
+	forwarded      prometheus.Counter
+	leaderChanges  prometheus.Counter
+	granted        prometheus.Counter
+	returned       prometheus.Counter
+	charged        prometheus.Counter
+	commands       *prometheus.CounterVec
+	expired        prometheus.Counter
+	rulesVersion   prometheus.Gauge
+	rejected       *prometheus.CounterVec
+	inflight       prometheus.GaugeFunc
 
 	snapCapture   prometheus.Histogram
 	snapPersist   prometheus.Histogram
@@ -53,7 +67,32 @@ func newMetrics(inflight func() float64) *metrics {
 		applyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: metricsNamespace, Name: "raft_apply_seconds",
 			Help:    "Time from raft.Apply to the entry being applied on the leader.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5 ms .. 4 s
+			Buckets: latencyBuckets,
+		}),
+		acquireLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "acquire_seconds",
+			Help:    "Time this node spent serving an Acquire call (validated to answered), by path: local (this node leads) or forwarded (sent on to the leader).",
+			Buckets: latencyBuckets,
+		}, []string{"path"}),
+		batchQueue: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "batch_queue_seconds",
+			Help:    "Time an Acquire call waited in the leader's batcher before its batch was proposed to Raft.",
+			Buckets: latencyBuckets,
+		}),
+		raftCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "raft_commit_seconds",
+			Help:    "Time from the leader appending an entry to its log to this replica's FSM starting to apply it (on the leader: its own fsync, a follower's append and fsync, the wait for the FSM). Entries replayed at start count with their age.",
+			Buckets: latencyBuckets,
+		}),
+		fsmApply: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "fsm_apply_seconds",
+			Help:    "Time this replica's FSM took to decode and apply one Raft entry, by command type.",
+			Buckets: latencyBuckets,
+		}, []string{"type"}),
+		forwardLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Name: "forward_seconds",
+			Help:    "Round trip of a call this node forwarded to the leader.",
+			Buckets: latencyBuckets,
 		}),
 		batchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: metricsNamespace, Name: "batch_requests",
@@ -160,7 +199,7 @@ func (m *metrics) observeSnapshot(ev snapshotEvent) {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
-		m.applyLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
+		m.applyLatency, m.acquireLatency, m.batchQueue, m.raftCommit, m.fsmApply, m.forwardLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
 		m.leaderChanges, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
 		m.rejected, m.inflight,
 		m.snapCapture, m.snapPersist, m.snapBytes, m.snapRestore, m.snapFailures, m.snapLastIndex, m.snapLastTime,
@@ -253,6 +292,35 @@ func (m *metrics) observeApply(cmd *allotv1.Command, result any) {
 	case *allotv1.Command_Check:
 		m.commands.WithLabelValues("check").Inc()
 	}
+}
+
+// observeEntry records one applied entry's commit wait and apply time
+// (every replica; the commit wait only when the entry carries the
+// leader's append time).
+func (m *metrics) observeEntry(cmd *allotv1.Command, commit, apply time.Duration) {
+	if commit >= 0 {
+		m.raftCommit.Observe(commit.Seconds())
+	}
+	m.fsmApply.WithLabelValues(commandType(cmd)).Observe(apply.Seconds())
+}
+
+// commandType names a command for the metrics' type label.
+func commandType(cmd *allotv1.Command) string {
+	switch cmd.GetCmd().(type) {
+	case *allotv1.Command_Acquire:
+		return "acquire"
+	case *allotv1.Command_Release:
+		return "release"
+	case *allotv1.Command_PutRules:
+		return "put_rules"
+	case *allotv1.Command_Expire:
+		return "expire"
+	case *allotv1.Command_Member:
+		return "member"
+	case *allotv1.Command_Check:
+		return "check"
+	}
+	return "unknown"
 }
 
 // observeBatch records the size of a committed batch (leader only).

@@ -141,6 +141,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.guard.rejected = func(reason string) { s.metrics.rejected.WithLabelValues(reason).Inc() }
 	s.fsm.onApply = s.metrics.observeApply
+	s.fsm.onEntry = s.metrics.observeEntry
 	s.fsm.onExpired = func(n uint64) { s.metrics.expired.Add(float64(n)) }
 	s.fsm.onSnapshot = s.observeSnapshot
 
@@ -174,6 +175,7 @@ func New(cfg Config) (*Server, error) {
 	s.batcher = newBatcher(s.propose, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
 	s.batcher.maxQueue = cfg.MaxQueuedAcquires
 	s.batcher.observe = s.metrics.observeBatch
+	s.batcher.queued = func(d time.Duration) { s.metrics.batchQueue.Observe(d.Seconds()) }
 	s.batcher.start()
 
 	if err = s.startGRPC(); err != nil {

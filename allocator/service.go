@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -30,8 +31,11 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	var resp *allotv1.AcquireResponse
+	start := time.Now()
+	var path string // the last attempt's: local or forwarded
 	err := s.onLeader(ctx, true,
 		func(ctx context.Context) error {
+			path = "local"
 			r, err := s.batcher.submit(ctx, req)
 			if err == nil {
 				resp = withLeader(r, s.cfg.NodeID)
@@ -39,6 +43,7 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 			return err
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
+			path = "forwarded"
 			r, err := allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
 			resp = r
 			return err
@@ -51,6 +56,7 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 		return nil, s.status(err)
 	}
 	s.metrics.acquireCalls.WithLabelValues("ok").Inc()
+	s.metrics.acquireLatency.WithLabelValues(path).Observe(time.Since(start).Seconds())
 	return resp, nil
 }
 

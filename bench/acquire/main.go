@@ -64,6 +64,9 @@ type options struct {
 	inflight    int
 	timeouts    string
 	profile     string
+	env         string
+	args        string
+	gctrace     bool
 }
 
 func main() {
@@ -80,6 +83,9 @@ func main() {
 	flag.IntVar(&o.inflight, "max-inflight-batches", 1, "passed to the allocators")
 	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/250ms", "heartbeat/election/leader-lease timeouts")
 	flag.StringVar(&o.profile, "leader-cpuprofile", "", "write a CPU profile of the leader, taken during the throughput phase, to this file")
+	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")
+	flag.StringVar(&o.args, "allocator-args", "", "extra space-separated flags for every allocator")
+	flag.BoolVar(&o.gctrace, "gctrace", false, "run the allocators with GODEBUG=gctrace=1 and report their GC pauses in the throughput phase")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "acquire:", err)
@@ -133,6 +139,13 @@ func run(o options) error {
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP,
 			"-heartbeat-timeout", tmo[0], "-election-timeout", tmo[1], "-leader-lease-timeout", tmo[2],
 			"-max-inflight-batches", strconv.Itoa(o.inflight), "-log-level", "warn"}
+		n.Args = append(n.Args, strings.Fields(o.args)...)
+		if o.env != "" {
+			n.Env = strings.Split(o.env, ",")
+		}
+		if o.gctrace {
+			n.Env = append(n.Env, "GODEBUG=gctrace=1")
+		}
 		if i == 0 {
 			n.Args = append(n.Args, "-bootstrap", "-rules", rulesPath)
 		} else {
@@ -168,8 +181,8 @@ func run(o options) error {
 	if err := waitMembers(admin, 3, 30*time.Second); err != nil {
 		return err
 	}
-	fmt.Printf("3 allocators up (dir %s); load: %d key-grants/s target, %d keys/call, %d clients, %d keys, %s, timeouts %s\n",
-		dir, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts)
+	fmt.Printf("3 allocators up (dir %s); load: %d key-grants/s target, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %d, args %q, env %q\n",
+		dir, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, o.inflight, o.args, o.env)
 
 	lg := newLoad(o, conns)
 	leader, err := leaderIndex(admin, nodes)
@@ -187,10 +200,12 @@ func run(o options) error {
 	// Warm up, then measure.
 	time.Sleep(2 * time.Second)
 	lg.reset()
-	m0, err := scrape(nodes[leader])
+	fmt.Printf("measuring: leader %s (pid %d)\n", nodes[leader].ID, nodes[leader].Pid())
+	m0, err := scrapeAll(nodes)
 	if err != nil {
 		return err
 	}
+	log0 := logSizes(nodes)
 	start := time.Now()
 	if o.profile != "" {
 		secs := max(int(o.duration.Seconds())-1, 1)
@@ -200,11 +215,15 @@ func run(o options) error {
 	}
 	time.Sleep(time.Until(start.Add(o.duration)))
 	elapsed := time.Since(start)
-	m1, err := scrape(nodes[leader])
+	m1, err := scrapeAll(nodes)
 	if err != nil {
 		return err
 	}
-	lg.report(elapsed, m0, m1)
+	lg.report(elapsed, m0[leader], m1[leader])
+	breakdown(nodes, leader, m0, m1)
+	if o.gctrace {
+		gcReport(nodes, log0)
+	}
 
 	// Failovers: kill the leader, time the next grant from a new leader,
 	// restart the killed node, let it catch up.
@@ -264,8 +283,16 @@ type load struct {
 	conns  []*grpc.ClientConn
 	pinned atomic.Int32 // node index all calls go to, or -1
 
-	mu       sync.Mutex // guards the fields below
+	mu sync.Mutex // guards the fields below
+	// hist is the round trip of the attempt that succeeded, from its
+	// actual send; intended is from the call's intended send time (its
+	// slot in the open-loop schedule), so it includes the client's own
+	// delays and retries (no coordinated omission); lag is how late the
+	// first attempt left relative to its slot.
 	hist     *hdrhistogram.Histogram
+	intended *hdrhistogram.Histogram
+	lag      *hdrhistogram.Histogram
+	resets   int64 // schedule resets after a stall of over a second
 	calls    int64
 	keysOK   int64
 	granted  int64
@@ -276,7 +303,10 @@ type load struct {
 }
 
 func newLoad(o options, conns []*grpc.ClientConn) *load {
-	l := &load{o: o, conns: conns, hist: hdrhistogram.New(1, 60_000_000, 3), recovery: -1}
+	l := &load{o: o, conns: conns, recovery: -1,
+		hist:     hdrhistogram.New(1, 60_000_000, 3),
+		intended: hdrhistogram.New(1, 60_000_000, 3),
+		lag:      hdrhistogram.New(1, 60_000_000, 3)}
 	l.pinned.Store(-1)
 	return l
 }
@@ -313,9 +343,13 @@ func (l *load) client(ctx context.Context, c int, interval time.Duration) {
 			case <-time.After(d):
 			}
 		}
+		intended := next
 		next = next.Add(interval)
 		if behind := time.Since(next); behind > time.Second {
 			next = time.Now() // do not burst to catch up after a stall
+			l.mu.Lock()
+			l.resets++
+			l.mu.Unlock()
 		}
 		reqID++
 		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: reqID, Keys: make([]*allotv1.KeyAcquire, l.o.keysPerCall)}
@@ -326,17 +360,25 @@ func (l *load) client(ctx context.Context, c int, interval time.Duration) {
 		}
 		// Retry the same request id (idempotent) on the next node until it
 		// succeeds.
+		first := true
 		for ctx.Err() == nil {
 			target := node
 			if p := int(l.pinned.Load()); p >= 0 {
 				target = p
 			}
 			t0 := time.Now()
+			if first {
+				first = false
+				l.mu.Lock()
+				_ = l.lag.RecordValue(max(t0.Sub(intended).Microseconds(), 0))
+				l.mu.Unlock()
+			}
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			resp, err := clients[target].Acquire(cctx, req)
 			cancel()
 			if err == nil {
-				l.record(time.Since(t0), resp, t0)
+				now := time.Now()
+				l.record(now.Sub(t0), now.Sub(intended), resp)
 				if l.o.target == "all" {
 					node = (node + 1) % len(clients)
 				}
@@ -358,7 +400,7 @@ func (l *load) client(ctx context.Context, c int, interval time.Duration) {
 	}
 }
 
-func (l *load) record(lat time.Duration, resp *allotv1.AcquireResponse, sent time.Time) {
+func (l *load) record(lat, fromIntended time.Duration, resp *allotv1.AcquireResponse) {
 	var ok, granted int64
 	for _, g := range resp.GetGrants() {
 		if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_OK {
@@ -369,6 +411,7 @@ func (l *load) record(lat time.Duration, resp *allotv1.AcquireResponse, sent tim
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_ = l.hist.RecordValue(lat.Microseconds())
+	_ = l.intended.RecordValue(fromIntended.Microseconds())
 	l.calls++
 	l.keysOK += ok
 	l.granted += granted
@@ -381,6 +424,9 @@ func (l *load) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.hist.Reset()
+	l.intended.Reset()
+	l.lag.Reset()
+	l.resets = 0
 	l.calls, l.keysOK, l.granted, l.errs = 0, 0, 0, 0
 }
 
@@ -411,13 +457,25 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	secs := elapsed.Seconds()
-	q := func(p float64) string {
-		return (time.Duration(l.hist.ValueAtQuantile(p)) * time.Microsecond).Round(10 * time.Microsecond).String()
+	us := func(v int64) string {
+		return (time.Duration(v) * time.Microsecond).Round(10 * time.Microsecond).String()
 	}
 	fmt.Printf("throughput: %.0f key-grants/s (keys answered OK; %.0f tokens/s granted), %.0f calls/s, %d failed calls, over %v\n",
 		float64(l.keysOK)/secs, float64(l.granted)/secs, float64(l.calls)/secs, l.errs, elapsed.Round(time.Millisecond))
-	fmt.Printf("acquire latency: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n",
-		q(50), q(99), q(99.9), (time.Duration(l.hist.Max()) * time.Microsecond).String(), l.hist.TotalCount())
+	for _, h := range []struct {
+		what string
+		h    *hdrhistogram.Histogram
+	}{
+		{"acquire latency (from actual send)  ", l.hist},
+		{"acquire latency (from intended send)", l.intended},
+		{"client send lag (first attempt)     ", l.lag},
+	} {
+		fmt.Printf("%s: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n", h.what,
+			us(h.h.ValueAtQuantile(50)), us(h.h.ValueAtQuantile(99)), us(h.h.ValueAtQuantile(99.9)), us(h.h.Max()), h.h.TotalCount())
+	}
+	if l.resets > 0 {
+		fmt.Printf("client schedule resets after a stall over 1 s: %d\n", l.resets)
+	}
 	entries := m1[`allot_allocator_batch_keys_count`] - m0[`allot_allocator_batch_keys_count`]
 	keys := m1[`allot_allocator_batch_keys_sum`] - m0[`allot_allocator_batch_keys_sum`]
 	reqs := m1[`allot_allocator_batch_requests_sum`] - m0[`allot_allocator_batch_requests_sum`]
@@ -427,6 +485,186 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
 		fmt.Printf("raft: %.0f acquire entries/s, %.0f keys/entry, %.1f calls/entry, mean commit %.2f ms (leader's raft.Apply → applied)\n",
 			entries/secs, keys/entries, reqs/entries, 1000*applyS/max(applyN, 1))
 	}
+}
+
+// breakdown prints the p50/p99 of each stage of an Acquire over the
+// measurement window, from the nodes' histograms (bucket counts at the end
+// minus at the start; the quantile interpolates within a bucket, whose
+// bounds are 25% apart).
+func breakdown(nodes []*node, leader int, m0, m1 []map[string]float64) {
+	var followers []int
+	for i := range nodes {
+		if i != leader {
+			followers = append(followers, i)
+		}
+	}
+	stages := []struct {
+		what, metric, labels string
+		on                   []int
+	}{
+		{"follower: Acquire handler, forwarded ", "allot_allocator_acquire_seconds", `path="forwarded"`, followers},
+		{"follower: forward hop to the leader  ", "allot_allocator_forward_seconds", "", followers},
+		{"leader:   Acquire handler, local     ", "allot_allocator_acquire_seconds", `path="local"`, []int{leader}},
+		{"leader:   queued in the batcher      ", "allot_allocator_batch_queue_seconds", "", []int{leader}},
+		{"leader:   raft.Apply → applied       ", "allot_allocator_raft_apply_seconds", "", []int{leader}},
+		{"leader:   append → FSM (commit)      ", "allot_allocator_raft_commit_seconds", "", []int{leader}},
+		{"leader:   FSM apply, Acquire entry   ", "allot_allocator_fsm_apply_seconds", `type="acquire"`, []int{leader}},
+		{"leader:   FSM apply, Expire entry    ", "allot_allocator_fsm_apply_seconds", `type="expire"`, []int{leader}},
+		{"follower: append → FSM               ", "allot_allocator_raft_commit_seconds", "", followers},
+	}
+	fmt.Println("breakdown (server histograms, same window):")
+	for _, st := range stages {
+		b := histDelta(m0, m1, st.on, st.metric, st.labels)
+		if b.count() == 0 {
+			continue
+		}
+		fmt.Printf("  %s p50 %-9s p99 %-9s p99.9 %-9s (n=%d)\n", st.what,
+			fmtSec(b.quantile(0.50)), fmtSec(b.quantile(0.99)), fmtSec(b.quantile(0.999)), int64(b.count()))
+	}
+}
+
+func fmtSec(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(10 * time.Microsecond).String()
+}
+
+// buckets is a cumulative histogram: upper bounds ascending, counts.
+type buckets struct {
+	le []float64
+	n  []float64
+}
+
+func (b buckets) count() float64 {
+	if len(b.n) == 0 {
+		return 0
+	}
+	return b.n[len(b.n)-1]
+}
+
+// quantile interpolates linearly within the bucket that holds q (the
+// +Inf bucket answers its lower bound).
+func (b buckets) quantile(q float64) float64 {
+	total := b.count()
+	if total == 0 {
+		return 0
+	}
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for i, le := range b.le {
+		if b.n[i] >= rank {
+			if le > 1e300 || b.n[i] == below {
+				return lower
+			}
+			return lower + (le-lower)*(rank-below)/(b.n[i]-below)
+		}
+		lower, below = le, b.n[i]
+	}
+	return lower
+}
+
+// histDelta sums the bucket counts of metric (with labels, if any, among
+// its labels) over nodes on, end minus start.
+func histDelta(m0, m1 []map[string]float64, on []int, metric, labels string) buckets {
+	sum := map[float64]float64{}
+	prefix := metric + "_bucket{"
+	for _, i := range on {
+		for k, v := range m1[i] {
+			if !strings.HasPrefix(k, prefix) || (labels != "" && !strings.Contains(k, labels)) {
+				continue
+			}
+			j := strings.Index(k, `le="`)
+			if j < 0 {
+				continue
+			}
+			le, err := strconv.ParseFloat(strings.TrimSuffix(k[j+4:], `"}`), 64)
+			if err != nil {
+				continue
+			}
+			sum[le] += v - m0[i][k]
+		}
+	}
+	var b buckets
+	for le := range sum {
+		b.le = append(b.le, le)
+	}
+	slices.Sort(b.le)
+	for _, le := range b.le {
+		b.n = append(b.n, sum[le])
+	}
+	return b
+}
+
+// logSizes returns each node's log size, where the measurement window's
+// gctrace lines start.
+func logSizes(nodes []*node) []int64 {
+	out := make([]int64, len(nodes))
+	for i, n := range nodes {
+		if fi, err := os.Stat(n.LogPath); err == nil {
+			out[i] = fi.Size()
+		}
+	}
+	return out
+}
+
+// gcReport prints each node's GC cycles and stop-the-world pauses in the
+// log written since from (gctrace: "gc N @Ts P%: A+B+C ms clock, ..."; A
+// and C are the two pauses).
+func gcReport(nodes []*node, from []int64) {
+	for i, n := range nodes {
+		f, err := os.Open(n.LogPath)
+		if err != nil {
+			continue
+		}
+		if _, err := f.Seek(from[i], io.SeekStart); err != nil {
+			f.Close()
+			continue
+		}
+		var cycles int
+		var pauses []float64
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, "gc ") {
+				continue
+			}
+			_, rest, ok := strings.Cut(line, "%: ")
+			if !ok {
+				continue
+			}
+			clock, _, _ := strings.Cut(rest, " ms clock")
+			parts := strings.Split(clock, "+")
+			if len(parts) != 3 {
+				continue
+			}
+			cycles++
+			for _, p := range []string{parts[0], parts[2]} {
+				if v, err := strconv.ParseFloat(p, 64); err == nil {
+					pauses = append(pauses, v)
+				}
+			}
+		}
+		f.Close()
+		slices.Sort(pauses)
+		var maxP, sum float64
+		for _, p := range pauses {
+			sum += p
+			maxP = max(maxP, p)
+		}
+		fmt.Printf("gc %s: %d cycles, %d stop-the-world pauses, total %.2f ms, max %.3f ms\n", n.ID, cycles, len(pauses), sum, maxP)
+	}
+}
+
+// scrapeAll scrapes every node (a node that does not answer gives an
+// empty map).
+func scrapeAll(nodes []*node) ([]map[string]float64, error) {
+	out := make([]map[string]float64, len(nodes))
+	for i, n := range nodes {
+		m, err := scrape(n)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = m
+	}
+	return out, nil
 }
 
 // fetchProfile saves a CPU profile of n taken over secs seconds.

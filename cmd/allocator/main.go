@@ -12,6 +12,11 @@
 //	    -advertise-grpc-addr allot-allocator-1.allot-allocator-peers:7420 \
 //	    -advertise-raft-addr allot-allocator-1.allot-allocator-peers:7421 -join allot-allocator:7420
 //
+// The garbage collector's heap goal is kept at 64 MiB or more while the
+// live heap is smaller (fewer collections, hence fewer stop-the-world
+// pauses, on a small node); setting GOGC in the environment turns this
+// off, and GOMEMLIMIT bounds memory as usual.
+//
 // SIGINT or SIGTERM shuts the node
 // down gracefully (handing leadership over if it leads). SIGHUP re-reads
 // the TLS files and the admin token file.
@@ -234,6 +239,13 @@ func run(args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+
+	// A GOGC set in the environment is the operator's choice; otherwise
+	// the heap goal stays at least gcMinHeap (see gcFloor).
+	if os.Getenv("GOGC") == "" {
+		gcf := startGCFloor(gcMinHeap, time.Second)
+		defer gcf.Stop()
+	}
 
 	srv, err := allocator.New(cfg)
 	if err != nil {

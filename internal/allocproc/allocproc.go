@@ -20,7 +20,10 @@ import (
 type Node struct {
 	ID, GRPC, Raft, HTTP string
 	Args                 []string
-	LogPath              string // stdout and stderr are appended here
+	// Env is added to the benchmark's own environment (e.g.
+	// GODEBUG=gctrace=1, GOGC=200).
+	Env     []string
+	LogPath string // stdout and stderr are appended here
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -35,6 +38,9 @@ func (n *Node) Start(bin string) error {
 	}
 	n.cmd = exec.Command(bin, n.Args...)
 	n.cmd.Stdout, n.cmd.Stderr = f, f
+	if len(n.Env) > 0 {
+		n.cmd.Env = append(os.Environ(), n.Env...)
+	}
 	if err := n.cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", bin, err)
