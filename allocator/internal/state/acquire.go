@@ -142,10 +142,10 @@ func (c *core) entries(es []*allotv1.Entry) []rules.Entry {
 	return out
 }
 
-// slotFor returns the table index of h under limit l, creating the key (a
-// zero, full state) if needed. A key whose rule's limit changed restarts
-// from zero under the new limit.
-func (c *core) slotFor(h uint64, l bucket.Limit) int {
+// slotFor returns the table index of h under limit l at now, creating the
+// key (a zero, full state) if needed. A key whose rule's limit changed
+// carries its balance over (see carryOver).
+func (c *core) slotFor(h uint64, l bucket.Limit, now int64) int {
 	li := c.lims.ref(l)
 	i := c.tab.find(h)
 	if i < 0 {
@@ -153,12 +153,31 @@ func (c *core) slotFor(h uint64, l bucket.Limit) int {
 	}
 	if old := c.tab.at(i).lim; old != li {
 		s := c.tab.mut(c, i)
-		s.lim, s.st = li, bucket.State{}
+		s.st = carryOver(c.lims.ents[old].lim, s.st, l, now)
+		s.lim = li
 		c.lims.unref(old)
 	} else {
 		c.lims.unref(li)
 	}
 	return i
+}
+
+// carryOver returns the state under the new limit to of a key whose state
+// under its old limit from is st: the tokens available now carry over,
+// capped at to's capacity, and so does a debt. Tightening a limit therefore
+// never hands out a fresh burst, and loosening it keeps what was spent
+// spent (the key refills at the new rate). A key leaving a deny-all limit
+// (requests_per_unit: 0) starts full: it had no balance.
+func carryOver(from bucket.Limit, st bucket.State, to bucket.Limit, now int64) bucket.State {
+	if from.DeniesAll() {
+		return bucket.State{}
+	}
+	rem := from.Peek(st, now).Remaining
+	var ns bucket.State
+	if capacity := to.Peek(ns, now).Remaining; rem < capacity {
+		to.Debit(&ns, now, capacity-rem)
+	}
+	return ns
 }
 
 // key applies one key of an Acquire (release=false) or a Release
@@ -200,7 +219,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	}
 
 	lim := rule.Limit
-	idx := c.slotFor(h, lim)
+	idx := c.slotFor(h, lim, now)
 	st := c.tab.at(idx).st
 	leased := c.tab.at(idx).link != 0
 	if leased {

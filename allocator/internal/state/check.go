@@ -52,7 +52,7 @@ func (c *core) applyCheck(req *allotv1.CheckRequest, now int64) (*allotv1.CheckR
 			continue
 		}
 		h := rules.KeyHash(r, req.Domain, d)
-		idx := c.slotFor(h, r.Limit)
+		idx := c.slotFor(h, r.Limit, now)
 		s := c.tab.mut(c, idx)
 		res := r.Limit.AllowN(&s.st, now, hits)
 		ds.Remaining = res.Remaining

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"pgregory.net/rapid"
 
+	"github.com/allot/allot/pkg/bucket"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -348,18 +350,34 @@ func TestRulesVersionsAndCAS(t *testing.T) {
 	}
 }
 
-// A rule whose limit changes restarts its keys from a full bucket; a rule
-// that only moves keeps them.
-func TestRuleChangeKeepsOrResetsState(t *testing.T) {
+// A rule whose limit changes carries its keys' balances over, capped at
+// the new capacity; a rule that only moves keeps them. Regression: the key
+// used to restart from a full bucket, so tightening a limit during an
+// incident handed every key a fresh burst.
+func TestRuleChangeCarriesBalance(t *testing.T) {
 	s := newTestState(t)
-	mustAcquire(t, s, at(0), "a", 1, ka("big", "x", 50, 0, 0, 0), ka("tb", "x", 10, 0, 0, 0))
+	mustAcquire(t, s, at(0), "a", 1, ka("big", "x", 50, 0, 0, 0), ka("tb", "x", 10, 0, 0, 0), ka("tb", "y", 2, 0, 0, 0))
 	putRules(t, s, at(0), testRulesAlt) // big unchanged, tb 20/s burst 5
-	r := mustAcquire(t, s, at(0), "a", 2, ka("big", "x", 0, 50, 0, 0), ka("tb", "x", 0, 10, 0, 0))
+	r := mustAcquire(t, s, at(0), "a", 2, ka("big", "x", 0, 50, 0, 0), ka("tb", "x", 0, 10, 0, 0), ka("tb", "y", 0, 2, 0, 0))
 	if r.Grants[0].Remaining != 50 {
 		t.Errorf("big kept? remaining %d, want 50", r.Grants[0].Remaining)
 	}
-	if r.Grants[1].Remaining != 5 {
-		t.Errorf("tb reset? remaining %d, want 5 (a full new bucket)", r.Grants[1].Remaining)
+	if r.Grants[1].Remaining != 0 {
+		t.Errorf("tb=x (spent) after tightening: remaining %d, want 0 (no fresh burst)", r.Grants[1].Remaining)
+	}
+	if r.Grants[2].Remaining != 5 {
+		t.Errorf("tb=y (8 of 10 left) after tightening to burst 5: remaining %d, want 5", r.Grants[2].Remaining)
+	}
+	// 100 ms later at the new rate (20/s): 2 tokens on the spent key.
+	r = mustAcquire(t, s, at(100*time.Millisecond), "a", 3, ka("tb", "x", 0, 10, 0, 0))
+	if r.Grants[0].Remaining != 2 {
+		t.Errorf("tb=x 100 ms later at 20/s: remaining %d, want 2", r.Grants[0].Remaining)
+	}
+	// Loosening back to burst 10 keeps what was spent spent.
+	putRules(t, s, at(100*time.Millisecond), testRules)
+	r = mustAcquire(t, s, at(100*time.Millisecond), "a", 4, ka("tb", "x", 0, 10, 0, 0))
+	if r.Grants[0].Remaining != 2 {
+		t.Errorf("tb=x after loosening: remaining %d, want 2", r.Grants[0].Remaining)
 	}
 	if err := s.consistency(); err != nil {
 		t.Fatal(err)
@@ -478,5 +496,52 @@ func TestSnapshotConcurrentApply(t *testing.T) {
 	snap.Release()
 	if !bytes.Equal(got, want) {
 		t.Fatalf("snapshot persisted concurrently with Apply differs from the captured state")
+	}
+}
+
+// carryOver keeps the balance across any change of limit, algorithm
+// included: min(remaining under the old limit, the new capacity), debt
+// kept down to the new limit's floor; a key leaving deny-all starts full.
+func TestPropertyCarryOver(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		lim := func(label string) bucket.Limit {
+			alg := bucket.Algorithm(rapid.IntRange(0, 3).Draw(t, label+"alg"))
+			quota := rapid.Int64Range(1, 1000).Draw(t, label+"quota")
+			window := time.Duration(rapid.IntRange(1, 3600).Draw(t, label+"window_s")) * time.Second
+			burst := rapid.Int64Range(1, 2000).Draw(t, label+"burst")
+			if alg == bucket.SlidingWindow || alg == bucket.FixedWindow {
+				burst = quota
+			}
+			l, err := bucket.NewLimit(alg, quota, window, burst)
+			if err != nil {
+				t.Fatalf("NewLimit: %v", err)
+			}
+			return l
+		}
+		from, to := lim("from_"), lim("to_")
+		now := at(time.Duration(rapid.Int64Range(0, int64(time.Hour)).Draw(t, "now")))
+		var st bucket.State
+		if n := rapid.Int64Range(0, 3000).Draw(t, "spent"); n > 0 {
+			from.Debit(&st, now, n)
+		}
+		rem := from.Peek(st, now).Remaining
+		capacity := to.Peek(bucket.State{}, now).Remaining
+		got := to.Peek(carryOver(from, st, to, now), now).Remaining
+		// The debt floor of the new limit: −burst, or a count of 2·quota.
+		floor := capacity - 2*max(to.Burst(), to.Quota())
+		if to.Algorithm() == bucket.TokenBucket || to.Algorithm() == bucket.GCRA {
+			floor = -to.Burst()
+		}
+		if want := max(min(rem, capacity), floor); got != want {
+			t.Fatalf("%v → %v: remaining %d before, %d after, want %d (capacity %d, floor %d)", from, to, rem, got, want, capacity, floor)
+		}
+	})
+	deny, err := bucket.DenyAll(time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to, _ := bucket.NewLimit(bucket.TokenBucket, 10, time.Second, 10)
+	if got := to.Peek(carryOver(deny, bucket.State{}, to, at(0)), at(0)).Remaining; got != 10 {
+		t.Fatalf("leaving deny-all: remaining %d, want 10 (full)", got)
 	}
 }

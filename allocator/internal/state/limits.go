@@ -13,7 +13,7 @@ import (
 //
 // A key keeps its state while its rule's limit parameters stay the same
 // (even if the rule is renamed or moved); when a PutRules changes them, the
-// key's state restarts from zero (a full bucket) under the new limit.
+// key's balance carries over to the new limit at its next use (carryOver).
 type limits struct {
 	ents []limitEnt // index 0 is unused: slot.lim == 0 marks an empty slot
 	idx  map[limitKey]uint32
