@@ -135,6 +135,8 @@ type keyState struct {
 	// Owned by the refill loop.
 	demand     float64 // EWMA of tokens/s
 	spentSeen  int64   // spent at the latest EWMA update
+	activeAt   int64   // the latest scan that saw tokens spent; 0 = none yet
+	gap        float64 // smoothed seconds per token between such scans (sparse keys' demand, see demandOf)
 	spentAtAcq int64   // spent at the latest Acquire that included the key
 	deniedSent int64   // denied at the latest Acquire that included the key
 	refreshAt  int64   // allocator-directed refresh time

@@ -206,6 +206,12 @@ func (a *Agent) scan(now int64) {
 				if ks.demand < 1e-3 {
 					ks.demand = 0
 				}
+				if delta > 0 {
+					if ks.activeAt != 0 && now > ks.activeAt {
+						ks.gap = gapAvg(ks.gap, now-ks.activeAt, delta)
+					}
+					ks.activeAt = now
+				}
 			}
 			ks.spentSeen = s
 			if ks.fbUsed.Load() {
@@ -296,14 +302,52 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 
 // demandOf estimates ks's tokens/s: the EWMA, or the rate since the last
 // scan when that is higher (a key that just woke up).
+//
+// A sparse key (under sparseTokens per lease horizon) that has been used
+// before reports at most its rate from the smoothed gaps between uses: one
+// token every 4 s is 0.25/s, where one token since the last scan read as
+// 4/s, and the EWMA (time constant 1 s) jumps to about 1/s just after a use
+// (it has decayed to about 0.02/s just before the next; the lower of the
+// two is reported, because the allocator rounds each agent's claim up to a
+// whole token per interval). The demand is what the allocator weighs
+// against the other agents' on the key; overstating it at every lightly
+// used agent of a low-rate key starved the busy one (bench/sim
+// unreachable, skewed keys). A recent rate above the EWMA (a key that
+// wakes up) counts only from sparseTokens tokens since the last scan.
 func (a *Agent) demandOf(ks *keyState, now int64) float64 {
 	d := ks.demand
+	pending := max(ks.spent.Load()-ks.spentSeen, 0)
 	elapsed := max(now-a.rf.lastScan, int64(minRateWindow))
-	if recent := float64(max(ks.spent.Load()-ks.spentSeen, 0)) / (float64(elapsed) / float64(time.Second)); recent > d {
+	if recent := float64(pending) / (float64(elapsed) / float64(time.Second)); recent > d && pending >= sparseTokens {
 		d = recent
+	}
+	if ks.activeAt == 0 || d*leaseHorizon.Seconds() >= sparseTokens {
+		return d
+	}
+	g := ks.gap
+	if pending > 0 && now > ks.activeAt {
+		g = gapAvg(g, now-ks.activeAt, pending) // the gap ending now counts too
+	}
+	if g > 0 {
+		d = min(d, 1/g)
 	}
 	return d
 }
+
+// gapAvg folds a gap of span nanoseconds over tokens uses into avg, the
+// smoothed seconds per token (0: none yet). One gap is a poor estimate of
+// a Poisson rate (1/gap has no mean), so gaps are averaged, weight 1/4.
+func gapAvg(avg float64, span, tokens int64) float64 {
+	g := float64(span) / float64(time.Second) / float64(tokens)
+	if avg == 0 {
+		return g
+	}
+	return avg + 0.25*(g-avg)
+}
+
+// sparseTokens: a key expected to spend fewer tokens than this in a lease
+// horizon is sparse (see demandOf).
+const sparseTokens = 2
 
 // build makes the Acquire for keys, moving their charges and returned
 // balances out of the check path's reach (the batch owns them until the
@@ -344,7 +388,7 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 		case !idle:
 			lw := lowWaterFor(d, a.cfg.RefillInterval, a.rf.latency)
 			ks.lowWater.Store(lw)
-			target := int64(math.Ceil(d*leaseHorizon.Seconds())) + lw
+			target := max(wantFor(d, a.cfg.RefillInterval, a.rf.latency), 1)
 			want = min(max(target-ks.balance.Load(), 0), maxWant)
 		}
 		charged := ks.charged.Swap(0)
@@ -374,6 +418,21 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 
 // maxWant is the allocator's bound on want (and on returned and charged).
 const maxWant = 1_000_000_000_000
+
+// wantFor is what a key with demand d (tokens/s) aims to hold after a
+// refill: one lease horizon of demand plus what it spends while the next
+// refill is collected and answered, rounded up once (build asks for at
+// least one token). Rounding the two up separately, the low watermark to at
+// least one token, made every lightly used agent ask for two, and on a
+// low-rate key spread over many gateways those needs added up past the
+// key's capacity: the water-filling then starved the busy agent.
+func wantFor(d float64, tick time.Duration, latency float64) int64 {
+	w := d * (leaseHorizon.Seconds() + 2*tick.Seconds() + latency)
+	if w > maxWant {
+		return maxWant
+	}
+	return int64(math.Ceil(w))
+}
 
 // lowWaterFor is the balance below which a key is refilled: what demand d
 // (tokens/s) spends while a refill is collected (two ticks) and answered
@@ -528,13 +587,15 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			ks.remaining.Store(g.GetRemaining())
 			ks.resetAt.Store(b.firstSent + g.GetResetAfterMs()*int64(time.Millisecond))
 			ks.refreshAt = b.firstSent + g.GetRefreshAfterMs()*int64(time.Millisecond)
-			// Short: less than asked and the global bucket is empty, so
-			// the budget, not this agent's cap, is what ran out.
-			short := k.Want > 0 && g.GetGranted() < k.Want && g.GetRemaining() <= 0
+			// Short: less than asked. The bucket is empty, or this agent
+			// was granted its allowance for the refresh window (grant
+			// pacing, docs/leases.md): either way asking again before the
+			// paced time gets nothing more.
+			short := k.Want > 0 && g.GetGranted() < k.Want
 			if p, ok := a.pace(g, short); ok {
-				// The global budget is spent: what this agent holds is
-				// what it may spend until it asks again, at the paced
-				// time. Meanwhile a dry lease
+				// The budget, or this agent's share of it, is spent:
+				// what this agent holds is what it may spend until it
+				// asks again, at the paced time. Meanwhile a dry lease
 				// denies (the lease says no) instead of admitting from
 				// the fallback bucket and owing a charge every tick.
 				ks.paced = true
@@ -553,10 +614,15 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 				}
 			}
 			// The fallback bucket now starts from this agent's share of
-			// what is left globally.
+			// what is left globally, so a lease that runs dry does not
+			// get a second full burst. Rounded up: with more agents than
+			// tokens left, rounding down emptied the fallback of every
+			// agent that uses the key rarely and rejected its next
+			// request; ⌈remaining/N⌉ is never more than the fallback's
+			// burst ⌈B/N⌉, so the fail-open bound is unchanged.
 			ks.mu.Lock()
 			ks.fbRebase = true
-			ks.fbAvail = max(g.GetRemaining(), 0) / int64(n)
+			ks.fbAvail = ceilDiv(max(g.GetRemaining(), 0), int64(n))
 			ks.fbAt = recv
 			ks.mu.Unlock()
 		case allotv1.KeyStatus_KEY_STATUS_NO_RULE, allotv1.KeyStatus_KEY_STATUS_UNLIMITED, allotv1.KeyStatus_KEY_STATUS_NOT_LEASED:
