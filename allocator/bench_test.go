@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -80,4 +81,64 @@ func BenchmarkBatcherOverhead(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkFSMSecondOfAcquireLoad replays, in virtual time, one second of
+// bench/acquire's workload per iteration on one replica: 200 Acquire
+// entries of 100 keys each (16 agents walking a 100k keyspace, 20,000
+// key-grants/s), then the leader's once-a-second Expire. It reports the
+// Expire's apply time (mean and the worst seen): while it runs, every
+// entry behind it waits (docs/performance.md, "Where the time goes").
+func BenchmarkFSMSecondOfAcquireLoad(b *testing.B) {
+	st := state.New(state.DefaultConfig())
+	f := &fsm{st: st}
+	put, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{
+		Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(testRules)}}}}})
+	f.Apply(&raft.Log{Type: raft.LogCommand, Data: put})
+	const agents, keysPerCall, callsPerSec, keyspace = 16, 100, 200, 100000
+	next := make([]int, agents)
+	ids := make([]uint64, agents)
+	for a := range next {
+		next[a] = a * 7919 % keyspace
+	}
+	now := int64(1e9)
+	call := 0
+	entry := func() []byte {
+		a := call % agents
+		call++
+		ids[a]++
+		req := &allotv1.AcquireRequest{AgentId: "bench-" + strconv.Itoa(a), RequestId: ids[a]}
+		for range keysPerCall {
+			next[a] = (next[a] + 1) % keyspace
+			req.Keys = append(req.Keys, &allotv1.KeyAcquire{Domain: "test",
+				Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(next[a])}}, Want: 5, Demand: 5})
+		}
+		data, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now,
+			Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{Requests: []*allotv1.AcquireRequest{req}}}})
+		return data
+	}
+	second := func(timeExpire bool) time.Duration {
+		for range callsPerSec {
+			now += int64(time.Second / callsPerSec)
+			f.Apply(&raft.Log{Type: raft.LogCommand, Data: entry()})
+		}
+		exp, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}})
+		start := time.Now()
+		f.Apply(&raft.Log{Type: raft.LogCommand, Data: exp})
+		return time.Since(start)
+	}
+	// Warm up past the longest lease, so that leases expire every second.
+	for range 90 {
+		second(false)
+	}
+	var total, worst time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d := second(true)
+		total += d
+		worst = max(worst, d)
+	}
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "expire-ns/op")
+	b.ReportMetric(float64(worst.Nanoseconds()), "expire-max-ns")
 }

@@ -81,7 +81,7 @@ func newMetrics(inflight func() float64) *metrics {
 		}),
 		raftCommit: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: metricsNamespace, Name: "raft_commit_seconds",
-			Help:    "Time from the leader appending an entry to its log to this replica's FSM starting to apply it (on the leader: its own fsync, a follower's append and fsync, the wait for the FSM). Entries replayed at start count with their age.",
+			Help:    "Time from the leader appending an entry to its log to this replica's FSM starting to apply it (on the leader: its own fsync, a follower's append and fsync, the wait for the FSM). On a follower the leader's clock is compared with its own, so the figure includes their offset. Entries replayed at start count with their age.",
 			Buckets: latencyBuckets,
 		}),
 		fsmApply: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -37,12 +37,12 @@ func TestAcquireBreakdownMetrics(t *testing.T) {
 	fm, lm := tc.node(f).metrics, tc.node(l).metrics
 	for name, h := range map[string]prometheus.Observer{
 		"follower acquire_seconds{path=forwarded}": fm.acquireLatency.WithLabelValues("forwarded"),
-		"follower forward_seconds":                fm.forwardLatency,
-		"leader acquire_seconds{path=local}":      lm.acquireLatency.WithLabelValues("local"),
-		"leader batch_queue_seconds":              lm.batchQueue,
-		"leader raft_apply_seconds":               lm.applyLatency,
-		"leader raft_commit_seconds":              lm.raftCommit,
-		"leader fsm_apply_seconds{type=acquire}":  lm.fsmApply.WithLabelValues("acquire"),
+		"follower forward_seconds":                 fm.forwardLatency,
+		"leader acquire_seconds{path=local}":       lm.acquireLatency.WithLabelValues("local"),
+		"leader batch_queue_seconds":               lm.batchQueue,
+		"leader raft_apply_seconds":                lm.applyLatency,
+		"leader raft_commit_seconds":               lm.raftCommit,
+		"leader fsm_apply_seconds{type=acquire}":   lm.fsmApply.WithLabelValues("acquire"),
 	} {
 		if n := histCount(t, h.(prometheus.Histogram)); n == 0 {
 			t.Errorf("%s: no observation after one forwarded Acquire", name)
