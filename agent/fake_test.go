@@ -36,6 +36,7 @@ type fakeAllocator struct {
 	ttl          time.Duration
 	refresh      time.Duration
 	keyAgents    uint32 // agents to report on every key (KeyGrant.agents); 0 = 1
+	grantCap     int64  // grant at most this per key and call (an allowance spent); 0 = no cap
 	failNext     int
 	rejectNext   int // answer InvalidArgument without applying
 	throttleNext int // answer ResourceExhausted (overloaded) without applying
@@ -234,7 +235,11 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	l.GiveBack(st, now, ret)
 	ag.held[key] -= ret
 	l.Debit(st, now, k.Charged)
-	granted := l.TakeUpTo(st, now, min(k.Want, l.Burst()))
+	ask := min(k.Want, l.Burst())
+	if f.grantCap > 0 {
+		ask = min(ask, f.grantCap)
+	}
+	granted := l.TakeUpTo(st, now, ask)
 	ag.held[key] += granted
 	bk := f.book(key)
 	bk.granted += granted

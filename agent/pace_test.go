@@ -115,19 +115,47 @@ func TestPacedKeyFallsBackWhenUnreachable(t *testing.T) {
 	}
 }
 
-// TestShortGrantWithBudgetLeftIsNotPaced: a grant below the want while the
-// global bucket still has tokens (the agent's cap, not the budget, was the
-// limit) does not pace the key: asking again soon can get more.
-func TestShortGrantWithBudgetLeftIsNotPaced(t *testing.T) {
+// TestFullGrantIsNotPaced: a key granted all it asked for is not paced:
+// when its lease runs low it asks again at once (low watermark), and a dry
+// lease falls to the fallback bucket as before.
+func TestFullGrantIsNotPaced(t *testing.T) {
 	s := newStepped(t, hotRules)
+	s.fake.with(func(f *fakeAllocator) { f.keyAgents = 50 })
 	d := desc("hot", "h")
 	for range 30 {
 		check(t, s.Agent, d)
 	}
-	s.step() // charged 30, granted up to the want, bucket not empty
+	s.step() // charged 30, the want granted in full
 	ks := keyOf(t, s.Agent, d)
+	if w := s.fake.lastAcquire().Keys[0].Want; ks.balance.Load() != w {
+		t.Fatalf("balance %d, want the whole want %d", ks.balance.Load(), w)
+	}
 	if ks.paced || ks.deniedUntil.Load() != 0 {
-		t.Fatalf("paced %v deniedUntil %d with the budget not spent", ks.paced, ks.deniedUntil.Load())
+		t.Fatalf("paced %v deniedUntil %d after a grant in full", ks.paced, ks.deniedUntil.Load())
+	}
+}
+
+// TestAllowanceSpentPaces: a grant below the want while the global bucket
+// still has tokens (the allocator's grant pacing: this agent's allowance
+// for the window is spent) paces the key too; asking again in the window
+// would get nothing.
+func TestAllowanceSpentPaces(t *testing.T) {
+	s := newStepped(t, hotRules)
+	s.fake.with(func(f *fakeAllocator) { f.keyAgents, f.grantCap = 50, 5 })
+	d := desc("hot", "h")
+	for range 30 {
+		check(t, s.Agent, d)
+	}
+	s.step()
+	ks := keyOf(t, s.Agent, d)
+	if g := s.fake.lastAcquire().Keys[0].Want; ks.balance.Load() != 5 || g <= 5 {
+		t.Fatalf("balance %d for want %d, want a grant of 5 (the cap)", ks.balance.Load(), g)
+	}
+	if ks.remaining.Load() <= 0 {
+		t.Fatalf("remaining %d, want budget left", ks.remaining.Load())
+	}
+	if !ks.paced {
+		t.Fatal("a short grant with budget left is not paced")
 	}
 }
 
