@@ -141,15 +141,33 @@ func TestFullGrantIsNotPaced(t *testing.T) {
 // would get nothing.
 func TestAllowanceSpentPaces(t *testing.T) {
 	s := newStepped(t, hotRules)
-	s.fake.with(func(f *fakeAllocator) { f.keyAgents, f.grantCap = 50, 5 })
+	s.fake.with(func(f *fakeAllocator) { f.keyAgents = 50 })
 	d := desc("hot", "h")
-	for range 30 {
-		check(t, s.Agent, d)
+	// 4 checks per 50 ms tick (80/s, under the limit) until the demand
+	// estimate is up.
+	for range 20 {
+		for range 4 {
+			check(t, s.Agent, d)
+		}
+		s.clock.advance(s.cfg.RefillInterval)
+		s.step()
 	}
-	s.step()
 	ks := keyOf(t, s.Agent, d)
-	if g := s.fake.lastAcquire().Keys[0].Want; ks.balance.Load() != 5 || g <= 5 {
-		t.Fatalf("balance %d for want %d, want a grant of 5 (the cap)", ks.balance.Load(), g)
+	if ks.paced {
+		t.Fatal("paced before any grant was capped")
+	}
+	s.fake.with(func(f *fakeAllocator) { f.grantCap = 5 })
+	calls, _, _ := s.fake.counts()
+	for c := calls; c == calls; c, _, _ = s.fake.counts() {
+		for range 4 {
+			check(t, s.Agent, d)
+		}
+		s.clock.advance(s.cfg.RefillInterval)
+		s.step()
+	}
+	k := s.fake.lastAcquire().Keys[0]
+	if k.Want <= 5 {
+		t.Fatalf("want %d, want more than the cap of 5", k.Want)
 	}
 	if ks.remaining.Load() <= 0 {
 		t.Fatalf("remaining %d, want budget left", ks.remaining.Load())
