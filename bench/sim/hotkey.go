@@ -12,8 +12,12 @@ import (
 // gateway, limited to two thirds of that. The lease design spends leases
 // in-process and refills in batches; Redis per request puts every request
 // on the one shard (one core) that owns the key.
+//
+// The key is spread over sc.hotAgents gateways (200 at the quick and full
+// scales: the number of agents sharing a contended key is what sets the
+// calls per admitted request).
 func runHotKey(sc scale, seed uint64) (*result, error) {
-	n := sc.agents
+	n := sc.hotAgents
 	quota := int64(math.Round(sc.hotRate/1.5/1000) * 1000)
 	g := &group{name: "hot", quota: quota, unit: time.Second, burst: quota}
 	tr := []*traffic{{g: g, keys: 1, demand: sc.hotRate}}

@@ -15,26 +15,27 @@ type scale struct {
 	fleet            time.Duration // measured time after the warm-up
 	warmup           time.Duration
 
-	chaos   time.Duration // measured time of the chaos scenarios
-	hotRate float64       // the hot key's offered rate
-	clients int           // retry storm clients
+	chaos     time.Duration // measured time of the chaos scenarios
+	hotRate   float64       // the hot key's offered rate
+	hotAgents int           // gateways the hot key is spread over (issue #7's coordination target is at 200)
+	clients   int           // retry storm clients
 }
 
 var scales = map[string]scale{
 	"tiny": {
 		name: "tiny", agents: 4,
 		keys: 2000, base: 2000, peak: 2000, fleet: 4 * time.Second, warmup: time.Second,
-		chaos: 12 * time.Second, hotRate: 6000, clients: 300,
+		chaos: 12 * time.Second, hotRate: 6000, hotAgents: 4, clients: 300,
 	},
 	"quick": {
 		name: "quick", agents: 20,
 		keys: 100_000, base: 100_000, peak: 100_000, fleet: 20 * time.Second, warmup: 5 * time.Second,
-		chaos: 25 * time.Second, hotRate: 120_000, clients: 2000,
+		chaos: 25 * time.Second, hotRate: 120_000, hotAgents: 200, clients: 2000,
 	},
 	"full": {
 		name: "full", agents: 200,
 		keys: 5_000_000, base: 300_000, peak: 1_000_000, peakFrom: 25 * time.Second, peakTo: 35 * time.Second,
 		fleet: 55 * time.Second, warmup: 5 * time.Second,
-		chaos: 30 * time.Second, hotRate: 150_000, clients: 20_000,
+		chaos: 30 * time.Second, hotRate: 150_000, hotAgents: 200, clients: 20_000,
 	},
 }

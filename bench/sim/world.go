@@ -327,6 +327,12 @@ func newLeaseSystem(w *world) *system {
 	ctx := context.Background()
 	s := &system{name: "allot leases"}
 	s.check = func(ag, _ int, descs []agent.Descriptor) (bool, time.Duration) {
+		if w.closing || w.leaseAgents[ag].a == nil {
+			// shutdown steps the engine to finish the agents' calls in
+			// flight; an arrival it reaches meanwhile is past the run
+			// and may find its agent already closed.
+			return false, 0
+		}
 		d, err := w.leaseAgents[ag].a.Check(ctx, domain, descs, 0)
 		if err != nil {
 			w.fail(fmt.Errorf("sim: Check: %w", err))
