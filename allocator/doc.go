@@ -4,8 +4,10 @@
 //
 // A Server wires together:
 //
-//   - Raft (hashicorp/raft) with a bolt log and stable store and file
-//     snapshots in Config.DataDir, over TCP (node.go);
+//   - Raft (hashicorp/raft) with a bolt log and stable store (fsynced on
+//     every commit, the newest entries also cached in memory for
+//     replication) and file snapshots in Config.DataDir, over TCP
+//     (node.go);
 //   - the replicated state machine, an unexported raft.FSM over
 //     allocator/internal/state (fsm.go);
 //   - a batcher that folds every concurrently pending Acquire into one Raft
@@ -17,7 +19,8 @@
 //   - the leader's duties: periodic lease expiry, initial rules, member
 //     registration (leader.go);
 //   - an HTTP server with /healthz, /readyz, /metrics and /debug/pprof/
-//     (http.go, metrics.go);
+//     (http.go, metrics.go); the metrics break an Acquire's latency down
+//     by stage (handler, batcher queue, commit, FSM apply, forwarding hop);
 //   - a guard in front of every gRPC call: authentication (TLS client
 //     certificates with allot roles, admin bearer tokens) and authorization
 //     (auth.go), then a per-agent call rate and a cap on calls in flight
