@@ -51,12 +51,12 @@
 // A key whose grant fell short of its want (the global bucket is empty, or
 // the allocator's grant pacing has given this agent its share for the
 // refresh window) is paced: it is not sent again, charges included, until
-// a jittered p/2…p later, p = min(refresh_after, B/(2R), k·20 ms with k
+// a jittered p/2…p later, p = min(refresh_after, B/(2R), k·10 ms with k
 // agents on the key, 500 ms), and its dry lease denies meanwhile. Without
 // that, every agent on a contended key admitted from its fallback and
 // owed a charge on every tick (200 agents on one hot key: 0.038 Acquire
 // calls per admitted request in bench/sim, 0.0045 paced). Keys whose pace
-// would be under two scans (fewer than 10 agents on the key, or a small
+// would be under two scans (fewer than 20 agents on the key, or a small
 // B/R) are not paced: nobody else would collect the budget's refill between
 // their asks.
 //
