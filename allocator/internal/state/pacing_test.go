@@ -181,3 +181,31 @@ func realWaterFill(claims []float64, capacity float64) []float64 {
 	}
 	return out
 }
+
+// TestLightLeasesDoNotStarveBusyAgent pins the issue-#7 skew bug: on small
+// (C = Cᵣ = 10), nine agents that each hold one token and spend 0.1/s
+// counted one whole token each in the busy agent's hold cap and allowance,
+// so an agent spending 8/s was granted 1 token per interval although the
+// key was in quota. A light lease (need ≤ 1, demand·F < 1) now weighs its
+// demand·F, and a light agent that asks still gets its one token.
+func TestLightLeasesDoNotStarveBusyAgent(t *testing.T) {
+	s := New(testConfig())
+	putRules(t, s, t0, pacingRules)
+	ka := func(want int64, demand float64) *allotv1.KeyAcquire {
+		return &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "small", Value: "x"}}, Want: want, Demand: demand}
+	}
+	for i := range 9 {
+		if g := mustAcquire(t, s, at(time.Duration(i)*time.Millisecond), fmt.Sprint("light", i), 1, ka(1, 0.1)).Grants[0].Granted; g != 1 {
+			t.Fatalf("step %d: light%d granted %d, want 1", i, i, g)
+		}
+	}
+	// One interval later the bucket is full again (10).
+	if g := mustAcquire(t, s, at(time.Second), "busy", 1, ka(8, 8)).Grants[0].Granted; g != 8 {
+		t.Fatalf("step 9: busy agent (want 8, demand 8) beside nine light leases granted %d, want 8", g)
+	}
+	// A light agent that spent its token and asks again gets one.
+	k := ka(1, 0.1)
+	if g := mustAcquire(t, s, at(time.Second+10*time.Millisecond), "light0", 2, k).Grants[0].Granted; g != 1 {
+		t.Fatalf("step 10: light0 granted %d, want 1", g)
+	}
+}

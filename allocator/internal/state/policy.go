@@ -72,21 +72,69 @@ const claimLiveIntervals = 2
 // little at a time (its need) but is granted about demand·F per interval.
 func claimOf(need int64, demand float32, refresh time.Duration, capacity int64) int64 {
 	per := int64(0)
-	if dm := demandMilli(float64(demand)); dm > 0 {
-		// ⌈dm·F/10¹²⌉: dm in milli-tokens/s, F in ns.
-		const div = 1_000_000_000_000
-		hi, lo := bits.Mul64(uint64(dm), uint64(refresh))
-		if hi >= div {
-			per = capacity
-		} else {
-			q, r := bits.Div64(hi, lo, div)
-			if r != 0 {
-				q++
-			}
-			per = int64(min(q, uint64(capacity)))
-		}
+	if pm := perWindowMilli(demand, refresh); pm > 0 {
+		per = min(ceilDiv(pm, milli), capacity)
 	}
 	return min(capacity, max(need, per))
+}
+
+// milli: the fairness arithmetic (hold caps, allowances, reservations) is
+// in milli-tokens, so that an agent using a key less than once per
+// interval weighs what it uses rather than a whole token.
+const milli = 1000
+
+// perWindowMilli returns ⌈demand·F⌉ in milli-tokens (0 for no demand;
+// at most maxAmount·milli).
+func perWindowMilli(demand float32, refresh time.Duration) int64 {
+	dm := demandMilli(float64(demand))
+	if dm <= 0 {
+		return 0
+	}
+	// ⌈dm·F/10⁹⌉: dm in milli-tokens/s, F in ns.
+	const div = 1_000_000_000
+	hi, lo := bits.Mul64(uint64(dm), uint64(refresh))
+	if hi >= div {
+		return maxAmount * milli
+	}
+	q, r := bits.Div64(hi, lo, div)
+	if r != 0 {
+		q++
+	}
+	return int64(min(q, uint64(maxAmount*milli)))
+}
+
+// weightOf returns what another agent's lease weighs, in milli-tokens, in
+// an agent's hold cap (whole = the lease's need) or allowance (whole = its
+// claim): whole·1000, except for a light lease, which weighs its demand·F
+// (at least 1 milli-token). A lease is light when whole ≤ 1 and its
+// demand·F < 1: the agent holds or wants one token and spends less than
+// one per interval. Counting each of 19 or 199 such agents as a whole
+// token filled a 20/s key, and the agent that carried most of the key's
+// traffic was held to about one token per interval (docs/leases.md,
+// "Light agents"). The agent computing its own cap or allowance always
+// counts its own need or claim whole, so a light agent that asks is still
+// granted its token, and an agent that wants more than one token (a flooder
+// asking for C) is never light.
+func weightOf(whole int64, demand float32, refresh time.Duration) int64 {
+	if whole > 1 {
+		return whole * milli
+	}
+	if pm := perWindowMilli(demand, refresh); pm < milli {
+		return max(pm, 1)
+	}
+	return whole * milli
+}
+
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 {
+	return (a + b - 1) / b
+}
+
+// satAdd returns a + b for a, b ≥ 0, saturated at 2⁶² (sums of weights over
+// many leases cannot wrap).
+func satAdd(a, b int64) int64 {
+	const top = 1 << 62
+	return min(a+b, top) // a, b ≤ 2⁶², so a+b does not overflow
 }
 
 // windowOf returns the refresh window a Unix millisecond is in.
@@ -106,62 +154,65 @@ func usedInWindow(l *lease, nowMs int64, refresh time.Duration) int64 {
 // allowance returns the most agent may be granted in the current refresh
 // window, given its claim: C when no other live lease is on the key; else
 // Cᵣ less the others' claims when all claims fit in Cᵣ; else its max-min
-// fair share of Cᵣ over the live claims. A lease is live when it was
-// renewed within claimLiveIntervals·F: its expiry is at least
-// now − claimLiveIntervals·F + LeaseTTL (a lease renewed with a longer TTL,
-// a cold key's, counts for longer).
+// fair share of Cᵣ over the live claims, rounded up to a whole token. The
+// others' claims are weighed in milli-tokens (weightOf: a light lease
+// weighs its demand·F); the agent's own claim counts whole. A lease is
+// live when it was renewed within claimLiveIntervals·F: its expiry is at
+// least now − claimLiveIntervals·F + LeaseTTL (a lease renewed with a
+// longer TTL, a cold key's, counts for longer).
 //
 // It also returns reserved: what the live agents served first may still
-// be granted in this window (their allowances less their window grants),
-// for fromBucket.
+// be granted in this window (their allowances less their window grants,
+// rounded up to a whole token), for fromBucket.
 func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, refill, now int64) (allow, reserved int64) {
 	f := c.cfg.RefreshInterval
 	live := now - claimLiveIntervals*int64(f) + int64(c.cfg.LeaseTTL)
 	nowMs := now / 1e6
+	mine := claim * milli
 	others, n := int64(0), 0
 	for i := range leases {
 		l := &leases[i]
 		if l.agent == agent || l.expiry < live {
 			continue
 		}
-		others += claimOf(l.need, l.demand, f, capacity)
+		others = satAdd(others, weightOf(claimOf(l.need, l.demand, f, capacity), l.demand, f))
 		n++
 	}
 	switch {
 	case n == 0:
 		return capacity, 0
-	case others+claim <= refill:
+	case others+mine <= refill*milli:
 		for i := range leases {
 			l := &leases[i]
 			if l.agent == agent || l.expiry < live {
 				continue
 			}
-			cl, u := claimOf(l.need, l.demand, f, capacity), usedInWindow(l, nowMs, f)
-			if servedFirst(cl, u, claim, used) {
-				reserved += max(0, cl-u)
+			w, u := weightOf(claimOf(l.need, l.demand, f, capacity), l.demand, f), usedInWindow(l, nowMs, f)
+			if servedFirst(w, u, mine, used) {
+				reserved = satAdd(reserved, max(0, w-u*milli))
 			}
 		}
-		return refill - others, reserved
+		return (refill*milli - others) / milli, ceilDiv(reserved, milli)
 	}
 	needs := c.scr.needs[:0]
 	for i := range leases {
 		l := &leases[i]
 		if l.agent != agent && l.expiry >= live {
-			needs = append(needs, needEnt{need: claimOf(l.need, l.demand, f, capacity), agent: l.agent, used: usedInWindow(l, nowMs, f)})
+			needs = append(needs, needEnt{need: weightOf(claimOf(l.need, l.demand, f, capacity), l.demand, f), agent: l.agent, used: usedInWindow(l, nowMs, f)})
 		}
 	}
-	needs = append(needs, needEnt{need: claim, agent: agent})
+	needs = append(needs, needEnt{need: mine, agent: agent})
 	c.scr.needs = needs
-	waterFill(needs, refill)
+	waterFill(needs, refill*milli, milli)
 	for _, e := range needs {
 		switch {
 		case e.agent == agent:
-			allow = e.share
-		case servedFirst(e.need, e.used, claim, used):
-			reserved += max(0, e.share-e.used)
+			allow = ceilDiv(e.share, milli)
+		case servedFirst(e.need, e.used, mine, used):
+			reserved = satAdd(reserved, max(0, e.share-e.used*milli))
 		}
 	}
-	return allow, reserved
+	return allow, ceilDiv(reserved, milli)
 }
 
 // servedFirst reports whether an agent with claim cj that was granted uj
@@ -212,7 +263,13 @@ func sortNeeds(needs []needEnt) {
 // token, lower agent numbers first, and the shares never sum above
 // capacity.
 func fairShare(needs []needEnt, capacity int64, target uint32) int64 {
-	waterFill(needs, capacity)
+	return shareOf(needs, capacity, 1, target)
+}
+
+// shareOf water-fills needs over capacity in units of unit (see waterFill)
+// and returns target's share.
+func shareOf(needs []needEnt, capacity, unit int64, target uint32) int64 {
+	waterFill(needs, capacity, unit)
 	for _, e := range needs {
 		if e.agent == target {
 			return e.share
@@ -221,39 +278,47 @@ func fairShare(needs []needEnt, capacity int64, target uint32) int64 {
 	return 0
 }
 
-// waterFill sorts needs and sets every share as fairShare describes.
-func waterFill(needs []needEnt, capacity int64) {
+// waterFill sorts needs and sets every share as fairShare describes, with
+// ⌈remaining/agents left⌉ rounded up to a multiple of unit (1, or milli
+// when needs are in milli-tokens: an agent needing whole tokens is then
+// served whole tokens, as with unit 1) and never above what remains, so
+// the shares never sum above capacity.
+func waterFill(needs []needEnt, capacity, unit int64) {
 	sortNeeds(needs)
 	remaining := capacity
 	for i := range needs {
 		k := int64(len(needs) - i)
-		share := (remaining + k - 1) / k
-		needs[i].share = min(needs[i].need, share)
+		share := ceilDiv(ceilDiv(remaining, k), unit) * unit
+		needs[i].share = min(needs[i].need, share, remaining)
 		remaining -= needs[i].share
 	}
 }
 
 // agentCap returns the most the agent may hold on the key after this call
-// and whether the key is contended (Σ needs > C).
+// and whether the key is contended (Σ needs > C). The others' needs are
+// weighed in milli-tokens (weightOf: a light lease weighs its demand·F,
+// not the token it holds); the agent's own need counts whole, and its
+// share is rounded up to a whole token.
 func (c *core) agentCap(leases []lease, agent uint32, need, capacity int64) (int64, bool) {
+	f := c.cfg.RefreshInterval
 	others := int64(0)
 	for i := range leases {
-		if leases[i].agent != agent {
-			others += leases[i].need
+		if l := &leases[i]; l.agent != agent {
+			others = satAdd(others, weightOf(l.need, l.demand, f))
 		}
 	}
-	if others+need <= capacity {
+	if others+need*milli <= capacity*milli {
 		return need, false
 	}
 	needs := c.scr.needs[:0]
-	for _, l := range leases {
-		if l.agent != agent {
-			needs = append(needs, needEnt{need: l.need, agent: l.agent})
+	for i := range leases {
+		if l := &leases[i]; l.agent != agent {
+			needs = append(needs, needEnt{need: weightOf(l.need, l.demand, f), agent: l.agent})
 		}
 	}
-	needs = append(needs, needEnt{need: need, agent: agent})
+	needs = append(needs, needEnt{need: need * milli, agent: agent})
 	c.scr.needs = needs
-	return fairShare(needs, capacity, agent), true
+	return ceilDiv(shareOf(needs, capacity*milli, milli, agent), milli), true
 }
 
 // Lease timing constants: a lease lasts leaseSpendFactor × the time the
