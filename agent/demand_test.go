@@ -107,3 +107,37 @@ func TestRebaseRoundsUp(t *testing.T) {
 		t.Fatalf("fallback re-based to %d tokens with %d remaining over 20 agents, want ⌈%d/20⌉ = %d", avail, rem, rem, want)
 	}
 }
+
+// TestKeyUsedOnceReportsNoDemand pins the full-scale skew bug: a gateway
+// that saw a 20/s key once reported the EWMA just after the use (about
+// 0.95/s) and asked for two tokens, so 199 such gateways outweighed the busy
+// one in the allocator's shares. A key used once has no gap to measure a
+// rate from: it reports no demand and asks for one token.
+func TestKeyUsedOnceReportsNoDemand(t *testing.T) {
+	s := newStepped(t)
+	for range 4 { // scans are running when the key is first used
+		s.clock.advance(s.cfg.RefillInterval)
+		s.step()
+	}
+	check(t, s.Agent, desc("api_key", "once"))
+	var reports []float64
+	var wants []int64
+	for range 40 {
+		s.clock.advance(s.cfg.RefillInterval)
+		n, _, _ := s.fake.counts()
+		s.step()
+		if m, _, _ := s.fake.counts(); m > n {
+			for _, k := range s.fake.lastAcquire().Keys {
+				reports, wants = append(reports, k.Demand), append(wants, k.Want)
+			}
+		}
+	}
+	if len(reports) == 0 {
+		t.Fatal("the key was never reported")
+	}
+	for i := range reports {
+		if reports[i] != 0 || wants[i] > 1 {
+			t.Fatalf("report %d: demand %.3f/s, want %d for a key used once, want demand 0 and want ≤ 1 (demands %v, wants %v)", i, reports[i], wants[i], reports, wants)
+		}
+	}
+}

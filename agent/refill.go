@@ -312,8 +312,9 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 // whole token per interval). The demand is what the allocator weighs
 // against the other agents' on the key; overstating it at every lightly
 // used agent of a low-rate key starved the busy one (bench/sim
-// unreachable, skewed keys). A recent rate above the EWMA (a key that
-// wakes up) counts only from sparseTokens tokens since the last scan.
+// unreachable, skewed keys). A sparse key used only once reports 0. A
+// recent rate above the EWMA (a key that wakes up) counts only from
+// sparseTokens tokens since the last scan.
 func (a *Agent) demandOf(ks *keyState, now int64) float64 {
 	d := ks.demand
 	pending := max(ks.spent.Load()-ks.spentSeen, 0)
@@ -328,10 +329,17 @@ func (a *Agent) demandOf(ks *keyState, now int64) float64 {
 	if pending > 0 && now > ks.activeAt {
 		g = gapAvg(g, now-ks.activeAt, pending) // the gap ending now counts too
 	}
-	if g > 0 {
-		d = min(d, 1/g)
+	if g == 0 {
+		// Used once so far: no gap to measure a rate from. Just after the
+		// use the EWMA reads about 1/s whatever the key's rate, which asked
+		// for two tokens and made each of 199 gateways that saw a 20/s key
+		// once weigh 2 tokens in the busy agent's share (bench/sim
+		// unreachable, full scale). Report no demand: the agent still
+		// wants its one token, and the allocator weighs a one-token lease
+		// without demand at almost nothing for the others.
+		return 0
 	}
-	return d
+	return min(d, 1/g)
 }
 
 // gapAvg folds a gap of span nanoseconds over tokens uses into avg, the
