@@ -141,3 +141,39 @@ func TestKeyUsedOnceReportsNoDemand(t *testing.T) {
 		}
 	}
 }
+
+// TestSparseKeyPairIsNotAWakeUp pins the skew false rejects at 20 agents: a
+// key used about every 4 s got two requests within one scan and reported
+// 8/s (two tokens over the 250 ms minimum window), claiming 9 tokens of a
+// 20/s key. Tokens of a key used before are spread over the time since its
+// previous use.
+func TestSparseKeyPairIsNotAWakeUp(t *testing.T) {
+	s := newStepped(t)
+	d := desc("api_key", "pair")
+	var reports []float64
+	for i := range 200 {
+		switch i {
+		case 1, 81:
+			check(t, s.Agent, d)
+		case 161:
+			check(t, s.Agent, d)
+			check(t, s.Agent, d)
+		}
+		s.clock.advance(s.cfg.RefillInterval)
+		n, _, _ := s.fake.counts()
+		s.step()
+		if m, _, _ := s.fake.counts(); m > n && i >= 161 {
+			for _, k := range s.fake.lastAcquire().Keys {
+				reports = append(reports, k.Demand)
+			}
+		}
+	}
+	if len(reports) == 0 {
+		t.Fatal("the key was not reported after the pair")
+	}
+	for i, r := range reports {
+		if r > 1 {
+			t.Fatalf("report %d after two uses in one scan of a key used every 4 s: demand %.3f/s, want ≤ 1 (all: %v)", i, r, reports)
+		}
+	}
+}

@@ -314,11 +314,19 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 // used agent of a low-rate key starved the busy one (bench/sim
 // unreachable, skewed keys). A sparse key used only once reports 0. A
 // recent rate above the EWMA (a key that wakes up) counts only from
-// sparseTokens tokens since the last scan.
+// sparseTokens tokens since the last scan, spread over the time since the
+// key's previous use (at least minRateWindow).
 func (a *Agent) demandOf(ks *keyState, now int64) float64 {
 	d := ks.demand
 	pending := max(ks.spent.Load()-ks.spentSeen, 0)
-	elapsed := max(now-a.rf.lastScan, int64(minRateWindow))
+	// A key that was used before spreads its new tokens over the time since
+	// that use: two requests of a 0.25/s key landing in one scan are not a
+	// key waking up at 8/s (they claimed 9 tokens of a 20/s key).
+	since := a.rf.lastScan
+	if ks.activeAt != 0 {
+		since = ks.activeAt // a scan time: ≤ lastScan, equal for a busy key
+	}
+	elapsed := max(now-since, int64(minRateWindow))
 	if recent := float64(pending) / (float64(elapsed) / float64(time.Second)); recent > d && pending >= sparseTokens {
 		d = recent
 	}
