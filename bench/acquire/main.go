@@ -86,7 +86,7 @@ func main() {
 	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward) or leader")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
-	flag.IntVar(&o.inflight, "max-inflight-batches", 1, "passed to the allocators")
+	flag.IntVar(&o.inflight, "max-inflight-batches", 0, "passed to the allocators (0: their default)")
 	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/250ms", "heartbeat/election/leader-lease timeouts")
 	flag.StringVar(&o.profile, "leader-cpuprofile", "", "write a CPU profile of the leader, taken during the throughput phase, to this file")
 	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")
@@ -142,7 +142,10 @@ func run(o options) error {
 		n.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP,
 			"-heartbeat-timeout", tmo[0], "-election-timeout", tmo[1], "-leader-lease-timeout", tmo[2],
-			"-max-inflight-batches", strconv.Itoa(o.inflight), "-log-level", "warn"}
+			"-log-level", "warn"}
+		if o.inflight > 0 {
+			n.Args = append(n.Args, "-max-inflight-batches", strconv.Itoa(o.inflight))
+		}
 		n.Args = append(n.Args, strings.Fields(o.args)...)
 		if o.env != "" {
 			n.Env = strings.Split(o.env, ",")
