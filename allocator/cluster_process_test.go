@@ -171,11 +171,11 @@ func TestClusterProcesses(t *testing.T) {
 		}
 		req := proto.Clone(lc.req).(*allotv1.AcquireRequest)
 		req.RequestId += 1000 // past any call cut off by the stop
-		resp, err := first.Acquire(context.Background(), req)
+		resp, err := unthrottled(func() (*allotv1.AcquireResponse, error) { return first.Acquire(context.Background(), req) })
 		if err != nil {
 			t.Fatalf("call %s/%d: %v", req.GetAgentId(), req.GetRequestId(), err)
 		}
-		again, err := ra.Acquire(context.Background(), req)
+		again, err := unthrottled(func() (*allotv1.AcquireResponse, error) { return ra.Acquire(context.Background(), req) })
 		if err != nil {
 			t.Fatalf("retry of %s/%d: %v", req.GetAgentId(), req.GetRequestId(), err)
 		}
@@ -183,7 +183,7 @@ func TestClusterProcesses(t *testing.T) {
 			t.Errorf("retry of %s/%d = %v, want the recorded %v", req.GetAgentId(), req.GetRequestId(), again, resp)
 		}
 		req.RequestId--
-		if _, err := ra.Acquire(context.Background(), req); status.Code(err) != codes.FailedPrecondition {
+		if _, err := unthrottled(func() (*allotv1.AcquireResponse, error) { return ra.Acquire(context.Background(), req) }); status.Code(err) != codes.FailedPrecondition {
 			t.Errorf("older id for %s: %v, want FailedPrecondition", req.GetAgentId(), err)
 		}
 	}
@@ -277,6 +277,24 @@ func takerLast(ctx context.Context, t *testing.T, agent string, addrs []string, 
 		}
 	}
 	return last
+}
+
+// unthrottled calls f again while it is refused with ResourceExhausted,
+// for up to 5 s. The guard refuses an agent over its call rate (200/s per
+// node, burst 400) before doing any work, and the closed-loop takers that
+// ran just before may have spent an agent's burst on that node; a client
+// backs off and retries such a refusal. Regression: TestClusterProcesses
+// failed with "retry of agent-0/3686: ResourceExhausted ... agent over its
+// call rate" once commits got faster (two batches in flight).
+func unthrottled(f func() (*allotv1.AcquireResponse, error)) (*allotv1.AcquireResponse, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := f()
+		if status.Code(err) != codes.ResourceExhausted || time.Now().After(deadline) {
+			return resp, err
+		}
+		time.Sleep(10 * time.Millisecond) // past the refusal's retry-after (ms at 200/s)
+	}
 }
 
 func grantsEqual(a, b *allotv1.AcquireResponse) bool {
