@@ -188,8 +188,12 @@ func run(o options) error {
 	if err := waitMembers(admin, 3, 30*time.Second); err != nil {
 		return err
 	}
-	fmt.Printf("3 allocators up (dir %s); load: %d key-grants/s target, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %d, args %q, env %q\n",
-		dir, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, o.inflight, o.args, o.env)
+	inflight := "the allocators' default"
+	if o.inflight > 0 {
+		inflight = strconv.Itoa(o.inflight)
+	}
+	fmt.Printf("3 allocators up (dir %s); load: %d key-grants/s target, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q\n",
+		dir, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env)
 
 	lg := newLoad(o, conns)
 	leader, err := leaderIndex(admin, nodes)
