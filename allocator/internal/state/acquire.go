@@ -277,10 +277,11 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		// little the agent reports holding.
 		f := c.cfg.RefreshInterval
 		used = usedInWindow(&old, now/1e6, f)
-		allow, reserved := c.allowance(e.leases, ag.num, claimOf(need, demand, f, capacity), used, capacity, refillOf(lim, f), now)
+		refill := refillOf(lim, f)
+		allow, reserved := c.allowance(e.leases, ag.num, claimOf(need, demand, f, capacity), used, capacity, refill, now)
 		left := allow - used
 		if reserved > 0 && left > 0 {
-			left = fromBucket(lim.Peek(st, now).Remaining, left, reserved)
+			left = fromBucket(lim.Peek(st, now).Remaining, left, reserved, lim.Peek(bucket.State{}, now).Remaining, refill)
 		}
 		if ask := min(want, agentCap-held, left); ask > 0 {
 			granted = lim.TakeUpTo(&st, now, ask)

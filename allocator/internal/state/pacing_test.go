@@ -209,3 +209,54 @@ func TestLightLeasesDoNotStarveBusyAgent(t *testing.T) {
 		t.Fatalf("step 10: light0 granted %d, want 1", g)
 	}
 }
+
+// TestReservationScaledToBucket pins the bench/load skew regression of grant
+// pacing: on a 5000/s key with burst 500, the smaller agents' unused
+// allowances (8 × 172) exceeded what the bucket can ever hold, so the agent
+// carrying half the traffic was granted nothing until the others had taken
+// their allowances, late in every window (37% false rejects). The
+// reservation is now what the others are owed over one fill of the bucket
+// (full/Cᵣ of it).
+func TestReservationScaledToBucket(t *testing.T) {
+	s := New(testConfig())
+	putRules(t, s, t0, `domain: test
+descriptors:
+  - key: narrow
+    rate_limit: {unit: second, requests_per_unit: 5000, burst: 500}
+`)
+	ka := func(want int64, demand float64) *allotv1.KeyAcquire {
+		return &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "narrow", Value: "x"}}, Want: want, Demand: demand}
+	}
+	for i := range 8 {
+		if g := mustAcquire(t, s, at(time.Duration(i)*time.Millisecond), fmt.Sprint("small", i), 1, ka(50, 222)).Grants[0].Granted; g != 50 {
+			t.Fatalf("step %d: small%d granted %d, want 50", i, i, g)
+		}
+	}
+	// 100 ms later the bucket is full (500); reserved 8 × (222 − 50) = 1376
+	// scales to ⌈1376·500/5000⌉ = 138.
+	if g := mustAcquire(t, s, at(100*time.Millisecond), "busy", 1, ka(300, 2000)).Grants[0].Granted; g != 300 {
+		t.Fatalf("step 8: busy agent granted %d, want 300 (the bucket holds 500, 138 reserved)", g)
+	}
+	// The next 100 tokens: only 362 − 300 = 62 were beyond the reservation.
+	if g := mustAcquire(t, s, at(100*time.Millisecond), "busy", 2, ka(100, 2000)).Grants[0].Granted; g != 62 {
+		t.Fatalf("step 9: busy agent granted %d, want 62", g)
+	}
+}
+
+// TestFromBucket is fromBucket's step table.
+func TestFromBucket(t *testing.T) {
+	for i, c := range []struct{ avail, left, reserved, full, refill, want int64 }{
+		{100, 50, 0, 100, 100, 50},
+		{100, 50, 70, 100, 100, 30},
+		{100, 50, 100, 100, 100, 33},         // cannot be met: in proportion, 100·50/150
+		{500, 3000, 1376, 500, 5000, 362},    // scaled to 138
+		{500, 3000, 6000, 500, 5000, 416},    // scaled to 600 ≥ full: 500·3000/3600
+		{-5, 3000, 6000, 500, 5000, 0},       // debt
+		{300, 20, 1000, 500, 5000, 20},       // scaled to 100
+		{1e12, 1e12, 1e12, 1e12, 1e12, 5e11}, // no overflow
+	} {
+		if got := fromBucket(c.avail, c.left, c.reserved, c.full, c.refill); got != c.want {
+			t.Errorf("step %d: fromBucket(%d, %d, %d, %d, %d) = %d, want %d", i, c.avail, c.left, c.reserved, c.full, c.refill, got, c.want)
+		}
+	}
+}

@@ -224,16 +224,45 @@ func servedFirst(cj, uj, ci, ui int64) bool {
 }
 
 // fromBucket returns the most an agent whose window allowance has left
-// tokens may take from a bucket with avail tokens: what the bucket holds
-// beyond reserved, the unused allowances of the agents served before it
-// (servedFirst). Without the reservation an agent that calls first in
+// tokens may take from a bucket with avail tokens, of a key whose bucket
+// holds at most full and refills refill per interval: what the bucket
+// holds beyond reserved, the unused allowances of the agents served before
+// it (servedFirst). Without the reservation an agent that calls first in
 // every window (a flooder) would drain a bucket that holds less than every
 // allowance, and the others would find it empty until it refilled.
-func fromBucket(avail, left, reserved int64) int64 {
+//
+// A bucket that holds less than one interval's refill (burst B below
+// R·F) cannot keep the others' whole allowances: it refills while they
+// spend them over the window. So the reservation is scaled to one fill of
+// the bucket, reserved·full/refill; if that is still full or more, the
+// agent takes its part of what the bucket holds in proportion to its
+// unused allowance, avail·left/(reserved+left). Before, an agent carrying
+// half of a 5000/s key with burst 500 was granted nothing until the others
+// had taken their allowances, late in every window (bench/load -workload
+// skew: 37% false rejects).
+func fromBucket(avail, left, reserved, full, refill int64) int64 {
 	if reserved <= 0 {
 		return left
 	}
-	return min(left, max(0, avail-reserved))
+	if full < refill {
+		// reserved·full/refill ≤ reserved: the quotient fits.
+		hi, lo := bits.Mul64(uint64(reserved), uint64(max(full, 0)))
+		q, r := bits.Div64(hi, lo, uint64(refill))
+		if r != 0 {
+			q++
+		}
+		reserved = int64(q)
+	}
+	switch {
+	case reserved < full:
+		return min(left, max(0, avail-reserved))
+	case avail <= 0:
+		return 0
+	}
+	// avail·left/(reserved+left) < avail ≤ maxAmount: the quotient fits.
+	hi, lo := bits.Mul64(uint64(avail), uint64(left))
+	q, _ := bits.Div64(hi, lo, uint64(reserved+left))
+	return min(left, int64(q))
 }
 
 // needEnt is one agent's need in a water-filling.
