@@ -278,7 +278,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		f := c.cfg.RefreshInterval
 		used = usedInWindow(&old, now/1e6, f)
 		refill := refillOf(lim, f)
-		allow, reserved := c.allowance(e.leases, ag.num, claimOf(need, demand, f, capacity), used, capacity, refill, now)
+		allow, reserved := c.allowance(e.leases, ag.num, claimOf(want, demand, f, capacity), used, capacity, refill, now)
 		left := allow - used
 		if reserved > 0 && left > 0 {
 			left = fromBucket(lim.Peek(st, now).Remaining, left, reserved, lim.Peek(bucket.State{}, now).Remaining, refill)

@@ -260,3 +260,28 @@ func TestFromBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldingIsNotAClaim pins the other half of the bench/load skew
+// regression: the gateway that carried a key's traffic until the load
+// balancer moved it holds what it was granted and asks for nothing more;
+// its holding counted in its claim on the refill, and the gateway now
+// carrying the traffic was held to a share of what was left.
+func TestHoldingIsNotAClaim(t *testing.T) {
+	s := New(testConfig())
+	putRules(t, s, t0, pacingRules)
+	ka := func(want, held int64, demand float64) *allotv1.KeyAcquire {
+		return &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "wide", Value: "x"}}, Want: want, Held: held, Demand: demand}
+	}
+	if g := mustAcquire(t, s, t0, "old", 1, ka(60, 0, 60)).Grants[0].Granted; g != 60 {
+		t.Fatalf("step 0: old granted %d, want 60", g)
+	}
+	// Next window: old holds its 60, spends 5/s and asks for nothing.
+	if g := mustAcquire(t, s, at(time.Second), "old", 2, ka(0, 60, 5)).Grants[0].Granted; g != 0 {
+		t.Fatalf("step 1: old granted %d, want 0", g)
+	}
+	// Claims 5 (old) + 80 fit in Cᵣ = 100: the new agent gets its 80, where
+	// counting old's holding (claims 60 + 80) held it to 50.
+	if g := mustAcquire(t, s, at(time.Second+10*time.Millisecond), "new", 1, ka(80, 0, 80)).Grants[0].Granted; g != 80 {
+		t.Fatalf("step 2: new granted %d, want 80", g)
+	}
+}

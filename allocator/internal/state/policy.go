@@ -19,10 +19,13 @@ import (
 //     (water-filling over the needs, integer tokens);
 //   - grant pacing: what an agent is granted within one refresh window (a
 //     multiple of F in absolute time) is at most its allowance: its max-min
-//     fair share of Cᵣ over the live agents' claims min(C, max(need,
-//     ⌈demand·F⌉)) when the claims exceed Cᵣ, else Cᵣ less the others'
-//     claims (C for an agent alone on the key). So an agent that reports
-//     held 0 on every call still gets at most its fair share per interval;
+//     fair share of Cᵣ over the live agents' claims min(C, max(ask,
+//     ⌈demand·F⌉)) (ask: what it asks for and was not granted) when the
+//     claims exceed Cᵣ, else Cᵣ less the others' claims (C for an agent
+//     alone on the key). So an agent that reports held 0 on every call
+//     still gets at most its fair share per interval. The others' claims
+//     and needs are weighed in milli-tokens, a light lease (one token,
+//     demand·F < 1) by its demand·F;
 //   - grant = TakeUpTo(min(want, cap − held, allowance − granted in the
 //     window)): never more than the bucket has;
 //   - the lease TTL and refresh grow as demand falls (cold keys get long
@@ -68,14 +71,21 @@ func refillOf(l bucket.Limit, refresh time.Duration) int64 {
 const claimLiveIntervals = 2
 
 // claimOf returns an agent's claim on the key's refill per interval:
-// min(C, max(need, ⌈demand·F⌉)). An agent that refills often asks for
-// little at a time (its need) but is granted about demand·F per interval.
-func claimOf(need int64, demand float32, refresh time.Duration, capacity int64) int64 {
+// min(C, max(ask, ⌈demand·F⌉)), ask what it still asks for: its want on
+// its own call, need − held for a recorded lease (what it asked and was
+// not granted). An agent that refills often asks for little at a time but
+// is granted about demand·F per interval. An agent's holding is not part
+// of its claim: the gateway that carried a key's traffic until its load
+// balancer moved it holds a second of it, spends it at its new, lower
+// rate, and asks for nothing meanwhile; counting its holding took that
+// much of the refill from the gateway now carrying the traffic
+// (bench/load -workload skew).
+func claimOf(ask int64, demand float32, refresh time.Duration, capacity int64) int64 {
 	per := int64(0)
 	if pm := perWindowMilli(demand, refresh); pm > 0 {
 		per = min(ceilDiv(pm, milli), capacity)
 	}
-	return min(capacity, max(need, per))
+	return min(capacity, max(ask, per))
 }
 
 // milli: the fairness arithmetic (hold caps, allowances, reservations) is
@@ -175,7 +185,7 @@ func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, re
 		if l.agent == agent || l.expiry < live {
 			continue
 		}
-		others = satAdd(others, weightOf(claimOf(l.need, l.demand, f, capacity), l.demand, f))
+		others = satAdd(others, weightOf(claimOf(max(0, l.need-l.held), l.demand, f, capacity), l.demand, f))
 		n++
 	}
 	switch {
@@ -187,7 +197,7 @@ func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, re
 			if l.agent == agent || l.expiry < live {
 				continue
 			}
-			w, u := weightOf(claimOf(l.need, l.demand, f, capacity), l.demand, f), usedInWindow(l, nowMs, f)
+			w, u := weightOf(claimOf(max(0, l.need-l.held), l.demand, f, capacity), l.demand, f), usedInWindow(l, nowMs, f)
 			if servedFirst(w, u, mine, used) {
 				reserved = satAdd(reserved, max(0, w-u*milli))
 			}
@@ -198,7 +208,7 @@ func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, re
 	for i := range leases {
 		l := &leases[i]
 		if l.agent != agent && l.expiry >= live {
-			needs = append(needs, needEnt{need: weightOf(claimOf(l.need, l.demand, f, capacity), l.demand, f), agent: l.agent, used: usedInWindow(l, nowMs, f)})
+			needs = append(needs, needEnt{need: weightOf(claimOf(max(0, l.need-l.held), l.demand, f, capacity), l.demand, f), agent: l.agent, used: usedInWindow(l, nowMs, f)})
 		}
 	}
 	needs = append(needs, needEnt{need: mine, agent: agent})
