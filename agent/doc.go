@@ -64,8 +64,9 @@
 // while a refill is collected and answered, rounded up once (at least one
 // token). Its demand is an EWMA of what it admits (time constant 1 s); a
 // key used less than twice per horizon reports at most its rate from the
-// gaps between uses, so the agents that use a low-rate key rarely do not
-// claim a share of it they will not spend. A failed call is retried with the same request
+// gaps between uses (none for a key used once; tokens that arrive together
+// are spread over the time since the previous use), so the agents that use
+// a low-rate key rarely do not claim a share of it they will not spend. A failed call is retried with the same request
 // id (the allocator answers a retry from its record, so nothing is granted
 // or charged twice) before any new request is made. An overload refusal
 // (ResourceExhausted) is not a failure: the same batch is retried after
