@@ -86,10 +86,26 @@ func BenchmarkBatcherOverhead(b *testing.B) {
 // BenchmarkFSMSecondOfAcquireLoad replays, in virtual time, one second of
 // bench/acquire's workload per iteration on one replica: 200 Acquire
 // entries of 100 keys each (16 agents walking a 100k keyspace, 20,000
-// key-grants/s), then the leader's once-a-second Expire. It reports the
-// Expire's apply time (mean and the worst seen): while it runs, every
-// entry behind it waits (docs/performance.md, "Where the time goes").
+// key-grants/s), with the leader's Expires in between. It reports the
+// Expires' apply time per second (expire-ns/op) and the longest single
+// Expire seen (expire-max-ns): while one runs, every entry behind it waits
+// (docs/performance.md, "Where the time goes").
+//
+//   - once-a-second: one unbounded Expire a second (the default before
+//     ExpireMaxEntries), sweep included;
+//   - default: the defaults, an Expire every ExpireInterval (100 ms) taking
+//     at most ExpireMaxEntries due keys, the sweep once a second.
 func BenchmarkFSMSecondOfAcquireLoad(b *testing.B) {
+	def := DefaultConfig()
+	b.Run("once-a-second", func(b *testing.B) {
+		benchSecondOfAcquireLoad(b, time.Second, -1, time.Second)
+	})
+	b.Run("default", func(b *testing.B) {
+		benchSecondOfAcquireLoad(b, def.ExpireInterval, def.ExpireMaxEntries, def.SweepInterval)
+	})
+}
+
+func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntries int, sweepEvery time.Duration) {
 	st := state.New(state.DefaultConfig())
 	f := &fsm{st: st}
 	put, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{
@@ -117,28 +133,39 @@ func BenchmarkFSMSecondOfAcquireLoad(b *testing.B) {
 			Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{Requests: []*allotv1.AcquireRequest{req}}}})
 		return data
 	}
-	second := func(timeExpire bool) time.Duration {
-		for range callsPerSec {
-			now += int64(time.Second / callsPerSec)
-			f.Apply(&raft.Log{Type: raft.LogCommand, Data: entry()})
+	perExpire := int(time.Second / expireEvery)
+	sweepEach := max(int(sweepEvery/expireEvery), 1)
+	expires := 0
+	second := func() (total, worst time.Duration) {
+		for range perExpire {
+			for range callsPerSec / perExpire {
+				now += int64(time.Second / callsPerSec)
+				f.Apply(&raft.Log{Type: raft.LogCommand, Data: entry()})
+			}
+			cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(maxEntries, st.Stats().ExpireBacklog), SkipSweep: expires%sweepEach != 0}
+			expires++
+			exp, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: cmd}})
+			start := time.Now()
+			f.Apply(&raft.Log{Type: raft.LogCommand, Data: exp})
+			d := time.Since(start)
+			total += d
+			worst = max(worst, d)
 		}
-		exp, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}})
-		start := time.Now()
-		f.Apply(&raft.Log{Type: raft.LogCommand, Data: exp})
-		return time.Since(start)
+		return total, worst
 	}
 	// Warm up past the longest lease, so that leases expire every second.
 	for range 90 {
-		second(false)
+		second()
 	}
 	var total, worst time.Duration
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		d := second(true)
+		d, w := second()
 		total += d
-		worst = max(worst, d)
+		worst = max(worst, w)
 	}
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "expire-ns/op")
 	b.ReportMetric(float64(worst.Nanoseconds()), "expire-max-ns")
+	b.ReportMetric(float64(st.Stats().ExpireBacklog), "backlog-end")
 }

@@ -63,7 +63,7 @@ func (d *duties) stop() {
 // leaderDuties runs while this node leads: it waits for the FSM to catch up
 // (a Barrier), registers this node's addresses, applies the initial rules
 // to an empty rule set, and then commits an ExpireCommand every
-// ExpireInterval.
+// ExpireInterval (with the idle-key sweep at most every SweepInterval).
 func (s *Server) leaderDuties(ctx context.Context) {
 	// Each step retries until it succeeds or leadership ends.
 	s.retryWhileLeader(ctx, "barrier", func() error {
@@ -77,18 +77,37 @@ func (s *Server) leaderDuties(ctx context.Context) {
 	}
 	t := time.NewTicker(s.cfg.ExpireInterval)
 	defer t.Stop()
+	var lastSweep time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}}); err != nil {
+		case now := <-t.C:
+			sweep := now.Sub(lastSweep) >= s.cfg.SweepInterval
+			cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, s.st.Stats().ExpireBacklog), SkipSweep: !sweep}
+			if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: cmd}}); err != nil {
 				if ctx.Err() == nil {
 					s.log.Warn("expire failed", "err", err)
 				}
+				continue
+			}
+			if sweep {
+				lastSweep = now
 			}
 		}
 	}
+}
+
+// expireBudget is the MaxEntries of the next ExpireCommand: the configured
+// budget, raised to a fifth of the backlog the last Expire left, so that a
+// backlog is worked off within a few Expires (a second's expiries fall due
+// together when the second ends; a fixed budget below their rate would let
+// the backlog grow without bound). Negative base: no limit (0).
+func expireBudget(base int, backlog uint64) uint32 {
+	if base < 0 {
+		return 0
+	}
+	return uint32(min(max(uint64(base), (backlog+4)/5), 1<<31))
 }
 
 func (s *Server) retryWhileLeader(ctx context.Context, what string, f func() error) {

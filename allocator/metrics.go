@@ -352,13 +352,15 @@ var (
 		"Live leases in this replica.", nil, nil)
 	descAgents = prometheus.NewDesc(metricsNamespace+"_agents",
 		"Live agents in this replica.", nil, nil)
+	descExpireBacklog = prometheus.NewDesc(metricsNamespace+"_expire_backlog",
+		"Leased keys with a lease due that the last Expire left for the next one (its -expire-max-entries budget ran out); growing means expiry falls behind.", nil, nil)
 	descOutstanding = prometheus.NewDesc(metricsNamespace+"_tokens_outstanding",
 		"Tokens held by agents in live leases, as recorded by this replica.", nil, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied,
-		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents, descOutstanding} {
+		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents, descExpireBacklog, descOutstanding} {
 		ch <- d
 	}
 }
@@ -390,6 +392,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descKeys, float64(stats.Keys))
 	gauge(descLeases, float64(stats.Leases))
 	gauge(descAgents, float64(stats.Agents))
+	gauge(descExpireBacklog, float64(stats.ExpireBacklog))
 	var held int64
 	for _, a := range s.st.ListAgents(time.Now().UnixNano()).GetAgents() {
 		held += a.GetTokensHeld()

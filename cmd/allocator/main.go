@@ -109,6 +109,8 @@ func parse(args []string) (*options, error) {
 		refresh       = fs.Duration("refresh-interval", def.RefreshInterval, "period a grant is sized for")
 		agentTTL      = fs.Duration("agent-ttl", def.AgentTTL, "an agent not heard from for this long is forgotten")
 		expire        = fs.Duration("expire-interval", def.ExpireInterval, "how often the leader commits lease expiry")
+		expireMax     = fs.Int("expire-max-entries", def.ExpireMaxEntries, "leased keys one expiry may end at most; the rest wait for the next (negative: no limit)")
+		sweepEvery    = fs.Duration("sweep-interval", def.SweepInterval, "how often an expiry also sweeps idle keys and compacts")
 		snapEvery     = fs.Duration("snapshot-interval", def.SnapshotInterval, "how often Raft checks whether to take a snapshot")
 		snapAfter     = fs.Uint64("snapshot-threshold", def.SnapshotThreshold, "log entries since the last snapshot that trigger one")
 		maxInflight   = fs.Int("max-inflight-batches", def.MaxInflightBatches, "Acquire batches (Raft entries) in flight at once")
@@ -162,7 +164,7 @@ func parse(args []string) (*options, error) {
 	cfg.Bootstrap, cfg.Join = *bootstrap, *join
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
-	cfg.ExpireInterval = *expire
+	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery
 	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
 	cfg.MaxInflightBatches, cfg.MaxBatchKeys = *maxInflight, *maxBatchKeys
 	cfg.Logger = logger

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/allot/allot/pkg/bucket"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // applyExpire ends the leases whose expiry is at or before now (their
@@ -14,11 +15,28 @@ import (
 //
 // Cost: the keys with a lease due are taken from the expiry wheel (one
 // entry per leased key; a renewed key is re-queued when its entry is
-// taken), agents are scanned (thousands at most), and the sweep visits
-// 1/SweepSegments of the table, so an Expire does not touch every key.
-func (c *core) applyExpire(now int64) {
+// taken), at most cmd.MaxEntries of them when that is set (the rest are
+// taken by the next Expire, and only whole past seconds are taken: a lease
+// ended late only counts in its key's hold caps a little longer, its
+// tokens are not credited back either way); agents are scanned (thousands
+// at most);
+// and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
+// so an Expire does not touch every key.
+func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
-	c.wheel.takeDue(floorDiv(now, 1e9), func(s int64, link uint32) { c.expireEntry(s, link, now) })
+	sec, budget := floorDiv(now, 1e9), int(cmd.GetMaxEntries())
+	if budget > 0 {
+		// Whole past seconds only. An unbudgeted Expire also takes now's
+		// second, whose entries are mostly not due yet and are re-queued
+		// into it; at the short interval budgeted Expires run at, that
+		// would take (and re-queue) the current second's entries several
+		// times over. A lease ends at most 1 s + ExpireInterval late.
+		sec--
+	}
+	c.expireLeft = 0
+	if taken := c.wheel.takeDue(sec, budget, func(s int64, link uint32) { c.expireEntry(s, link, now) }); budget > 0 && taken == budget {
+		c.expireLeft = c.wheel.dueCount(sec)
+	}
 
 	var dead []*agentRec
 	for _, a := range c.agents {
@@ -33,6 +51,9 @@ func (c *core) applyExpire(now int64) {
 		delete(c.byNum, a.num)
 	}
 
+	if cmd.GetSkipSweep() {
+		return
+	}
 	c.sweep(now)
 	c.maybeCompact()
 }

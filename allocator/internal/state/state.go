@@ -111,6 +111,10 @@ type Stats struct {
 	Agents       uint32 // known agents (forgotten after AgentTTL)
 	RulesVersion uint64
 	LastApplied  int64 // the last applied command time, Unix nanoseconds
+	// ExpireBacklog is how many expiry-wheel entries (leased keys with a
+	// lease due) the last Expire left for the next one because its
+	// MaxEntries budget ran out. Not replicated state: 0 after a restore.
+	ExpireBacklog uint64
 }
 
 // AcquireBatchResult is Apply's result for an AcquireBatch: one entry per
@@ -165,6 +169,9 @@ type core struct {
 	members   map[string]*allotv1.Member
 	leases    uint64 // live lease count
 	sweepSeg  uint32 // next Expire sweep segment
+	// expireLeft is the due wheel entries the last Expire left (a metric:
+	// derived, not snapshotted, never read by a decision).
+	expireLeft int
 
 	wheel wheel // lease expiry index; not persisted: rebuilt on Restore
 
@@ -266,7 +273,7 @@ func (s *State) Apply(cmd *allotv1.Command) any {
 		}
 		return resp
 	case *allotv1.Command_Expire:
-		c.applyExpire(now)
+		c.applyExpire(x.Expire, now)
 		return nil
 	case *allotv1.Command_Member:
 		return c.applyMember(x.Member, now)
@@ -321,11 +328,12 @@ func (s *State) Stats() Stats {
 	defer s.mu.RUnlock()
 	c := s.st
 	return Stats{
-		Keys:         uint64(c.tab.n),
-		Leases:       c.leases,
-		Agents:       uint32(len(c.agents)),
-		RulesVersion: c.rulesVersion(),
-		LastApplied:  c.now,
+		Keys:          uint64(c.tab.n),
+		Leases:        c.leases,
+		Agents:        uint32(len(c.agents)),
+		RulesVersion:  c.rulesVersion(),
+		LastApplied:   c.now,
+		ExpireBacklog: uint64(c.expireLeft),
 	}
 }
 

@@ -67,22 +67,58 @@ func (w *wheel) push(sec int64, link uint32) {
 	w.n++
 }
 
-// takeDue removes every bucket of a second ≤ sec and calls f for each of
-// their entries, earliest second first. Entries f queues go to new buckets.
-func (w *wheel) takeDue(sec int64, f func(s int64, link uint32)) {
+// takeDue takes the entries of every bucket of a second ≤ sec, earliest
+// second first, and calls f for each; with max > 0 it stops after max
+// entries and leaves the rest queued (they are due at the next call). It
+// returns how many it took. Entries f queues go to new buckets and are not
+// taken by this call, even in a second ≤ sec.
+//
+// Within a bucket, entries are taken from its last page backwards, so what
+// a budget leaves is a prefix of the bucket; the order is a function of the
+// applied commands only, as replicas need.
+func (w *wheel) takeDue(sec int64, max int, f func(s int64, link uint32)) int {
 	var due []int64
 	for len(w.secs) > 0 && w.secs[0] <= sec {
 		due = append(due, heap.Pop(&w.secs).(int64))
 	}
+	taken := 0
 	for _, s := range due {
+		if max > 0 && taken >= max {
+			heap.Push(&w.secs, s) // untouched: its bucket is still in the map
+			continue
+		}
 		b := w.buckets[s]
 		delete(w.buckets, s)
-		for _, pg := range b.pages {
-			w.n -= len(pg)
-			for _, l := range pg {
+		for len(b.pages) > 0 && (max <= 0 || taken < max) {
+			k := len(b.pages) - 1
+			pg := b.pages[k]
+			n := len(pg)
+			if max > 0 {
+				n = min(n, max-taken)
+			}
+			part := pg[len(pg)-n:]
+			for _, l := range part {
 				f(s, l)
 			}
-			w.pool = append(w.pool, pg)
+			taken += n
+			w.n -= n
+			if n == len(pg) {
+				w.pool = append(w.pool, pg)
+				b.pages[k] = nil
+				b.pages = b.pages[:k]
+			} else {
+				b.pages[k] = pg[:len(pg)-n]
+			}
+		}
+		if len(b.pages) > 0 {
+			// Budget spent mid-bucket: the rest stays due, together with
+			// whatever f queued in the same second.
+			if nb := w.buckets[s]; nb != nil {
+				nb.pages = append(nb.pages, b.pages...)
+			} else {
+				w.buckets[s] = b
+				heap.Push(&w.secs, s)
+			}
 		}
 	}
 	// Keep at most a few idle pages.
@@ -90,6 +126,20 @@ func (w *wheel) takeDue(sec int64, f func(s int64, link uint32)) {
 		clear(w.pool[64:])
 		w.pool = w.pool[:64]
 	}
+	return taken
+}
+
+// dueCount returns how many entries are queued in seconds ≤ sec.
+func (w *wheel) dueCount(sec int64) int {
+	n := 0
+	for _, s := range w.secs {
+		if s <= sec {
+			for _, pg := range w.buckets[s].pages {
+				n += len(pg)
+			}
+		}
+	}
+	return n
 }
 
 // each calls f for every entry (for tests).

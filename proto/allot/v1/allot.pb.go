@@ -2979,9 +2979,18 @@ func (x *AcquireBatch) GetRequests() []*AcquireRequest {
 }
 
 // ExpireCommand ends leases whose expiry is at or before now and forgets
-// agents not seen for the agent TTL.
+// agents not seen for the agent TTL. The leader writes its budget into the
+// command, so every replica does the same work: an empty command (as
+// written before these fields existed) takes every due lease and sweeps.
 type ExpireCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many expiry-wheel entries (one per leased key with a
+	// lease due) are taken; the rest stay due for the next Expire, earliest
+	// second first. 0: no limit.
+	MaxEntries uint32 `protobuf:"varint,1,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
+	// Skip the sweep of idle keys and the incremental compaction (the leader
+	// sweeps on a slower cadence than it expires).
+	SkipSweep     bool `protobuf:"varint,2,opt,name=skip_sweep,json=skipSweep,proto3" json:"skip_sweep,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3014,6 +3023,20 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
 	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ExpireCommand) GetMaxEntries() uint32 {
+	if x != nil {
+		return x.MaxEntries
+	}
+	return 0
+}
+
+func (x *ExpireCommand) GetSkipSweep() bool {
+	if x != nil {
+		return x.SkipSweep
+	}
+	return false
 }
 
 // MemberCommand records a node's advertised addresses (or its removal).
@@ -3297,8 +3320,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05check\x18\x0f \x01(\v2\x16.allot.v1.CheckRequestH\x00R\x05checkB\x05\n" +
 	"\x03cmd\"D\n" +
 	"\fAcquireBatch\x124\n" +
-	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"\x0f\n" +
-	"\rExpireCommand\"Q\n" +
+	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"O\n" +
+	"\rExpireCommand\x12\x1f\n" +
+	"\vmax_entries\x18\x01 \x01(\rR\n" +
+	"maxEntries\x12\x1d\n" +
+	"\n" +
+	"skip_sweep\x18\x02 \x01(\bR\tskipSweep\"Q\n" +
 	"\rMemberCommand\x12(\n" +
 	"\x06member\x18\x01 \x01(\v2\x10.allot.v1.MemberR\x06member\x12\x16\n" +
 	"\x06remove\x18\x02 \x01(\bR\x06remove*\xa1\x01\n" +
