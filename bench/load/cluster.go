@@ -365,8 +365,8 @@ func (c *cluster) pids() []int {
 	return out
 }
 
-// allocatorBinary returns path when it exists, or builds cmd/allocator into
-// dir.
+// allocatorBinary returns path when it is set and exists, or builds
+// cmd/allocator into dir.
 func allocatorBinary(path, dir string) (string, error) {
 	if path != "" {
 		if st, err := os.Stat(path); err == nil && !st.IsDir() {

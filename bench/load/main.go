@@ -7,8 +7,9 @@
 // compared in one table (issue #5's four rows: lease, eval, sharded,
 // batched).
 //
-// Run it from the repository root (make bench-load runs `make build` first,
-// so bin/allocator is fresh):
+// Run it from the repository root. It builds cmd/allocator from the tree
+// it runs in (Go's build cache makes that cheap) unless -allocator-bin names
+// a binary; an old bin/allocator once hid a regression for hours:
 //
 //	make bench-load ARGS='-workload longtail -out longtail.json'
 //	go run ./bench/load -workload hot
@@ -154,7 +155,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "a request not issued within this long of its scheduled time is dropped (counted)")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed (the same for both backends)")
 	fs.StringVar(&o.allocators, "allocators", "", "gRPC addresses of a running cluster (comma-separated); empty: start 3 allocator processes")
-	fs.StringVar(&o.allocatorBin, "allocator-bin", "bin/allocator", "cmd/allocator binary; built into the run directory when missing")
+	fs.StringVar(&o.allocatorBin, "allocator-bin", "", "prebuilt cmd/allocator binary (default: go build it into the run directory, so it is never stale)")
 	fs.StringVar(&o.dir, "dir", "", "directory for data dirs and logs (default: a new temp dir, removed after)")
 	fs.StringVar(&o.redis, "redis", "auto", "Redis baseline: auto (start redis-server, skip if missing), off, or HOST:PORT of a running server (its data is not flushed)")
 	fs.StringVar(&o.redisBin, "redis-bin", "redis-server", "redis-server binary")
