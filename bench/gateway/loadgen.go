@@ -38,11 +38,12 @@ type loadResult struct {
 	cpu     time.Duration
 }
 
-// loadGen drives a base URL with conc workers for d. The upstream the
-// proxies forward to lives beside it (in the same process).
+// loadGen drives a base URL with conc workers for d, closed-loop (rate 0)
+// or open-loop at rate requests/s in all. The upstream the proxies forward
+// to lives beside it (in the same process).
 type loadGen interface {
 	upstream() string
-	run(base string, d time.Duration, conc int) (loadResult, error)
+	run(base string, d time.Duration, conc, rate int) (loadResult, error)
 	close()
 }
 
@@ -63,15 +64,15 @@ func newInprocLoad() (*inprocLoad, error) {
 
 func (l *inprocLoad) upstream() string { return l.up }
 func (l *inprocLoad) close()           { l.stopUp() }
-func (l *inprocLoad) run(base string, d time.Duration, conc int) (loadResult, error) {
-	h, n, errs := load(base, d, conc)
+func (l *inprocLoad) run(base string, d time.Duration, conc, rate int) (loadResult, error) {
+	h, n, errs := load(base, d, conc, rate)
 	return loadResult{h: h, n: n, errs: errs}, nil
 }
 
 // procLoad is the load generator and upstream in a child process
 // (-loadgen process): the gateway process then holds only the proxies and
 // the agent, and each side's CPU time is measured separately. The child
-// prints "upstream <url>", then answers each "run <url> <ns> <conc>" line
+// prints "upstream <url>", then answers each "run <url> <ns> <conc> <rate>" line
 // on stdin with one JSON line (loadReply).
 type procLoad struct {
 	up    string
@@ -123,8 +124,8 @@ func spawnLoad(cpus string) (*procLoad, error) {
 
 func (l *procLoad) upstream() string { return l.up }
 
-func (l *procLoad) run(base string, d time.Duration, conc int) (loadResult, error) {
-	if _, err := fmt.Fprintf(l.stdin, "run %s %d %d\n", base, int64(d), conc); err != nil {
+func (l *procLoad) run(base string, d time.Duration, conc, rate int) (loadResult, error) {
+	if _, err := fmt.Fprintf(l.stdin, "run %s %d %d %d\n", base, int64(d), conc, rate); err != nil {
 		return loadResult{}, fmt.Errorf("load generator child: %w", err)
 	}
 	line, err := l.out.ReadBytes('\n')
@@ -169,12 +170,12 @@ func runLoadChild() error {
 		var rep loadReply
 		var base string
 		var ns int64
-		var conc int
-		if _, err := fmt.Sscanf(sc.Text(), "run %s %d %d", &base, &ns, &conc); err != nil || ns <= 0 || conc < 1 || conc > 4096 {
+		var conc, rate int
+		if _, err := fmt.Sscanf(sc.Text(), "run %s %d %d %d", &base, &ns, &conc, &rate); err != nil || ns <= 0 || conc < 1 || conc > 4096 || rate < 0 {
 			rep.Err = "bad command " + strconv.Quote(sc.Text())
 		} else {
 			c0 := cpuTime()
-			h, n, errs := load(base, time.Duration(ns), conc)
+			h, n, errs := load(base, time.Duration(ns), conc, rate)
 			rep.CPU = cpuTime() - c0
 			rep.N, rep.Errs, rep.Hist = n, errs, h.Export()
 		}
@@ -189,8 +190,13 @@ func runLoadChild() error {
 }
 
 // load runs conc workers against base for d and returns the latency
-// histogram, the completed requests and the failures.
-func load(base string, d time.Duration, conc int) (*hdrhistogram.Histogram, int64, int64) {
+// histogram, the completed requests and the failures. With rate 0 each
+// worker sends its next request when the last one is answered (closed
+// loop: at saturation, latency is mostly queueing, concurrency/throughput).
+// With rate > 0 each worker sends on a fixed schedule of rate/conc a
+// second and latency counts from the scheduled time, so a late send is
+// charged to whatever made it late (no coordinated omission).
+func load(base string, d time.Duration, conc, rate int) (*hdrhistogram.Histogram, int64, int64) {
 	tr := &http.Transport{MaxIdleConns: conc * 2, MaxIdleConnsPerHost: conc * 2, IdleConnTimeout: 90 * time.Second}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
@@ -203,6 +209,11 @@ func load(base string, d time.Duration, conc int) (*hdrhistogram.Histogram, int6
 	for i := range keys {
 		keys[i] = []string{fmt.Sprintf("k_bench_%02d", i)}
 	}
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(int64(time.Second) * int64(conc) / int64(rate))
+	}
+	start := time.Now()
 	var wg sync.WaitGroup
 	for w := 0; w < conc; w++ {
 		hs[w] = hdrhistogram.New(1, int64(10*time.Second/time.Nanosecond), 3)
@@ -212,6 +223,13 @@ func load(base string, d time.Duration, conc int) (*hdrhistogram.Histogram, int6
 			req, _ := http.NewRequest(http.MethodGet, base+"/v1/search", nil)
 			for i := 0; ; i++ {
 				t0 := time.Now()
+				if interval > 0 {
+					// Worker w's i-th slot, the workers staggered evenly.
+					t0 = start.Add(time.Duration(i)*interval + time.Duration(w)*interval/time.Duration(conc))
+					if wait := time.Until(t0); wait > 0 {
+						time.Sleep(wait)
+					}
+				}
 				if t0.After(stop) {
 					return
 				}

@@ -111,6 +111,7 @@ var exit int
 type options struct {
 	duration, warmup time.Duration
 	rounds, conc     int
+	rate             int // open-loop requests/s in all (0: closed loop)
 	mode             string
 	allocator        string // external allocator address ("" = start one)
 	burn             int    // goroutines the allocator child spins during the "burn" target (0 = no such target)
@@ -126,6 +127,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every target once (bare, limited, and with -burn the limited proxy under burn)")
 	flag.IntVar(&o.conc, "c", 16, "concurrent workers (each with keep-alive connections)")
+	flag.IntVar(&o.rate, "rate", 0, "open loop: send this many requests/s in all on a fixed schedule, latency from the scheduled send (0: closed loop, each worker sends when answered)")
 	flag.StringVar(&o.mode, "mode", "lease", "agent mode: lease (single-node allocator in a child process), lease-inprocess (in this process: its CPU is counted) or standalone (no allocator)")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each run (not measured)")
 	flag.StringVar(&o.allocator, "allocator", "", "gRPC address of a running allocator to use instead of starting one (it must serve the rules -print-rules shows)")
@@ -209,7 +211,7 @@ func (o options) validate() error {
 	if o.loadgenCPUs != "" && o.loadgen != "process" {
 		return errors.New("-loadgen-cpus needs -loadgen process")
 	}
-	if o.rounds < 1 || o.conc < 1 || o.duration <= 0 {
+	if o.rounds < 1 || o.conc < 1 || o.duration <= 0 || o.rate < 0 {
 		return errors.New("-rounds, -c and -duration must be positive")
 	}
 	return nil
@@ -375,8 +377,12 @@ func run(o options) error {
 	if o.allocator != "" {
 		where += " (allocator " + o.allocator + ")"
 	}
-	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, agent mode %s, load generator %s (CPUs %q), GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
-		o.rounds, o.duration, o.conc, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
+	loop := "closed loop"
+	if o.rate > 0 {
+		loop = fmt.Sprintf("open loop at %d req/s (latency from the scheduled send; throughput is the offered rate unless a target saturates)", o.rate)
+	}
+	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, %s, agent mode %s, load generator %s (CPUs %q), GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
+		o.rounds, o.duration, o.conc, loop, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
 	if o.loadgen == "process" {
 		fmt.Println("CPU/req: this process (proxies, agent); client CPU/req: the load generator and upstream process")
 	} else {
@@ -408,7 +414,7 @@ func run(o options) error {
 				}
 			}
 			// Warm connections and caches (and, under burn, let the leases feel it).
-			if _, err := lg.run(u, o.warmup, o.conc); err != nil {
+			if _, err := lg.run(u, o.warmup, o.conc, o.rate); err != nil {
 				return err
 			}
 			before, err := gatherAgent(reg)
@@ -421,7 +427,7 @@ func run(o options) error {
 				return err
 			}
 			c0 := cpuTime()
-			res, err := lg.run(u, o.duration, o.conc)
+			res, err := lg.run(u, o.duration, o.conc, o.rate)
 			c := cpuTime() - c0
 			stopProfile()
 			maxFallback := poll()
