@@ -126,13 +126,13 @@ func runRuleChange(sc scale, seed uint64) (*result, error) {
 			measured: time.Duration(worst).Seconds(), limit: 1, unit: "s"},
 		{system: "allot leases", what: "the cut-off agent enforces them after PutRules", promise: "partition end + the watch's max backoff (5 s) + 1 s",
 			measured: time.Duration(cutAt).Seconds(), limit: (cutTo - change + 6*time.Second).Seconds(), unit: "s"},
-		{system: "allot leases", what: "tokens over the new limit in the 10 s after the commit", promise: "leases held at the old size (C_old per key) + the reset bucket's burst B_new",
+		{system: "allot leases", what: "tokens over the new limit in the 10 s after the commit", promise: "leases held at the old size (C_old per key) + the balance carried over (≤ B_new)",
 			measured: max(over, 0), limit: allow, unit: "tokens"},
 	}
 	if missing > 0 {
 		res.bounds = append(res.bounds, bound{system: "allot leases", what: "agents that never got the new rules", promise: "every agent gets them", measured: float64(missing), limit: 0, unit: "tokens"})
 	}
-	res.notes = append(res.notes, "the allocator resets a key's bucket to full when its limit's parameters change (allocator/internal/state: slotFor), so a tightened limit hands out one burst of the new size on top of what agents already hold.")
+	res.notes = append(res.notes, "when a limit's parameters change, the allocator carries each key's balance over, capped at the new capacity (allocator/internal/state: carryOver), so a tightened limit hands out no fresh burst; only the leases agents already hold at the old size are spent on top.")
 	plot := plotSpec{file: "sim-" + sc.name + "-rule-change.png", title: fmt.Sprintf("rule change (%s): %d keys, limit halved at t=%s", sc.name, tf.keys, change),
 		marks: []float64{change.Seconds()}}
 	plot.lines = append(plot.lines, w.seriesLine("allot leases", sum, 5))

@@ -280,9 +280,18 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		refill := refillOf(lim, f)
 		allow, reserved := c.allowance(e.leases, ag.num, claimOf(want, demand, f, capacity), used, capacity, refill, now)
 		left := allow - used
+		avail := lim.Peek(st, now).Remaining
 		if reserved > 0 && left > 0 {
-			left = fromBucket(lim.Peek(st, now).Remaining, left, reserved, lim.Peek(bucket.State{}, now).Remaining, refill)
+			left = fromBucket(avail, left, reserved, lim.Peek(bucket.State{}, now).Remaining, refill)
 		}
+		// Burst: tokens the bucket holds beyond one window's refill (and
+		// beyond what is reserved for the others' allowances) are not
+		// anybody's share of the refill; they go by need, under the hold
+		// cap. A flooder can take such an excess once, not every window:
+		// while the claims use the refill the bucket holds no excess.
+		// Without this, a second agent on a slow key (10 a day, burst 10)
+		// got one token a window out of a bucket holding four.
+		left = max(left, 0) + max(0, avail-max(refill, reserved))
 		if ask := min(want, agentCap-held, left); ask > 0 {
 			granted = lim.TakeUpTo(&st, now, ask)
 			held += granted
