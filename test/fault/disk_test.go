@@ -38,27 +38,7 @@ func TestDataDirFull(t *testing.T) {
 			t.Errorf("unmount %s: %v", mnt, err)
 		}
 	})
-	dataDir := filepath.Join(mnt, "data")
-	e := newEnv(t, envConfig{dataDir: func(i int) string {
-		if i == 0 {
-			return dataDir
-		}
-		return filepath.Join(t.TempDir(), "data")
-	}})
-	n0 := e.c.Nodes[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if e.c.Leader(t, 10*time.Second) != n0 {
-		if _, err := n0.Admin(t).TransferLeadership(ctx, &allotv1.TransferLeadershipRequest{Id: n0.ID}); err != nil {
-			t.Fatalf("transfer leadership to %s: %v", n0.ID, err)
-		}
-		testproc.Eventually(t, 10*time.Second, n0.ID+" leading", func() bool { return e.c.LeaderID(t) == n0.ID })
-	}
-	e.gateway("gw-a", e.c.GRPCAddrs())
-	e.gateway("gw-b", e.c.GRPCAddrs())
-	e.startLoad(200, 4)
-	e.waitLeasing()
-	e.runFor(2 * time.Second)
+	e, n0 := leaderOnDataDir(t, filepath.Join(mnt, "data"))
 
 	n := e.liveAgents()
 	filler := filepath.Join(mnt, "filler")
@@ -69,19 +49,7 @@ func TestDataDirFull(t *testing.T) {
 	// The node fails loudly or steps down at its first write that needs a
 	// new page: bolt reuses its free pages first, so how long that takes
 	// depends on the file's slack (1–9 s seen).
-	var how string
-	testproc.Eventually(t, 30*time.Second, n0.ID+" to exit or step down", func() bool {
-		if !n0.Proc.Running() {
-			how = "exited: " + errString(n0.Proc.ExitErr())
-			return true
-		}
-		st, err := n0.Status(t)
-		if err == nil && st.GetState() != "leader" {
-			how = "stepped down to " + st.GetState()
-			return true
-		}
-		return false
-	})
+	how := exitOrStepDown(t, n0)
 	failed := time.Now()
 	stepped := failed.Sub(filled)
 	okBefore := e.sample(mCallsOK)
@@ -159,4 +127,52 @@ func errString(err error) string {
 		return "status 0"
 	}
 	return err.Error()
+}
+
+// leaderOnDataDir starts the scenarios' cluster with node 0 on dataDir (the
+// others on temporary dirs), makes node 0 the leader, starts two gateways
+// and the load, and runs it until the gateways lease.
+func leaderOnDataDir(t *testing.T, dataDir string) (*env, *testproc.Node) {
+	t.Helper()
+	e := newEnv(t, envConfig{dataDir: func(i int) string {
+		if i == 0 {
+			return dataDir
+		}
+		return filepath.Join(t.TempDir(), "data")
+	}})
+	n0 := e.c.Nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if e.c.Leader(t, 10*time.Second) != n0 {
+		if _, err := n0.Admin(t).TransferLeadership(ctx, &allotv1.TransferLeadershipRequest{Id: n0.ID}); err != nil {
+			t.Fatalf("transfer leadership to %s: %v", n0.ID, err)
+		}
+		testproc.Eventually(t, 10*time.Second, n0.ID+" leading", func() bool { return e.c.LeaderID(t) == n0.ID })
+	}
+	e.gateway("gw-a", e.c.GRPCAddrs())
+	e.gateway("gw-b", e.c.GRPCAddrs())
+	e.startLoad(200, 4)
+	e.waitLeasing()
+	e.runFor(2 * time.Second)
+	return e, n0
+}
+
+// exitOrStepDown waits until n exits or is no longer the leader, and says
+// which.
+func exitOrStepDown(t *testing.T, n *testproc.Node) string {
+	t.Helper()
+	var how string
+	testproc.Eventually(t, 30*time.Second, n.ID+" to exit or step down", func() bool {
+		if !n.Proc.Running() {
+			how = "exited: " + errString(n.Proc.ExitErr())
+			return true
+		}
+		st, err := n.Status(t)
+		if err == nil && st.GetState() != "leader" {
+			how = "stepped down to " + st.GetState()
+			return true
+		}
+		return false
+	})
+	return how
 }

@@ -1,7 +1,6 @@
 package fault
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/allot/allot/internal/testproc"
-	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // TestDataDirReadOnly: the leader's data directory goes read-only under
@@ -32,27 +30,7 @@ func TestDataDirReadOnly(t *testing.T) {
 	checkLeaks(t)
 	testproc.Build(t) // skips under -short before anything is mounted
 	fs := newLoopExt4(t, 96<<20)
-	dataDir := filepath.Join(fs.mnt, "data")
-	e := newEnv(t, envConfig{dataDir: func(i int) string {
-		if i == 0 {
-			return dataDir
-		}
-		return filepath.Join(t.TempDir(), "data")
-	}})
-	n0 := e.c.Nodes[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if e.c.Leader(t, 10*time.Second) != n0 {
-		if _, err := n0.Admin(t).TransferLeadership(ctx, &allotv1.TransferLeadershipRequest{Id: n0.ID}); err != nil {
-			t.Fatalf("transfer leadership to %s: %v", n0.ID, err)
-		}
-		testproc.Eventually(t, 10*time.Second, n0.ID+" leading", func() bool { return e.c.LeaderID(t) == n0.ID })
-	}
-	e.gateway("gw-a", e.c.GRPCAddrs())
-	e.gateway("gw-b", e.c.GRPCAddrs())
-	e.startLoad(200, 4)
-	e.waitLeasing()
-	e.runFor(2 * time.Second)
+	e, n0 := leaderOnDataDir(t, filepath.Join(fs.mnt, "data"))
 
 	n := e.liveAgents()
 	fs.triggerError(t)
@@ -61,19 +39,7 @@ func TestDataDirReadOnly(t *testing.T) {
 
 	// Every Raft entry is a bolt commit, so the leader meets EROFS at its
 	// next batch.
-	var how string
-	testproc.Eventually(t, 30*time.Second, n0.ID+" to exit or step down", func() bool {
-		if !n0.Proc.Running() {
-			how = "exited: " + errString(n0.Proc.ExitErr())
-			return true
-		}
-		st, err := n0.Status(t)
-		if err == nil && st.GetState() != "leader" {
-			how = "stepped down to " + st.GetState()
-			return true
-		}
-		return false
-	})
+	how := exitOrStepDown(t, n0)
 	failed := time.Now()
 	okBefore := e.sample(mCallsOK)
 	testproc.Eventually(t, recoveryBound, "another leader", func() bool {
