@@ -92,34 +92,46 @@ type loadReply struct {
 // spawnLoad re-executes this program as the load generator child, under
 // taskset -c cpus when cpus is set.
 func spawnLoad(cpus string) (*procLoad, error) {
-	args := []string{os.Args[0], "-loadgen-child"}
-	if cpus != "" {
-		ts, err := exec.LookPath("taskset")
-		if err != nil {
-			return nil, fmt.Errorf("-loadgen-cpus: %w", err)
-		}
-		args = append([]string{ts, "-c", cpus}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, out, err := spawnChild("-loadgen-child", "-loadgen-cpus", cpus, 1<<20)
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	l := &procLoad{cmd: cmd, stdin: stdin, out: bufio.NewReaderSize(stdout, 1<<20)}
+	l := &procLoad{cmd: cmd, stdin: stdin, out: out}
 	line, err := l.out.ReadString('\n')
 	if _, serr := fmt.Sscanf(line, "upstream %s", &l.up); err != nil || serr != nil {
 		l.close()
 		return nil, fmt.Errorf("load generator child: %q: %v %v", line, err, serr)
 	}
 	return l, nil
+}
+
+// spawnChild re-executes this program with childFlag (under taskset -c
+// cpus when cpus is set; cpusFlag names the flag in errors) and returns it
+// started, with its stdin and a reader of bufSize over its stdout; its
+// stderr is ours.
+func spawnChild(childFlag, cpusFlag, cpus string, bufSize int) (*exec.Cmd, io.WriteCloser, *bufio.Reader, error) {
+	args := []string{os.Args[0], childFlag}
+	if cpus != "" {
+		ts, err := exec.LookPath("taskset")
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", cpusFlag, err)
+		}
+		args = append([]string{ts, "-c", cpus}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, stdin, bufio.NewReaderSize(stdout, bufSize), nil
 }
 
 func (l *procLoad) upstream() string { return l.up }

@@ -631,28 +631,11 @@ type allocatorChild struct {
 // the allocator's CPU is not counted as the gateway's; with cpus it runs
 // under taskset -c cpus.
 func spawnAllocator(cpus string) (*allocatorChild, error) {
-	args := []string{os.Args[0], "-allocator-child"}
-	if cpus != "" {
-		ts, err := exec.LookPath("taskset")
-		if err != nil {
-			return nil, fmt.Errorf("-allocator-cpus: %w", err)
-		}
-		args = append([]string{ts, "-c", cpus}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, out, err := spawnChild("-allocator-child", "-allocator-cpus", cpus, 4096)
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &allocatorChild{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	c := &allocatorChild{cmd: cmd, stdin: stdin, out: out}
 	line, err := c.out.ReadString('\n')
 	if _, serr := fmt.Sscanf(line, "allocator %s", &c.addr); err != nil || serr != nil {
 		c.stop()
