@@ -2,8 +2,11 @@ package agent
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // TestSparseKeyReportsItsRate pins issue #7's skew false rejects: a key
@@ -174,6 +177,143 @@ func TestSparseKeyPairIsNotAWakeUp(t *testing.T) {
 	for i, r := range reports {
 		if r > 1 {
 			t.Fatalf("report %d after two uses in one scan of a key used every 4 s: demand %.3f/s, want ≤ 1 (all: %v)", i, r, reports)
+		}
+	}
+}
+
+// busyDesc is a key under a 10⁹/s rule: never short, so only the demand
+// decides what the agent reports.
+var busyDesc = desc("tier", "free", "route", "/x", "user", "busy")
+
+// driveRate runs ticks refill ticks of 50 ms with perTick checks of busyDesc
+// before each, and returns the key's entries of the Acquires sent, with
+// the tick each was sent at (counted from 0 at the call).
+func driveRate(t *testing.T, s *steppedAgent, ticks, perTick int) (sent []int, keys []*allotv1.KeyAcquire) {
+	t.Helper()
+	for i := range ticks {
+		for range perTick {
+			check(t, s.Agent, busyDesc)
+		}
+		s.clock.advance(s.cfg.RefillInterval)
+		n, _, _ := s.fake.counts()
+		s.step()
+		if m, _, _ := s.fake.counts(); m > n {
+			for _, k := range s.fake.lastAcquire().Keys {
+				sent, keys = append(sent, i), append(keys, k)
+			}
+		}
+	}
+	return sent, keys
+}
+
+// TestDemandDropReportedAtOnce pins issue #7's skew false rejects after a
+// rotation: the gateway the load balancer moved a key's traffic away from
+// held about a second of its old rate, so it asked for nothing for up to a
+// second, and the allocator weighed its old demand (2200/s of a 5000/s
+// key) against the gateway the traffic went to, whose allowance then fell
+// short of its new rate. The rate's fall is now seen within a scan or two,
+// reported at once, and the holding beyond twice the new target is handed
+// back.
+func TestDemandDropReportedAtOnce(t *testing.T) {
+	s := newStepped(t)
+	driveRate(t, s, 60, 100) // 3 s at 2000/s
+	sent, keys := driveRate(t, s, 20, 10)
+	if len(keys) == 0 || sent[0] > 4 {
+		t.Fatalf("after the rate fell from 2000/s to 200/s the key was first reported at ticks %v, want within 4 ticks (200 ms)", sent)
+	}
+	k := keys[0]
+	if k.Demand > 400 {
+		t.Errorf("first report after the fall: demand %.0f/s, want ≤ 400 (the rate is 200/s)", k.Demand)
+	}
+	if k.Returned == 0 || k.Held > 2*wantFor(k.Demand, s.cfg.RefillInterval, s.rf.latency) {
+		t.Errorf("first report after the fall: returned %d, held %d, want the holding beyond twice the target (%d) returned",
+			k.Returned, k.Held, wantFor(k.Demand, s.cfg.RefillInterval, s.rf.latency))
+	}
+	if k.Want != 0 {
+		t.Errorf("first report after the fall: want %d, want 0 (it still holds its target)", k.Want)
+	}
+	if n := len(keys); n > 2 {
+		t.Errorf("%d reports in the 1 s after the fall, want at most 2 (one for the fall)", n)
+	}
+}
+
+// TestDemandRiseReportedQuickly: the gateway the traffic went to reported
+// its EWMA (about 300/s at its first refill after its rate rose from 200/s
+// to 2000/s, 600/s 250 ms later), and the allocator sized its claim on the
+// key's refill by it. A scan whose count leaves no doubt now sets the
+// demand to the scan's rate (here 1100/s: the scan's first half was at the
+// old rate).
+func TestDemandRiseReportedQuickly(t *testing.T) {
+	s := newStepped(t)
+	driveRate(t, s, 60, 10) // 3 s at 200/s
+	sent, keys := driveRate(t, s, 5, 100)
+	for i, k := range keys {
+		if k.Demand >= 1000 {
+			return
+		}
+		t.Logf("tick %d: demand %.0f/s", sent[i], k.Demand)
+	}
+	t.Fatalf("no report within 250 ms of the rate rising from 200/s to 2000/s said ≥ 1000/s (%d reports)", len(keys))
+}
+
+// TestDemandShiftedIgnoresNoise: a steady Poisson key never reads as a
+// shift, whatever its rate, over many scans (the demand would flap and
+// every flap downwards costs a call).
+func TestDemandShiftedIgnoresNoise(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	const dt = 0.1 // one scan
+	for _, rate := range []float64{1, 10, 100, 400, 1000, 4000} {
+		for scan := range 3000 {
+			// Count a Poisson process's arrivals over dt.
+			n, at := int64(0), rng.ExpFloat64()/rate
+			for at < dt {
+				n++
+				at += rng.ExpFloat64() / rate
+			}
+			if demandShifted(rate, n, dt) {
+				t.Fatalf("rate %v/s, scan %d: %d tokens in %v s read as a shift", rate, scan, n, dt)
+			}
+		}
+	}
+}
+
+func TestDemandShifted(t *testing.T) {
+	for _, c := range []struct {
+		d     float64
+		delta int64
+		want  bool
+	}{
+		{2200, 20, true},   // 220 expected, 20 seen: fell
+		{2200, 55, true},   // exactly a quarter
+		{2200, 56, false},  // above a quarter
+		{390, 9, false},    // 39 expected: too few to tell
+		{400, 10, true},    // 40 expected, a quarter seen
+		{200, 220, true},   // 20 expected, 220 seen: rose
+		{0, 40, true},      // a key waking up with 40 tokens in a scan
+		{0, 39, false},     // fewer than shiftMinTokens
+		{200, 79, false},   // under 4× the expected 20
+		{200, 80, true},    // 4× the expected 20
+		{1000, 399, false}, // under 4× the expected 100
+		{0, 0, false},
+	} {
+		if got := demandShifted(c.d, c.delta, 0.1); got != c.want {
+			t.Errorf("demandShifted(%v, %d, 0.1) = %v, want %v", c.d, c.delta, got, c.want)
+		}
+	}
+}
+
+func TestExcessOf(t *testing.T) {
+	for _, c := range []struct{ bal, target, want int64 }{
+		{2400, 226, 2174}, // the gateway the traffic left
+		{452, 226, 0},     // twice the target: kept
+		{453, 226, 227},
+		{60, 20, 40}, // 40 beyond the target: returned
+		{59, 20, 0},  // under shiftMinTokens beyond it: kept
+		{3, 1, 0},
+		{0, 1, 0},
+	} {
+		if got := excessOf(c.bal, c.target); got != c.want {
+			t.Errorf("excessOf(%d, %d) = %d, want %d", c.bal, c.target, got, c.want)
 		}
 	}
 }

@@ -200,9 +200,14 @@ func (a *Agent) scan(now int64) {
 		total += len(rf.keysBuf)
 		for _, ks := range rf.keysBuf {
 			s := ks.spent.Load()
+			shifted := false
 			if dt > 0 {
 				delta := max(s-ks.spentSeen, 0)
-				ks.demand += alpha * (float64(delta)/dt - ks.demand)
+				if shifted = demandShifted(ks.demand, delta, dt); shifted {
+					ks.demand = float64(delta) / dt
+				} else {
+					ks.demand += alpha * (float64(delta)/dt - ks.demand)
+				}
 				if ks.demand < 1e-3 {
 					ks.demand = 0
 				}
@@ -224,7 +229,7 @@ func (a *Agent) scan(now int64) {
 				}
 				continue
 			}
-			if !a.standalone && !ks.inflight && a.needsAcquire(ks, now) {
+			if !a.standalone && !ks.inflight && (shifted && a.reportShift(ks, now) || a.needsAcquire(ks, now)) {
 				ks.inflight = true
 				rf.pick = append(rf.pick, ks)
 				continue
@@ -243,6 +248,70 @@ func (a *Agent) scan(now int64) {
 	a.met.keys.Set(float64(total))
 	rf.fbKeys = fbKeys
 	a.met.fallbackKeys.Set(float64(fbKeys))
+}
+
+// Demand shifts. A load balancer that moves a key's traffic from one
+// gateway to another changes both gateways' rates at once, and an EWMA with
+// a 1 s time constant takes 0.7 s to halve or to rise halfway. Meanwhile the
+// allocator weighs the gateway the traffic left by its old demand and the
+// one it went to by its old, low demand, so the refill left for the busy
+// gateway falls short of its rate (bench/load -workload skew: the false
+// rejects were the first second after each switch). So a scan whose count
+// leaves no doubt that the rate moved by more than shiftFactor sets the
+// demand to the scan's rate, and a key whose demand fell so is reported at
+// once (reportShift), its excess holding returned.
+const (
+	// shiftFactor: the rate over one scan must be this many times above
+	// or below the EWMA.
+	shiftFactor = 4
+	// shiftMinTokens: the larger of the EWMA's expected count and the
+	// scan's count must be at least this, so that a Poisson key's noise
+	// never reads as a shift: P(X ≤ 10 | mean 40) ≈ 2·10⁻⁸, and a key
+	// expected to spend 10 tokens in a scan reaches 40 with probability
+	// about 10⁻¹¹.
+	shiftMinTokens = 40
+)
+
+// demandShifted reports whether a scan that counted delta tokens over dt
+// seconds, for a key whose demand EWMA is d, shows a shift of the key's
+// rate (see shiftFactor): the scan's count is at most 1/shiftFactor of
+// the expected d·dt ≥ shiftMinTokens, or at least shiftFactor times it and
+// at least shiftMinTokens.
+func demandShifted(d float64, delta int64, dt float64) bool {
+	expected, got := d*dt, float64(delta)
+	switch {
+	case expected >= shiftMinTokens && got*shiftFactor <= expected:
+		return true
+	case got >= shiftMinTokens && got >= shiftFactor*expected:
+		return true
+	}
+	return false
+}
+
+// reportShift decides whether a key whose demand the scan just shifted is
+// sent now rather than at its next refill: when its demand fell (it asks
+// for nothing while it spends what it holds, up to a second at its old
+// rate, and the allocator would weigh its old demand against the others'
+// until then) and it holds a live lease. A rise needs no extra call: the
+// key's balance runs below its low watermark within a tick.
+func (a *Agent) reportShift(ks *keyState, now int64) bool {
+	if now < ks.holdUntil || ks.notLeased.Load() || !ks.leased.Load() || now >= ks.expiry.Load() {
+		return false
+	}
+	return ks.balance.Load() > wantFor(ks.demand, a.cfg.RefillInterval, a.rf.latency)
+}
+
+// excessOf returns what a key holding bal tokens against a target of
+// target hands back: the holding beyond twice its target, down to the
+// target, when that is at least shiftMinTokens. A gateway whose load
+// balancer moved the key's traffic away holds up to a second of its old
+// rate; that holding counts in the other agents' hold caps on the key and
+// would take ten seconds or more to spend at its new rate.
+func excessOf(bal, target int64) int64 {
+	if bal <= 2*target || bal-target < shiftMinTokens {
+		return 0
+	}
+	return bal - target
 }
 
 // forgettable: idle for IdleTimeout and owing nothing (checked again under
@@ -405,6 +474,9 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			lw := lowWaterFor(d, a.cfg.RefillInterval, a.rf.latency)
 			ks.lowWater.Store(lw)
 			target := max(wantFor(d, a.cfg.RefillInterval, a.rf.latency), 1)
+			if live {
+				returned = returnExcess(&ks.balance, target)
+			}
 			want = min(max(target-ks.balance.Load(), 0), maxWant)
 		}
 		charged := ks.charged.Swap(0)
@@ -802,6 +874,22 @@ func (a *Agent) jitter(d time.Duration) time.Duration {
 	a.rngMu.Lock()
 	defer a.rngMu.Unlock()
 	return d/2 + time.Duration(a.rng.Int64N(int64(d/2)))
+}
+
+// returnExcess takes excessOf(balance, target) tokens out of *balance (the
+// hot path spends from it concurrently, hence the CAS loop) and returns
+// how many.
+func returnExcess(balance *atomic.Int64, target int64) int64 {
+	for {
+		b := balance.Load()
+		x := excessOf(b, target)
+		if x <= 0 {
+			return 0
+		}
+		if balance.CompareAndSwap(b, b-x) {
+			return x
+		}
+	}
 }
 
 // payOwed settles up to grant tokens of the charge owed in *charged (tokens

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -161,7 +162,8 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 // traceKey prints, for the key named name (u<index>), the checks per step
 // since the run started: admitted from the lease, admitted by the fallback
 // bucket, denied, and the running admitted total (events must be sorted by
-// key and time, as analyze leaves them).
+// key and time, as analyze leaves them), and which agents denied (agent:count)
+// when any did.
 func traceKey(w io.Writer, events []event, name string, step time.Duration) {
 	idx, err := strconv.ParseUint(strings.TrimPrefix(name, "u"), 10, 32)
 	if err != nil {
@@ -169,13 +171,19 @@ func traceKey(w io.Writer, events []event, name string, step time.Duration) {
 		return
 	}
 	lo, _ := slices.BinarySearchFunc(events, uint32(idx), func(e event, k uint32) int { return cmp.Compare(e.key, k) })
-	fmt.Fprintf(w, "trace %s: t(s)  lease  fallback  denied  admitted_total\n", name)
+	fmt.Fprintf(w, "trace %s: t(s)  lease  fallback  denied  admitted_total  denied_by\n", name)
 	sus := uint32(max(step/time.Microsecond, 1))
 	var lease, fb, denied, total int64
+	by := map[uint16]int64{}
 	cur := uint32(0)
 	flush := func() {
-		fmt.Fprintf(w, "trace %s: %6.2f %6d %9d %7d %15d\n", name, (time.Duration(cur) * step).Seconds(), lease, fb, denied, total)
+		var who strings.Builder
+		for _, a := range slices.Sorted(maps.Keys(by)) {
+			fmt.Fprintf(&who, " a%d:%d", a, by[a])
+		}
+		fmt.Fprintf(w, "trace %s: %6.2f %6d %9d %7d %15d %s\n", name, (time.Duration(cur) * step).Seconds(), lease, fb, denied, total, who.String())
 		lease, fb, denied = 0, 0, 0
+		clear(by)
 	}
 	for _, e := range events[lo:] {
 		if e.key != uint32(idx) {
@@ -188,6 +196,7 @@ func traceKey(w io.Writer, events []event, name string, step time.Duration) {
 		switch {
 		case !e.allowed:
 			denied++
+			by[e.agent]++
 		case e.source == agent.SourceLease:
 			lease++
 			total++
