@@ -131,7 +131,9 @@ func TestTraceKey(t *testing.T) {
 	ev := []event{
 		{us: 100, key: 1, allowed: true, source: agent.SourceLease},
 		{us: 200, key: 1, allowed: true, source: agent.SourceFallback},
-		{us: 1_200_000, key: 1, allowed: false, source: agent.SourceLease},
+		{us: 1_200_000, key: 1, agent: 3, allowed: false, source: agent.SourceLease},
+		{us: 1_300_000, key: 1, agent: 3, allowed: false, source: agent.SourceLease},
+		{us: 1_400_000, key: 1, agent: 0, allowed: false, source: agent.SourceLease},
 		{us: 50, key: 2, allowed: true, source: agent.SourceLease},
 	}
 	if _, err := analyze(ev, 10, 10, 1, time.Second, 2*time.Second); err != nil { // sorts
@@ -143,7 +145,7 @@ func TestTraceKey(t *testing.T) {
 	if len(lines) != 3 {
 		t.Fatalf("trace has %d lines, want 3:\n%s", len(lines), b.String())
 	}
-	for i, want := range [][]string{{"0.00", "1", "1", "0", "2"}, {"1.00", "0", "0", "1", "2"}} {
+	for i, want := range [][]string{{"0.00", "1", "1", "0", "2"}, {"1.00", "0", "0", "3", "2", "a0:1", "a3:2"}} {
 		if got := strings.Fields(lines[i+1])[2:]; strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("line %d = %q, want fields %v", i+1, lines[i+1], want)
 		}
