@@ -35,6 +35,7 @@ type Agent struct {
 
 	rules atomic.Pointer[rules.Set]
 	keys  *keyTable
+	memo  *memo // request → matched rules and keys (see memo)
 
 	// pending carries keys from checks to the refill loop.
 	pending chan *keyState
@@ -89,6 +90,7 @@ func New(cfg Config) (*Agent, error) {
 		redis:      cfg.Redis,
 		nowHook:    cfg.Now,
 		keys:       newKeyTable(),
+		memo:       newMemo(),
 		pending:    make(chan *keyState, pendingCap),
 		stop:       make(chan struct{}),
 		rng:        cfg.Rand,

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"time"
 	"unsafe"
@@ -32,7 +33,8 @@ const (
 
 // outcome is small on purpose: it is returned by value through every
 // decide layer on the hot path (a takeRemote refund gets the rule and the
-// descriptor from check, which has them).
+// descriptor from check, which has them). ks is the key decided on (nil for
+// the Redis backend), whether or not it took anything.
 type outcome struct {
 	ks    *keyState
 	taken int64
@@ -151,10 +153,26 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		matched = sc.matched[:0]
 		outs = sc.outs[:len(descs)]
 	}
-	for i := range descs {
-		entries[i] = descs[i].Entries
+	// The request memo: a request seen before under this rule set skips
+	// matching and the key-table lookups (see memo).
+	var identBuf [memoBufLen]byte
+	ident, memoable := appendIdent(identBuf[:0], domain, descs)
+	memoable = memoable && set != nil && a.memo != nil
+	var mh uint64
+	var me *memoEntry
+	if memoable {
+		mh = maphash.Bytes(a.memo.seed, ident)
+		me = a.memo.get(mh, set, ident)
 	}
-	matched = set.MatchAll(domain, entries, matched)
+	if me != nil {
+		matched = append(matched, me.rules[:len(descs)]...)
+	} else {
+		for i := range descs {
+			entries[i] = descs[i].Entries
+		}
+		matched = set.MatchAll(domain, entries, matched)
+	}
+	memoMiss := memoable && me == nil // record what the slow path finds
 
 	dec := Decision{Allowed: true, Source: SourceUnlimited}
 	hint := uintptr(unsafe.Pointer(&dec))
@@ -162,6 +180,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	reported := -1
 	var reportedSt Status
 	denied := false
+	decided := 0 // descriptors the loop reached (it stops at a deny without statuses)
 	for i, r := range matched {
 		outs[i] = outcome{}
 		if r == nil || r.Unlimited {
@@ -171,8 +190,21 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 			}
 			continue
 		}
-		st, oc := a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied)
+		var st Status
+		var oc outcome
+		ok := false
+		if me != nil && me.keys[i] != nil {
+			st, oc, ok = a.decideKnown(me.keys[i], r, now, hitsFor(&descs[i], hits), !denied)
+		}
+		if !ok {
+			st, oc = a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied)
+			// A memo entry without this key (it left the table, or
+			// the entry was recorded after a deny stopped the loop)
+			// is recorded again, with it.
+			memoMiss = memoMiss || (me != nil && oc.ks != nil && !a.remote(r))
+		}
 		outs[i] = oc
+		decided = i + 1
 		if !st.Allowed && r.ShadowMode {
 			st.Allowed, st.Shadow = true, true
 			dec.Shadow = true
@@ -204,6 +236,9 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 			out = append(out, st)
 		}
 	}
+	if memoMiss {
+		a.memoize(mh, set, ident, matched, outs[:decided])
+	}
 	if sc != nil {
 		clear(sc.entries[:len(descs)])
 		clear(sc.outs[:len(descs)])
@@ -229,6 +264,30 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
 	}
 	return dec, out, nil
+}
+
+// memoize records a fully decided request in the memo: its matched rules
+// and the key each rule was decided on (none for the Redis backend, which
+// check sends down the slow path).
+// outs covers the descriptors decided (a prefix of matched); later ones get
+// no key and take the slow path on a hit, which then records them.
+func (a *Agent) memoize(h uint64, set *rules.Set, ident []byte, matched []*rules.Rule, outs []outcome) {
+	if !a.memo.wants(h, set) {
+		return
+	}
+	e := &memoEntry{hash: h, set: set, ident: string(ident)}
+	copy(e.rules[:], matched)
+	for i := range outs {
+		if r := matched[i]; r != nil && !r.Unlimited && !a.remote(r) {
+			e.keys[i] = outs[i].ks
+		}
+	}
+	a.memo.store(e)
+}
+
+// remote reports whether r's checks go to the Redis backend first.
+func (a *Agent) remote(r *rules.Rule) bool {
+	return r.Backend == rules.BackendRedis && a.redis != nil
 }
 
 // refund gives back what one descriptor took for a request that was denied
@@ -259,7 +318,7 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 // decide evaluates one descriptor under rule r. With consume false (after
 // an enforced deny, in CheckStatuses) or n == 0 it changes nothing.
 func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, now, n int64, consume bool) (Status, outcome) {
-	if r.Backend == rules.BackendRedis && a.redis != nil {
+	if a.remote(r) {
 		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
 			var oc outcome
 			if consume && n > 0 && st.Allowed {
@@ -288,6 +347,30 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		sh.mu.RLock()
 		ks = sh.lookupRLocked(h, r, domain, entries)
 	}
+	st, oc := a.decideRLocked(ks, r, now, n, consume)
+	sh.mu.RUnlock()
+	oc.ks = ks
+	return st, oc
+}
+
+// decideKnown decides on ks, a key found earlier (the request memo), unless
+// it has left the table since: ok is then false and nothing changed.
+func (a *Agent) decideKnown(ks *keyState, r *rules.Rule, now, n int64, consume bool) (st Status, oc outcome, ok bool) {
+	sh := a.keys.shard(ks.hash)
+	sh.mu.RLock()
+	if ks.dropped.Load() {
+		sh.mu.RUnlock()
+		return Status{}, outcome{}, false
+	}
+	st, oc = a.decideRLocked(ks, r, now, n, consume)
+	sh.mu.RUnlock()
+	oc.ks = ks
+	return st, oc, true
+}
+
+// decideRLocked decides on ks, which is in the table: the caller holds its
+// shard's read lock.
+func (a *Agent) decideRLocked(ks *keyState, r *rules.Rule, now, n int64, consume bool) (Status, outcome) {
 	if ks.lastUse.Load() != now {
 		ks.lastUse.Store(now)
 	}
@@ -308,7 +391,6 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 	if !st.Allowed && consume {
 		ks.denied.Add(1)
 	}
-	sh.mu.RUnlock()
 	return st, oc
 }
 

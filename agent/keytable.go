@@ -115,6 +115,7 @@ type keyState struct {
 	notLeased   atomic.Bool  // the allocator does not lease this key (NO_RULE, UNLIMITED, NOT_LEASED)
 	local       atomic.Bool  // decided locally by design (local/redis backend, standalone): never sent
 	leased      atomic.Bool  // the allocator has answered for this key at least once
+	dropped     atomic.Bool  // removed from the table (set under the shard's write lock): the request memo must not use it
 
 	// Immutable after creation.
 	hash    uint64
@@ -224,6 +225,7 @@ func (sh *shard) remove(ks *keyState, keep func(*keyState) bool) bool {
 	if keep(ks) {
 		return false
 	}
+	ks.dropped.Store(true)
 	var prev *keyState
 	for cur := sh.m[ks.hash]; cur != nil; prev, cur = cur, cur.next {
 		if cur != ks {

@@ -133,7 +133,7 @@ func main() {
 	flag.StringVar(&o.allocator, "allocator", "", "gRPC address of a running allocator to use instead of starting one (it must serve the rules -print-rules shows)")
 	flag.IntVar(&o.burn, "burn", 0, "with -mode lease: add a target that measures the limited proxy while the allocator child spins this many goroutines (its -debug-burn-cpu)")
 	flag.StringVar(&o.allocatorCPUs, "allocator-cpus", "", "with -mode lease: run the allocator child under taskset -c LIST (e.g. 1)")
-	flag.StringVar(&o.loadgen, "loadgen", "process", "where the load generator and the upstream run: process (a child process: the gateway's CPU is measured apart from theirs) or inprocess (in this process, as before: all CPU counted together)")
+	flag.StringVar(&o.loadgen, "loadgen", "process", "where the load generator and the upstream run: process (a child process: the gateway's CPU is measured apart from theirs) inprocess (in this process, as before: all CPU counted together) or wrk (the wrk binary, closed loop; the upstream in a child process)")
 	flag.StringVar(&o.loadgenCPUs, "loadgen-cpus", "", "with -loadgen process: run the load generator child under taskset -c LIST (pin this process with \"taskset -c 0 ...\" to give each its own core)")
 	flag.StringVar(&o.targetProfiles, "target-cpuprofile", "", "write a CPU profile of each measured run to PREFIX.<target>.r<round>.prof (this process only; merge a target's rounds with go tool pprof)")
 	var (
@@ -205,8 +205,12 @@ func (o options) validate() error {
 	}
 	switch o.loadgen {
 	case "process", "inprocess":
+	case "wrk":
+		if o.rate > 0 {
+			return errors.New("-loadgen wrk is closed loop: -rate needs -loadgen process or inprocess")
+		}
 	default:
-		return fmt.Errorf("-loadgen %q: want process or inprocess", o.loadgen)
+		return fmt.Errorf("-loadgen %q: want process, inprocess or wrk", o.loadgen)
 	}
 	if o.loadgenCPUs != "" && o.loadgen != "process" {
 		return errors.New("-loadgen-cpus needs -loadgen process")
@@ -268,9 +272,12 @@ func run(o options) error {
 	quiet := slog.New(slog.DiscardHandler)
 	var lg loadGen
 	var err error
-	if o.loadgen == "process" {
+	switch o.loadgen {
+	case "process":
 		lg, err = spawnLoad(o.loadgenCPUs)
-	} else {
+	case "wrk":
+		lg, err = newWrkLoad()
+	default:
 		lg, err = newInprocLoad()
 	}
 	if err != nil {
@@ -383,9 +390,12 @@ func run(o options) error {
 	}
 	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, %s, agent mode %s, load generator %s (CPUs %q), GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
 		o.rounds, o.duration, o.conc, loop, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
-	if o.loadgen == "process" {
+	switch o.loadgen {
+	case "process":
 		fmt.Println("CPU/req: this process (proxies, agent); client CPU/req: the load generator and upstream process")
-	} else {
+	case "wrk":
+		fmt.Println("CPU/req: this process (proxies, agent); client CPU/req: wrk and the upstream process; latency percentiles from wrk (µs resolution)")
+	default:
 		fmt.Println("CPU/req: this process (proxies, agent, load generator and upstream together)")
 	}
 	fmt.Printf("%-6s %-14s %12s %10s %10s %10s %10s %12s %12s %s\n", "round", "target", "req/s", "p50", "p90", "p99", "p99.9", "CPU/req", "client CPU", "agent (limited targets)")

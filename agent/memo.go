@@ -1,0 +1,129 @@
+package agent
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+// The request memo lets a check skip rule matching and the key-table lookup
+// for a request it has seen before: a direct-mapped table from the request's
+// identity (the domain and every descriptor's entries) to what the slow path
+// found for it under one rule set: the matched rule of each descriptor
+// (after `replaces`, which depends on the whole request) and its key state.
+//
+// An entry is immutable once published and is used only when its rule set
+// is the agent's current one, its identity bytes equal the request's, and,
+// for each key, the key is still in the table. The last is checked under the
+// key's shard read lock (keyState.dropped is set under the write lock before
+// a key leaves the table), so a check through the memo decides only on keys
+// the refill loop can still see, as a check through the table does.
+//
+// Entries are written on a miss whose request fits the stack buffer, into an
+// empty slot or one of an older rule set, over the request's own entry, or
+// over another request's entry 1 time in memoReplace, so that a working set
+// larger than the table does not allocate on every check
+// (BenchmarkCheckMemoMiss: a miss costs about 90 ns more than a check
+// without the memo; a hit saves 30-140 ns, BenchmarkCheckLeased and
+// BenchmarkCheckStatuses3). The
+// table holds at most memoSlots entries, and through them at most that many
+// dropped key states and old rule sets.
+type memo struct {
+	seed  maphash.Seed
+	slots [memoSlots]memoSlot
+}
+
+// memoSlot holds an entry and its hash: a probe compares the hash without
+// touching the entry (another request's entry, on a miss, is a cache miss
+// of its own). The two are not updated together; the hash is only a hint,
+// and a hit is decided on the entry itself.
+type memoSlot struct {
+	hash  atomic.Uint64
+	entry atomic.Pointer[memoEntry]
+}
+
+const (
+	memoSlots   = 1 << 13 // power of two; 128 KiB of slots
+	memoReplace = 32
+	// memoBufLen bounds the encoded request the memo accepts (on the
+	// stack); longer requests take the slow path.
+	memoBufLen = 256
+)
+
+type memoEntry struct {
+	hash  uint64
+	set   *rules.Set
+	ident string
+	rules [stackDescs]*rules.Rule
+	keys  [stackDescs]*keyState // nil: decided by the slow path (no rule, unlimited, the Redis backend)
+}
+
+func newMemo() *memo { return &memo{seed: maphash.MakeSeed()} }
+
+// appendIdent encodes domain and descs injectively into dst (each string
+// length-prefixed, each descriptor's entry count first). ok is false when
+// the result would outgrow memoBufLen or there are more than stackDescs
+// descriptors.
+func appendIdent(dst []byte, domain string, descs []Descriptor) ([]byte, bool) {
+	if len(descs) > stackDescs {
+		return dst, false
+	}
+	size := len(domain) + 2
+	for i := range descs {
+		size++
+		for _, e := range descs[i].Entries {
+			size += len(e.Key) + len(e.Value) + 4
+		}
+	}
+	if size > memoBufLen {
+		return dst, false
+	}
+	dst = appendLenString(dst, domain)
+	for i := range descs {
+		es := descs[i].Entries
+		dst = append(dst, byte(len(es))) // validate bounds entries to MaxEntries (< 256)
+		for _, e := range es {
+			dst = appendLenString(dst, e.Key)
+			dst = appendLenString(dst, e.Value)
+		}
+	}
+	return dst, true
+}
+
+func appendLenString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// get returns the entry for (h, set, ident), or nil.
+func (m *memo) get(h uint64, set *rules.Set, ident []byte) *memoEntry {
+	slot := &m.slots[h&(memoSlots-1)]
+	if slot.hash.Load() != h {
+		return nil
+	}
+	e := slot.entry.Load()
+	if e == nil || e.hash != h || e.set != set || e.ident != string(ident) {
+		return nil
+	}
+	return e
+}
+
+// store publishes e in its slot.
+func (m *memo) store(e *memoEntry) {
+	slot := &m.slots[e.hash&(memoSlots-1)]
+	slot.entry.Store(e)
+	slot.hash.Store(e.hash)
+}
+
+// wants reports whether an entry for (h, set) should be written: its slot
+// is empty, holds another rule set or this request's entry (incomplete, or
+// with a key that left the table); or, 1 time in memoReplace, whatever it
+// holds. (Another request's entry with a dropped key is not looked into:
+// that request, when it comes back, replaces it.)
+func (m *memo) wants(h uint64, set *rules.Set) bool {
+	old := m.slots[h&(memoSlots-1)].entry.Load()
+	return old == nil || old.set != set || old.hash == h || rand.Uint32N(memoReplace) == 0
+}

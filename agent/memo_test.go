@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+// TestMemoDroppedKeyNotDecidedOn: a request whose key the refill loop
+// dropped (idle) is decided on the key that replaces it in the table, never
+// on the dropped state the memo still points to.
+func TestMemoDroppedKeyNotDecidedOn(t *testing.T) {
+	s := newStepped(t)
+	d := desc("api_key", "m")
+	check(t, s.Agent, d)
+	check(t, s.Agent, d) // through the memo
+	old := keyOf(t, s.Agent, d)
+	if old == nil || old.spent.Load() != 2 {
+		t.Fatalf("key before the drop: %+v", old)
+	}
+	s.step()
+	s.clock.advance(s.cfg.IdleTimeout)
+	s.step()
+	s.clock.advance(s.cfg.ScanInterval)
+	s.step()
+	if keyOf(t, s.Agent, d) != nil || !old.dropped.Load() {
+		t.Fatalf("idle key still tracked (dropped %v)", old.dropped.Load())
+	}
+	if got := check(t, s.Agent, d); !got.Allowed {
+		t.Fatalf("check after the drop: %+v", got)
+	}
+	nk := keyOf(t, s.Agent, d)
+	if nk == nil || nk == old {
+		t.Fatalf("check after the drop decided on %p (dropped %p)", nk, old)
+	}
+	if old.spent.Load() != 2 || nk.spent.Load() != 1 {
+		t.Fatalf("spent: dropped key %d (want 2), new key %d (want 1)", old.spent.Load(), nk.spent.Load())
+	}
+	check(t, s.Agent, d) // the memo now holds the new key
+	if nk.spent.Load() != 2 || old.spent.Load() != 2 {
+		t.Fatalf("spent after the memo was recorded again: new %d, dropped %d", nk.spent.Load(), old.spent.Load())
+	}
+}
+
+// memoRulesA and memoRulesB are two rule sets over the same descriptors:
+// nested matches, a replaces, shadow mode, unlimited and share_threshold,
+// with limits small enough to deny.
+const memoRulesA = `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 5, burst: 5}
+  - key: route
+    value: /a
+    descriptors:
+      - key: api_key
+        rate_limit: {name: route_key, unit: minute, requests_per_unit: 3, burst: 3}
+  - key: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 100, replaces: [{name: per_key}]}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {name: shadowed, unit: minute, requests_per_unit: 1}
+  - key: open
+    rate_limit: {unlimited: true}
+  - key: group
+    value: g
+    share_threshold: true
+    rate_limit: {name: shared, unit: minute, requests_per_unit: 4}
+`
+
+const memoRulesB = `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 2, burst: 2}
+  - key: route
+    value: /a
+    descriptors:
+      - key: api_key
+        rate_limit: {name: route_key, unit: second, requests_per_unit: 1, burst: 1}
+  - key: shadow
+    rate_limit: {name: shadow_enforced, unit: minute, requests_per_unit: 2}
+  - key: group
+    value: g
+    rate_limit: {name: not_shared, unit: minute, requests_per_unit: 1}
+`
+
+// TestPropertyMemoMatchesSlowPath: an agent with the request memo decides
+// every check exactly as the same agent without it, across rule swaps,
+// idle keys dropped and re-created, denials that stop the loop early and
+// CheckStatuses.
+func TestPropertyMemoMatchesSlowPath(t *testing.T) {
+	setA := mustCompile(t, 1, memoRulesA)
+	setB := mustCompile(t, 2, memoRulesB)
+	pool := []Descriptor{
+		desc("api_key", "k1"), desc("api_key", "k2"),
+		desc("route", "/a", "api_key", "k1"), desc("route", "/a", "api_key", "k2"),
+		desc("vip", "v"), desc("shadow", "s"), desc("open", "o"),
+		desc("group", "g1"), desc("group", "g2"), desc("nomatch", "x"),
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		var now int64 = 1e18
+		clock := func() int64 { return now }
+		mk := func(memo bool) *Agent {
+			cfg := DefaultConfig()
+			cfg.Rules, cfg.Manual, cfg.Now = setA, true, clock
+			cfg.Logger = testLogger(t)
+			a, err := New(cfg)
+			if err != nil {
+				rt.Fatalf("New: %v", err)
+			}
+			if !memo {
+				a.memo = nil
+			}
+			return a
+		}
+		with, without := mk(true), mk(false)
+		defer with.Close(context.Background())
+		defer without.Close(context.Background())
+		var statuses [2][]Status
+		for step := range rapid.IntRange(1, 120).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 9).Draw(rt, "op") {
+			case 0:
+				now += rapid.Int64Range(0, int64(2*DefaultConfig().IdleTimeout)).Draw(rt, "advance")
+			case 1:
+				for _, a := range []*Agent{with, without} {
+					if err := a.Refill(context.Background()); err != nil {
+						rt.Fatalf("Refill: %v", err)
+					}
+				}
+			case 2:
+				s := setA
+				if rapid.Bool().Draw(rt, "setB") {
+					s = setB
+				}
+				with.setRules(s, false)
+				without.setRules(s, false)
+			default:
+				n := rapid.IntRange(1, 3).Draw(rt, "descs")
+				descs := make([]Descriptor, n)
+				for i := range descs {
+					descs[i] = pool[rapid.IntRange(0, len(pool)-1).Draw(rt, "desc")]
+				}
+				hits := uint32(rapid.IntRange(0, 2).Draw(rt, "hits"))
+				withStatuses := rapid.Bool().Draw(rt, "statuses")
+				var got [2]Decision
+				for i, a := range []*Agent{with, without} {
+					var err error
+					if withStatuses {
+						got[i], statuses[i], err = a.CheckStatuses(context.Background(), "test", descs, hits, statuses[i])
+					} else {
+						got[i], err = a.Check(context.Background(), "test", descs, hits)
+					}
+					if err != nil {
+						rt.Fatalf("check: %v", err)
+					}
+				}
+				if got[0] != got[1] {
+					rt.Fatalf("step %d %v: with the memo %+v, without %+v", step, descs, got[0], got[1])
+				}
+				if withStatuses && fmt.Sprint(statuses[0]) != fmt.Sprint(statuses[1]) {
+					rt.Fatalf("step %d %v: statuses with the memo %+v, without %+v", step, descs, statuses[0], statuses[1])
+				}
+			}
+		}
+		if a, b := with.keys.len(), without.keys.len(); a != b {
+			rt.Fatalf("keys tracked: %d with the memo, %d without", a, b)
+		}
+	})
+}
+
+// BenchmarkCheckMemoMiss is a check whose request the memo does not hold
+// (more distinct requests than memo slots, cycled): the slow path plus the
+// memo's probe and occasional replacement.
+func BenchmarkCheckMemoMiss(b *testing.B) {
+	cfg := DefaultConfig()
+	cfg.Rules = mustCompile(b, 1, testRules)
+	now := time.Now().UnixNano()
+	cfg.Manual, cfg.Now = true, func() int64 { return now }
+	a := newAgent(b, cfg)
+	const n = 4 * memoSlots
+	descs := make([][]Descriptor, n)
+	for i := range descs {
+		descs[i] = []Descriptor{{Entries: []rules.Entry{{Key: "tier", Value: "free"}, {Key: "route", Value: "/r"}, {Key: "user", Value: fmt.Sprint(i)}}}}
+		if _, err := a.Check(context.Background(), "test", descs[i], 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := a.Check(context.Background(), "test", descs[i%n], 1); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
