@@ -3,6 +3,7 @@ package httplimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -83,11 +84,7 @@ func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 
 func counter(t *testing.T, m *Middleware, r result) float64 {
 	t.Helper()
-	var pb dto.Metric
-	if err := m.Metrics.byResult[r].Write(&pb); err != nil {
-		t.Fatal(err)
-	}
-	return pb.GetCounter().GetValue()
+	return float64(m.Metrics.count(r))
 }
 
 func TestAllowedForwardsWithFields(t *testing.T) {
@@ -467,5 +464,46 @@ descriptors:
 				}
 			})
 		})
+	}
+}
+
+// TestMetricsStripedSum: increments from many goroutines (so many stripes)
+// are all in the scraped allot_gateway_requests_total, by result.
+func TestMetricsStripedSum(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				m.inc(resultAllowed)
+			}
+			if g%4 == 0 {
+				m.inc(resultDenied)
+			}
+		}()
+	}
+	wg.Wait()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "allot_gateway_requests_total" || mf.GetType() != dto.MetricType_COUNTER {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			got[mt.GetLabel()[0].GetValue()] = mt.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{"allowed": 6400, "denied": 16, "unlimited": 0, "shadow_denied": 0, "bad_request": 0, "limiter_error": 0}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("scraped %v, want %v", got, want)
 	}
 }
