@@ -347,7 +347,11 @@ func run(o options) error {
 		return err
 	}
 	var denied atomic.Int64
-	mw := &httplimit.Middleware{Checker: ag, Extractor: ex, Logger: quiet,
+	hm, err := httplimit.NewMetrics(reg) // as cmd/gateway counts requests
+	if err != nil {
+		return err
+	}
+	mw := &httplimit.Middleware{Checker: ag, Extractor: ex, Logger: quiet, Metrics: hm,
 		OnDenied: func(w http.ResponseWriter, r *http.Request, d agent.Decision) {
 			denied.Add(1)
 			httplimit.WriteDenied(w, r, d)
