@@ -11,7 +11,9 @@
 //
 // Check matches each descriptor against the current rules (compiled once per
 // rules version and swapped atomically), hashes the budget key without
-// allocating and finds the key's state in a sharded table. Then, for a rule with the lease backend, in this order:
+// allocating and finds the key's state in a sharded table (a request seen
+// before under the same rules takes its matched rules and key states from
+// the request memo instead; see memo.go). Then, for a rule with the lease backend, in this order:
 //
 //  1. A live lease with enough tokens: the balance is decremented with a CAS
 //     (SourceLease). Leased tokens were taken from the global budget by the
