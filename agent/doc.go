@@ -64,11 +64,19 @@
 //
 // A key's want is one lease horizon of its demand plus what it spends
 // while a refill is collected and answered, rounded up once (at least one
-// token). Its demand is an EWMA of what it admits (time constant 1 s); a
+// token; none for a first use that the fallback bucket admitted when the
+// agent's share of the key, R/N, is under one token per horizon: the
+// fallback gets that token back once its charge is debited). Its demand
+// is an EWMA of what it admits (time constant 1 s); a
 // key used less than twice per horizon reports at most its rate from the
 // gaps between uses (none for a key used once; tokens that arrive together
 // are spread over the time since the previous use), so the agents that use
-// a low-rate key rarely do not claim a share of it they will not spend. A failed call is retried with the same request
+// a low-rate key rarely do not claim a share of it they will not spend. A
+// scan that counts a quarter of the EWMA's expectation or less (at least
+// 40 tokens expected, nothing denied) sets the demand to the scan's rate,
+// and the key is reported at once with what it holds beyond twice its new
+// target handed back: a gateway the load balancer moved the traffic away
+// from no longer weighs its old demand for a second. A failed call is retried with the same request
 // id (the allocator answers a retry from its record, so nothing is granted
 // or charged twice) before any new request is made. An overload refusal
 // (ResourceExhausted) is not a failure: the same batch is retried after
