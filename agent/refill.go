@@ -303,10 +303,10 @@ func (a *Agent) reportFall(ks *keyState, now int64) bool {
 // excessOf returns what a key holding bal tokens against a target of
 // target hands back: the holding beyond twice its target, down to the
 // target, when that is at least shiftMinTokens (a few tokens beyond are not
-// worth the churn). A gateway whose load
-// balancer moved the key's traffic away holds up to a second of its old
-// rate; that holding counts in the other agents' hold caps on the key and
-// would take ten seconds or more to spend at its new rate.
+// worth the churn). A gateway whose load balancer moved the key's traffic
+// away holds up to a second of its old rate; that holding counts in the
+// other agents' hold caps on the key and would take ten seconds or more to
+// spend at its new rate.
 func excessOf(bal, target int64) int64 {
 	if bal <= 2*target || bal-target < shiftMinTokens {
 		return 0
@@ -513,7 +513,7 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 // ever admitted is in this report's charge. Such a key of a thin share
 // (thinShare) asks for no token. Asking for one cost the key two tokens
 // for each gateway's first use, the charge and the prefetched token, and
-// the token is usually handed back unused after IdleTimeout: with 199
+// the token is often handed back unused after IdleTimeout: with 199
 // gateways each using a 20/s key once every 41 s, 20.8/s against the
 // key's 20/s refill for the first seconds, and the gateway carrying most
 // of its traffic came up short (bench/sim unreachable, full scale).
