@@ -24,19 +24,7 @@ func TestColdStartInFlightAdmissionsPaidFromGrant(t *testing.T) {
 	try() // first sight: fallback, charged 1
 
 	// Hold the next Acquire in flight and keep admitting meanwhile.
-	block, entered := make(chan struct{}), make(chan struct{}, 1)
-	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = block, entered })
-	done := make(chan struct{})
-	go func() { defer close(done); s.step() }()
-	select {
-	case <-entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the refill's Acquire never reached the allocator")
-	}
-	try() // from the fallback while the call is in flight
-	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = nil, nil })
-	close(block)
-	<-done
+	s.stepHoldingAcquire(t, try) // from the fallback while the call is in flight
 
 	// Spend whatever is left, across a few refill ticks.
 	for range 3 {
@@ -131,19 +119,7 @@ func TestFirstUseLentNotRestoredAfterInFlightUse(t *testing.T) {
 		}
 	}
 	try()
-	block, entered := make(chan struct{}), make(chan struct{}, 1)
-	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = block, entered })
-	done := make(chan struct{})
-	go func() { defer close(done); s.step() }()
-	select {
-	case <-entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the refill's Acquire never reached the allocator")
-	}
-	try() // the fallback's second token, while the report is in flight
-	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = nil, nil })
-	close(block)
-	<-done
+	s.stepHoldingAcquire(t, try) // the fallback's second token, while the report is in flight
 	ks := keyOf(t, s.Agent, d)
 	ks.mu.Lock()
 	left := ks.fbLimit.Peek(ks.fbState, s.clock.now()).Remaining
@@ -160,4 +136,23 @@ func TestFirstUseLentNotRestoredAfterInFlightUse(t *testing.T) {
 	if admitted > 3 {
 		t.Fatalf("admitted %d through a burst of 3 (no refill), want ≤ 3", admitted)
 	}
+}
+
+// stepHoldingAcquire runs one refill tick whose Acquire the fake allocator
+// holds until during has run.
+func (s *steppedAgent) stepHoldingAcquire(t *testing.T, during func()) {
+	t.Helper()
+	block, entered := make(chan struct{}), make(chan struct{}, 1)
+	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = block, entered })
+	done := make(chan struct{})
+	go func() { defer close(done); s.step() }()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the refill's Acquire never reached the allocator")
+	}
+	during()
+	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = nil, nil })
+	close(block)
+	<-done
 }
