@@ -28,9 +28,8 @@ import (
 // larger than the table does not allocate on every check
 // (BenchmarkCheckMemoMiss: a miss costs about 90 ns more than a check
 // without the memo; a hit saves 30-140 ns, BenchmarkCheckLeased and
-// BenchmarkCheckStatuses3). The
-// table holds at most memoSlots entries, and through them at most that many
-// dropped key states and old rule sets.
+// BenchmarkCheckStatuses3). The table holds at most memoSlots entries, and
+// through them at most that many dropped key states and old rule sets.
 type memo struct {
 	seed  maphash.Seed
 	slots [memoSlots]memoSlot
