@@ -27,12 +27,7 @@ func TestColdStartInFlightAdmissionsPaidFromGrant(t *testing.T) {
 	s.stepHoldingAcquire(t, try) // from the fallback while the call is in flight
 
 	// Spend whatever is left, across a few refill ticks.
-	for range 3 {
-		for range 5 {
-			try()
-		}
-		s.step()
-	}
+	s.spendAcrossTicks(try)
 	if admitted > 3 {
 		t.Fatalf("admitted %d through a burst of 3 (no refill), want ≤ 3", admitted)
 	}
@@ -127,12 +122,7 @@ func TestFirstUseLentNotRestoredAfterInFlightUse(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("fallback bucket holds %d after two uses of its 2 with one admitted in flight, want 0 (nothing given back)", left)
 	}
-	for range 3 {
-		for range 5 {
-			try()
-		}
-		s.step()
-	}
+	s.spendAcrossTicks(try)
 	if admitted > 3 {
 		t.Fatalf("admitted %d through a burst of 3 (no refill), want ≤ 3", admitted)
 	}
@@ -155,4 +145,14 @@ func (s *steppedAgent) stepHoldingAcquire(t *testing.T, during func()) {
 	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = nil, nil })
 	close(block)
 	<-done
+}
+
+// spendAcrossTicks tries five checks before each of three refill ticks.
+func (s *steppedAgent) spendAcrossTicks(try func()) {
+	for range 3 {
+		for range 5 {
+			try()
+		}
+		s.step()
+	}
 }
