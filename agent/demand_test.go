@@ -28,13 +28,8 @@ func TestSparseKeyReportsItsRate(t *testing.T) {
 		if i%80 == 1 {
 			check(t, s.Agent, d)
 		}
-		s.clock.advance(s.cfg.RefillInterval)
-		n, _, _ := s.fake.counts()
-		s.step()
-		if m, _, _ := s.fake.counts(); m > n {
-			for _, k := range s.fake.lastAcquire().Keys {
-				reports, wants = append(reports, k.Demand), append(wants, k.Want)
-			}
+		for _, k := range s.tickAcquired() {
+			reports, wants = append(reports, k.Demand), append(wants, k.Want)
 		}
 	}
 	if len(reports) < 3 {
@@ -126,13 +121,8 @@ func TestKeyUsedOnceReportsNoDemand(t *testing.T) {
 	var reports []float64
 	var wants []int64
 	for range 40 {
-		s.clock.advance(s.cfg.RefillInterval)
-		n, _, _ := s.fake.counts()
-		s.step()
-		if m, _, _ := s.fake.counts(); m > n {
-			for _, k := range s.fake.lastAcquire().Keys {
-				reports, wants = append(reports, k.Demand), append(wants, k.Want)
-			}
+		for _, k := range s.tickAcquired() {
+			reports, wants = append(reports, k.Demand), append(wants, k.Want)
 		}
 	}
 	if len(reports) == 0 {
@@ -162,13 +152,12 @@ func TestSparseKeyPairIsNotAWakeUp(t *testing.T) {
 			check(t, s.Agent, d)
 			check(t, s.Agent, d)
 		}
-		s.clock.advance(s.cfg.RefillInterval)
-		n, _, _ := s.fake.counts()
-		s.step()
-		if m, _, _ := s.fake.counts(); m > n && i >= 161 {
-			for _, k := range s.fake.lastAcquire().Keys {
-				reports = append(reports, k.Demand)
-			}
+		keys := s.tickAcquired()
+		if i < 161 {
+			continue
+		}
+		for _, k := range keys {
+			reports = append(reports, k.Demand)
 		}
 	}
 	if len(reports) == 0 {
@@ -179,6 +168,18 @@ func TestSparseKeyPairIsNotAWakeUp(t *testing.T) {
 			t.Fatalf("report %d after two uses in one scan of a key used every 4 s: demand %.3f/s, want ≤ 1 (all: %v)", i, r, reports)
 		}
 	}
+}
+
+// tickAcquired advances the clock one refill interval, runs a tick, and
+// returns the keys of the Acquire it sent (none if it sent nothing).
+func (s *steppedAgent) tickAcquired() []*allotv1.KeyAcquire {
+	s.clock.advance(s.cfg.RefillInterval)
+	n, _, _ := s.fake.counts()
+	s.step()
+	if m, _, _ := s.fake.counts(); m > n {
+		return s.fake.lastAcquire().Keys
+	}
+	return nil
 }
 
 // busyDesc is a key under a 10⁹/s rule: never short, so only the demand
@@ -194,13 +195,8 @@ func driveRate(t *testing.T, s *steppedAgent, ticks, perTick int) (sent []int, k
 		for range perTick {
 			check(t, s.Agent, busyDesc)
 		}
-		s.clock.advance(s.cfg.RefillInterval)
-		n, _, _ := s.fake.counts()
-		s.step()
-		if m, _, _ := s.fake.counts(); m > n {
-			for _, k := range s.fake.lastAcquire().Keys {
-				sent, keys = append(sent, i), append(keys, k)
-			}
+		for _, k := range s.tickAcquired() {
+			sent, keys = append(sent, i), append(keys, k)
 		}
 	}
 	return sent, keys
