@@ -75,7 +75,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -86,6 +85,7 @@ import (
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/internal/cpuburn"
+	"github.com/allot/allot/internal/proxybuf"
 	"github.com/allot/allot/pkg/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -246,27 +246,8 @@ func newProxy(target *url.URL) *httputil.ReverseProxy {
 	}
 }
 
-// copyBufferSize is the size of the proxy's copy buffers (what
-// httputil.ReverseProxy allocates per request without a BufferPool).
-const copyBufferSize = 32 << 10
-
-// bufferPool is an httputil.BufferPool, as cmd/gateway's.
-type bufferPool struct{ p sync.Pool }
-
-var copyBuffers bufferPool
-
-func (b *bufferPool) Get() []byte {
-	if a, ok := b.p.Get().(*[copyBufferSize]byte); ok {
-		return a[:]
-	}
-	return make([]byte, copyBufferSize)
-}
-
-func (b *bufferPool) Put(buf []byte) {
-	if cap(buf) >= copyBufferSize {
-		b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
-	}
-}
+// copyBuffers is the proxy's copy-buffer pool.
+var copyBuffers proxybuf.Pool
 
 func run(o options) error {
 	quiet := slog.New(slog.DiscardHandler)

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/internal/proxybuf"
 	"github.com/allot/allot/pkg/httplimit"
 	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/pkg/rls"
@@ -522,32 +523,8 @@ func newProxy(target *url.URL, tc *tls.Config, logger *slog.Logger) *httputil.Re
 	}
 }
 
-// copyBufferSize is the size of the buffers the proxy copies bodies with
-// (what httputil.ReverseProxy allocates per request without a BufferPool).
-const copyBufferSize = 32 << 10
-
-// bufferPool is an httputil.BufferPool of copyBufferSize buffers. Without
-// it every proxied request allocates (and clears) 32 KiB, which made
-// allocation and GC the largest CPU cost of a request through the gateway.
-type bufferPool struct{ p sync.Pool }
-
-// copyBuffers is the proxy's buffer pool.
-var copyBuffers bufferPool
-
-func (b *bufferPool) Get() []byte {
-	if a, ok := b.p.Get().(*[copyBufferSize]byte); ok {
-		return a[:]
-	}
-	return make([]byte, copyBufferSize)
-}
-
-// Put keeps full-size buffers only; holding the array pointer (not a slice)
-// keeps Put allocation-free.
-func (b *bufferPool) Put(buf []byte) {
-	if cap(buf) >= copyBufferSize {
-		b.p.Put((*[copyBufferSize]byte)(buf[:copyBufferSize]))
-	}
-}
+// copyBuffers is the proxy's copy-buffer pool.
+var copyBuffers proxybuf.Pool
 
 // startRedis builds the Redis backend for rules with `backend: redis`:
 // optionally in batched mode and with hot-key promotion. Closed by shutdown
