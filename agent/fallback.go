@@ -64,12 +64,3 @@ func rebase(l bucket.Limit, st *bucket.State, avail, at, now int64) {
 		*st = s
 	}
 }
-
-// restore gives n tokens back to *st at now, capped at the bucket's
-// capacity: a fallback admission whose charge the allocator has debited
-// (firstUse). The bucket never holds more than its burst ⌈B/N⌉, so the
-// fail-open bound is unchanged; what it admits while the allocator is
-// reachable is charged.
-func restore(l bucket.Limit, st *bucket.State, n, now int64) {
-	l.GiveBack(st, now, n)
-}

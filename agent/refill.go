@@ -752,7 +752,9 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 				// which is exact only when nothing was admitted while
 				// the call was in flight (those admissions are not in
 				// the remaining yet): then nothing is given back.
-				restore(ks.fbLimit, &ks.fbState, lent, recv)
+				// GiveBack caps at the bucket's capacity ⌈B/N⌉, so
+				// the fail-open bound is unchanged.
+				ks.fbLimit.GiveBack(&ks.fbState, recv, lent)
 			}
 			ks.fbRebase = true
 			ks.fbAvail = ceilDiv(max(g.GetRemaining(), 0), int64(n))
