@@ -49,26 +49,7 @@ func TestDataDirFull(t *testing.T) {
 	// The node fails loudly or steps down at its first write that needs a
 	// new page: bolt reuses its free pages first, so how long that takes
 	// depends on the file's slack (1–9 s seen).
-	how := exitOrStepDown(t, n0)
-	failed := time.Now()
-	stepped := failed.Sub(filled)
-	okBefore := e.sample(mCallsOK)
-	testproc.Eventually(t, recoveryBound, "another leader", func() bool {
-		lead := e.c.LeaderID(t)
-		return lead != "" && lead != n0.ID
-	})
-	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, failed, recoveryBound)
-	out := n0.Proc.Output()
-	loud := strings.Contains(out, "no space left on device")
-	t.Logf("%s %s %v after the disk filled (logged ENOSPC: %v); gateways leasing %v after that", n0.ID, how, stepped, loud, rec)
-	if !loud {
-		t.Errorf("%s never reported the full disk in its log", n0.ID)
-	}
-	// The others keep granting while the disk stays full.
-	e.runFor(3 * time.Second)
-	if e.c.LeaderID(t) == n0.ID {
-		t.Errorf("%s leads again with a full disk", n0.ID)
-	}
+	rec := e.failOver(t, n0, filled, "the disk filled", "no space left on device")
 
 	// Free the space; the node (restarted if it died) catches up.
 	if err := os.Remove(filler); err != nil {
@@ -78,25 +59,7 @@ func TestDataDirFull(t *testing.T) {
 	if !n0.Proc.Running() {
 		n0.Proc.Start(t)
 	}
-	lead := e.c.Leader(t, 10*time.Second)
-	st, err := lead.Status(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testproc.Eventually(t, 30*time.Second, n0.ID+" catching up after space is freed", func() bool {
-		s, err := n0.Status(t)
-		return err == nil && s.GetAppliedIndex() >= st.GetCommitIndex()
-	})
-	t.Logf("%s caught up %v after space was freed", n0.ID, time.Since(freed))
-	e.runFor(time.Second)
-
-	rep := &report{
-		fault:    "leader's data dir full (tmpfs)",
-		bound:    "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N",
-		recovery: rec,
-	}
-	e.checkLoad(rep, n)
-	rep.log(t)
+	e.catchUpAndReport(t, n0, freed, "space was freed", "leader's data dir full (tmpfs)", rec, n)
 }
 
 // fill writes path until the filesystem is full (ENOSPC).
@@ -127,6 +90,60 @@ func errString(err error) string {
 		return "status 0"
 	}
 	return err.Error()
+}
+
+// failOver follows the leader n0's disk fault (made at broke): n0 exits or
+// steps down, another node leads and the gateways lease again (returned:
+// how long after n0 failed), n0's log names the fault (errText), and over
+// 3 s more of load n0 does not lead again on the broken disk.
+func (e *env) failOver(t *testing.T, n0 *testproc.Node, broke time.Time, what, errText string) time.Duration {
+	t.Helper()
+	how := exitOrStepDown(t, n0)
+	failed := time.Now()
+	okBefore := e.sample(mCallsOK)
+	testproc.Eventually(t, recoveryBound, "another leader", func() bool {
+		lead := e.c.LeaderID(t)
+		return lead != "" && lead != n0.ID
+	})
+	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, failed, recoveryBound)
+	loud := strings.Contains(n0.Proc.Output(), errText)
+	t.Logf("%s %s %v after %s (logged %q: %v); gateways leasing %v after that",
+		n0.ID, how, failed.Sub(broke), what, errText, loud, rec)
+	if !loud {
+		t.Errorf("%s never reported %s in its log (%q)", n0.ID, what, errText)
+	}
+	// The others keep granting while the disk stays broken.
+	e.runFor(3 * time.Second)
+	if e.c.LeaderID(t) == n0.ID {
+		t.Errorf("%s leads again after %s", n0.ID, what)
+	}
+	return rec
+}
+
+// catchUpAndReport waits for n0, restarted after the repair (at repaired),
+// to catch up with the leader's commit index, runs 1 s more of load, and
+// checks and logs the whole run's admission against the bound.
+func (e *env) catchUpAndReport(t *testing.T, n0 *testproc.Node, repaired time.Time, what, fault string, rec time.Duration, n int) {
+	t.Helper()
+	lead := e.c.Leader(t, 10*time.Second)
+	st, err := lead.Status(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testproc.Eventually(t, 30*time.Second, n0.ID+" catching up after "+what, func() bool {
+		s, err := n0.Status(t)
+		return err == nil && s.GetAppliedIndex() >= st.GetCommitIndex()
+	})
+	t.Logf("%s caught up %v after %s", n0.ID, time.Since(repaired), what)
+	e.runFor(time.Second)
+
+	rep := &report{
+		fault:    fault,
+		bound:    "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N",
+		recovery: rec,
+	}
+	e.checkLoad(rep, n)
+	rep.log(t)
 }
 
 // leaderOnDataDir starts the scenarios' cluster with node 0 on dataDir (the

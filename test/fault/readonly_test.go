@@ -39,25 +39,7 @@ func TestDataDirReadOnly(t *testing.T) {
 
 	// Every Raft entry is a bolt commit, so the leader meets EROFS at its
 	// next batch.
-	how := exitOrStepDown(t, n0)
-	failed := time.Now()
-	okBefore := e.sample(mCallsOK)
-	testproc.Eventually(t, recoveryBound, "another leader", func() bool {
-		lead := e.c.LeaderID(t)
-		return lead != "" && lead != n0.ID
-	})
-	rec := e.waitRecovered(allGateways(len(e.gws)), okBefore, failed, recoveryBound)
-	loud := strings.Contains(n0.Proc.Output(), "read-only file system")
-	t.Logf("%s %s %v after the disk went read-only (logged EROFS: %v); gateways leasing %v after that",
-		n0.ID, how, failed.Sub(broke), loud, rec)
-	if !loud {
-		t.Errorf("%s never reported the read-only disk in its log", n0.ID)
-	}
-	// The others keep granting while the disk stays read-only.
-	e.runFor(3 * time.Second)
-	if e.c.LeaderID(t) == n0.ID {
-		t.Errorf("%s leads again on a read-only disk", n0.ID)
-	}
+	rec := e.failOver(t, n0, broke, "the disk went read-only", "read-only file system")
 
 	// The repair: stop the node, check the filesystem, mount it
 	// read-write, restart the node on the same data dir.
@@ -70,25 +52,7 @@ func TestDataDirReadOnly(t *testing.T) {
 	fs.repair(t)
 	repaired := time.Now()
 	n0.Proc.Start(t)
-	lead := e.c.Leader(t, 10*time.Second)
-	st, err := lead.Status(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testproc.Eventually(t, 30*time.Second, n0.ID+" catching up after the repair", func() bool {
-		s, err := n0.Status(t)
-		return err == nil && s.GetAppliedIndex() >= st.GetCommitIndex()
-	})
-	t.Logf("%s restarted on its repaired data dir and caught up %v after the remount", n0.ID, time.Since(repaired))
-	e.runFor(time.Second)
-
-	rep := &report{
-		fault:    "leader's data dir read-only (ext4 error, remount-ro)",
-		bound:    "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N",
-		recovery: rec,
-	}
-	e.checkLoad(rep, n)
-	rep.log(t)
+	e.catchUpAndReport(t, n0, repaired, "the remount", "leader's data dir read-only (ext4 error, remount-ro)", rec, n)
 }
 
 // loopExt4 is an ext4 filesystem in an image file, mounted through a loop
