@@ -156,10 +156,13 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	// The request memo: a request seen before under this rule set skips
 	// matching and the key-table lookups (see memo).
 	var identBuf [memoBufLen]byte
-	ident, memoable := appendIdent(identBuf[:0], domain, descs)
-	memoable = memoable && set != nil && a.memo != nil
+	var ident []byte
 	var mh uint64
 	var me *memoEntry
+	memoable := false
+	if a.memo != nil && set != nil {
+		ident, memoable = appendIdent(identBuf[:0], domain, descs)
+	}
 	if memoable {
 		mh = maphash.Bytes(a.memo.seed, ident)
 		me = a.memo.get(mh, set, ident)
@@ -190,19 +193,15 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 			}
 			continue
 		}
-		var st Status
-		var oc outcome
-		ok := false
-		if me != nil && me.keys[i] != nil {
-			st, oc, ok = a.decideKnown(me.keys[i], r, now, hitsFor(&descs[i], hits), !denied)
+		var known *keyState
+		if me != nil {
+			known = me.keys[i]
 		}
-		if !ok {
-			st, oc = a.decide(ctx, r, domain, descs[i].Entries, now, hitsFor(&descs[i], hits), !denied)
-			// A memo entry without this key (it left the table, or
-			// the entry was recorded after a deny stopped the loop)
-			// is recorded again, with it.
-			memoMiss = memoMiss || (me != nil && oc.ks != nil && !a.remote(r))
-		}
+		st, oc := a.decide(ctx, r, domain, descs[i].Entries, known, now, hitsFor(&descs[i], hits), !denied)
+		// A memo entry without this key (it left the table, or the
+		// entry was recorded after a deny stopped the loop) is recorded
+		// again, with the key decided on.
+		memoMiss = memoMiss || (me != nil && oc.ks != known && !a.remote(r))
 		outs[i] = oc
 		decided = i + 1
 		if !st.Allowed && r.ShadowMode {
@@ -316,8 +315,11 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 }
 
 // decide evaluates one descriptor under rule r. With consume false (after
-// an enforced deny, in CheckStatuses) or n == 0 it changes nothing.
-func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, now, n int64, consume bool) (Status, outcome) {
+// an enforced deny, in CheckStatuses) or n == 0 it changes nothing. known,
+// when not nil, is the key the request memo found for it: decided on
+// unless it has left the table since (then the table is searched, as
+// without it).
+func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, known *keyState, now, n int64, consume bool) (Status, outcome) {
 	if a.remote(r) {
 		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
 			var oc outcome
@@ -332,45 +334,36 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		// Fail open: the local bucket decides, below.
 	}
 
-	h := a.keys.keyHash(r, domain, entries)
-	sh := a.keys.shard(h)
-	sh.mu.RLock()
-	ks := sh.lookupRLocked(h, r, domain, entries)
-	for ks == nil {
-		// First sight: insert under the write lock, then decide under the
-		// read lock like any other check (looking the key up again, so a
-		// key dropped in between is never decided on).
-		sh.mu.RUnlock()
-		if k, created := sh.insert(h, r, domain, entries, now); created && a.leasing(r) {
-			a.enqueue(k)
+	var sh *shard
+	ks := known
+	if ks != nil {
+		// keyState.dropped is set under the shard's write lock before
+		// the key leaves the table, so under the read lock it is final.
+		sh = a.keys.shard(ks.hash)
+		sh.mu.RLock()
+		if ks.dropped.Load() {
+			sh.mu.RUnlock()
+			ks = nil
 		}
+	}
+	if ks == nil {
+		h := a.keys.keyHash(r, domain, entries)
+		sh = a.keys.shard(h)
 		sh.mu.RLock()
 		ks = sh.lookupRLocked(h, r, domain, entries)
+		for ks == nil {
+			// First sight: insert under the write lock, then decide
+			// under the read lock like any other check (looking the key
+			// up again, so a key dropped in between is never decided
+			// on).
+			sh.mu.RUnlock()
+			if k, created := sh.insert(h, r, domain, entries, now); created && a.leasing(r) {
+				a.enqueue(k)
+			}
+			sh.mu.RLock()
+			ks = sh.lookupRLocked(h, r, domain, entries)
+		}
 	}
-	st, oc := a.decideRLocked(ks, r, now, n, consume)
-	sh.mu.RUnlock()
-	oc.ks = ks
-	return st, oc
-}
-
-// decideKnown decides on ks, a key found earlier (the request memo), unless
-// it has left the table since: ok is then false and nothing changed.
-func (a *Agent) decideKnown(ks *keyState, r *rules.Rule, now, n int64, consume bool) (st Status, oc outcome, ok bool) {
-	sh := a.keys.shard(ks.hash)
-	sh.mu.RLock()
-	if ks.dropped.Load() {
-		sh.mu.RUnlock()
-		return Status{}, outcome{}, false
-	}
-	st, oc = a.decideRLocked(ks, r, now, n, consume)
-	sh.mu.RUnlock()
-	oc.ks = ks
-	return st, oc, true
-}
-
-// decideRLocked decides on ks, which is in the table: the caller holds its
-// shard's read lock.
-func (a *Agent) decideRLocked(ks *keyState, r *rules.Rule, now, n int64, consume bool) (Status, outcome) {
 	if ks.lastUse.Load() != now {
 		ks.lastUse.Store(now)
 	}
@@ -391,6 +384,8 @@ func (a *Agent) decideRLocked(ks *keyState, r *rules.Rule, now, n int64, consume
 	if !st.Allowed && consume {
 		ks.denied.Add(1)
 	}
+	sh.mu.RUnlock()
+	oc.ks = ks
 	return st, oc
 }
 
