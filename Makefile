@@ -29,8 +29,9 @@ bench-load: build ## the load harness: 3 allocators + agents on loopback (see do
 sim: ## the quick fleet simulation (see docs/performance.md)
 	$(GO) run ./bench/sim -quick $(ARGS)
 
-lint: ## go vet plus a gofmt check
+lint: ## go vet, a gofmt check and a tidy go.mod
 	$(GO) vet $(PKGS)
+	@$(GO) mod tidy -diff >/dev/null || { echo "go mod tidy would change go.mod/go.sum: run it"; $(GO) mod tidy -diff; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 

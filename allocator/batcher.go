@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/allocator/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 

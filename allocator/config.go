@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/tlsconfig"
 )

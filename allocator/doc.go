@@ -9,7 +9,7 @@
 //     replication) and file snapshots in Config.DataDir, over TCP
 //     (node.go);
 //   - the replicated state machine, an unexported raft.FSM over
-//     allocator/internal/state (fsm.go);
+//     allocator/state (fsm.go);
 //   - a batcher that folds every concurrently pending Acquire into one Raft
 //     entry, so the commit cost is paid per batch, not per call (batcher.go);
 //   - the gRPC services Allocator (agents), Admin (operators) and the

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/allocator/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/tlsconfig"
 	allotv1 "github.com/allot/allot/proto/allot/v1"

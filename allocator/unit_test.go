@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
-	"github.com/allot/allot/allocator/internal/state"
+	"github.com/allot/allot/allocator/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 

@@ -181,12 +181,12 @@ func TestConfigurationDoc(t *testing.T) {
 	// Gateway config keys: the yaml tags of the config structs, and the
 	// entry mapping's keys.
 	var keys []string
-	for _, f := range []string{"cmd/gateway/config.go", "pkg/httplimit/config.go", "pkg/redislimit/fileconfig.go"} {
+	for _, f := range []string{"cmd/gateway/config.go", "agent/httplimit/config.go", "pkg/redislimit/fileconfig.go"} {
 		for _, m := range docYAMLTag.FindAllStringSubmatch(string(readFile(t, filepath.Join(root, f))), -1) {
 			keys = append(keys, m[1])
 		}
 	}
-	for _, m := range docEntryCase.FindAllStringSubmatch(string(readFile(t, filepath.Join(root, "pkg/httplimit/config.go"))), -1) {
+	for _, m := range docEntryCase.FindAllStringSubmatch(string(readFile(t, filepath.Join(root, "agent/httplimit/config.go"))), -1) {
 		keys = append(keys, m[1])
 	}
 	if len(keys) < 20 {

@@ -86,7 +86,7 @@ import (
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/internal/proxybuf"
-	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
 

@@ -9,12 +9,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/allot/allot/bench/sim/internal/state"
+	"github.com/allot/allot/allocator/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // cluster models a 3-node allocator cluster around the real replicated
-// state (allocator/internal/state): every grant is computed by state.Apply
+// state (allocator/state): every grant is computed by state.Apply
 // on commands stamped with virtual time, exactly as the FSM applies them.
 // What is modelled rather than run: Raft (a commit latency per log entry,
 // leader election as an unavailability window; since grants exist only once

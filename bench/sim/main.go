@@ -1,6 +1,6 @@
 // Command sim is allot's deterministic fleet simulator (issue #7): the real
 // agent (hot path and refill logic, agent.Config.Manual) and the real
-// allocator grant code (allocator/internal/state) run over an in-memory
+// allocator grant code (allocator/state) run over an in-memory
 // transport on a virtual clock, with the network, Raft and failures
 // modelled, side by side with the baselines (no coordination, a static R/N
 // split, Redis per request) on the same arrivals. Each scenario prints the

@@ -7,7 +7,7 @@ import (
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/pkg/client"
-	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/agent/httplimit"
 )
 
 // retryMode is how clients retry a 429.
@@ -92,7 +92,7 @@ func (s *storm) try(r *request) {
 		s.gaveUp++
 		return
 	}
-	// The gateway's header: whole seconds, at least 1 (pkg/httplimit).
+	// The gateway's header: whole seconds, at least 1 (agent/httplimit).
 	header := time.Duration(httplimit.RetryAfterSeconds(agent.Decision{RetryAfter: ra})) * time.Second
 	d := s.mode.delay(s.rng, r.attempt, header)
 	r.attempt++
@@ -112,7 +112,7 @@ func runRetryStorm(sc scale, seed uint64) (*result, error) {
 	res.what = []string{
 		fmt.Sprintf("%d agents; one key at %d/s burst %d; %d clients each sending %.1f requests/s (0.8 R, Poisson); at t=%s every client sends %d requests at once (%s);",
 			sc.agents, quota, quota, c, perClient, herdAt, herd, count(int64(c*herd))),
-		fmt.Sprintf("a 429 carries Retry-After (pkg/httplimit: whole seconds, at least 1); clients retry at most %d times (pkg/client defaults: backoff from %s, throttling K=2 over 2 min, the real client.Throttler).",
+		fmt.Sprintf("a 429 carries Retry-After (agent/httplimit: whole seconds, at least 1); clients retry at most %d times (pkg/client defaults: backoff from %s, throttling K=2 over 2 min, the real client.Throttler).",
 			clientMaxRetries, clientBaseDelay),
 	}
 	t := table{title: "Per client behaviour (the limiter is allot's lease system in every row)",
@@ -166,7 +166,7 @@ func runRetryStorm(sc scale, seed uint64) (*result, error) {
 	res.tables = append(res.tables, t)
 	res.bounds = bounds
 	res.notes = append(res.notes,
-		"pkg/client's retry loop is modelled from pkg/client/client.go (attempt, throttle check, Retry-After floor, MaxRetries); its Throttler and pkg/httplimit's Retry-After rounding are the real code. With Retry-After ≥ 1 s and a 100 ms base, the full-jitter delay of the first retries (≤ 800 ms) is always below the Retry-After floor, so pkg/client's retries land exactly Retry-After later, in lockstep, unless the throttle sheds them; adding the jitter on top of Retry-After (the proposal row) spreads them.")
+		"pkg/client's retry loop is modelled from pkg/client/client.go (attempt, throttle check, Retry-After floor, MaxRetries); its Throttler and agent/httplimit's Retry-After rounding are the real code. With Retry-After ≥ 1 s and a 100 ms base, the full-jitter delay of the first retries (≤ 800 ms) is always below the Retry-After floor, so pkg/client's retries land exactly Retry-After later, in lockstep, unless the throttle sheds them; adding the jitter on top of Retry-After (the proposal row) spreads them.")
 	plot := plotSpec{file: "sim-" + sc.name + "-retry-storm.png", title: fmt.Sprintf("retry storm (%s): attempts reaching the limiter per second (limit %d/s)", sc.name, quota),
 		ylabel: "attempts (per second)", lines: plotLines, marks: []float64{herdAt.Seconds()}}
 	plot.lines = append(plot.lines, flatLine("limit R", 0, sc.chaos.Seconds(), float64(quota)))

@@ -132,7 +132,7 @@ func runRuleChange(sc scale, seed uint64) (*result, error) {
 	if missing > 0 {
 		res.bounds = append(res.bounds, bound{system: "allot leases", what: "agents that never got the new rules", promise: "every agent gets them", measured: float64(missing), limit: 0, unit: "tokens"})
 	}
-	res.notes = append(res.notes, "when a limit's parameters change, the allocator carries each key's balance over, capped at the new capacity (allocator/internal/state: carryOver), so a tightened limit hands out no fresh burst; only the leases agents already hold at the old size are spent on top.")
+	res.notes = append(res.notes, "when a limit's parameters change, the allocator carries each key's balance over, capped at the new capacity (allocator/state: carryOver), so a tightened limit hands out no fresh burst; only the leases agents already hold at the old size are spent on top.")
 	plot := plotSpec{file: "sim-" + sc.name + "-rule-change.png", title: fmt.Sprintf("rule change (%s): %d keys, limit halved at t=%s", sc.name, tf.keys, change),
 		marks: []float64{change.Seconds()}}
 	plot.lines = append(plot.lines, w.seriesLine("allot leases", sum, 5))

@@ -11,7 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/allot/allot/agent"
-	"github.com/allot/allot/bench/sim/internal/state"
+	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"

@@ -13,7 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/redislimit"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/allocator"
-	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
 

@@ -29,9 +29,9 @@ import (
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/internal/proxybuf"
-	"github.com/allot/allot/pkg/httplimit"
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/redislimit"
-	"github.com/allot/allot/pkg/rls"
+	"github.com/allot/allot/agent/rls"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
 
