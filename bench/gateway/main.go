@@ -83,10 +83,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/internal/proxybuf"
-	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
 

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/allot/allot/agent"
-	"github.com/allot/allot/pkg/client"
 	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/pkg/client"
 )
 
 // retryMode is how clients retry a 429.

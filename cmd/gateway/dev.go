@@ -16,8 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/pkg/rules"
 )
 

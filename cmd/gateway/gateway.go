@@ -28,10 +28,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/agent"
-	"github.com/allot/allot/internal/proxybuf"
 	"github.com/allot/allot/agent/httplimit"
-	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/agent/rls"
+	"github.com/allot/allot/internal/proxybuf"
+	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
 
