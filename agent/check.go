@@ -85,6 +85,9 @@ func validate(domain string, descs []Descriptor) error {
 	if domain == "" {
 		return fmt.Errorf("%w: empty domain", ErrInvalid)
 	}
+	if !rules.ValidText(domain) {
+		return fmt.Errorf("%w: the domain is not valid UTF-8 text (control characters or invalid bytes)", ErrInvalid)
+	}
 	if len(descs) == 0 {
 		return fmt.Errorf("%w: no descriptors", ErrInvalid)
 	}
@@ -103,6 +106,9 @@ func validate(domain string, descs []Descriptor) error {
 		for j := range es {
 			if es[j].Key == "" {
 				return fmt.Errorf("%w: descriptor %d entry %d has an empty key", ErrInvalid, i, j)
+			}
+			if !rules.ValidText(es[j].Key) || !rules.ValidText(es[j].Value) {
+				return fmt.Errorf("%w: descriptor %d entry %d is not valid UTF-8 text (control characters or invalid bytes)", ErrInvalid, i, j)
 			}
 			size += len(es[j].Key) + len(es[j].Value) + 2
 		}

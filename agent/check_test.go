@@ -311,6 +311,12 @@ func TestInvalidInput(t *testing.T) {
 		{"empty key", "test", []Descriptor{desc("", "v")}},
 		{"too many", "test", many},
 		{"too long", "test", []Descriptor{desc("api_key", strings.Repeat("x", MaxKeyBytes))}},
+		{"invalid UTF-8 value", "test", []Descriptor{desc("api_key", "k\xff")}},
+		{"NUL in value", "test", []Descriptor{desc("api_key", "k\x00")}},
+		{"CRLF in value", "test", []Descriptor{desc("api_key", "k\r\nX: y")}},
+		{"invalid UTF-8 key", "test", []Descriptor{desc("api\xff", "k")}},
+		{"invalid UTF-8 domain", "te\xffst", []Descriptor{desc("api_key", "k")}},
+		{"control in domain", "te\x01st", []Descriptor{desc("api_key", "k")}},
 	} {
 		if _, err := a.Check(context.Background(), tc.domain, tc.descs, 1); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: err %v, want ErrInvalid", tc.name, err)

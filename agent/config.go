@@ -117,7 +117,7 @@ const (
 // ErrInvalid is wrapped by every error Check and CheckStatuses return: the
 // input itself is unusable (empty domain, no descriptors, an empty entry
 // key, too many descriptors or entries, a descriptor longer than
-// MaxKeyBytes).
+// MaxKeyBytes, a domain, entry key or value that is not rules.ValidText).
 var ErrInvalid = errors.New("agent: invalid request")
 
 // DefaultConfig returns the defaults: standalone (no allocators), a fresh

@@ -13,7 +13,8 @@ import (
 )
 
 // ErrBadRequest is wrapped by extraction errors caused by the request
-// itself (a value over the limits); the middleware answers 400.
+// itself (a value over the limits, or not rules.ValidText: invalid UTF-8 or
+// control characters); the middleware answers 400.
 var ErrBadRequest = errors.New("httplimit: bad request")
 
 // BadRequestError says which part of the request was unusable. Its Message
@@ -283,6 +284,9 @@ func (x *Extractor) header(r *http.Request, h string) (string, bool, error) {
 	if len(v) > x.maxValue {
 		return "", false, &BadRequestError{Message: "header " + h + " is too long"}
 	}
+	if !rules.ValidText(v) {
+		return "", false, &BadRequestError{Message: "header " + h + " is not valid UTF-8 text"}
+	}
 	return v, v != "", nil
 }
 
@@ -307,6 +311,9 @@ func (x *Extractor) apiKey(r *http.Request) (string, bool, error) {
 		}
 		if len(v) > x.maxValue {
 			return "", false, &BadRequestError{Message: "API key is too long"}
+		}
+		if !rules.ValidText(v) {
+			return "", false, &BadRequestError{Message: "API key is not valid UTF-8 text"}
 		}
 		return v, true, nil
 	}

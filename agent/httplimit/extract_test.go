@@ -244,6 +244,27 @@ func TestExtractBounds(t *testing.T) {
 	}
 }
 
+func TestExtractRejectsInvalidText(t *testing.T) {
+	x := mustExtractor(t, devYAML)
+	for _, v := range []string{"k\xff", "k\x00", "k\r\nX-Evil: 1", "k\x7f", "\xc0\xaf"} {
+		for _, r := range []*http.Request{
+			req("GET", "/v1/search", "X-API-Key", v),
+			req("GET", "/v1/search", "Authorization", "Bearer "+v),
+		} {
+			_, err := x.Extract(r)
+			var bre *BadRequestError
+			if !errors.As(err, &bre) || !strings.Contains(bre.Message, "not valid UTF-8 text") || strings.Contains(bre.Message, v) {
+				t.Errorf("%q: err = %v, want a BadRequestError that does not echo the value", v, err)
+			}
+		}
+	}
+	// Valid multi-byte UTF-8 is a key like any other.
+	ds, err := x.Extract(req("GET", "/v1/search", "X-API-Key", "clé-ключ-日本-🔑"))
+	if err != nil || len(ds) == 0 {
+		t.Fatalf("multi-byte key: %v, %d descriptors", err, len(ds))
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	bad := map[string]string{
 		"unknown entry key":     "domain: d\ndescriptors: [[{key: a, bogus: b}]]",
@@ -288,6 +309,8 @@ func TestConfigErrors(t *testing.T) {
 func FuzzDescriptors(f *testing.F) {
 	f.Add("/v1/search", "k_free_demo", "Bearer abc", "1.2.3.4, 10.0.0.1", "10.0.0.9:1234", "gold")
 	f.Add("//..//v1/items/%2F/x", "", "bearer\t", ",,,[::1]:80,::ffff:10.0.0.1", "[::1]", "")
+	f.Add("/v1/search", "k\xff", "Bearer k\xff", "10.0.0.1", "10.0.0.2:1", "t\x00")
+	f.Add("/v1/search", "k\r\nX: y", "Bearer \xc0\xaf", "", "", "ключ🔑")
 	f.Add("/files/"+strings.Repeat("a/", 100), strings.Repeat("x", 300), "Bearer", "garbage", "", strings.Repeat("t", 300))
 	x := mustExtractor(f, devYAML+`
 client_ip: {trusted_proxies: [10.0.0.0/8, "::1"]}
@@ -325,6 +348,9 @@ descriptors: [[client_ip, tier], [route, method], [{key: h, header: X-H}]]
 				for _, e := range d.Entries {
 					if e.Key == "" || e.Value == "" || len(e.Value) > DefaultMaxValueBytes && e.Key != "route" {
 						t.Fatalf("bad entry %+v", e)
+					}
+					if !rules.ValidText(e.Value) {
+						t.Fatalf("entry %q: value %q is not valid text", e.Key, e.Value)
 					}
 				}
 			}

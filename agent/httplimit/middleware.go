@@ -23,7 +23,8 @@
 // The reported policy is the agent's Decision: the denying limit, or, when
 // allowed, the matched limit with the lowest remaining. Limits in shadow
 // mode never deny and are not advertised. A request whose values exceed
-// the bounds gets a 400 JSON answer. A limiter error never turns into a 5xx:
+// the bounds or are not valid text (rules.ValidText), or that the agent
+// refuses as invalid (agent.ErrInvalid), gets a 400 JSON answer. A limiter error never turns into a 5xx:
 // the request is forwarded without fields (fail open); rules with
 // failure_mode closed are enforced by the agent itself.
 package httplimit
@@ -89,7 +90,7 @@ type Middleware struct {
 	// denied (it is forwarded). Nil means a debug log line.
 	OnShadow func(r *http.Request, d agent.Decision)
 	// ErrorHandler answers requests whose descriptors could not be
-	// extracted because of the request itself (errors wrapping
+	// extracted or checked because of the request itself (errors wrapping
 	// ErrBadRequest). Nil means WriteBadRequest (400 JSON).
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 	// Logger receives shadow hits (debug) and limiter errors (warn, at most
@@ -155,12 +156,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if err != nil {
 		if errors.Is(err, ErrBadRequest) {
-			m.Metrics.inc(resultBadRequest)
-			if m.ErrorHandler != nil {
-				m.ErrorHandler(w, r, err)
-			} else {
-				WriteBadRequest(w, r, err)
-			}
+			m.badRequest(w, r, err)
 			return
 		}
 		m.limiterError(err)
@@ -177,7 +173,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		hits = m.Hits(r)
 	}
 	d, err := m.Checker.Check(r.Context(), domain, descs, hits)
+	if errors.Is(err, agent.ErrInvalid) {
+		// The descriptors themselves are unusable (a Descriptors hook
+		// passed bytes the extractor would refuse): a bad request.
+		err = &BadRequestError{Message: "the request's rate-limit descriptors are invalid"}
+	}
 	if err != nil {
+		if errors.Is(err, ErrBadRequest) {
+			m.badRequest(w, r, err)
+			return
+		}
 		m.limiterError(err)
 		next.ServeHTTP(w, r)
 		return
@@ -206,6 +211,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.Metrics.inc(resultAllowed)
 	}
 	next.ServeHTTP(w, r)
+}
+
+func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, err error) {
+	m.Metrics.inc(resultBadRequest)
+	if m.ErrorHandler != nil {
+		m.ErrorHandler(w, r, err)
+	} else {
+		WriteBadRequest(w, r, err)
+	}
 }
 
 func (m *Middleware) limiterError(err error) {

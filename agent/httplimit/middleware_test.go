@@ -232,6 +232,36 @@ func TestBadRequest(t *testing.T) {
 	}
 }
 
+// TestInvalidUTF8KeyIsBadRequest pins the poisoned-gateway bug: an API key
+// that is not valid UTF-8 was admitted, and the agent's batched Acquire
+// could no longer be encoded. It gets a 400 and never reaches the checker.
+func TestInvalidUTF8KeyIsBadRequest(t *testing.T) {
+	fc := &fakeChecker{d: allowedDecision()}
+	m, _ := newMW(t, fc)
+	up := &upstream{}
+	rec := serve(m.Wrap(up), req("GET", "/v1/search", "X-API-Key", "k\xff"))
+	if rec.Code != 400 || up.hits != 0 || fc.calls != 0 {
+		t.Fatalf("code %d hits %d calls %d, want a 400 that reaches neither", rec.Code, up.hits, fc.calls)
+	}
+	if rec.Body.String() != `{"error":"bad_request","message":"API key is not valid UTF-8 text"}` {
+		t.Errorf("body %q", rec.Body.String())
+	}
+	// A Descriptors hook that passes such bytes is refused by the agent
+	// (ErrInvalid): a 400 too, not a forwarded request.
+	fc.err = fmt.Errorf("%w: descriptor 0 entry 0 is not valid UTF-8 text", agent.ErrInvalid)
+	m.Domain = "api"
+	m.Descriptors = func(*http.Request) ([]agent.Descriptor, error) {
+		return []agent.Descriptor{{Entries: []rules.Entry{{Key: "api_key", Value: "k\xff"}}}}, nil
+	}
+	rec = serve(m.Wrap(up), req("GET", "/v1/search"))
+	if rec.Code != 400 || up.hits != 0 || !strings.Contains(rec.Body.String(), `"error":"bad_request"`) {
+		t.Fatalf("hook: code %d hits %d body %q", rec.Code, up.hits, rec.Body.String())
+	}
+	if counter(t, m, resultBadRequest) != 2 || counter(t, m, resultError) != 0 {
+		t.Error("bad requests not counted as such")
+	}
+}
+
 func TestNoDescriptorsSkipsChecker(t *testing.T) {
 	fc := &fakeChecker{d: deniedDecision()}
 	m, _ := newMW(t, fc)
