@@ -363,7 +363,9 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 			// up again, so a key dropped in between is never decided
 			// on).
 			sh.mu.RUnlock()
-			if k, created := sh.insert(h, r, domain, entries, now); created && a.leasing(r) {
+			if k, created := sh.insert(h, r, domain, entries, now); created && k.unsendable {
+				a.keyRefused(k)
+			} else if created && a.leasing(r) {
 				a.enqueue(k)
 			}
 			sh.mu.RLock()

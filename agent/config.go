@@ -193,6 +193,9 @@ func (c Config) Validate() error {
 	if len(c.ID) > maxIDLen {
 		return fmt.Errorf("agent: ID is %d bytes, at most %d", len(c.ID), maxIDLen)
 	}
+	if !rules.ValidText(c.ID) {
+		return errors.New("agent: ID is not valid UTF-8 text (control characters or invalid bytes)")
+	}
 	for i, a := range c.Allocators {
 		if a == "" {
 			return fmt.Errorf("agent: Allocators[%d] is empty", i)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
@@ -123,6 +124,9 @@ type keyState struct {
 	domain  string
 	entries []rules.Entry // copied from the first request
 	next    *keyState     // hash-collision chain; guarded by the shard lock
+	// unsendable: key is not valid UTF-8, so it can never be encoded into
+	// an Acquire; it is decided by its fallback bucket (see refused).
+	unsendable bool
 
 	mu       sync.Mutex   // guards the fields below
 	fbRule   *rules.Rule  // the rule fbLimit was derived from
@@ -146,7 +150,7 @@ type keyState struct {
 	inflight   bool    // part of the unacknowledged batch
 	suspect    bool    // was in a batch the allocator rejected: sent alone
 	paced      bool    // the budget was spent at the last grant: asked again only at refreshAt (see pace)
-	holdUntil  int64   // after a rejection: not sent before this
+	holdUntil  int64   // after a rejection: not sent before this; refusedForever: never sent (see refused)
 }
 
 // sameKey reports whether the request (domain, entries) under rule r is this
@@ -210,6 +214,12 @@ func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.
 	}
 	for i, e := range entries {
 		ks.entries[i] = rules.Entry{Key: strings.Clone(e.Key), Value: strings.Clone(e.Value)}
+	}
+	if !utf8.ValidString(ks.key) {
+		// Check admits only rules.ValidText; should a key slip through,
+		// it never enters a batch, where it would fail every key's call.
+		ks.unsendable = true
+		ks.holdUntil = refusedForever
 	}
 	ks.lastUse.Store(now)
 	ks.lowWater.Store(1)

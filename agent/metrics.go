@@ -29,6 +29,7 @@ type metrics struct {
 	callsFailed    prometheus.Counter
 	callsRejected  prometheus.Counter
 	callsThrottled prometheus.Counter
+	keysRefused    prometheus.Counter
 	callSeconds    prometheus.Histogram
 	keysSent       prometheus.Counter
 	granted        prometheus.Counter
@@ -126,6 +127,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_agent_acquire_keys_total",
 		Help: "Keys sent in Acquire calls.",
 	})
+	m.keysRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_agent_keys_refused_total",
+		Help: "Keys refused on their own, by the encoder (not valid UTF-8: never sent again) or by the allocator (InvalidArgument: asked again later); meanwhile they are out of every batch and decided by their fallback bucket.",
+	})
 	m.keys = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "allot_agent_keys",
 		Help: "Budget keys tracked by the agent.",
@@ -149,7 +154,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			250e-6, 1e-3, 5e-3, 25e-3},
 	})
 	m.collectors = []prometheus.Collector{stripedCollector{m}, transitions, calls, tokens, reloads,
-		m.fallback, m.callSeconds, m.keysSent, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds}
+		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds}
 	if reg != nil {
 		for i, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

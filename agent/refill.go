@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -320,7 +321,7 @@ func (a *Agent) forgettable(ks *keyState, now int64) bool {
 	if ks.inflight || ks.queued.Load() || now-ks.lastUse.Load() < int64(a.cfg.IdleTimeout) {
 		return false
 	}
-	if ks.local.Load() {
+	if ks.local.Load() || ks.refused() {
 		return true
 	}
 	return ks.charged.Load() <= 0 && (ks.balance.Load() == 0 || now >= ks.expiry.Load())
@@ -597,12 +598,14 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	a.met.callSeconds.Observe(time.Since(start).Seconds())
 	recv := a.now()
 	if err != nil {
-		if !retryable(err) {
+		if unencodable := encodeFailed(err); unencodable || !retryable(err) {
 			a.met.callsRejected.Inc()
 			a.logs.log(a.log, "acquire_rejected", "agent: allocator rejected an Acquire; its keys are reported again later",
 				"request_id", b.req.RequestId, "keys", len(b.keys), "err", err)
-			a.reject(b)
-			a.callSucceeded(recv) // the allocator is reachable
+			a.reject(b, unencodable, status.Code(err) == codes.InvalidArgument)
+			if !unencodable {
+				a.callSucceeded(recv) // the allocator is reachable
+			}
 			return true
 		}
 		if ctx.Err() != nil {
@@ -643,13 +646,34 @@ func retryable(err error) bool {
 	return true
 }
 
+// encodeFailed reports whether err is the gRPC codec's refusal to encode
+// the call (a string field that is not valid UTF-8): the content, not the
+// transport, failed, so it never counts toward the breaker.
+func encodeFailed(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Internal && strings.Contains(s.Message(), "error while marshaling")
+}
+
+// refusedForever in keyState.holdUntil marks a key that is never sent.
+const refusedForever = math.MaxInt64
+
+// refused reports whether ks is never sent to the allocator: it is decided
+// by its fallback bucket, and forgotten when idle like a local key.
+func (ks *keyState) refused() bool { return ks.holdUntil == refusedForever }
+
 // reject undoes b's moves: the allocator applied nothing of it (it
 // validates before applying, and answers a retry of an applied call from
 // its record, invariant (b), so a rejected call was never applied). Its
-// keys wait notLeasedRetry and are then sent one per call.
-func (a *Agent) reject(b *batch) {
+// keys wait notLeasedRetry and are then sent one per call, so a key the
+// allocator or the encoder refuses costs only itself. A key refused alone
+// is counted and logged; one that could not be encoded (unencodable) never
+// will be, and is never sent again. A key the allocator refused alone
+// (invalid) is asked again after notLeasedRetry: the refusal may be about
+// the call rather than the key.
+func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	a.rf.unacked = nil
 	now := a.now()
+	alone := len(b.keys) == 1 && b.keys[0].suspect
 	for i, ks := range b.keys {
 		k := b.req.Keys[i]
 		ks.charged.Add(k.Charged)
@@ -660,6 +684,20 @@ func (a *Agent) reject(b *batch) {
 		ks.suspect = true
 		ks.holdUntil = now + int64(notLeasedRetry)
 	}
+	if alone && (unencodable || invalid) {
+		if unencodable {
+			b.keys[0].holdUntil = refusedForever
+		}
+		a.keyRefused(b.keys[0])
+	}
+}
+
+// keyRefused counts and logs (rate-limited, by hash: never the key itself)
+// a key that is never sent to the allocator.
+func (a *Agent) keyRefused(ks *keyState) {
+	a.met.keysRefused.Inc()
+	a.logs.log(a.log, "key_refused", "agent: a key was refused by the allocator or the encoder; it is decided by its fallback bucket",
+		"key_hash", strconv.FormatUint(ks.hash, 16))
 }
 
 // apply records the allocator's answer to b, received at recv.
