@@ -363,6 +363,29 @@ func TestDevDesignCard(t *testing.T) {
 		t.Errorf("RLS answer %v", resp)
 	}
 
+	// One request with an API key that is not valid UTF-8 gets a 400 and
+	// poisons nothing: once it could not be encoded into the agent's
+	// batched Acquire, which opened the breaker for every key.
+	acquired := metric(t, a.http, "allot_agent_acquire_keys_total")
+	if r := get(t, base+"/v1/search", "X-API-Key", "k\xff"); r.code != http.StatusBadRequest ||
+		r.body != `{"error":"bad_request","message":"API key is not valid UTF-8 text"}` {
+		t.Fatalf("API key k\\xff: %d %s, want a 400 JSON error", r.code, r.body)
+	}
+	for i := 1; i <= 3; i++ {
+		if r := get(t, base+"/v1/search", "X-API-Key", fmt.Sprintf("k_after_%d", i)); r.code != 200 || r.h.Get("RateLimit") == "" {
+			t.Fatalf("key %d after the bad request: %d RateLimit %q", i, r.code, r.h.Get("RateLimit"))
+		}
+	}
+	eventually(t, 10*time.Second, "the new keys' Acquire", func() bool {
+		return metric(t, a.http, "allot_agent_acquire_keys_total") >= acquired+3
+	})
+	if n := metric(t, a.http, `allot_agent_breaker_transitions_total{to="open"}`); n != 0 {
+		t.Errorf("breaker opened %v times", n)
+	}
+	if n := metric(t, a.http, `allot_agent_acquire_calls_total{result="failed"}`); n != 0 {
+		t.Errorf("%v Acquire calls failed", n)
+	}
+
 	// SIGTERM: a clean exit, and the dev data directory is gone.
 	if err := p.signal(t, syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
