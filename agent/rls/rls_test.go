@@ -66,6 +66,12 @@ func startServer(t *testing.T) rlsv3.RateLimitServiceClient {
 
 func serveGRPC(t *testing.T, srv *Server, after func()) rlsv3.RateLimitServiceClient {
 	t.Helper()
+	return rlsv3.NewRateLimitServiceClient(serveConn(t, srv, after))
+}
+
+// serveConn serves srv on 127.0.0.1 and returns a connection to it.
+func serveConn(t *testing.T, srv *Server, after func()) *grpc.ClientConn {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +92,7 @@ func serveGRPC(t *testing.T, srv *Server, after func()) rlsv3.RateLimitServiceCl
 			after()
 		}
 	})
-	return rlsv3.NewRateLimitServiceClient(cc)
+	return cc
 }
 
 func desc(kv ...string) *rlcommon.RateLimitDescriptor {
