@@ -29,6 +29,7 @@ const (
 	takeFallback          // from the fallback bucket, charged to the allocator
 	takeBucket            // from the fallback or local bucket, not charged
 	takeRemote            // from the Redis backend (Config.Redis)
+	takePromise           // a denial's Retry-After kept (promise.go), charged to the allocator
 )
 
 // outcome is small on purpose: it is returned by value through every
@@ -306,6 +307,8 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 	switch oc.kind {
 	case takeLease:
 		ks.balance.Add(n)
+	case takePromise:
+		ks.charged.Add(-n)
 	case takeFallback, takeBucket:
 		ks.mu.Lock()
 		ks.fbLimit.GiveBack(&ks.fbState, now, n)
@@ -438,15 +441,20 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 			}, outcome{}
 		}
 	}
+	open := a.breakerOpen.Load()
+	charge := !open && !ks.notLeased.Load()
 	if du := ks.deniedUntil.Load(); now < du {
-		return Status{
+		st := Status{
 			Rule:       r,
 			ResetAfter: until(ks.resetAt.Load(), now),
 			RetryAfter: time.Duration(du - now),
 			Source:     SourceLease,
-		}, outcome{}
+		}
+		if charge && consume && n > 0 && ks.keepPromise(now, n, st.RetryAfter) {
+			return a.promised(ks, st, n)
+		}
+		return st, outcome{}
 	}
-	open := a.breakerOpen.Load()
 	if open && r.FailureMode == rules.FailClosed {
 		return Status{
 			Rule:       r,
@@ -454,7 +462,6 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 			Source:     SourceFallback,
 		}, outcome{}
 	}
-	charge := !open && !ks.notLeased.Load()
 	nAgents := uint32(1)
 	if r.Routing != rules.RoutingConsistentHash {
 		nAgents = max(a.liveAgents.Load(), 1)
@@ -463,6 +470,9 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 		ks.fbUsed.Store(true)
 	}
 	st, oc := a.decideBucket(ks, r, now, n, consume, nAgents, SourceFallback)
+	if !st.Allowed && charge && consume && n > 0 && ks.keepPromise(now, n, st.RetryAfter) {
+		return a.promised(ks, st, n)
+	}
 	if oc.taken > 0 && charge {
 		oc.kind = takeFallback
 		ks.charged.Add(oc.taken)
@@ -471,6 +481,17 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 		a.enqueue(ks) // no lease, or it expired: ask for one
 	}
 	return st, oc
+}
+
+// promised admits a request of a leased key that the lease path denied
+// with st, because the key's latest denial promised it (promise.go): the n
+// tokens are charged to the allocator.
+func (a *Agent) promised(ks *keyState, st Status, n int64) (Status, outcome) {
+	ks.spent.Add(n)
+	ks.charged.Add(n)
+	a.enqueue(ks)
+	st.Allowed, st.RetryAfter, st.Remaining = true, 0, 0
+	return st, outcome{ks: ks, taken: n, kind: takePromise}
 }
 
 // decideBucket decides from the key's own bucket: the fallback (R/N, burst

@@ -136,6 +136,7 @@ type keyState struct {
 	fbRebase bool  // a grant asked to lower fbState to fbAvail tokens at fbAt
 	fbAvail  int64 // this agent's share of the global remaining at the grant
 	fbAt     int64
+	promise  promise // the latest denial's Retry-After (promise.go)
 
 	// Owned by the refill loop.
 	demand     float64 // EWMA of tokens/s
