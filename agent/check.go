@@ -263,6 +263,8 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		dec.ResetAfter = reportedSt.ResetAfter
 		if !dec.Allowed {
 			dec.RetryAfter = reportedSt.RetryAfter
+		} else {
+			dec.NextAfter = r.Limit.NextAfter(now, dec.ResetAfter)
 		}
 	}
 	a.met.decision(hint, dec.Source, dec.Allowed)

@@ -427,3 +427,29 @@ func TestShareThresholdSharesOneBudget(t *testing.T) {
 		t.Fatalf("two api_key values share a key state")
 	}
 }
+
+// TestCheckNextAfter: an allowed decision carries the time until more quota
+// (the next token of 30/minute, every 2 s), not until the bucket is full;
+// a denied one carries none.
+func TestCheckNextAfter(t *testing.T) {
+	clock := newFakeClock()
+	cfg := DefaultConfig()
+	cfg.Now = clock.now
+	cfg.Rules = mustCompile(t, 0, `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: free, unit: minute, requests_per_unit: 30, burst: 10}
+`)
+	a := newAgent(t, cfg)
+	d := desc("api_key", "k")
+	for i, want := range []struct{ next, reset time.Duration }{{2 * time.Second, 2 * time.Second}, {2 * time.Second, 4 * time.Second}} {
+		if got := check(t, a, d); !got.Allowed || got.NextAfter != want.next || got.ResetAfter != want.reset {
+			t.Fatalf("check %d: %+v, want NextAfter %v and ResetAfter %v", i+1, got, want.next, want.reset)
+		}
+	}
+	clock.advance(500 * time.Millisecond)
+	if got := check(t, a, d); got.NextAfter != 1500*time.Millisecond {
+		t.Fatalf("check 3, 0.5 s later: NextAfter %v, want 1.5s", got.NextAfter)
+	}
+}

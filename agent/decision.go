@@ -85,5 +85,9 @@ type Decision struct {
 	Remaining  int64
 	ResetAfter time.Duration
 	RetryAfter time.Duration // zero when allowed
-	Rule       *rules.Rule   // the reported rule; nil when unlimited
+	// NextAfter, when allowed, is how long until the reported limit has
+	// more quota: the next token (token bucket, GCRA) or the next window
+	// boundary (windows); 0 when it is full (bucket.Limit.NextAfter).
+	NextAfter time.Duration
+	Rule      *rules.Rule // the reported rule; nil when unlimited
 }

@@ -13,7 +13,7 @@
 // Allowed: the request is forwarded with
 //
 //	RateLimit-Policy: "<name>";q=<quota>;w=<window seconds>
-//	RateLimit: "<name>";r=<remaining>;t=<seconds until full>
+//	RateLimit: "<name>";r=<remaining>;t=<seconds until more quota>
 //
 // Denied: 429 without calling the next handler, with Retry-After
 // (delay-seconds, the retry delay rounded up, at least 1), the same two
@@ -264,8 +264,9 @@ func reported(d agent.Decision) bool {
 
 // SetFields sets RateLimit-Policy and RateLimit on h for decision d (and
 // deletes them when d reports no limit). buf is scratch space, returned for
-// reuse. t is the seconds until the limit is full again when allowed, and
-// equals Retry-After when denied.
+// reuse. t is the seconds until more quota is available when allowed
+// (Decision.NextAfter rounded up: the next token, or the next window
+// boundary; 0 when the limit is full), and equals Retry-After when denied.
 func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
 	if !reported(d) {
 		delete(h, HeaderRateLimit)
@@ -274,7 +275,7 @@ func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
 	}
 	buf = sfv.AppendPolicy(buf[:0], d.Policy, d.Quota, ceilSeconds(d.Window))
 	n := len(buf)
-	t := ceilSeconds(d.ResetAfter)
+	t := ceilSeconds(d.NextAfter)
 	if !d.Allowed {
 		t = RetryAfterSeconds(d)
 	}

@@ -50,7 +50,7 @@ var shadowRule = &rules.Rule{Name: "key_override", RequestsPerUnit: 5, Unit: rul
 
 func allowedDecision() agent.Decision {
 	return agent.Decision{Allowed: true, Source: agent.SourceLease, Policy: "free_search", Quota: 30,
-		Window: time.Minute, Remaining: 9, ResetAfter: 1500 * time.Millisecond, Rule: freeSearch}
+		Window: time.Minute, Remaining: 9, ResetAfter: 1500 * time.Millisecond, NextAfter: 1500 * time.Millisecond, Rule: freeSearch}
 }
 
 func deniedDecision() agent.Decision {
@@ -85,6 +85,28 @@ func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
 func counter(t *testing.T, m *Middleware, r result) float64 {
 	t.Helper()
 	return float64(m.Metrics.count(r))
+}
+
+// TestAllowedTIsNextQuota: on an allowed response t counts to the next
+// token (Decision.NextAfter), not to the limit being full (draft 10's "until
+// additional quota"), and is 0 only when the limit is full.
+func TestAllowedTIsNextQuota(t *testing.T) {
+	for _, tc := range []struct {
+		next time.Duration
+		want string
+	}{
+		{1500 * time.Millisecond, `"free_search";r=2;t=2`},
+		{time.Nanosecond, `"free_search";r=2;t=1`},
+		{0, `"free_search";r=2;t=0`},
+	} {
+		d := allowedDecision()
+		d.Remaining, d.ResetAfter, d.NextAfter = 2, 15500*time.Millisecond, tc.next
+		h := http.Header{}
+		SetFields(h, d, nil)
+		if got := h.Get("RateLimit"); got != tc.want {
+			t.Errorf("NextAfter %v, ResetAfter %v: RateLimit = %s, want %s", tc.next, d.ResetAfter, got, tc.want)
+		}
+	}
 }
 
 func TestAllowedForwardsWithFields(t *testing.T) {
