@@ -247,7 +247,10 @@ func (c stripedCollector) Collect(ch chan<- prometheus.Metric) {
 	defer c.m.ruleMu.Unlock()
 	for k, rc := range c.m.ruleCounters {
 		for res := range ruleResults {
-			if n := rc.sum(res); n > 0 {
+			// A rule's results, and a domain's unlimited count, are
+			// exposed at 0 from the rule set's load: an alert on their
+			// increase sees the first event.
+			if n := rc.sum(res); n > 0 || (k[1] != "") == (res != ruleUnlimited) {
 				ch <- prometheus.MustNewConstMetric(c.m.ruleDesc, prometheus.CounterValue, float64(n), k[0], k[1], ruleResultNames[res])
 			}
 		}

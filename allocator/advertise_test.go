@@ -563,8 +563,11 @@ func scrape(t testing.TB, httpAddr string) string {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("/metrics = %d, %v", resp.StatusCode, err)
 	}
-	if strings.Contains(string(b), "allot_allocator_snapshot_failures_total{") {
-		t.Errorf("a snapshot stage failed:\n%s", grepLines(string(b), "snapshot_failures_total"))
+	// The failure counters exist from the start, at 0 while nothing failed.
+	for _, stage := range snapshotStages {
+		if !strings.Contains(string(b), `allot_allocator_snapshot_failures_total{stage="`+stage+`"} 0`+"\n") {
+			t.Errorf("a snapshot stage failed, or its counter is missing:\n%s", grepLines(string(b), "snapshot_failures_total"))
+		}
 	}
 	return string(b)
 }

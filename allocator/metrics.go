@@ -54,7 +54,38 @@ type metrics struct {
 	snapLastTime  prometheus.Gauge
 }
 
+// Label values exposed at 0 from the start, so that alerts on increase()
+// see the first event and dashboards show 0 rather than no data.
+var (
+	rejectReasons  = []string{"unauthenticated", "permission_denied", "agent_rate", "inflight", "queue_full"}
+	snapshotStages = []string{stageCapture, stagePersist, stageRestore}
+	acquireResults = []string{"ok", "invalid", "error"}
+	acquirePaths   = []string{"local", "forwarded"}
+	commandTypes   = []string{"acquire", "release", "put_rules", "expire", "member", "check"}
+)
+
 func newMetrics(inflight func() float64) *metrics {
+	m := newMetricsVecs(inflight)
+	for _, r := range rejectReasons {
+		m.rejected.WithLabelValues(r)
+	}
+	for _, st := range snapshotStages {
+		m.snapFailures.WithLabelValues(st)
+	}
+	for _, r := range acquireResults {
+		m.acquireCalls.WithLabelValues(r)
+	}
+	for _, p := range acquirePaths {
+		m.acquireLatency.WithLabelValues(p)
+	}
+	for _, c := range commandTypes {
+		m.commands.WithLabelValues(c)
+		m.fsmApply.WithLabelValues(c)
+	}
+	return m
+}
+
+func newMetricsVecs(inflight func() float64) *metrics {
 	return &metrics{
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "rejected_calls_total",

@@ -808,23 +808,42 @@ func knownMetric(names map[string]bool, m string) bool {
 	return false
 }
 
-// TestDashboard: the Grafana dashboard parses, every panel has queries, and
-// every metric they select is defined in the Go sources.
-func TestDashboard(t *testing.T) {
-	var dash struct {
-		Title  string `json:"title"`
-		UID    string `json:"uid"`
-		Panels []struct {
-			Type    string `json:"type"`
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
+type dashboard struct {
+	Title  string `json:"title"`
+	UID    string `json:"uid"`
+	Panels []struct {
+		Type    string `json:"type"`
+		Title   string `json:"title"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+func loadDashboard(t *testing.T) dashboard {
+	t.Helper()
+	var dash dashboard
 	if err := json.Unmarshal(readFile(t, "grafana/allot-dashboard.json"), &dash); err != nil {
 		t.Fatal(err)
 	}
+	return dash
+}
+
+// dashboardExprs lists the dashboard's queries.
+func dashboardExprs(t *testing.T) []string {
+	var out []string
+	for _, p := range loadDashboard(t).Panels {
+		for _, tg := range p.Targets {
+			out = append(out, tg.Expr)
+		}
+	}
+	return out
+}
+
+// TestDashboard: the Grafana dashboard parses, every panel has queries, and
+// every metric they select is defined in the Go sources.
+func TestDashboard(t *testing.T) {
+	dash := loadDashboard(t)
 	if dash.Title == "" || dash.UID == "" {
 		t.Error("dashboard without title or uid")
 	}

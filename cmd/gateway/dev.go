@@ -78,7 +78,9 @@ func startDev(ctx context.Context, o options, logger *slog.Logger, reg prometheu
 	cfg.Bootstrap = true
 	cfg.InitialRules = rules.ExampleFiles()
 	cfg.Logger = alog.With("component", "allocator")
-	cfg.Registerer = reg
+	// Labelled, so that cluster alerts can tell it from real allocators
+	// (deploy/prometheus/alerts.yaml).
+	cfg.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"embedded": "true"}, reg)
 	if d.alloc, err = allocator.New(cfg); err != nil {
 		return d, fmt.Errorf("dev allocator: %w", err)
 	}
