@@ -89,9 +89,35 @@ func (a *adminService) dryRun(req *allotv1.PutRulesRequest, compiled *rules.Set)
 	return &allotv1.PutRulesResponse{Version: version, Domains: domains}, nil
 }
 
-// GetRules returns this node's current rule set.
-func (a *adminService) GetRules(context.Context, *allotv1.GetRulesRequest) (*allotv1.RuleSet, error) {
-	return a.s.st.RuleSet(), nil
+// GetRules returns the rule set: this node's, or with linearizable the
+// leader's after it confirmed its leadership with a quorum, so the answer
+// holds every PutRules that returned before the call (read-your-writes
+// through any node).
+func (a *adminService) GetRules(ctx context.Context, req *allotv1.GetRulesRequest) (*allotv1.RuleSet, error) {
+	s := a.s
+	if !req.GetLinearizable() {
+		return s.st.RuleSet(), nil
+	}
+	var rs *allotv1.RuleSet
+	err := s.onLeader(ctx, true,
+		func(context.Context) error {
+			// PutRules answers once the leader has applied the entry, so
+			// the leader's state after VerifyLeader holds it.
+			if err := s.node.raft.VerifyLeader().Error(); err != nil {
+				return err
+			}
+			rs = s.st.RuleSet()
+			return nil
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAdminClient(cc).GetRules(ctx, req)
+			rs = r
+			return err
+		})
+	if err != nil {
+		return nil, s.status(err)
+	}
+	return rs, nil
 }
 
 func (a *adminService) ListLeases(_ context.Context, req *allotv1.ListLeasesRequest) (*allotv1.ListLeasesResponse, error) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -464,4 +465,49 @@ func testutilCounter(c prometheus.Counter) float64 {
 		return 0
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestGetRulesLinearizable: a follower cut off from the leader's log
+// answers a plain GetRules from its stale replica, and a linearizable one
+// with the rules a PutRules through another node committed (it forwards
+// the read to the leader): read-your-writes for allotctl.
+func TestGetRulesLinearizable(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ld := tc.leader()
+	var a, b int
+	for i := range 3 {
+		if i != ld {
+			if a == b {
+				b = i
+			}
+			a = i
+		}
+	}
+	// b stops receiving the leader's appends; the leader and a still form
+	// a quorum. b's gRPC server stays up.
+	tc.mu.Lock()
+	tc.trans[ld].Disconnect(raft.ServerAddress(tc.cfgs[b].NodeID))
+	tc.mu.Unlock()
+	_, adminA := tc.clients(a)
+	_, adminB := tc.clients(b)
+	ctx := ctxT(t)
+	put, err := adminA.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml",
+		Yaml: []byte(strings.Replace(testRules, "requests_per_unit: 100", "requests_per_unit: 300", 1))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := adminB.GetRules(ctx, &allotv1.GetRulesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stale.GetVersion() >= put.GetVersion() {
+		t.Fatalf("the cut-off follower already has version %d: the test needs it stale", stale.GetVersion())
+	}
+	lin, err := adminB.GetRules(ctx, &allotv1.GetRulesRequest{Linearizable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lin.GetVersion() != put.GetVersion() {
+		t.Fatalf("linearizable GetRules on a lagging follower: version %d, want %d (the committed put)", lin.GetVersion(), put.GetVersion())
+	}
 }

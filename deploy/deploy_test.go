@@ -391,12 +391,12 @@ func TestLocalCluster(t *testing.T) {
 			Role string `json:"role"`
 		} `json:"members"`
 		LeaderID     string `json:"leader_id"`
-		RulesVersion string `json:"rules_version"`
+		RulesVersion uint64 `json:"rules_version"`
 	}
 	if err := json.Unmarshal([]byte(c.mustAllotctl("status", "-o", "json")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Members) != 3 || st.LeaderID == "" || st.RulesVersion != "2" {
+	if len(st.Members) != 3 || st.LeaderID == "" || st.RulesVersion != 2 {
 		t.Fatalf("allotctl status: %+v", st)
 	}
 	t.Logf("allotctl status:\n%s", c.mustAllotctl("status"))
@@ -469,7 +469,7 @@ func TestLocalCluster(t *testing.T) {
 	if err := json.Unmarshal([]byte(c.mustAllotctl("status", "-o", "json")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.RulesVersion != "2" || len(st.Members) != 3 {
+	if st.RulesVersion != 2 || len(st.Members) != 3 {
 		t.Fatalf("after restore: %+v", st)
 	}
 	if out := c.mustAllotctl("rules", "get", "--domain", "public-api"); !strings.Contains(out, "free_search") {

@@ -46,6 +46,9 @@ type app struct {
 	// isTerminal reports whether stdout is a terminal (top redraws in
 	// place only then). Replaced in tests.
 	isTerminal func() bool
+	// termSize returns stdout's terminal size (top fits its frame to it).
+	// Replaced in tests.
+	termSize func() (width, height int, ok bool)
 
 	conn   *grpc.ClientConn
 	client allotv1.AdminClient
@@ -61,6 +64,7 @@ func newApp(stdout, stderr io.Writer) *app {
 		fi, err := f.Stat()
 		return err == nil && fi.Mode()&os.ModeCharDevice != 0
 	}
+	a.termSize = a.terminalSize
 	return a
 }
 

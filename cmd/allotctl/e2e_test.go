@@ -165,8 +165,8 @@ func TestEndToEnd(t *testing.T) {
 			Suffrage string `json:"suffrage"`
 		} `json:"members"`
 		LeaderID     string `json:"leader_id"`
-		RulesVersion string `json:"rules_version"`
-		Leases       string `json:"leases"`
+		RulesVersion uint64 `json:"rules_version"`
+		Leases       uint64 `json:"leases"`
 	}
 	status := func(addr string) (statusJSON, bool) {
 		var s statusJSON
@@ -194,7 +194,7 @@ func TestEndToEnd(t *testing.T) {
 	for _, p := range procs {
 		waitFor(t, 20*time.Second, p.id+" to have rules version 1", func() bool {
 			s, ok := status(p.grpcAddr)
-			return ok && s.RulesVersion == "1"
+			return ok && s.RulesVersion == 1
 		})
 	}
 
@@ -205,7 +205,7 @@ func TestEndToEnd(t *testing.T) {
 	for _, p := range procs {
 		waitFor(t, 20*time.Second, p.id+" to see 2 leases", func() bool {
 			s, ok := status(p.grpcAddr)
-			return ok && s.Leases == "2"
+			return ok && s.Leases == 2
 		})
 	}
 
@@ -219,21 +219,21 @@ func TestEndToEnd(t *testing.T) {
 	var leases struct {
 		Leases []struct {
 			AgentID string `json:"agent_id"`
-			Tokens  string `json:"tokens"`
+			Tokens  int64  `json:"tokens"`
 			Key     string `json:"key"`
 		} `json:"leases"`
 	}
 	if err := json.Unmarshal([]byte(must(n1.grpcAddr, "-o", "json", "leases")), &leases); err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]string{}
+	got := map[string]int64{}
 	for _, l := range leases.Leases {
 		if l.Key != "live:tier=free,api_key=k_1" {
 			t.Errorf("unexpected lease key %q", l.Key)
 		}
 		got[l.AgentID] = l.Tokens
 	}
-	if got["agent-a"] != "6" || got["agent-b"] != "4" || len(got) != 2 {
+	if got["agent-a"] != 6 || got["agent-b"] != 4 || len(got) != 2 {
 		t.Errorf("leases = %v, want agent-a 6, agent-b 4", got)
 	}
 

@@ -200,14 +200,15 @@ func TestLiveCluster(t *testing.T) {
 	}
 	nodes := startCluster(t, 3)
 	addr := nodes[1].GRPCAddr() // a follower (or not): any node answers
-	cli := func(args ...string) result {
+	cliCode := func(code int, args ...string) result {
 		t.Helper()
 		r := runCLI(t, append([]string{"--addr", addr, "--timeout", "10s"}, args...)...)
-		if r.code != exitOK {
-			t.Fatalf("allotctl %s: exit %d, stderr %q", strings.Join(args, " "), r.code, r.stderr)
+		if r.code != code {
+			t.Fatalf("allotctl %s: exit %d, want %d, stderr %q", strings.Join(args, " "), r.code, code, r.stderr)
 		}
 		return r
 	}
+	cli := func(args ...string) result { t.Helper(); return cliCode(exitOK, args...) }
 	golden := func(name string, r result) {
 		t.Helper()
 		checkGolden(t, "live_"+name, normalize(r.stdout, !strings.HasPrefix(name, "rules")))
@@ -217,8 +218,13 @@ func TestLiveCluster(t *testing.T) {
 	if r.stdout != "Applied domain(s) live: rules version 0 -> 1.\n" {
 		t.Fatalf("rules apply printed %q", r.stdout)
 	}
-	// Reads are served by the node asked; a follower may lag the commit a
-	// moment.
+	// Read-your-writes through the same node, follower or not: get and
+	// diff are linearizable.
+	if r := cli("-o", "json", "rules", "get"); !strings.Contains(r.stdout, `"version": 1,`) {
+		t.Fatalf("rules get right after apply:\n%s", r.stdout)
+	}
+	cli("rules", "diff", "-f", liveRules)
+	// --stale reads the node's replica, which may lag the commit a moment.
 	waitFor(t, 10*time.Second, "the rules on every node", func() bool {
 		for _, n := range nodes {
 			if st, err := clusterStatus(n.GRPCAddr()); err != nil || st.RulesVersion != 1 {
@@ -229,7 +235,8 @@ func TestLiveCluster(t *testing.T) {
 	})
 	golden("rules_get", cli("rules", "get"))
 	golden("rules_diff_same", cli("rules", "diff", "-f", liveRules))
-	golden("rules_diff", cli("rules", "diff", "-f", "testdata/live/live-v2.yaml"))
+	golden("rules_diff", cliCode(exitDiffer, "rules", "diff", "-f", "testdata/live/live-v2.yaml"))
+	golden("rules_diff_same", cli("rules", "diff", "--stale", "-f", liveRules))
 
 	// Two agents lease the whole budget of k_1 (10 tokens); a third key is
 	// leased by one agent; agent-b reports denials.
@@ -250,9 +257,9 @@ func TestLiveCluster(t *testing.T) {
 			ID, Role, Suffrage string
 		}
 		LeaderID     string `json:"leader_id"`
-		RulesVersion string `json:"rules_version"`
+		RulesVersion uint64 `json:"rules_version"`
 		Agents       int    `json:"agents"`
-		Leases       string `json:"leases"`
+		Leases       uint64 `json:"leases"`
 	}
 	if err := json.Unmarshal([]byte(st.stdout), &status); err != nil {
 		t.Fatalf("status -o json: %v\n%s", err, st.stdout)
@@ -269,7 +276,7 @@ func TestLiveCluster(t *testing.T) {
 			t.Errorf("member %s is %s, want voter", m.ID, m.Suffrage)
 		}
 	}
-	if len(status.Members) != 3 || leaders != 1 || status.Agents != 2 || status.Leases != "3" || status.RulesVersion == "0" {
+	if len(status.Members) != 3 || leaders != 1 || status.Agents != 2 || status.Leases != 3 || status.RulesVersion == 0 {
 		t.Errorf("status = %+v, want 3 voters, one leader, 2 agents, 3 leases, rules applied\n%s", status, st.stdout)
 	}
 	table := cli("status").stdout

@@ -24,6 +24,10 @@ const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
+
+	// rules diff, as diff(1): the files differ, or an error.
+	exitDiffer    = 1
+	exitDiffError = 2
 )
 
 func main() {
@@ -49,6 +53,13 @@ func (a *app) execute(ctx context.Context, args []string) int {
 	if err == nil {
 		return exitOK
 	}
+	var ee *codeError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(stderr, "allotctl: %s\n", oneLine(ee.err.Error()))
+		}
+		return ee.code
+	}
 	var re *runError
 	if errors.As(err, &re) {
 		fmt.Fprintf(stderr, "allotctl: %s\n", oneLine(re.err.Error()))
@@ -70,6 +81,21 @@ type runError struct{ err error }
 
 func (e *runError) Error() string { return e.err.Error() }
 func (e *runError) Unwrap() error { return e.err }
+
+// codeError ends a command with its own exit code (rules diff: 1 when the
+// files differ, 2 on an error), printing err when it is not nil.
+type codeError struct {
+	code int
+	err  error
+}
+
+func (e *codeError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+func (e *codeError) Unwrap() error { return e.err }
 
 // usageError is an argument problem a command found itself: exit code 2.
 type usageError struct{ msg string }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
@@ -84,6 +86,7 @@ var goldenCases = []struct {
 	{"agents", []string{"agents"}},
 	{"top", []string{"top", "--once"}},
 	{"top_deny", []string{"top", "--once", "--order", "deny", "--limit", "1"}},
+	{"top_width40", []string{"top", "--once", "--width", "40"}},
 	{"check", []string{"check", "--domain", "public-api", "-d", "tier=free", "-d", "route=/v1/search", "-d", "api_key=k_1"}},
 	{"check_multi", []string{"check", "--domain", "public-api", "--hits", "2",
 		"-D", "tier=free,api_key=k_1", "-D", "tier=free,route=/v1/search,api_key=k_1", "-D", "api_key=k_live_abc123"}},
@@ -96,6 +99,7 @@ var goldenCases = []struct {
 }
 
 func TestGoldenFake(t *testing.T) {
+	t.Setenv("COLUMNS", "") // top fits 80 columns
 	f := newFakeAdmin()
 	addr := startFake(t, f, nil)
 	for _, tc := range goldenCases {
@@ -481,4 +485,35 @@ func TestAddrFromEnvironment(t *testing.T) {
 	if r := runCLI(t, "--addr", dead, "agents"); r.code != exitError || !strings.Contains(r.stderr, dead) {
 		t.Errorf("--addr %s: exit %d, stderr %q", dead, r.code, r.stderr)
 	}
+}
+
+// TestTopFitsTerminal: at 80×24, top's frame is at most 80 columns wide and
+// 24 lines high, with no newline after its last line, so a redraw never
+// wraps a row or scrolls the header away; the rows that do not fit are
+// counted in the footer.
+func TestTopFitsTerminal(t *testing.T) {
+	resp := &allotv1.TopKeysResponse{NowUnixMs: fakeNow}
+	for i := range 30 {
+		resp.Keys = append(resp.Keys, &allotv1.KeyRate{
+			Key:       fmt.Sprintf("public-api:tier=enterprise,route=/v1/items/{id},api_key=k_live_%04d", i),
+			GrantRate: 1234.5, DenyRate: 12.25, Tokens: 123456, Agents: 120, Rule: "enterprise_items_per_key",
+		})
+	}
+	var out bytes.Buffer
+	a := newApp(&out, io.Discard)
+	a.termSize = func() (int, int, bool) { return 80, 24, true }
+	if err := a.printTop(resp, "grant", true, 0); err != nil {
+		t.Fatal(err)
+	}
+	frame := strings.TrimPrefix(out.String(), clearScreen)
+	lines := strings.Split(frame, "\n")
+	if len(lines) > 24 || strings.HasSuffix(frame, "\n") {
+		t.Errorf("%d lines (a trailing newline: %v), want at most 24 and none", len(lines), strings.HasSuffix(frame, "\n"))
+	}
+	for i, l := range lines {
+		if n := utf8.RuneCountInString(l); n > 80 {
+			t.Errorf("line %d is %d columns: %q", i+1, n, l)
+		}
+	}
+	checkGolden(t, "fake_top_tty", frame)
 }

@@ -22,8 +22,8 @@ import (
 
 // This file renders every command's output. Table output goes through
 // table (text/tabwriter); -o json renders protobuf messages with protojson
-// (proto field names, every field present) re-indented so that the bytes
-// are stable; -o yaml converts that JSON to YAML, keeping the field order.
+// (proto field names, every field present, 64-bit integers as numbers:
+// jsonnum.go) re-indented so that the bytes are stable; -o yaml converts that JSON to YAML, keeping the field order.
 
 // table writes aligned columns. Cells are sanitised: control characters
 // (which could break the layout or drive the terminal) are quoted.
@@ -90,6 +90,9 @@ var pjson = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 func protoJSON(m proto.Message) ([]byte, error) {
 	raw, err := pjson.Marshal(m)
 	if err != nil {
+		return nil, fmt.Errorf("encode json: %v", err)
+	}
+	if raw, err = numbersJSON(m.ProtoReflect(), raw); err != nil {
 		return nil, fmt.Errorf("encode json: %v", err)
 	}
 	var buf bytes.Buffer

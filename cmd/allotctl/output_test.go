@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -116,16 +118,49 @@ func TestJSONIsStableAndYAMLKeepsOrder(t *testing.T) {
 			t.Fatalf("protoJSON not stable:\n%s\n%s", first, again)
 		}
 	}
-	if !strings.Contains(string(first), `"agent_id": "a"`) || !strings.Contains(string(first), `"expires_in_ms": "0"`) {
-		t.Errorf("want proto field names and unpopulated fields:\n%s", first)
+	if !strings.Contains(string(first), `"agent_id": "a"`) || !strings.Contains(string(first), `"expires_in_ms": 0`) {
+		t.Errorf("want proto field names, unpopulated fields and 64-bit integers as numbers:\n%s", first)
 	}
 	y, err := jsonToYAML(first)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "key: d:k=v\ndomain: \"\"\nagent_id: a\ntokens: \"5\"\ngranted_unix_ms: \"0\"\nexpires_in_ms: \"0\"\ndemand: 1.5\nrule: \"\"\n"
+	want := "key: d:k=v\ndomain: \"\"\nagent_id: a\ntokens: 5\ngranted_unix_ms: 0\nexpires_in_ms: 0\ndemand: 1.5\nrule: \"\"\n"
 	if string(y) != want {
 		t.Errorf("yaml =\n%s\nwant\n%s", y, want)
+	}
+}
+
+// TestJSONNumbers: 64-bit integers print as JSON numbers with every digit
+// (not through float64), in nested and repeated messages too; strings that
+// look like numbers stay strings.
+func TestJSONNumbers(t *testing.T) {
+	m := &allotv1.ListLeasesResponse{
+		Leases: []*allotv1.Lease{
+			{Key: "123", AgentId: "9", Tokens: math.MaxInt64, GrantedUnixMs: -42},
+			{Tokens: 1},
+		},
+		NowUnixMs: 1700000000000,
+	}
+	js, err := protoJSON(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Leases []struct {
+			Key     string          `json:"key"`
+			AgentID string          `json:"agent_id"`
+			Tokens  json.RawMessage `json:"tokens"`
+			Granted int64           `json:"granted_unix_ms"`
+		} `json:"leases"`
+		Now int64 `json:"now_unix_ms"`
+	}
+	if err := json.Unmarshal(js, &v); err != nil {
+		t.Fatalf("%v\n%s", err, js)
+	}
+	if len(v.Leases) != 2 || string(v.Leases[0].Tokens) != "9223372036854775807" || v.Leases[0].Granted != -42 ||
+		string(v.Leases[1].Tokens) != "1" || v.Now != 1700000000000 || v.Leases[0].Key != "123" || v.Leases[0].AgentID != "9" {
+		t.Errorf("decoded %+v from\n%s", v, js)
 	}
 }
 

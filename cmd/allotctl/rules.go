@@ -18,20 +18,26 @@ import (
 )
 
 func (a *app) rulesCmd() *cobra.Command {
+	var stale bool
 	cmd := &cobra.Command{
 		Use:   "rules",
 		Short: "Show, validate, diff and apply the rule set",
 		Long: `rules manages the cluster's rule set. Each rules file is in Envoy's
 ratelimit YAML format (with allot's extensions, see docs/rules.md) and holds
 exactly one domain. apply replaces only the domains of the files given; the
-other domains stay.`,
+other domains stay.
+
+Reads are linearizable: get and diff through any node show every apply that
+returned before them (a follower forwards the read to the leader). --stale
+reads the node's own replica instead, which may lag the leader.`,
 		Example: `  allotctl rules get
   allotctl rules validate -f public-api.yaml
   allotctl rules diff -f public-api.yaml
   allotctl rules apply -f public-api.yaml -f internal.yaml`,
 		RunE: groupRunE,
 	}
-	cmd.AddCommand(a.rulesGetCmd(), a.rulesValidateCmd(), a.rulesDiffCmd(), a.rulesApplyCmd())
+	cmd.AddCommand(a.rulesGetCmd(&stale), a.rulesValidateCmd(), a.rulesDiffCmd(&stale), a.rulesApplyCmd())
+	cmd.PersistentFlags().BoolVar(&stale, "stale", false, "get, diff: read the node's own replica (may lag the leader) instead of a linearizable read")
 	return cmd
 }
 
@@ -49,7 +55,7 @@ type ruleFileJSON struct {
 	YAML   string `json:"yaml"`
 }
 
-func (a *app) rulesGetCmd() *cobra.Command {
+func (a *app) rulesGetCmd(stale *bool) *cobra.Command {
 	var domain string
 	cmd := &cobra.Command{
 		Use:   "get",
@@ -62,15 +68,9 @@ that domain's file exactly as stored, ready to edit and apply again.`,
   allotctl rules get -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.admin()
+			rs, err := a.getRules(cmd, *stale)
 			if err != nil {
 				return err
-			}
-			ctx, cancel := a.rpcCtx(cmd.Context())
-			defer cancel()
-			rs, err := c.GetRules(ctx, &allotv1.GetRulesRequest{})
-			if err != nil {
-				return a.rpcErr("GetRules", err)
 			}
 			files := rs.GetFiles()
 			if domain != "" {
@@ -213,7 +213,7 @@ type domainDiff struct {
 	Changes []ruleChange `json:"changes"`
 }
 
-func (a *app) rulesDiffCmd() *cobra.Command {
+func (a *app) rulesDiffCmd(stale *bool) *cobra.Command {
 	var files []string
 	cmd := &cobra.Command{
 		Use:   "diff -f FILE [-f FILE...]",
@@ -222,30 +222,22 @@ func (a *app) rulesDiffCmd() *cobra.Command {
 unified line diff of the stored YAML against the file, then a summary of the
 rules added (+), removed (-) and changed (~) by rule path and limit. Both
 sides are compiled with pkg/rules, so a formatting-only edit shows in the
-line diff but not in the summary.`,
+line diff but not in the summary.
+
+The exit code is that of diff(1) and git diff --exit-code: 0 when the files
+match the cluster's rules, 1 when they differ, 2 on an error.`,
 		Example: `  allotctl rules diff -f public-api.yaml
   allotctl rules diff -f public-api.yaml -f internal.yaml -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			lfs, err := loadLocal(files)
-			if err != nil {
-				return err
+			differ, err := a.rulesDiff(cmd, files, *stale)
+			switch {
+			case err != nil:
+				return &codeError{code: exitDiffError, err: err}
+			case differ:
+				return &codeError{code: exitDiffer}
 			}
-			rs, err := a.getRules(cmd)
-			if err != nil {
-				return err
-			}
-			diffs, err := diffRules(rs, lfs)
-			if err != nil {
-				return err
-			}
-			if a.structured() {
-				return a.writeValue(struct {
-					Version uint64       `json:"version"`
-					Domains []domainDiff `json:"domains"`
-				}{rs.GetVersion(), diffs})
-			}
-			return a.printDiffs(rs.GetVersion(), diffs)
+			return nil
 		},
 	}
 	cmd.Flags().StringArrayVarP(&files, "file", "f", nil, "rules file, or a directory of *.yaml files (repeatable)")
@@ -254,14 +246,43 @@ line diff but not in the summary.`,
 	return cmd
 }
 
-func (a *app) getRules(cmd *cobra.Command) (*allotv1.RuleSet, error) {
+// rulesDiff prints the diff of the files against the cluster's rules and
+// reports whether they differ.
+func (a *app) rulesDiff(cmd *cobra.Command, files []string, stale bool) (differ bool, err error) {
+	lfs, err := loadLocal(files)
+	if err != nil {
+		return false, err
+	}
+	rs, err := a.getRules(cmd, stale)
+	if err != nil {
+		return false, err
+	}
+	diffs, err := diffRules(rs, lfs)
+	if err != nil {
+		return false, err
+	}
+	for _, d := range diffs {
+		differ = differ || d.Diff != "" || d.New || len(d.Changes) > 0
+	}
+	if a.structured() {
+		return differ, a.writeValue(struct {
+			Version uint64       `json:"version"`
+			Domains []domainDiff `json:"domains"`
+		}{rs.GetVersion(), diffs})
+	}
+	return differ, a.printDiffs(rs.GetVersion(), diffs)
+}
+
+// getRules reads the cluster's rules: linearizable (every apply that
+// returned before is in it) unless stale.
+func (a *app) getRules(cmd *cobra.Command, stale bool) (*allotv1.RuleSet, error) {
 	c, err := a.admin()
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := a.rpcCtx(cmd.Context())
 	defer cancel()
-	rs, err := c.GetRules(ctx, &allotv1.GetRulesRequest{})
+	rs, err := c.GetRules(ctx, &allotv1.GetRulesRequest{Linearizable: !stale})
 	if err != nil {
 		return nil, a.rpcErr("GetRules", err)
 	}
@@ -464,7 +485,9 @@ without changing anything.`,
 			if err != nil {
 				return err
 			}
-			rs, err := a.getRules(cmd)
+			// The version the put is conditional on: linearizable, so an
+			// apply right after another through a follower does not fail.
+			rs, err := a.getRules(cmd, false)
 			if err != nil {
 				return err
 			}

@@ -80,7 +80,7 @@ func TestRulesDiff(t *testing.T) {
 	addr := startFake(t, f, nil)
 	for _, format := range []string{"table", "json"} {
 		r := runCLI(t, "--addr", addr, "-o", format, "rules", "diff", "-f", publicAPI, "-f", internalYAML)
-		if r.code != exitOK {
+		if r.code != exitDiffer { // diff(1): 1 when the files differ
 			t.Fatalf("%s: exit %d, stderr %q", format, r.code, r.stderr)
 		}
 		name := "rules_diff"
@@ -108,7 +108,7 @@ func TestRulesDiff(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := runCLI(t, "--addr", addr, "rules", "diff", "-f", path)
-		if r.code != exitOK || !strings.Contains(r.stdout, "+# reformatted") ||
+		if r.code != exitDiffer || !strings.Contains(r.stdout, "+# reformatted") ||
 			!strings.Contains(r.stdout, "public-api: 0 rule(s) added, 0 removed, 0 changed") {
 			t.Errorf("exit %d, stdout:\n%s", r.code, r.stdout)
 		}
@@ -117,13 +117,64 @@ func TestRulesDiff(t *testing.T) {
 	t.Run("invalid local file", func(t *testing.T) {
 		before := f.numCalls("GetRules")
 		r := runCLI(t, "--addr", addr, "rules", "diff", "-f", badUnit)
-		if r.code != exitError || !strings.Contains(r.stderr, "bad-unit.yaml:5") {
+		if r.code != exitDiffError || !strings.Contains(r.stderr, "bad-unit.yaml:5") {
 			t.Errorf("exit %d, stderr %q", r.code, r.stderr)
 		}
 		if f.numCalls("GetRules") != before {
 			t.Error("diff asked the allocator although the file is invalid")
 		}
 	})
+
+	t.Run("exit codes", func(t *testing.T) {
+		same := filepath.Join(t.TempDir(), "same.yaml")
+		if err := os.WriteFile(same, []byte(fakeRulesYAML), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			name string
+			args []string
+			code int
+		}{
+			{"no difference", []string{"--addr", addr, "rules", "diff", "-f", same}, 0},
+			{"no difference, json", []string{"--addr", addr, "-o", "json", "rules", "diff", "-f", same}, 0},
+			{"a difference", []string{"--addr", addr, "rules", "diff", "-f", publicAPI}, 1},
+			{"a difference, json", []string{"--addr", addr, "-o", "json", "rules", "diff", "-f", publicAPI}, 1},
+			{"a new domain", []string{"--addr", addr, "rules", "diff", "-f", internalYAML}, 1},
+			{"invalid file", []string{"--addr", addr, "rules", "diff", "-f", badUnit}, 2},
+			{"missing file", []string{"--addr", addr, "rules", "diff", "-f", "testdata/rules/nope.yaml"}, 2},
+			{"unreachable", []string{"--addr", freeAddr(t), "--timeout", "300ms", "rules", "diff", "-f", same}, 2},
+			{"no -f", []string{"--addr", addr, "rules", "diff"}, 2},
+		} {
+			if r := runCLI(t, tc.args...); r.code != tc.code {
+				t.Errorf("%s: exit %d, want %d (stderr %q)", tc.name, r.code, tc.code, r.stderr)
+			}
+		}
+	})
+}
+
+// TestRulesReadsLinearizable: get and diff ask for linearizable reads
+// unless --stale; apply reads the version it is conditional on
+// linearizably.
+func TestRulesReadsLinearizable(t *testing.T) {
+	f := newFakeAdmin()
+	addr := startFake(t, f, nil)
+	for _, tc := range []struct {
+		args []string
+		lin  bool
+	}{
+		{[]string{"rules", "get"}, true},
+		{[]string{"rules", "get", "--stale"}, false},
+		{[]string{"rules", "--stale", "get"}, false},
+		{[]string{"rules", "diff", "-f", publicAPI}, true},
+		{[]string{"rules", "diff", "--stale", "-f", publicAPI}, false},
+		{[]string{"rules", "apply", "-f", publicAPI, "--dry-run"}, true},
+	} {
+		runCLI(t, append([]string{"--addr", addr}, tc.args...)...)
+		req, ok := f.last("GetRules").(*allotv1.GetRulesRequest)
+		if !ok || req.GetLinearizable() != tc.lin {
+			t.Errorf("%v: GetRules %v, want linearizable=%v", tc.args, req, tc.lin)
+		}
+	}
 }
 
 func TestRulesApply(t *testing.T) {

@@ -23,6 +23,7 @@ func (a *app) topCmd() *cobra.Command {
 		limit    int
 		interval time.Duration
 		once     bool
+		width    int
 	)
 	cmd := &cobra.Command{
 		Use:   "top",
@@ -32,7 +33,12 @@ by recent grant rate (tokens/s) or deny rate (requests/s reported by the
 agents), with the global tokens left, the number of agents holding leases
 and the rule. On a terminal the view is redrawn in place; otherwise each
 refresh is printed below the previous one. Ctrl-C stops it. --once prints a
-single table and exits.`,
+single table and exits.
+
+The table fits the terminal's width (80 columns when it is unknown, or
+--width): the rule is cut, the key shortened in its middle, and if that is
+not enough the AGENTS, RULE, TOKENS and the other rate column are left out,
+in that order. On a terminal, rows that do not fit its height are not shown.`,
 		Example: `  allotctl top
   allotctl top --order deny --domain public-api --limit 10
   allotctl top --once -o json`,
@@ -74,7 +80,7 @@ single table and exits.`,
 					}
 					fmt.Fprintf(a.stderr, "allotctl: %s (retrying every %s)\n", a.rpcErr("TopKeys", err), interval)
 				default:
-					if err := a.printTop(resp, req.Order, tty); err != nil {
+					if err := a.printTop(resp, req.Order, tty, width); err != nil {
 						return err
 					}
 				}
@@ -95,6 +101,7 @@ single table and exits.`,
 	f.StringVar(&req.Order, "order", "grant", "order by grant rate or deny rate: grant|deny")
 	f.StringVar(&req.Domain, "domain", "", "only keys of this domain")
 	f.BoolVar(&once, "once", false, "print one table and exit")
+	f.IntVar(&width, "width", 0, "fit the table to this many columns (default: the terminal's width, $COLUMNS, or 80)")
 	_ = cmd.RegisterFlagCompletionFunc("order", cobra.FixedCompletions(
 		[]string{"grant", "deny"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -102,7 +109,7 @@ single table and exits.`,
 
 // printTop renders one refresh. The frame is built in memory and written
 // at once so that a terminal redraw does not flicker.
-func (a *app) printTop(r *allotv1.TopKeysResponse, order string, tty bool) error {
+func (a *app) printTop(r *allotv1.TopKeysResponse, order string, tty bool, width int) error {
 	if a.structured() {
 		return a.writeProto(r)
 	}
@@ -119,21 +126,37 @@ func (a *app) printTop(r *allotv1.TopKeysResponse, order string, tty bool) error
 		noun = "key"
 	}
 	fmt.Fprintf(&b, "Top %d %s by %s at %s\n", len(r.GetKeys()), noun, by, fmtUnixMS(r.GetNowUnixMs()))
+	hidden := 0
 	if len(r.GetKeys()) == 0 {
 		b.WriteString("No active keys.\n")
 	} else {
-		t := newTable(&b, "KEY", "GRANT/S", "DENY/S", "TOKENS", "AGENTS", "RULE")
-		for _, k := range r.GetKeys() {
-			t.row(k.GetKey(), fmtRate(k.GetGrantRate()), fmtRate(k.GetDenyRate()),
-				strconv.FormatInt(k.GetTokens(), 10), strconv.FormatUint(uint64(k.GetAgents()), 10), k.GetRule())
+		keys := r.GetKeys()
+		if _, h, ok := a.termSize(); tty && ok && len(keys) > h-4 {
+			// Title, header, the rows, a blank line and the footer (with
+			// no newline after it): the frame never scrolls.
+			n := max(h-4, 1)
+			hidden, keys = len(keys)-n, keys[:n]
+		}
+		rows := [][]string{{"KEY", "GRANT/S", "DENY/S", "TOKENS", "AGENTS", "RULE"}}
+		for _, k := range keys {
+			rows = append(rows, []string{cell(k.GetKey()), fmtRate(k.GetGrantRate()), fmtRate(k.GetDenyRate()),
+				strconv.FormatInt(k.GetTokens(), 10), strconv.FormatUint(uint64(k.GetAgents()), 10), cell(k.GetRule())})
+		}
+		rows = fitTop(rows, a.topWidth(width), order)
+		t := newTable(&b)
+		for _, row := range rows {
+			t.row(row...)
 		}
 		if err := t.flush(); err != nil {
 			return err
 		}
 	}
-	if tty {
-		b.WriteString("\n(Ctrl-C to quit)\n")
-	} else {
+	switch {
+	case tty && hidden > 0:
+		fmt.Fprintf(&b, "\n(%d more; Ctrl-C to quit)", hidden)
+	case tty:
+		b.WriteString("\n(Ctrl-C to quit)")
+	default:
 		b.WriteString("\n")
 	}
 	_, err := a.stdout.Write(b.Bytes())

@@ -1182,7 +1182,12 @@ func (x *PutRulesResponse) GetDomains() []string {
 }
 
 type GetRulesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// linearizable: answer with every rule change committed before the call
+	// (a follower forwards the read to the leader, which confirms its
+	// leadership first). false: this node's applied rules, which may lag the
+	// leader by the replication delay.
+	Linearizable  bool `protobuf:"varint,1,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1215,6 +1220,13 @@ func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use GetRulesRequest.ProtoReflect.Descriptor instead.
 func (*GetRulesRequest) Descriptor() ([]byte, []int) {
 	return file_allot_v1_allot_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetRulesRequest) GetLinearizable() bool {
+	if x != nil {
+		return x.Linearizable
+	}
+	return false
 }
 
 type ListLeasesRequest struct {
@@ -3185,8 +3197,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"F\n" +
 	"\x10PutRulesResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
-	"\adomains\x18\x02 \x03(\tR\adomains\"\x11\n" +
-	"\x0fGetRulesRequest\"\x94\x01\n" +
+	"\adomains\x18\x02 \x03(\tR\adomains\"5\n" +
+	"\x0fGetRulesRequest\x12\"\n" +
+	"\flinearizable\x18\x01 \x01(\bR\flinearizable\"\x94\x01\n" +
 	"\x11ListLeasesRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x16\n" +
