@@ -3,6 +3,8 @@ GO        ?= go
 BIN       ?= bin
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
+# Modules of their own (heavy test-only dependencies kept out of go.mod).
+SUBMODULES := deploy/k8svalidate
 BENCHTIME ?= 1s
 
 .PHONY: help build test test-short bench bench-load sim lint fmt proto dev clean tools
@@ -14,11 +16,13 @@ build: ## build allocator, gateway and allotctl into ./bin
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-test: ## run every test with the race detector
+test: ## run every test with the race detector (the sub-modules' too)
 	$(GO) test $(TESTFLAGS) $(PKGS)
+	@for m in $(SUBMODULES); do echo "cd $$m && $(GO) test $(TESTFLAGS) ./..."; (cd $$m && $(GO) test $(TESTFLAGS) ./...) || exit 1; done
 
 test-short: ## the quick subset (no multi-process clusters)
 	$(GO) test -short $(TESTFLAGS) $(PKGS)
+	@for m in $(SUBMODULES); do (cd $$m && $(GO) test -short $(TESTFLAGS) ./...) || exit 1; done
 
 bench: ## micro-benchmarks (algorithms, matcher, agent hot path) side by side with baselines
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pkg/... ./agent/...
@@ -29,9 +33,12 @@ bench-load: build ## the load harness: 3 allocators + agents on loopback (see do
 sim: ## the quick fleet simulation (see docs/performance.md)
 	$(GO) run ./bench/sim -quick $(ARGS)
 
-lint: ## go vet, a gofmt check and a tidy go.mod
+lint: ## go vet, a gofmt check and a tidy go.mod (the sub-modules' too)
 	$(GO) vet $(PKGS)
 	@$(GO) mod tidy -diff >/dev/null || { echo "go mod tidy would change go.mod/go.sum: run it"; $(GO) mod tidy -diff; exit 1; }
+	@for m in $(SUBMODULES); do \
+	  (cd $$m && $(GO) vet ./... && { $(GO) mod tidy -diff >/dev/null || { echo "$$m: go mod tidy would change go.mod/go.sum: run it"; exit 1; }; }) || exit 1; \
+	done
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
