@@ -349,7 +349,7 @@ func TestAllocatorNetworkPolicy(t *testing.T) {
 	}
 	want := map[string]map[grant]bool{
 		"allot-allocator": {
-			{"agent", grpcPort}: true,
+			{"agent", grpcPort}:     true,
 			{"allocator", grpcPort}: true, {"allocator", raftPort}: true, {"allocator", httpPort}: true,
 		},
 		"allot-allocator-metrics": {{"monitoring", httpPort}: true},
