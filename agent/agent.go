@@ -173,6 +173,15 @@ func (a *Agent) goLoop(f func()) {
 	}()
 }
 
+// preciseNow is now without the coarse clock's lag: the test hook, else
+// the coarse clock read precisely. For decisions off the fast path.
+func (a *Agent) preciseNow() int64 {
+	if a.nowHook != nil {
+		return a.nowHook()
+	}
+	return a.clock.precise()
+}
+
 // now is the decision clock: the test hook, else the coarse clock.
 func (a *Agent) now() int64 {
 	if a.nowHook != nil {

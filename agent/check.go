@@ -452,7 +452,7 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 			RetryAfter: time.Duration(du - now),
 			Source:     SourceLease,
 		}
-		if charge && consume && n > 0 && ks.keepPromise(now, n, st.RetryAfter) {
+		if charge && consume && n > 0 && ks.keepPromise(a.preciseNow(), n, st.RetryAfter) {
 			return a.promised(ks, st, n)
 		}
 		return st, outcome{}
@@ -472,7 +472,7 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 		ks.fbUsed.Store(true)
 	}
 	st, oc := a.decideBucket(ks, r, now, n, consume, nAgents, SourceFallback)
-	if !st.Allowed && charge && consume && n > 0 && ks.keepPromise(now, n, st.RetryAfter) {
+	if !st.Allowed && charge && consume && n > 0 && ks.keepPromise(a.preciseNow(), n, st.RetryAfter) {
 		return a.promised(ks, st, n)
 	}
 	if oc.taken > 0 && charge {

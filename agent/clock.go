@@ -25,7 +25,14 @@ func newCoarseClock() *coarseClock {
 func (c *coarseClock) load() int64 { return c.now.Load() }
 
 func (c *coarseClock) update() {
-	c.now.Store(c.start.UnixNano() + int64(time.Since(c.start)))
+	c.now.Store(c.precise())
+}
+
+// precise is the clock's time read now rather than at the last tick: the
+// tick lags by a millisecond, and by more when the ticking goroutine waits
+// for a CPU.
+func (c *coarseClock) precise() int64 {
+	return c.start.UnixNano() + int64(time.Since(c.start))
 }
 
 // run ticks until stop is closed. The caller owns the goroutine.

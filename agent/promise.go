@@ -49,6 +49,13 @@ type promise struct {
 	n     int64 // tokens the denied request asked for
 }
 
+// Promises are timed with the precise clock (Agent.preciseNow), not the
+// coarse one checks use: the coarse clock lags by however long its ticking
+// goroutine waits for a CPU, and a client that rounds Retry-After up by
+// almost nothing and comes back on time would otherwise arrive "early".
+// The moment is the denial's precise time plus its RetryAfter, which the
+// coarse clock's lag can only make later than the token's true moment.
+
 // promiseHold is how long after its moment a promise is kept: Retry-After
 // is rounded up to whole seconds (under 1 s later), and the client's own
 // scheduling and round trip come on top.

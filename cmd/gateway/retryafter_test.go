@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -103,6 +104,9 @@ descriptors:
 	if err := ap.signal(t, syscall.SIGKILL, 10*time.Second); err == nil {
 		t.Fatal("allocator exited cleanly after SIGKILL?")
 	}
+	// Keep the dead allocator's port: another process on this machine that
+	// binds it (another test's allocator) would answer the agent.
+	holdPort(t, grpcAddr)
 	eventually(t, 30*time.Second, "the fallback to engage (allot_agent_fallback 1)", func() bool {
 		return metric(t, a.http, "allot_agent_fallback") == 1
 	})
@@ -111,6 +115,29 @@ descriptors:
 			promiseTrials(t, base, plan, promiseKeys("fallback-"+plan, 20))
 		}
 	})
+}
+
+// holdPort listens on addr and closes every connection it accepts, until
+// the test ends: the agent's calls fail at once, as to a dead host that
+// answers with a reset.
+func holdPort(t *testing.T, addr string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("holding the dead allocator's port %s: %v", addr, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
 }
 
 func promiseKeys(prefix string, n int) []string {
