@@ -25,19 +25,22 @@ import (
 // that moment that the lease path would deny is admitted instead, once,
 // and charged to the allocator like a fallback admission.
 //
-// It does not over-admit. A promise is kept only if this agent admitted
-// nothing on the key since the denial (so the token the denial counted on
-// is still there, as far as this agent can see), for at most n tokens, once,
-// and within promiseHold of its moment. The denial's RetryAfter was the
-// wait until the bucket it read (the allocator's global bucket, or this
-// agent's share of it) holds n tokens, with this agent's earlier
-// admissions already taken out: the kept request spends that token, at the
-// moment the bucket holds it, and the charge debits it from the global
-// bucket, so the allocator counts it like every other admission. Only
-// other agents' traffic in the same interval can have taken that token, the
-// case the promise excludes; the charge then leaves the global bucket in
-// debt by at most n, which the key's next grants pay before any new token
-// is leased.
+// It does not admit past the bucket. A promise is kept only if this agent
+// admitted nothing on the key since the denial (so the token the denial
+// counted on is still there, as far as this agent can see), for at most n
+// tokens, once, and within promiseHold of its moment. The denial's
+// RetryAfter was the wait until the bucket it read (the allocator's global
+// bucket, or this agent's share of it) holds n tokens, with this agent's
+// earlier admissions already taken out: the kept request spends that
+// token, at the moment the bucket holds it, and the charge debits it from
+// the global bucket, so the allocator counts it like every other
+// admission. With one agent on the key that is the whole story. With
+// several, another agent's traffic in the same interval may have taken the
+// token first (the case Retry-After does not promise), which this agent
+// cannot see: the kept request is then admitted on credit, at most n
+// tokens per denial per agent, and its charge leaves the global bucket in
+// debt, which the key's next grants pay before any new token is leased
+// (bucket.Limit.Debit; the debt floor is −burst).
 //
 // Promises are neither made nor kept while the breaker is open, or for keys
 // the allocator does not lease: those are decided by the fallback bucket
