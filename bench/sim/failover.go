@@ -12,7 +12,7 @@ import (
 // (docs/performance.md: median 1.28 s with 500/500/250 ms Raft timeouts).
 const electionTime = 1280 * time.Millisecond
 
-// Redis primary failover, from the design card: RTO 12 s, RPO 1 s.
+// Redis primary failover, as a typical managed Redis: RTO 12 s, RPO 1 s.
 const (
 	redisRTO = 12 * time.Second
 	redisRPO = time.Second

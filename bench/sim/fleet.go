@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// runFleet is the design card's fleet (scaled by sc): Zipf(1.1) traffic over
+// runFleet is the reference fleet (scaled by sc): Zipf(1.1) traffic over
 // sc.keys keys spread uniformly over sc.agents gateways, one key-only rule
 // whose limit R is chosen so that 2% of the traffic is over its key's limit.
 // It covers the "allow" journey (in-quota traffic is admitted) and the
@@ -49,7 +49,7 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 		return nil, err
 	}
 
-	res := &result{name: "fleet", title: "the design card's fleet: allow and deny journeys at scale"}
+	res := &result{name: "fleet", title: "the reference fleet: allow and deny journeys at scale"}
 	meanRate := prof.mean(w.seconds() + sc.warmup.Seconds())
 	res.what = []string{
 		fmt.Sprintf("%d agents, %s keys (Zipf s=1.1), %s on average (%s), spread uniformly over the agents;",
@@ -92,11 +92,11 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 
 	lr := lease.rec
 	res.bounds = []bound{
-		{system: "allot leases", what: "allow journey: false rejects of in-quota requests", target: true, promise: "issue #7 target ≤ 1%",
+		{system: "allot leases", what: "allow journey: false rejects of in-quota requests", target: true, promise: "target ≤ 1%",
 			measured: lr.falseRejectRate(), limit: 0.01, unit: "%"},
-		{system: "allot leases", what: "deny journey: over-admission, max over keys and 10 s windows (of R·W, beyond B + R·W)", target: true, promise: "issue #7 target ≤ 1% of R",
+		{system: "allot leases", what: "deny journey: over-admission, max over keys and 10 s windows (of R·W, beyond B + R·W)", target: true, promise: "target ≤ 1% of R",
 			measured: max(lr.maxOver, 0), limit: 0.01, unit: "%"},
-		{system: "allot leases", what: "coordination on the long-tail workload (Acquire calls per admitted request)", target: true, promise: "issue #7 target ≤ 0.05",
+		{system: "allot leases", what: "coordination on the long-tail workload (Acquire calls per admitted request)", target: true, promise: "target ≤ 0.05",
 			measured: ratioF(m.calls, lr.admitted), limit: 0.05},
 	}
 	res.notes = append(res.notes,

@@ -70,14 +70,14 @@ func runHotKey(sc scale, seed uint64) (*result, error) {
 		rows: [][]string{{count(lease.sources[agent.SourceLease]), count(lease.sources[agent.SourceFallback]),
 			fmt.Sprintf("%.1f", ratioF(m.keyAcquires, m.acquireRPCs)), fmt.Sprintf("%.0f", float64(m.entries)/secs)}}})
 	res.bounds = []bound{
-		{system: "allot leases", what: "coordination on the hot key (Acquire calls per admitted request)", target: true, promise: "issue #7 target ≤ 0.01",
+		{system: "allot leases", what: "coordination on the hot key (Acquire calls per admitted request)", target: true, promise: "target ≤ 0.01",
 			measured: ratioF(m.calls, lease.rec.admitted), limit: 0.01},
-		{system: "allot leases", what: "over-admission per 10 s window (of R·W, beyond B + R·W)", target: true, promise: "issue #7 target ≤ 1%",
+		{system: "allot leases", what: "over-admission per 10 s window (of R·W, beyond B + R·W)", target: true, promise: "target ≤ 1%",
 			measured: max(lease.rec.maxOver, 0), limit: 0.01, unit: "%"},
-		{system: "allot leases", what: "false rejects", target: true, promise: "issue #7 target ≤ 1%",
+		{system: "allot leases", what: "false rejects", target: true, promise: "target ≤ 1%",
 			measured: lease.rec.falseRejectRate(), limit: 0.01, unit: "%"},
 	}
-	res.notes = append(res.notes, "pkg/redislimit's `shards:` (sub-keys) and batched modes exist for this case; they are not modelled here: the baseline is the design card's one script call per request.")
+	res.notes = append(res.notes, "pkg/redislimit's `shards:` (sub-keys) and batched modes exist for this case; they are not modelled here: the baseline is one script call per request.")
 	plot := plotSpec{file: "sim-" + sc.name + "-hot-key.png", title: fmt.Sprintf("hot key (%s): offered %s, limit %s", sc.name, rate(sc.hotRate), rate(g.rate()))}
 	plot.lines = append(plot.lines, w.seriesLine("offered", lease.rec.offer[0], 5))
 	plot.lines[0].ref = true

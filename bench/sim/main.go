@@ -1,4 +1,4 @@
-// Command sim is allot's deterministic fleet simulator (issue #7): the real
+// Command sim is allot's deterministic fleet simulator: the real
 // agent (hot path and refill logic, agent.Config.Manual) and the real
 // allocator grant code (allocator/state) run over an in-memory
 // transport on a virtual clock, with the network, Raft and failures
@@ -8,7 +8,7 @@
 // 1 when a bound is broken. Same seed, same output.
 //
 //	go run ./bench/sim -quick                 # make sim: every scenario, scaled down
-//	go run ./bench/sim -scale full            # the design card's sizing
+//	go run ./bench/sim -scale full            # the reference sizing (200 gateways, 5M keys)
 //	go run ./bench/sim -scenarios failover,hot-key -seed 7
 package main
 
@@ -50,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "shorthand for -scale quick (what `make sim` runs)")
-	scaleName := fs.String("scale", "quick", "tiny, quick or full (the design card's sizing)")
+	scaleName := fs.String("scale", "quick", "tiny, quick or full (the reference sizing: 200 gateways, 5M keys)")
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same output")
 	only := fs.String("scenarios", "", "comma-separated scenarios to run (default all): "+names())
 	plots := fs.String("plots", "bench/sim/out", "directory for PNG plots (\"\" = none)")

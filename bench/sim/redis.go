@@ -12,12 +12,12 @@ import (
 	"github.com/allot/allot/pkg/rules"
 )
 
-// redisModel is the design card's canonical design, modelled: one atomic
+// redisModel is the canonical Redis design, modelled: one atomic
 // store operation (a Lua token bucket, here pkg/bucket's, the same maths as
 // pkg/redislimit's script) per request, on the primary of the key's shard.
 //
 //   - Each shard is one core: operations queue FIFO and take 1/opsPerShard
-//     each (~100k un-pipelined script calls/s per shard, NOTES.md); a hot
+//     each (~100k un-pipelined script calls/s per shard); a hot
 //     key is one shard whatever the shard count.
 //   - A client call has a deadline (pkg/redislimit: 5 ms); an operation
 //     that misses it has usually still executed (its tokens are counted),

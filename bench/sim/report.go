@@ -38,7 +38,7 @@ type bound struct {
 	limit    float64
 	atLeast  bool
 	unit     string // "%" (values are fractions), "s", "x", "tokens", ""
-	// target: an issue #7 performance target rather than a guarantee the
+	// target: a performance target rather than a guarantee the
 	// design derives from its invariants (the tests assert the latter).
 	target bool
 }

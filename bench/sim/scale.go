@@ -2,7 +2,7 @@ package main
 
 import "time"
 
-// scale sizes every scenario. full is the design card's sizing; quick is
+// scale sizes every scenario. full is the reference sizing; quick is
 // `make sim`; tiny is what the tests run.
 type scale struct {
 	name   string
@@ -17,7 +17,7 @@ type scale struct {
 
 	chaos     time.Duration // measured time of the chaos scenarios
 	hotRate   float64       // the hot key's offered rate
-	hotAgents int           // gateways the hot key is spread over (issue #7's coordination target is at 200)
+	hotAgents int           // gateways the hot key is spread over (the coordination target is at 200)
 	clients   int           // retry storm clients
 }
 

@@ -22,7 +22,7 @@ const domain = "sim"
 
 // group is one rule: every key of the group has its own budget of quota per
 // unit with the given burst (a key-only descriptor, as `api_key` in the
-// design card's rules).
+// example rules, pkg/rules/example.yaml).
 type group struct {
 	name    string // descriptor key and policy name
 	quota   int64
