@@ -7,7 +7,7 @@ import (
 )
 
 // TestColdStartInFlightAdmissionsPaidFromGrant pins the cold-start
-// over-admission found through the gateway's design-card test: fallback
+// over-admission found through the gateway's example-rules test: fallback
 // admissions made while the first Acquire was in flight were charged only
 // after the grant had already taken those tokens from the global budget, so
 // a burst of 10 admitted 11. The grant now pays for them.

@@ -49,9 +49,8 @@ type Config struct {
 	// RefillInterval is the refill loop's tick. Default 50ms. A key at its
 	// limit shared by 20 agents or more is paced (see the package doc) and
 	// asks at most every k·10 ms; with fewer agents it owes a charge on
-	// most ticks, so the tick sets the call rate (bench/load, before
-	// pacing: 20ms cost 0.0126 Acquire calls per admitted request on the
-	// hot-key workload, 100ms 0.0038, docs/performance.md).
+	// most ticks, so the tick sets the call rate (bench/load -workload hot
+	// -refill-interval D measures it).
 	RefillInterval time.Duration
 	// ScanInterval is how often the refill loop walks every key (demand
 	// EWMA, expiry, idle keys); keys that need the allocator sooner are

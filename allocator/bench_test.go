@@ -89,7 +89,7 @@ func BenchmarkBatcherOverhead(b *testing.B) {
 // key-grants/s), with the leader's Expires in between. It reports the
 // Expires' apply time per second (expire-ns/op) and the longest single
 // Expire seen (expire-max-ns): while one runs, every entry behind it waits
-// (docs/performance.md, "Where the time goes").
+// (docs/performance.md#reading-the-figures).
 //
 //   - once-a-second: one unbounded Expire a second (the default before
 //     ExpireMaxEntries), sweep included;

@@ -67,10 +67,10 @@ type Config struct {
 	// so a bad file fails fast.
 	InitialRules []rules.File
 
-	// Raft timeouts. The defaults (500/500/250 ms) give a measured median
-	// failover of ~0.8 s on loopback (hashicorp/raft's own defaults of
-	// 1000/1000/500 ms give ~2 s). Going lower leaves little margin for disk
-	// stalls. LeaderLeaseTimeout must not exceed HeartbeatTimeout.
+	// Raft timeouts. The defaults (500/500/250 ms) halve hashicorp/raft's
+	// own (1000/1000/500 ms) and give a failover of about a second
+	// (docs/performance.md#summary). Going lower leaves little margin for
+	// disk stalls. LeaderLeaseTimeout must not exceed HeartbeatTimeout.
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
 
 	// Lease policy, passed to the state machine (every node of a cluster
@@ -85,8 +85,8 @@ type Config struct {
 	// (default 100 ms). Each one takes at most ExpireMaxEntries leased keys
 	// with a lease due (default 4096; negative: no limit) and leaves the rest for
 	// the next, so no Expire holds the state machine for long: every
-	// Acquire entry behind it waits. Measured at 20,000 key-grants/s, one
-	// unbounded Expire a second held the FSM 14–18 ms (docs/performance.md).
+	// Acquire entry behind it waits (BenchmarkFSMSecondOfAcquireLoad
+	// measures the longest Expire under 20,000 key-grants/s).
 	// The idle-key sweep and compaction run with at most one Expire every
 	// SweepInterval (default 1 s).
 	ExpireInterval   time.Duration
@@ -108,8 +108,8 @@ type Config struct {
 	// waits for that commit and then its own, and every call that arrives
 	// during a slow commit (or while the FSM applies an Expire) pays the
 	// stall twice; a second entry in flight starts at once and commits
-	// right behind the first. Measured at 20,000 key-grants/s: p99 lower
-	// in 4 of 5 alternating 60 s runs (docs/performance.md).
+	// right behind the first (bench/acquire -max-inflight-batches compares
+	// the settings).
 	MaxInflightBatches int
 	// MaxRecvMsgSize is the gRPC server's receive limit (default 4 MiB).
 	MaxRecvMsgSize int

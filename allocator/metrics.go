@@ -22,10 +22,10 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.00005, 1.25, 50)
 // metrics are the Server's Prometheus metrics. None has a per-key label.
 type metrics struct {
 	applyLatency prometheus.Histogram
-	// The Acquire latency breakdown (docs/performance.md, "Where the time
-	// goes"): handler time by path, time queued in the batcher, Raft's
-	// commit (the leader's append to the FSM seeing the entry), the FSM's
-	// apply, and the follower's forwarding hop.
+	// The Acquire latency breakdown (bench/acquire prints it; see
+	// docs/performance.md#reading-the-figures): handler time by path, time
+	// queued in the batcher, Raft's commit (the leader's append to the FSM
+	// seeing the entry), the FSM's apply, and the follower's forwarding hop.
 	acquireLatency *prometheus.HistogramVec
 	batchQueue     prometheus.Histogram
 	raftCommit     prometheus.Histogram

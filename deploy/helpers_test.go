@@ -2,7 +2,7 @@
 // cluster walk-through of docs/operations.md run for real (TestLocalCluster,
 // skipped with -short), and the static validity of everything else — YAML
 // and JSON parse, Kubernetes objects are well-formed, the Envoy bootstrap
-// is a valid Bootstrap whose descriptors reach the design card's rules, the
+// is a valid Bootstrap whose descriptors reach the example rules, the
 // dashboard's metrics exist in the code, the scripts pass bash -n, the
 // flags the units, manifests and scripts use exist in the binaries, and
 // docs/configuration.md documents every flag and YAML key.

@@ -185,11 +185,11 @@ func asList(v any) []any {
 }
 
 // TestRulesAreTheDesignCard: the local rules file and the Kubernetes rules
-// ConfigMap are the design card's example (pkg/rules' ExampleYAML).
+// ConfigMap are the example rules (pkg/rules' ExampleYAML).
 func TestRulesAreTheDesignCard(t *testing.T) {
 	local := string(readFile(t, "local/rules/public-api.yaml"))
 	if local != rules.ExampleYAML {
-		t.Error("deploy/local/rules/public-api.yaml differs from pkg/rules/example.yaml (the design card's rules); copy it again")
+		t.Error("deploy/local/rules/public-api.yaml differs from pkg/rules/example.yaml (the example rules); copy it again")
 	}
 	cm := findObject(k8sObjects(t), "ConfigMap", "allot-rules")
 	if cm == nil {
@@ -232,7 +232,7 @@ func TestGatewayConfigs(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 		if f.Domain != "public-api" || len(f.Descriptors) != 3 {
-			t.Errorf("%s: domain %q with %d descriptors, want public-api with the design card's three", name, f.Domain, len(f.Descriptors))
+			t.Errorf("%s: domain %q with %d descriptors, want public-api with the example's three", name, f.Domain, len(f.Descriptors))
 		}
 	}
 	check("local/gateway.yaml", readFile(t, "local/gateway.yaml"))

@@ -19,7 +19,7 @@
 // uint32 link in its slot, with no Go pointer; an expiry wheel of 4-byte
 // links (wheel.go) finds the leases due. Keys whose bucket is full and that
 // carry no lease are dropped by the Expire sweep, a bounded slice of the
-// hash space per Expire. docs/leases.md gives the measured cost per key.
+// hash space per Expire. docs/leases.md gives the layout's cost per key.
 //
 // The grant policy (sizing, max-min fair share of holdings, grant pacing
 // per refresh window, lease TTL and refresh) is described in

@@ -23,7 +23,7 @@ func at(d time.Duration) int64 { return t0 + int64(d) }
 //
 //	tb=<v>    10/s, burst 10, token bucket
 //	gcra=<v>  10/s, burst 10, gcra
-//	slow=<v>  30/minute, burst 10 (the design card)
+//	slow=<v>  30/minute, burst 10 (the example rules)
 //	big=<v>   100/s, burst 100
 //	free=<v>  unlimited
 //	redis=<v> redis backend

@@ -14,8 +14,8 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 )
 
-// wrkLoad drives the targets with wrk (-loadgen wrk), the C load generator
-// issue #4 names: closed loop, conc connections over min(conc, 2) threads,
+// wrkLoad drives the targets with wrk (-loadgen wrk), a C load generator:
+// closed loop, conc connections over min(conc, 2) threads,
 // the same 64 API keys as the Go generator. The upstream stays in the Go
 // child process (procLoad, idle between runs); "client CPU" is wrk's CPU
 // plus the upstream child's during the run.

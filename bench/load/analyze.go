@@ -16,7 +16,7 @@ import (
 )
 
 // accuracy is what the admission record says about the limit, over all
-// keys. docs/performance.md ("Load harness") defines each figure.
+// keys. docs/performance.md#how-to-reproduce defines each figure.
 type accuracy struct {
 	WindowSeconds float64 `json:"window_seconds"`
 	Keys          int     `json:"keys_requested"`     // keys with at least one check

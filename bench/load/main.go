@@ -4,7 +4,7 @@
 // workload against the Redis backend (a redis-server the harness starts):
 // one Lua EVALSHA per check for the baseline and, with -redis-modes, also
 // sharded sub-keys and batched mode, each in turn on the same requests,
-// compared in one table (issue #5's four rows: lease, eval, sharded,
+// compared in one table (four rows: lease, eval, sharded,
 // batched).
 //
 // Run it from the repository root. It builds cmd/allocator from the tree
@@ -166,7 +166,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.out, "out", "", "write the JSON report to this file")
 	fs.BoolVar(&o.probe, "probe", true, "after the lease run, batch-time checks on a key with a live lease")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
-	fs.DurationVar(&o.refill, "refill-interval", 0, "agent.Config.RefillInterval of the lease agents (0: the agent's default, 20ms)")
+	fs.DurationVar(&o.refill, "refill-interval", 0, "agent.Config.RefillInterval of the lease agents (0: the agent's default)")
 	fs.BoolVar(&o.coldAgents, "cold-agents", false, "start the load on freshly started agents (no warm-up Acquire: they decide with N = 1 until their first answer)")
 	fs.StringVar(&o.traceKey, "trace-key", "", "after the lease run, print one key's decisions per -trace-step on stderr (e.g. u0)")
 	fs.DurationVar(&o.traceStep, "trace-step", 500*time.Millisecond, "time step of -trace-key")

@@ -253,7 +253,7 @@ type ratios struct {
 	FalseRejectPct   [2]float64 `json:"false_reject_pct_lease_redis"`
 }
 
-// backendRow is one row of the comparison table (issue #5): one backend or
+// backendRow is one row of the comparison table: one backend or
 // Redis mode on the same workload.
 type backendRow struct {
 	Backend             string  `json:"backend"`
@@ -310,7 +310,7 @@ func (rep *report) redisRuns() []*runResult {
 	return out
 }
 
-// target is one of issue #7's targets, evaluated on this run.
+// target is one of the performance targets, evaluated on this run.
 type target struct {
 	Name     string  `json:"name"`
 	Workload string  `json:"defined_for"` // the workload the target is stated for ("" any)
@@ -519,7 +519,7 @@ func (rep *report) print(w io.Writer) {
 }
 
 // printBackends writes the comparison table: one row per backend or Redis
-// mode (issue #5's four rows with -redis-modes eval,sharded,batched).
+// mode (four rows with -redis-modes eval,sharded,batched).
 func (rep *report) printBackends(w io.Writer) {
 	fmt.Fprintf(w, "\nbackends on the same requests (Redis runs %s each):\n", rep.redisDuration())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

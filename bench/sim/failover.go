@@ -8,8 +8,9 @@ import (
 )
 
 // electionTime is the modelled allocator failover: SIGKILL of the leader
-// to the first grant by the new leader, as measured on three processes
-// (docs/performance.md: median 1.28 s with 500/500/250 ms Raft timeouts).
+// to the first grant by the new leader, as bench/acquire -failovers
+// measures it on three processes with 500/500/250 ms Raft timeouts
+// (docs/performance.md#summary).
 const electionTime = 1280 * time.Millisecond
 
 // Redis primary failover, as a typical managed Redis: RTO 12 s, RPO 1 s.

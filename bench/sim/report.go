@@ -187,7 +187,7 @@ func (r *result) writeText(w io.Writer) {
 	}
 }
 
-// writeMarkdown renders the result for docs/performance.md.
+// writeMarkdown renders the result for docs/performance-sim.md.
 func (r *result) writeMarkdown(w io.Writer, imgDir string) {
 	fmt.Fprintf(w, "\n#### %s: %s\n\n", r.name, r.title)
 	for _, s := range r.what {

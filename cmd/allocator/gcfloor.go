@@ -12,8 +12,7 @@ import (
 // whenever the heap doubles, so a node with a few MB live and tens of MB/s
 // of short-lived garbage (decoded requests, Raft entries) collects several
 // times a second; each cycle has two stop-the-world pauses, and on a busy
-// machine a pause lasts until every thread is scheduled again (measured
-// 13–120 ms under load, docs/performance.md). With a floor of F bytes the
+// machine a pause lasts until every thread is scheduled again. With a floor of F bytes the
 // goal is at least F, so the cycles are F/garbage-rate apart. A heap larger
 // than the floor is collected exactly as GOGC says; GOMEMLIMIT, when set,
 // still bounds everything.

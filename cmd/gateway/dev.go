@@ -21,8 +21,8 @@ import (
 	"github.com/allot/allot/pkg/rules"
 )
 
-// devEnv is what -dev adds: a single-node allocator with the design card's
-// rules, and a demo upstream, both in-process.
+// devEnv is what -dev adds: a single-node allocator with the example rules
+// and a demo upstream, both in-process.
 type devEnv struct {
 	dir         string
 	alloc       *allocator.Server
@@ -32,7 +32,7 @@ type devEnv struct {
 }
 
 // devExtraction is the -dev descriptor configuration: the three
-// descriptors the design card's rules expect (docs/rules.md).
+// descriptors the example rules expect (docs/rules.md).
 func devExtraction() httplimit.Config {
 	return httplimit.Config{
 		Domain: "public-api",

@@ -240,7 +240,7 @@ func metric(t *testing.T, httpAddr, series string) float64 {
 
 var dataDirRE = regexp.MustCompile(`data in (\S+),`)
 
-// TestDevDesignCard runs the design card's scenario against `gateway -dev`.
+// TestDevDesignCard runs the example scenario against `gateway -dev`.
 func TestDevDesignCard(t *testing.T) {
 	gw, _ := binaries(t)
 	p, a := startGateway(t, gw, "-dev", "-listen", "127.0.0.1:0", "-rls-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cluster.sh runs a local allot cluster on loopback: three allocator nodes
-# (alloc-1 bootstraps with the design card's rules, alloc-2 and alloc-3 join
+# (alloc-1 bootstraps with the example rules, alloc-2 and alloc-3 join
 # it), a demo upstream, and a gateway in front of the upstream whose agent
 # leases tokens from the allocators.
 #

@@ -108,7 +108,7 @@ const (
 	s  = time.Second
 )
 
-// The design card: 30/minute with burst 10 admits 10 at once, then denies
+// The example rules: 30/minute with burst 10 admits 10 at once, then denies
 // the 11th with RetryAfter exactly 2s (one token every 2s).
 func TestDesignCard(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, GCRA} {

@@ -23,8 +23,8 @@
 // Redis errors and timeouts (5 ms by default) return errors wrapping
 // ErrUnavailable; a circuit breaker then fails calls fast, without I/O, until
 // a probe after the cooldown succeeds. The caller applies the rule's
-// failure_mode. docs/redis.md has the operator's view and the measured
-// accuracy and failover figures.
+// failure_mode. docs/redis.md has the operator's view; the
+// measured figures are in docs/performance.md.
 //
 // Every type here is safe for concurrent use.
 package redislimit

@@ -83,7 +83,7 @@ func sharedTable(t testing.TB) []struct {
 		}{name, lim, steps})
 	}
 	for _, alg := range []bucket.Algorithm{bucket.TokenBucket, bucket.GCRA} {
-		// The design card: 30/minute burst 10; the 11th immediate request is
+		// The example rules: 30/minute burst 10; the 11th immediate request is
 		// denied with RetryAfter 2s.
 		add(alg.String()+"/design-card", mustLimit(t, alg, 30, time.Minute, 10),
 			cat(burstOf(0, 11), []tstep{{1999 * ms, opAllow, 1}, {2000 * ms, opAllow, 1}, {2000 * ms, opAllow, 1}}))

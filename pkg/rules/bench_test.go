@@ -7,7 +7,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// benchSet is the design card's rules plus 1000 exact-valued siblings at
+// benchSet is the example rules plus 1000 exact-valued siblings at
 // each level, so map lookups are not trivially small.
 func benchSet(b *testing.B) *Set {
 	b.Helper()
@@ -23,7 +23,7 @@ func benchSet(b *testing.B) *Set {
 	return s
 }
 
-// BenchmarkMatch3Level: the design card's D2 descriptor (exact, exact,
+// BenchmarkMatch3Level: the example's D2 descriptor (exact, exact,
 // key-only), 0 allocs/op.
 func BenchmarkMatch3Level(b *testing.B) {
 	s := benchSet(b)

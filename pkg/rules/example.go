@@ -2,7 +2,7 @@ package rules
 
 import _ "embed"
 
-// ExampleYAML is the design card's rules file (domain public-api): premium
+// ExampleYAML is the example rules file (domain public-api): premium
 // keys get 1000/minute with burst 200, free keys 30/minute with burst 10 on
 // /v1/search, and k_live_abc123 dark-launches a 5/minute per-key limit in
 // shadow mode in place of its tier limit. The gateway's -dev mode loads it;

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The design card's example: descriptors D1=[tier, api_key],
+// The example rules: descriptors D1=[tier, api_key],
 // D2=[tier, route, api_key], D3=[api_key] for every request.
 func designCardDescs(tier, route, key string) [][]Entry {
 	return [][]Entry{
