@@ -55,9 +55,9 @@
 // refresh window) is paced: it is not sent again, charges included, until
 // a jittered p/2…p later, p = min(refresh_after, B/(2R), k·10 ms with k
 // agents on the key, 500 ms), and its dry lease denies meanwhile. Without
-// that, every agent on a contended key admitted from its fallback and
-// owed a charge on every tick (200 agents on one hot key: 0.038 Acquire
-// calls per admitted request in bench/sim, 0.0045 paced). Keys whose pace
+// that, every agent on a contended key would admit from its fallback and
+// owe a charge on every tick (bench/sim's hot-key scenario measures the
+// calls per admitted request, docs/performance-sim.md). Keys whose pace
 // would be under two scans (fewer than 20 agents on the key, or a small
 // B/R) are not paced: nobody else would collect the budget's refill between
 // their asks.

@@ -4,8 +4,9 @@
 // and JSON parse, Kubernetes objects are well-formed, the Envoy bootstrap
 // is a valid Bootstrap whose descriptors reach the example rules, the
 // dashboard's metrics exist in the code, the scripts pass bash -n, the
-// flags the units, manifests and scripts use exist in the binaries, and
-// docs/configuration.md documents every flag and YAML key.
+// flags the units, manifests and scripts use exist in the binaries,
+// docs/configuration.md documents every flag and YAML key, and the docs
+// speak of the product with working links (prose_test.go).
 package deploy_test
 
 import (
