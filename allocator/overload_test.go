@@ -244,7 +244,7 @@ func TestAgentLimiter(t *testing.T) {
 // The well-behaved agents' calls all succeed (no ResourceExhausted) and
 // get their max-min fair share (their whole need: 2 tokens a call, 60
 // tokens/s together on a 100/s key), also when the flooder takes from
-// their key reporting held 0 on every call (issue #8; at least 90% of what
+// their key reporting held 0 on every call (a lying agent; at least 90% of what
 // they ask). Their latency with and without the flood is logged (a
 // measurement, not an assertion).
 func TestFairnessUnderFlood(t *testing.T) {
@@ -377,7 +377,7 @@ func TestFairnessUnderFlood(t *testing.T) {
 	wait()
 	t.Logf("well-behaved latency under flood (per-agent limit off): %s; %d tokens in %d calls; flooder %d calls served",
 		latSummary(lat), granted, calls, ok.Load())
-	// Issue #8: a flooder that also takes from the shared key, claiming on
+	// The lying agent: a flooder that also takes from the shared key, claiming on
 	// every call that it spent all it held (held 0, want 1000). Grant
 	// pacing (docs/leases.md) caps what any agent is granted per refresh
 	// interval at its max-min share of the key's refill over the claims

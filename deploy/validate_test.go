@@ -874,7 +874,7 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
-	// Issue #9: the panels for the newer metrics stay on the dashboard.
+	// The panels for these metrics stay on the dashboard.
 	for _, m := range []string{
 		"allot_agent_check_seconds_bucket", "allot_agent_rule_decisions_total",
 		"allot_agent_acquire_calls_total", "allot_agent_tokens_total",

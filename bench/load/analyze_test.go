@@ -153,7 +153,7 @@ func TestTraceKey(t *testing.T) {
 }
 
 func TestColdShareExpected(t *testing.T) {
-	// The long-tail workload of issue #3: about 18% of requests go to keys
+	// The long-tail workload: about 18% of requests go to keys
 	// under 1 req/s.
 	if got := coldShareExpected(100_000, 1.1, 50_000); got < 0.17 || got > 0.19 {
 		t.Errorf("cold share of 100k keys, Zipf 1.1, 50k req/s = %.3f, want ≈ 0.18", got)
