@@ -19,7 +19,7 @@ import (
 // planning documents that are not in the repository, and issue numbers.
 // It is deliberately narrow: "TLS session", "a session: why is this key
 // denied?", "rounds × 8 s" and a peer's "envoyproxy/ratelimit#462" pass.
-var narration = regexp.MustCompile(`(?i)\bsessions?[ -][0-9]+\b|\b(build|helper|work) sessions?\b|\bround [0-9]+ of\b|\b(numbered|earlier|later|previous|first|second|third) rounds? of work\b|\bengineers?\b|\bdesign card\b|\bissue #[0-9]+|\bNOTES\.md\b`)
+var narration = regexp.MustCompile(`(?i)\bsessions?[ -][0-9]+\b|\b(build|helper|work) sessions?\b|\b(first|second|third|previous|earlier|later|next) (build |work )?sessions?\b|\bround [0-9]+ of\b|\b(numbered|earlier|later|previous|first|second|third) rounds? of work\b|\bengineers?\b|\bdesign card\b|\bissue #[0-9]+|\bNOTES\.md\b`)
 
 // maxPerformanceLines bounds docs/performance.md: a report, not a log; and
 // maxPerformanceLineLen keeps each of its table rows to one figure.
@@ -246,6 +246,7 @@ func TestNarrationPattern(t *testing.T) {
 		{"issue #7's targets", true},
 		{"see NOTES.md", true},
 		{"in round 2 of work", true},
+		{"measured in the previous session", true},
 		{"TLS session resumption", false},
 		{"## A session: why is this key denied?", false},
 		{"-rounds 6 -duration 8s", false},
