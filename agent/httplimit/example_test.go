@@ -27,9 +27,8 @@ descriptors:
 
 // The middleware puts an agent in front of a handler: each request's
 // descriptors are checked, an allowed request is forwarded with the
-// RateLimit fields set (t: seconds until the limit is full again), and a
-// denied one gets a 429 with Retry-After (t: seconds until a retry can
-// succeed).
+// RateLimit fields set (t: seconds until the next token), and a denied one
+// gets a 429 with Retry-After.
 // Here the descriptor is the X-API-Key header; Middleware.Extractor builds
 // descriptors from a declarative Config instead.
 func ExampleMiddleware() {
@@ -68,6 +67,6 @@ func ExampleMiddleware() {
 	}
 	// Output:
 	// 200 "per_key";r=1;t=30 | RateLimit-Policy: "per_key";q=2;w=60 | Retry-After: ""
-	// 200 "per_key";r=0;t=60 | RateLimit-Policy: "per_key";q=2;w=60 | Retry-After: ""
+	// 200 "per_key";r=0;t=30 | RateLimit-Policy: "per_key";q=2;w=60 | Retry-After: ""
 	// 429 "per_key";r=0;t=30 | RateLimit-Policy: "per_key";q=2;w=60 | Retry-After: "30"
 }
