@@ -94,7 +94,7 @@ func benchCheckLeased(b *testing.B, memo bool) {
 	descs := []Descriptor{d}
 	ctx := context.Background()
 	b.ReportAllocs()
-	b.ResetTimer()
+	reportCPU(b)
 	for b.Loop() {
 		if _, err := a.Check(ctx, "test", descs, 1); err != nil {
 			b.Fatal(err)
@@ -181,7 +181,7 @@ func BenchmarkCheckStatuses3(b *testing.B) {
 	ctx := context.Background()
 	out := make([]Status, 0, 3)
 	b.ReportAllocs()
-	b.ResetTimer()
+	reportCPU(b)
 	for b.Loop() {
 		var err error
 		if _, out, err = a.CheckStatuses(ctx, "test", descs, 1, out); err != nil {
@@ -195,6 +195,7 @@ func BenchmarkCheckStatuses3(b *testing.B) {
 func BenchmarkBaselineXTimeRate(b *testing.B) {
 	lim := rate.NewLimiter(rate.Inf, 1)
 	b.ReportAllocs()
+	reportCPU(b)
 	for b.Loop() {
 		lim.AllowN(time.Now(), 1)
 	}
