@@ -131,15 +131,36 @@ func hitsFor(d *Descriptor, hits uint32) int64 {
 }
 
 func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) (Decision, []Status, error) {
-	if err := validate(domain, descs); err != nil {
-		return Decision{}, out, err
-	}
 	var sampleHint byte
 	var t0 int64 // nanotime of a sampled check, 0 otherwise
 	if a.met.sampleCheck(uintptr(unsafe.Pointer(&sampleHint))) {
 		t0 = time.Now().UnixNano()
 	}
 	set := a.rules.Load()
+
+	// The request memo: a request seen before under this rule set skips
+	// validation, matching and the key-table lookups (see memo). Entries
+	// are recorded only for requests that passed validate, and the
+	// identity encodes every byte of the domain and of every entry (and
+	// the descriptors' boundaries), so a hit is a request byte-identical to
+	// one validated before.
+	var identBuf [memoBufLen]byte
+	var ident []byte
+	var mh uint64
+	var me *memoEntry
+	memoable := false
+	if a.memo != nil && set != nil {
+		ident, memoable = appendIdent(identBuf[:0], domain, descs)
+	}
+	if memoable {
+		mh = maphash.Bytes(a.memo.seed, ident)
+		me = a.memo.get(mh, set, ident)
+	}
+	if me == nil {
+		if err := validate(domain, descs); err != nil {
+			return Decision{}, out, err
+		}
+	}
 	now := a.now()
 
 	var (
@@ -159,20 +180,6 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		entries = sc.entries[:len(descs)]
 		matched = sc.matched[:0]
 		outs = sc.outs[:len(descs)]
-	}
-	// The request memo: a request seen before under this rule set skips
-	// matching and the key-table lookups (see memo).
-	var identBuf [memoBufLen]byte
-	var ident []byte
-	var mh uint64
-	var me *memoEntry
-	memoable := false
-	if a.memo != nil && set != nil {
-		ident, memoable = appendIdent(identBuf[:0], domain, descs)
-	}
-	if memoable {
-		mh = maphash.Bytes(a.memo.seed, ident)
-		me = a.memo.get(mh, set, ident)
 	}
 	if me != nil {
 		matched = append(matched, me.rules[:len(descs)]...)

@@ -15,7 +15,9 @@ import (
 // (after `replaces`, which depends on the whole request) and its key state.
 //
 // An entry is immutable once published and is used only when its rule set
-// is the agent's current one, its identity bytes equal the request's, and,
+// is the agent's current one, its identity bytes equal the request's (so
+// the request is byte-identical to one that passed validation: a hit is
+// not validated again), and,
 // for each key, the key is still in the table. The last is checked under the
 // key's shard read lock (keyState.dropped is set under the write lock before
 // a key leaves the table), so a check through the memo decides only on keys
@@ -65,33 +67,43 @@ func newMemo() *memo { return &memo{seed: maphash.MakeSeed()} }
 // appendIdent encodes domain and descs injectively into dst: each string
 // preceded by its length in one byte, each descriptor by its entry count.
 // ok is false when the result would outgrow memoBufLen (so every length
-// fits a byte) or there are more than stackDescs descriptors.
+// fits a byte) or there are more than stackDescs descriptors. The encoding
+// keeps every byte of every string, so equal identities are equal requests
+// (TestIdentInjective decodes it back); check relies on it to skip
+// validation on a hit. dst must have capacity memoBufLen: the strings are
+// copied in one pass, without a size pass before.
 func appendIdent(dst []byte, domain string, descs []Descriptor) ([]byte, bool) {
-	if len(descs) > stackDescs {
+	if len(descs) > stackDescs || cap(dst)-len(dst) < memoBufLen {
 		return dst, false
 	}
-	size := len(domain) + 1 + len(descs)
-	for i := range descs {
-		for _, e := range descs[i].Entries {
-			size += len(e.Key) + len(e.Value) + 2
-		}
-	}
-	if size > memoBufLen {
+	buf := dst[len(dst) : len(dst)+memoBufLen]
+	n := 1 + len(domain)
+	if n > len(buf) {
 		return dst, false
 	}
-	dst = append(dst, byte(len(domain)))
-	dst = append(dst, domain...)
+	buf[0] = byte(len(domain))
+	copy(buf[1:], domain)
 	for i := range descs {
 		es := descs[i].Entries
-		dst = append(dst, byte(len(es))) // validate bounds entries to MaxEntries (< 256)
-		for _, e := range es {
-			dst = append(dst, byte(len(e.Key)))
-			dst = append(dst, e.Key...)
-			dst = append(dst, byte(len(e.Value)))
-			dst = append(dst, e.Value...)
+		if n >= len(buf) {
+			return dst, false
+		}
+		buf[n] = byte(len(es)) // bounded below: each entry takes at least 2 bytes
+		n++
+		for j := range es {
+			k, v := es[j].Key, es[j].Value
+			if n+2+len(k)+len(v) > len(buf) {
+				return dst, false
+			}
+			buf[n] = byte(len(k))
+			copy(buf[n+1:], k)
+			n += 1 + len(k)
+			buf[n] = byte(len(v))
+			copy(buf[n+1:], v)
+			n += 1 + len(v)
 		}
 	}
-	return dst, true
+	return dst[:len(dst)+n], true
 }
 
 // get returns the entry for (h, set, ident), or nil.

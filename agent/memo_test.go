@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -102,7 +104,12 @@ func TestPropertyMemoMatchesSlowPath(t *testing.T) {
 		desc("route", "/a", "api_key", "k1"), desc("route", "/a", "api_key", "k2"),
 		desc("vip", "v"), desc("shadow", "s"), desc("open", "o"),
 		desc("group", "g1"), desc("group", "g2"), desc("nomatch", "x"),
+		// Requests validate refuses, some one byte away from a valid one:
+		// a hit skips validation, so none may ever hit.
+		desc("api_key", "k\xff"), desc("api_key", "k\x01"), desc("api_key", "k\u0085"),
+		desc("api_\x7fkey", "k1"), desc("", "k1"), {}, desc("api_key", "k1", "", "x"),
 	}
+	domains := []string{"test", "test", "test", "tes\xf4", "te\tst", "", "other"}
 	rapid.Check(t, func(rt *rapid.T) {
 		var now int64 = 1e18
 		clock := func() int64 { return now }
@@ -148,17 +155,24 @@ func TestPropertyMemoMatchesSlowPath(t *testing.T) {
 				}
 				hits := uint32(rapid.IntRange(0, 2).Draw(rt, "hits"))
 				withStatuses := rapid.Bool().Draw(rt, "statuses")
+				domain := domains[rapid.IntRange(0, len(domains)-1).Draw(rt, "domain")]
 				var got [2]Decision
+				var errs [2]error
 				for i, a := range []*Agent{with, without} {
-					var err error
 					if withStatuses {
-						got[i], statuses[i], err = a.CheckStatuses(context.Background(), "test", descs, hits, statuses[i])
+						got[i], statuses[i], errs[i] = a.CheckStatuses(context.Background(), domain, descs, hits, statuses[i])
 					} else {
-						got[i], err = a.Check(context.Background(), "test", descs, hits)
+						got[i], errs[i] = a.Check(context.Background(), domain, descs, hits)
 					}
-					if err != nil {
-						rt.Fatalf("check: %v", err)
+					if errs[i] != nil && !errors.Is(errs[i], ErrInvalid) {
+						rt.Fatalf("check: %v", errs[i])
 					}
+				}
+				if fmt.Sprint(errs[0]) != fmt.Sprint(errs[1]) {
+					rt.Fatalf("step %d %q %v: error with the memo %v, without %v", step, domain, descs, errs[0], errs[1])
+				}
+				if wantErr := validate(domain, descs); fmt.Sprint(errs[0]) != fmt.Sprint(wantErr) {
+					rt.Fatalf("step %d %q %v: error %v, validate says %v", step, domain, descs, errs[0], wantErr)
 				}
 				if got[0] != got[1] {
 					rt.Fatalf("step %d %v: with the memo %+v, without %+v", step, descs, got[0], got[1])
@@ -170,6 +184,79 @@ func TestPropertyMemoMatchesSlowPath(t *testing.T) {
 		}
 		if a, b := with.keys.len(), without.keys.len(); a != b {
 			rt.Fatalf("keys tracked: %d with the memo, %d without", a, b)
+		}
+	})
+}
+
+// decodeIdent is appendIdent's inverse: a left inverse proves the
+// encoding injective.
+func decodeIdent(t *rapid.T, b []byte) (string, []Descriptor) {
+	next := func() string {
+		if len(b) == 0 {
+			t.Fatalf("identity ends early")
+		}
+		n := int(b[0])
+		if len(b) < 1+n {
+			t.Fatalf("identity ends inside a string")
+		}
+		s := string(b[1 : 1+n])
+		b = b[1+n:]
+		return s
+	}
+	domain := next()
+	var descs []Descriptor
+	for len(b) > 0 {
+		n := int(b[0])
+		b = b[1:]
+		d := Descriptor{Entries: []rules.Entry{}}
+		for range n {
+			k := next()
+			d.Entries = append(d.Entries, rules.Entry{Key: k, Value: next()})
+		}
+		descs = append(descs, d)
+	}
+	return domain, descs
+}
+
+// TestIdentInjective: every request the memo accepts, arbitrary bytes
+// included, decodes back from its identity unchanged, so two requests with
+// equal identities are byte-identical: a memo hit is a request that passed
+// validation before (check skips it on a hit), and TestPropertyMemoMatchesSlowPath
+// checks invalid requests never hit.
+func TestIdentInjective(t *testing.T) {
+	bytesStr := rapid.Custom(func(t *rapid.T) string {
+		return string(rapid.SliceOfN(rapid.Byte(), 0, 90).Draw(t, "bytes"))
+	})
+	rapid.Check(t, func(rt *rapid.T) {
+		domain := bytesStr.Draw(rt, "domain")
+		descs := make([]Descriptor, rapid.IntRange(0, stackDescs+1).Draw(rt, "descs"))
+		for i := range descs {
+			descs[i].Entries = []rules.Entry{}
+			for range rapid.IntRange(0, 4).Draw(rt, "entries") {
+				descs[i].Entries = append(descs[i].Entries, rules.Entry{Key: bytesStr.Draw(rt, "key"), Value: bytesStr.Draw(rt, "value")})
+			}
+		}
+		var buf [memoBufLen]byte
+		ident, ok := appendIdent(buf[:0], domain, descs)
+		size := 1 + len(domain)
+		for _, d := range descs {
+			size++
+			for _, e := range d.Entries {
+				size += 2 + len(e.Key) + len(e.Value)
+			}
+		}
+		if want := len(descs) <= stackDescs && size <= memoBufLen; ok != want {
+			rt.Fatalf("appendIdent ok = %v for %d descriptors of %d bytes, want %v", ok, len(descs), size, want)
+		}
+		if !ok {
+			return
+		}
+		gotDomain, gotDescs := decodeIdent(rt, ident)
+		if len(descs) == 0 {
+			descs = nil
+		}
+		if gotDomain != domain || !reflect.DeepEqual(gotDescs, descs) {
+			rt.Fatalf("decoded %q %+v, want %q %+v", gotDomain, gotDescs, domain, descs)
 		}
 	})
 }
