@@ -131,9 +131,8 @@ func hitsFor(d *Descriptor, hits uint32) int64 {
 }
 
 func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) (Decision, []Status, error) {
-	var sampleHint byte
 	var t0 int64 // nanotime of a sampled check, 0 otherwise
-	if a.met.sampleCheck(uintptr(unsafe.Pointer(&sampleHint))) {
+	if a.met.sampleCheck() {
 		t0 = time.Now().UnixNano()
 	}
 	set := a.rules.Load()
@@ -164,30 +163,23 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	now := a.now()
 
 	var (
-		entriesArr [stackDescs][]rules.Entry
 		matchedArr [stackDescs]*rules.Rule
 		outsArr    [stackDescs]outcome
 		sc         *scratch
-		entries    [][]rules.Entry
 		outs       []outcome
 	)
 	matched := matchedArr[:0]
 	if len(descs) <= stackDescs {
-		entries = entriesArr[:len(descs)]
 		outs = outsArr[:len(descs)]
 	} else {
 		sc = scratchPool.Get().(*scratch)
-		entries = sc.entries[:len(descs)]
 		matched = sc.matched[:0]
 		outs = sc.outs[:len(descs)]
 	}
 	if me != nil {
 		matched = append(matched, me.rules[:len(descs)]...)
 	} else {
-		for i := range descs {
-			entries[i] = descs[i].Entries
-		}
-		matched = set.MatchAll(domain, entries, matched)
+		matched = a.match(set, domain, descs, sc, matched)
 	}
 	memoMiss := memoable && me == nil // record what the slow path finds
 
@@ -253,7 +245,6 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		a.memoize(mh, set, ident, matched, outs[:decided])
 	}
 	if sc != nil {
-		clear(sc.entries[:len(descs)])
 		clear(sc.outs[:len(descs)])
 		clear(sc.matched[:cap(sc.matched)])
 		scratchPool.Put(sc)
@@ -279,6 +270,24 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
 	}
 	return dec, out, nil
+}
+
+// match runs the rules on a request the memo does not hold (apart from
+// check, so that a memo hit does not pay for zeroing the entries array).
+func (a *Agent) match(set *rules.Set, domain string, descs []Descriptor, sc *scratch, matched []*rules.Rule) []*rules.Rule {
+	var entriesArr [stackDescs][]rules.Entry
+	entries := entriesArr[:0]
+	if sc != nil {
+		entries = sc.entries[:0]
+	}
+	for i := range descs {
+		entries = append(entries, descs[i].Entries)
+	}
+	matched = set.MatchAll(domain, entries, matched)
+	if sc != nil {
+		clear(entries)
+	}
+	return matched
 }
 
 // memoize records a fully decided request in the memo: its matched rules
