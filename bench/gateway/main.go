@@ -55,6 +55,14 @@
 //	go run ./bench/gateway -rounds 6 -duration 4s -target-cpuprofile /tmp/gw
 //	go tool pprof -top -diff_base /tmp/gw.bare.r1.prof /tmp/gw.limited.r1.prof
 //	taskset -c 0 go run ./bench/gateway -loadgen-cpus 1   # gateway on core 0, load generator on core 1
+//
+// -mode rls measures the Envoy RLS server instead of the proxy: the
+// cmd/gateway binary (built from this tree) with leases from an allocator
+// child, ShouldRateLimit against grpc.health.v1 Check on the same server
+// process from one client, the server's CPU per call from /proc/<pid>/stat
+// at each count of -rls-callers (see runRLS).
+//
+//	go run ./bench/gateway -mode rls -rounds 6 -duration 5s
 package main
 
 import (
@@ -119,6 +127,9 @@ type options struct {
 	loadgen          string // "process" or "inprocess"
 	loadgenCPUs      string // taskset CPU list for the load generator child
 	targetProfiles   string // per-target CPU profile file prefix ("" = none)
+	gatewayBin       string // -mode rls: a cmd/gateway binary ("" = build it)
+	gatewayCPUs      string // -mode rls: taskset CPU list for the gateway
+	rlsCallers       []int  // -mode rls: caller counts, each measured
 }
 
 func main() {
@@ -128,7 +139,10 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every target once (bare, limited, and with -burn the limited proxy under burn)")
 	flag.IntVar(&o.conc, "c", 16, "concurrent workers (each with keep-alive connections)")
 	flag.IntVar(&o.rate, "rate", 0, "open loop: send this many requests/s in all on a fixed schedule, latency from the scheduled send (0: closed loop, each worker sends when answered)")
-	flag.StringVar(&o.mode, "mode", "lease", "agent mode: lease (single-node allocator in a child process), lease-inprocess (in this process: its CPU is counted) or standalone (no allocator)")
+	flag.StringVar(&o.mode, "mode", "lease", "agent mode: lease (single-node allocator in a child process), lease-inprocess (in this process: its CPU is counted) or standalone (no allocator); or rls: the cmd/gateway binary's Envoy RLS server against the gRPC health check on the same server (see -rls-callers)")
+	flag.StringVar(&o.gatewayBin, "gateway-bin", "", "with -mode rls: the cmd/gateway binary to run (default: built from this tree)")
+	flag.StringVar(&o.gatewayCPUs, "gateway-cpus", "", "with -mode rls: run the gateway under taskset -c LIST")
+	rlsCallers := flag.String("rls-callers", "1,64", "with -mode rls: concurrent callers, each count measured in every round")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each run (not measured)")
 	flag.StringVar(&o.allocator, "allocator", "", "gRPC address of a running allocator to use instead of starting one (it must serve the rules -print-rules shows)")
 	flag.IntVar(&o.burn, "burn", 0, "with -mode lease: add a target that measures the limited proxy while the allocator child spins this many goroutines (its -debug-burn-cpu)")
@@ -144,6 +158,12 @@ func main() {
 		printRules = flag.Bool("print-rules", false, "print the benchmark's rule file (domain bench) and exit")
 	)
 	flag.Parse()
+	var err error
+	if o.rlsCallers, err = parseCallers(*rlsCallers); err != nil {
+		log.Print(err)
+		exit = 2
+		return
+	}
 	if *printRules {
 		fmt.Print(strings.TrimPrefix(benchRules, "\n"))
 		return
@@ -182,6 +202,10 @@ func main() {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
+	run := run
+	if o.mode == "rls" {
+		run = runRLS
+	}
 	if err := run(o); err != nil {
 		log.Print(err)
 		exit = 1
@@ -191,13 +215,20 @@ func main() {
 func (o options) validate() error {
 	switch o.mode {
 	case "lease", "lease-inprocess", "standalone":
+	case "rls":
+		if o.burn > 0 || o.loadgen != "process" || o.loadgenCPUs != "" || o.rate > 0 {
+			return errors.New("-mode rls: -burn, -loadgen, -loadgen-cpus and -rate do not apply")
+		}
 	default:
-		return fmt.Errorf("-mode %q: want lease, lease-inprocess or standalone", o.mode)
+		return fmt.Errorf("-mode %q: want lease, lease-inprocess, standalone or rls", o.mode)
+	}
+	if (o.gatewayBin != "" || o.gatewayCPUs != "") && o.mode != "rls" {
+		return errors.New("-gateway-bin and -gateway-cpus need -mode rls")
 	}
 	if o.burn < 0 || o.burn > 256 {
 		return errors.New("-burn must be in [0, 256]")
 	}
-	if (o.burn > 0 || o.allocatorCPUs != "") && (o.mode != "lease" || o.allocator != "") {
+	if (o.burn > 0 || o.allocatorCPUs != "") && ((o.mode != "lease" && o.mode != "rls") || o.allocator != "") {
 		return errors.New("-burn and -allocator-cpus need -mode lease and no -allocator (they act on the allocator child)")
 	}
 	if o.allocator != "" && o.mode == "standalone" {
