@@ -30,7 +30,11 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +60,7 @@ type Server struct {
 	checker Checker
 	logger  *slog.Logger
 	byCode  [numOutcomes]prometheus.Counter
+	limits  limitCache
 }
 
 type outcome int
@@ -184,10 +189,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Errorf(codes.Internal, "rls: checker returned %d statuses for %d descriptors", len(sts), len(in))
 	}
 
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sts)),
-	}
+	resp, blk := newResponse(len(sts))
 	if !dec.Allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		s.byCode[outOverLimit].Inc()
@@ -195,39 +197,127 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		s.byCode[outOK].Inc()
 	}
 	for i := range sts {
-		resp.Statuses[i] = descriptorStatus(&sts[i])
+		s.fillStatus(&blk[i], &sts[i])
 	}
 	return resp, nil
 }
 
-func descriptorStatus(st *agent.Status) *rlsv3.RateLimitResponse_DescriptorStatus {
-	out := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+// statusBlock is one descriptor's status with its duration, allocated
+// together.
+type statusBlock struct {
+	st  rlsv3.RateLimitResponse_DescriptorStatus
+	dur durationpb.Duration
+}
+
+// response1 is a response with one status in one allocation (most Envoy
+// requests carry one or two descriptors).
+type response1 struct {
+	resp rlsv3.RateLimitResponse
+	ptrs [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	blk  [1]statusBlock
+}
+
+// response2 is response1 for two statuses.
+type response2 struct {
+	resp rlsv3.RateLimitResponse
+	ptrs [2]*rlsv3.RateLimitResponse_DescriptorStatus
+	blk  [2]statusBlock
+}
+
+// newResponse returns an OK response with n zero statuses, in as few
+// allocations as n allows (one for n ≤ 2, three otherwise), and the blocks
+// its statuses live in.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []statusBlock) {
+	var resp *rlsv3.RateLimitResponse
+	var ptrs []*rlsv3.RateLimitResponse_DescriptorStatus
+	var blk []statusBlock
+	switch n {
+	case 1:
+		r := new(response1)
+		resp, ptrs, blk = &r.resp, r.ptrs[:], r.blk[:]
+	case 2:
+		r := new(response2)
+		resp, ptrs, blk = &r.resp, r.ptrs[:], r.blk[:]
+	default:
+		resp = new(rlsv3.RateLimitResponse)
+		ptrs = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+		blk = make([]statusBlock, n)
+	}
+	for i := range ptrs {
+		ptrs[i] = &blk[i].st
+	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	resp.Statuses = ptrs
+	return resp, blk
+}
+
+// fillStatus writes st into b, a zero block from newResponse.
+func (s *Server) fillStatus(b *statusBlock, st *agent.Status) {
+	out := &b.st
+	out.Code = rlsv3.RateLimitResponse_OK
 	r := st.Rule
 	if r == nil {
-		return out
+		return
 	}
 	if r.Unlimited {
 		out.LimitRemaining = math.MaxUint32
-		return out
+		return
 	}
 	if !st.Allowed && !st.Shadow && !r.ShadowMode {
 		out.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	out.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-		Name:            r.Name,
-		RequestsPerUnit: r.RequestsPerUnit,
-		Unit:            unit(r.Unit),
-	}
-	if r.UnitMultiplier > 1 {
-		out.CurrentLimit.UnitMultiplier = wrapUint32(r.UnitMultiplier)
-	}
+	out.CurrentLimit = s.limits.get(r)
 	out.LimitRemaining = uint32(max(0, min(st.Remaining, math.MaxUint32)))
 	reset := st.ResetAfter
 	if out.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.RetryAfter > 0 {
 		reset = st.RetryAfter
 	}
-	out.DurationUntilReset = durationpb.New(max(reset, 0))
-	return out
+	reset = max(reset, 0)
+	dur := &b.dur
+	dur.Seconds = int64(reset / time.Second)
+	dur.Nanos = int32(reset % time.Second)
+	out.DurationUntilReset = dur
+}
+
+// currentLimit is r's limit as RLS reports it.
+func currentLimit(r *rules.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	l := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            r.Name,
+		RequestsPerUnit: r.RequestsPerUnit,
+		Unit:            unit(r.Unit),
+	}
+	if r.UnitMultiplier > 1 {
+		l.UnitMultiplier = wrapUint32(r.UnitMultiplier)
+	}
+	return l
+}
+
+// limitCache maps a rule to its current_limit message, built once and
+// shared by every response that reports the rule: a response is only read
+// after the handler returns (marshalled, which protobuf-go allows from
+// several goroutines at once), never changed. Direct-mapped by the rule's
+// address; a rule that misses (its slot holds another) gets a fresh
+// message and takes the slot.
+type limitCache struct {
+	slots [limitSlots]atomic.Pointer[limitEntry]
+}
+
+const limitSlots = 256 // power of two
+
+type limitEntry struct {
+	rule *rules.Rule
+	lim  *rlsv3.RateLimitResponse_RateLimit
+}
+
+func (c *limitCache) get(r *rules.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	p := uintptr(unsafe.Pointer(r))
+	slot := &c.slots[(p>>4^p>>12)&(limitSlots-1)]
+	if e := slot.Load(); e != nil && e.rule == r {
+		return e.lim
+	}
+	e := &limitEntry{rule: r, lim: currentLimit(r)}
+	slot.Store(e)
+	return e.lim
 }
 
 func unit(u rules.Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
@@ -251,3 +341,12 @@ func unit(u rules.Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
 }
 
 func wrapUint32(v uint32) *wrapperspb.UInt32Value { return wrapperspb.UInt32(v) }
+
+// ServerOptions are the gRPC server options the RLS server is meant to run
+// with (cmd/gateway adds credentials and a message size bound): calls are
+// served by a pool of GOMAXPROCS long-lived goroutines (grpc spills over
+// to a new goroutine when all are busy) rather than a goroutine per call,
+// whose stack would be grown again on every call.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(max(64, 4*runtime.GOMAXPROCS(0))))}
+}

@@ -188,7 +188,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 			ln.Close()
 			return g, err
 		}
-		var opts []grpc.ServerOption
+		opts := rls.ServerOptions()
 		if serverTLS != nil {
 			opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		}
