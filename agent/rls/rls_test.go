@@ -76,7 +76,7 @@ func serveConn(t *testing.T, srv *Server, after func()) *grpc.ClientConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(ServerOptions()...) // as cmd/gateway serves it
 	srv.Register(g)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(lis) }()
