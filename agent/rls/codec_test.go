@@ -68,13 +68,13 @@ func FuzzRequestCodec(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	f.Add([]byte("\x0a\x02\xff\xfe"))                  // domain: invalid UTF-8
-	f.Add([]byte("\x12\x06\x0a\x04\x0a\x02\xc0\x80"))  // an entry key: overlong encoding
-	f.Add([]byte("\x18\x80\x80\x80\x80\x10"))          // hits_addend above 2³²−1
+	f.Add([]byte("\x0a\x02\xff\xfe"))                   // domain: invalid UTF-8
+	f.Add([]byte("\x12\x06\x0a\x04\x0a\x02\xc0\x80"))   // an entry key: overlong encoding
+	f.Add([]byte("\x18\x80\x80\x80\x80\x10"))           // hits_addend above 2³²−1
 	f.Add([]byte("\x0a\x01a\x0a\x01b\x18\x01\x18\x02")) // repeated singular fields: the last wins
-	f.Add([]byte("\x12\x02\x20\x02"))                  // is_negative_hits 2
-	f.Add([]byte("\x22\x00"))                          // an unknown field
-	f.Add([]byte("\x12\x05\x0a\x03\x0a\x01"))          // truncated
+	f.Add([]byte("\x12\x02\x20\x02"))                   // is_negative_hits 2
+	f.Add([]byte("\x22\x00"))                           // an unknown field
+	f.Add([]byte("\x12\x05\x0a\x03\x0a\x01"))           // truncated
 	c := newRequestCodec()
 	f.Fuzz(func(t *testing.T, data []byte) {
 		want := new(rlsv3.RateLimitRequest)
