@@ -20,7 +20,8 @@ import (
 // allocations for one descriptor of two entries, thirty-odd for three of
 // three); this one copies the message into one string that all the
 // request's strings point into, and allocates descriptors and entries in
-// one block each: five allocations whatever the shape.
+// one block (up to two descriptors of six entries in all) or one block each:
+// two allocations, or five whatever the shape.
 //
 // It decodes only the shape Envoy sends: domain, descriptors (entries,
 // hits_addend, is_negative_hits) and hits_addend, each string valid UTF-8.
@@ -63,14 +64,18 @@ func decodeRequest(s string, req *rlsv3.RateLimitRequest) bool {
 	if !walkRequest(s, &n, nil) {
 		return false
 	}
-	f := &filler{
-		descs:   make([]rlcommon.RateLimitDescriptor, n.descs),
-		descPtr: make([]*rlcommon.RateLimitDescriptor, n.descs),
-		entries: make([]rlcommon.RateLimitDescriptor_Entry, n.entries),
-		entPtr:  make([]*rlcommon.RateLimitDescriptor_Entry, n.entries),
-		req:     req,
+	f := filler{req: req}
+	if n.descs <= smallDescs && n.entries <= smallEntries {
+		blk := new(smallRequest)
+		f.descs, f.descPtr = blk.descs[:n.descs], blk.descPtr[:n.descs]
+		f.entries, f.entPtr = blk.entries[:n.entries], blk.entPtr[:n.entries]
+	} else {
+		f.descs = make([]rlcommon.RateLimitDescriptor, n.descs)
+		f.descPtr = make([]*rlcommon.RateLimitDescriptor, n.descs)
+		f.entries = make([]rlcommon.RateLimitDescriptor_Entry, n.entries)
+		f.entPtr = make([]*rlcommon.RateLimitDescriptor_Entry, n.entries)
 	}
-	walkRequest(s, &counts{}, f)
+	walkRequest(s, &counts{}, &f)
 	if n.descs > 0 {
 		req.Descriptors = f.descPtr
 	}
@@ -78,6 +83,17 @@ func decodeRequest(s string, req *rlsv3.RateLimitRequest) bool {
 }
 
 type counts struct{ descs, entries int }
+
+// smallRequest holds a small request's descriptors and entries in one
+// allocation.
+type smallRequest struct {
+	descs   [smallDescs]rlcommon.RateLimitDescriptor
+	descPtr [smallDescs]*rlcommon.RateLimitDescriptor
+	entries [smallEntries]rlcommon.RateLimitDescriptor_Entry
+	entPtr  [smallEntries]*rlcommon.RateLimitDescriptor_Entry
+}
+
+const smallDescs, smallEntries = 2, 6
 
 // filler is walkRequest's second pass: where the decoded values go.
 type filler struct {
