@@ -65,11 +65,16 @@ func decodeRequest(s string, req *rlsv3.RateLimitRequest) bool {
 		return false
 	}
 	f := filler{req: req}
-	if n.descs <= smallDescs && n.entries <= smallEntries {
-		blk := new(smallRequest)
+	switch {
+	case n.descs <= 1 && n.entries <= 3:
+		blk := new(request1)
 		f.descs, f.descPtr = blk.descs[:n.descs], blk.descPtr[:n.descs]
 		f.entries, f.entPtr = blk.entries[:n.entries], blk.entPtr[:n.entries]
-	} else {
+	case n.descs <= 2 && n.entries <= 6:
+		blk := new(request2)
+		f.descs, f.descPtr = blk.descs[:n.descs], blk.descPtr[:n.descs]
+		f.entries, f.entPtr = blk.entries[:n.entries], blk.entPtr[:n.entries]
+	default:
 		f.descs = make([]rlcommon.RateLimitDescriptor, n.descs)
 		f.descPtr = make([]*rlcommon.RateLimitDescriptor, n.descs)
 		f.entries = make([]rlcommon.RateLimitDescriptor_Entry, n.entries)
@@ -84,16 +89,22 @@ func decodeRequest(s string, req *rlsv3.RateLimitRequest) bool {
 
 type counts struct{ descs, entries int }
 
-// smallRequest holds a small request's descriptors and entries in one
-// allocation.
-type smallRequest struct {
-	descs   [smallDescs]rlcommon.RateLimitDescriptor
-	descPtr [smallDescs]*rlcommon.RateLimitDescriptor
-	entries [smallEntries]rlcommon.RateLimitDescriptor_Entry
-	entPtr  [smallEntries]*rlcommon.RateLimitDescriptor_Entry
+// request1 holds the descriptor and entries of a request of one
+// descriptor with up to three entries in one allocation; request2 two
+// descriptors with up to six entries in all.
+type request1 struct {
+	descs   [1]rlcommon.RateLimitDescriptor
+	descPtr [1]*rlcommon.RateLimitDescriptor
+	entries [3]rlcommon.RateLimitDescriptor_Entry
+	entPtr  [3]*rlcommon.RateLimitDescriptor_Entry
 }
 
-const smallDescs, smallEntries = 2, 6
+type request2 struct {
+	descs   [2]rlcommon.RateLimitDescriptor
+	descPtr [2]*rlcommon.RateLimitDescriptor
+	entries [6]rlcommon.RateLimitDescriptor_Entry
+	entPtr  [6]*rlcommon.RateLimitDescriptor_Entry
+}
 
 // filler is walkRequest's second pass: where the decoded values go.
 type filler struct {

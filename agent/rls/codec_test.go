@@ -26,6 +26,11 @@ func codecSeeds() []*rlsv3.RateLimitRequest {
 			{}}},
 		{Domain: "ünïcode", Descriptors: []*rlcommon.RateLimitDescriptor{
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("ключ", "値"), entry("k", "")}}}},
+		{Domain: "two", HitsAddend: 2, Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("tier", "free"), entry("api_key", "k")}},
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("tier", "free"), entry("route", "/v1"), entry("api_key", "k")}, HitsAddend: wrapperspb.UInt64(1 << 40)}}},
+		{Domain: "one", Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("a", "1"), entry("b", "2"), entry("c", "3"), entry("d", "4")}}}},
 		{},
 		// Left to the standard codec: a limit override.
 		{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{{
