@@ -1,9 +1,9 @@
 package agent
 
 import (
-	"syscall"
 	"testing"
-	"time"
+
+	"github.com/allot/allot/internal/proccpu"
 )
 
 // reportCPU makes b report the process's CPU time per operation
@@ -13,19 +13,14 @@ import (
 // benchmark ends (b.N is final by then).
 func reportCPU(b *testing.B) {
 	b.Helper()
-	c0 := processCPU(b)
-	b.Cleanup(func() {
-		if b.N > 0 {
-			b.ReportMetric(float64(processCPU(b)-c0)/float64(b.N), "cpu-ns/op")
-		}
-	})
-}
-
-// processCPU is the user+system CPU time this process has used.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+	c0, err := proccpu.Self()
+	if err != nil {
 		b.Fatal(err)
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.Cleanup(func() {
+		c1, err := proccpu.Self()
+		if err == nil && b.N > 0 {
+			b.ReportMetric(float64(c1-c0)/float64(b.N), "cpu-ns/op")
+		}
+	})
 }

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -17,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -96,9 +95,10 @@ func BenchmarkGRPC(b *testing.B) {
 			var next atomic.Int64
 			b.SetParallelism(32) // 64 goroutines on 2 cores
 			b.ReportAllocs()
-			var ru syscall.Rusage
-			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-			c0 := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			c0, err := proccpu.Self()
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.RunParallel(func(pb *testing.PB) {
 				i := int(next.Add(1))
 				for pb.Next() {
@@ -109,8 +109,9 @@ func BenchmarkGRPC(b *testing.B) {
 					i++
 				}
 			})
-			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-			b.ReportMetric(float64(time.Duration(ru.Utime.Nano()+ru.Stime.Nano())-c0)/float64(b.N), "cpu-ns/op")
+			if c1, err := proccpu.Self(); err == nil {
+				b.ReportMetric(float64(c1-c0)/float64(b.N), "cpu-ns/op")
+			}
 		})
 	}
 }

@@ -84,7 +84,6 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -94,6 +93,7 @@ import (
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/internal/cpuburn"
+	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/internal/proxybuf"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -575,11 +575,8 @@ func loadAvg() string {
 // cpuTime is the process's user+system CPU time so far. Unlike wall-clock
 // throughput it is barely affected by other processes on a shared machine.
 func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	d, _ := proccpu.Self()
+	return d
 }
 
 // startAllocator runs a single-node allocator with the benchmark rules in

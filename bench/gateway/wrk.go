@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/allot/allot/internal/proccpu"
 )
 
 // wrkLoad drives the targets with wrk (-loadgen wrk), a C load generator:
@@ -161,26 +163,5 @@ func parseWrk(out []byte) (loadResult, error) {
 	return res, nil
 }
 
-// procCPU is the user+system CPU time process pid has used (from
-// /proc/PID/stat, in clock ticks of 10 ms).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces: fields count from the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64) // field 14, utime
-	st, err2 := strconv.ParseInt(f[12], 10, 64) // field 15, stime
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil
-}
+// procCPU is the user+system CPU time process pid has used.
+func procCPU(pid int) (time.Duration, error) { return proccpu.Of(pid) }

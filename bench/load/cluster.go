@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/allot/allot/internal/allocproc"
+	"github.com/allot/allot/internal/proccpu"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -322,35 +323,13 @@ func procRSS(pid int) (uint64, error) {
 // cpuTime returns the CPU time (user + system) pids have used, from
 // /proc/<pid>/stat; pid 0 means this process.
 func cpuTime(pids ...int) (time.Duration, error) {
-	const ticks = 100 // USER_HZ on Linux
 	var total time.Duration
 	for _, pid := range pids {
-		path := "/proc/self/stat"
-		if pid != 0 {
-			path = fmt.Sprintf("/proc/%d/stat", pid)
-		}
-		b, err := os.ReadFile(path)
+		d, err := proccpu.Of(pid)
 		if err != nil {
 			return 0, err
 		}
-		// The command name (field 2) may contain spaces: parse after ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			return 0, fmt.Errorf("%s: unexpected format", path)
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 13 {
-			return 0, fmt.Errorf("%s: unexpected format", path)
-		}
-		// Fields 14 and 15 (utime, stime) are f[11] and f[12] here.
-		for _, v := range f[11:13] {
-			n, err := strconv.ParseUint(v, 10, 64)
-			if err != nil {
-				return 0, err
-			}
-			total += time.Duration(n) * time.Second / ticks
-		}
+		total += d
 	}
 	return total, nil
 }
