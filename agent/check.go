@@ -159,6 +159,10 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		if err := validate(domain, descs); err != nil {
 			return Decision{}, out, err
 		}
+	} else if len(descs) == 1 && !withStatuses {
+		if dec, ok := a.checkLeasedHit(me, set, &descs[0], hits, t0); ok {
+			return dec, out, nil
+		}
 	}
 	now := a.now()
 
@@ -430,24 +434,8 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 	exp := ks.expiry.Load()
 	if now < exp {
 		if consume && n > 0 {
-			for {
-				b := ks.balance.Load()
-				if b < n {
-					break
-				}
-				if ks.balance.CompareAndSwap(b, b-n) {
-					ks.spent.Add(n)
-					if b-n < ks.lowWater.Load() {
-						a.enqueue(ks)
-					}
-					return Status{
-						Rule:       r,
-						Allowed:    true,
-						Remaining:  ks.remaining.Load() + b - n,
-						ResetAfter: until(ks.resetAt.Load(), now),
-						Source:     SourceLease,
-					}, outcome{ks: ks, taken: n, kind: takeLease}
-				}
+			if st, ok := a.spendLease(ks, r, now, n); ok {
+				return st, outcome{ks: ks, taken: n, kind: takeLease}
 			}
 		} else if b := ks.balance.Load(); b >= n {
 			return Status{
@@ -510,6 +498,80 @@ func (a *Agent) promised(ks *keyState, st Status, n int64) (Status, outcome) {
 	a.enqueue(ks)
 	st.Allowed, st.RetryAfter, st.Remaining = true, 0, 0
 	return st, outcome{ks: ks, taken: n, kind: takePromise}
+}
+
+// spendLease takes n > 0 tokens from ks's live lease (the caller checked
+// now < expiry, under the key's shard read lock) if its balance holds them.
+func (a *Agent) spendLease(ks *keyState, r *rules.Rule, now, n int64) (Status, bool) {
+	for {
+		b := ks.balance.Load()
+		if b < n {
+			return Status{}, false
+		}
+		if ks.balance.CompareAndSwap(b, b-n) {
+			ks.spent.Add(n)
+			if b-n < ks.lowWater.Load() {
+				a.enqueue(ks)
+			}
+			return Status{
+				Rule:       r,
+				Allowed:    true,
+				Remaining:  ks.remaining.Load() + b - n,
+				ResetAfter: until(ks.resetAt.Load(), now),
+				Source:     SourceLease,
+			}, true
+		}
+	}
+}
+
+// checkLeasedHit is check's fast path for the commonest request: one
+// descriptor, found in the memo, on a leased key whose live lease holds
+// the tokens. It decides as decide and check do for that case (an allowed
+// status from the lease, counted the same way) without their general
+// bookkeeping; ok is false, with nothing changed, when the request is not
+// that case, and check goes on as usual.
+func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hits uint32, t0 int64) (dec Decision, ok bool) {
+	r, ks := me.rules[0], me.keys[0]
+	n := hitsFor(d, hits)
+	if r == nil || r.Unlimited || ks == nil || n <= 0 || !a.leasing(r) {
+		return dec, false
+	}
+	now := a.now()
+	sh := a.keys.shard(ks.hash)
+	sh.mu.RLock()
+	// As decide: dropped is final under the read lock; a key decided
+	// locally until now goes the slow way (decideLease resets it).
+	if ks.dropped.Load() || ks.local.Load() || now >= ks.expiry.Load() {
+		sh.mu.RUnlock()
+		return dec, false
+	}
+	st, ok := a.spendLease(ks, r, now, n)
+	if !ok {
+		sh.mu.RUnlock()
+		return dec, false
+	}
+	if ks.lastUse.Load() != now {
+		ks.lastUse.Store(now)
+	}
+	sh.mu.RUnlock()
+	hint := uintptr(unsafe.Pointer(&dec))
+	a.met.ruleDecision(hint, a.met.ruleIndexFor(set), r, &st)
+	dec = Decision{
+		Allowed:    true,
+		Source:     SourceLease,
+		Rule:       r,
+		Policy:     r.Name,
+		Quota:      int64(r.RequestsPerUnit),
+		Window:     r.Window,
+		Remaining:  st.Remaining,
+		ResetAfter: st.ResetAfter,
+		NextAfter:  r.Limit.NextAfter(now, st.ResetAfter),
+	}
+	a.met.decision(hint, dec.Source, true)
+	if t0 != 0 {
+		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
+	}
+	return dec, true
 }
 
 // decideBucket decides from the key's own bucket: the fallback (R/N, burst

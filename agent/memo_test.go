@@ -287,3 +287,61 @@ func BenchmarkCheckMemoMiss(b *testing.B) {
 		i++
 	}
 }
+
+// TestPropertyLeasedFastPathMatchesSlowPath: with leases from an allocator
+// (where check's single-descriptor fast path applies), an agent with the
+// request memo decides every check exactly as the same agent without it,
+// across grants, balances drained below the request's hits, leases
+// expiring and idle keys dropped.
+func TestPropertyLeasedFastPathMatchesSlowPath(t *testing.T) {
+	pool := []Descriptor{
+		desc("api_key", "k1"), desc("api_key", "k2"),
+		desc("route", "/a", "api_key", "k1"), desc("vip", "v"), desc("shadow", "s"),
+		desc("open", "o"), desc("nomatch", "x"),
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		with, without := newStepped(t, memoRulesA), newStepped(t, memoRulesA)
+		without.memo = nil
+		both := []*steppedAgent{with, without}
+		for step := range rapid.IntRange(1, 80).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 5).Draw(rt, "op") {
+			case 0:
+				d := time.Duration(rapid.Int64Range(0, int64(2*DefaultConfig().IdleTimeout)).Draw(rt, "advance"))
+				for _, s := range both {
+					s.clock.advance(d)
+				}
+			case 1:
+				for _, s := range both {
+					s.step()
+				}
+			default:
+				d := pool[rapid.IntRange(0, len(pool)-1).Draw(rt, "desc")]
+				if rapid.Bool().Draw(rt, "addend") {
+					d.HitsAddendSet, d.HitsAddend = true, uint32(rapid.IntRange(0, 3).Draw(rt, "addendN"))
+				}
+				hits := uint32(rapid.IntRange(0, 3).Draw(rt, "hits"))
+				var got [2]Decision
+				for i, s := range both {
+					var err error
+					if got[i], err = s.Check(context.Background(), "test", []Descriptor{d}, hits); err != nil {
+						rt.Fatalf("check: %v", err)
+					}
+					// Each agent compiled its own rule set: compare rules by name.
+					if got[i].Rule != nil {
+						got[i].Rule = &rules.Rule{Name: got[i].Rule.Name}
+					}
+				}
+				if (got[0].Rule == nil) != (got[1].Rule == nil) || (got[0].Rule != nil && got[0].Rule.Name != got[1].Rule.Name) {
+					rt.Fatalf("step %d %+v: rules %v and %v", step, d, got[0].Rule, got[1].Rule)
+				}
+				got[0].Rule, got[1].Rule = nil, nil
+				if got[0] != got[1] {
+					rt.Fatalf("step %d %+v hits %d: with the memo %+v, without %+v", step, d, hits, got[0], got[1])
+				}
+			}
+		}
+		if a, b := with.keys.len(), without.keys.len(); a != b {
+			rt.Fatalf("keys tracked: %d with the memo, %d without", a, b)
+		}
+	})
+}
