@@ -92,17 +92,25 @@ func (a *adminService) dryRun(req *allotv1.PutRulesRequest, compiled *rules.Set)
 // GetRules returns the rule set: this node's, or with linearizable the
 // leader's after it confirmed its leadership with a quorum, so the answer
 // holds every PutRules that returned before the call (read-your-writes
-// through any node).
+// through any node). Either way the answering replica has caught up
+// (waitServable): a new leader has completed its Barrier.
 func (a *adminService) GetRules(ctx context.Context, req *allotv1.GetRulesRequest) (*allotv1.RuleSet, error) {
 	s := a.s
 	if !req.GetLinearizable() {
+		if err := s.waitServable(ctx); err != nil {
+			return nil, err
+		}
 		return s.st.RuleSet(), nil
 	}
 	var rs *allotv1.RuleSet
 	err := s.onLeader(ctx, true,
-		func(context.Context) error {
+		func(ctx context.Context) error {
 			// PutRules answers once the leader has applied the entry, so
-			// the leader's state after VerifyLeader holds it.
+			// the leader's state after its Barrier and VerifyLeader holds
+			// it.
+			if err := s.waitServable(ctx); err != nil {
+				return err
+			}
 			if err := s.node.raft.VerifyLeader().Error(); err != nil {
 				return err
 			}
@@ -120,7 +128,10 @@ func (a *adminService) GetRules(ctx context.Context, req *allotv1.GetRulesReques
 	return rs, nil
 }
 
-func (a *adminService) ListLeases(_ context.Context, req *allotv1.ListLeasesRequest) (*allotv1.ListLeasesResponse, error) {
+func (a *adminService) ListLeases(ctx context.Context, req *allotv1.ListLeasesRequest) (*allotv1.ListLeasesResponse, error) {
+	if err := a.s.waitServable(ctx); err != nil {
+		return nil, err
+	}
 	resp, err := a.s.st.ListLeases(req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
@@ -128,7 +139,10 @@ func (a *adminService) ListLeases(_ context.Context, req *allotv1.ListLeasesRequ
 	return resp, nil
 }
 
-func (a *adminService) InspectKey(_ context.Context, req *allotv1.InspectKeyRequest) (*allotv1.InspectKeyResponse, error) {
+func (a *adminService) InspectKey(ctx context.Context, req *allotv1.InspectKeyRequest) (*allotv1.InspectKeyResponse, error) {
+	if err := a.s.waitServable(ctx); err != nil {
+		return nil, err
+	}
 	resp, err := a.s.st.InspectKey(req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
@@ -136,11 +150,17 @@ func (a *adminService) InspectKey(_ context.Context, req *allotv1.InspectKeyRequ
 	return resp, nil
 }
 
-func (a *adminService) ListAgents(context.Context, *allotv1.ListAgentsRequest) (*allotv1.ListAgentsResponse, error) {
+func (a *adminService) ListAgents(ctx context.Context, _ *allotv1.ListAgentsRequest) (*allotv1.ListAgentsResponse, error) {
+	if err := a.s.waitServable(ctx); err != nil {
+		return nil, err
+	}
 	return a.s.st.ListAgents(time.Now().UnixNano()), nil
 }
 
-func (a *adminService) TopKeys(_ context.Context, req *allotv1.TopKeysRequest) (*allotv1.TopKeysResponse, error) {
+func (a *adminService) TopKeys(ctx context.Context, req *allotv1.TopKeysRequest) (*allotv1.TopKeysResponse, error) {
+	if err := a.s.waitServable(ctx); err != nil {
+		return nil, err
+	}
 	return a.s.st.TopKeys(req, time.Now().UnixNano()), nil
 }
 

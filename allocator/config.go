@@ -181,6 +181,17 @@ type Config struct {
 	// (default 10 s).
 	KeepaliveMinTime, KeepaliveTime, KeepaliveTimeout time.Duration
 
+	// ReadyMaxLag: a follower whose newest applied entry was appended by
+	// the leader longer ago than this is not ready (/readyz 503; default
+	// 5 s, negative: no bound). The leader commits an Expire every
+	// ExpireInterval, so a follower in step stays well within it; the
+	// clocks of the two hosts must agree to within a fraction of it.
+	ReadyMaxLag time.Duration
+
+	// beforeApply, when set (tests), runs before the FSM applies each
+	// command entry: a test delays this node's FSM with it.
+	beforeApply func(l *raft.Log)
+
 	// transport, when set (tests), replaces the TCP Raft transport; RaftAddr
 	// is then ignored and the transport's LocalAddr is used.
 	transport raft.Transport
@@ -213,6 +224,7 @@ func DefaultConfig() Config {
 		MaxRecvMsgSize:     4 << 20,
 		SnapshotInterval:   30 * time.Second,
 		SnapshotThreshold:  8192,
+		ReadyMaxLag:        5 * time.Second,
 
 		MaxInflight:          1024,
 		MaxQueuedAcquires:    4096,
@@ -257,6 +269,7 @@ func (c Config) withDefaults() Config {
 	setDur(&c.ApplyTimeout, d.ApplyTimeout)
 	setDur(&c.ForwardWait, d.ForwardWait)
 	setDur(&c.SnapshotInterval, d.SnapshotInterval)
+	setDur(&c.ReadyMaxLag, d.ReadyMaxLag)
 	setInt(&c.MaxBatchKeys, d.MaxBatchKeys)
 	setInt(&c.MaxBatchBytes, d.MaxBatchBytes)
 	setInt(&c.MaxInflightBatches, d.MaxInflightBatches)
@@ -353,6 +366,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		bad("LeaderLeaseTimeout (%v) must not exceed HeartbeatTimeout (%v)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.ReadyMaxLag > 0 && c.ReadyMaxLag < 2*c.ExpireInterval {
+		bad("ReadyMaxLag (%v) must be at least twice ExpireInterval (%v): a follower applies one Expire per interval", c.ReadyMaxLag, c.ExpireInterval)
 	}
 	if c.RefreshInterval >= c.LeaseTTL {
 		bad("RefreshInterval (%v) must be shorter than LeaseTTL (%v)", c.RefreshInterval, c.LeaseTTL)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -43,13 +44,28 @@ type fsm struct {
 	snaps    *raft.FileSnapshotStore
 	snapsDir string
 
+	// applied is the index of the last entry the FSM has applied (a
+	// command, or a configuration through StoreConfiguration), and
+	// appliedAt the leader's append time of that entry in Unix
+	// nanoseconds (0: unknown). Raft's own AppliedIndex moves when an
+	// entry is handed to the FSM goroutine, before it is applied;
+	// readiness needs these instead.
+	applied   atomic.Uint64
+	appliedAt atomic.Int64
+	// beforeApply, when set (tests), runs before each command entry is
+	// applied: a test delays the FSM with it.
+	beforeApply func(l *raft.Log)
+
 	mu sync.Mutex // guards restoreErr
 	// restoreErr is the first Restore failure. Raft would fall back to an
 	// older snapshot; openNode turns it into a startup error instead.
 	restoreErr error
 }
 
-var _ raft.FSM = (*fsm)(nil)
+var (
+	_ raft.FSM                = (*fsm)(nil)
+	_ raft.ConfigurationStore = (*fsm)(nil)
+)
 
 // Apply decodes a committed command and applies it. An entry that does not
 // decode, or carries a command this binary does not know without the
@@ -59,6 +75,10 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
+	if f.beforeApply != nil {
+		f.beforeApply(l)
+	}
+	defer f.advance(l.Index, l.AppendedAt)
 	cmd := new(allotv1.Command)
 	if f.onEntry != nil {
 		start := time.Now()
@@ -99,6 +119,23 @@ func (f *fsm) Apply(l *raft.Log) any {
 		f.onApply(cmd, result)
 	}
 	return result
+}
+
+// StoreConfiguration implements raft.ConfigurationStore: a configuration
+// entry changes no state here, but counts as applied.
+func (f *fsm) StoreConfiguration(index uint64, _ raft.Configuration) {
+	f.advance(index, time.Time{})
+}
+
+// advance records that the entry at index (appended by the leader at at;
+// zero: unknown) has been applied.
+func (f *fsm) advance(index uint64, at time.Time) {
+	f.applied.Store(index)
+	if at.IsZero() {
+		f.appliedAt.Store(0)
+	} else {
+		f.appliedAt.Store(at.UnixNano())
+	}
 }
 
 // Snapshot captures the state under its lock; Persist does the I/O. The

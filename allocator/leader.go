@@ -65,10 +65,17 @@ func (d *duties) stop() {
 // to an empty rule set, and then commits an ExpireCommand every
 // ExpireInterval (with the idle-key sweep at most every SweepInterval).
 func (s *Server) leaderDuties(ctx context.Context) {
-	// Each step retries until it succeeds or leadership ends.
+	// Each step retries until it succeeds or leadership ends. Until the
+	// Barrier, this node's FSM may lag its own log: it is not ready and
+	// serves no reads or rule watches (ready.go).
+	term := s.node.raft.CurrentTerm()
 	s.retryWhileLeader(ctx, "barrier", func() error {
 		return s.node.raft.Barrier(s.cfg.ApplyTimeout).Error()
 	})
+	if ctx.Err() != nil {
+		return
+	}
+	s.barrierTerm.Store(term)
 	// Stamp no time earlier than the previous leader's last command.
 	s.advanceStamp(s.st.Stats().LastApplied)
 	s.retryWhileLeader(ctx, "register member", s.registerSelf)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -45,6 +46,8 @@ type node struct {
 	// existing: the data directory held Raft state at open.
 	existing bool
 	closed   bool
+	// appendErr is set while appends to the log fail (see watchedLog).
+	appendErr atomic.Pointer[appendFailure]
 }
 
 // openNode opens the stores in cfg.DataDir, checks them, and starts Raft
@@ -126,7 +129,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 	// follower; the cache answers from memory instead of a bolt read and
 	// a msgpack decode on the commit path. Writes still go to bolt (and
 	// are fsynced) before they are cached.
-	logs, err := raft.NewLogCache(logCacheEntries, n.store)
+	logs, err := raft.NewLogCache(logCacheEntries, &watchedLog{LogStore: n.store, failed: &n.appendErr})
 	if err != nil {
 		return nil, fmt.Errorf("allocator: raft log cache: %w", err)
 	}
@@ -142,6 +145,13 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 	// failure is fatal here.
 	if rerr := f.restoreError(); rerr != nil {
 		return nil, fmt.Errorf("allocator: restore snapshot from %s: %w", filepath.Join(dir, snapshotsDir), rerr)
+	}
+	// The snapshot restored at start counts as applied.
+	for idx := n.raft.AppliedIndex(); ; {
+		cur := f.applied.Load()
+		if cur >= idx || f.applied.CompareAndSwap(cur, idx) {
+			break
+		}
 	}
 	return n, nil
 }

@@ -64,6 +64,14 @@ type Server struct {
 
 	lastStamp atomic.Int64 // the latest time stamped into a command
 
+	// Readiness (ready.go): catchUpTarget is the commit index this node
+	// must apply before it first serves (0: not learned yet); caughtUp
+	// latches once it has; barrierTerm is the term in which this node, as
+	// leader, completed its Barrier.
+	catchUpTarget atomic.Uint64
+	caughtUp      atomic.Bool
+	barrierTerm   atomic.Uint64
+
 	// joinToken is the admin token presented when joining without a
 	// certificate (nil: none).
 	joinToken atomic.Pointer[string]
@@ -127,7 +135,7 @@ func New(cfg Config) (*Server, error) {
 	s.setJoinToken(cfg.AdminTokens)
 	s.guard = newGuard(cfg, s.log)
 	s.fwd = newForwarder(cfg.DialOptions, s.tls)
-	s.fsm = &fsm{st: s.st, onRules: s.notifyRules}
+	s.fsm = &fsm{st: s.st, onRules: s.notifyRules, beforeApply: cfg.beforeApply}
 
 	var err error
 	defer func() {
@@ -371,73 +379,6 @@ func (s *Server) status(err error) error {
 		return nil
 	}
 	return toStatus(err, s.leaderHint())
-}
-
-// readiness describes whether the node can serve: a leader is known and
-// this replica has applied everything it knows to be committed (so the
-// replicated rules are in effect), and, if this node carries InitialRules,
-// the rule set is no longer empty.
-type readiness struct {
-	Ready        bool   `json:"ready"`
-	NodeID       string `json:"node_id"`
-	State        string `json:"state"`
-	LeaderID     string `json:"leader_id"`
-	LeaderAddr   string `json:"leader_addr,omitempty"`
-	CommitIndex  uint64 `json:"commit_index"`
-	AppliedIndex uint64 `json:"applied_index"`
-	RulesVersion uint64 `json:"rules_version"`
-	Reason       string `json:"reason,omitempty"`
-}
-
-func (s *Server) readiness() readiness {
-	r := s.node.raft
-	h := s.leaderHint()
-	rd := readiness{
-		NodeID:       s.cfg.NodeID,
-		State:        r.State().String(),
-		LeaderID:     h.id,
-		LeaderAddr:   h.addr,
-		CommitIndex:  r.CommitIndex(),
-		AppliedIndex: r.AppliedIndex(),
-		RulesVersion: s.rulesVersion(),
-	}
-	select {
-	case <-s.done:
-		rd.Reason = "shutting down"
-		return rd
-	default:
-	}
-	switch {
-	case h.id == "":
-		rd.Reason = "no leader known"
-	case rd.AppliedIndex < rd.CommitIndex:
-		rd.Reason = "catching up with the log"
-	case len(s.cfg.InitialRules) > 0 && rd.RulesVersion == 0:
-		rd.Reason = "initial rules not applied yet"
-	default:
-		rd.Ready = true
-	}
-	return rd
-}
-
-// WaitReady blocks until a leader is known and this node's replica has
-// applied the rules (see /readyz), ctx ends, or the Server shuts down.
-func (s *Server) WaitReady(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
-		rd := s.readiness()
-		if rd.Ready {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("allocator: not ready (%s): %w", rd.Reason, ctx.Err())
-		case <-s.done:
-			return errShutdown
-		case <-t.C:
-		}
-	}
 }
 
 func (s *Server) rulesVersion() uint64 {

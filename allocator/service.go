@@ -110,10 +110,15 @@ func (a *allocatorService) Release(ctx context.Context, req *allotv1.ReleaseRequ
 // WatchRules streams the current rule set at once if it is newer than
 // known_version (or known_version is 0), then every new version. It is
 // served from this node's replica, so a follower streams what it has
-// applied. The stream ends when the client leaves or the Server shuts down.
+// applied, once it has caught up (waitServable). The stream ends when the client leaves or the Server shuts down.
 func (a *allocatorService) WatchRules(req *allotv1.WatchRulesRequest, stream grpc.ServerStreamingServer[allotv1.RuleSet]) error {
 	s := a.s
 	ctx := stream.Context()
+	// A replica that has not applied what was committed when it started
+	// would stream rules older than the cluster's.
+	if err := s.waitServable(ctx); err != nil {
+		return err
+	}
 	known := req.GetKnownVersion()
 	first := true
 	for {

@@ -1,0 +1,203 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// readiness describes whether the node can serve reads and rule watches,
+// and answers /readyz:
+//   - a leader is known;
+//   - as leader, it has completed a Barrier in its current term, so its
+//     FSM has applied every entry of its log;
+//   - as follower, its FSM has applied (not just been handed) every entry
+//     up to the commit index it first learned from the leader after it
+//     started (latched: later it must only stay within ReadyMaxLag), it
+//     can append to its log, and the newest entry it applied was appended
+//     by the leader at most ReadyMaxLag ago;
+//   - if this node carries InitialRules, the rule set is not empty.
+type readiness struct {
+	Ready        bool   `json:"ready"`
+	NodeID       string `json:"node_id"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	LeaderAddr   string `json:"leader_addr,omitempty"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// FSMIndex is the last entry the state machine has applied (raft's
+	// AppliedIndex moves when an entry is handed to it).
+	FSMIndex     uint64 `json:"fsm_index"`
+	RulesVersion uint64 `json:"rules_version"`
+	// LagMillis is how long ago the leader appended the newest entry this
+	// follower applied (-1: unknown or leader).
+	LagMillis int64  `json:"lag_ms"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+func (s *Server) readiness() readiness {
+	r := s.node.raft
+	h := s.leaderHint()
+	rd := readiness{
+		NodeID:       s.cfg.NodeID,
+		State:        r.State().String(),
+		LeaderID:     h.id,
+		LeaderAddr:   h.addr,
+		CommitIndex:  r.CommitIndex(),
+		AppliedIndex: r.AppliedIndex(),
+		FSMIndex:     s.fsm.applied.Load(),
+		RulesVersion: s.rulesVersion(),
+		LagMillis:    -1,
+	}
+	select {
+	case <-s.done:
+		rd.Reason = "shutting down"
+		return rd
+	default:
+	}
+	if h.id == "" {
+		rd.Reason = "no leader known"
+		return rd
+	}
+	if h.id == s.cfg.NodeID {
+		if s.barrierTerm.Load() != r.CurrentTerm() {
+			rd.Reason = "new leader: applying its log (barrier)"
+			return rd
+		}
+		s.caughtUp.Store(true)
+	} else if reason := s.followerLag(&rd); reason != "" {
+		rd.Reason = reason
+		return rd
+	}
+	if len(s.cfg.InitialRules) > 0 && rd.RulesVersion == 0 {
+		rd.Reason = "initial rules not applied yet"
+		return rd
+	}
+	rd.Ready = true
+	return rd
+}
+
+// followerLag returns why a follower is not ready ("" when it is), and
+// fills rd.LagMillis.
+func (s *Server) followerLag(rd *readiness) string {
+	if e := s.node.appendErr.Load(); e != nil {
+		return fmt.Sprintf("cannot append to the raft log since %s: %v", e.since.UTC().Format(time.RFC3339), e.err)
+	}
+	if at := s.fsm.appliedAt.Load(); at != 0 {
+		rd.LagMillis = max(0, time.Since(time.Unix(0, at)).Milliseconds())
+	}
+	if !s.caughtUp.Load() {
+		target := s.catchUpTarget.Load()
+		if target == 0 {
+			// A restarted follower's commit index is 0 until the leader's
+			// first AppendEntries; what it learns then is what it must
+			// apply before it serves.
+			if target = rd.CommitIndex; target == 0 {
+				return "waiting for the leader's commit index"
+			}
+			s.catchUpTarget.CompareAndSwap(0, target)
+			target = s.catchUpTarget.Load()
+		}
+		if rd.FSMIndex < target {
+			return fmt.Sprintf("catching up with the log: applied %d of %d", rd.FSMIndex, target)
+		}
+	}
+	if maxLag := s.cfg.ReadyMaxLag; maxLag > 0 && (rd.LagMillis < 0 || time.Duration(rd.LagMillis)*time.Millisecond > maxLag) {
+		if rd.LagMillis < 0 {
+			return "catching up with the log: no entry applied yet"
+		}
+		return fmt.Sprintf("lagging: the newest entry applied was appended %v ago (-ready-max-lag %v)",
+			time.Duration(rd.LagMillis)*time.Millisecond, maxLag)
+	}
+	s.caughtUp.Store(true)
+	return ""
+}
+
+// WaitReady blocks until the node is ready (see /readyz), ctx ends, or the
+// Server shuts down.
+func (s *Server) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		rd := s.readiness()
+		if rd.Ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("allocator: not ready (%s): %w", rd.Reason, ctx.Err())
+		case <-s.done:
+			return errShutdown
+		case <-t.C:
+		}
+	}
+}
+
+// waitServable blocks a read or a rule watch until the replica has caught
+// up with what was committed when it started (and, on a leader, until its
+// Barrier), for at most ForwardWait or ctx; then Unavailable.
+func (s *Server) waitServable(ctx context.Context) error {
+	servable := func() bool {
+		if !s.caughtUp.Load() {
+			return false
+		}
+		if s.IsLeader() {
+			return s.barrierTerm.Load() == s.node.raft.CurrentTerm()
+		}
+		return true
+	}
+	if servable() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ForwardWait)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		rd := s.readiness() // advances the latch
+		if rd.Ready || servable() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return status.Errorf(codes.Unavailable, "allocator: node %s not serving yet: %s", s.cfg.NodeID, rd.Reason)
+		case <-s.done:
+			return s.status(errShutdown)
+		case <-t.C:
+		}
+	}
+}
+
+// appendFailure is the first error of a run of failed log appends.
+type appendFailure struct {
+	err   error
+	since time.Time
+}
+
+// watchedLog is the node's log store with its append failures recorded: a
+// follower that cannot append (a full disk) is not ready.
+type watchedLog struct {
+	raft.LogStore
+	failed *atomic.Pointer[appendFailure]
+}
+
+func (w *watchedLog) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
+
+func (w *watchedLog) StoreLogs(logs []*raft.Log) error {
+	err := w.LogStore.StoreLogs(logs)
+	if err != nil {
+		if w.failed.Load() == nil {
+			w.failed.Store(&appendFailure{err: err, since: time.Now()})
+		}
+		return err
+	}
+	if w.failed.Load() != nil {
+		w.failed.Store(nil)
+	}
+	return nil
+}

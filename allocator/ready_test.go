@@ -1,0 +1,179 @@
+package allocator
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// putRulesV2 commits a second rule set and waits until node i applied it.
+func putRulesV2(t *testing.T, tc *testCluster, i int) {
+	t.Helper()
+	_, admin := tc.clients(tc.leader())
+	newRules := strings.Replace(testRules, "burst: 50", "burst: 60", 1)
+	if _, err := admin.PutRules(ctxT(t), &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(newRules)}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "rules version 2 applied", func() bool { return tc.node(i).rulesVersion() == 2 })
+}
+
+// followerNotBootstrap returns a follower other than node 0 (node 0
+// carries InitialRules, which would keep it unready for another reason).
+func followerNotBootstrap(tc *testCluster) int {
+	l := tc.leader()
+	for i := 1; i < len(tc.nodes); i++ {
+		if i != l {
+			return i
+		}
+	}
+	panic("no follower")
+}
+
+// gate blocks a node's FSM until opened.
+type gate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newGate(t *testing.T) *gate {
+	g := &gate{ch: make(chan struct{})}
+	t.Cleanup(g.open)
+	return g
+}
+
+func (g *gate) open()             { g.once.Do(func() { close(g.ch) }) }
+func (g *gate) wait(_ *raft.Log) { <-g.ch }
+
+// TestRestartReadyMeansCaughtUp pins a restarted follower that reported
+// ready, and streamed rules to watchers, before its FSM had applied what
+// was committed when it started ("rules version after full restart = 1,
+// want 2"). The restarted node's FSM is held by a gate, so the race is
+// deterministic.
+func TestRestartReadyMeansCaughtUp(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	f := followerNotBootstrap(tc)
+	putRulesV2(t, tc, f)
+
+	tc.stop(f, false)
+	g := newGate(t)
+	tc.cfgs[f].beforeApply = g.wait
+	tc.cfgs[f].Join = ""
+	tc.restart(f)
+	s := tc.node(f)
+	waitFor(t, 5*time.Second, "the restarted follower hears the leader", func() bool {
+		id, _ := s.Leader()
+		return id != "" && s.node.raft.CommitIndex() > 0
+	})
+	if rd := s.readiness(); rd.Ready {
+		t.Fatalf("restarted follower ready with its FSM held (rules version %d, fsm index %d, commit %d)",
+			rd.RulesVersion, rd.FSMIndex, rd.CommitIndex)
+	}
+	alloc, admin := tc.clients(f)
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	if stream, err := alloc.WatchRules(ctx, &allotv1.WatchRulesRequest{}); err == nil {
+		if rs, err := stream.Recv(); err == nil {
+			t.Fatalf("watch on a follower that has not caught up streamed rules version %d", rs.GetVersion())
+		} else if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Unavailable {
+			t.Fatalf("watch before catch-up: %v", err)
+		}
+	}
+	if rs, err := admin.GetRules(ctx, &allotv1.GetRulesRequest{}); err == nil {
+		t.Fatalf("GetRules on a follower that has not caught up answered version %d", rs.GetVersion())
+	}
+
+	g.open()
+	tc.waitReady(f)
+	if v := s.rulesVersion(); v != 2 {
+		t.Fatalf("ready follower has rules version %d, want 2", v)
+	}
+	stream, err := alloc.WatchRules(ctxT(t), &allotv1.WatchRulesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := stream.Recv(); err != nil || rs.GetVersion() != 2 {
+		t.Fatalf("watch after catch-up = %v, %v; want version 2", rs.GetVersion(), err)
+	}
+}
+
+// TestReadyzFollowerLag: a follower whose FSM stops applying goes unready
+// once its newest applied entry is older than ReadyMaxLag, and ready again
+// once it catches up.
+func TestReadyzFollowerLag(t *testing.T) {
+	g := newGate(t)
+	var holdNode atomic.Int64
+	holdNode.Store(-1)
+	held := make(chan struct{})
+	var heldOnce sync.Once
+	tc := newTestCluster(t, 3, func(i int, c *Config) {
+		c.ReadyMaxLag = 400 * time.Millisecond
+		c.beforeApply = func(l *raft.Log) {
+			if holdNode.Load() == int64(i) {
+				heldOnce.Do(func() { close(held) })
+				g.wait(l)
+			}
+		}
+	})
+	f := followerNotBootstrap(tc)
+	tc.waitReady(f)
+	holdNode.Store(int64(f))
+	<-held
+	waitFor(t, 5*time.Second, "the lagging follower unready", func() bool {
+		rd := tc.node(f).readiness()
+		return !rd.Ready && strings.Contains(rd.Reason, "lagging")
+	})
+	holdNode.Store(-1)
+	g.open()
+	tc.waitReady(f)
+}
+
+// TestReadyzCannotAppend: appends that fail on a real raft.db (opened
+// read-only here, as a full or read-only disk would refuse them) are
+// recorded, and a follower with such a failure is unready, naming it,
+// until an append succeeds.
+func TestReadyzCannotAppend(t *testing.T) {
+	path := filepath.Join(t.TempDir(), raftDBFile)
+	rw, err := openBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bbolt.Options{ReadOnly: true, Timeout: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Pointer[appendFailure]
+	w := &watchedLog{LogStore: ro, failed: &failed}
+	if err := w.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand}}); err == nil {
+		t.Fatal("append to a read-only raft.db succeeded")
+	}
+	e := failed.Load()
+	if e == nil {
+		t.Fatal("failed append not recorded")
+	}
+	ro.Close()
+
+	tc := newTestCluster(t, 3)
+	f := followerNotBootstrap(tc)
+	tc.waitReady(f)
+	tc.node(f).node.appendErr.Store(e)
+	if rd := tc.node(f).readiness(); rd.Ready || !strings.Contains(rd.Reason, "cannot append") {
+		t.Fatalf("readiness with failing appends = %+v", rd)
+	}
+	// The next successful append (an Expire within 100 ms) clears it.
+	tc.waitReady(f)
+}
