@@ -101,27 +101,7 @@ func (s *Server) writeAdvertised() error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(s.cfg.DataDir, advertisedFile)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
-	if err != nil {
-		return fmt.Errorf("allocator: write %s: %w", path, err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("allocator: write %s: %w", path, err)
-	}
-	return nil
+	return writeFileSync(filepath.Join(s.cfg.DataDir, advertisedFile), append(b, '\n'))
 }
 
 // checkAddresses runs at start, once the node is open. A new data

@@ -185,8 +185,18 @@ type Config struct {
 	// the leader longer ago than this is not ready (/readyz 503; default
 	// 5 s, negative: no bound). The leader commits an Expire every
 	// ExpireInterval, so a follower in step stays well within it; the
-	// clocks of the two hosts must agree to within a fraction of it.
+	// clocks of the two hosts must agree to within a fraction of it. The
+	// bound in effect is at least three ExpireIntervals.
 	ReadyMaxLag time.Duration
+
+	// RecoverFromSnapshot starts a node whose raft.db is missing, empty,
+	// damaged or older than the node's recorded term and applied index
+	// (raft-watermark.json) from its newest snapshot: the file is moved
+	// aside, and the node resumes with the snapshot's state and a term past
+	// any it may have voted in. Entries committed after that snapshot are
+	// lost on this node (the leader sends them again if the cluster still
+	// has them). Without it, such a data dir is an error naming the file.
+	RecoverFromSnapshot bool
 
 	// beforeApply, when set (tests), runs before the FSM applies each
 	// command entry: a test delays this node's FSM with it.
@@ -366,9 +376,6 @@ func (c Config) Validate() error {
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		bad("LeaderLeaseTimeout (%v) must not exceed HeartbeatTimeout (%v)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
-	}
-	if c.ReadyMaxLag > 0 && c.ReadyMaxLag < 2*c.ExpireInterval {
-		bad("ReadyMaxLag (%v) must be at least twice ExpireInterval (%v): a follower applies one Expire per interval", c.ReadyMaxLag, c.ExpireInterval)
 	}
 	if c.RefreshInterval >= c.LeaseTTL {
 		bad("RefreshInterval (%v) must be shorter than LeaseTTL (%v)", c.RefreshInterval, c.LeaseTTL)

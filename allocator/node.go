@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,9 @@ type node struct {
 	// existing: the data directory held Raft state at open.
 	existing bool
 	closed   bool
+	markMu   sync.Mutex // guards mark
+	// mark is the watermark last read or written (datadir.go).
+	mark watermark
 	// appendErr is set while appends to the log fail (see watchedLog).
 	appendErr atomic.Pointer[appendFailure]
 }
@@ -67,7 +71,27 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 	}()
 
 	dbPath := filepath.Join(dir, raftDBFile)
-	n.store, err = openBolt(dbPath)
+	mark, hasMark, err := readWatermark(dir)
+	if err != nil {
+		return nil, err
+	}
+	recoverDB := func(why error) error {
+		aside, err := moveAside(dbPath)
+		if err != nil {
+			return err
+		}
+		logger.Warn("-recover-from-snapshot: raft.db moved aside", "path", aside, "reason", why.Error())
+		return nil
+	}
+	if err := verifyBolt(dbPath); err != nil {
+		if !cfg.RecoverFromSnapshot {
+			return nil, fmt.Errorf("%w; %s", err, recoverHint)
+		}
+		if err := recoverDB(err); err != nil {
+			return nil, err
+		}
+	}
+	missing, err := dbMissing(dbPath)
 	if err != nil {
 		return nil, err
 	}
@@ -79,6 +103,43 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 		return nil, err
 	}
 	f.snaps, f.snapsDir = n.snaps, filepath.Join(dir, snapshotsDir)
+	if !missing && hasMark {
+		if n.store, err = openBolt(dbPath); err != nil {
+			return nil, err
+		}
+		if err = checkRollback(dir, n.store, n.snaps, mark); err != nil {
+			if !cfg.RecoverFromSnapshot {
+				return nil, err
+			}
+			_ = n.store.Close()
+			n.store = nil
+			if err = recoverDB(err); err != nil {
+				return nil, err
+			}
+			missing = true
+		}
+	}
+	rebuild, err := checkMissingDB(dir, missing, mark, hasMark, cfg.RecoverFromSnapshot)
+	if err != nil {
+		return nil, err
+	}
+	if n.store == nil {
+		if n.store, err = openBolt(dbPath); err != nil {
+			return nil, err
+		}
+	}
+	n.mark = mark
+	if rebuild {
+		desc, err := rebuildFromSnapshot(dir, n.snaps, n.store, mark)
+		if err != nil {
+			return nil, err
+		}
+		logger.Warn("-recover-from-snapshot: starting from the newest snapshot; entries committed after it are lost on this node", "from", desc)
+		n.mark = watermark{}
+		if err := os.Remove(filepath.Join(dir, watermarkFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("allocator: %w", err)
+		}
+	}
 
 	existing, err := hasExistingState(n.store, n.snaps, dbPath)
 	if err != nil {

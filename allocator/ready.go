@@ -107,7 +107,7 @@ func (s *Server) followerLag(rd *readiness) string {
 			return fmt.Sprintf("catching up with the log: applied %d of %d", rd.FSMIndex, target)
 		}
 	}
-	if maxLag := s.cfg.ReadyMaxLag; maxLag > 0 && (rd.LagMillis < 0 || time.Duration(rd.LagMillis)*time.Millisecond > maxLag) {
+	if maxLag := s.maxLag(); maxLag > 0 && (rd.LagMillis < 0 || time.Duration(rd.LagMillis)*time.Millisecond > maxLag) {
 		if rd.LagMillis < 0 {
 			return "catching up with the log: no entry applied yet"
 		}
@@ -116,6 +116,15 @@ func (s *Server) followerLag(rd *readiness) string {
 	}
 	s.caughtUp.Store(true)
 	return ""
+}
+
+// maxLag is the lag bound in effect: ReadyMaxLag, at least three
+// ExpireIntervals (0: none).
+func (s *Server) maxLag() time.Duration {
+	if s.cfg.ReadyMaxLag < 0 {
+		return 0
+	}
+	return max(s.cfg.ReadyMaxLag, 3*s.cfg.ExpireInterval)
 }
 
 // WaitReady blocks until the node is ready (see /readyz), ctx ends, or the

@@ -53,7 +53,7 @@ func newGate(t *testing.T) *gate {
 	return g
 }
 
-func (g *gate) open()             { g.once.Do(func() { close(g.ch) }) }
+func (g *gate) open()            { g.once.Do(func() { close(g.ch) }) }
 func (g *gate) wait(_ *raft.Log) { <-g.ch }
 
 // TestRestartReadyMeansCaughtUp pins a restarted follower that reported

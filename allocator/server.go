@@ -193,6 +193,7 @@ func New(cfg Config) (*Server, error) {
 		s.startHTTP()
 	}
 	s.goFunc(s.leaderLoop)
+	s.goFunc(s.watermarkLoop)
 	if cfg.Join != "" && !s.hasJoined() {
 		s.goFunc(s.joinLoop)
 	}
@@ -502,6 +503,9 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 
 	if err := s.node.raft.Shutdown().Error(); err != nil {
 		errs = append(errs, fmt.Errorf("allocator: raft shutdown: %w", err))
+	}
+	if err := s.node.writeWatermark(s.fsm); err != nil {
+		errs = append(errs, err)
 	}
 	s.node.close()
 	if s.httpSrv != nil {
