@@ -136,6 +136,9 @@ func (a *adminService) ListLeases(ctx context.Context, req *allotv1.ListLeasesRe
 	if err != nil {
 		return nil, a.s.status(err)
 	}
+	if !showKeys(ctx, a.s.guard.authOn) {
+		redactLeases(resp.GetLeases())
+	}
 	return resp, nil
 }
 
@@ -146,6 +149,10 @@ func (a *adminService) InspectKey(ctx context.Context, req *allotv1.InspectKeyRe
 	resp, err := a.s.st.InspectKey(req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
+	}
+	if !showKeys(ctx, a.s.guard.authOn) {
+		resp.Key = redactKey(resp.GetKey())
+		redactLeases(resp.GetLeases())
 	}
 	return resp, nil
 }
@@ -161,7 +168,13 @@ func (a *adminService) TopKeys(ctx context.Context, req *allotv1.TopKeysRequest)
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	return a.s.st.TopKeys(req, time.Now().UnixNano()), nil
+	resp := a.s.st.TopKeys(req, time.Now().UnixNano())
+	if !showKeys(ctx, a.s.guard.authOn) {
+		for _, k := range resp.GetKeys() {
+			k.Key = redactKey(k.GetKey())
+		}
+	}
+	return resp, nil
 }
 
 // Check runs one authoritative check-and-take, committed through Raft.

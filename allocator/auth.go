@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -253,4 +254,23 @@ func errorReason(err error) string {
 		return ae.reason
 	}
 	return fmt.Sprint(status.Code(err))
+}
+
+// insecureWarnInterval is how often an Insecure node repeats its warning.
+const insecureWarnInterval = time.Hour
+
+// insecureLoop logs that the node runs without authentication, at start
+// and every insecureWarnInterval, until the Server stops.
+func (s *Server) insecureLoop() {
+	t := time.NewTicker(insecureWarnInterval)
+	defer t.Stop()
+	for {
+		s.log.Warn("running with -insecure: no client certificates and no admin tokens; anyone who reaches the gRPC port can change the rules and the cluster and read leases",
+			"grpc", s.grpcAddr, "raft", s.node.bound)
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+	}
 }

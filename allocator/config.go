@@ -154,6 +154,16 @@ type Config struct {
 	// ClientAuth other than none, or AdminTokens).
 	OpenReads bool
 
+	// Insecure lets the node listen on a non-loopback gRPC or Raft address
+	// with no authentication (no client certificates, no admin tokens):
+	// anyone who reaches the port can change the rules and the cluster and
+	// read leases. Without it such a configuration is an error; with it
+	// the node logs a WARN at start and every hour.
+	Insecure bool
+	// Pprof serves /debug/pprof/ on the HTTP address, to callers with an
+	// admin bearer token (it needs AdminTokens). Off by default.
+	Pprof bool
+
 	// MaxInflight caps the unary calls this node serves at once (default
 	// 1024); a call beyond it is answered ResourceExhausted at once, never
 	// queued.
@@ -483,12 +493,42 @@ func (c Config) validateSecurity() []error {
 			bad("RaftTLS needs TLS with a certificate, key and CA file")
 		}
 	}
+	if !c.authEnabled() && !c.Insecure {
+		addrs := [][2]string{{"GRPCAddr", c.GRPCAddr}}
+		if c.transport == nil {
+			addrs = append(addrs, [2]string{"RaftAddr", c.RaftAddr})
+		}
+		for _, a := range addrs {
+			if !isLoopback(a[1]) {
+				bad("%s %s is not a loopback address and no authentication is configured (client certificates or "+
+					"admin tokens): anyone who reaches it could change the rules and the cluster; configure TLS with "+
+					"client certificates or an admin token file, or set Insecure (-insecure) to accept that", a[0], a[1])
+			}
+		}
+	}
+	if c.Pprof && len(c.AdminTokens) == 0 {
+		bad("Pprof needs AdminTokens: /debug/pprof/ is served only to an admin bearer token")
+	}
 	for i, tok := range c.AdminTokens {
 		if len(tok) < 16 {
 			bad("AdminTokens[%d] is shorter than 16 bytes", i)
 		}
 	}
 	return errs
+}
+
+// isLoopback reports whether addr's host is a loopback IP or "localhost"
+// (an empty or unspecified host listens on every interface).
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // authEnabled reports whether calls are authenticated at all: client

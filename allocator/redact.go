@@ -1,7 +1,11 @@
 package allocator
 
 import (
+	"context"
 	"log/slog"
+
+	"github.com/allot/allot/pkg/tlsconfig"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -10,6 +14,34 @@ import (
 // redactKey is rules.RedactKey: "key#" and 8 hex digits of the key's
 // xxhash64, never the key itself.
 func redactKey(key string) string { return rules.RedactKey(key) }
+
+// ShowKeysMetadata is the call metadata ("1") with which an admin asks
+// ListLeases, TopKeys and InspectKey for raw keys (allotctl --show-keys).
+// Without it, or for a caller without the admin role, every key in their
+// answers is redacted (redactKey).
+const ShowKeysMetadata = "x-allot-show-keys"
+
+// showKeys reports whether the call may see raw keys: it asks for them and
+// its caller holds the admin role (with authentication off, every caller
+// is an admin).
+func showKeys(ctx context.Context, authOn bool) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(ShowKeysMetadata); len(v) == 0 || v[0] != "1" {
+		return false
+	}
+	if !authOn {
+		return true
+	}
+	p, ok := principalFrom(ctx)
+	return ok && p.acting().Is(tlsconfig.RoleAdmin)
+}
+
+// redactLeases redacts the keys of leases in place.
+func redactLeases(leases []*allotv1.Lease) {
+	for _, l := range leases {
+		l.Key = redactKey(l.GetKey())
+	}
+}
 
 // redactDescriptor redacts the canonical key of domain and entries.
 func redactDescriptor(domain string, entries []*allotv1.Entry) string {

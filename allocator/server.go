@@ -194,6 +194,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.goFunc(s.leaderLoop)
 	s.goFunc(s.watermarkLoop)
+	if cfg.Insecure && !cfg.authEnabled() {
+		s.goFunc(s.insecureLoop)
+	}
 	if cfg.Join != "" && !s.hasJoined() {
 		s.goFunc(s.joinLoop)
 	}

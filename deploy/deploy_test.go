@@ -402,7 +402,7 @@ func TestLocalCluster(t *testing.T) {
 	t.Logf("allotctl status:\n%s", c.mustAllotctl("status"))
 	const premiumKey = "public-api:tier=premium,api_key=k_premium_demo"
 	eventually(t, 15*time.Second, "allotctl leases shows the premium key's lease", func() (bool, string) {
-		out, err := c.allotctl("leases", "--key", premiumKey)
+		out, err := c.allotctl("--show-keys", "leases", "--key", premiumKey)
 		return err == nil && strings.Contains(out, premiumKey), out
 	})
 	t.Logf("allotctl leases:\n%s", c.mustAllotctl("leases"))

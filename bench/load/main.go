@@ -37,6 +37,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -77,6 +78,7 @@ type options struct {
 	refill        time.Duration
 	callTimeout   time.Duration
 	cpuProfile    string
+	burn          int
 	coldAgents    bool
 	traceKey      string
 	traceStep     time.Duration
@@ -116,7 +118,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "load:", err)
 		os.Exit(2)
 	}
+	if o.burn < 0 || o.burn > 256 {
+		fmt.Fprintln(os.Stderr, "load: -burn must be in [0, 256]")
+		os.Exit(2)
+	}
+	burner := cpuburn.Start(o.burn)
 	rep, err := run(o)
+	burner.Stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "load:", err)
 		os.Exit(1)
@@ -171,6 +179,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&o.traceKey, "trace-key", "", "after the lease run, print one key's decisions per -trace-step on stderr (e.g. u0)")
 	fs.DurationVar(&o.traceStep, "trace-step", 500*time.Millisecond, "time step of -trace-key")
 	fs.DurationVar(&o.callTimeout, "call-timeout", 0, "agent.Config.CallTimeout of the lease agents (0: the agent's default, 200ms)")
+	fs.IntVar(&o.burn, "burn", 0, "spin this many goroutines in this process for the whole run: a competing CPU burner on the machine's cores (0-256)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (agents and load) during the lease run to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./bench/load [flags]\n\npresets (-workload):\n")

@@ -50,7 +50,7 @@ import (
 	"time"
 
 	"github.com/allot/allot/allocator"
-	"github.com/allot/allot/internal/cpuburn"
+	"github.com/allot/allot/internal/cliflags"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
@@ -82,7 +82,6 @@ type options struct {
 	logger        *slog.Logger
 	shutdownGrace time.Duration
 	tokenFile     string
-	burnCPU       int
 }
 
 func parse(args []string) (*options, error) {
@@ -99,8 +98,6 @@ func parse(args []string) (*options, error) {
 		advHTTP       = fs.String("advertise-http-addr", "", "HTTP address HOST:PORT recorded for this node (default: the bound -http-addr)")
 		bootstrap     = fs.Bool("bootstrap", false, "bootstrap a new one-node cluster (ignored when the data dir has state)")
 		join          = fs.String("join", "", "gRPC address HOST:PORT of any member to join (ignored when the data dir has state)")
-		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn, error")
-		logFormat     = fs.String("log-format", "text", "log format: json or text")
 		heartbeat     = fs.Duration("heartbeat-timeout", def.HeartbeatTimeout, "Raft heartbeat timeout")
 		election      = fs.Duration("election-timeout", def.ElectionTimeout, "Raft election timeout")
 		leaderLease   = fs.Duration("leader-lease-timeout", def.LeaderLeaseTimeout, "Raft leader lease timeout")
@@ -117,11 +114,7 @@ func parse(args []string) (*options, error) {
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 
-		tlsCert       = fs.String("tls-cert", "", "PEM certificate of this node (with -tls-key): serve gRPC over TLS")
-		tlsKey        = fs.String("tls-key", "", "PEM private key of -tls-cert")
-		tlsCA         = fs.String("tls-ca", "", "PEM CA bundle that verifies client certificates and the other nodes")
 		tlsClientAuth = fs.String("tls-client-auth", "", "client certificates: require, optional or none (default: require with -tls-ca, else none)")
-		tlsMin        = fs.String("tls-min-version", "1.2", "minimum TLS version: 1.2 or 1.3")
 		raftTLS       = fs.Bool("raft-tls", false, "carry Raft over mutual TLS with the -tls-* files (peers need allocator-role certificates)")
 		tokenFile     = fs.String("admin-token-file", "", "file of admin bearer tokens, one a line (re-read on SIGHUP)")
 		openReads     = fs.Bool("open-reads", false, "let any caller use the read-only Admin RPCs (default: admins only when authentication is on)")
@@ -131,9 +124,20 @@ func parse(args []string) (*options, error) {
 		agentBurst    = fs.Int("agent-burst", def.AgentBurst, "burst of -agent-rate")
 		streams       = fs.Uint("max-concurrent-streams", uint(def.MaxConcurrentStreams), "concurrent calls per client connection")
 		fwdTimeout    = fs.Duration("forward-timeout", def.ForwardTimeout, "bound of one call forwarded to the leader")
-		burnCPU       = fs.Int("debug-burn-cpu", 0, "TESTING ONLY: spin this many goroutines to saturate the node's CPU (for the overload measurement in docs/security.md)")
+		burnCPU       = fs.Int("debug-burn-cpu", 0, "deprecated, no effect: the CPU burner left the production binary (bench/gateway -burn)")
+		insecure      = fs.Bool("insecure", false, "allow a non-loopback -grpc-addr or -raft-addr without client certificates or an admin token (logs a WARN at start and every hour)")
+		pprofOn       = fs.Bool("pprof", false, "serve /debug/pprof/ on -http-addr, to an admin bearer token only (needs -admin-token-file)")
+		recoverSnap   = fs.Bool("recover-from-snapshot", false, "start a node whose raft.db is missing, empty, damaged or rolled back from its newest snapshot (the file is moved aside; entries after the snapshot are lost on this node)")
+		readyMaxLag   = fs.Duration("ready-max-lag", def.ReadyMaxLag, "a follower whose newest applied entry is older than this answers /readyz 503 (negative: no bound)")
 		ruleFiles     stringList
+		logFlags      cliflags.Log
+		tlsFlags      cliflags.TLS
 	)
+	logFlags.Register(fs)
+	tlsFlags.Register(fs, cliflags.TLSUsage{
+		Cert: "PEM certificate of this node (with -tls-key): serve gRPC over TLS",
+		CA:   "PEM CA bundle that verifies client certificates and the other nodes",
+	})
 	fs.Var(&ruleFiles, "rules", "rules YAML file for the initial rule set at bootstrap (repeatable or comma-separated)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -142,7 +146,7 @@ func parse(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 
-	logger, err := newLogger(*logLevel, *logFormat)
+	logger, err := logFlags.Logger(os.Stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -177,15 +181,12 @@ func parse(args []string) (*options, error) {
 	}
 
 	// Security.
-	if (*tlsCert == "") != (*tlsKey == "") {
-		return nil, errors.New("-tls-cert and -tls-key go together")
+	if cfg.TLS, err = tlsFlags.Options(); err != nil {
+		return nil, err
 	}
+	tlsCA, tlsCert := &tlsFlags.CA, &tlsFlags.Cert
 	if *tlsCA != "" && *tlsCert == "" {
 		return nil, errors.New("-tls-ca needs -tls-cert and -tls-key (the allocator serves TLS)")
-	}
-	cfg.TLS = tlsconfig.Options{CAFile: *tlsCA, CertFile: *tlsCert, KeyFile: *tlsKey}
-	if cfg.TLS.MinVersion, err = tlsconfig.ParseVersion(*tlsMin); err != nil {
-		return nil, fmt.Errorf("-tls-min-version: %w", err)
 	}
 	switch {
 	case *tlsClientAuth != "":
@@ -208,6 +209,8 @@ func parse(args []string) (*options, error) {
 		}
 	}
 	cfg.OpenReads = *openReads
+	cfg.Insecure, cfg.Pprof = *insecure, *pprofOn
+	cfg.RecoverFromSnapshot, cfg.ReadyMaxLag = *recoverSnap, *readyMaxLag
 
 	// Overload.
 	cfg.MaxInflight, cfg.MaxQueuedAcquires = *callCap, *queueCap
@@ -217,13 +220,13 @@ func parse(args []string) (*options, error) {
 	}
 	cfg.MaxConcurrentStreams = uint32(*streams)
 	cfg.ForwardTimeout = *fwdTimeout
-	if *burnCPU < 0 || *burnCPU > 256 {
-		return nil, errors.New("-debug-burn-cpu must be in [0, 256]")
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &options{cfg: cfg, logger: logger, shutdownGrace: *shutdownGrace, tokenFile: *tokenFile, burnCPU: *burnCPU}, nil
+	if *burnCPU != 0 {
+		logger.Warn("-debug-burn-cpu is deprecated and has no effect; burn CPU with bench/gateway -burn (docs/configuration.md, deprecated flags)")
+	}
+	return &options{cfg: cfg, logger: logger, shutdownGrace: *shutdownGrace, tokenFile: *tokenFile}, nil
 }
 
 func run(args []string) error {
@@ -256,11 +259,6 @@ func run(args []string) error {
 	logger.Info("allocator listening", "node", cfg.NodeID, "grpc", srv.GRPCAddr(), "raft", srv.RaftAddr(),
 		"http", srv.HTTPAddr(), "advertise_grpc", srv.AdvertiseGRPCAddr(), "advertise_raft", srv.AdvertiseRaftAddr(),
 		"advertise_http", srv.AdvertiseHTTPAddr(), "data_dir", cfg.DataDir)
-	if o.burnCPU > 0 {
-		logger.Warn("burning CPU on purpose (-debug-burn-cpu); do not use in production", "goroutines", o.burnCPU)
-	}
-	burner := cpuburn.Start(o.burnCPU)
-	defer burner.Stop()
 
 	for {
 		select {
@@ -294,22 +292,6 @@ func reload(logger *slog.Logger, srv *allocator.Server, tokenFile string) {
 	}
 	if err != nil {
 		logger.Error("SIGHUP: admin tokens not reloaded; keeping the previous ones", "err", err)
-	}
-}
-
-func newLogger(level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	default:
-		return nil, fmt.Errorf("-log-format %q: want json or text", format)
 	}
 }
 

@@ -84,7 +84,8 @@ func TestParseSecurityFlags(t *testing.T) {
 		{[]string{"-raft-tls"}, "-raft-tls needs"},
 		{[]string{"-admin-token-file", filepath.Join(c.dir, "missing")}, "-admin-token-file"},
 		{[]string{"-max-concurrent-streams", "0"}, "-max-concurrent-streams"},
-		{[]string{"-debug-burn-cpu", "-1"}, "-debug-burn-cpu"},
+		{[]string{"-grpc-addr", "0.0.0.0:7420", "-advertise-grpc-addr", "a.example:7420"}, "not a loopback address"},
+		{[]string{"-pprof"}, "Pprof needs AdminTokens"},
 		{[]string{"-max-inflight-calls", "-5"}, "MaxInflight"},
 	} {
 		_, err := parse(append(append([]string{}, base...), tc.args...))
@@ -95,7 +96,7 @@ func TestParseSecurityFlags(t *testing.T) {
 }
 
 func TestParseAdvertiseFlags(t *testing.T) {
-	base := []string{"-node-id", "n", "-data-dir", t.TempDir(), "-log-level", "error"}
+	base := []string{"-node-id", "n", "-data-dir", t.TempDir(), "-log-level", "error", "-insecure"}
 	o, err := parse(append(base, "-grpc-addr", "0.0.0.0:7420", "-raft-addr", "0.0.0.0:7421", "-http-addr", "0.0.0.0:7422",
 		"-advertise-grpc-addr", "a-1.peers:7420", "-advertise-raft-addr", "a-1.peers:7421", "-advertise-http-addr", "a-1.peers:7422"))
 	if err != nil {

@@ -14,11 +14,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/allot/allot/internal/cpuburn"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // TestMeasureSaturation is the allocator half of the overload measurement
-// (docs/security.md): it runs the binary with and without -debug-burn-cpu
+// (docs/security.md): it runs the binary with and without N goroutines
+// spinning in this test process (internal/cpuburn) on the same cores
 // and logs the Acquire latency an agent sees, so the agent-side p99 check
 // latency can be compared under the same saturation. It asserts nothing
 // about time. Run it with
@@ -49,7 +51,7 @@ func TestMeasureSaturation(t *testing.T) {
 		lat := measureAcquire(t, bin, rulesPath, filepath.Join(dir, fmt.Sprint("data", n)), n, 3*time.Second)
 		slices.Sort(lat)
 		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-		t.Logf("-debug-burn-cpu %d: %d sequential Acquire calls (10 keys each), p50 %v p99 %v max %v",
+		t.Logf("burn %d: %d sequential Acquire calls (10 keys each), p50 %v p99 %v max %v",
 			n, len(lat), q(0.5), q(0.99), lat[len(lat)-1])
 	}
 }
@@ -58,7 +60,9 @@ func measureAcquire(t *testing.T, bin, rulesPath, dataDir string, burn int, d ti
 	grpcAddr := freeAddr(t)
 	cmd := exec.Command(bin, "-node-id", "m", "-data-dir", dataDir, "-bootstrap", "-rules", rulesPath,
 		"-grpc-addr", grpcAddr, "-raft-addr", freeAddr(t), "-http-addr", "", "-log-level", "warn",
-		"-agent-rate", "-1", "-debug-burn-cpu", fmt.Sprint(burn))
+		"-agent-rate", "-1")
+	burner := cpuburn.Start(burn)
+	defer burner.Stop()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,9 +17,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/internal/cliflags"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -29,19 +32,22 @@ const defaultAddr = "127.0.0.1:7420"
 // addrEnv, when set, replaces the default of --addr.
 const addrEnv = "ALLOTCTL_ADDR"
 
+// showKeysMetadata is allocator.ShowKeysMetadata: with it, an admin's
+// leases, top and inspect answers carry raw keys.
+const showKeysMetadata = "x-allot-show-keys"
+
 // app is one invocation's state: the global flags, the output streams and
 // the lazily dialled connection.
 type app struct {
 	stdout, stderr io.Writer
 
-	addr          string
-	output        string
-	timeout       time.Duration
-	tlsCA         string
-	tlsCert       string
-	tlsKey        string
-	tlsServerName string
-	token         string
+	addr      string
+	output    string
+	timeout   time.Duration
+	tls       cliflags.TLS
+	token     string
+	tokenFile string
+	showKeys  bool
 
 	// isTerminal reports whether stdout is a terminal (top redraws in
 	// place only then). Replaced in tests.
@@ -110,11 +116,17 @@ Exit codes: 0 success, 1 error, 2 usage error.`,
 	pf.StringVar(&a.addr, "addr", def, "gRPC address (host:port) of any allocator node (env "+addrEnv+")")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table|json|yaml")
 	pf.DurationVar(&a.timeout, "timeout", 5*time.Second, "deadline for each request to the allocator")
-	pf.StringVar(&a.tlsCA, "tls-ca", "", "PEM CA bundle to verify the allocator (enables TLS)")
-	pf.StringVar(&a.tlsCert, "tls-cert", "", "PEM client certificate for mTLS (with --tls-key; enables TLS)")
-	pf.StringVar(&a.tlsKey, "tls-key", "", "PEM client private key for mTLS (with --tls-cert)")
-	pf.StringVar(&a.tlsServerName, "tls-server-name", "", "server name to verify in the allocator's certificate (enables TLS)")
+	gfs := flag.NewFlagSet("allotctl", flag.ContinueOnError)
+	a.tls.Register(gfs, cliflags.TLSUsage{
+		Cert:   "PEM client certificate for mTLS (with --tls-key; enables TLS)",
+		CA:     "PEM CA bundle to verify the allocator (enables TLS)",
+		Client: true,
+	})
+	pf.AddGoFlagSet(gfs)
+	pf.StringVar(&a.tokenFile, "admin-token-file", "", cliflags.TokenFileUsage)
 	pf.StringVar(&a.token, "token", "", "bearer token sent as 'authorization: Bearer <token>' metadata")
+	_ = pf.MarkDeprecated("token", "a secret on a command line is visible to other users of the host; use --admin-token-file")
+	pf.BoolVar(&a.showKeys, "show-keys", false, "ask for raw keys in leases, top and inspect (served to the admin role only; redacted otherwise)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(
 		[]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 
@@ -179,7 +191,7 @@ func (a *app) validateGlobals(cmd *cobra.Command) error {
 	if a.timeout <= 0 {
 		return usagef("invalid --timeout %s: must be positive", a.timeout)
 	}
-	if (a.tlsCert == "") != (a.tlsKey == "") {
+	if (a.tls.Cert == "") != (a.tls.Key == "") {
 		return usagef("--tls-cert and --tls-key must be given together")
 	}
 	if strings.TrimSpace(a.addr) == "" {
@@ -189,7 +201,7 @@ func (a *app) validateGlobals(cmd *cobra.Command) error {
 }
 
 func (a *app) useTLS() bool {
-	return a.tlsCA != "" || a.tlsCert != "" || a.tlsServerName != ""
+	return a.tls.Enabled() || a.tls.ServerName != ""
 }
 
 // admin returns the Admin client, dialling on first use. grpc.NewClient
@@ -214,20 +226,24 @@ func (a *app) admin() (allotv1.AdminClient, error) {
 func (a *app) dialOptions() ([]grpc.DialOption, error) {
 	var opts []grpc.DialOption
 	if a.useTLS() {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: a.tlsServerName}
-		if a.tlsCA != "" {
-			pem, err := os.ReadFile(a.tlsCA)
+		topts, err := a.tls.Options()
+		if err != nil {
+			return nil, err
+		}
+		cfg := &tls.Config{MinVersion: topts.MinVersion, ServerName: a.tls.ServerName}
+		if a.tls.CA != "" {
+			pem, err := os.ReadFile(a.tls.CA)
 			if err != nil {
 				return nil, fmt.Errorf("read --tls-ca: %v", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--tls-ca %s: no PEM certificates found", a.tlsCA)
+				return nil, fmt.Errorf("--tls-ca %s: no PEM certificates found", a.tls.CA)
 			}
 			cfg.RootCAs = pool
 		}
-		if a.tlsCert != "" {
-			cert, err := tls.LoadX509KeyPair(a.tlsCert, a.tlsKey)
+		if a.tls.Cert != "" {
+			cert, err := tls.LoadX509KeyPair(a.tls.Cert, a.tls.Key)
 			if err != nil {
 				return nil, fmt.Errorf("load --tls-cert/--tls-key: %v", err)
 			}
@@ -237,8 +253,21 @@ func (a *app) dialOptions() ([]grpc.DialOption, error) {
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
-	if a.token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: a.token, requireTLS: false}))
+	token := a.token
+	if a.tokenFile != "" {
+		var err error
+		if token, err = cliflags.ReadToken(a.tokenFile); err != nil {
+			return nil, err
+		}
+	}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: token, requireTLS: false}))
+	}
+	if a.showKeys {
+		opts = append(opts, grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return invoker(metadata.AppendToOutgoingContext(ctx, showKeysMetadata, "1"), method, req, reply, cc, opts...)
+		}))
 	}
 	return opts, nil
 }
@@ -296,7 +325,7 @@ func (a *app) rpcErr(op string, err error) error {
 	case codes.NotFound:
 		return fmt.Errorf("%s: not found: %s", op, msg)
 	case codes.Unauthenticated:
-		return fmt.Errorf("allocator at %s requires authentication: %s (see --token)", a.addr, msg)
+		return fmt.Errorf("allocator at %s requires authentication: %s (see --admin-token-file)", a.addr, msg)
 	case codes.PermissionDenied:
 		return fmt.Errorf("%s: permission denied: %s", op, msg)
 	case codes.Unimplemented:

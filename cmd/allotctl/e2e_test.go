@@ -223,7 +223,7 @@ func TestEndToEnd(t *testing.T) {
 			Key     string `json:"key"`
 		} `json:"leases"`
 	}
-	if err := json.Unmarshal([]byte(must(n1.grpcAddr, "-o", "json", "leases")), &leases); err != nil {
+	if err := json.Unmarshal([]byte(must(n1.grpcAddr, "--show-keys", "-o", "json", "leases")), &leases); err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]int64{}
@@ -247,7 +247,7 @@ func TestEndToEnd(t *testing.T) {
 	if ag := must(n2.grpcAddr, "agents"); !strings.Contains(ag, "agent-a") || !strings.Contains(ag, "agent-b") {
 		t.Errorf("agents:\n%s", ag)
 	}
-	if top := must(n3.grpcAddr, "top", "--once"); !strings.Contains(top, "live:tier=free,api_key=k_1") {
+	if top := must(n3.grpcAddr, "--show-keys", "top", "--once"); !strings.Contains(top, "live:tier=free,api_key=k_1") {
 		t.Errorf("top --once:\n%s", top)
 	}
 	chk := must(n2.grpcAddr, "check", "--domain", "live", "-d", "tier=free", "-d", "api_key=k_1")

@@ -286,13 +286,23 @@ func TestLiveCluster(t *testing.T) {
 		}
 	}
 
-	golden("leases", cli("leases"))
-	golden("leases.json", cli("-o", "json", "leases", "--key", "live:tier=free,api_key=k_1"))
-	golden("inspect", cli("inspect", "--domain", "live", "-d", "tier=free", "-d", "api_key=k_1"))
-	golden("inspect.json", cli("-o", "json", "inspect", "live:tier=free,api_key=k_1"))
-	golden("inspect_nomatch", cli("inspect", "--domain", "live", "-d", "tier=gold", "-d", "api_key=k_1"))
+	// Keys are redacted unless an admin asks for them (with authentication
+	// off every caller is an admin).
+	for _, args := range [][]string{{"leases"}, {"top", "--once", "--domain", "live"}} {
+		if out := cli(args...).stdout; strings.Contains(out, "k_1") || !strings.Contains(out, "key#") {
+			t.Errorf("allotctl %v without --show-keys shows a raw key:\n%s", args, out)
+		}
+	}
+	if out := cli("inspect", "live:tier=free,api_key=k_1").stdout; !strings.Contains(out, "Key:     key#") {
+		t.Errorf("allotctl inspect without --show-keys shows the raw key:\n%s", out)
+	}
+	golden("leases", cli("--show-keys", "leases"))
+	golden("leases.json", cli("--show-keys", "-o", "json", "leases", "--key", "live:tier=free,api_key=k_1"))
+	golden("inspect", cli("--show-keys", "inspect", "--domain", "live", "-d", "tier=free", "-d", "api_key=k_1"))
+	golden("inspect.json", cli("--show-keys", "-o", "json", "inspect", "live:tier=free,api_key=k_1"))
+	golden("inspect_nomatch", cli("--show-keys", "inspect", "--domain", "live", "-d", "tier=gold", "-d", "api_key=k_1"))
 	golden("agents", cli("agents"))
-	golden("top", cli("top", "--once", "--domain", "live"))
+	golden("top", cli("--show-keys", "top", "--once", "--domain", "live"))
 	golden("check_over", cli("check", "--domain", "live", "-d", "tier=free", "-d", "api_key=k_1"))
 	golden("check_multi", cli("check", "--domain", "live",
 		"-D", "tier=free,api_key=k_3", "-D", "api_key=k_shadow", "-D", "tier=gold,api_key=k_3"))

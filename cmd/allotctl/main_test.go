@@ -338,7 +338,7 @@ func TestServerErrors(t *testing.T) {
 		{"RemoveServer", status.Error(codes.NotFound, "allocator: no server n9"),
 			[]string{"cluster", "remove", "n9"}, "allotctl: RemoveServer: not found: allocator: no server n9\n"},
 		{"ListAgents", status.Error(codes.Unauthenticated, "missing bearer token"),
-			[]string{"agents"}, "allotctl: allocator at " + addr + " requires authentication: missing bearer token (see --token)\n"},
+			[]string{"agents"}, "allotctl: allocator at " + addr + " requires authentication: missing bearer token (see --admin-token-file)\n"},
 		{"TopKeys", status.Error(codes.Internal, "boom\nsecond line"),
 			[]string{"top", "--once"}, "allotctl: TopKeys failed (Internal): boom; second line\n"},
 	}

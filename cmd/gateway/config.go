@@ -57,6 +57,8 @@ type tlsConfig struct {
 	CAFile             string `yaml:"ca_file"`
 	ServerName         string `yaml:"server_name"`
 	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+	// minVersion raises the minimum TLS version (-tls-min-version; 0: 1.2).
+	minVersion uint16
 }
 
 func (t tlsConfig) enabled() bool {
@@ -91,7 +93,7 @@ func (t tlsConfig) clientTLS(what string) (*tls.Config, error) {
 	if !t.enabled() {
 		return nil, nil
 	}
-	cfg := &tls.Config{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
+	cfg := &tls.Config{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: max(tls.VersionTLS12, t.minVersion)}
 	if t.CAFile != "" {
 		pool, err := loadPool(t.CAFile)
 		if err != nil {

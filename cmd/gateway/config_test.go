@@ -59,11 +59,17 @@ func TestParseFlags(t *testing.T) {
 	if _, err := parseFlags([]string{"extra"}, io.Discard); err == nil {
 		t.Fatal("extra arguments accepted")
 	}
-	if _, err := newLogger("loud", "text", io.Discard); err == nil {
+	if o, err := parseFlags([]string{"-log-level", "loud"}, io.Discard); err != nil {
+		t.Fatal(err)
+	} else if _, err := o.log.Logger(io.Discard); err == nil {
 		t.Fatal("bad level accepted")
 	}
-	if _, err := newLogger("info", "xml", io.Discard); err == nil {
-		t.Fatal("bad format accepted")
+	o, err = parseFlags([]string{"-tls-cert", "c.pem", "-tls-ca", "ca.pem"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.tls.Options(); err == nil {
+		t.Fatal("-tls-cert without -tls-key accepted")
 	}
 }
 

@@ -21,12 +21,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/allot/allot/internal/cliflags"
 )
 
 func main() {
@@ -46,10 +47,14 @@ func main() {
 type options struct {
 	listen, upstream, configFile, httpAddr, rlsAddr string
 	allocators                                      []string
-	logLevel, logFormat                             string
-	dev                                             bool
-	shutdownTimeout                                 time.Duration
-	agentID                                         string
+	log                                             cliflags.Log
+	// tls, when given, is the gateway's identity towards the allocators
+	// and the CA that verifies them: it replaces the config file's
+	// allocator_tls.
+	tls             cliflags.TLS
+	dev             bool
+	shutdownTimeout time.Duration
+	agentID         string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -63,8 +68,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.configFile, "config", "", "YAML config file: descriptor extraction, domain, rules files, TLS, upstream")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9090", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.StringVar(&o.rlsAddr, "rls-addr", "127.0.0.1:8081", "Envoy RLS v3 gRPC address (empty: off)")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	o.log.Register(fs)
+	o.tls.Register(fs, cliflags.TLSUsage{
+		Cert:   "PEM client certificate (agent role) presented to the allocators, with -tls-key (replaces the config file's allocator_tls)",
+		CA:     "PEM CA bundle that verifies the allocators (replaces the config file's allocator_tls)",
+		Client: true,
+	})
 	fs.BoolVar(&o.dev, "dev", false, "run an embedded single-node allocator, a demo upstream and the demo rules")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 	fs.StringVar(&o.agentID, "agent-id", "", "agent id (default: hostname-pid-random)")
@@ -82,21 +91,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
-func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("-log-format %q: want text or json", format)
-}
-
 // run parses args, starts the gateway, waits for ctx (the signals) and
 // shuts down. stopSignals, called once shutdown starts, lets a second
 // signal kill the process.
@@ -105,7 +99,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 	if err != nil {
 		return err
 	}
-	logger, err := newLogger(o.logLevel, o.logFormat, stderr)
+	logger, err := o.log.Logger(stderr)
 	if err != nil {
 		return err
 	}
@@ -114,6 +108,14 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 		if cfg, err = loadConfig(o.configFile); err != nil {
 			return err
 		}
+	}
+	if o.tls.Enabled() {
+		opts, err := o.tls.Options()
+		if err != nil {
+			return err
+		}
+		cfg.AllocatorTLS = tlsConfig{CertFile: opts.CertFile, KeyFile: opts.KeyFile, CAFile: opts.CAFile,
+			ServerName: o.tls.ServerName, minVersion: opts.MinVersion}
 	}
 	g, err := start(ctx, o, cfg, logger, stdout)
 	if err != nil {

@@ -230,7 +230,7 @@ Try:
   for i in \$(seq 12); do curl -s -o /dev/null -w '%{http_code}\n' -H 'X-API-Key: k_free_demo' http://$GATEWAY_LISTEN/v1/search; done
   curl -s http://$GATEWAY_HTTP/metrics | grep allot_gateway_requests_total
   $BIN/allotctl --addr $(grpc_addr alloc-1) status
-  $BIN/allotctl --addr $(grpc_addr alloc-1) leases
+  $BIN/allotctl --addr $(grpc_addr alloc-1) --show-keys leases
   $0 stop
 EOF
 }

@@ -1,6 +1,6 @@
 // Package cpuburn spins goroutines to saturate a process's CPU, for the
 // measurement "with the allocator's CPU saturated, the gateways keep serving
-// from their leases" (cmd/allocator -debug-burn-cpu, bench/gateway -burn).
+// from their leases" (bench/gateway -burn, bench/load -burn).
 package cpuburn
 
 import (
