@@ -58,6 +58,11 @@ type Agent struct {
 	// rulesFromAllocator: the current set came from WatchRules (so its
 	// version is comparable with the stream's).
 	rulesFromAllocator atomic.Bool
+	// staleSince is when an Acquire answer first carried a rules version
+	// newer than the current set's (agent clock; 0: not stale), and
+	// watchCancel ends the current rule watch stream (rulewatch.go).
+	staleSince  atomic.Int64
+	watchCancel atomic.Pointer[context.CancelFunc]
 
 	ctx    context.Context // canceled by Close: stops the loops and their calls
 	cancel context.CancelFunc

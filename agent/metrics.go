@@ -42,6 +42,7 @@ type metrics struct {
 	rulesVersion   prometheus.Gauge
 	reloadsOK      prometheus.Counter
 	reloadsFailed  prometheus.Counter
+	rulesStale     prometheus.Counter
 	redisErrors    prometheus.Counter
 	checkSeconds   prometheus.Histogram
 	decisionsDesc  *prometheus.Desc
@@ -116,6 +117,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"result"})
 	m.reloadsOK = reloads.WithLabelValues("ok")
 	m.reloadsFailed = reloads.WithLabelValues("error")
+	m.rulesStale = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_agent_rules_stale_total",
+		Help: "Rule watches re-established because Acquire answers carried a newer committed rules version than the watch delivered.",
+	})
 	m.fallback = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "allot_agent_fallback",
 		Help: "1 while the allocator is unreachable (circuit breaker open) and keys are decided by fallback buckets.",
@@ -156,7 +161,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			250e-6, 1e-3, 5e-3, 25e-3},
 	})
 	m.collectors = []prometheus.Collector{stripedCollector{m}, transitions, calls, tokens, reloads,
-		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds}
+		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale}
 	if reg != nil {
 		for i, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

@@ -629,6 +629,7 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	a.talked.Store(true)
 	a.callSucceeded(recv)
 	a.apply(b, resp, recv)
+	a.noteRulesVersion(resp.GetRulesVersion(), recv)
 	return true
 }
 

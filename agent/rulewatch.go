@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -16,6 +19,13 @@ import (
 
 // maxWatchBackoff caps the rule watch's reconnect backoff.
 const maxWatchBackoff = 5 * time.Second
+
+// staleRulesGrace is how long Acquire answers may carry a newer committed
+// rules version than the watch delivered before the watch is re-established:
+// a healthy stream delivers a new version within milliseconds of its
+// commit, so a version still missing after this is a stream attached to a
+// node that no longer receives the log (removed, or in a minority).
+const staleRulesGrace = 2 * time.Second
 
 // watchRules keeps a WatchRules stream open, rotating over the allocators
 // and reconnecting with jittered exponential backoff, until Close. While no
@@ -47,7 +57,11 @@ func (a *Agent) watchOnce(idx int) bool {
 	if s := a.rules.Load(); s != nil && a.rulesFromAllocator.Load() {
 		known = s.Version()
 	}
-	stream, err := a.clients[idx].WatchRules(a.ctx, &allotv1.WatchRulesRequest{AgentId: a.cfg.ID, KnownVersion: known})
+	ctx, cancel := context.WithCancel(a.ctx)
+	defer cancel()
+	a.watchCancel.Store(&cancel)
+	defer a.watchCancel.Store(nil)
+	stream, err := a.clients[idx].WatchRules(ctx, &allotv1.WatchRulesRequest{AgentId: a.cfg.ID, KnownVersion: known})
 	if err != nil {
 		a.logWatchEnd(idx, err)
 		return false
@@ -65,8 +79,35 @@ func (a *Agent) watchOnce(idx int) bool {
 	}
 }
 
+// noteRulesVersion takes the committed rules version an Acquire answer
+// carried (at now, agent clock). When it stays newer than the current rule
+// set's for staleRulesGrace, the rule watch is re-established (on the next
+// allocator), counted and logged.
+func (a *Agent) noteRulesVersion(committed uint64, now int64) {
+	cur := a.rules.Load()
+	if committed == 0 || !a.rulesFromAllocator.Load() || cur == nil || committed <= cur.Version() {
+		a.staleSince.Store(0)
+		return
+	}
+	since := a.staleSince.Load()
+	if since == 0 {
+		a.staleSince.CompareAndSwap(0, now)
+		return
+	}
+	if now-since < int64(staleRulesGrace) {
+		return
+	}
+	a.staleSince.Store(0)
+	a.met.rulesStale.Inc()
+	a.log.Warn("agent: rules are stale; re-establishing the rule watch",
+		"have", cur.Version(), "committed", committed, "for", time.Duration(now-since))
+	if c := a.watchCancel.Load(); c != nil {
+		(*c)()
+	}
+}
+
 func (a *Agent) logWatchEnd(idx int, err error) {
-	if a.ctx.Err() != nil || errors.Is(err, io.EOF) {
+	if a.ctx.Err() != nil || errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 		return
 	}
 	a.logs.log(a.log, "watch_rules", "agent: rule watch interrupted; serving the last rules",

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -123,5 +124,40 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Errorf("default: %v", err)
+	}
+}
+
+// TestStaleRulesRewatch pins a gateway whose rule stream was attached to a
+// node that no longer received the log and kept version 1 against 2 until
+// the process died: Acquire answers carry the committed rules version, and
+// a newer one that the stream does not deliver within staleRulesGrace
+// re-establishes the watch (counted, logged).
+func TestStaleRulesRewatch(t *testing.T) {
+	fake := newFake(t, func() int64 { return time.Now().UnixNano() }, testRules)
+	srv := serveFake(t, fake)
+	a := newAgent(t, fastConfig(srv.addr))
+	waitFor(t, 10*time.Second, "the first rule set", func() bool { return a.Ready() })
+
+	// Version 2 is committed, but the open stream never hears of it.
+	stricter := strings.Replace(testRules, "requests_per_unit: 3\n", "requests_per_unit: 1\n", 1)
+	set, err := rules.Compile(2, []rules.File{{Name: "f0.yaml", Source: []byte(stricter)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.with(func(f *fakeAllocator) {
+		f.set = set
+		f.ruleSet = &allotv1.RuleSet{Version: 2, Files: []*allotv1.RuleFile{{Name: "f0.yaml", Yaml: []byte(stricter)}}}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for a.Rules().Version() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("rules still version %d; stale watch not re-established", a.Rules().Version())
+		}
+		check(t, a, desc("small", "k"+time.Now().Format("150405.000"))) // Acquire traffic
+		time.Sleep(20 * time.Millisecond)
+	}
+	var m dtoCounter
+	if n := m.read(a.met.rulesStale); n < 1 {
+		t.Errorf("allot_agent_rules_stale_total = %v, want ≥ 1", n)
 	}
 }
