@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -43,6 +44,12 @@ type fileConfig struct {
 	// (before the upstream is called when Content-Length says so). 0 means
 	// the default, 10 MiB; -1 means no limit.
 	MaxRequestBodyBytes int64 `yaml:"max_request_body_bytes"`
+	// RequestBodyTimeout bounds how long the proxy reads a request's body,
+	// from the end of its headers: a slower body gets a 408 and the
+	// upstream request is abandoned, so a slow client holds neither its
+	// connection nor an upstream one for longer. 0 means the default,
+	// 60 s; negative means no bound.
+	RequestBodyTimeout time.Duration `yaml:"request_body_timeout"`
 
 	httplimit.Config `yaml:",inline"`
 }
@@ -191,16 +198,29 @@ func yamlError(name string, err error) error {
 	return errors.New(strings.Join(out, "\n"))
 }
 
+// defaultRequestBodyTimeout is request_body_timeout's default.
+const defaultRequestBodyTimeout = 60 * time.Second
+
+// bodyTimeout returns the request body read bound, or 0 for none.
+func (c fileConfig) bodyTimeout() time.Duration {
+	return bound(c.RequestBodyTimeout, defaultRequestBodyTimeout)
+}
+
 // defaultMaxRequestBodyBytes is max_request_body_bytes' default.
 const defaultMaxRequestBodyBytes = 10 << 20
 
 // bodyLimit returns the request body bound, or 0 for none.
 func (c fileConfig) bodyLimit() int64 {
+	return bound(c.MaxRequestBodyBytes, defaultMaxRequestBodyBytes)
+}
+
+// bound reads a configured bound: negative is none (0), zero the default.
+func bound[T int64 | time.Duration](v, def T) T {
 	switch {
-	case c.MaxRequestBodyBytes < 0:
+	case v < 0:
 		return 0
-	case c.MaxRequestBodyBytes == 0:
-		return defaultMaxRequestBodyBytes
+	case v == 0:
+		return def
 	}
-	return c.MaxRequestBodyBytes
+	return v
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,11 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/agent"
@@ -156,7 +159,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		return g, err
 	}
 	mw := &httplimit.Middleware{Checker: g.agent, Extractor: ex, Metrics: met, Logger: logger}
-	handler := proxyHandler(mw, newProxy(target, upTLS, logger), cfg.bodyLimit())
+	handler := proxyHandler(mw, newProxy(target, upTLS, logger), cfg.bodyLimit(), cfg.bodyTimeout())
 
 	serverTLS, err := cfg.TLS.serverTLS()
 	if err != nil {
@@ -193,7 +196,17 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 			opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
 		}
 		// Envoy's RateLimitRequests are small: bound what a client can send.
-		opts = append(opts, grpc.MaxRecvMsgSize(rlsMaxRecvMsgSize))
+		// Pings more often than every 10 s (a ping flood) close the
+		// connection; an idle connection is pinged after -rls-keepalive and
+		// closed if the ping goes unanswered (a half-open peer); a handshake
+		// must finish within 10 s; at most -rls-max-conns are open.
+		opts = append(opts, grpc.MaxRecvMsgSize(rlsMaxRecvMsgSize),
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+			grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.rlsKeepalive, Timeout: o.rlsKeepalive}),
+			grpc.ConnectionTimeout(10*time.Second))
+		if o.rlsMaxConns > 0 {
+			ln = netutil.LimitListener(ln, o.rlsMaxConns)
+		}
 		g.grpc = grpc.NewServer(opts...)
 		srv.Register(g.grpc)
 		// grpc.health.v1.Health: NOT_SERVING until ready (see ready), and
@@ -502,11 +515,23 @@ func newProxy(target *url.URL, tc *tls.Config, logger *slog.Logger) *httputil.Re
 		Transport:  tr,
 		BufferPool: &copyBuffers,
 		ModifyResponse: func(resp *http.Response) error {
+			if bodyTimedOut(resp.Request) {
+				return errBodyTimeout // the upstream answered a truncated body
+			}
 			resp.Header.Del(httplimit.HeaderRateLimit)
 			resp.Header.Del(httplimit.HeaderRateLimitPolicy)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// A body read past request_body_timeout also cancels the
+			// request's context: check it first.
+			if errors.Is(err, errBodyTimeout) || bodyTimedOut(r) {
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Connection", "close")
+				w.WriteHeader(http.StatusRequestTimeout)
+				io.WriteString(w, `{"error":"request_timeout","message":"The request body was not received in time."}`)
+				return
+			}
 			if errors.Is(err, context.Canceled) {
 				return // the client went away
 			}
@@ -600,14 +625,84 @@ func allocatorCredentials(t tlsConfig, logger *slog.Logger) (creds credentials.T
 // rlsMaxRecvMsgSize bounds one RLS request (Envoy sends a few descriptors).
 const rlsMaxRecvMsgSize = 1 << 20
 
-// proxyHandler is the proxy listener's request path: the body bound, then
-// the limiter, then the reverse proxy. mw nil leaves the limiter out (the
-// handler benchmark's baseline).
-func proxyHandler(mw *httplimit.Middleware, proxy http.Handler, bodyLimit int64) http.Handler {
+// proxyHandler is the proxy listener's request path: the body bounds (size
+// and read time), then the limiter, then the reverse proxy. mw nil leaves
+// the limiter out (the handler benchmark's baseline).
+func proxyHandler(mw *httplimit.Middleware, proxy http.Handler, bodyLimit int64, bodyTimeout time.Duration) http.Handler {
 	if mw != nil {
 		proxy = mw.Wrap(proxy)
 	}
-	return limitBody(proxy, bodyLimit)
+	return limitBody(timeBody(proxy, bodyTimeout), bodyLimit)
+}
+
+// errBodyTimeout is the error a request body read returns once the body
+// has taken longer than request_body_timeout; the proxy answers 408.
+var errBodyTimeout = errors.New("gateway: request body read timed out")
+
+// timeBody bounds the time spent reading a request's body to d (0: no
+// bound) with a read deadline on the client connection, lifted once the
+// body has been read (so the upstream's answer may take as long as it
+// takes). A read past the deadline fails with errBodyTimeout.
+func timeBody(next http.Handler, d time.Duration) http.Handler {
+	if d <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if err := rc.SetReadDeadline(time.Now().Add(d)); err == nil {
+				tb := &timedBody{ReadCloser: r.Body, rc: rc}
+				r = r.WithContext(context.WithValue(r.Context(), timedBodyKey{}, tb))
+				r.Body = tb
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type timedBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	done     bool
+	timedOut atomic.Bool
+}
+
+// timedBodyKey is the request context key of its *timedBody (the proxy
+// wraps the body it passes on, so the body itself is not found again).
+type timedBodyKey struct{}
+
+// bodyTimedOut reports whether r's body read ran past its deadline.
+func bodyTimedOut(r *http.Request) bool {
+	if r == nil {
+		return false
+	}
+	tb, ok := r.Context().Value(timedBodyKey{}).(*timedBody)
+	return ok && tb.timedOut.Load()
+}
+
+func (b *timedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		b.timedOut.Store(true)
+		err = errBodyTimeout
+	default: // io.EOF or another end: lift the deadline
+		b.lift()
+	}
+	return n, err
+}
+
+func (b *timedBody) Close() error {
+	b.lift()
+	return b.ReadCloser.Close()
+}
+
+func (b *timedBody) lift() {
+	if !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
 }
 
 // limitBody answers 413 for a request whose declared body exceeds limit,

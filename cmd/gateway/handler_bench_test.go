@@ -119,7 +119,7 @@ func BenchmarkHandlerChain(b *testing.B) {
 		if limited {
 			mw = &httplimit.Middleware{Checker: ag, Extractor: ex, Metrics: met, Logger: logger}
 		}
-		return proxyHandler(mw, p, defaultMaxRequestBodyBytes)
+		return proxyHandler(mw, p, defaultMaxRequestBodyBytes, defaultRequestBodyTimeout)
 	}
 	for _, bc := range []struct {
 		name    string

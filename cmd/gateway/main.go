@@ -55,6 +55,11 @@ type options struct {
 	dev             bool
 	shutdownTimeout time.Duration
 	agentID         string
+	// rlsMaxConns caps the RLS port's open connections (0: no cap);
+	// rlsKeepalive is how long an RLS connection may be idle before the
+	// server pings it, and how long the ping may go unanswered.
+	rlsMaxConns  int
+	rlsKeepalive time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -77,11 +82,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.dev, "dev", false, "run an embedded single-node allocator, a demo upstream and the demo rules")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 	fs.StringVar(&o.agentID, "agent-id", "", "agent id (default: hostname-pid-random)")
+	fs.IntVar(&o.rlsMaxConns, "rls-max-conns", 1024, "open connections the RLS port accepts at once; more wait in the listen backlog (0: no cap)")
+	fs.DurationVar(&o.rlsKeepalive, "rls-keepalive", 30*time.Second, "an RLS connection idle this long is pinged, and closed if the ping is not answered within as long (half-open connections)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.rlsMaxConns < 0 {
+		return o, errors.New("-rls-max-conns must not be negative")
+	}
+	if o.rlsKeepalive < time.Second {
+		return o, errors.New("-rls-keepalive must be at least 1s")
 	}
 	for _, a := range strings.Split(allocators, ",") {
 		if a = strings.TrimSpace(a); a != "" {
