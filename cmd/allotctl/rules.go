@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
@@ -465,6 +468,7 @@ func (a *app) rulesApplyCmd() *cobra.Command {
 	var (
 		files  []string
 		dryRun bool
+		wait   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "apply -f FILE [-f FILE...]",
@@ -476,7 +480,13 @@ someone else changed the rules in between, nothing changes and apply fails;
 review with 'allotctl rules diff' and apply again. The allocator validates the
 resulting set too and rejects it whole on any error (file:line). Agents pick
 up the new version within a moment. --dry-run has the allocator validate
-without changing anything.`,
+without changing anything.
+
+apply waits up to --wait (default 1m, not --timeout) for the allocator to
+answer: a large rule set takes a while to send, compile and commit. If no
+answer comes in time, apply reads the rules back: it reports the new version
+when the commit is there, and otherwise says that the put is not confirmed
+(it may still commit; 'allotctl rules get' shows the version) and exits 1.`,
 		Example: `  allotctl rules apply -f public-api.yaml
   allotctl rules apply -f public-api.yaml -f internal.yaml --dry-run`,
 		Args: cobra.NoArgs,
@@ -498,9 +508,17 @@ without changing anything.`,
 				names = append(names, lf.domain)
 			}
 			c, _ := a.admin()
-			ctx, cancel := a.rpcCtx(cmd.Context())
+			ctx, cancel := context.WithTimeout(cmd.Context(), max(wait, a.timeout))
 			defer cancel()
 			resp, err := c.PutRules(ctx, req)
+			if err != nil && !dryRun && outcomeUnknown(err) {
+				if v, ok := a.confirmPut(cmd, req); ok {
+					resp, err = &allotv1.PutRulesResponse{Version: v}, nil
+				} else {
+					return fmt.Errorf("the put of domain(s) %s (expecting version %d) is not confirmed: %v; it may still "+
+						"commit: check with 'allotctl rules get'", strings.Join(names, ", "), rs.GetVersion(), a.rpcErr("PutRules", err))
+				}
+			}
 			if err != nil {
 				if st, ok := status.FromError(err); ok && st.Code() == codes.FailedPrecondition {
 					return errors.Join(a.rpcErr("PutRules", err), fmt.Errorf(
@@ -524,7 +542,59 @@ without changing anything.`,
 	f := cmd.Flags()
 	f.StringArrayVarP(&files, "file", "f", nil, "rules file, or a directory of *.yaml files (repeatable)")
 	f.BoolVar(&dryRun, "dry-run", false, "have the allocator validate, change nothing")
+	f.DurationVar(&wait, "wait", time.Minute, "how long to wait for the allocator to commit the put (then the rules are read back)")
 	_ = cmd.MarkFlagRequired("file")
 	_ = cmd.MarkFlagFilename("file", "yaml", "yml")
 	return cmd
+}
+
+// outcomeUnknown reports whether a failed put may still have been (or be)
+// committed: the call ended without an answer from the allocator.
+func outcomeUnknown(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.DeadlineExceeded, codes.Unavailable, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// confirmPut reads the rules back (for up to 10 s, each read bounded by
+// --timeout) and reports the version if the cluster moved past
+// req.ExpectedVersion with req's files in place: the put committed.
+func (a *app) confirmPut(cmd *cobra.Command, req *allotv1.PutRulesRequest) (uint64, bool) {
+	c, err := a.admin()
+	if err != nil {
+		return 0, false
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := a.rpcCtx(cmd.Context())
+		rs, err := c.GetRules(ctx, &allotv1.GetRulesRequest{})
+		cancel()
+		if err == nil && rs.GetVersion() > req.GetExpectedVersion() {
+			return rs.GetVersion(), holdsFiles(rs, req.GetFiles())
+		}
+		if time.Now().After(deadline) || cmd.Context().Err() != nil {
+			return 0, false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// holdsFiles reports whether rs carries every file of want (same domain,
+// same YAML).
+func holdsFiles(rs *allotv1.RuleSet, want []*allotv1.RuleFile) bool {
+	have := make(map[string][]byte, len(rs.GetFiles()))
+	for _, f := range rs.GetFiles() {
+		have[f.GetDomain()+"\x00"+f.GetName()] = f.GetYaml()
+	}
+	for _, f := range want {
+		if y, ok := have[f.GetDomain()+"\x00"+f.GetName()]; !ok || !bytes.Equal(y, f.GetYaml()) {
+			return false
+		}
+	}
+	return true
 }
