@@ -459,6 +459,9 @@ func TestReregisterDecision(t *testing.T) {
 func TestAdvertiseValidation(t *testing.T) {
 	good := DefaultConfig()
 	good.NodeID, good.DataDir = "a", "/tmp/x"
+	// Off loopback, authentication (or Insecure) is required too: this test
+	// is about the addresses (TestOpenAdminRefusedOffLoopback covers that).
+	good.AdminTokens = []string{testToken}
 	for name, tt := range map[string]struct {
 		mut  func(*Config)
 		want string // "" valid; else a part of the error

@@ -380,8 +380,9 @@ func TestHTTPEndpointsAndTCP(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if code, _ := get("/debug/pprof/"); code != 200 {
-		t.Errorf("/debug/pprof/ = %d", code)
+	// pprof is off without Config.Pprof (TestPprofOffByDefault).
+	if code, _ := get("/debug/pprof/"); code != 404 {
+		t.Errorf("/debug/pprof/ = %d, want 404", code)
 	}
 	if !strings.HasPrefix(s.RaftAddr(), "127.0.0.1:") || strings.HasSuffix(s.RaftAddr(), ":0") {
 		t.Errorf("RaftAddr = %q, want the bound port", s.RaftAddr())

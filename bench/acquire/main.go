@@ -135,6 +135,10 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	tokenArgs, token, err := allocproc.AdminToken(dir)
+	if err != nil {
+		return err
+	}
 	nodes := make([]*node, 3)
 	for i := range nodes {
 		n := &node{ID: fmt.Sprintf("b%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2],
@@ -143,6 +147,9 @@ func run(o options) error {
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP,
 			"-heartbeat-timeout", tmo[0], "-election-timeout", tmo[1], "-leader-lease-timeout", tmo[2],
 			"-log-level", "warn"}
+		// The token is for pprof; the load's Acquire calls are anonymous
+		// agents and its status reads need no admin.
+		n.Args = append(append(n.Args, tokenArgs...), "-open-reads")
 		if o.inflight > 0 {
 			n.Args = append(n.Args, "-max-inflight-batches", strconv.Itoa(o.inflight))
 		}
@@ -220,7 +227,7 @@ func run(o options) error {
 	start := time.Now()
 	if o.profile != "" {
 		secs := max(int(o.duration.Seconds())-1, 1)
-		if err := fetchProfile(nodes[leader], secs, o.profile); err != nil {
+		if err := fetchProfile(nodes[leader], token, secs, o.profile); err != nil {
 			return err
 		}
 	}
@@ -679,8 +686,8 @@ func scrapeAll(nodes []*node) ([]map[string]float64, error) {
 }
 
 // fetchProfile saves a CPU profile of n taken over secs seconds.
-func fetchProfile(n *node, secs int, path string) error {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.HTTP, secs))
+func fetchProfile(n *node, token string, secs int, path string) error {
+	resp, err := allocproc.GetWithToken(context.Background(), fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.HTTP, secs), token)
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,9 @@ type cluster struct {
 	addrs []string
 	conns []*grpc.ClientConn
 	admin allotv1.AdminClient
+	// token is the admin token of a started cluster (admin calls and
+	// pprof); "" for a running cluster connected to.
+	token string
 }
 
 // node is one allocator process.
@@ -73,11 +76,17 @@ func startCluster(ctx context.Context, o options, dir string) (*cluster, error) 
 		return nil, err
 	}
 	c := &cluster{}
+	tokenArgs, token, err := allocproc.AdminToken(dir)
+	if err != nil {
+		return nil, err
+	}
+	c.token = token
 	for i := range 3 {
 		n := &node{ID: fmt.Sprintf("load%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2],
 			LogPath: filepath.Join(dir, fmt.Sprintf("allocator%d.log", i))}
 		n.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "warn"}
+		n.Args = append(n.Args, tokenArgs...)
 		if i == 0 {
 			n.Args = append(n.Args, "-bootstrap")
 		} else {
@@ -120,7 +129,11 @@ func connectCluster(addrs []string) (*cluster, error) {
 
 func (c *cluster) dial() error {
 	for _, a := range c.addrs {
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if c.token != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(allocproc.Bearer(c.token)))
+		}
+		cc, err := grpc.NewClient(a, opts...)
 		if err != nil {
 			c.closeConns()
 			return fmt.Errorf("dial %s: %w", a, err)
@@ -244,7 +257,7 @@ func (c *cluster) memory(ctx context.Context) (memSample, error) {
 	if m.GetHttpAddr() == "" {
 		return s, errors.New("the leader has no HTTP address")
 	}
-	s.HeapInuse, err = heapInuse(ctx, m.GetHttpAddr())
+	s.HeapInuse, err = heapInuse(ctx, m.GetHttpAddr(), c.token)
 	if err != nil {
 		return s, err
 	}
@@ -277,14 +290,10 @@ func (c *cluster) memoryWithoutLeases(ctx context.Context, timeout time.Duration
 	}
 }
 
-func heapInuse(ctx context.Context, httpAddr string) (uint64, error) {
+func heapInuse(ctx context.Context, httpAddr, token string) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+httpAddr+"/debug/pprof/heap?gc=1&debug=1", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := allocproc.GetWithToken(cctx, "http://"+httpAddr+"/debug/pprof/heap?gc=1&debug=1", token)
 	if err != nil {
 		return 0, err
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	"github.com/allot/allot/internal/faultnet"
 	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -119,6 +121,9 @@ func heldBy(t *testing.T, e *env, agent string) map[string]int64 {
 	n := e.c.Leader(t, 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// Raw keys: the cluster has no authentication, so any caller that asks
+	// is an admin (allocator.ShowKeysMetadata).
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-allot-show-keys", "1")
 	resp, err := n.Admin(t).ListLeases(ctx, &allotv1.ListLeasesRequest{AgentId: agent, PageSize: 1000})
 	if err != nil {
 		t.Fatal(err)
