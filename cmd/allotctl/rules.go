@@ -561,8 +561,8 @@ func outcomeUnknown(err error) bool {
 	return false
 }
 
-// confirmPut reads the rules back (for up to 10 s, each read bounded by
-// --timeout) and reports the version if the cluster moved past
+// confirmPut reads the rules back from the leader (linearizable; for up to
+// 10 s, each read bounded by --timeout) and reports the version if the cluster moved past
 // req.ExpectedVersion with req's files in place: the put committed.
 func (a *app) confirmPut(cmd *cobra.Command, req *allotv1.PutRulesRequest) (uint64, bool) {
 	c, err := a.admin()
@@ -572,7 +572,7 @@ func (a *app) confirmPut(cmd *cobra.Command, req *allotv1.PutRulesRequest) (uint
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := a.rpcCtx(cmd.Context())
-		rs, err := c.GetRules(ctx, &allotv1.GetRulesRequest{})
+		rs, err := c.GetRules(ctx, &allotv1.GetRulesRequest{Linearizable: true})
 		cancel()
 		if err == nil && rs.GetVersion() > req.GetExpectedVersion() {
 			return rs.GetVersion(), holdsFiles(rs, req.GetFiles())
