@@ -122,7 +122,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 	select {
 	case <-ctx.Done():
 		logger.Info("gateway: signal received; shutting down", "timeout", o.shutdownTimeout)
-	case err := <-g.failed:
+	case err := <-g.Failed():
 		logger.Error("gateway: a listener failed; shutting down", "err", err)
 	}
 	stopSignals()
