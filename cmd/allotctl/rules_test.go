@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -22,7 +23,7 @@ const (
 
 func TestRulesValidate(t *testing.T) {
 	// validate is local: --addr points nowhere and must not matter.
-	dead := freeAddr(t)
+	dead := testproc.FreeAddr(t)
 	for _, format := range []string{"table", "json"} {
 		r := runCLI(t, "--addr", dead, "-o", format, "rules", "validate", "-f", publicAPI, "-f", internalYAML)
 		if r.code != exitOK {

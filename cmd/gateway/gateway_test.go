@@ -26,6 +26,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/allot/allot/internal/testproc"
 )
 
 // raceEnabled is set by race_test.go; the binaries are then built with -race too.
@@ -471,16 +473,6 @@ descriptors:
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestAllocatorFailure: kill -9 the allocator under traffic: no 5xx, the
 // fallback engages; restart it on the same data directory: leases resume
 // and limits are enforced again.
@@ -493,7 +485,7 @@ descriptors:
   - key: api_key
     rate_limit: {name: per_key, unit: second, requests_per_unit: 20, burst: 20}
 `)
-	grpcAddr, raftAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, raftAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	allocArgs := []string{"-node-id", "a", "-data-dir", filepath.Join(dir, "data"), "-grpc-addr", grpcAddr,
 		"-raft-addr", raftAddr, "-http-addr", "", "-bootstrap", "-rules", rulesFile, "-log-level", "warn"}
 	ap := startProc(t, "allocator", alloc, allocArgs...)
