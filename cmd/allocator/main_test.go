@@ -137,10 +137,10 @@ func TestTLSProcess(t *testing.T) {
 	}
 	c := newCerts(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "allocator")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+		t.Fatal(err)
 	}
+	bin := filepath.Join(dir, "allocator")
 	rulesPath := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rulesPath, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10}\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,14 +57,7 @@ func binaries(t *testing.T) (gateway, allocator string) {
 		if binDir, buildErr = os.MkdirTemp("", "allot-gateway-test-"); buildErr != nil {
 			return
 		}
-		args := []string{"build", "-o", binDir + string(os.PathSeparator)}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, ".", "../allocator")...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = testproc.GoBuild(binDir, raceEnabled, "github.com/allot/allot/cmd/gateway", "github.com/allot/allot/cmd/allocator")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
