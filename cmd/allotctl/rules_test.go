@@ -143,7 +143,7 @@ func TestRulesDiff(t *testing.T) {
 			{"a new domain", []string{"--addr", addr, "rules", "diff", "-f", internalYAML}, 1},
 			{"invalid file", []string{"--addr", addr, "rules", "diff", "-f", badUnit}, 2},
 			{"missing file", []string{"--addr", addr, "rules", "diff", "-f", "testdata/rules/nope.yaml"}, 2},
-			{"unreachable", []string{"--addr", freeAddr(t), "--timeout", "300ms", "rules", "diff", "-f", same}, 2},
+			{"unreachable", []string{"--addr", testproc.FreeAddr(t), "--timeout", "300ms", "rules", "diff", "-f", same}, 2},
 			{"no -f", []string{"--addr", addr, "rules", "diff"}, 2},
 		} {
 			if r := runCLI(t, tc.args...); r.code != tc.code {
