@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/allot/allot/pkg/breaker"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -106,6 +107,8 @@ func New(cfg Config) (*Agent, error) {
 	a.log = a.log.With("agent", cfg.ID)
 	a.liveAgents.Store(1)
 	a.rf.nextID = 1
+	a.rf.br = breaker.New(breaker.Config{Threshold: cfg.FailureThreshold, Cooldown: cfg.ProbeBackoff,
+		MaxCooldown: cfg.MaxProbeBackoff, Jitter: a.jitter})
 	if a.nowHook == nil {
 		a.clock = newCoarseClock()
 	}

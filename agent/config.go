@@ -106,11 +106,11 @@ type Config struct {
 
 // Limits on Check's input; beyond them Check returns ErrInvalid.
 const (
-	MaxDescriptors = 64   // descriptors per check
-	MaxEntries     = 64   // entries per descriptor
-	MaxKeyBytes    = 4096 // domain + entries of one descriptor (len(k)+len(v)+2 each): the allocator's bound
-	maxIDLen       = 256  // bytes of Config.ID (the allocator's limit)
-	maxBatchKeys   = 1000
+	MaxDescriptors = 64                     // descriptors per check
+	MaxEntries     = 64                     // entries per descriptor
+	MaxKeyBytes    = allotv1.MaxKeyBytes    // domain + entries of one descriptor (len(k)+len(v)+2 each): the protocol's bound
+	maxIDLen       = allotv1.MaxIDBytes     // bytes of Config.ID
+	maxBatchKeys   = allotv1.MaxKeysPerCall // keys per Acquire or Release
 )
 
 // ErrInvalid is wrapped by every error Check and CheckStatuses return: the

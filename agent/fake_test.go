@@ -13,6 +13,7 @@ import (
 
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/rules/rulespb"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -254,7 +255,7 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	g.ResetAfterMs = p.ResetAfter.Milliseconds()
 	g.Held = ag.held[key]
 	g.Agents = max(f.keyAgents, 1)
-	g.Limit = r.Proto()
+	g.Limit = rulespb.Limit(r)
 	if granted == 0 && k.Want > 0 && !p.Allowed {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
 		g.RetryAfterMs = max(p.RetryAfter.Milliseconds(), 1)

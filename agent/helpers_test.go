@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,11 +11,15 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/rules"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		testproc.RemoveBuilds() // the allocator binary of the integration tests
+		os.Exit(code)
+	}))
 }
 
 // testRules is the rule set most tests use (domain "test").

@@ -2,46 +2,29 @@ package agent
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/allot/allot/allocator"
-	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/internal/testproc"
 )
 
-// startAllocator runs a single-node allocator (bootstrap, bolt stores in a
-// temp dir, loopback ports) with the test rules.
-func startAllocator(t *testing.T, dataDir string, bootstrap bool) *allocator.Server {
+// startAllocator runs a single-node cmd/allocator process (bootstrap, bolt
+// stores in dir, loopback ports) with the test rules.
+func startAllocator(t *testing.T, dir string) *testproc.Node {
 	t.Helper()
-	cfg := allocator.DefaultConfig()
-	cfg.NodeID = "n1"
-	cfg.DataDir = dataDir
-	cfg.GRPCAddr = "127.0.0.1:0"
-	cfg.RaftAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = ""
-	cfg.Bootstrap = bootstrap
-	cfg.InitialRules = []rules.File{{Name: "test.yaml", Source: []byte(testRules)}}
-	cfg.Logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	srv, err := allocator.New(cfg)
-	if err != nil {
-		t.Fatalf("allocator.New: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := srv.WaitReady(ctx); err != nil {
-		t.Fatalf("allocator not ready: %v", err)
-	}
-	return srv
+	bins := testproc.Build(t)
+	rulesFile := testproc.WriteFile(t, dir, "test.yaml", testRules)
+	c := testproc.StartCluster(t, testproc.ClusterConfig{Bin: bins.Allocator, Dir: dir, Size: 1, Rules: []string{rulesFile}})
+	return c.Nodes[0]
 }
 
-func stopAllocator(t *testing.T, srv *allocator.Server) {
+// stopAllocator shuts the node down gracefully (SIGTERM).
+func stopAllocator(t *testing.T, n *testproc.Node) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
+	if err := n.Proc.Signal(syscall.SIGTERM, 10*time.Second); err != nil {
 		t.Errorf("allocator shutdown: %v", err)
 	}
 }
@@ -55,7 +38,7 @@ func TestAgentsShareKeyRealAllocator(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real allocator")
 	}
-	srv := startAllocator(t, t.TempDir(), true)
+	srv := startAllocator(t, t.TempDir())
 	defer stopAllocator(t, srv)
 
 	const agents = 3
@@ -63,7 +46,7 @@ func TestAgentsShareKeyRealAllocator(t *testing.T) {
 	as := make([]*Agent, agents)
 	for i := range as {
 		cfg := DefaultConfig()
-		cfg.Allocators = []string{srv.GRPCAddr()}
+		cfg.Allocators = []string{srv.GRPC}
 		cfg.RefillInterval = 5 * time.Millisecond
 		cfg.ScanInterval = 20 * time.Millisecond
 		cfg.CallTimeout = time.Second
@@ -127,10 +110,8 @@ func TestAllocatorRestartRecovery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real allocator")
 	}
-	dir := t.TempDir()
-	srv := startAllocator(t, dir, true)
-	addr := srv.GRPCAddr()
-	cfg := fastConfig(addr)
+	srv := startAllocator(t, t.TempDir())
+	cfg := fastConfig(srv.GRPC)
 	cfg.CallTimeout = time.Second
 	cfg.Logger = testLogger(t)
 	a := newAgent(t, cfg)
@@ -152,32 +133,16 @@ func TestAllocatorRestartRecovery(t *testing.T) {
 		t.Fatalf("during the outage: source %v, want fallback", s)
 	}
 
-	srv2 := restartAllocatorAt(t, dir, addr)
-	defer stopAllocator(t, srv2)
+	restartAllocator(t, srv)
+	defer stopAllocator(t, srv)
 	waitFor(t, 30*time.Second, "the breaker to close", func() bool { return !a.breakerOpen.Load() })
 	waitFor(t, 20*time.Second, "a leased decision after recovery", func() bool { return sourceOf() == SourceLease })
 }
 
-// restartAllocatorAt restarts the node from dataDir on gRPC address addr.
-func restartAllocatorAt(t *testing.T, dataDir, addr string) *allocator.Server {
+// restartAllocator restarts the node from its data directory on the same
+// addresses.
+func restartAllocator(t *testing.T, n *testproc.Node) {
 	t.Helper()
-	cfg := allocator.DefaultConfig()
-	cfg.NodeID = "n1"
-	cfg.DataDir = dataDir
-	cfg.GRPCAddr = addr
-	cfg.RaftAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = ""
-	cfg.Logger = slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var srv *allocator.Server
-	waitFor(t, 10*time.Second, "the old address to be free", func() bool {
-		var err error
-		srv, err = allocator.New(cfg)
-		return err == nil
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := srv.WaitReady(ctx); err != nil {
-		t.Fatalf("restarted allocator not ready: %v", err)
-	}
-	return srv
+	n.Proc.Start(t)
+	waitFor(t, 20*time.Second, "the restarted allocator to be ready", n.Ready)
 }

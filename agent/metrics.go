@@ -8,20 +8,32 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot/allot/internal/stripe"
 	"github.com/allot/allot/pkg/rules"
 )
 
+const numSources = int(SourceRedis) + 1
+
+// The per-check counters, striped (internal/stripe): the decisions by
+// source and result, then the shadow denials.
 const (
-	numSources = int(SourceRedis) + 1
-	numStripes = 16 // 1<<4: stripeFor takes the top 4 bits
+	ctrShadow   = 2 * numSources // after the decisions: decisionCounter(src, allowed)
+	numCounters = ctrShadow + 1
 )
 
+func decisionCounter(src Source, allowed bool) int {
+	if allowed {
+		return 2*int(src) + 1
+	}
+	return 2 * int(src)
+}
+
 // metrics holds the agent's Prometheus metrics. Per-check counters are
-// striped (a check increments a random stripe) and summed at scrape time by
-// a custom collector, so parallel checks do not contend on one cache line.
-// No metric has a per-key label.
+// striped (a check increments its goroutine's stripe) and summed at scrape
+// time by a custom collector, so parallel checks do not contend on one
+// cache line. No metric has a per-key label.
 type metrics struct {
-	stripes [numStripes]stripe
+	counters *stripe.Counters // numCounters
 
 	fallback       prometheus.Gauge
 	toOpen         prometheus.Counter
@@ -59,12 +71,6 @@ type metrics struct {
 	collectors     []prometheus.Collector
 }
 
-type stripe struct {
-	decisions [numSources][2]atomic.Uint64 // [source][allowed]
-	shadow    atomic.Uint64
-	_         [128 - (numSources*2+1)*8]byte
-}
-
 // checkSampleMask: one check in 64 is timed for allot_agent_check_seconds.
 // Timing every check would cost more than the check (time.Now is tens of
 // nanoseconds).
@@ -79,6 +85,7 @@ func (m *metrics) sampleCheck() bool {
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
+		counters: stripe.New(numCounters),
 		decisionsDesc: prometheus.NewDesc("allot_agent_decisions_total",
 			"Checks decided, by the source of the reported limit and the result.",
 			[]string{"source", "result"}, nil),
@@ -188,47 +195,22 @@ func (m *metrics) unregister() {
 	m.registeredWith = nil
 }
 
-// stripeFor picks a stripe from hint, the address of a variable on the
-// caller's stack: stable for a goroutine, different between goroutines,
-// and free to compute. The address is hashed (Fibonacci hashing) because
-// stacks are power-of-two sized and aligned, so its low bits repeat.
-func (m *metrics) stripeFor(hint uintptr) *stripe {
-	return &m.stripes[stripeIndex(hint)]
-}
-
-func stripeIndex(hint uintptr) int { return int((uint64(hint) * 0x9E3779B97F4A7C15) >> (64 - 4)) }
+// hint, in the methods below, is the address of a variable on the
+// checking goroutine's stack: it picks the stripe (stripe.Index).
 
 func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
-	i := 0
-	if allowed {
-		i = 1
-	}
-	m.stripeFor(hint).decisions[src][i].Add(1)
+	m.counters.Add(hint, decisionCounter(src, allowed), 1)
 }
 
-func (m *metrics) shadow(hint uintptr) { m.stripeFor(hint).shadow.Add(1) }
+func (m *metrics) shadow(hint uintptr) { m.counters.Add(hint, ctrShadow, 1) }
 func (m *metrics) redisError()         { m.redisErrors.Inc() }
 
 // decisions sums the stripes; for tests and the collector.
 func (m *metrics) decisions(src Source, allowed bool) uint64 {
-	i := 0
-	if allowed {
-		i = 1
-	}
-	var n uint64
-	for s := range m.stripes {
-		n += m.stripes[s].decisions[src][i].Load()
-	}
-	return n
+	return m.counters.Sum(decisionCounter(src, allowed))
 }
 
-func (m *metrics) shadows() uint64 {
-	var n uint64
-	for s := range m.stripes {
-		n += m.stripes[s].shadow.Load()
-	}
-	return n
-}
+func (m *metrics) shadows() uint64 { return m.counters.Sum(ctrShadow) }
 
 type stripedCollector struct{ m *metrics }
 
@@ -283,7 +265,7 @@ const otherDomain = "_other"
 // ruleCounter counts one (domain, rule)'s decisions, striped like the
 // decision counters.
 type ruleCounter struct {
-	c [numStripes][ruleResults]atomic.Uint64
+	c [stripe.N][ruleResults]atomic.Uint64
 }
 
 func (rc *ruleCounter) sum(res int) uint64 {
@@ -354,7 +336,7 @@ func (m *metrics) ruleDecision(hint uintptr, ri *ruleIndex, r *rules.Rule, st *S
 	case st.Source == SourceFallback:
 		res = ruleFallback
 	}
-	ri.byID[r.ID].c[stripeIndex(hint)][res].Add(1)
+	ri.byID[r.ID].c[stripe.Index(hint)][res].Add(1)
 }
 
 // unlimitedDecision counts a descriptor no rule limits: r is nil (no match)
@@ -370,6 +352,6 @@ func (m *metrics) unlimitedDecision(hint uintptr, ri *ruleIndex, domain string, 
 		rc = ri.other
 	}
 	if rc != nil {
-		rc.c[stripeIndex(hint)][ruleUnlimited].Add(1)
+		rc.c[stripe.Index(hint)][ruleUnlimited].Add(1)
 	}
 }

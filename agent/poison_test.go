@@ -44,10 +44,10 @@ func TestInvalidUTF8KeyPoisonsGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real allocator")
 	}
-	srv := startAllocator(t, t.TempDir(), true)
+	srv := startAllocator(t, t.TempDir())
 	defer stopAllocator(t, srv)
 	cfg := DefaultConfig()
-	cfg.Allocators = []string{srv.GRPCAddr()}
+	cfg.Allocators = []string{srv.GRPC}
 	cfg.RefillInterval = 5 * time.Millisecond
 	cfg.ScanInterval = 20 * time.Millisecond
 	cfg.Logger = testLogger(t)

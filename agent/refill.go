@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/pkg/breaker"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -40,12 +41,10 @@ const (
 // refiller is the refill loop's state. It is owned by the refill goroutine
 // (and by Close once that goroutine has stopped): no locks.
 type refiller struct {
-	nextID   uint64 // next request id; ids increase strictly per agent ID
-	unacked  *batch // sent and not acknowledged: retried with the same id first
-	addr     int    // index of the allocator to call
-	fails    int    // consecutive failed calls
-	open     bool   // breaker open
-	backoff  time.Duration
+	nextID   uint64           // next request id; ids increase strictly per agent ID
+	unacked  *batch           // sent and not acknowledged: retried with the same id first
+	addr     int              // index of the allocator to call
+	br       *breaker.Breaker // consecutive failed calls; open: wait for the next probe
 	lastScan int64
 	latency  float64 // EWMA of Acquire round trips, seconds
 	keysBuf  []*keyState
@@ -94,7 +93,7 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	if a.standalone {
 		return
 	}
-	if rf.open && now < a.nextProbe.Load() {
+	if !rf.br.Allow(now) {
 		// Waiting to probe: leave the queued keys for later, and release
 		// the ones the scan picked (the next scan finds them again).
 		a.unpick()
@@ -112,7 +111,7 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	}
 	a.drainPending(now)
 	if len(rf.pick) == 0 {
-		if rf.open {
+		if rf.br.Open() {
 			// Probe with an empty Acquire: nothing needs the allocator,
 			// but the breaker must learn whether it is back.
 			a.send(ctx, a.build(now, nil))
@@ -888,25 +887,22 @@ func leaseMargin(ttl time.Duration) time.Duration {
 // after FailureThreshold in a row, open the breaker (or back off further).
 func (a *Agent) callFailed(now int64, err error) {
 	rf := &a.rf
-	rf.fails++
+	wasOpen := rf.br.Open()
+	opened := rf.br.Failure(now) // opens it, or doubles the wait while open
 	if len(a.clients) > 0 {
 		rf.addr = (rf.addr + 1) % len(a.clients)
 	}
 	switch {
-	case !rf.open && rf.fails >= a.cfg.FailureThreshold:
-		rf.open = true
-		rf.backoff = a.cfg.ProbeBackoff
+	case opened:
 		a.breakerOpen.Store(true)
 		a.met.fallback.Set(1)
 		a.met.toOpen.Inc()
 		a.logs.log(a.log, "breaker_open", "agent: allocator unreachable; deciding from fallback buckets",
-			"failures", rf.fails, "err", err)
-	case rf.open:
-		rf.backoff = min(2*rf.backoff, a.cfg.MaxProbeBackoff)
-	default:
+			"failures", rf.br.Failures(), "err", err)
+	case !wasOpen:
 		return
 	}
-	a.nextProbe.Store(now + int64(a.jitter(rf.backoff)))
+	a.nextProbe.Store(rf.br.NextProbe())
 }
 
 // throttled records an overload refusal: the batch stays unacknowledged and
@@ -936,11 +932,9 @@ const (
 func (a *Agent) callSucceeded(now int64) {
 	rf := &a.rf
 	rf.throttle, rf.throttledUntil = 0, 0
-	rf.fails = 0
-	if !rf.open {
+	if !rf.br.Success() {
 		return
 	}
-	rf.open = false
 	a.breakerOpen.Store(false)
 	a.nextProbe.Store(0)
 	a.met.fallback.Set(0)

@@ -64,7 +64,7 @@ func TestRejectedBatchKeepsCharges(t *testing.T) {
 	if c := ks.charged.Load(); c != 4 {
 		t.Fatalf("charged %d after a rejected call, want 4", c)
 	}
-	if s.breakerOpen.Load() || s.rf.fails != 0 {
+	if s.breakerOpen.Load() || s.rf.br.Failures() != 0 {
 		t.Fatalf("a rejection counted as a transport failure")
 	}
 	calls, _, _ := s.fake.counts()

@@ -208,10 +208,11 @@ func (a *adminService) Check(ctx context.Context, req *allotv1.CheckRequest) (*a
 	return resp, nil
 }
 
-// Limits on a Check: those the state machine applies to Acquire keys.
+// Limits on a Check: the protocol's, which the state machine applies to
+// Acquire keys.
 const (
-	maxCheckDescriptors = 1000
-	maxKeyBytes         = 4096 // domain + entries, 2 bytes of separators per entry
+	maxCheckDescriptors = allotv1.MaxKeysPerCall
+	maxKeyBytes         = allotv1.MaxKeyBytes
 )
 
 // ValidateCheck checks a CheckRequest against the bounds the state machine
@@ -335,7 +336,7 @@ func parseUint(s string) uint64 {
 // It is idempotent: adding a voter again with the same address is a no-op.
 func (a *adminService) AddVoter(ctx context.Context, req *allotv1.AddVoterRequest) (*allotv1.AddVoterResponse, error) {
 	s := a.s
-	if req.GetId() == "" || req.GetRaftAddr() == "" || len(req.GetId()) > 256 {
+	if req.GetId() == "" || req.GetRaftAddr() == "" || len(req.GetId()) > allotv1.MaxIDBytes {
 		return nil, status.Error(codes.InvalidArgument, "allocator: add voter: id (at most 256 bytes) and raft_addr are required")
 	}
 	err := s.onLeader(ctx, true,

@@ -2,13 +2,9 @@ package allocator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,19 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
-
-// proc is one allocator process of the multi-process test.
-type proc struct {
-	id               string
-	grpc, raft, http string
-	dataDir, logPath string
-	args             []string
-	cmd              *exec.Cmd
-	exited           chan struct{}
-	exitErr          error
-}
 
 // TestClusterProcesses builds cmd/allocator, runs three processes on
 // loopback, drives lease takers through them, SIGKILLs the leader, restarts
@@ -42,58 +28,17 @@ func TestClusterProcesses(t *testing.T) {
 		t.Skip("multi-process cluster: skipped with -short")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "allocator")
-	build := exec.Command("go", "build", "-o", bin, "github.com/allot/allot/cmd/allocator")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	rulesPath := filepath.Join(dir, "test.yaml")
-	if err := os.WriteFile(rulesPath, []byte(testRules), 0o600); err != nil {
+	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
 		t.Fatal(err)
 	}
-
-	ports := freePorts(t, 9)
-	procs := make([]*proc, 3)
-	for i := range procs {
-		p := &proc{
-			id:      fmt.Sprintf("p%d", i),
-			grpc:    ports[3*i],
-			raft:    ports[3*i+1],
-			http:    ports[3*i+2],
-			dataDir: filepath.Join(dir, fmt.Sprintf("data-p%d", i)),
-			logPath: filepath.Join(dir, fmt.Sprintf("p%d.log", i)),
-		}
-		p.args = []string{
-			"-node-id", p.id, "-data-dir", p.dataDir,
-			"-grpc-addr", p.grpc, "-raft-addr", p.raft, "-http-addr", p.http,
-			"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
-			"-agent-ttl", "3s", "-expire-interval", "200ms", "-log-level", "info",
-		}
-		if i == 0 {
-			p.args = append(p.args, "-bootstrap", "-rules", rulesPath)
-		} else {
-			p.args = append(p.args, "-join", procs[0].grpc)
-		}
-		procs[i] = p
-	}
-	t.Cleanup(func() {
-		for _, p := range procs {
-			p.kill()
-		}
-		if t.Failed() {
-			for _, p := range procs {
-				b, _ := os.ReadFile(p.logPath)
-				t.Logf("---- %s log (tail) ----\n%s", p.id, tail(string(b), 60))
-			}
-		}
+	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
+	c := testproc.StartCluster(t, testproc.ClusterConfig{
+		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: 3, Rules: []string{rulesPath},
+		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
+			"-agent-ttl", "3s", "-expire-interval", "200ms"},
 	})
-	for _, p := range procs {
-		p.start(t, bin)
-	}
-	for _, p := range procs {
-		waitHTTPReady(t, p, 20*time.Second)
-	}
-	_, admin := dial(t, procs[0].grpc)
+	procs := c.Nodes
+	_, admin := dial(t, procs[0].GRPC)
 	waitFor(t, 20*time.Second, "3 members with addresses", func() bool {
 		st, err := admin.ClusterStatus(context.Background(), &allotv1.ClusterStatusRequest{})
 		if err != nil || len(st.GetMembers()) != 3 {
@@ -108,7 +53,7 @@ func TestClusterProcesses(t *testing.T) {
 	})
 
 	// Lease takers through every node.
-	addrs := []string{procs[0].grpc, procs[1].grpc, procs[2].grpc}
+	addrs := []string{procs[0].GRPC, procs[1].GRPC, procs[2].GRPC}
 	keys := []string{"k1", "k2", "k3"}
 	log := &grantLog{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -129,28 +74,28 @@ func TestClusterProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var leader *proc
+	var leader *testproc.Node
 	for _, p := range procs {
-		if p.id == st.GetLeaderId() {
+		if p.ID == st.GetLeaderId() {
 			leader = p
 		}
 	}
 	if leader == nil {
 		t.Fatalf("leader %q is not one of the processes", st.GetLeaderId())
 	}
-	log.markKill(leader.id)
-	leader.kill()
+	log.markKill(leader.ID)
+	leader.Proc.Kill()
 	waitFor(t, 10*time.Second, "a grant from a new leader", func() bool { return log.recovery() >= 0 })
 	rec := log.recovery()
-	t.Logf("time to first grant after SIGKILL of leader %s: %v", leader.id, rec)
+	t.Logf("time to first grant after SIGKILL of leader %s: %v", leader.ID, rec)
 	if rec > 10*time.Second {
 		t.Errorf("first grant %v after the kill, want < 10s", rec)
 	}
 
 	// Restart it with the same flags and data dir (-bootstrap/-join are
 	// ignored now).
-	leader.start(t, bin)
-	waitHTTPReady(t, leader, 20*time.Second)
+	leader.Proc.Start(t)
+	testproc.Eventually(t, 20*time.Second, leader.ID+" /readyz", leader.Ready)
 	after := count()
 	waitFor(t, 20*time.Second, "grants after the restart", func() bool { return count() > after+300 })
 	cancel()
@@ -163,8 +108,8 @@ func TestClusterProcesses(t *testing.T) {
 	// (b) idempotent retry: a new call per agent through one node, sent
 	// again to the restarted node, gets the recorded answer; an older id is
 	// rejected.
-	first, _ := dial(t, procs[(indexOf(procs, leader)+1)%3].grpc)
-	ra, _ := dial(t, leader.grpc)
+	first, _ := dial(t, procs[(indexOf(procs, leader)+1)%3].GRPC)
+	ra, _ := dial(t, leader.GRPC)
 	for _, lc := range lasts {
 		if lc.req == nil {
 			continue
@@ -191,7 +136,7 @@ func TestClusterProcesses(t *testing.T) {
 	// (c) leases expire once renewals stop (TTL ≤ 2 s, expiry every 200 ms).
 	waitFor(t, 15*time.Second, "every lease to expire", func() bool {
 		for _, p := range procs {
-			_, ad := dial(t, p.grpc)
+			_, ad := dial(t, p.GRPC)
 			resp, err := ad.ListLeases(context.Background(), &allotv1.ListLeasesRequest{})
 			if err != nil || len(resp.GetLeases()) != 0 {
 				return false
@@ -200,7 +145,7 @@ func TestClusterProcesses(t *testing.T) {
 		return true
 	})
 
-	resp, err := http.Get("http://" + procs[0].http + "/metrics")
+	resp, err := http.Get("http://" + procs[0].HTTP + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,24 +157,18 @@ func TestClusterProcesses(t *testing.T) {
 	}
 
 	// Graceful stop: SIGTERM, exit status 0.
+	var stopped sync.WaitGroup
 	for _, p := range procs {
-		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, p := range procs {
-		select {
-		case <-p.exited:
-			if p.exitErr != nil {
-				t.Errorf("%s exited with %v after SIGTERM", p.id, p.exitErr)
+		stopped.Go(func() {
+			if err := p.Proc.Signal(syscall.SIGTERM, 20*time.Second); err != nil {
+				t.Errorf("%s after SIGTERM: %v", p.ID, err)
 			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("%s did not exit after SIGTERM", p.id)
-		}
+		})
 	}
+	stopped.Wait()
 }
 
-func indexOf(ps []*proc, p *proc) int {
+func indexOf(ps []*testproc.Node, p *testproc.Node) int {
 	for i, q := range ps {
 		if q == p {
 			return i
@@ -308,82 +247,4 @@ func grantsEqual(a, b *allotv1.AcquireResponse) bool {
 		}
 	}
 	return true
-}
-
-func (p *proc) start(t *testing.T, bin string) {
-	t.Helper()
-	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, p.args...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("start %s: %v", p.id, err)
-	}
-	p.exited = make(chan struct{})
-	cmd, exited := p.cmd, p.exited
-	go func() { // ends when the process exits; kill/cleanup make sure it does
-		err := cmd.Wait()
-		f.Close()
-		p.exitErr = err
-		close(exited)
-	}()
-}
-
-// kill sends SIGKILL and waits for the process to be reaped.
-func (p *proc) kill() {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return
-	}
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.exited
-}
-
-func waitHTTPReady(t *testing.T, p *proc, timeout time.Duration) {
-	t.Helper()
-	client := &http.Client{Timeout: time.Second}
-	waitFor(t, timeout, p.id+" /readyz", func() bool {
-		resp, err := client.Get("http://" + p.http + "/readyz")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var rd readiness
-		_ = json.NewDecoder(resp.Body).Decode(&rd)
-		return resp.StatusCode == http.StatusOK && rd.Ready
-	})
-}
-
-// freePorts returns n distinct loopback addresses with ports free now.
-func freePorts(t *testing.T, n int) []string {
-	t.Helper()
-	var lns []net.Listener
-	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().String())
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return out
-}
-
-func tail(s string, lines int) string {
-	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(parts) > lines {
-		parts = parts[len(parts)-lines:]
-	}
-	return strings.Join(parts, "\n")
 }

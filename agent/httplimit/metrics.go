@@ -1,10 +1,11 @@
 package httplimit
 
 import (
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot/allot/internal/stripe"
 )
 
 type result int
@@ -21,32 +22,24 @@ const (
 
 var resultNames = [numResults]string{"allowed", "unlimited", "denied", "shadow_denied", "bad_request", "limiter_error"}
 
-// numStripes counters per result; a request increments the stripe its
-// goroutine's stack address picks (see inc).
-const numStripes = 16
-
 // Metrics counts the middleware's decisions in
 // allot_gateway_requests_total{result}, result being allowed, unlimited,
 // denied, shadow_denied, bad_request or limiter_error. Labels are bounded:
 // no per-key or per-path label.
 //
-// The counters are striped and summed when scraped, so requests on
-// different cores do not contend on one cache line (one shared counter per
-// result cost every request a cache-line transfer between the cores).
+// The counters are striped (internal/stripe) and summed when scraped, so
+// requests on different cores do not contend on one cache line (one shared
+// counter per result cost every request a cache-line transfer between the
+// cores).
 type Metrics struct {
-	stripes [numStripes]metricStripe
-	desc    *prometheus.Desc
-}
-
-type metricStripe struct {
-	n [numResults]atomic.Uint64
-	_ [64 - numResults*8%64]byte // one stripe per cache line
+	n    *stripe.Counters // by result
+	desc *prometheus.Desc
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
 // registered).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{desc: prometheus.NewDesc("allot_gateway_requests_total",
+	m := &Metrics{n: stripe.New(int(numResults)), desc: prometheus.NewDesc("allot_gateway_requests_total",
 		"HTTP requests seen by the rate limit middleware, by result.", []string{"result"}, nil)}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
@@ -67,22 +60,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // count sums result r over the stripes.
-func (m *Metrics) count(r result) uint64 {
-	var n uint64
-	for i := range m.stripes {
-		n += m.stripes[i].n[r].Load()
-	}
-	return n
-}
+func (m *Metrics) count(r result) uint64 { return m.n.Sum(int(r)) }
 
 func (m *Metrics) inc(r result) {
 	if m == nil {
 		return
 	}
-	// The address of a variable on this goroutine's stack: stable for a
-	// goroutine, different between goroutines, free to compute; hashed
-	// because stacks are aligned (Fibonacci hashing, top 4 bits).
-	var hint byte
-	i := (uint64(uintptr(unsafe.Pointer(&hint))) * 0x9E3779B97F4A7C15) >> (64 - 4)
-	m.stripes[i].n[r].Add(1)
+	var hint byte // the stripe is picked by this goroutine's stack address
+	m.n.Add(uintptr(unsafe.Pointer(&hint)), int(r), 1)
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,9 +14,15 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/allot/allot/agent"
-	"github.com/allot/allot/allocator"
+	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/rules"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testproc.RemoveBuilds() // the allocator binary of TestPropertyOneRequestCannotPoison
+	os.Exit(code)
+}
 
 const poisonRules = `
 domain: poison
@@ -81,33 +89,19 @@ func TestPropertyOneRequestCannotPoison(t *testing.T) {
 		t.Skip("runs a real allocator")
 	}
 	logger := slog.New(slog.DiscardHandler)
-	acfg := allocator.DefaultConfig()
-	acfg.NodeID = "n1"
-	acfg.DataDir = t.TempDir()
-	acfg.GRPCAddr = "127.0.0.1:0"
-	acfg.RaftAddr = "127.0.0.1:0"
-	acfg.HTTPAddr = ""
-	acfg.Bootstrap = true
-	acfg.InitialRules = []rules.File{{Name: "poison.yaml", Source: []byte(poisonRules)}}
-	acfg.Logger = logger
-	srv, err := allocator.New(acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	dir := t.TempDir()
+	c := testproc.StartCluster(t, testproc.ClusterConfig{Bin: testproc.Build(t).Allocator, Dir: dir, Size: 1,
+		Rules: []string{testproc.WriteFile(t, dir, "poison.yaml", poisonRules)}})
+	srv := c.Nodes[0]
 	defer func() {
-		if err := srv.Shutdown(context.Background()); err != nil {
+		if err := srv.Proc.Signal(syscall.SIGTERM, 10*time.Second); err != nil {
 			t.Errorf("allocator shutdown: %v", err)
 		}
 	}()
-	if err := srv.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	reg := prometheus.NewRegistry()
 	cfg := agent.DefaultConfig()
-	cfg.Allocators = []string{srv.GRPCAddr()}
+	cfg.Allocators = []string{srv.GRPC}
 	cfg.RefillInterval = 5 * time.Millisecond
 	cfg.Registerer = reg
 	cfg.Logger = logger

@@ -16,9 +16,9 @@ import (
 
 const (
 	defaultPageSize = 100
-	maxPageSize     = 1000
+	maxPageSize     = allotv1.MaxPageSize
 	defaultTopKeys  = 20
-	maxTopKeys      = 1000
+	maxTopKeys      = allotv1.MaxPageSize
 )
 
 // ListLeases lists live leases in key-hash order, then by agent, filtered by

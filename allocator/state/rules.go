@@ -2,9 +2,9 @@ package state
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/rules/rulespb"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -71,33 +71,15 @@ func (c *core) applyPutRules(req *allotv1.PutRulesRequest, now int64) (*allotv1.
 	return &allotv1.PutRulesResponse{Version: version, Domains: append([]string(nil), set.Domains()...)}, nil
 }
 
-// setRules installs a compiled set and its wire Limit messages.
+// setRules installs a compiled set and its wire Limit messages. The
+// messages are shared by every response of one rules version: treat them as
+// read-only.
 func (c *core) setRules(set *rules.Set, updatedMs int64) {
 	c.rules = set
 	c.rulesUpdated = updatedMs
 	rs := set.Rules()
 	c.limitMsgs = make([]*allotv1.Limit, len(rs))
 	for i, r := range rs {
-		c.limitMsgs[i] = limitMsg(r)
-	}
-}
-
-// limitMsg describes a rule on the wire. The messages are shared by every
-// response of one rules version: treat them as read-only.
-func limitMsg(r *rules.Rule) *allotv1.Limit {
-	return &allotv1.Limit{
-		Name:            r.Name,
-		RequestsPerUnit: r.RequestsPerUnit,
-		Unit:            r.Unit.String(),
-		WindowSeconds:   int64(r.Window / time.Second),
-		Burst:           r.Burst,
-		Algorithm:       r.Algorithm.String(),
-		ShadowMode:      r.ShadowMode,
-		FailureMode:     r.FailureMode.String(),
-		Backend:         r.Backend.String(),
-		Shards:          int32(r.Shards),
-		Unlimited:       r.Unlimited,
-		RulePath:        r.Path,
-		Routing:         r.Routing.String(),
+		c.limitMsgs[i] = rulespb.Limit(r)
 	}
 }

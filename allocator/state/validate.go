@@ -7,15 +7,16 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// Input bounds. Everything beyond them is ErrInvalid, so no request can make
-// Apply allocate without bound or overflow its arithmetic.
+// Input bounds, the protocol's (proto/allot/v1/bounds.go). Everything
+// beyond them is ErrInvalid, so no request can make Apply allocate without
+// bound or overflow its arithmetic.
 const (
-	maxAgentID  = 256     // bytes
-	maxKeys     = 1000    // keys per Acquire/Release, descriptors per Check
-	maxKeyBytes = 4096    // domain + entries of one key
-	maxAmount   = 1e12    // want, held, returned, charged, denied, demand
-	maxRuleYAML = 1 << 26 // total bytes of a PutRules
-	maxRuleFile = 10_000  // files in a PutRules
+	maxAgentID  = allotv1.MaxIDBytes
+	maxKeys     = allotv1.MaxKeysPerCall
+	maxKeyBytes = allotv1.MaxKeyBytes
+	maxAmount   = allotv1.MaxAmount
+	maxRuleYAML = allotv1.MaxRulesBytes
+	maxRuleFile = allotv1.MaxRuleFiles
 )
 
 // ValidateAcquire checks an AcquireRequest against the protocol's bounds:

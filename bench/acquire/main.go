@@ -29,7 +29,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -42,7 +41,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/allot/allot/internal/allocproc"
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -100,7 +99,7 @@ func main() {
 }
 
 // node is one allocator process.
-type node = allocproc.Node
+type node = testproc.Node
 
 func run(o options) error {
 	if o.rate <= 0 || o.keysPerCall <= 0 || o.clients <= 0 || o.keyspace <= 0 {
@@ -122,58 +121,57 @@ func run(o options) error {
 	bin := o.bin
 	if bin == "" {
 		bin = filepath.Join(dir, "allocator")
-		out, err := exec.Command("go", "build", "-o", bin, "github.com/allot/allot/cmd/allocator").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("go build: %v\n%s", err, out)
+		if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+			return err
 		}
 	}
 	rulesPath := filepath.Join(dir, "bench.yaml")
 	if err := os.WriteFile(rulesPath, []byte(benchRules), 0o600); err != nil {
 		return err
 	}
-	ports, err := allocproc.FreeAddrs(9)
+	ports, err := testproc.FreeLoopbackAddrs(9)
 	if err != nil {
 		return err
 	}
-	tokenArgs, token, err := allocproc.AdminToken(dir)
+	tokenArgs, token, err := testproc.AdminToken(dir)
 	if err != nil {
 		return err
 	}
 	nodes := make([]*node, 3)
 	for i := range nodes {
-		n := &node{ID: fmt.Sprintf("b%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2],
-			LogPath: filepath.Join(dir, fmt.Sprintf("b%d.log", i))}
-		n.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
+		n := &node{ID: fmt.Sprintf("b%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2]}
+		n.Proc = testproc.NewProc(n.ID, dir, bin)
+		n.Proc.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP,
 			"-heartbeat-timeout", tmo[0], "-election-timeout", tmo[1], "-leader-lease-timeout", tmo[2],
 			"-log-level", "warn"}
 		// The token is for pprof; the load's Acquire calls are anonymous
 		// agents and its status reads need no admin.
-		n.Args = append(append(n.Args, tokenArgs...), "-open-reads")
+		n.Proc.Args = append(append(n.Proc.Args, tokenArgs...), "-open-reads")
 		if o.inflight > 0 {
-			n.Args = append(n.Args, "-max-inflight-batches", strconv.Itoa(o.inflight))
+			n.Proc.Args = append(n.Proc.Args, "-max-inflight-batches", strconv.Itoa(o.inflight))
 		}
-		n.Args = append(n.Args, strings.Fields(o.args)...)
+		n.Proc.Args = append(n.Proc.Args, strings.Fields(o.args)...)
 		if o.env != "" {
-			n.Env = strings.Split(o.env, ",")
+			n.Proc.Env = strings.Split(o.env, ",")
 		}
 		if o.gctrace {
-			n.Env = append(n.Env, "GODEBUG=gctrace=1")
+			n.Proc.Env = append(n.Proc.Env, "GODEBUG=gctrace=1")
 		}
 		if i == 0 {
-			n.Args = append(n.Args, "-bootstrap", "-rules", rulesPath)
+			n.Proc.Args = append(n.Proc.Args, "-bootstrap", "-rules", rulesPath)
 		} else {
-			n.Args = append(n.Args, "-join", nodes[0].GRPC)
+			n.Proc.Args = append(n.Proc.Args, "-join", nodes[0].GRPC)
 		}
 		nodes[i] = n
 	}
 	defer func() {
 		for _, n := range nodes {
-			n.Kill()
+			n.Proc.Kill()
 		}
 	}()
 	for _, n := range nodes {
-		if err := n.Start(bin); err != nil {
+		if err := n.Proc.Run(); err != nil {
 			return err
 		}
 	}
@@ -218,7 +216,7 @@ func run(o options) error {
 	// Warm up, then measure.
 	time.Sleep(2 * time.Second)
 	lg.reset()
-	fmt.Printf("measuring: leader %s (pid %d)\n", nodes[leader].ID, nodes[leader].Pid())
+	fmt.Printf("measuring: leader %s (pid %d)\n", nodes[leader].ID, nodes[leader].Proc.Pid())
 	m0, err := scrapeAll(nodes)
 	if err != nil {
 		return err
@@ -257,7 +255,7 @@ func run(o options) error {
 		}
 		survivor := allotv1.NewAdminClient(conns[(leader+1)%3])
 		killAt := lg.markKill(victim.ID)
-		victim.Kill()
+		victim.Proc.Kill()
 		elected := waitNewLeader(survivor, victim.ID, killAt, 30*time.Second)
 		d, err := lg.waitRecovery(killAt, 30*time.Second)
 		if err != nil {
@@ -267,7 +265,7 @@ func run(o options) error {
 		elections = append(elections, elected)
 		fmt.Printf("failover %d: killed leader %s; new leader known to a survivor after %v, first grant from it after %v\n",
 			i+1, victim.ID, elected.Round(time.Millisecond), d.Round(time.Millisecond))
-		if err := victim.Start(bin); err != nil {
+		if err := victim.Proc.Run(); err != nil {
 			return err
 		}
 		if err := victim.WaitReady(context.Background(), 30*time.Second); err != nil {
@@ -616,7 +614,7 @@ func histDelta(m0, m1 []map[string]float64, on []int, metric, labels string) buc
 func logSizes(nodes []*node) []int64 {
 	out := make([]int64, len(nodes))
 	for i, n := range nodes {
-		if fi, err := os.Stat(n.LogPath); err == nil {
+		if fi, err := os.Stat(n.Proc.LogPath); err == nil {
 			out[i] = fi.Size()
 		}
 	}
@@ -628,7 +626,7 @@ func logSizes(nodes []*node) []int64 {
 // and C are the two pauses).
 func gcReport(nodes []*node, from []int64) {
 	for i, n := range nodes {
-		f, err := os.Open(n.LogPath)
+		f, err := os.Open(n.Proc.LogPath)
 		if err != nil {
 			continue
 		}
@@ -687,7 +685,7 @@ func scrapeAll(nodes []*node) ([]map[string]float64, error) {
 
 // fetchProfile saves a CPU profile of n taken over secs seconds.
 func fetchProfile(n *node, token string, secs int, path string) error {
-	resp, err := allocproc.GetWithToken(context.Background(), fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.HTTP, secs), token)
+	resp, err := testproc.GetWithToken(context.Background(), fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.HTTP, secs), token)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
-// Command gateway measures what the rate limiting middleware adds to a
-// reverse proxy: the same httputil.ReverseProxy is served twice on loopback,
-// bare and behind httplimit.Middleware with an agent, and a Go load
+// Command gateway measures what the gateway adds to a reverse proxy: the
+// gateway library's reverse proxy is served twice on loopback, bare and as
+// the handler cmd/gateway serves (body bound, httplimit.Middleware with an
+// agent, the proxy), and a Go load
 // generator drives each at a fixed concurrency for -duration, alternating
 // between the two for -rounds rounds (the order flips every round so drift
 // in the shared machine's load hits both alike). It reports throughput and
@@ -35,8 +36,11 @@
 // load), so both targets do the same upstream work; the difference is the
 // descriptor extraction, the check and the RateLimit fields. The requests
 // carry 64 distinct API keys through the -dev descriptor configuration
-// (three descriptors each). Both proxies are cmd/gateway's reverse proxy
-// (Rewrite, transport, copy-buffer pool).
+// (three descriptors each). Both targets serve the gateway library's
+// reverse proxy (gateway.NewProxy: Rewrite, transport, copy-buffer pool,
+// ModifyResponse, ErrorHandler); the limited target is the exact handler
+// cmd/gateway serves on its proxy listener (gateway.NewHandler: the 10 MiB
+// body bound, then httplimit.Middleware with its metrics, then the proxy).
 //
 // Besides wall-clock throughput and latency, which other load on a shared
 // machine disturbs, it reports CPU time per request, split by process. By
@@ -76,7 +80,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -92,9 +95,9 @@ import (
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/allocator"
+	"github.com/allot/allot/gateway"
 	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/internal/proccpu"
-	"github.com/allot/allot/internal/proxybuf"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -263,23 +266,6 @@ func serve(h http.Handler) (string, func(), error) {
 	return "http://" + ln.Addr().String(), func() { srv.Close(); <-done }, nil
 }
 
-// newProxy is cmd/gateway's reverse proxy (its Rewrite, transport pool
-// sizes and copy-buffer pool), for both targets.
-func newProxy(target *url.URL) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(target)
-			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
-			pr.SetXForwarded()
-		},
-		Transport:  &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second},
-		BufferPool: &copyBuffers,
-	}
-}
-
-// copyBuffers is the proxy's copy-buffer pool.
-var copyBuffers proxybuf.Pool
-
 func run(o options) error {
 	quiet := slog.New(slog.DiscardHandler)
 	var lg loadGen
@@ -368,12 +354,15 @@ func run(o options) error {
 			denied.Add(1)
 			httplimit.WriteDenied(w, r, d)
 		}}
-	bareURL, stopBare, err := serve(newProxy(target))
+	// Both targets are the gateway library's reverse proxy; the limited one
+	// is the handler cmd/gateway serves (gateway.NewHandler: the body
+	// bound, the middleware, the proxy).
+	bareURL, stopBare, err := serve(gateway.NewProxy(target, nil, quiet))
 	if err != nil {
 		return err
 	}
 	defer stopBare()
-	limitedURL, stopLimited, err := serve(mw.Wrap(newProxy(target)))
+	limitedURL, stopLimited, err := serve(gateway.NewHandler(mw, gateway.NewProxy(target, nil, quiet), gateway.DefaultMaxRequestBodyBytes, gateway.DefaultRequestBodyTimeout))
 	if err != nil {
 		return err
 	}

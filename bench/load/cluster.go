@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,8 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/allot/allot/internal/allocproc"
 	"github.com/allot/allot/internal/proccpu"
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -71,32 +70,32 @@ func startCluster(ctx context.Context, o options, dir string) (*cluster, error) 
 	if err != nil {
 		return nil, err
 	}
-	ports, err := allocproc.FreeAddrs(9)
+	ports, err := testproc.FreeLoopbackAddrs(9)
 	if err != nil {
 		return nil, err
 	}
 	c := &cluster{}
-	tokenArgs, token, err := allocproc.AdminToken(dir)
+	tokenArgs, token, err := testproc.AdminToken(dir)
 	if err != nil {
 		return nil, err
 	}
 	c.token = token
 	for i := range 3 {
-		n := &node{ID: fmt.Sprintf("load%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2],
-			LogPath: filepath.Join(dir, fmt.Sprintf("allocator%d.log", i))}
-		n.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
+		n := &node{ID: fmt.Sprintf("load%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2]}
+		n.Proc = testproc.NewProc(fmt.Sprintf("allocator%d", i), dir, bin)
+		n.Proc.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "warn"}
-		n.Args = append(n.Args, tokenArgs...)
+		n.Proc.Args = append(n.Proc.Args, tokenArgs...)
 		if i == 0 {
-			n.Args = append(n.Args, "-bootstrap")
+			n.Proc.Args = append(n.Proc.Args, "-bootstrap")
 		} else {
-			n.Args = append(n.Args, "-join", c.nodes[0].GRPC)
+			n.Proc.Args = append(n.Proc.Args, "-join", c.nodes[0].GRPC)
 		}
 		c.nodes = append(c.nodes, n)
 		c.addrs = append(c.addrs, n.GRPC)
 	}
 	for _, n := range c.nodes {
-		if err := n.Start(bin); err != nil {
+		if err := n.Proc.Run(); err != nil {
 			c.stop()
 			return nil, err
 		}
@@ -131,7 +130,7 @@ func (c *cluster) dial() error {
 	for _, a := range c.addrs {
 		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 		if c.token != "" {
-			opts = append(opts, grpc.WithPerRPCCredentials(allocproc.Bearer(c.token)))
+			opts = append(opts, grpc.WithPerRPCCredentials(testproc.Bearer(c.token)))
 		}
 		cc, err := grpc.NewClient(a, opts...)
 		if err != nil {
@@ -156,7 +155,7 @@ func (c *cluster) closeConns() {
 func (c *cluster) stop() {
 	c.closeConns()
 	for _, n := range c.nodes {
-		n.Terminate(10 * time.Second)
+		n.Proc.Terminate(10 * time.Second)
 	}
 }
 
@@ -262,8 +261,8 @@ func (c *cluster) memory(ctx context.Context) (memSample, error) {
 		return s, err
 	}
 	for _, n := range c.nodes {
-		if n.ID == m.GetId() && n.Pid() != 0 {
-			s.RSS, _ = procRSS(n.Pid())
+		if n.ID == m.GetId() && n.Proc.Pid() != 0 {
+			s.RSS, _ = procRSS(n.Proc.Pid())
 		}
 	}
 	return s, nil
@@ -293,7 +292,7 @@ func (c *cluster) memoryWithoutLeases(ctx context.Context, timeout time.Duration
 func heapInuse(ctx context.Context, httpAddr, token string) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := allocproc.GetWithToken(cctx, "http://"+httpAddr+"/debug/pprof/heap?gc=1&debug=1", token)
+	resp, err := testproc.GetWithToken(cctx, "http://"+httpAddr+"/debug/pprof/heap?gc=1&debug=1", token)
 	if err != nil {
 		return 0, err
 	}
@@ -346,7 +345,7 @@ func cpuTime(pids ...int) (time.Duration, error) {
 func (c *cluster) pids() []int {
 	var out []int
 	for _, n := range c.nodes {
-		if pid := n.Pid(); pid != 0 {
+		if pid := n.Proc.Pid(); pid != 0 {
 			out = append(out, pid)
 		}
 	}
@@ -361,16 +360,14 @@ func allocatorBinary(path, dir string) (string, error) {
 			return path, nil
 		}
 	}
-	bin := filepath.Join(dir, "allocator")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/allot/allot/cmd/allocator").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build cmd/allocator: %v\n%s", err, out)
+	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+		return "", err
 	}
-	return bin, nil
+	return filepath.Join(dir, "allocator"), nil
 }
 
 // node is one allocator process.
-type node = allocproc.Node
+type node = testproc.Node
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

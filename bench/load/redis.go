@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/allot/allot/internal/allocproc"
+	"github.com/allot/allot/internal/testproc"
 )
 
 // redisServer is a redis-server process the harness started: no
@@ -31,7 +31,7 @@ func startRedis(ctx context.Context, bin, dir string) (*redisServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := allocproc.FreeAddrs(1)
+	ports, err := testproc.FreeLoopbackAddrs(1)
 	if err != nil {
 		return nil, err
 	}

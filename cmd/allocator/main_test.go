@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/internal/cpuburn"
+	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/tlsconfig"
 	"github.com/allot/allot/pkg/tlsconfig/tlstest"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -138,15 +138,15 @@ func TestTLSProcess(t *testing.T) {
 	}
 	c := newCerts(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "allocator")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+		t.Fatal(err)
 	}
+	bin := filepath.Join(dir, "allocator")
 	rulesPath := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rulesPath, []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	grpcAddr, raftAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, raftAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	cmd := exec.Command(bin, "-node-id", "p0", "-data-dir", filepath.Join(dir, "data"), "-bootstrap", "-rules", rulesPath,
 		"-grpc-addr", grpcAddr, "-raft-addr", raftAddr, "-http-addr", "",
 		"-tls-cert", c.allocator.CertFile, "-tls-key", c.allocator.KeyFile, "-tls-ca", c.allocator.CAFile,
@@ -262,16 +262,6 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 	return map[string]string{"authorization": "Bearer " + string(b)}, nil
 }
 func (b bearer) RequireTransportSecurity() bool { return true }
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	t.Helper()

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/allot/allot/internal/cpuburn"
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -57,9 +58,9 @@ func TestMeasureSaturation(t *testing.T) {
 }
 
 func measureAcquire(t *testing.T, bin, rulesPath, dataDir string, burn int, d time.Duration) []time.Duration {
-	grpcAddr := freeAddr(t)
+	grpcAddr := testproc.FreeAddr(t)
 	cmd := exec.Command(bin, "-node-id", "m", "-data-dir", dataDir, "-bootstrap", "-rules", rulesPath,
-		"-grpc-addr", grpcAddr, "-raft-addr", freeAddr(t), "-http-addr", "", "-log-level", "warn",
+		"-grpc-addr", grpcAddr, "-raft-addr", testproc.FreeAddr(t), "-http-addr", "", "-log-level", "warn",
 		"-agent-rate", "-1")
 	burner := cpuburn.Start(burn)
 	defer burner.Stop()

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/allot/allot/internal/testproc"
 )
 
 // e2eBins builds allotctl and allocator into a temporary directory.
@@ -272,7 +274,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	// Exit codes of the real binary.
-	dead := freeAddr(t)
+	dead := testproc.FreeAddr(t)
 	r := run(dead, "status")
 	if want := fmt.Sprintf("allotctl: cannot reach allocator at %s: connection refused\n", dead); r.code != 1 || r.stderr != want {
 		t.Errorf("unreachable: exit %d, stderr %q; want 1, %q", r.code, r.stderr, want)

@@ -10,7 +10,7 @@ import (
 )
 
 // maxPageSize is the server's largest ListLeases page.
-const maxPageSize = 1000
+const maxPageSize = allotv1.MaxPageSize
 
 func (a *app) leasesCmd() *cobra.Command {
 	var (

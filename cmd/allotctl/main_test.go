@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -241,22 +242,10 @@ func TestRequestsSent(t *testing.T) {
 	})
 }
 
-// freeAddr returns a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
-
 func TestExitCodes(t *testing.T) {
 	f := newFakeAdmin()
 	addr := startFake(t, f, nil)
-	dead := freeAddr(t)
+	dead := testproc.FreeAddr(t)
 
 	cases := []struct {
 		name       string
@@ -481,7 +470,7 @@ func TestAddrFromEnvironment(t *testing.T) {
 		t.Errorf("with %s=%s: exit %d, stderr %q", addrEnv, addr, r.code, r.stderr)
 	}
 	// --addr wins over the environment.
-	dead := freeAddr(t)
+	dead := testproc.FreeAddr(t)
 	if r := runCLI(t, "--addr", dead, "agents"); r.code != exitError || !strings.Contains(r.stderr, dead) {
 		t.Errorf("--addr %s: exit %d, stderr %q", dead, r.code, r.stderr)
 	}

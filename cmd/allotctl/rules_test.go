@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -22,7 +23,7 @@ const (
 
 func TestRulesValidate(t *testing.T) {
 	// validate is local: --addr points nowhere and must not matter.
-	dead := freeAddr(t)
+	dead := testproc.FreeAddr(t)
 	for _, format := range []string{"table", "json"} {
 		r := runCLI(t, "--addr", dead, "-o", format, "rules", "validate", "-f", publicAPI, "-f", internalYAML)
 		if r.code != exitOK {
@@ -142,7 +143,7 @@ func TestRulesDiff(t *testing.T) {
 			{"a new domain", []string{"--addr", addr, "rules", "diff", "-f", internalYAML}, 1},
 			{"invalid file", []string{"--addr", addr, "rules", "diff", "-f", badUnit}, 2},
 			{"missing file", []string{"--addr", addr, "rules", "diff", "-f", "testdata/rules/nope.yaml"}, 2},
-			{"unreachable", []string{"--addr", freeAddr(t), "--timeout", "300ms", "rules", "diff", "-f", same}, 2},
+			{"unreachable", []string{"--addr", testproc.FreeAddr(t), "--timeout", "300ms", "rules", "diff", "-f", same}, 2},
 			{"no -f", []string{"--addr", addr, "rules", "diff"}, 2},
 		} {
 			if r := runCLI(t, tc.args...); r.code != tc.code {

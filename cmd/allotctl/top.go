@@ -47,7 +47,7 @@ in that order. On a terminal, rows that do not fit its height are not shown.`,
 			if req.Order != "grant" && req.Order != "deny" {
 				return usagef("invalid --order %q: want grant or deny", req.Order)
 			}
-			if limit < 1 || limit > 1000 {
+			if limit < 1 || limit > allotv1.MaxPageSize {
 				return usagef("invalid --limit %d: want 1..1000", limit)
 			}
 			if interval < 100*time.Millisecond {

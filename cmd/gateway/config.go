@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/gateway"
 	"github.com/allot/allot/pkg/redislimit"
 )
 
@@ -207,7 +208,7 @@ func (c fileConfig) bodyTimeout() time.Duration {
 }
 
 // defaultMaxRequestBodyBytes is max_request_body_bytes' default.
-const defaultMaxRequestBodyBytes = 10 << 20
+const defaultMaxRequestBodyBytes = gateway.DefaultMaxRequestBodyBytes
 
 // bodyLimit returns the request body bound, or 0 for none.
 func (c fileConfig) bodyLimit() int64 {

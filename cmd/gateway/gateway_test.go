@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +25,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/allot/allot/internal/testproc"
 )
 
 // raceEnabled is set by race_test.go; the binaries are then built with -race too.
@@ -56,14 +57,7 @@ func binaries(t *testing.T) (gateway, allocator string) {
 		if binDir, buildErr = os.MkdirTemp("", "allot-gateway-test-"); buildErr != nil {
 			return
 		}
-		args := []string{"build", "-o", binDir + string(os.PathSeparator)}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, ".", "../allocator")...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = testproc.GoBuild(binDir, raceEnabled, "github.com/allot/allot/cmd/gateway", "github.com/allot/allot/cmd/allocator")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -471,16 +465,6 @@ descriptors:
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestAllocatorFailure: kill -9 the allocator under traffic: no 5xx, the
 // fallback engages; restart it on the same data directory: leases resume
 // and limits are enforced again.
@@ -493,7 +477,7 @@ descriptors:
   - key: api_key
     rate_limit: {name: per_key, unit: second, requests_per_unit: 20, burst: 20}
 `)
-	grpcAddr, raftAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, raftAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	allocArgs := []string{"-node-id", "a", "-data-dir", filepath.Join(dir, "data"), "-grpc-addr", grpcAddr,
 		"-raft-addr", raftAddr, "-http-addr", "", "-bootstrap", "-rules", rulesFile, "-log-level", "warn"}
 	ap := startProc(t, "allocator", alloc, allocArgs...)

@@ -38,7 +38,7 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
-		fmt.Fprintln(os.Stderr, "gateway:", err)
+		fmt.Fprintln(os.Stderr, "gateway:", strings.TrimPrefix(err.Error(), "gateway: ")) // the library's errors carry the prefix too
 		os.Exit(1)
 	}
 }
@@ -137,7 +137,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stdout, stderr 
 	select {
 	case <-ctx.Done():
 		logger.Info("gateway: signal received; shutting down", "timeout", o.shutdownTimeout)
-	case err := <-g.failed:
+	case err := <-g.Failed():
 		logger.Error("gateway: a listener failed; shutting down", "err", err)
 	}
 	stopSignals()

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allot/allot/internal/testproc"
 )
 
 // redisProc starts a redis-server on addr (no persistence) owned by t. It
@@ -43,7 +45,7 @@ func redisProc(t *testing.T, addr string) *proc {
 // themselves.
 func TestRedisGatewayKilledMidTraffic(t *testing.T) {
 	gw, _ := binaries(t)
-	raddr := freeAddr(t)
+	raddr := testproc.FreeAddr(t)
 	rp := redisProc(t, raddr)
 	dir := t.TempDir()
 	rulesFile := writeFile(t, dir, "rules.yaml", `

@@ -44,7 +44,7 @@ func TestRetryAfterPromise(t *testing.T) {
 	gw, alloc := binaries(t)
 	dir := t.TempDir()
 	rulesFile := writeFile(t, dir, "rules.yaml", promiseRules)
-	grpcAddr, raftAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, raftAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	ap := startProc(t, "allocator", alloc, "-node-id", "a", "-data-dir", filepath.Join(dir, "data"),
 		"-grpc-addr", grpcAddr, "-raft-addr", raftAddr, "-http-addr", "", "-bootstrap",
 		"-rules", rulesFile, "-log-level", "warn")

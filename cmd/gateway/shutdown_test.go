@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -69,9 +70,9 @@ descriptors:
 func TestReadinessNeedsAllocatorRules(t *testing.T) {
 	gw, alloc := binaries(t)
 	dir := t.TempDir()
-	grpcAddr := freeAddr(t)
+	grpcAddr := testproc.FreeAddr(t)
 	startProc(t, "allocator", alloc, "-node-id", "a", "-data-dir", filepath.Join(dir, "data"), "-grpc-addr", grpcAddr,
-		"-raft-addr", freeAddr(t), "-http-addr", "", "-bootstrap", "-log-level", "warn") // no -rules: version 0
+		"-raft-addr", testproc.FreeAddr(t), "-http-addr", "", "-bootstrap", "-log-level", "warn") // no -rules: version 0
 	cfg := writeFile(t, dir, "gateway.yaml", fmt.Sprintf("upstream: %s\ndomain: drain\ndescriptors: [[{generic_key: all}]]\n", backend(t)))
 	p, a := startGateway(t, gw, "-config", cfg, "-allocators", grpcAddr, "-listen", "127.0.0.1:0",
 		"-rls-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0")

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/tlsconfig"
 	"github.com/allot/allot/pkg/tlsconfig/tlstest"
 )
@@ -27,7 +28,7 @@ descriptors:
   - key: api_key
     rate_limit: {name: per_key, unit: hour, requests_per_unit: 5, burst: 5}
 `)
-	grpcAddr, raftAddr := freeAddr(t), freeAddr(t)
+	grpcAddr, raftAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	startProc(t, "allocator", alloc, "-node-id", "a", "-data-dir", filepath.Join(dir, "data"),
 		"-grpc-addr", grpcAddr, "-raft-addr", raftAddr, "-http-addr", "", "-bootstrap", "-rules", rulesFile,
 		"-tls-cert", srv.CertFile, "-tls-key", srv.KeyFile, "-tls-ca", srv.CAFile, "-tls-client-auth", "require",

@@ -144,6 +144,12 @@ func (n *Node) Ready() bool {
 	return resp.StatusCode == http.StatusOK && rd.Ready
 }
 
+// WaitReady waits until the node's /readyz answers 200 (an error when the
+// process exits first, timeout passes or ctx ends).
+func (n *Node) WaitReady(ctx context.Context, timeout time.Duration) error {
+	return n.Proc.WaitHTTP(ctx, "http://"+n.HTTP+"/readyz", timeout)
+}
+
 // Status asks the node for the cluster status (1 s bound).
 func (n *Node) Status(t testing.TB) (*allotv1.ClusterStatusResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

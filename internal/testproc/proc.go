@@ -1,17 +1,22 @@
-// Package testproc runs allot's binaries as real processes for integration
-// tests: it builds them once per test binary, starts them on loopback with
-// free ports, kills them with SIGKILL, and offers the waits and scrapes the
-// fault tests need (an allocator cluster, gateways, a load generator).
+// Package testproc runs allot's binaries as real processes, for the
+// integration tests and the benchmark harnesses: it builds them, starts them
+// on loopback with free ports, kills them with SIGKILL or stops them with
+// SIGTERM, and offers the waits and scrapes the fault tests need (an
+// allocator cluster, gateways, a load generator).
 //
-// Every process a test starts is killed and reaped by the test's cleanup,
-// and its combined output is kept in a log file whose tail is printed when
-// the test fails.
+// The functions that take a testing.TB fail the test on error; each has an
+// error-returning form for the benchmarks (FreeLoopbackAddrs, GoBuild,
+// Proc.Run). Every process a test starts is killed and reaped by the test's
+// cleanup, and its combined output is kept in a log file whose tail is
+// printed when the test fails.
 package testproc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,14 +58,7 @@ func Build(t testing.TB) Binaries {
 		if buildDir, buildErr = os.MkdirTemp("", "allot-testproc-"); buildErr != nil {
 			return
 		}
-		args := []string{"build", "-o", buildDir + string(os.PathSeparator)}
-		if RaceBinaries() {
-			args = append(args, "-race")
-		}
-		args = append(args, "github.com/allot/allot/cmd/allocator", "github.com/allot/allot/cmd/gateway")
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("testproc: go build: %v\n%s", err, out)
+		if buildErr = GoBuild(buildDir, RaceBinaries(), "github.com/allot/allot/cmd/allocator", "github.com/allot/allot/cmd/gateway"); buildErr != nil {
 			return
 		}
 		buildBins = Binaries{
@@ -74,6 +72,21 @@ func Build(t testing.TB) Binaries {
 	return buildBins
 }
 
+// GoBuild builds the packages' commands into dir (with -race when race is
+// set), with the go command of the running toolchain.
+func GoBuild(dir string, race bool, pkgs ...string) error {
+	args := []string{"build", "-o", dir + string(os.PathSeparator)}
+	if race {
+		args = append(args, "-race")
+	}
+	args = append(args, pkgs...)
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("testproc: go build: %v\n%s", err, out)
+	}
+	return nil
+}
+
 // RemoveBuilds deletes the built binaries; call it from TestMain after
 // m.Run.
 func RemoveBuilds() {
@@ -82,13 +95,17 @@ func RemoveBuilds() {
 	}
 }
 
-// Proc is one process. Start it with Start; it is killed by the test's
-// cleanup if still running.
+// Proc is one process. A test starts it with Start, and the test's cleanup
+// kills it if still running; a benchmark starts it with Run and stops it
+// with Kill or Terminate.
 type Proc struct {
 	Name    string
 	Bin     string
 	Args    []string
 	LogPath string
+	// Env is added to this process's own environment (e.g.
+	// GODEBUG=gctrace=1).
+	Env []string
 
 	mu      sync.Mutex // guards cmd, done, waitErr
 	cmd     *exec.Cmd
@@ -107,29 +124,52 @@ func NewProc(name, dir, bin string, args ...string) *Proc {
 // tail of its output.
 func (p *Proc) Start(t testing.TB) {
 	t.Helper()
+	if err := p.Run(); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	first := p.starts == 1
+	p.mu.Unlock()
+	if first {
+		t.Cleanup(func() {
+			p.Kill()
+			if t.Failed() {
+				t.Logf("---- %s (tail of %s) ----\n%s", p.Name, p.LogPath, Tail(p.Output(), 40))
+			}
+		})
+	}
+}
+
+// Run runs the process (again, after an exit: same flags), its output
+// appended to LogPath. A goroutine owned by p reaps it when it exits; Kill
+// and Terminate make sure it does.
+func (p *Proc) Run() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
 		select {
 		case <-p.done:
 		default:
-			t.Fatalf("testproc: %s is already running", p.Name)
+			return fmt.Errorf("testproc: %s is already running", p.Name)
 		}
 	}
 	f, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Fprintf(f, "==== start %d: %s %s\n", p.starts+1, p.Bin, strings.Join(p.Args, " "))
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(p.Env) > 0 {
+		cmd.Env = append(os.Environ(), p.Env...)
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		t.Fatalf("testproc: start %s: %v", p.Name, err)
+		return fmt.Errorf("testproc: start %s: %w", p.Name, err)
 	}
 	done := make(chan struct{})
 	p.cmd, p.done = cmd, done
-	go func() { // ends when the process exits; Kill and the cleanup make sure it does
+	go func() { // ends when the process exits
 		err := cmd.Wait()
 		f.Close()
 		p.mu.Lock()
@@ -138,14 +178,7 @@ func (p *Proc) Start(t testing.TB) {
 		close(done)
 	}()
 	p.starts++
-	if p.starts == 1 {
-		t.Cleanup(func() {
-			p.Kill()
-			if t.Failed() {
-				t.Logf("---- %s (tail of %s) ----\n%s", p.Name, p.LogPath, Tail(p.Output(), 40))
-			}
-		})
-	}
+	return nil
 }
 
 // Running reports whether the process has been started and not exited.
@@ -206,6 +239,45 @@ func (p *Proc) Kill() {
 	<-done
 }
 
+// Terminate sends SIGTERM, waits up to grace, then kills the process, and
+// waits until it is reaped. A process not running is left alone.
+func (p *Proc) Terminate(grace time.Duration) {
+	if !p.Running() {
+		return
+	}
+	if p.Signal(syscall.SIGTERM, grace) != nil {
+		p.Kill()
+	}
+}
+
+// WaitHTTP polls url until it answers 200, the process exits, timeout
+// passes or ctx ends.
+func (p *Proc) WaitHTTP(ctx context.Context, url string, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if !p.Running() {
+			return fmt.Errorf("testproc: %s exited (log: %s)", p.Name, p.LogPath)
+		}
+		if resp, err := client.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testproc: %s not ready within %v (log: %s)", p.Name, timeout, p.LogPath)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
 // Signal sends sig and waits up to within for the exit.
 func (p *Proc) Signal(sig os.Signal, within time.Duration) error {
 	p.mu.Lock()
@@ -243,20 +315,38 @@ func Tail(s string, n int) string {
 // FreeAddrs returns n distinct loopback addresses whose ports are free now.
 func FreeAddrs(t testing.TB, n int) []string {
 	t.Helper()
+	out, err := FreeLoopbackAddrs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// FreeAddr returns one loopback address whose port is free now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return FreeAddrs(t, 1)[0]
+}
+
+// FreeLoopbackAddrs returns n distinct 127.0.0.1 addresses whose ports are
+// free now (all listened on at once, then released).
+func FreeLoopbackAddrs(n int) ([]string, error) {
 	lns := make([]net.Listener, 0, n)
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
 	out := make([]string, 0, n)
 	for range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		lns = append(lns, ln)
 		out = append(out, ln.Addr().String())
 	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return out
+	return out, nil
 }
 
 // Eventually polls cond every 20ms until it holds, failing the test after

@@ -14,11 +14,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/allot/allot/pkg/bucket"
-	"github.com/allot/allot/pkg/rules"
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/allot/allot/pkg/breaker"
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
 )
 
 // Errors. Callers branch on ErrUnavailable (apply the rule's failure mode).
@@ -61,7 +63,7 @@ type Backend struct {
 	cfg    Config
 	st     store
 	client redis.UniversalClient // nil for NewInmem
-	br     *breaker
+	br     *breaker.Shared
 	met    *metrics
 	log    *slog.Logger
 	now    func() int64
@@ -159,7 +161,7 @@ func newBackend(cfg Config, st store) (*Backend, error) {
 	b := &Backend{
 		cfg:    cfg,
 		st:     st,
-		br:     newBreaker(cfg.BreakerFailures, int64(cfg.BreakerCooldown)),
+		br:     breaker.NewShared(breaker.Config{Threshold: cfg.BreakerFailures, Cooldown: cfg.BreakerCooldown}),
 		met:    met,
 		log:    cfg.Logger,
 		now:    cfg.Now,
@@ -177,10 +179,10 @@ func newBackend(cfg Config, st store) (*Backend, error) {
 		b.seed = rand.Uint64()
 	}
 	names := [...]string{"closed", "open", "half-open"}
-	b.br.onChange = func(from, to int32) {
-		met.breaker(to)
+	b.br.OnChange = func(from, to breaker.State) {
+		met.breaker(int32(to))
 		lvl := slog.LevelInfo
-		if to == breakerOpen {
+		if to == breaker.Open {
 			lvl = slog.LevelWarn
 		}
 		b.log.Log(context.Background(), lvl, "redislimit: circuit breaker "+names[to], "from", names[from])
@@ -194,7 +196,7 @@ func (b *Backend) Client() redis.UniversalClient { return b.client }
 
 // Healthy reports whether the circuit breaker is closed: Redis answered the
 // last calls (or no call has failed K times in a row yet).
-func (b *Backend) Healthy() bool { return b.br.closed() && !b.closed.Load() }
+func (b *Backend) Healthy() bool { return b.br.State() == breaker.Closed && !b.closed.Load() }
 
 // Stats returns the backend's counters.
 func (b *Backend) Stats() Stats { return b.met.stats() }
@@ -213,7 +215,7 @@ func (b *Backend) do(ctx context.Context, c *call) (outcome, error) {
 	if b.closed.Load() {
 		return outcome{}, ErrClosed
 	}
-	ok, probe := b.br.allow(b.now())
+	ok, probe := b.br.Allow(b.now())
 	if !ok {
 		b.met.fastFail()
 		return outcome{}, ErrBreakerOpen
@@ -224,18 +226,18 @@ func (b *Backend) do(ctx context.Context, c *call) (outcome, error) {
 	cancel()
 	b.met.call(time.Since(start).Seconds())
 	if err == nil {
-		b.br.success(probe)
+		b.br.Success(probe)
 		return o, nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
 		// The caller gave up: that says nothing about Redis.
 		if probe {
-			b.br.abandon()
+			b.br.Abandon()
 		}
 		return outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, cerr)
 	}
 	b.met.failed()
-	b.br.failure(b.now(), probe)
+	b.br.Failure(b.now(), probe)
 	if errors.Is(err, errShortReply) {
 		return outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}

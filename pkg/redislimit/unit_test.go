@@ -144,63 +144,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestBreaker(t *testing.T) {
-	b := newBreaker(3, 100)
-	now := int64(1000)
-	fail := func() {
-		ok, probe := b.allow(now)
-		if !ok {
-			t.Fatalf("t=%d: allow = false while closed", now)
-		}
-		b.failure(now, probe)
-	}
-	fail()
-	fail()
-	if !b.closed() {
-		t.Fatal("open after 2 of 3 failures")
-	}
-	b.success(false) // resets the count
-	fail()
-	fail()
-	if !b.closed() {
-		t.Fatal("a success did not reset the consecutive count")
-	}
-	fail()
-	if b.closed() {
-		t.Fatal("closed after 3 consecutive failures")
-	}
-	if ok, _ := b.allow(now + 99); ok {
-		t.Fatal("allowed before the cooldown")
-	}
-	ok, probe := b.allow(now + 100)
-	if !ok || !probe {
-		t.Fatalf("after the cooldown: allow = %v, probe = %v; want the probe", ok, probe)
-	}
-	if ok, _ := b.allow(now + 100); ok {
-		t.Fatal("a second call went through while the probe is in flight")
-	}
-	b.failure(now+150, true) // the probe failed: open again from 150
-	if ok, _ := b.allow(now + 200); ok {
-		t.Fatal("allowed during the second cooldown")
-	}
-	ok, probe = b.allow(now + 250)
-	if !ok || !probe {
-		t.Fatal("no probe after the second cooldown")
-	}
-	b.abandon() // caller cancelled: probe again at once
-	ok, probe = b.allow(now + 251)
-	if !ok || !probe {
-		t.Fatal("no probe after an abandoned one")
-	}
-	b.success(true)
-	if !b.closed() {
-		t.Fatal("a successful probe did not close the breaker")
-	}
-	if ok, probe := b.allow(now + 252); !ok || probe {
-		t.Fatal("closed breaker refused a call")
-	}
-}
-
 // failingStore fails every call (a dead Redis, with no network).
 type failingStore struct{ calls atomic.Int64 }
 

@@ -30,7 +30,4 @@ descriptors:
 	if res := r.Limit.AllowN(nil, int64(90*time.Second), 1); res.Allowed || res.RetryAfter != 30*time.Second {
 		t.Fatalf("AllowN = %+v, want denied, retry after 30s", res)
 	}
-	if p := r.Proto(); p.GetRequestsPerUnit() != 0 || p.GetUnlimited() {
-		t.Fatalf("Proto = %v", p)
-	}
 }

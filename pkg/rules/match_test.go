@@ -162,9 +162,6 @@ descriptors:
 	if r == nil || !r.Unlimited || !r.Limit.IsZero() || r.RequestsPerUnit != 0 || r.Unit != UnitUnknown {
 		t.Fatalf("ldap rule = %+v, want unlimited with zero Limit", r)
 	}
-	if p := r.Proto(); !p.Unlimited || p.Unit != "" {
-		t.Errorf("Proto() = %v", p)
-	}
 	if r := s.Match("internal", E("azure=x")); r == nil || r.Unlimited || r.RequestsPerUnit != 100 {
 		t.Fatalf("azure rule = %+v", r)
 	}
@@ -498,10 +495,6 @@ descriptors:
 	if b.Unit != UnitWeek || b.Window.Hours() != 7*24 || b.Burst != 3 || b.Algorithm.String() != "gcra" || b.Backend != BackendRedis ||
 		b.FailureMode != FailClosed || b.Shards != 4 || b.Routing != RoutingConsistentHash {
 		t.Errorf("extensions: %+v", b)
-	}
-	if p := b.Proto(); p.Unit != "week" || p.WindowSeconds != 7*86400 || p.Algorithm != "gcra" || p.Backend != "redis" ||
-		p.FailureMode != "closed" || p.Routing != "consistent_hash" || p.Shards != 4 || p.Burst != 3 || p.RulePath != "b" {
-		t.Errorf("Proto() = %v", p)
 	}
 	if c := get("c"); c.Window.Hours() != 30*24 {
 		t.Errorf("month = %v", c.Window)

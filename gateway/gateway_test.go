@@ -1,0 +1,138 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/pkg/rules"
+)
+
+const testRules = `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+
+func testConfig(t *testing.T, upstream string) Config {
+	t.Helper()
+	set, err := rules.Compile(1, []rules.File{{Name: "test.yaml", Source: []byte(testRules)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.RLSAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.Upstream, err = url.Parse(upstream); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Extraction = httplimit.Config{
+		Domain:      "test",
+		APIKey:      httplimit.APIKeyConfig{Headers: []string{"X-API-Key"}},
+		Descriptors: []httplimit.DescriptorConfig{{{Source: httplimit.SourceAPIKey}}},
+	}
+	cfg.Agent.Rules = set
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	return cfg
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"no listener", func(c *Config) { c.Listen = "" }, "Listen is required"},
+		{"no upstream", func(c *Config) { c.Upstream = nil }, "upstream"},
+		{"ftp upstream", func(c *Config) { c.Upstream = &url.URL{Scheme: "ftp", Host: "h"} }, "upstream"},
+		{"bad extraction", func(c *Config) { c.Extraction.Descriptors = []httplimit.DescriptorConfig{{{Source: "nope"}}} }, "gateway: "},
+		{"negative timeout", func(c *Config) { c.ShutdownTimeout = -1 }, "ShutdownTimeout"},
+	} {
+		cfg := testConfig(t, "http://127.0.0.1:9")
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%s: base config: %v", tc.name, err)
+		}
+		tc.edit(&cfg)
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate() = %v, want an error with %q", tc.name, err, tc.want)
+		}
+		if _, err := Start(cfg); err == nil {
+			t.Errorf("%s: Start accepted the config", tc.name)
+		}
+	}
+}
+
+// TestStartServesTheLimitedProxy: a standalone gateway proxies, adds its
+// RateLimit fields (dropping the upstream's), denies past the limit,
+// serves /readyz and /metrics, and shuts down twice without error.
+func TestStartServesTheLimitedProxy(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("RateLimit", `"upstream";r=1`)
+		io.WriteString(w, "up")
+	}))
+	defer up.Close()
+	g, err := Start(testConfig(t, up.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.WaitReady(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	a := g.Addrs()
+	if a.Proxy == "" || a.RLS == "" || a.HTTP == "" {
+		t.Fatalf("Addrs() = %+v", a)
+	}
+	codes := []int{}
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+a.Proxy+"/x", nil)
+		req.Header.Set("X-API-Key", "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+		if resp.StatusCode == http.StatusOK && strings.Contains(resp.Header.Get("RateLimit"), "upstream") {
+			t.Errorf("the upstream's RateLimit field was kept: %q", resp.Header.Get("RateLimit"))
+		}
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != http.StatusTooManyRequests {
+		t.Errorf("codes = %v, want [200 200 429]", codes)
+	}
+	for _, path := range []string{"/readyz", "/metrics"} {
+		resp, err := http.Get("http://" + a.HTTP + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || (path == "/metrics" && !strings.Contains(string(body), "allot_gateway_requests_total")) {
+			t.Errorf("GET %s = %d", path, resp.StatusCode)
+		}
+	}
+	if err := g.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Shutdown(context.Background()); err != nil {
+		t.Fatalf("second Shutdown: %v", err)
+	}
+	if ok, why := g.Ready(); ok || why != "shutting down" {
+		t.Errorf("Ready() after Shutdown = %v, %q", ok, why)
+	}
+}
