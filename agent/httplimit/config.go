@@ -62,7 +62,23 @@ type Config struct {
 	// MaxValueBytes bounds every extracted value; 0 means
 	// DefaultMaxValueBytes. A request with a longer value gets a 400.
 	MaxValueBytes int `yaml:"max_value_bytes"`
+	// ForwardAuth configures the forward-auth endpoint (ForwardAuth).
+	ForwardAuth ForwardAuthConfig `yaml:"forward_auth"`
 }
+
+// ForwardAuthConfig configures the forward-auth endpoint.
+type ForwardAuthConfig struct {
+	// OnMissing is the answer to a check from which no descriptor can be
+	// extracted (no API key, say): OnMissingAllow (200, the default) or
+	// OnMissingDeny (403).
+	OnMissing string `yaml:"on_missing"`
+}
+
+// The on_missing policies.
+const (
+	OnMissingAllow = "allow"
+	OnMissingDeny  = "deny"
+)
 
 // APIKeyConfig locates the API key.
 type APIKeyConfig struct {

@@ -16,10 +16,11 @@ const (
 	resultShadow                   // a shadow-mode limit would have denied; forwarded
 	resultBadRequest               // 400
 	resultError                    // limiter error; forwarded (fail open)
+	resultNoDescriptor             // forward-auth only: no descriptor could be extracted
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "unlimited", "denied", "shadow_denied", "bad_request", "limiter_error"}
+var resultNames = [numResults]string{"allowed", "unlimited", "denied", "shadow_denied", "bad_request", "limiter_error", "no_descriptor"}
 
 // numStripes counters per result; a request increments the stripe its
 // goroutine's stack address picks (see inc).
@@ -36,6 +37,7 @@ const numStripes = 16
 type Metrics struct {
 	stripes [numStripes]metricStripe
 	desc    *prometheus.Desc
+	results result // the results reported: the first results of resultNames
 }
 
 type metricStripe struct {
@@ -46,8 +48,20 @@ type metricStripe struct {
 // NewMetrics creates the metrics and registers them with reg (nil: not
 // registered).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{desc: prometheus.NewDesc("allot_gateway_requests_total",
-		"HTTP requests seen by the rate limit middleware, by result.", []string{"result"}, nil)}
+	return newMetrics(reg, "allot_gateway_requests_total", "HTTP requests seen by the rate limit middleware, by result.", resultNoDescriptor)
+}
+
+// NewForwardAuthMetrics creates the forward-auth endpoint's counters,
+// allot_forward_auth_requests_total{result}, with the results of NewMetrics
+// plus no_descriptor (a check with no extractable descriptor, answered by
+// the on_missing policy), and registers them with reg (nil: not
+// registered).
+func NewForwardAuthMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	return newMetrics(reg, "allot_forward_auth_requests_total", "Forward-auth checks, by result.", numResults)
+}
+
+func newMetrics(reg prometheus.Registerer, name, help string, results result) (*Metrics, error) {
+	m := &Metrics{desc: prometheus.NewDesc(name, help, []string{"result"}, nil), results: results}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, err
@@ -61,7 +75,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) { ch <- m.desc }
 
 // Collect implements prometheus.Collector: the stripes' sums.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	for r := range numResults {
+	for r := range m.results {
 		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(m.count(result(r))), resultNames[r])
 	}
 }

@@ -120,7 +120,7 @@ var scratchPool = sync.Pool{New: func() any {
 // Wrap returns next behind the limiter.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.serve(w, r, next)
+		m.serve(w, r, next, nil)
 	})
 }
 
@@ -131,7 +131,9 @@ func (m *Middleware) logger() *slog.Logger {
 	return slog.Default()
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// serve decides r and calls next when it is allowed. A request with no
+// descriptor goes to none when it is set, else to next (unchecked).
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next, none http.Handler) {
 	sc := scratchPool.Get().(*scratch)
 	defer func() {
 		// Drop the request's strings (only the used prefix: clearing the
@@ -164,6 +166,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if len(descs) == 0 || domain == "" {
+		if none != nil {
+			none.ServeHTTP(w, r)
+			return
+		}
 		m.Metrics.inc(resultUnlimited)
 		next.ServeHTTP(w, r)
 		return
@@ -213,6 +219,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	next.ServeHTTP(w, r)
 }
 
+// badRequest counts and answers a request the extraction refused.
 func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, err error) {
 	m.Metrics.inc(resultBadRequest)
 	if m.ErrorHandler != nil {

@@ -56,6 +56,7 @@ type gateway struct {
 	proxy        *http.Server
 	admin        *http.Server // nil when -http-addr is empty
 	grpc         *grpc.Server // nil when -rls-addr is empty
+	check        *http.Server // POST /json and /forward-auth/; nil when -check-addr is empty
 	wg           sync.WaitGroup
 	failed       chan error          // a listener stopped on its own
 	redis        *redislimit.Backend // nil without a redis: block
@@ -66,7 +67,7 @@ type gateway struct {
 }
 
 // Addresses bound by the gateway, printed on start.
-type addrs struct{ proxy, rls, http string }
+type addrs struct{ proxy, rls, http, check string }
 
 // start builds and starts everything; on error, whatever was started is
 // stopped again.
@@ -180,17 +181,23 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	}
 	g.serve("proxy", func() error { return g.proxy.Serve(proxyLn) })
 
+	var srv *rls.Server // the RLS service: gRPC on -rls-addr, POST /json on -check-addr
+	if o.rlsAddr != "" || o.checkAddr != "" {
+		if srv, err = rls.New(g.agent, rls.Options{Logger: logger, Registerer: reg}); err != nil {
+			return g, err
+		}
+	}
+	if o.checkAddr != "" {
+		if bound.check, err = g.startCheck(o.checkAddr, srv, ex, reg, serverTLS); err != nil {
+			return g, err
+		}
+	}
 	if o.rlsAddr != "" {
 		ln, err := net.Listen("tcp", o.rlsAddr)
 		if err != nil {
 			return g, fmt.Errorf("-rls-addr: %w", err)
 		}
 		bound.rls = ln.Addr().String()
-		srv, err := rls.New(g.agent, rls.Options{Logger: logger, Registerer: reg})
-		if err != nil {
-			ln.Close()
-			return g, err
-		}
 		opts := rls.ServerOptions()
 		if serverTLS != nil {
 			opts = append(opts, grpc.Creds(credentials.NewTLS(serverTLS)))
@@ -248,9 +255,9 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 			return g, err
 		}
 	}
-	logger.Info("gateway: listening", "proxy", bound.proxy, "rls", bound.rls, "http", bound.http,
+	logger.Info("gateway: listening", "proxy", bound.proxy, "rls", bound.rls, "http", bound.http, "check", bound.check,
 		"upstream", target.String(), "allocators", strings.Join(allocators, ","), "domain", ex.Domain())
-	fmt.Fprintf(stdout, "allot gateway listening: proxy=%s rls=%s http=%s\n", bound.proxy, bound.rls, bound.http)
+	fmt.Fprintf(stdout, "allot gateway listening: proxy=%s rls=%s http=%s check=%s\n", bound.proxy, bound.rls, bound.http, bound.check)
 	if g.dev != nil {
 		printDevHelp(stdout, g.dev, bound, o.listen != "127.0.0.1:8080" || bound.proxy != "127.0.0.1:8080")
 	}
@@ -415,6 +422,15 @@ func (g *gateway) shutdown(ctx context.Context) error {
 				if err := g.proxy.Shutdown(ctx); err != nil {
 					proxyErr = fmt.Errorf("proxy shutdown: %w", err)
 					g.proxy.Close()
+				}
+			}()
+		}
+		if g.check != nil {
+			drain.Add(1)
+			go func() {
+				defer drain.Done()
+				if err := g.check.Shutdown(ctx); err != nil {
+					g.check.Close()
 				}
 			}()
 		}

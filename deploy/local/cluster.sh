@@ -20,7 +20,7 @@
 #   ALLOT_BIN                where allocator, gateway, allotctl are [<repo>/bin]
 #   ALLOT_ALLOCATOR_PORT     gRPC port of alloc-1 [7420]; node i listens on
 #                            PORT+10(i-1) for gRPC, +1 for Raft, +2 for HTTP
-#   ALLOT_GATEWAY_PORT       gateway proxy port [8080]; Envoy RLS on PORT+1
+#   ALLOT_GATEWAY_PORT       gateway proxy port [8080]; Envoy RLS on PORT+1, /json and /forward-auth/ on PORT+2
 #   ALLOT_GATEWAY_HTTP_PORT  gateway /metrics, /healthz, /readyz [9090]
 #   ALLOT_UPSTREAM_PORT      demo upstream [8090]
 #   ALLOT_UPSTREAM           an upstream URL to use instead of the demo upstream
@@ -69,6 +69,7 @@ raft_addr() { echo "127.0.0.1:$(node_port "$1" 1)"; }
 http_addr() { echo "127.0.0.1:$(node_port "$1" 2)"; }
 GATEWAY_LISTEN=127.0.0.1:$GATEWAY_PORT
 GATEWAY_RLS=127.0.0.1:$((GATEWAY_PORT + 1))
+GATEWAY_CHECK=127.0.0.1:$((GATEWAY_PORT + 2))
 GATEWAY_HTTP=127.0.0.1:$GATEWAY_HTTP_PORT
 UPSTREAM_LISTEN=127.0.0.1:$UPSTREAM_PORT
 
@@ -184,6 +185,7 @@ start_gateway() {
 		-upstream "$UPSTREAM_URL"
 		-listen "$GATEWAY_LISTEN"
 		-rls-addr "$GATEWAY_RLS"
+		-check-addr "$GATEWAY_CHECK"
 		-http-addr "$GATEWAY_HTTP"
 		-log-format "$LOG_FORMAT"
 		-log-level "$LOG_LEVEL"
