@@ -10,13 +10,13 @@ import (
 type result int
 
 const (
-	resultAllowed    result = iota // a limit matched and allowed
-	resultUnlimited                // no limit applied
-	resultDenied                   // 429
-	resultShadow                   // a shadow-mode limit would have denied; forwarded
-	resultBadRequest               // 400
-	resultError                    // limiter error; forwarded (fail open)
-	resultNoDescriptor             // forward-auth only: no descriptor could be extracted
+	resultAllowed      result = iota // a limit matched and allowed
+	resultUnlimited                  // no limit applied
+	resultDenied                     // 429
+	resultShadow                     // a shadow-mode limit would have denied; forwarded
+	resultBadRequest                 // 400
+	resultError                      // limiter error; forwarded (fail open)
+	resultNoDescriptor               // forward-auth only: no descriptor could be extracted
 	numResults
 )
 

@@ -89,6 +89,8 @@ type Proc struct {
 	Bin     string
 	Args    []string
 	LogPath string
+	// Env is added to the test's environment (KEY=value entries).
+	Env []string
 
 	mu      sync.Mutex // guards cmd, done, waitErr
 	cmd     *exec.Cmd
@@ -123,6 +125,9 @@ func (p *Proc) Start(t testing.TB) {
 	fmt.Fprintf(f, "==== start %d: %s %s\n", p.starts+1, p.Bin, strings.Join(p.Args, " "))
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(p.Env) > 0 {
+		cmd.Env = append(os.Environ(), p.Env...)
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatalf("testproc: start %s: %v", p.Name, err)
