@@ -4,7 +4,7 @@ BIN       ?= bin
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 # Modules of their own (heavy test-only dependencies kept out of go.mod).
-SUBMODULES := deploy/k8svalidate
+SUBMODULES := deploy/k8svalidate integrations/caddy
 BENCHTIME ?= 1s
 
 .PHONY: help build test test-short bench bench-load sim lint fmt proto dev clean tools

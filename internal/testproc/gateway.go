@@ -153,3 +153,21 @@ func StartUpstream(t testing.TB) *Upstream {
 	})
 	return u
 }
+
+// Serve runs h on a free loopback port until the test ends and returns
+// its address (host:port).
+func Serve(t testing.TB, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return ln.Addr().String()
+}

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -108,7 +107,7 @@ func startEnv(t *testing.T) *env {
 	t.Helper()
 	bins := testproc.Build(t)
 	e := &env{dir: t.TempDir(), up: &countingUpstream{byKey: map[string]int{}}}
-	srv := startHTTP(t, e.up)
+	srv := testproc.Serve(t, e.up)
 	e.upstream = srv
 	rules := testproc.WriteFile(t, e.dir, "rules.yaml", rulesYAML)
 	e.gw = testproc.StartGateway(t, bins.Gateway, e.dir, "gateway", gatewayConfig("http://"+srv, rules), nil,
@@ -118,23 +117,6 @@ func startEnv(t *testing.T) *env {
 		t.Fatal("the gateway serves no check endpoints")
 	}
 	return e
-}
-
-// startHTTP serves h on a free loopback port until the test ends.
-func startHTTP(t *testing.T, h http.Handler) string {
-	t.Helper()
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		srv.Close()
-		<-done
-	})
-	return ln.Addr().String()
 }
 
 // waitHTTP waits until something answers HTTP at url.
