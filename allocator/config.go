@@ -66,6 +66,9 @@ type Config struct {
 	// empty (normally once, right after bootstrap). They are compiled by New,
 	// so a bad file fails fast.
 	InitialRules []rules.File
+	// RulesXDS makes the leader take the rules from an xDS server
+	// (XDSConfig; off by default).
+	RulesXDS XDSConfig
 
 	// Raft timeouts. The defaults (500/500/250 ms) halve hashicorp/raft's
 	// own (1000/1000/500 ms) and give a failover of about a second

@@ -82,6 +82,14 @@ func (s *Server) leaderDuties(ctx context.Context) {
 	if len(s.cfg.InitialRules) > 0 {
 		s.retryWhileLeader(ctx, "apply initial rules", s.applyInitialRules)
 	}
+	if s.cfg.RulesXDS.Addr != "" {
+		xdsDone := make(chan struct{})
+		go func() { // owned by this term: ends with ctx, waited for below
+			defer close(xdsDone)
+			s.runXDS(ctx)
+		}()
+		defer func() { <-xdsDone }()
+	}
 	t := time.NewTicker(s.cfg.ExpireInterval)
 	defer t.Stop()
 	var lastSweep time.Time

@@ -36,6 +36,7 @@ type metrics struct {
 	acquireCalls   *prometheus.CounterVec
 	forwarded      prometheus.Counter
 	leaderChanges  prometheus.Counter
+	xdsUpdates     *prometheus.CounterVec
 	granted        prometheus.Counter
 	returned       prometheus.Counter
 	charged        prometheus.Counter
@@ -147,6 +148,10 @@ func newMetricsVecs(inflight func() float64) *metrics {
 			Namespace: metricsNamespace, Name: "leadership_changes_total",
 			Help: "Times this node gained or lost leadership.",
 		}),
+		xdsUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "xds_updates_total",
+			Help: "Rule updates from the xDS server answered by this node as leader, by result (ack, nack).",
+		}, []string{"result"}),
 		granted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "tokens_granted_total",
 			Help: "Tokens granted in leases (applied entries on this replica).",
@@ -231,7 +236,7 @@ func (m *metrics) observeSnapshot(ev snapshotEvent) {
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.applyLatency, m.acquireLatency, m.batchQueue, m.raftCommit, m.fsmApply, m.forwardLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
-		m.leaderChanges, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
+		m.leaderChanges, m.xdsUpdates, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
 		m.rejected, m.inflight,
 		m.snapCapture, m.snapPersist, m.snapBytes, m.snapRestore, m.snapFailures, m.snapLastIndex, m.snapLastTime,
 	}

@@ -43,11 +43,11 @@ type localCluster struct {
 // portBlock finds a base port with every port the local cluster uses free:
 // base+{0,1,2, 10,11,12, 20,21,22} for the allocators, base+{40,41,42} for
 // alloc-3 at a new address, base+50 (proxy), +51 (RLS), +52 (gateway
-// HTTP), +53 (upstream). Ports are picked below Linux's ephemeral range so
+// HTTP), +53 (upstream), +54 (gateway check endpoints). Ports are picked below Linux's ephemeral range so
 // outgoing connections do not take them.
 func portBlock(t *testing.T) int {
 	t.Helper()
-	offsets := []int{0, 1, 2, 10, 11, 12, 20, 21, 22, 40, 41, 42, 50, 51, 52, 53}
+	offsets := []int{0, 1, 2, 10, 11, 12, 20, 21, 22, 40, 41, 42, 50, 51, 52, 53, 54}
 	for range 50 {
 		base := 10000 + rand.IntN(220)*100
 		free := true
@@ -87,6 +87,7 @@ func newLocalCluster(t *testing.T) *localCluster {
 		"ALLOT_GATEWAY_PORT="+strconv.Itoa(base+50),
 		"ALLOT_GATEWAY_HTTP_PORT="+strconv.Itoa(base+52),
 		"ALLOT_UPSTREAM_PORT="+strconv.Itoa(base+53),
+		"ALLOT_GATEWAY_CHECK_PORT="+strconv.Itoa(base+54),
 		"ALLOT_LOG_FORMAT=json",
 		"ALLOT_READY_TIMEOUT=90",
 	)

@@ -36,6 +36,11 @@ type Config struct {
 	// HTTPAddr serves /metrics, /healthz and /readyz. DefaultConfig:
 	// 127.0.0.1:9090.
 	HTTPAddr string
+	// CheckAddr serves the check endpoints: POST /json (envoyproxy/
+	// ratelimit's JSON API over the RLS service) and any path under
+	// /forward-auth/ (nginx auth_request, Caddy forward_auth, Traefik
+	// ForwardAuth). DefaultConfig: 127.0.0.1:8082.
+	CheckAddr string
 	// TLS, when set, serves the proxy listener and the RLS listener over
 	// TLS with it. nil: plain TCP.
 	TLS *tls.Config
@@ -87,8 +92,8 @@ type Config struct {
 }
 
 // DefaultConfig returns the gateway's defaults: the proxy on
-// 127.0.0.1:8080, RLS on 127.0.0.1:8081, metrics and health on
-// 127.0.0.1:9090, a 10 MiB body bound read within 60 s, at most 1024 RLS
+// 127.0.0.1:8080, RLS on 127.0.0.1:8081, the check endpoints on
+// 127.0.0.1:8082, metrics and health on 127.0.0.1:9090, a 10 MiB body bound read within 60 s, at most 1024 RLS
 // connections pinged when idle for 30 s, and agent.DefaultConfig(). Upstream
 // and Extraction are left for the caller.
 func DefaultConfig() Config {
@@ -96,6 +101,7 @@ func DefaultConfig() Config {
 		Listen:              "127.0.0.1:8080",
 		RLSAddr:             "127.0.0.1:8081",
 		HTTPAddr:            "127.0.0.1:9090",
+		CheckAddr:           "127.0.0.1:8082",
 		MaxRequestBodyBytes: DefaultMaxRequestBodyBytes,
 		RequestBodyTimeout:  DefaultRequestBodyTimeout,
 		RLSMaxConns:         1024,

@@ -68,6 +68,7 @@ type Gateway struct {
 	proxy        *http.Server
 	admin        *http.Server // nil without an HTTP listener
 	grpc         *grpc.Server // nil without an RLS listener
+	check        *http.Server // POST /json and /forward-auth/; nil without a check listener
 	wg           sync.WaitGroup
 	failed       chan error          // a listener stopped on its own
 	redis        *redislimit.Backend // nil without Config.Redis
@@ -78,7 +79,7 @@ type Gateway struct {
 }
 
 // Addrs are the addresses a Gateway bound; "" for a listener that is off.
-type Addrs struct{ Proxy, RLS, HTTP string }
+type Addrs struct{ Proxy, RLS, HTTP, Check string }
 
 // rlsMaxRecvMsgSize bounds one RLS request (Envoy sends a few descriptors).
 const rlsMaxRecvMsgSize = 1 << 20
@@ -99,7 +100,7 @@ func Start(cfg Config) (g *Gateway, err error) {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	g = &Gateway{logger: logger, failed: make(chan error, 3), stop: make(chan struct{})}
+	g = &Gateway{logger: logger, failed: make(chan error, 4), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
@@ -152,8 +153,19 @@ func Start(cfg Config) (g *Gateway, err error) {
 	}
 	g.serve("proxy", func() error { return g.proxy.Serve(proxyLn) })
 
+	var srv *rls.Server // the RLS service: gRPC on RLSAddr, POST /json on CheckAddr
+	if cfg.RLSAddr != "" || cfg.CheckAddr != "" {
+		if srv, err = rls.New(g.agent, rls.Options{Logger: g.logger, Registerer: reg}); err != nil {
+			return g, err
+		}
+	}
+	if cfg.CheckAddr != "" {
+		if err := g.startCheck(cfg, srv, ex, reg); err != nil {
+			return g, err
+		}
+	}
 	if cfg.RLSAddr != "" {
-		if err := g.startRLS(cfg, reg); err != nil {
+		if err := g.startRLS(cfg, srv); err != nil {
 			return g, err
 		}
 	}
@@ -166,17 +178,12 @@ func Start(cfg Config) (g *Gateway, err error) {
 }
 
 // startRLS serves the Envoy RLS and the gRPC health service on addr.
-func (g *Gateway) startRLS(cfg Config, reg prometheus.Registerer) error {
+func (g *Gateway) startRLS(cfg Config, srv *rls.Server) error {
 	ln, err := net.Listen("tcp", cfg.RLSAddr)
 	if err != nil {
 		return fmt.Errorf("gateway: RLS listener: %w", err)
 	}
 	g.addrs.RLS = ln.Addr().String()
-	srv, err := rls.New(g.agent, rls.Options{Logger: g.logger, Registerer: reg})
-	if err != nil {
-		ln.Close()
-		return err
-	}
 	opts := rls.ServerOptions()
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
@@ -204,6 +211,34 @@ func (g *Gateway) startRLS(cfg Config, reg prometheus.Registerer) error {
 	healthpb.RegisterHealthServer(g.grpc, &drainingHealth{Server: g.health, stop: g.stop})
 	g.serve("rls", func() error { return g.grpc.Serve(ln) })
 	g.goFunc(g.watchReadiness)
+	return nil
+}
+
+// startCheck serves the check endpoints on cfg.CheckAddr: POST /json (the
+// RLS service as envoyproxy/ratelimit's JSON API) and any path under
+// /forward-auth/ (the proxy's decision for a forwarded request).
+func (g *Gateway) startCheck(cfg Config, srv *rls.Server, ex *httplimit.Extractor, reg prometheus.Registerer) error {
+	met, err := httplimit.NewForwardAuthMetrics(reg)
+	if err != nil {
+		return err
+	}
+	fa := &httplimit.ForwardAuth{Middleware: &httplimit.Middleware{Checker: g.agent, Extractor: ex, Metrics: met, Logger: g.logger}}
+	mux := http.NewServeMux()
+	mux.Handle(rls.JSONPath, srv.JSONHandler(0))
+	mux.Handle("/forward-auth/", fa)
+	ln, err := listen(cfg.CheckAddr, cfg.TLS)
+	if err != nil {
+		return fmt.Errorf("gateway: check listener: %w", err)
+	}
+	g.addrs.Check = ln.Addr().String()
+	g.check = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(g.logger.Handler(), slog.LevelWarn),
+	}
+	g.serve("check", func() error { return g.check.Serve(ln) })
 	return nil
 }
 
@@ -401,6 +436,15 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 				if err := g.proxy.Shutdown(ctx); err != nil {
 					proxyErr = fmt.Errorf("proxy shutdown: %w", err)
 					g.proxy.Close()
+				}
+			}()
+		}
+		if g.check != nil {
+			drain.Add(1)
+			go func() {
+				defer drain.Done()
+				if err := g.check.Shutdown(ctx); err != nil {
+					g.check.Close()
 				}
 			}()
 		}

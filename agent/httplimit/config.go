@@ -27,8 +27,9 @@ const (
 )
 
 // Config declares how descriptors are extracted from an HTTP request. It is
-// YAML-loadable (the gateway's config file embeds it); NewExtractor
-// validates it. The zero Config extracts nothing.
+// YAML- and JSON-loadable (the gateway's config file embeds it, the Caddy
+// module takes it as JSON); NewExtractor validates it. The zero Config
+// extracts nothing.
 //
 // Example (the gateway's -dev configuration):
 //
@@ -46,23 +47,39 @@ const (
 //	  - [api_key]
 type Config struct {
 	// Domain is the rules domain the descriptors are checked in.
-	Domain string `yaml:"domain"`
+	Domain string `yaml:"domain" json:"domain,omitempty"`
 	// APIKey says where the API key is found.
-	APIKey APIKeyConfig `yaml:"api_key"`
+	APIKey APIKeyConfig `yaml:"api_key" json:"api_key,omitempty"`
 	// ClientIP says how the client address is derived.
-	ClientIP ClientIPConfig `yaml:"client_ip"`
+	ClientIP ClientIPConfig `yaml:"client_ip" json:"client_ip,omitempty"`
 	// Routes maps request paths to route values.
-	Routes RoutesConfig `yaml:"routes"`
+	Routes RoutesConfig `yaml:"routes" json:"routes,omitempty"`
 	// Tier says how the tier is derived.
-	Tier TierConfig `yaml:"tier"`
+	Tier TierConfig `yaml:"tier" json:"tier,omitempty"`
 	// Descriptors are sent for every request, in order; a descriptor with
 	// an entry whose source is missing from the request is skipped, as
 	// Envoy does.
-	Descriptors []DescriptorConfig `yaml:"descriptors"`
+	Descriptors []DescriptorConfig `yaml:"descriptors" json:"descriptors,omitempty"`
 	// MaxValueBytes bounds every extracted value; 0 means
 	// DefaultMaxValueBytes. A request with a longer value gets a 400.
-	MaxValueBytes int `yaml:"max_value_bytes"`
+	MaxValueBytes int `yaml:"max_value_bytes" json:"max_value_bytes,omitempty"`
+	// ForwardAuth configures the forward-auth endpoint (ForwardAuth).
+	ForwardAuth ForwardAuthConfig `yaml:"forward_auth" json:"forward_auth,omitempty"`
 }
+
+// ForwardAuthConfig configures the forward-auth endpoint.
+type ForwardAuthConfig struct {
+	// OnMissing is the answer to a check from which no descriptor can be
+	// extracted (no API key, say): OnMissingAllow (200, the default) or
+	// OnMissingDeny (403).
+	OnMissing string `yaml:"on_missing" json:"on_missing,omitempty"`
+}
+
+// The on_missing policies.
+const (
+	OnMissingAllow = "allow"
+	OnMissingDeny  = "deny"
+)
 
 // APIKeyConfig locates the API key.
 type APIKeyConfig struct {
@@ -70,7 +87,7 @@ type APIKeyConfig struct {
 	// "Authorization" is parsed as "Bearer <key>" (other schemes are
 	// ignored); any other header's whole value is the key. Empty means
 	// [Authorization, X-API-Key].
-	Headers []string `yaml:"headers"`
+	Headers []string `yaml:"headers" json:"headers,omitempty"`
 }
 
 // ClientIPConfig derives the client address.
@@ -80,9 +97,9 @@ type ClientIPConfig struct {
 	// of them, the peer address is the client. Otherwise the forwarding
 	// header is walked from the right, skipping trusted proxies; the first
 	// untrusted address is the client.
-	TrustedProxies []string `yaml:"trusted_proxies"`
+	TrustedProxies []string `yaml:"trusted_proxies" json:"trusted_proxies,omitempty"`
 	// Header is the forwarding header; empty means X-Forwarded-For.
-	Header string `yaml:"header"`
+	Header string `yaml:"header" json:"header,omitempty"`
 }
 
 // RoutesConfig maps request paths to route values.
@@ -91,11 +108,11 @@ type RoutesConfig struct {
 	// ("/v1/items/{id}", "/files/{path...}"). The route value is the
 	// pattern itself. Exact paths win over templates; templates are tried
 	// in order. Paths are compared after path.Clean.
-	Paths []string `yaml:"paths"`
+	Paths []string `yaml:"paths" json:"paths,omitempty"`
 	// Default is the route value of a path that matches no pattern (a
 	// catch-all). Empty: such a request has no route, and descriptors that
 	// need one are skipped.
-	Default string `yaml:"default"`
+	Default string `yaml:"default" json:"default,omitempty"`
 }
 
 // TierConfig derives the tier.
@@ -103,13 +120,13 @@ type TierConfig struct {
 	// Header, when set, is a request header carrying the tier. Only set it
 	// when a trusted component in front of the gateway sets (and strips)
 	// that header: clients could otherwise choose their own tier.
-	Header string `yaml:"header"`
+	Header string `yaml:"header" json:"header,omitempty"`
 	// Keys maps API keys to tiers, consulted when Header is unset or absent.
-	Keys map[string]string `yaml:"keys"`
+	Keys map[string]string `yaml:"keys" json:"keys,omitempty"`
 	// Default is the tier of a request whose tier is not otherwise known
 	// (including requests without an API key). Empty: no tier, and
 	// descriptors that need one are skipped.
-	Default string `yaml:"default"`
+	Default string `yaml:"default" json:"default,omitempty"`
 }
 
 // DescriptorConfig is one descriptor: an ordered list of entries.
@@ -145,10 +162,10 @@ var defaultKeys = map[Source]string{
 //	{generic_key: all}                  # Envoy's generic_key: key "generic_key", constant value
 //	{key: edge, value: eu-west}         # any constant entry
 type EntryConfig struct {
-	Key    string `yaml:"key"`
-	Source Source `yaml:"source"`
-	Header string `yaml:"header"` // SourceHeader
-	Value  string `yaml:"value"`  // SourceStatic
+	Key    string `yaml:"key" json:"key,omitempty"`
+	Source Source `yaml:"source" json:"source,omitempty"`
+	Header string `yaml:"header" json:"header,omitempty"` // SourceHeader
+	Value  string `yaml:"value" json:"value,omitempty"`   // SourceStatic
 }
 
 // UnmarshalYAML accepts the bare-name and mapping forms, rejecting unknown

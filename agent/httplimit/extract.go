@@ -44,6 +44,7 @@ type Extractor struct {
 	tierKeys      map[string]string
 	tierDefault   string
 	maxValue      int
+	denyMissing   bool // forward_auth.on_missing: deny
 }
 
 type entrySpec struct {
@@ -65,6 +66,13 @@ func NewExtractor(cfg Config) (*Extractor, error) {
 	}
 	if x.maxValue == 0 {
 		x.maxValue = DefaultMaxValueBytes
+	}
+	switch cfg.ForwardAuth.OnMissing {
+	case "", OnMissingAllow:
+	case OnMissingDeny:
+		x.denyMissing = true
+	default:
+		return nil, fmt.Errorf("httplimit: forward_auth.on_missing: %q: want allow or deny", cfg.ForwardAuth.OnMissing)
 	}
 	if x.maxValue < 0 {
 		return nil, errors.New("httplimit: max_value_bytes must be ≥ 0")
@@ -240,6 +248,9 @@ func (x *Extractor) source(r *http.Request, s Source, sv *sourceVals) (string, b
 		v, ok := x.clientIP(r)
 		return v, ok, nil
 	case SourceRoute:
+		if r.URL == nil { // a forward-auth check that names no URI
+			return x.routeDefault, x.routeDefault != "", nil
+		}
 		v, ok := x.route(r.URL.Path)
 		return v, ok, nil
 	case SourceMethod:

@@ -11,16 +11,17 @@ import (
 type result int
 
 const (
-	resultAllowed    result = iota // a limit matched and allowed
-	resultUnlimited                // no limit applied
-	resultDenied                   // 429
-	resultShadow                   // a shadow-mode limit would have denied; forwarded
-	resultBadRequest               // 400
-	resultError                    // limiter error; forwarded (fail open)
+	resultAllowed      result = iota // a limit matched and allowed
+	resultUnlimited                  // no limit applied
+	resultDenied                     // 429
+	resultShadow                     // a shadow-mode limit would have denied; forwarded
+	resultBadRequest                 // 400
+	resultError                      // limiter error; forwarded (fail open)
+	resultNoDescriptor               // forward-auth only: no descriptor could be extracted
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "unlimited", "denied", "shadow_denied", "bad_request", "limiter_error"}
+var resultNames = [numResults]string{"allowed", "unlimited", "denied", "shadow_denied", "bad_request", "limiter_error", "no_descriptor"}
 
 // Metrics counts the middleware's decisions in
 // allot_gateway_requests_total{result}, result being allowed, unlimited,
@@ -32,15 +33,28 @@ var resultNames = [numResults]string{"allowed", "unlimited", "denied", "shadow_d
 // counter per result cost every request a cache-line transfer between the
 // cores).
 type Metrics struct {
-	n    *stripe.Counters // by result
-	desc *prometheus.Desc
+	n       *stripe.Counters // by result
+	desc    *prometheus.Desc
+	results result // the results reported: the first results of resultNames
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
 // registered).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{n: stripe.New(int(numResults)), desc: prometheus.NewDesc("allot_gateway_requests_total",
-		"HTTP requests seen by the rate limit middleware, by result.", []string{"result"}, nil)}
+	return newMetrics(reg, "allot_gateway_requests_total", "HTTP requests seen by the rate limit middleware, by result.", resultNoDescriptor)
+}
+
+// NewForwardAuthMetrics creates the forward-auth endpoint's counters,
+// allot_forward_auth_requests_total{result}, with the results of NewMetrics
+// plus no_descriptor (a check with no extractable descriptor, answered by
+// the on_missing policy), and registers them with reg (nil: not
+// registered).
+func NewForwardAuthMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	return newMetrics(reg, "allot_forward_auth_requests_total", "Forward-auth checks, by result.", numResults)
+}
+
+func newMetrics(reg prometheus.Registerer, name, help string, results result) (*Metrics, error) {
+	m := &Metrics{n: stripe.New(int(numResults)), desc: prometheus.NewDesc(name, help, []string{"result"}, nil), results: results}
 	if reg != nil {
 		if err := reg.Register(m); err != nil {
 			return nil, err
@@ -54,7 +68,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) { ch <- m.desc }
 
 // Collect implements prometheus.Collector: the stripes' sums.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	for r := range numResults {
+	for r := range m.results {
 		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(m.count(result(r))), resultNames[r])
 	}
 }

@@ -120,7 +120,7 @@ var scratchPool = sync.Pool{New: func() any {
 // Wrap returns next behind the limiter.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.serve(w, r, next)
+		m.serve(w, r, next, nil)
 	})
 }
 
@@ -131,7 +131,9 @@ func (m *Middleware) logger() *slog.Logger {
 	return slog.Default()
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// serve decides r and calls next when it is allowed. A request with no
+// descriptor goes to none when it is set, else to next (unchecked).
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next, none http.Handler) {
 	sc := scratchPool.Get().(*scratch)
 	defer func() {
 		// Drop the request's strings (only the used prefix: clearing the
@@ -164,6 +166,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if len(descs) == 0 || domain == "" {
+		if none != nil {
+			none.ServeHTTP(w, r)
+			return
+		}
 		m.Metrics.inc(resultUnlimited)
 		next.ServeHTTP(w, r)
 		return
@@ -213,6 +219,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	next.ServeHTTP(w, r)
 }
 
+// badRequest counts and answers a request the extraction refused.
 func (m *Middleware) badRequest(w http.ResponseWriter, r *http.Request, err error) {
 	m.Metrics.inc(resultBadRequest)
 	if m.ErrorHandler != nil {
@@ -268,19 +275,12 @@ func reported(d agent.Decision) bool {
 // (Decision.NextAfter rounded up: the next token, or the next window
 // boundary; 0 when the limit is full), and equals Retry-After when denied.
 func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
-	if !reported(d) {
+	buf, n, ok := AppendFields(buf[:0], d)
+	if !ok {
 		delete(h, HeaderRateLimit)
 		delete(h, HeaderRateLimitPolicy)
 		return buf
 	}
-	buf = sfv.AppendPolicy(buf[:0], d.Policy, d.Quota, ceilSeconds(d.Window))
-	n := len(buf)
-	t := ceilSeconds(d.NextAfter)
-	if !d.Allowed {
-		t = RetryAfterSeconds(d)
-	}
-	buf = sfv.AppendRateLimit(buf, d.Policy, d.Remaining, t)
-	// AppendRateLimit wrote ", " first (buf was not empty): skip it.
 	var vals []string
 	if len(buf) <= fieldTextCap {
 		// One allocation backs both values and their bytes.
@@ -296,6 +296,27 @@ func SetFields(h http.Header, d agent.Decision, buf []byte) []byte {
 	h[HeaderRateLimitPolicy] = vals[0:1:1]
 	h[HeaderRateLimit] = vals[1:2:2]
 	return buf
+}
+
+// AppendFields appends the RateLimit-Policy value for decision d to buf,
+// then ", " and the RateLimit value, and returns the result with the
+// length of the RateLimit-Policy value: buf[:n] is RateLimit-Policy and
+// buf[n+2:] is RateLimit. ok is false (and buf unchanged) when d reports
+// no limit. Every transport of the contract (HTTP, forward-auth, gRPC
+// metadata) writes the fields from here.
+func AppendFields(buf []byte, d agent.Decision) (_ []byte, n int, ok bool) {
+	if !reported(d) {
+		return buf, 0, false
+	}
+	start := len(buf)
+	buf = sfv.AppendPolicy(buf, d.Policy, d.Quota, ceilSeconds(d.Window))
+	n = len(buf) - start
+	t := ceilSeconds(d.NextAfter)
+	if !d.Allowed {
+		t = RetryAfterSeconds(d)
+	}
+	// buf is not empty: AppendRateLimit writes the ", " separator first.
+	return sfv.AppendRateLimit(buf, d.Policy, d.Remaining, t), n, true
 }
 
 // fieldTextCap is the longest pair of field values (with the ", " between

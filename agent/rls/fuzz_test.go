@@ -3,16 +3,12 @@ package rls
 import (
 	"context"
 	"testing"
-	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/allot/allot/agent"
-	"github.com/allot/allot/pkg/rules"
 )
 
 // FuzzShouldRateLimit feeds arbitrary RateLimitRequest bytes (as Envoy
@@ -38,23 +34,8 @@ func FuzzShouldRateLimit(f *testing.F) {
 	seed(&rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*rlcommon.RateLimitDescriptor{{}}})
 	seed(&rlsv3.RateLimitRequest{})
 
-	set, err := rules.Compile(1, []rules.File{{Name: "rls.yaml", Source: []byte(testRules)}})
-	if err != nil {
-		f.Fatal(err)
-	}
-	cfg := agent.DefaultConfig()
-	cfg.Rules = set
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-	cfg.Now = func() int64 { return now }
-	a, err := agent.New(cfg)
-	if err != nil {
-		f.Fatal(err)
-	}
+	a, srv := newTestServer(f)
 	f.Cleanup(func() { a.Close(context.Background()) })
-	srv, err := New(a, Options{})
-	if err != nil {
-		f.Fatal(err)
-	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req := new(rlsv3.RateLimitRequest)
 		if proto.Unmarshal(b, req) != nil {

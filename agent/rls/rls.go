@@ -122,18 +122,26 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // ShouldRateLimit implements the RLS v3 API.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, _, err := s.decide(ctx, req)
+	return resp, err
+}
+
+// decide answers req, and returns the agent's decision with the response
+// (for the RateLimit fields of the JSON endpoint). Errors are gRPC status
+// errors. The gRPC method and POST /json both answer from here.
+func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, agent.Decision, error) {
 	if req.GetDomain() == "" {
 		s.byCode[outInvalid].Inc()
-		return nil, status.Error(codes.InvalidArgument, "rls: domain must not be empty")
+		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: domain must not be empty")
 	}
 	in := req.GetDescriptors()
 	if len(in) == 0 {
 		s.byCode[outInvalid].Inc()
-		return nil, status.Error(codes.InvalidArgument, "rls: descriptors must not be empty")
+		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: descriptors must not be empty")
 	}
 	if len(in) > agent.MaxDescriptors {
 		s.byCode[outInvalid].Inc()
-		return nil, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, at most %d", len(in), agent.MaxDescriptors)
+		return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, at most %d", len(in), agent.MaxDescriptors)
 	}
 
 	sc := scratchPool.Get().(*scratch)
@@ -149,11 +157,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		n := len(d.GetEntries())
 		if n == 0 || n > agent.MaxEntries {
 			s.byCode[outInvalid].Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "rls: descriptor %d has %d entries, want 1 to %d", i, n, agent.MaxEntries)
+			return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: descriptor %d has %d entries, want 1 to %d", i, n, agent.MaxEntries)
 		}
 		if d.GetIsNegativeHits() {
 			s.byCode[outInvalid].Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "rls: descriptor %d: is_negative_hits is not supported", i)
+			return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: descriptor %d: is_negative_hits is not supported", i)
 		}
 		total += n
 	}
@@ -178,15 +186,15 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if err != nil {
 		if errors.Is(err, agent.ErrInvalid) {
 			s.byCode[outInvalid].Inc()
-			return nil, status.Error(codes.InvalidArgument, "rls: "+err.Error())
+			return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: "+err.Error())
 		}
 		s.byCode[outError].Inc()
 		s.logger.Warn("rls: check failed", "err", err)
-		return nil, status.Error(codes.Unavailable, "rls: "+err.Error())
+		return nil, agent.Decision{}, status.Error(codes.Unavailable, "rls: "+err.Error())
 	}
 	if len(sts) != len(in) {
 		s.byCode[outError].Inc()
-		return nil, status.Errorf(codes.Internal, "rls: checker returned %d statuses for %d descriptors", len(sts), len(in))
+		return nil, agent.Decision{}, status.Errorf(codes.Internal, "rls: checker returned %d statuses for %d descriptors", len(sts), len(in))
 	}
 
 	resp, blk := newResponse(len(sts))
@@ -199,7 +207,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i := range sts {
 		s.fillStatus(&blk[i], &sts[i])
 	}
-	return resp, nil
+	return resp, dec, nil
 }
 
 // statusBlock is one descriptor's status with its duration, allocated

@@ -45,6 +45,15 @@ descriptors:
 // agent with a frozen clock (no refill between calls), and returns a client.
 func startServer(t *testing.T) rlsv3.RateLimitServiceClient {
 	t.Helper()
+	a, srv := newTestServer(t)
+	return serveGRPC(t, srv, func() { a.Close(context.Background()) })
+}
+
+// newTestServer returns a standalone agent with testRules and a frozen
+// clock (no refill between calls), and a Server over it. The caller closes
+// the agent.
+func newTestServer(t testing.TB) (*agent.Agent, *Server) {
+	t.Helper()
 	set, err := rules.Compile(1, []rules.File{{Name: "rls.yaml", Source: []byte(testRules)}})
 	if err != nil {
 		t.Fatal(err)
@@ -59,9 +68,10 @@ func startServer(t *testing.T) rlsv3.RateLimitServiceClient {
 	}
 	srv, err := New(a, Options{})
 	if err != nil {
+		a.Close(context.Background())
 		t.Fatal(err)
 	}
-	return serveGRPC(t, srv, func() { a.Close(context.Background()) })
+	return a, srv
 }
 
 func serveGRPC(t *testing.T, srv *Server, after func()) rlsv3.RateLimitServiceClient {

@@ -130,6 +130,8 @@ func parse(args []string) (*options, error) {
 		recoverSnap   = fs.Bool("recover-from-snapshot", false, "start a node whose raft.db is missing, empty, damaged or rolled back from its newest snapshot (the file is moved aside; entries after the snapshot are lost on this node)")
 		readyMaxLag   = fs.Duration("ready-max-lag", def.ReadyMaxLag, "a follower whose newest applied entry is older than this answers /readyz 503 (negative: no bound)")
 		ruleFiles     stringList
+		rulesXDS      = fs.String("rules-xds", "", "xDS server HOST:PORT: the leader subscribes (ADS, state of the world) to RateLimitConfig resources and commits each update as the rule set (docs/rules.md)")
+		rulesXDSNode  = fs.String("rules-xds-node-id", "", "node id sent to the -rules-xds server (default: allot)")
 		logFlags      cliflags.Log
 		tlsFlags      cliflags.TLS
 	)
@@ -172,6 +174,7 @@ func parse(args []string) (*options, error) {
 	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
 	cfg.MaxInflightBatches, cfg.MaxBatchKeys = *maxInflight, *maxBatchKeys
 	cfg.Logger = logger
+	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode}
 	for _, path := range ruleFiles {
 		src, err := os.ReadFile(path)
 		if err != nil {

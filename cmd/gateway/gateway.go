@@ -31,7 +31,7 @@ type gw struct {
 }
 
 // Addresses bound by the gateway, printed on start.
-type addrs struct{ proxy, rls, http string }
+type addrs struct{ proxy, rls, http, check string }
 
 // start maps the flags and the config file to a gateway.Config, starts
 // the -dev components when asked, and starts the gateway; on error,
@@ -72,7 +72,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	if gc.Upstream, err = parseUpstream(upstream); err != nil {
 		return g, err
 	}
-	gc.Listen, gc.RLSAddr, gc.HTTPAddr = o.listen, o.rlsAddr, o.httpAddr
+	gc.Listen, gc.RLSAddr, gc.HTTPAddr, gc.CheckAddr = o.listen, o.rlsAddr, o.httpAddr, o.checkAddr
 	gc.Extraction = cfg.Config
 	gc.MaxRequestBodyBytes = cfg.bodyLimit()
 	gc.RequestBodyTimeout = cfg.bodyTimeout()
@@ -124,10 +124,10 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		}
 	}
 	ga := g.Addrs()
-	bound := addrs{proxy: ga.Proxy, rls: ga.RLS, http: ga.HTTP}
-	logger.Info("gateway: listening", "proxy", bound.proxy, "rls", bound.rls, "http", bound.http,
+	bound := addrs{proxy: ga.Proxy, rls: ga.RLS, http: ga.HTTP, check: ga.Check}
+	logger.Info("gateway: listening", "proxy", bound.proxy, "rls", bound.rls, "http", bound.http, "check", bound.check,
 		"upstream", gc.Upstream.String(), "allocators", strings.Join(allocators, ","), "domain", g.Domain())
-	fmt.Fprintf(stdout, "allot gateway listening: proxy=%s rls=%s http=%s\n", bound.proxy, bound.rls, bound.http)
+	fmt.Fprintf(stdout, "allot gateway listening: proxy=%s rls=%s http=%s check=%s\n", bound.proxy, bound.rls, bound.http, bound.check)
 	if g.dev != nil {
 		printDevHelp(stdout, g.dev, bound, o.listen != "127.0.0.1:8080" || bound.proxy != "127.0.0.1:8080")
 	}

@@ -155,12 +155,13 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 	}
 }
 
-var listeningRE = regexp.MustCompile(`allot gateway listening: proxy=(\S*) rls=(\S*) http=(\S*)`)
+var listeningRE = regexp.MustCompile(`allot gateway listening: proxy=(\S*) rls=(\S*) http=(\S*) check=(\S*)`)
 
 // startGateway runs the gateway binary and waits for its listening line.
+// The check endpoints listen on a free port unless args say otherwise.
 func startGateway(t *testing.T, bin string, args ...string) (*proc, addrs) {
 	t.Helper()
-	p := startProc(t, "gateway", bin, args...)
+	p := startProc(t, "gateway", bin, append([]string{"-check-addr", "127.0.0.1:0"}, args...)...)
 	var m []string
 	eventually(t, 60*time.Second, "the gateway's listening line", func() bool {
 		select {
@@ -171,7 +172,7 @@ func startGateway(t *testing.T, bin string, args ...string) (*proc, addrs) {
 		m = listeningRE.FindStringSubmatch(p.out.String())
 		return m != nil
 	})
-	return p, addrs{proxy: m[1], rls: m[2], http: m[3]}
+	return p, addrs{proxy: m[1], rls: m[2], http: m[3], check: m[4]}
 }
 
 var client = &http.Client{

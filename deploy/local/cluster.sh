@@ -22,6 +22,7 @@
 #                            PORT+10(i-1) for gRPC, +1 for Raft, +2 for HTTP
 #   ALLOT_GATEWAY_PORT       gateway proxy port [8080]; Envoy RLS on PORT+1
 #   ALLOT_GATEWAY_HTTP_PORT  gateway /metrics, /healthz, /readyz [9090]
+#   ALLOT_GATEWAY_CHECK_PORT gateway POST /json and /forward-auth/ [8082]
 #   ALLOT_UPSTREAM_PORT      demo upstream [8090]
 #   ALLOT_UPSTREAM           an upstream URL to use instead of the demo upstream
 #   ALLOT_RULES              rules file(s) for the bootstrap [deploy/local/rules/public-api.yaml]
@@ -41,6 +42,7 @@ BIN=$(abspath "${ALLOT_BIN:-$ROOT/bin}")
 ALLOCATOR_PORT=${ALLOT_ALLOCATOR_PORT:-7420}
 GATEWAY_PORT=${ALLOT_GATEWAY_PORT:-8080}
 GATEWAY_HTTP_PORT=${ALLOT_GATEWAY_HTTP_PORT:-9090}
+GATEWAY_CHECK_PORT=${ALLOT_GATEWAY_CHECK_PORT:-8082}
 UPSTREAM_PORT=${ALLOT_UPSTREAM_PORT:-8090}
 UPSTREAM_URL=${ALLOT_UPSTREAM:-}
 RULES=${ALLOT_RULES:-$ROOT/deploy/local/rules/public-api.yaml}
@@ -69,6 +71,7 @@ raft_addr() { echo "127.0.0.1:$(node_port "$1" 1)"; }
 http_addr() { echo "127.0.0.1:$(node_port "$1" 2)"; }
 GATEWAY_LISTEN=127.0.0.1:$GATEWAY_PORT
 GATEWAY_RLS=127.0.0.1:$((GATEWAY_PORT + 1))
+GATEWAY_CHECK=127.0.0.1:$GATEWAY_CHECK_PORT
 GATEWAY_HTTP=127.0.0.1:$GATEWAY_HTTP_PORT
 UPSTREAM_LISTEN=127.0.0.1:$UPSTREAM_PORT
 
@@ -184,6 +187,7 @@ start_gateway() {
 		-upstream "$UPSTREAM_URL"
 		-listen "$GATEWAY_LISTEN"
 		-rls-addr "$GATEWAY_RLS"
+		-check-addr "$GATEWAY_CHECK"
 		-http-addr "$GATEWAY_HTTP"
 		-log-format "$LOG_FORMAT"
 		-log-level "$LOG_LEVEL"

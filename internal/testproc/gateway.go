@@ -18,10 +18,11 @@ type Gateway struct {
 	Name  string
 	Proxy string // the proxy's address
 	HTTP  string // /metrics, /readyz
+	Check string // POST /json and /forward-auth/ ("" unless -check-addr is in args)
 	Proc  *Proc
 }
 
-var listeningRE = regexp.MustCompile(`allot gateway listening: proxy=(\S*) rls=(\S*) http=(\S*)`)
+var listeningRE = regexp.MustCompile(`allot gateway listening: proxy=(\S*) rls=(\S*) http=(\S*) check=(\S*)`)
 
 // StartGateway runs the gateway binary with config (the -config YAML
 // content) and allocators, on free loopback ports, and waits for its
@@ -29,7 +30,7 @@ var listeningRE = regexp.MustCompile(`allot gateway listening: proxy=(\S*) rls=(
 func StartGateway(t testing.TB, bin, dir, name, config string, allocators []string, args ...string) *Gateway {
 	t.Helper()
 	cfg := WriteFile(t, dir, name+".yaml", config)
-	all := []string{"-config", cfg, "-listen", "127.0.0.1:0", "-rls-addr", "", "-http-addr", "127.0.0.1:0",
+	all := []string{"-config", cfg, "-listen", "127.0.0.1:0", "-rls-addr", "", "-check-addr", "", "-http-addr", "127.0.0.1:0",
 		"-agent-id", name, "-log-level", "info"}
 	if len(allocators) > 0 {
 		all = append(all, "-allocators", strings.Join(allocators, ","))
@@ -45,7 +46,7 @@ func StartGateway(t testing.TB, bin, dir, name, config string, allocators []stri
 		m = listeningRE.FindStringSubmatch(g.Proc.Output())
 		return m != nil
 	})
-	g.Proxy, g.HTTP = m[1], m[3]
+	g.Proxy, g.HTTP, g.Check = m[1], m[3], m[4]
 	return g
 }
 
@@ -151,4 +152,22 @@ func StartUpstream(t testing.TB) *Upstream {
 		<-done
 	})
 	return u
+}
+
+// Serve runs h on a free loopback port until the test ends and returns
+// its address (host:port).
+func Serve(t testing.TB, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return ln.Addr().String()
 }

@@ -1,0 +1,316 @@
+package allocator
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+const xdsNodeID = "allot-test"
+
+// xdsServer is go-control-plane's snapshot server on a loopback port,
+// recording the NACKs it receives.
+type xdsServer struct {
+	addr  string
+	cache cachev3.SnapshotCache
+
+	mu     sync.Mutex // guards nacks, opened
+	nacks  []string   // error messages, in order
+	opened int        // streams opened
+}
+
+func startXDSServer(t *testing.T) *xdsServer {
+	t.Helper()
+	x := &xdsServer{cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cb := serverv3.CallbackFuncs{
+		StreamOpenFunc: func(context.Context, int64, string) error {
+			x.mu.Lock()
+			x.opened++
+			x.mu.Unlock()
+			return nil
+		},
+		StreamRequestFunc: func(_ int64, req *discoveryv3.DiscoveryRequest) error {
+			if d := req.GetErrorDetail(); d != nil {
+				x.mu.Lock()
+				x.nacks = append(x.nacks, d.GetMessage())
+				x.mu.Unlock()
+			}
+			return nil
+		},
+	}
+	srv := serverv3.NewServer(ctx, x.cache, cb)
+	g := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.addr = lis.Addr().String()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() {
+		g.Stop()
+		cancel()
+		<-done
+	})
+	return x
+}
+
+func (x *xdsServer) set(t *testing.T, version string, res ...types.Resource) {
+	t.Helper()
+	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.cache.SetSnapshot(context.Background(), xdsNodeID, snap); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitNACK waits for a NACK whose message contains every part.
+func waitNACK(t *testing.T, x *xdsServer, parts ...string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "a NACK naming "+strings.Join(parts, ", "), func() bool {
+		m := x.lastNACK()
+		for _, p := range parts {
+			if !strings.Contains(m, p) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (x *xdsServer) nackCount() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.nacks)
+}
+
+func (x *xdsServer) lastNACK() string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(x.nacks) == 0 {
+		return ""
+	}
+	return x.nacks[len(x.nacks)-1]
+}
+
+// perKey is a RateLimitConfig for domain "xds": every api_key value has
+// rpu requests a minute.
+func perKey(rpu uint32, unit rlconfv3.RateLimitUnit) *rlconfv3.RateLimitConfig {
+	return &rlconfv3.RateLimitConfig{Name: "public", Domain: "xds", Descriptors: []*rlconfv3.RateLimitDescriptor{{
+		Key:       "api_key",
+		RateLimit: &rlconfv3.RateLimitPolicy{Unit: unit, RequestsPerUnit: rpu, Name: "per_key"},
+		Descriptors: []*rlconfv3.RateLimitDescriptor{{
+			Key: "route", Value: "/v1/search", ShadowMode: true,
+			RateLimit: &rlconfv3.RateLimitPolicy{Unlimited: true},
+		}},
+	}}}
+}
+
+func withXDS(addr string) clusterOpt {
+	return func(_ int, c *Config) {
+		c.RulesXDS = XDSConfig{Addr: addr, NodeID: xdsNodeID, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
+	}
+}
+
+// rulesOf returns node s's rule set: its version and its files' YAML.
+func rulesOf(s *Server) (uint64, string) {
+	rs := s.st.RuleSet()
+	var b strings.Builder
+	for _, f := range rs.GetFiles() {
+		b.WriteString(f.GetName() + "\n" + string(f.GetYaml()))
+	}
+	return rs.GetVersion(), b.String()
+}
+
+// waitRules waits until every running node's rules hold want.
+func waitRules(t *testing.T, tc *testCluster, want string) uint64 {
+	t.Helper()
+	var v uint64
+	waitFor(t, 15*time.Second, "rules with "+want+" on every node", func() bool {
+		for i := range tc.nodes {
+			s := tc.node(i)
+			if s == nil {
+				continue
+			}
+			ver, text := rulesOf(s)
+			if !strings.Contains(text, want) {
+				return false
+			}
+			v = ver
+		}
+		return true
+	})
+	return v
+}
+
+func TestXDSRulesACKAndNACK(t *testing.T) {
+	x := startXDSServer(t)
+	x.set(t, "1", perKey(7, rlconfv3.RateLimitUnit_MINUTE))
+	tc := newTestCluster(t, 1, withXDS(x.addr))
+	s := tc.node(0)
+
+	v1 := waitRules(t, tc, "requests_per_unit: 7\n")
+	if _, text := rulesOf(s); !strings.HasPrefix(text, "xds:public\n") || strings.Contains(text, "test.yaml") {
+		t.Fatalf("the xDS update did not replace the rules: %q", text)
+	}
+	set := s.st.Rules()
+	if r := set.Match("xds", ruleEntries("api_key", "k1")); r == nil || r.Name != "per_key" || r.RequestsPerUnit != 7 {
+		t.Fatalf("api_key rule %+v", r)
+	}
+	if r := set.Match("xds", ruleEntries("api_key", "k1", "route", "/v1/search")); r == nil || !r.Unlimited || !r.ShadowMode {
+		t.Fatalf("nested rule %+v", r)
+	}
+
+	// A new version: a new rule version.
+	x.set(t, "2", perKey(17, rlconfv3.RateLimitUnit_MINUTE))
+	v2 := waitRules(t, tc, "requests_per_unit: 17\n")
+	if v2 <= v1 {
+		t.Fatalf("rule version %d after %d", v2, v1)
+	}
+
+	// Invalid: a unit the rules do not know. NACKed; the rules stay.
+	x.set(t, "3", perKey(30, rlconfv3.RateLimitUnit_UNKNOWN))
+	waitNACK(t, x, "xds:public", "unit")
+	// Another message's bytes under the RateLimitConfig type (a Node's id
+	// decodes as the config's name; it has no domain).
+	x.set(t, "4", &corev3.Node{Id: "garbage"})
+	waitNACK(t, x, "xds:garbage", "domain")
+	// Two configs for one domain.
+	dup := perKey(1, rlconfv3.RateLimitUnit_SECOND)
+	dup.Name = "other"
+	x.set(t, "5", perKey(5, rlconfv3.RateLimitUnit_SECOND), dup)
+	waitNACK(t, x, "xds:other", "xds")
+	if v, text := rulesOf(s); v != v2 || !strings.Contains(text, "requests_per_unit: 17\n") {
+		t.Fatalf("after NACKs: version %d (want %d), rules %q", v, v2, text)
+	}
+
+	// Valid again: applied.
+	x.set(t, "6", perKey(67, rlconfv3.RateLimitUnit_HOUR))
+	if v := waitRules(t, tc, "requests_per_unit: 67\n"); v <= v2 {
+		t.Fatalf("rule version %d after %d", v, v2)
+	}
+}
+
+// TestXDSLeaderFailover: the leader that holds the subscription dies
+// mid-stream; the next leader subscribes, receives the current state
+// (without committing it again) and commits the next update.
+func TestXDSLeaderFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	x := startXDSServer(t)
+	x.set(t, "1", perKey(7, rlconfv3.RateLimitUnit_MINUTE))
+	tc := newTestCluster(t, 3, withXDS(x.addr))
+	v1 := waitRules(t, tc, "requests_per_unit: 7\n")
+	x.mu.Lock()
+	opened := x.opened
+	x.mu.Unlock()
+
+	old := tc.leader()
+	tc.stop(old, false)
+	next := tc.leader()
+	if next == old {
+		t.Fatal("no new leader")
+	}
+	waitFor(t, 15*time.Second, "the new leader's xDS stream", func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return x.opened > opened
+	})
+	if v, _ := rulesOf(tc.node(next)); v != v1 {
+		t.Fatalf("the new leader committed the same state again: version %d, want %d", v, v1)
+	}
+	x.set(t, "2", perKey(27, rlconfv3.RateLimitUnit_MINUTE))
+	if v := waitRules(t, tc, "requests_per_unit: 27\n"); v <= v1 {
+		t.Fatalf("rule version %d after %d", v, v1)
+	}
+	if x.nackCount() != 0 {
+		t.Fatalf("NACKs: %q", x.nacks)
+	}
+}
+
+// TestXDSRuleFilesRejects: what the conversion refuses, before compiling.
+func TestXDSRuleFilesRejects(t *testing.T) {
+	good, err := anypb.New(perKey(7, rlconfv3.RateLimitUnit_MINUTE))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := anypb.New(&corev3.Node{Id: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deep := &rlconfv3.RateLimitDescriptor{Key: "k"}
+	for range maxXDSDepth + 1 {
+		deep = &rlconfv3.RateLimitDescriptor{Key: "k", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}}
+	}
+	deepAny, err := anypb.New(&rlconfv3.RateLimitConfig{Name: "deep", Domain: "d", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		resp *discoveryv3.DiscoveryResponse
+		want string
+	}{
+		{&discoveryv3.DiscoveryResponse{TypeUrl: resourcev3.ClusterType, Resources: []*anypb.Any{good}}, "unexpected resource type"},
+		{&discoveryv3.DiscoveryResponse{TypeUrl: RateLimitConfigTypeURL, Resources: []*anypb.Any{node}}, "has type"},
+		{&discoveryv3.DiscoveryResponse{TypeUrl: RateLimitConfigTypeURL, Resources: []*anypb.Any{{TypeUrl: RateLimitConfigTypeURL, Value: []byte{0xff, 0xff}}}}, "resource 0"},
+		{&discoveryv3.DiscoveryResponse{TypeUrl: RateLimitConfigTypeURL, Resources: []*anypb.Any{good, good}}, "two resources named"},
+		{&discoveryv3.DiscoveryResponse{TypeUrl: RateLimitConfigTypeURL, Resources: []*anypb.Any{deepAny}}, "nested deeper"},
+	} {
+		if _, err := xdsRuleFiles(tc.resp); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want %q", tc.resp.GetTypeUrl(), err, tc.want)
+		}
+	}
+}
+
+// FuzzXDSRuleFiles feeds arbitrary resource bytes to the conversion: it
+// never panics, and what it returns compiles or is rejected by the
+// compiler with an error (never a panic either).
+func FuzzXDSRuleFiles(f *testing.F) {
+	seed, err := anypb.New(perKey(7, rlconfv3.RateLimitUnit_MINUTE))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed.GetValue(), RateLimitConfigTypeURL)
+	f.Add([]byte{0x0a, 0x03, 'a', 'b', 'c'}, RateLimitConfigTypeURL)
+	f.Add([]byte("garbage"), "type.googleapis.com/envoy.config.core.v3.Node")
+	f.Fuzz(func(t *testing.T, value []byte, typeURL string) {
+		resp := &discoveryv3.DiscoveryResponse{TypeUrl: RateLimitConfigTypeURL,
+			Resources: []*anypb.Any{{TypeUrl: typeURL, Value: value}}}
+		files, err := xdsRuleFiles(resp)
+		if err != nil {
+			return
+		}
+		if len(files) != 1 || !strings.HasPrefix(files[0].Name, xdsFilePrefix) {
+			t.Fatalf("files %v", files)
+		}
+		_, _ = rules.Compile(1, files)
+	})
+}
+
+func ruleEntries(kv ...string) []rules.Entry {
+	var out []rules.Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, rules.Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}

@@ -1,0 +1,102 @@
+package allotcaddy
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/allot/allot/agent/httplimit"
+)
+
+func TestCaddyfile(t *testing.T) {
+	d := caddyfile.NewTestDispenser(`allot {
+		allocators 10.0.0.1:7420 10.0.0.2:7420
+		domain public-api
+		api_key_headers Authorization X-API-Key
+		trusted_proxies 10.0.0.0/8
+		routes /v1/search /v1/items/{id}
+		route_default other
+		tier_key k_free_demo free
+		tier_default free
+		max_value_bytes 128
+		descriptors tier api_key
+		descriptors plan=header:X-Plan edge=value:eu ip=client_ip
+	}`)
+	var h Handler
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	want := Handler{
+		Allocators: []string{"10.0.0.1:7420", "10.0.0.2:7420"},
+		Config: httplimit.Config{
+			Domain:        "public-api",
+			APIKey:        httplimit.APIKeyConfig{Headers: []string{"Authorization", "X-API-Key"}},
+			ClientIP:      httplimit.ClientIPConfig{TrustedProxies: []string{"10.0.0.0/8"}},
+			Routes:        httplimit.RoutesConfig{Paths: []string{"/v1/search", "/v1/items/{id}"}, Default: "other"},
+			Tier:          httplimit.TierConfig{Keys: map[string]string{"k_free_demo": "free"}, Default: "free"},
+			MaxValueBytes: 128,
+			Descriptors: []httplimit.DescriptorConfig{
+				{{Source: "tier"}, {Source: "api_key"}},
+				{{Key: "plan", Source: httplimit.SourceHeader, Header: "X-Plan"}, {Key: "edge", Source: httplimit.SourceStatic, Value: "eu"}, {Key: "ip", Source: "client_ip"}},
+			},
+		},
+	}
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("got  %+v\nwant %+v", h, want)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Config.Validate(); err != nil {
+		t.Fatalf("the parsed extraction does not validate: %v", err)
+	}
+
+	// The JSON config is the same handler.
+	b, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Handler
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, want) {
+		t.Fatalf("JSON %s\nback %+v", b, back)
+	}
+	if !strings.Contains(string(b), `"allocators":["10.0.0.1:7420","10.0.0.2:7420"]`) || !strings.Contains(string(b), `"domain":"public-api"`) {
+		t.Fatalf("JSON %s", b)
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"allot extra", "wrong argument count"},
+		{"allot {\n bogus x\n}", "unknown allot option"},
+		{"allot {\n domain a b\n}", "takes one value"},
+		{"allot {\n tier_key k\n}", "tier_key takes"},
+		{"allot {\n max_value_bytes many\n}", "not an integer"},
+		{"allot {\n descriptors\n}", "at least one entry"},
+		{"allot {\n descriptors =api_key\n}", "empty key"},
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.in, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		h    Handler
+		want string
+	}{
+		{Handler{}, "give allocators"},
+		{Handler{Allocators: []string{"a:1"}, Rules: []string{"r.yaml"}}, "not both"},
+		{Handler{Allocators: []string{"a:1"}}, "no descriptors"},
+	} {
+		if err := tc.h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", tc.h, err, tc.want)
+		}
+	}
+}
