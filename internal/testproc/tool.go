@@ -35,11 +35,26 @@ func Tool(t testing.TB, name string) string {
 
 // PythonModule returns python3's path after checking that it imports
 // module, under the same rule as Tool.
+// The python3 on PATH is tried first, then the system's /usr/bin/python3
+// (where Debian's python3-* packages install, when PATH leads to another
+// interpreter first).
 func PythonModule(t testing.TB, module string) string {
 	t.Helper()
-	py := Tool(t, "python3")
-	if out, err := exec.Command(py, "-c", "import "+module).CombinedOutput(); err != nil {
-		Missing(t, "python3 cannot import "+module+": "+string(out))
+	var why string
+	for _, name := range []string{"python3", "/usr/bin/python3"} {
+		py, err := exec.LookPath(name)
+		if err != nil {
+			continue
+		}
+		out, err := exec.Command(py, "-c", "import "+module).CombinedOutput()
+		if err == nil {
+			return py
+		}
+		why = py + " cannot import " + module + ": " + string(out)
 	}
-	return py
+	if why == "" {
+		why = "python3 is not installed"
+	}
+	Missing(t, why)
+	return ""
 }
