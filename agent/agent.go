@@ -40,6 +40,10 @@ type Agent struct {
 
 	// pending carries keys from checks to the refill loop.
 	pending chan *keyState
+	// woken are dormant keys checks handed back to the refill loop (see
+	// due.go); guarded by wakeMu.
+	wakeMu sync.Mutex
+	woken  []*keyState
 
 	liveAgents  atomic.Uint32 // live agents the allocator last reported (N)
 	breakerOpen atomic.Bool   // the allocator is unreachable: do not charge, fail closed rules deny

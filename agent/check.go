@@ -342,6 +342,9 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 		}
 	}
 	ks.spent.Add(-n)
+	if ks.dormant.Load() {
+		a.wake(ks)
+	}
 	oc.taken = 0
 }
 
@@ -416,6 +419,9 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 	}
 	if !st.Allowed && consume {
 		ks.denied.Add(1)
+	}
+	if ks.dormant.Load() {
+		a.wake(ks) // after every change above: see due.go
 	}
 	sh.mu.RUnlock()
 	oc.ks = ks

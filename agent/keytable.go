@@ -117,6 +117,10 @@ type keyState struct {
 	local       atomic.Bool  // decided locally by design (local/redis backend, standalone): never sent
 	leased      atomic.Bool  // the allocator has answered for this key at least once
 	dropped     atomic.Bool  // removed from the table (set under the shard's write lock): the request memo must not use it
+	// dormant: the refill loop visits the key only at its next deadline
+	// until a check wakes it (Agent.wake, see due.go). A new key starts
+	// dormant, so its first check hands it to the loop.
+	dormant atomic.Bool
 
 	// Immutable after creation.
 	hash    uint64
@@ -152,6 +156,15 @@ type keyState struct {
 	suspect    bool    // was in a batch the allocator rejected: sent alone
 	paced      bool    // the budget was spent at the last grant: asked again only at refreshAt (see pace)
 	holdUntil  int64   // after a rejection: not sent before this; refusedForever: never sent (see refused)
+	// Sleeping (see due.go).
+	awake       bool    // in refiller.awake: visited by every scan
+	asleep      bool    // in refiller.due and/or refiller.hot
+	tracked     bool    // counted in refiller.tracked
+	dueIdx      int32   // index in refiller.due plus one; 0: not there
+	hotIdx      int32   // index in refiller.hot plus one; 0: not there
+	dueAt       int64   // the deadline it sleeps until
+	sleptSeq    uint64  // the scan that put it to sleep
+	sleptDemand float64 // its demand then
 }
 
 // sameKey reports whether the request (domain, entries) under rule r is this
@@ -224,6 +237,7 @@ func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.
 	}
 	ks.lastUse.Store(now)
 	ks.lowWater.Store(1)
+	ks.dormant.Store(true)
 	sh.m[h] = ks
 	return ks, true
 }

@@ -47,9 +47,26 @@ type refiller struct {
 	br       *breaker.Breaker // consecutive failed calls; open: wait for the next probe
 	lastScan int64
 	latency  float64 // EWMA of Acquire round trips, seconds
-	keysBuf  []*keyState
-	pick     []*keyState
-	fbKeys   int // keys decided by their fallback bucket between the last two scans
+	// latencyMax is the largest latency so far: sleeping keys wake in
+	// time for a renewal whatever the estimate does (see restUntil).
+	latencyMax float64
+	pick       []*keyState
+	// awake are the keys every scan visits; the others sleep in due
+	// until a deadline or a check wakes them (see due.go).
+	awake      []*keyState
+	due        dueHeap
+	hot        hotHeap
+	wokenSpare []*keyState
+	// scans since the oldest sleeping key with demand fell asleep (see
+	// refiller.decay); scanSeq numbers them, scans[0] is scanBase.
+	scans             []scanRec
+	scanSeq, scanBase uint64
+	decayHorizon      int64 // the longest decayTime so far
+	tracked           int   // keys in the table the loop has seen (allot_agent_keys)
+	// alwaysAwake, for tests, keeps every key awake: every scan visits
+	// every key, as a scan of the whole table would.
+	alwaysAwake bool
+	fbKeys      int // keys decided by their fallback bucket between the last two scans
 	// The allocator refused the last call as overloaded (ResourceExhausted:
 	// refused before any work, so not applied): wait until throttledUntil,
 	// then retry the same batch. It is not a failure: the breaker stays
@@ -156,6 +173,7 @@ func (a *Agent) refillOnce(ctx context.Context) {
 func (a *Agent) unpick() {
 	for _, ks := range a.rf.pick {
 		ks.inflight = false
+		a.rf.awaken(ks)
 	}
 	a.rf.pick = a.rf.pick[:0]
 }
@@ -173,6 +191,7 @@ func (a *Agent) drainPending(now int64) {
 				continue // nothing to report, and asking again is pointless yet
 			}
 			ks.inflight = true
+			a.rf.awaken(ks)
 			a.rf.pick = append(a.rf.pick, ks)
 		default:
 			return
@@ -180,8 +199,9 @@ func (a *Agent) drainPending(now int64) {
 	}
 }
 
-// scan walks every key: updates the demand EWMAs, picks the keys that need
-// the allocator, and forgets idle keys that owe nothing.
+// scan visits the awake keys (see due.go): updates their demand EWMAs,
+// picks the keys that need the allocator, forgets idle keys that owe
+// nothing, and puts the keys at rest to sleep until their next deadline.
 func (a *Agent) scan(now int64) {
 	rf := &a.rf
 	var dt float64
@@ -193,64 +213,76 @@ func (a *Agent) scan(now int64) {
 		alpha = 1 - math.Exp(-dt/demandTau.Seconds())
 	}
 	rf.lastScan = now
-	total, fbKeys := 0, 0
+	a.collect(now, dt)
+	if dt > 0 {
+		rf.record(now, dt, alpha)
+	}
+	fbKeys := 0
 	var idle []*keyState
-	for i := range a.keys.shards {
-		sh := &a.keys.shards[i]
-		rf.keysBuf = sh.snapshot(rf.keysBuf[:0])
-		total += len(rf.keysBuf)
-		for _, ks := range rf.keysBuf {
-			s := ks.spent.Load()
-			fell := false
-			if dt > 0 {
-				delta := max(s-ks.spentSeen, 0)
-				// While requests are denied, a fall in what a scan admits
-				// is the limiter's doing, not the traffic's (a key over its
-				// limit waits for its next grant): it is left to the EWMA.
-				fell = ks.denied.Load() == ks.deniedSent && demandFell(ks.demand, delta, dt)
-				if fell {
-					ks.demand = float64(delta) / dt
-				} else {
-					ks.demand += alpha * (float64(delta)/dt - ks.demand)
-				}
-				if ks.demand < 1e-3 {
-					ks.demand = 0
-				}
-				if delta > 0 {
-					if ks.activeAt != 0 && now > ks.activeAt {
-						ks.gap = gapAvg(ks.gap, now-ks.activeAt, delta)
-					}
-					ks.activeAt = now
-				}
+	awake := rf.awake[:0]
+	for _, ks := range rf.awake {
+		r := readRest(ks)
+		s, seen := r.spent, ks.spentSeen
+		fell := false
+		if dt > 0 {
+			delta := max(s-ks.spentSeen, 0)
+			// While requests are denied, a fall in what a scan admits
+			// is the limiter's doing, not the traffic's (a key over its
+			// limit waits for its next grant): it is left to the EWMA.
+			fell = r.denied == ks.deniedSent && demandFell(ks.demand, delta, dt)
+			if fell {
+				ks.demand = float64(delta) / dt
+			} else {
+				ks.demand += alpha * (float64(delta)/dt - ks.demand)
 			}
-			ks.spentSeen = s
-			if ks.fbUsed.Load() {
-				ks.fbUsed.Store(false)
-				fbKeys++
+			if ks.demand < 1e-3 {
+				ks.demand = 0
 			}
-			if ks.local.Load() {
-				if now-ks.lastUse.Load() >= int64(a.cfg.IdleTimeout) {
-					idle = append(idle, ks)
+			if delta > 0 {
+				if ks.activeAt != 0 && now > ks.activeAt {
+					ks.gap = gapAvg(ks.gap, now-ks.activeAt, delta)
 				}
+				ks.activeAt = now
+			}
+		}
+		ks.spentSeen = s
+		if ks.fbUsed.Load() {
+			ks.fbUsed.Store(false)
+			fbKeys++
+		}
+		if r.local {
+			if now-r.lastUse >= int64(a.cfg.IdleTimeout) {
+				idle = append(idle, ks)
 				continue
 			}
+		} else {
 			if !a.standalone && !ks.inflight && (fell && a.reportFall(ks, now) || a.needsAcquire(ks, now)) {
 				ks.inflight = true
 				rf.pick = append(rf.pick, ks)
+				awake = append(awake, ks)
 				continue
 			}
 			if a.forgettable(ks, now) {
 				idle = append(idle, ks)
+				continue
 			}
 		}
+		if !ks.inflight && s == seen && a.sleep(ks, r, now) {
+			continue
+		}
+		awake = append(awake, ks)
 	}
+	clear(rf.awake[len(awake):])
+	rf.awake = awake
 	for _, ks := range idle {
 		if a.keys.shard(ks.hash).remove(ks, func(ks *keyState) bool { return !a.forgettable(ks, now) }) {
-			total--
+			ks.awake = false
+			rf.tracked--
+		} else {
+			rf.awake = append(rf.awake, ks)
 		}
 	}
-	clear(rf.keysBuf)
-	a.met.keys.Set(float64(total))
+	a.met.keys.Set(float64(rf.tracked))
 	rf.fbKeys = fbKeys
 	a.met.fallbackKeys.Set(float64(fbKeys))
 }
@@ -625,6 +657,7 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	} else {
 		rf.latency += 0.2 * (rtt - rf.latency)
 	}
+	rf.latencyMax = max(rf.latencyMax, rf.latency)
 	a.talked.Store(true)
 	a.callSucceeded(recv)
 	a.apply(b, resp, recv)
@@ -681,6 +714,7 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 			ks.balance.Add(k.Returned)
 		}
 		ks.inflight = false
+		a.rf.awaken(ks)
 		ks.suspect = true
 		ks.holdUntil = now + int64(notLeasedRetry)
 	}
@@ -713,6 +747,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {
 		ks.inflight = false
+		a.rf.awaken(ks)
 		ks.suspect = false
 		k := b.req.Keys[i]
 		charged += k.Charged

@@ -1,0 +1,133 @@
+// Command idle measures what an idle gateway's agent costs: it starts a
+// one-node allocator (cmd/allocator, built into a temporary directory),
+// creates an agent against it with the gateway's IdleTimeout (120 s),
+// checks -keys distinct keys once each, waits until every key has been
+// reported, and then, with no traffic at all, reads the process's own CPU
+// time from /proc/self/stat over -window. The allocator runs in its own
+// process, so only the agent's cost is counted.
+//
+//	go run ./bench/idle -keys 100000 -window 30s
+//
+// It prints the CPU used as a fraction of one core.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/internal/testproc"
+	"github.com/allot/allot/pkg/rules"
+)
+
+const rulesYAML = `domain: idle
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 100
+`
+
+func main() {
+	keys := flag.Int("keys", 100_000, "distinct keys to check once each")
+	window := flag.Duration("window", 30*time.Second, "idle window measured")
+	settle := flag.Duration("settle", 10*time.Second, "time after the last check before the window starts")
+	bin := flag.String("allocator-bin", "", "allocator binary (default: go build ./cmd/allocator)")
+	flag.Parse()
+	if err := run(*keys, *window, *settle, *bin); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(keys int, window, settle time.Duration, bin string) error {
+	dir, err := os.MkdirTemp("", "allot-idle-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if bin == "" {
+		bin = filepath.Join(dir, "allocator")
+		if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+			return err
+		}
+	}
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte(rulesYAML), 0o600); err != nil {
+		return err
+	}
+	addrs, err := testproc.FreeLoopbackAddrs(3)
+	if err != nil {
+		return err
+	}
+	n := &testproc.Node{ID: "n0", GRPC: addrs[0], Raft: addrs[1], HTTP: addrs[2]}
+	n.Proc = testproc.NewProc(n.ID, dir, bin)
+	n.Proc.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, "data"), "-grpc-addr", n.GRPC,
+		"-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "warn", "-bootstrap", "-rules", rulesPath}
+	if err := n.Proc.Run(); err != nil {
+		return err
+	}
+	defer n.Proc.Terminate(5 * time.Second)
+	ctx := context.Background()
+	if err := n.WaitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+
+	cfg := agent.DefaultConfig()
+	cfg.Allocators = []string{n.GRPC}
+	cfg.IdleTimeout = 120 * time.Second // cmd/gateway's
+	a, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer a.Close(ctx)
+	deadline := time.Now().Add(30 * time.Second)
+	for a.Rules() == nil || a.Rules().Version() == 0 || !a.Ready() {
+		if time.Now().After(deadline) {
+			return errors.New("the agent did not get the allocator's rules")
+		}
+		_, _ = a.Check(ctx, "idle", []agent.Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "warmup"}}}}, 1)
+		time.Sleep(50 * time.Millisecond)
+	}
+	start := time.Now()
+	for i := range keys {
+		d := []agent.Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "key-" + strconv.Itoa(i)}}}}
+		if _, err := a.Check(ctx, "idle", d, 1); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("checked %d keys in %v\n", keys, time.Since(start).Round(time.Millisecond))
+	time.Sleep(settle)
+	c0, t0 := cpu(), time.Now()
+	time.Sleep(window)
+	c1, t1 := cpu(), time.Now()
+	fmt.Printf("idle: %d keys, %.2f%% of a core over %v (load %s)\n", keys,
+		100*(c1-c0).Seconds()/t1.Sub(t0).Seconds(), window, loadavg())
+	return nil
+}
+
+// cpu is this process's user+system time, from /proc/self/stat.
+func cpu() time.Duration {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		log.Fatal(err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	const hz = 100 // USER_HZ
+	return time.Duration(ut+st) * time.Second / hz
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
