@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -94,7 +95,7 @@ func TestLeaseExpiryFallsBack(t *testing.T) {
 	if got := check(t, s.Agent, d); got.Source != SourceLease {
 		t.Fatalf("before expiry: source %v, want lease", got.Source)
 	}
-	s.clock.advance(ttl - leaseMargin(ttl))
+	s.clock.advance(ttl - policy.LeaseMargin(ttl))
 	if got := check(t, s.Agent, d); got.Source != SourceFallback || !got.Allowed {
 		t.Fatalf("at expiry: %+v, want allowed from the fallback", got)
 	}

@@ -2,10 +2,10 @@ package agent
 
 import (
 	"math"
-	"math/rand/v2"
 	"testing"
 	"time"
 
+	"github.com/allot/allot/agent/internal/policy"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -67,22 +67,6 @@ func TestBusyKeyDemandUnchanged(t *testing.T) {
 	}
 	if math.Abs(last-1000)/1000 > 0.2 {
 		t.Fatalf("busy key reported %.0f/s, want about 1000/s", last)
-	}
-}
-
-// TestWantFor: one lease horizon plus the refill's lead time, rounded up
-// once; build floors it at one token.
-func TestWantFor(t *testing.T) {
-	tick, lat := 50*time.Millisecond, 0.01
-	for _, c := range []struct {
-		d    float64
-		want int64
-	}{
-		{0, 0}, {0.25, 1}, {0.9, 1}, {1.2, 2}, {11.2, 13}, {1000, 1110},
-	} {
-		if got := wantFor(c.d, tick, lat); got != c.want {
-			t.Errorf("wantFor(%v/s) = %d, want %d", c.d, got, c.want)
-		}
 	}
 }
 
@@ -221,72 +205,15 @@ func TestDemandDropReportedAtOnce(t *testing.T) {
 	if k.Demand > 400 {
 		t.Errorf("first report after the fall: demand %.0f/s, want ≤ 400 (the rate is 200/s)", k.Demand)
 	}
-	if k.Returned == 0 || k.Held > 2*wantFor(k.Demand, s.cfg.RefillInterval, s.rf.latency) {
+	if k.Returned == 0 || k.Held > 2*policy.Want(k.Demand, s.cfg.RefillInterval, s.rf.latency) {
 		t.Errorf("first report after the fall: returned %d, held %d, want the holding beyond twice the target (%d) returned",
-			k.Returned, k.Held, wantFor(k.Demand, s.cfg.RefillInterval, s.rf.latency))
+			k.Returned, k.Held, policy.Want(k.Demand, s.cfg.RefillInterval, s.rf.latency))
 	}
 	if k.Want != 0 {
 		t.Errorf("first report after the fall: want %d, want 0 (it still holds its target)", k.Want)
 	}
 	if n := len(keys); n > 2 {
 		t.Errorf("%d reports in the 1 s after the fall, want at most 2 (one for the fall)", n)
-	}
-}
-
-// TestDemandFellIgnoresNoise: a steady Poisson key never reads as a fall,
-// whatever its rate, over many scans (the demand would flap and every flap
-// costs a call).
-func TestDemandFellIgnoresNoise(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 7))
-	const dt = 0.1 // one scan
-	for _, rate := range []float64{1, 10, 100, 400, 1000, 4000} {
-		for scan := range 3000 {
-			// Count a Poisson process's arrivals over dt.
-			n, at := int64(0), rng.ExpFloat64()/rate
-			for at < dt {
-				n++
-				at += rng.ExpFloat64() / rate
-			}
-			if demandFell(rate, n, dt) {
-				t.Fatalf("rate %v/s, scan %d: %d tokens in %v s read as a fall", rate, scan, n, dt)
-			}
-		}
-	}
-}
-
-func TestDemandFell(t *testing.T) {
-	for _, c := range []struct {
-		d     float64
-		delta int64
-		want  bool
-	}{
-		{2200, 20, true},  // 220 expected, 20 seen: fell
-		{2200, 55, true},  // exactly a quarter
-		{2200, 56, false}, // above a quarter
-		{390, 0, false},   // 39 expected: too few to tell
-		{400, 10, true},   // 40 expected, a quarter seen
-		{200, 220, false}, // a rise is left to the EWMA
-		{0, 0, false},
-	} {
-		if got := demandFell(c.d, c.delta, 0.1); got != c.want {
-			t.Errorf("demandFell(%v, %d, 0.1) = %v, want %v", c.d, c.delta, got, c.want)
-		}
-	}
-}
-
-func TestExcessOf(t *testing.T) {
-	for _, c := range []struct{ bal, target, want int64 }{
-		{2400, 226, 2174}, // the gateway the traffic left
-		{452, 226, 0},     // twice the target: kept
-		{453, 226, 227},
-		{60, 20, 40}, // 40 beyond the target: returned
-		{59, 20, 0},  // under shiftMinTokens beyond it: kept
-		{3, 1, 0},
-		{0, 1, 0},
-	} {
-		if got := excessOf(c.bal, c.target); got != c.want {
-			t.Errorf("excessOf(%d, %d) = %d, want %d", c.bal, c.target, got, c.want)
-		}
 	}
 }
 
@@ -300,9 +227,9 @@ func TestDemandFallWhileDeniedIgnored(t *testing.T) {
 	driveRate(t, s, 60, 100) // 3 s at 2000/s
 	ks := keyOf(t, s.Agent, busyDesc)
 	ks.denied.Add(1) // a request denied since the last report
-	before := ks.demand
+	before := ks.dem.Rate
 	driveRate(t, s, 4, 10)
-	if ks.demand < before/2 {
-		t.Fatalf("demand %.0f/s after 200 ms of fewer admissions with denials, want the EWMA's (from %.0f/s)", ks.demand, before)
+	if ks.dem.Rate < before/2 {
+		t.Fatalf("demand %.0f/s after 200 ms of fewer admissions with denials, want the EWMA's (from %.0f/s)", ks.dem.Rate, before)
 	}
 }

@@ -3,6 +3,8 @@ package agent
 import (
 	"math"
 	"time"
+
+	"github.com/allot/allot/agent/internal/policy"
 )
 
 // The refill loop visits only the keys that need it. A key is awake (in
@@ -82,19 +84,12 @@ func (a *Agent) restUntil(ks *keyState, r rest, now int64) (until int64, ok bool
 		}
 		at(renew)
 	}
-	if ks.demand > 0 {
-		d := decayTime(ks.demand)
+	if ks.dem.Rate > 0 {
+		d := int64(policy.DecayTime(ks.dem.Rate))
 		a.rf.decayHorizon = max(a.rf.decayHorizon, d)
 		at(now + d)
 	}
 	return until, true
-}
-
-// decayTime bounds how long a demand EWMA of d takes to decay below the
-// 1e-3 tokens/s at which a scan sets it to zero when nothing is spent: one
-// time constant more than ln(d/1e-3) of them.
-func decayTime(d float64) int64 {
-	return int64((math.Log(d*1e3) + 1) * float64(demandTau))
 }
 
 // sleep tries to put ks, which a scan at now found at rest with r, to
@@ -118,8 +113,8 @@ func (a *Agent) sleep(ks *keyState, r rest, now int64) bool {
 	if until != math.MaxInt64 {
 		rf.due.push(ks, until)
 	}
-	if ks.demand > 0 {
-		ks.sleptDemand = ks.demand
+	if ks.dem.Rate > 0 {
+		ks.sleptDemand = ks.dem.Rate
 		rf.hot.push(ks)
 	}
 	return true
@@ -137,7 +132,7 @@ func (rf *refiller) awaken(ks *keyState) {
 		if ks.hotIdx != 0 {
 			rf.hot.remove(ks)
 		}
-		if ks.demand > 0 {
+		if ks.dem.Rate > 0 {
 			rf.decay(ks)
 		}
 	}
@@ -158,12 +153,8 @@ func (rf *refiller) awaken(ks *keyState) {
 // scan long enough for demandFell.
 func (rf *refiller) decay(ks *keyState) {
 	i := int(ks.sleptSeq + 1 - rf.scanBase)
-	for ; i < len(rf.scans) && ks.demand > 0; i++ {
-		sc := &rf.scans[i]
-		ks.demand += sc.alpha * (0 - ks.demand)
-		if ks.demand < 1e-3 {
-			ks.demand = 0
-		}
+	for ; i < len(rf.scans) && ks.dem.Rate > 0; i++ {
+		ks.dem.Decay(rf.scans[i].alpha)
 	}
 }
 
@@ -210,7 +201,7 @@ func (a *Agent) collect(now int64, dt float64) {
 	for len(rf.due) > 0 && rf.due[0].dueAt <= now {
 		rf.awaken(rf.due[0])
 	}
-	for dt > 0 && len(rf.hot) > 0 && rf.hot[0].sleptDemand*dt >= shiftMinTokens {
+	for dt > 0 && len(rf.hot) > 0 && rf.hot[0].sleptDemand*dt >= policy.ShiftMinTokens {
 		rf.awaken(rf.hot[0])
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -143,19 +144,16 @@ type keyState struct {
 	promise  promise // the latest denial's Retry-After (promise.go)
 
 	// Owned by the refill loop.
-	demand     float64 // EWMA of tokens/s
-	spentSeen  int64   // spent at the latest EWMA update
-	activeAt   int64   // the latest scan that saw tokens spent; 0 = none yet
-	gap        float64 // smoothed seconds per token between such scans (sparse keys' demand, see demandOf)
-	spentAtAcq int64   // spent at the latest Acquire that included the key
-	deniedSent int64   // denied at the latest Acquire that included the key
-	refreshAt  int64   // allocator-directed refresh time
-	paid       int64   // fallback-admitted tokens settled out of grants (cumulative)
-	retryAt    int64   // for notLeased keys: ask again after this
-	inflight   bool    // part of the unacknowledged batch
-	suspect    bool    // was in a batch the allocator rejected: sent alone
-	paced      bool    // the budget was spent at the last grant: asked again only at refreshAt (see pace)
-	holdUntil  int64   // after a rejection: not sent before this; refusedForever: never sent (see refused)
+	dem        policy.Demand // the demand estimate, updated by every scan
+	spentAtAcq int64         // spent at the latest Acquire that included the key
+	deniedSent int64         // denied at the latest Acquire that included the key
+	refreshAt  int64         // allocator-directed refresh time
+	paid       int64         // fallback-admitted tokens settled out of grants (cumulative)
+	retryAt    int64         // for notLeased keys: ask again after this
+	inflight   bool          // part of the unacknowledged batch
+	suspect    bool          // was in a batch the allocator rejected: sent alone
+	paced      bool          // the budget was spent at the last grant: asked again only at refreshAt (see pace)
+	holdUntil  int64         // after a rejection: not sent before this; refusedForever: never sent (see refused)
 	// Sleeping (see due.go).
 	awake       bool    // in refiller.awake: visited by every scan
 	asleep      bool    // in refiller.due and/or refiller.hot

@@ -3,10 +3,12 @@ package agent
 import (
 	"testing"
 	"time"
+
+	"github.com/allot/allot/agent/internal/policy"
 )
 
 // hotRules: one key at 100/s, burst 100 (B/(2R) = 500 ms: paced keys ask
-// every maxPace).
+// every policy.MaxPace).
 const hotRules = `
 domain: test
 descriptors:
@@ -23,7 +25,7 @@ descriptors:
 // nothing to grant (EXHAUSTED).
 func spendBudget(t *testing.T, s *steppedAgent, d Descriptor) *keyState {
 	t.Helper()
-	s.fake.with(func(f *fakeAllocator) { f.keyAgents = 50 }) // 50 × paceStep > maxPace
+	s.fake.with(func(f *fakeAllocator) { f.keyAgents = 50 }) // 50 × policy.PaceStep > policy.MaxPace
 	for range 100 {
 		if !check(t, s.Agent, d).Allowed {
 			t.Fatal("a cold key's first burst was denied")
@@ -51,8 +53,8 @@ func TestSpentBudgetPacesAsks(t *testing.T) {
 	ks := spendBudget(t, s, d)
 	calls, _, _ := s.fake.counts()
 	ask := ks.refreshAt
-	if got := time.Duration(ask - s.clock.now()); got < maxPace/2 || got > maxPace {
-		t.Fatalf("paced ask in %v, want %v jittered down to at most half (B/(2R) = 500 ms, maxPace)", got, maxPace)
+	if got := time.Duration(ask - s.clock.now()); got < policy.MaxPace/2 || got > policy.MaxPace {
+		t.Fatalf("paced ask in %v, want %v jittered down to at most half (B/(2R) = 500 ms, policy.MaxPace)", got, policy.MaxPace)
 	}
 	tick := s.cfg.RefillInterval
 	step := 0

@@ -16,27 +16,18 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/breaker"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-const (
-	// demandTau is the time constant of the per-key demand EWMA.
-	demandTau = time.Second
-	// leaseHorizon is the period a want is sized for: one refresh interval
-	// of demand, the allocator's default RefreshInterval (docs/leases.md:
-	// want = demand × F, plus the low watermark, minus what is held).
-	leaseHorizon = time.Second
-	// minRateWindow keeps a fresh key's demand estimate from overshooting:
-	// tokens seen since the previous scan are spread over at least this.
-	minRateWindow = 250 * time.Millisecond
-	// notLeasedRetry: how long a key the allocator does not lease (NO_RULE,
-	// UNLIMITED, NOT_LEASED: a rules version skew) waits before asking again.
-	notLeasedRetry = 5 * time.Second
-	// maxLeaseMargin caps the safety margin taken off each lease's TTL.
-	maxLeaseMargin = 250 * time.Millisecond
-)
+// notLeasedRetry: how long a key the allocator does not lease (NO_RULE,
+// UNLIMITED, NOT_LEASED: a rules version skew) waits before asking again.
+const notLeasedRetry = 5 * time.Second
+
+// maxWant is the allocator's bound on want (and on returned and charged).
+const maxWant = policy.MaxWant
 
 // refiller is the refill loop's state. It is owned by the refill goroutine
 // (and by Close once that goroutine has stopped): no locks.
@@ -208,10 +199,7 @@ func (a *Agent) scan(now int64) {
 	if rf.lastScan != 0 && now > rf.lastScan {
 		dt = float64(now-rf.lastScan) / float64(time.Second)
 	}
-	alpha := 0.0
-	if dt > 0 {
-		alpha = 1 - math.Exp(-dt/demandTau.Seconds())
-	}
+	alpha := policy.Alpha(dt)
 	rf.lastScan = now
 	a.collect(now, dt)
 	if dt > 0 {
@@ -222,30 +210,8 @@ func (a *Agent) scan(now int64) {
 	awake := rf.awake[:0]
 	for _, ks := range rf.awake {
 		r := readRest(ks)
-		s, seen := r.spent, ks.spentSeen
-		fell := false
-		if dt > 0 {
-			delta := max(s-ks.spentSeen, 0)
-			// While requests are denied, a fall in what a scan admits
-			// is the limiter's doing, not the traffic's (a key over its
-			// limit waits for its next grant): it is left to the EWMA.
-			fell = r.denied == ks.deniedSent && demandFell(ks.demand, delta, dt)
-			if fell {
-				ks.demand = float64(delta) / dt
-			} else {
-				ks.demand += alpha * (float64(delta)/dt - ks.demand)
-			}
-			if ks.demand < 1e-3 {
-				ks.demand = 0
-			}
-			if delta > 0 {
-				if ks.activeAt != 0 && now > ks.activeAt {
-					ks.gap = gapAvg(ks.gap, now-ks.activeAt, delta)
-				}
-				ks.activeAt = now
-			}
-		}
-		ks.spentSeen = s
+		s, seen := r.spent, ks.dem.SpentSeen
+		fell := ks.dem.Scan(now, s, dt, alpha, r.denied == ks.deniedSent)
 		if ks.fbUsed.Load() {
 			ks.fbUsed.Store(false)
 			fbKeys++
@@ -287,63 +253,16 @@ func (a *Agent) scan(now int64) {
 	a.met.fallbackKeys.Set(float64(fbKeys))
 }
 
-// Demand falls. A load balancer that moves a key's traffic from one
-// gateway to another leaves the first holding about a second of its old
-// rate, and an EWMA with a 1 s time constant takes 0.7 s to halve.
-// Meanwhile the gateway asks for nothing, and the allocator weighs its old
-// demand against the gateway the traffic went to, whose allowance then
-// falls short of its new rate (bench/load -workload skew: the false
-// rejects were the first second after each switch). So a scan whose count
-// leaves no doubt that the rate fell by more than shiftFactor sets the
-// demand to the scan's rate, and the key is reported at once
-// (reportFall), its excess holding returned. A rise is left to the EWMA
-// and the recent rate (demandOf): a key whose grants come in bursts (paced,
-// or over its limit) admits at its full offered rate right after each
-// grant, and taking such a scan's rate as its demand overstated it
-// (bench/sim hot-key: 0% → 0.78% false rejects).
-const (
-	// shiftFactor: the rate over one scan must be this many times below
-	// the EWMA.
-	shiftFactor = 4
-	// shiftMinTokens: the EWMA's expected count over the scan must be at
-	// least this, so that a Poisson key's noise never reads as a fall:
-	// P(X ≤ 10 | mean 40) ≈ 2·10⁻⁸.
-	shiftMinTokens = 40
-)
-
-// demandFell reports whether a scan that counted delta tokens over dt
-// seconds, for a key whose demand EWMA is d, shows the key's rate fell:
-// the scan's count is at most 1/shiftFactor of the expected d·dt, and that
-// is at least shiftMinTokens.
-func demandFell(d float64, delta int64, dt float64) bool {
-	expected := d * dt
-	return expected >= shiftMinTokens && float64(delta)*shiftFactor <= expected
-}
-
-// reportFall decides whether a key whose demand the scan just lowered is
-// sent now rather than at its next refill: when it holds a live lease and
-// more than its new target (it would ask for nothing while it spends that,
-// up to a second at its old rate, and the allocator would weigh its old
-// demand against the others' until then).
+// reportFall decides whether a key whose demand the scan just lowered (see
+// policy.Demand.Scan) is sent now rather than at its next refill: when it
+// holds a live lease and more than its new target (it would ask for
+// nothing while it spends that, up to a second at its old rate, and the
+// allocator would weigh its old demand against the others' until then).
 func (a *Agent) reportFall(ks *keyState, now int64) bool {
 	if now < ks.holdUntil || ks.notLeased.Load() || !ks.leased.Load() || now >= ks.expiry.Load() {
 		return false
 	}
-	return ks.balance.Load() > wantFor(ks.demand, a.cfg.RefillInterval, a.rf.latency)
-}
-
-// excessOf returns what a key holding bal tokens against a target of
-// target hands back: the holding beyond twice its target, down to the
-// target, when that is at least shiftMinTokens (a few tokens beyond are not
-// worth the churn). A gateway whose load balancer moved the key's traffic
-// away holds up to a second of its old rate; that holding counts in the
-// other agents' hold caps on the key and would take ten seconds or more to
-// spend at its new rate.
-func excessOf(bal, target int64) int64 {
-	if bal <= 2*target || bal-target < shiftMinTokens {
-		return 0
-	}
-	return bal - target
+	return ks.balance.Load() > policy.Want(ks.dem.Rate, a.cfg.RefillInterval, a.rf.latency)
 }
 
 // forgettable: idle for IdleTimeout and owing nothing (checked again under
@@ -401,70 +320,10 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 	return false
 }
 
-// demandOf estimates ks's tokens/s: the EWMA, or the rate since the last
-// scan when that is higher (a key that just woke up).
-//
-// A sparse key (under sparseTokens per lease horizon) that has been used
-// before reports at most its rate from the smoothed gaps between uses: one
-// token every 4 s is 0.25/s, where one token since the last scan read as
-// 4/s, and the EWMA (time constant 1 s) jumps to about 1/s just after a use
-// (it has decayed to about 0.02/s just before the next; the lower of the
-// two is reported, because the allocator rounds each agent's claim up to a
-// whole token per interval). The demand is what the allocator weighs
-// against the other agents' on the key; overstating it at every lightly
-// used agent of a low-rate key starved the busy one (bench/sim
-// unreachable, skewed keys). A sparse key used only once reports 0. A
-// recent rate above the EWMA (a key that wakes up) counts only from
-// sparseTokens tokens since the last scan, spread over the time since the
-// key's previous use (at least minRateWindow).
+// demandOf estimates ks's tokens/s at now (see policy.Demand.Of).
 func (a *Agent) demandOf(ks *keyState, now int64) float64 {
-	d := ks.demand
-	pending := max(ks.spent.Load()-ks.spentSeen, 0)
-	// A key that was used before spreads its new tokens over the time since
-	// that use: two requests of a 0.25/s key landing in one scan are not a
-	// key waking up at 8/s (they claimed 9 tokens of a 20/s key).
-	since := a.rf.lastScan
-	if ks.activeAt != 0 {
-		since = ks.activeAt // a scan time: ≤ lastScan, equal for a busy key
-	}
-	elapsed := max(now-since, int64(minRateWindow))
-	if recent := float64(pending) / (float64(elapsed) / float64(time.Second)); recent > d && pending >= sparseTokens {
-		d = recent
-	}
-	if ks.activeAt == 0 || d*leaseHorizon.Seconds() >= sparseTokens {
-		return d
-	}
-	g := ks.gap
-	if pending > 0 && now > ks.activeAt {
-		g = gapAvg(g, now-ks.activeAt, pending) // the gap ending now counts too
-	}
-	if g == 0 {
-		// Used once so far: no gap to measure a rate from. Just after the
-		// use the EWMA reads about 1/s whatever the key's rate, which asked
-		// for two tokens and made each of 199 gateways that saw a 20/s key
-		// once weigh 2 tokens in the busy agent's share (bench/sim
-		// unreachable, full scale). Report no demand: the agent still
-		// wants its one token, and the allocator weighs a one-token lease
-		// without demand at almost nothing for the others.
-		return 0
-	}
-	return min(d, 1/g)
+	return ks.dem.Of(now, ks.spent.Load(), a.rf.lastScan)
 }
-
-// gapAvg folds a gap of span nanoseconds over tokens uses into avg, the
-// smoothed seconds per token (0: none yet). One gap is a poor estimate of
-// a Poisson rate (1/gap has no mean), so gaps are averaged, weight 1/4.
-func gapAvg(avg float64, span, tokens int64) float64 {
-	g := float64(span) / float64(time.Second) / float64(tokens)
-	if avg == 0 {
-		return g
-	}
-	return avg + 0.25*(g-avg)
-}
-
-// sparseTokens: a key expected to spend fewer tokens than this in a lease
-// horizon is sparse (see demandOf).
-const sparseTokens = 2
 
 // build makes the Acquire for keys, moving their charges and returned
 // balances out of the check path's reach (the batch owns them until the
@@ -512,12 +371,12 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			// Idle, or the lease is ending unused: hand it back rather
 			// than let it expire (expired tokens are not credited).
 			returned = ks.balance.Swap(0)
-		case !idle && firstUse(d, charged, ks.spent.Load(), ks.balance.Load()) && thinShare(ks):
+		case !idle && policy.FirstUse(d, charged, ks.spent.Load(), ks.balance.Load()) && thinShare(ks):
 			b.lent[i] = charged // want 0: see firstUse
 		case !idle:
-			lw := lowWaterFor(d, a.cfg.RefillInterval, a.rf.latency)
+			lw := policy.LowWater(d, a.cfg.RefillInterval, a.rf.latency)
 			ks.lowWater.Store(lw)
-			target := max(wantFor(d, a.cfg.RefillInterval, a.rf.latency), 1)
+			target := max(policy.Want(d, a.cfg.RefillInterval, a.rf.latency), 1)
 			if live {
 				returned = returnExcess(&ks.balance, target)
 			}
@@ -539,68 +398,13 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 	return b
 }
 
-// firstUse reports whether a key is reported for the first time after a
-// single use that its fallback bucket admitted: it has no demand (a key
-// used once reports none, see demandOf), holds nothing, and every token it
-// ever admitted is in this report's charge. Such a key of a thin share
-// (thinShare) asks for no token. Asking for one cost the key two tokens
-// for each gateway's first use, the charge and the prefetched token, and
-// the token is often handed back unused after IdleTimeout: with 199
-// gateways each using a 20/s key once every 41 s, 20.8/s against the
-// key's 20/s refill for the first seconds, and the gateway carrying most
-// of its traffic came up short (bench/sim unreachable, full scale).
-// Instead the token the fallback bucket lent for the use is given back to
-// it once the allocator has debited the charge (apply), so a second use is
-// admitted as the first was, and charged.
-func firstUse(d float64, charged, spent, balance int64) bool {
-	return d == 0 && charged > 0 && spent == charged && balance <= 0
-}
-
-// thinShare reports whether the key's fallback bucket is a share of a
-// limit shared by several agents that is under one token per lease
-// horizon (R/N·F_h < 1): then one prefetched token at each gateway's first
-// use is more than that gateway's share of the key, and N of them a
-// sizeable part of its refill. A key alone at this agent (N = 1, or a
-// consistent-hash rule) keeps prefetching.
+// thinShare reports whether the key's fallback bucket is a thin share of a
+// limit shared by several agents (see policy.ThinShare): its first use
+// then asks for no token (policy.FirstUse).
 func thinShare(ks *keyState) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	if ks.fbRule == nil || ks.fbN < 2 || ks.fbLimit.Window() <= 0 {
-		return false
-	}
-	return float64(ks.fbLimit.Quota())*leaseHorizon.Seconds() < ks.fbLimit.Window().Seconds()
-}
-
-// maxWant is the allocator's bound on want (and on returned and charged).
-const maxWant = 1_000_000_000_000
-
-// wantFor is what a key with demand d (tokens/s) aims to hold after a
-// refill: one lease horizon of demand plus what it spends while the next
-// refill is collected and answered, rounded up once (build asks for at
-// least one token). Rounding the two up separately, the low watermark to at
-// least one token, made every lightly used agent ask for two, and on a
-// low-rate key spread over many gateways those needs added up past the
-// key's capacity: the water-filling then starved the busy agent.
-func wantFor(d float64, tick time.Duration, latency float64) int64 {
-	w := d * (leaseHorizon.Seconds() + 2*tick.Seconds() + latency)
-	if w > maxWant {
-		return maxWant
-	}
-	return int64(math.Ceil(w))
-}
-
-// lowWaterFor is the balance below which a key is refilled: what demand d
-// (tokens/s) spends while a refill is collected (two ticks) and answered
-// (the round-trip EWMA), at least one token.
-func lowWaterFor(d float64, tick time.Duration, latency float64) int64 {
-	w := d * (2*tick.Seconds() + latency)
-	if w < 1 {
-		return 1
-	}
-	if w > maxWant {
-		return maxWant
-	}
-	return int64(math.Ceil(w))
+	return ks.fbRule != nil && policy.ThinShare(ks.fbLimit.Quota(), ks.fbLimit.Window(), ks.fbN)
 }
 
 func toProtoEntries(es []rules.Entry) []*allotv1.Entry {
@@ -764,7 +568,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			ks.notLeased.Store(false)
 			ttl := time.Duration(g.GetLeaseTtlMs()) * time.Millisecond
 			if g.GetGranted() > 0 || ttl > 0 {
-				exp := b.firstSent + int64(ttl) - int64(leaseMargin(ttl))
+				exp := b.firstSent + int64(ttl) - int64(policy.LeaseMargin(ttl))
 				if g.GetGranted() > 0 {
 					granted += g.GetGranted()
 					// Fallback admissions made while this call was in
@@ -852,56 +656,20 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	a.met.keysSent.Add(float64(len(b.keys)))
 }
 
-// maxPace bounds how long a key whose grant fell short waits before asking
-// again: the allocator's refresh under contention (F/2, F = 1 s by default).
-const maxPace = 500 * time.Millisecond
-
-// paceStep is the pace per agent on the key: k agents that each ask every
-// k·paceStep leave the key's refill waiting about paceStep for its next
-// ask.
-const paceStep = 10 * time.Millisecond
-
 // pace decides whether a key whose grant fell short of its want (short) or
-// was EXHAUSTED is paced, and for how long: until the allocator's
-// refresh_after (or retry_after when EXHAUSTED), but at most B/(2R), so that
-// the global bucket, which holds B, cannot fill up and overflow between two
-// of this agent's asks, at most k·paceStep with k agents on the key, and at
-// most maxPace. Keys whose pace would be under two scans (a small B/R, or
-// fewer than 20 agents on the key) are not paced: their asks must keep up
-// with the bucket, and the fallback bucket decides between them as before.
+// was EXHAUSTED is paced, and for how long (see policy.Pace).
 func (a *Agent) pace(g *allotv1.KeyGrant, short bool) (time.Duration, bool) {
-	exhausted := g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
 	l := g.GetLimit()
-	if !short && !exhausted || l == nil || l.GetRequestsPerUnit() == 0 || l.GetWindowSeconds() <= 0 {
-		return 0, false
-	}
-	burst := l.GetBurst()
-	if burst <= 0 {
-		burst = int64(l.GetRequestsPerUnit())
-	}
-	// B/(2R) in seconds, computed in float64 and clamped before it becomes
-	// a Duration (burst and window can be large).
-	half := float64(burst) * float64(l.GetWindowSeconds()) / float64(l.GetRequestsPerUnit()) / 2
-	p := maxPace
-	if half < maxPace.Seconds() {
-		p = time.Duration(half * float64(time.Second))
-	}
-	// The budget's refill waits in the global bucket for the next ask of
-	// any agent on the key, about pace/k with k agents asking in turn:
-	// requests denied meanwhile are false rejects. Keep that about
-	// paceStep (0.1% of the key's rate over a 10 s window). 20 ms made the
-	// 10-agent long tail of bench/load reject 0.49% of in-quota requests
-	// (0.14% at 10 ms) for no fewer calls.
-	p = min(p, time.Duration(max(g.GetAgents(), 1))*paceStep)
-	if exhausted {
-		p = max(p, time.Duration(g.GetRetryAfterMs())*time.Millisecond)
-	} else {
-		p = min(p, time.Duration(g.GetRefreshAfterMs())*time.Millisecond)
-	}
-	if p < 2*a.cfg.ScanInterval {
-		return 0, false
-	}
-	return p, true
+	return policy.Pace(policy.Grant{
+		Exhausted:       g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_EXHAUSTED,
+		Short:           short,
+		RequestsPerUnit: l.GetRequestsPerUnit(),
+		WindowSeconds:   l.GetWindowSeconds(),
+		Burst:           l.GetBurst(),
+		Agents:          g.GetAgents(),
+		RefreshAfter:    time.Duration(g.GetRefreshAfterMs()) * time.Millisecond,
+		RetryAfter:      time.Duration(g.GetRetryAfterMs()) * time.Millisecond,
+	}, a.cfg.ScanInterval)
 }
 
 // paceGrace is how long past a paced key's ask its dry lease keeps
@@ -910,12 +678,6 @@ func (a *Agent) pace(g *allotv1.KeyGrant, short bool) (time.Duration, bool) {
 // unreachable allocator) leaves the key to its fallback bucket.
 func (a *Agent) paceGrace() int64 {
 	return int64(a.cfg.ScanInterval+a.cfg.RefillInterval) + int64(2*a.rf.latency*float64(time.Second))
-}
-
-// leaseMargin is taken off a lease's TTL: clocks drift and the allocator's
-// expiry command runs on its own schedule.
-func leaseMargin(ttl time.Duration) time.Duration {
-	return min(ttl/10, maxLeaseMargin)
 }
 
 // callFailed counts a transport failure: rotate to the next allocator and,
@@ -991,13 +753,13 @@ func (a *Agent) jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(a.rng.Int64N(int64(d/2)))
 }
 
-// returnExcess takes excessOf(balance, target) tokens out of *balance (the
+// returnExcess takes policy.Excess(balance, target) tokens out of *balance (the
 // hot path spends from it concurrently, hence the CAS loop) and returns
 // how many.
 func returnExcess(balance *atomic.Int64, target int64) int64 {
 	for {
 		b := balance.Load()
-		x := excessOf(b, target)
+		x := policy.Excess(b, target)
 		if x <= 0 {
 			return 0
 		}

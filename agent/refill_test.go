@@ -180,7 +180,7 @@ func TestIdleKeyHandsBackAndIsForgotten(t *testing.T) {
 	d := desc("api_key", "idle")
 	check(t, s.Agent, d)
 	ks := keyOf(t, s.Agent, d)
-	ks.demand = 10 // ask for a sizeable lease
+	ks.dem.Rate = 10 // ask for a sizeable lease
 	s.step()
 	bal := ks.balance.Load()
 	if bal < 2 {
@@ -209,7 +209,7 @@ func TestLowWatermarkQueuesRefill(t *testing.T) {
 	d := desc("tier", "free", "route", "/w", "user", "u")
 	check(t, s.Agent, d)
 	ks := keyOf(t, s.Agent, d)
-	ks.demand = 1000
+	ks.dem.Rate = 1000
 	s.step()
 	bal := ks.balance.Load()
 	lw := ks.lowWater.Load()
@@ -239,8 +239,8 @@ func TestCloseReleasesLeases(t *testing.T) {
 	d1, d2 := desc("api_key", "c1"), desc("api_key", "c2")
 	check(t, s.Agent, d1)
 	check(t, s.Agent, d2)
-	keyOf(t, s.Agent, d1).demand = 5
-	keyOf(t, s.Agent, d2).demand = 5
+	keyOf(t, s.Agent, d1).dem.Rate = 5
+	keyOf(t, s.Agent, d2).dem.Rate = 5
 	s.step()
 	b1, b2 := keyOf(t, s.Agent, d1).balance.Load(), keyOf(t, s.Agent, d2).balance.Load()
 	check(t, s.Agent, d1) // one more spent from the lease
