@@ -202,6 +202,15 @@ func (a *Agent) now() int64 {
 	return a.clock.load()
 }
 
+// loopNow is the refill loop's clock: the test hook, else the coarse clock
+// read without keeping it awake (see coarseClock).
+func (a *Agent) loopNow() int64 {
+	if a.nowHook != nil {
+		return a.nowHook()
+	}
+	return a.clock.fresh()
+}
+
 // Refill runs one tick of the refill loop at the Now hook's time: the
 // periodic scan (every ScanInterval), then the keys that need the allocator
 // sent in batched Acquire calls, through Config.Clients, one call at a time.

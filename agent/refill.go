@@ -92,7 +92,7 @@ func (a *Agent) refillLoop() {
 // refillOnce is one tick of the refill loop: a periodic scan of every key,
 // then (allocator permitting) the queued and selected keys sent in batches.
 func (a *Agent) refillOnce(ctx context.Context) {
-	now := a.now()
+	now := a.loopNow()
 	rf := &a.rf
 	rf.pick = rf.pick[:0]
 	if rf.lastScan == 0 || now-rf.lastScan >= int64(a.cfg.ScanInterval) || now < rf.lastScan {
@@ -421,7 +421,7 @@ func toProtoEntries(es []rules.Entry) []*allotv1.Entry {
 // with the same request id, before anything else.
 func (a *Agent) send(ctx context.Context, b *batch) bool {
 	rf := &a.rf
-	sent := a.now()
+	sent := a.loopNow()
 	if b.firstSent == 0 {
 		b.firstSent = sent
 	}
@@ -431,7 +431,7 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	resp, err := a.clients[rf.addr].Acquire(cctx, b.req)
 	cancel()
 	a.met.callSeconds.Observe(time.Since(start).Seconds())
-	recv := a.now()
+	recv := a.loopNow()
 	if err != nil {
 		if unencodable := encodeFailed(err); unencodable || !retryable(err) {
 			a.met.callsRejected.Inc()
@@ -509,7 +509,7 @@ func (ks *keyState) refused() bool { return ks.holdUntil == refusedForever }
 // the call rather than the key.
 func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	a.rf.unacked = nil
-	now := a.now()
+	now := a.loopNow()
 	alone := len(b.keys) == 1 && b.keys[0].suspect
 	for i, ks := range b.keys {
 		k := b.req.Keys[i]

@@ -21,7 +21,7 @@ func (a *Agent) release(ctx context.Context) error {
 			return errors.New("agent: close: the allocator did not acknowledge the last Acquire; its charges are lost")
 		}
 	}
-	now := a.now()
+	now := a.loopNow()
 	var keys []*allotv1.KeyAcquire
 	for i := range a.keys.shards {
 		for _, ks := range a.keys.shards[i].snapshot(nil) {

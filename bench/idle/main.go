@@ -19,6 +19,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -41,13 +42,14 @@ func main() {
 	window := flag.Duration("window", 30*time.Second, "idle window measured")
 	settle := flag.Duration("settle", 10*time.Second, "time after the last check before the window starts")
 	bin := flag.String("allocator-bin", "", "allocator binary (default: go build ./cmd/allocator)")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the idle window to this file")
 	flag.Parse()
-	if err := run(*keys, *window, *settle, *bin); err != nil {
+	if err := run(*keys, *window, *settle, *bin, *profile); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(keys int, window, settle time.Duration, bin string) error {
+func run(keys int, window, settle time.Duration, bin, profile string) error {
 	dir, err := os.MkdirTemp("", "allot-idle-")
 	if err != nil {
 		return err
@@ -105,9 +107,22 @@ func run(keys int, window, settle time.Duration, bin string) error {
 	}
 	fmt.Printf("checked %d keys in %v\n", keys, time.Since(start).Round(time.Millisecond))
 	time.Sleep(settle)
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	c0, t0 := cpu(), time.Now()
 	time.Sleep(window)
 	c1, t1 := cpu(), time.Now()
+	if profile != "" {
+		pprof.StopCPUProfile()
+	}
 	fmt.Printf("idle: %d keys, %.2f%% of a core over %v (load %s)\n", keys,
 		100*(c1-c0).Seconds()/t1.Sub(t0).Seconds(), window, loadavg())
 	return nil
