@@ -52,10 +52,11 @@ type Config struct {
 	// most ticks, so the tick sets the call rate (bench/load -workload hot
 	// -refill-interval D measures it).
 	RefillInterval time.Duration
-	// ScanInterval is how often the refill loop walks every key (demand
-	// EWMA, expiry, idle keys); keys that need the allocator sooner are
-	// queued by the check path and sent at the next tick. Default 100ms,
-	// never less than RefillInterval.
+	// ScanInterval is how often the refill loop scans the keys that need
+	// it (demand EWMA, expiry, idle keys; a key at rest is visited again
+	// only at its next deadline or when a check touches it); keys that
+	// need the allocator sooner are queued by the check path and sent at
+	// the next tick. Default 100ms, never less than RefillInterval.
 	ScanInterval time.Duration
 	// CallTimeout bounds each Acquire call; a timeout counts towards the
 	// breaker. Default 1s: a loaded allocator's commit tail reaches a few

@@ -48,7 +48,13 @@
 // Acquire calls (at most 1000 keys each, strictly increasing request ids),
 // every key that is new, owes a charge, is below its low watermark, is near
 // lease expiry or past the allocator's refresh_after, or has tokens to hand
-// back because it went idle.
+// back because it went idle. Its periodic scan (every Config.ScanInterval)
+// visits only the keys that need it: a key at rest sleeps until its next
+// deadline (renewal, expiry, idle timeout, paced refresh) or until a check
+// touches it, so an agent with no traffic costs next to nothing whatever
+// the keys it holds (see due.go; bench/idle measures it). The refill
+// policy's arithmetic (demand, want, pacing) is the pure package
+// agent/internal/policy, specified by the scripts in its testdata.
 //
 // A key whose grant fell short of its want (the global bucket is empty, or
 // the allocator's grant pacing has given this agent its share for the

@@ -89,8 +89,8 @@ func (a *Agent) refillLoop() {
 	}
 }
 
-// refillOnce is one tick of the refill loop: a periodic scan of every key,
-// then (allocator permitting) the queued and selected keys sent in batches.
+// refillOnce is one tick of the refill loop: a periodic scan of the keys
+// that need it (see due.go), then (allocator permitting) the queued and selected keys sent in batches.
 func (a *Agent) refillOnce(ctx context.Context) {
 	now := a.loopNow()
 	rf := &a.rf

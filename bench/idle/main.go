@@ -8,7 +8,13 @@
 //
 //	go run ./bench/idle -keys 100000 -window 30s
 //
-// It prints the CPU used as a fraction of one core.
+// It prints the CPU used as a fraction of one core. With -active and -rate
+// the window carries steady traffic on -active of the keys instead:
+//
+//	go run ./bench/idle -keys 100000 -active 1000 -rate 2000
+//
+// Checks are far cheaper than the refill loop's work per key, so the
+// difference such runs show is the loop's.
 package main
 
 import (
@@ -43,13 +49,15 @@ func main() {
 	settle := flag.Duration("settle", 10*time.Second, "time after the last check before the window starts")
 	bin := flag.String("allocator-bin", "", "allocator binary (default: go build ./cmd/allocator)")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the idle window to this file")
+	active := flag.Int("active", 0, "keys (of -keys) checked during the window, round robin")
+	rate := flag.Int("rate", 0, "checks per second during the window, spread over -active keys")
 	flag.Parse()
-	if err := run(*keys, *window, *settle, *bin, *profile); err != nil {
+	if err := run(*keys, *window, *settle, *bin, *profile, *active, *rate); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(keys int, window, settle time.Duration, bin, profile string) error {
+func run(keys int, window, settle time.Duration, bin, profile string, active, rate int) error {
 	dir, err := os.MkdirTemp("", "allot-idle-")
 	if err != nil {
 		return err
@@ -118,12 +126,31 @@ func run(keys int, window, settle time.Duration, bin, profile string) error {
 		}
 	}
 	c0, t0 := cpu(), time.Now()
-	time.Sleep(window)
+	if active > 0 && rate > 0 {
+		// Steady traffic on a few keys: a check every 1/rate, paced by
+		// a ticker of 10 ms batches.
+		descs := make([][]agent.Descriptor, active)
+		for i := range descs {
+			descs[i] = []agent.Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "key-" + strconv.Itoa(i)}}}}
+		}
+		tk := time.NewTicker(10 * time.Millisecond)
+		sent, next := 0, 0
+		for time.Since(t0) < window {
+			<-tk.C
+			for due := int(time.Since(t0).Seconds() * float64(rate)); sent < due; sent++ {
+				_, _ = a.Check(ctx, "idle", descs[next], 1)
+				next = (next + 1) % active
+			}
+		}
+		tk.Stop()
+	} else {
+		time.Sleep(window)
+	}
 	c1, t1 := cpu(), time.Now()
 	if profile != "" {
 		pprof.StopCPUProfile()
 	}
-	fmt.Printf("idle: %d keys, %.2f%% of a core over %v (load %s)\n", keys,
+	fmt.Printf("%d keys, %d active at %d checks/s: %.2f%% of a core over %v (load %s)\n", keys, active, rate,
 		100*(c1-c0).Seconds()/t1.Sub(t0).Seconds(), window, loadavg())
 	return nil
 }
