@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/allot/allot/agent/internal/drive"
 	"github.com/allot/allot/pkg/breaker"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -158,8 +159,8 @@ func New(cfg Config) (*Agent, error) {
 	}
 
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	if cfg.Manual {
-		return a, nil // the caller drives Refill and ApplyRuleSet
+	if cfg.driven {
+		return a, nil // agentsim drives Refill and ApplyRuleSet
 	}
 	if a.clock != nil {
 		a.goLoop(func() { a.clock.run(a.stop) })
@@ -211,26 +212,24 @@ func (a *Agent) loopNow() int64 {
 	return a.clock.fresh()
 }
 
-// Refill runs one tick of the refill loop at the Now hook's time: the
-// periodic scan (every ScanInterval), then the keys that need the allocator
-// sent in batched Acquire calls, through Config.Clients, one call at a time.
-// It is only for Manual agents (others run the loop themselves) and must not
-// run concurrently with itself or Close; checks may run concurrently.
-func (a *Agent) Refill(ctx context.Context) error {
-	if !a.cfg.Manual {
-		return errors.New("agent: Refill is for Manual agents; this agent runs its own refill loop")
+// refill runs one tick of the refill loop for a driven agent (see
+// package agentsim).
+func (a *Agent) refill(ctx context.Context) error {
+	if !a.cfg.driven {
+		return errors.New("agent: Refill is for agents made by agentsim.New; this agent runs its own refill loop")
 	}
 	a.refillOnce(ctx)
 	return nil
 }
 
-// ApplyRuleSet delivers a rule set as the WatchRules stream would: it is
-// compiled and swapped in if its version is newer than the allocator-
-// delivered rules in use. A set that fails to compile keeps the old rules
-// and is returned as an error (it is also logged and counted, as on the
-// stream). Meant for Manual agents, which run no rule watch.
-func (a *Agent) ApplyRuleSet(rs *allotv1.RuleSet) error {
-	return a.applyRuleSet(rs)
+func init() {
+	drive.New = func(cfg any) (any, error) {
+		c := cfg.(Config)
+		c.driven = true
+		return New(c)
+	}
+	drive.Refill = func(a any, ctx context.Context) error { return a.(*Agent).refill(ctx) }
+	drive.ApplyRuleSet = func(a any, rs *allotv1.RuleSet) error { return a.(*Agent).applyRuleSet(rs) }
 }
 
 // Rules returns the rule set in use (nil: none yet).

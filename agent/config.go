@@ -92,13 +92,10 @@ type Config struct {
 	// The agent serialises its use.
 	Rand *rand.Rand
 
-	// Manual starts no goroutine at all: no coarse clock (Now is required),
-	// no refill loop, no rule watch. The caller drives the agent: Refill runs
-	// one tick of the refill loop, ApplyRuleSet delivers what WatchRules
-	// would. With Now, Clients and Rand this makes an agent's behaviour a
-	// function of its inputs (bench/sim runs fleets of them on a virtual
-	// clock). Manual cannot be combined with RulesFiles.
-	Manual bool
+	// driven (agentsim.New) starts no goroutine at all: no coarse clock
+	// (Now is required), no refill loop, no rule watch; the caller drives
+	// the refill loop and delivers rule sets (see package agentsim).
+	driven bool
 
 	// manual, for tests in this package, starts no refill goroutine: the
 	// test drives the refill loop with Agent.refillOnce.
@@ -209,11 +206,11 @@ func (c Config) Validate() error {
 	if len(c.Clients) > 0 && len(c.Allocators) > 0 && len(c.Allocators) != len(c.Clients) {
 		return fmt.Errorf("agent: %d Allocators names for %d Clients", len(c.Allocators), len(c.Clients))
 	}
-	if c.Manual && c.Now == nil {
-		return errors.New("agent: Manual needs a Now hook (there is no clock goroutine)")
+	if c.driven && c.Now == nil {
+		return errors.New("agentsim: Config.Now is required (there is no clock goroutine)")
 	}
-	if c.Manual && len(c.RulesFiles) > 0 {
-		return errors.New("agent: Manual cannot watch RulesFiles")
+	if c.driven && len(c.RulesFiles) > 0 {
+		return errors.New("agentsim: an agent with no goroutines cannot watch RulesFiles")
 	}
 	if (len(c.Allocators) > 0 || len(c.Clients) > 0) && len(c.RulesFiles) > 0 {
 		return errors.New("agent: RulesFiles is for standalone agents; with Allocators the rules come from WatchRules")

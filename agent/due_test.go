@@ -44,7 +44,7 @@ func dueRun(t *testing.T, seed uint64, alwaysAwake bool) ([]*allotv1.AcquireRequ
 	cfg.ID = "due"
 	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
 	cfg.Now = clock.now
-	cfg.Manual = true
+	cfg.driven = true
 	cfg.IdleTimeout = 20 * time.Second
 	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
 	cfg.Rules = mustCompile(t, 0, dueRules)
@@ -89,7 +89,7 @@ func dueRun(t *testing.T, seed uint64, alwaysAwake bool) ([]*allotv1.AcquireRequ
 		}
 		clock.advance(10 * time.Millisecond)
 		if step%5 == 0 && rng.IntN(8) != 0 { // now and then a late scan
-			if err := a.Refill(context.Background()); err != nil {
+			if err := a.refill(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			visits += len(a.rf.awake)
@@ -143,13 +143,13 @@ func TestIdleKeysSleep(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
 	cfg.Now = clock.now
-	cfg.Manual = true
+	cfg.driven = true
 	cfg.IdleTimeout = 30 * time.Second
 	cfg.Rules = mustCompile(t, 0, dueRules)
 	a := newAgent(t, cfg)
 	refill := func() {
 		t.Helper()
-		if err := a.Refill(context.Background()); err != nil {
+		if err := a.refill(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}

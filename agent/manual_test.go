@@ -49,7 +49,7 @@ func manualAgent(t *testing.T, clock *fakeClock, cl *directClient, seed uint64) 
 	cfg.ID = "manual"
 	cfg.Clients = []allotv1.AllocatorClient{cl}
 	cfg.Now = clock.now
-	cfg.Manual = true
+	cfg.driven = true
 	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
 	cfg.Rules = mustCompile(t, 0, testRules)
 	return newAgent(t, cfg)
@@ -71,7 +71,7 @@ func TestManualAgentWithClients(t *testing.T) {
 	if got := check(t, a, d); !got.Allowed || got.Source != SourceFallback {
 		t.Fatalf("first check: %+v, want allowed by the fallback", got)
 	}
-	if err := a.Refill(context.Background()); err != nil {
+	if err := a.refill(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if acq, _, _ := fake.counts(); acq != 1 {
@@ -97,16 +97,16 @@ func TestManualApplyRuleSet(t *testing.T) {
 	rs := func(v uint64, yaml string) *allotv1.RuleSet {
 		return &allotv1.RuleSet{Version: v, Files: []*allotv1.RuleFile{{Name: "t.yaml", Yaml: []byte(yaml)}}}
 	}
-	if err := a.ApplyRuleSet(rs(3, testRules)); err != nil {
+	if err := a.applyRuleSet(rs(3, testRules)); err != nil {
 		t.Fatalf("ApplyRuleSet(v3): %v", err)
 	}
 	if v := a.Rules().Version(); v != 3 {
 		t.Fatalf("version after v3: %d", v)
 	}
-	if err := a.ApplyRuleSet(rs(2, "domain: other\n")); err != nil || a.Rules().Version() != 3 {
+	if err := a.applyRuleSet(rs(2, "domain: other\n")); err != nil || a.Rules().Version() != 3 {
 		t.Fatalf("an older set: err %v, version %d; want ignored", err, a.Rules().Version())
 	}
-	if err := a.ApplyRuleSet(rs(4, "domain: [\n")); err == nil || a.Rules().Version() != 3 {
+	if err := a.applyRuleSet(rs(4, "domain: [\n")); err == nil || a.Rules().Version() != 3 {
 		t.Fatalf("a broken set: err %v, version %d; want an error and version 3", err, a.Rules().Version())
 	}
 }
@@ -122,7 +122,7 @@ func TestManualJitterSeeded(t *testing.T) {
 		check(t, a, desc("api_key", "k1"))
 		var out []int64
 		for range 8 {
-			if err := a.Refill(context.Background()); err != nil {
+			if err := a.refill(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			if p := a.nextProbe.Load(); p != 0 {
@@ -151,9 +151,9 @@ func TestManualConfigValidate(t *testing.T) {
 		name string
 		cfg  func(*Config)
 	}{
-		{"manual without Now", func(c *Config) { c.Manual = true }},
+		{"manual without Now", func(c *Config) { c.driven = true }},
 		{"manual with RulesFiles", func(c *Config) {
-			c.Manual, c.Now, c.RulesFiles = true, func() int64 { return 1 }, []string{"r.yaml"}
+			c.driven, c.Now, c.RulesFiles = true, func() int64 { return 1 }, []string{"r.yaml"}
 		}},
 		{"nil client", func(c *Config) { c.Clients = []allotv1.AllocatorClient{nil} }},
 		{"names do not match clients", func(c *Config) {
@@ -176,7 +176,7 @@ func TestRefillNotManual(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Rules = mustCompile(t, 0, testRules)
 	a := newAgent(t, cfg)
-	if err := a.Refill(context.Background()); err == nil {
+	if err := a.refill(context.Background()); err == nil {
 		t.Fatal("Refill on a non-Manual agent: nil error")
 	}
 }

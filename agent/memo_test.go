@@ -115,7 +115,7 @@ func TestPropertyMemoMatchesSlowPath(t *testing.T) {
 		clock := func() int64 { return now }
 		mk := func(memo bool) *Agent {
 			cfg := DefaultConfig()
-			cfg.Rules, cfg.Manual, cfg.Now = setA, true, clock
+			cfg.Rules, cfg.driven, cfg.Now = setA, true, clock
 			cfg.Logger = testLogger(t)
 			a, err := New(cfg)
 			if err != nil {
@@ -136,7 +136,7 @@ func TestPropertyMemoMatchesSlowPath(t *testing.T) {
 				now += rapid.Int64Range(0, int64(2*DefaultConfig().IdleTimeout)).Draw(rt, "advance")
 			case 1:
 				for _, a := range []*Agent{with, without} {
-					if err := a.Refill(context.Background()); err != nil {
+					if err := a.refill(context.Background()); err != nil {
 						rt.Fatalf("Refill: %v", err)
 					}
 				}
@@ -268,7 +268,7 @@ func BenchmarkCheckMemoMiss(b *testing.B) {
 	cfg := DefaultConfig()
 	cfg.Rules = mustCompile(b, 1, testRules)
 	now := time.Now().UnixNano()
-	cfg.Manual, cfg.Now = true, func() int64 { return now }
+	cfg.driven, cfg.Now = true, func() int64 { return now }
 	a := newAgent(b, cfg)
 	const n = 4 * memoSlots
 	descs := make([][]Descriptor, n)

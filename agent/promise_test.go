@@ -28,7 +28,7 @@ func TestRetryAfterKept(t *testing.T) {
 	cfg.ID = "promise"
 	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
 	cfg.Now = clock.now
-	cfg.Manual = true
+	cfg.driven = true
 	cfg.Rules = mustCompile(t, 0, promiseRules)
 	a := newAgent(t, cfg)
 	d := desc("api_key", "k")
@@ -46,7 +46,7 @@ func TestRetryAfterKept(t *testing.T) {
 	// The charges reach the allocator a scan later.
 	for range 3 {
 		clock.advance(100 * time.Millisecond)
-		if err := a.Refill(context.Background()); err != nil {
+		if err := a.refill(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -67,7 +67,7 @@ func TestRetryAfterKept(t *testing.T) {
 	}
 	for range 20 { // past a paced key's next ask
 		clock.advance(100 * time.Millisecond)
-		if err := a.Refill(context.Background()); err != nil {
+		if err := a.refill(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -126,8 +126,8 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		}
 		return
 	}
-	if a.cfg.Manual {
-		// The scan walks Go maps, whose order is random: a Manual agent
+	if a.cfg.driven {
+		// The scan walks Go maps, whose order is random: a driven agent
 		// sends its keys in key order, so that how they are split into
 		// batches is a function of its inputs.
 		slices.SortFunc(rf.pick, func(x, y *keyState) int { return strings.Compare(x.key, y.key) })

@@ -44,7 +44,7 @@ func (a *Agent) release(ctx context.Context) error {
 			})
 		}
 	}
-	if a.cfg.Manual {
+	if a.cfg.driven {
 		// Deterministic batches (see refillOnce).
 		slices.SortFunc(keys, func(x, y *allotv1.KeyAcquire) int {
 			if c := strings.Compare(x.Domain, y.Domain); c != 0 {

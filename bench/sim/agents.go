@@ -7,15 +7,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/agentsim"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// agentNode runs one real agent.Agent (Manual mode: no goroutines of its
-// own, the virtual clock as its Now hook) for the lease system.
+// agentNode runs one real agent (agentsim: no goroutines of its own, the
+// virtual clock as its Now hook) for the lease system.
 //
 // Checks run on the engine's goroutine. The refill tick runs on a driver
-// goroutine owned by the agentNode, because Agent.Refill makes blocking
+// goroutine owned by the agentNode, because agentsim's Refill makes blocking
 // Acquire calls: simClient hands each call to the engine over calls and
 // parks until the engine delivers the modelled answer (or timeout) at its
 // virtual time. The engine waits for the driver to either park in a call or
@@ -23,7 +23,7 @@ import (
 // deterministic and the channel hand-offs order every memory access.
 type agentNode struct {
 	idx int
-	a   *agent.Agent
+	a   *agentsim.Agent
 	w   *world
 
 	cmd   chan func()   // engine → driver: run this (a refill tick, Close)
@@ -148,7 +148,7 @@ func (c *simClient) Release(_ context.Context, req *allotv1.ReleaseRequest, _ ..
 }
 
 // WatchRules is not called: Manual agents run no rule watch; the cluster
-// model's watch delivers rule sets with Agent.ApplyRuleSet.
+// model's watch delivers rule sets with agentsim's ApplyRuleSet.
 func (c *simClient) WatchRules(context.Context, *allotv1.WatchRulesRequest, ...grpc.CallOption) (grpc.ServerStreamingClient[allotv1.RuleSet], error) {
 	return nil, status.Error(codes.Unimplemented, "sim: rule sets are delivered by the cluster model")
 }

@@ -1,5 +1,5 @@
 // Command sim is allot's deterministic fleet simulator: the real
-// agent (hot path and refill logic, agent.Config.Manual) and the real
+// agent (hot path and refill logic, driven by agent/agentsim) and the real
 // allocator grant code (allocator/state) run over an in-memory
 // transport on a virtual clock, with the network, Raft and failures
 // modelled, side by side with the baselines (no coordination, a static R/N

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/agentsim"
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
@@ -238,12 +239,11 @@ func (w *world) startLease() error {
 			acfg.Clients = append(acfg.Clients, &simClient{an: an, node: (i + n) % 3})
 		}
 		acfg.Now = func() int64 { return w.eng.now }
-		acfg.Manual = true
 		acfg.Rand = newRand(w.cfg.seed, acfg.ID)
 		acfg.RefillInterval = w.cfg.refill
 		acfg.CallTimeout = w.cfg.callTimeout
 		acfg.ProbeBackoff = w.cfg.probeBackoff
-		a, err := agent.New(acfg)
+		a, err := agentsim.New(acfg)
 		if err != nil {
 			return fmt.Errorf("sim: agent %d: %w", i, err)
 		}

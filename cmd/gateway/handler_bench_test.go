@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/agentsim"
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -96,9 +97,9 @@ func BenchmarkHandlerChain(b *testing.B) {
 	// callgrind do not depend on how long the run takes. The clock stands
 	// still; the rule's burst covers any run.
 	now := time.Now().UnixNano()
-	acfg.Manual, acfg.Now = true, func() int64 { return now }
+	acfg.Now = func() int64 { return now }
 	acfg.Registerer = prometheus.NewRegistry()
-	ag, err := agent.New(acfg)
+	ag, err := agentsim.New(acfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func BenchmarkHandlerChain(b *testing.B) {
 		p.Transport = cannedUpstream{}
 		var mw *httplimit.Middleware
 		if limited {
-			mw = &httplimit.Middleware{Checker: ag, Extractor: ex, Metrics: met, Logger: logger}
+			mw = &httplimit.Middleware{Checker: ag.Agent, Extractor: ex, Metrics: met, Logger: logger}
 		}
 		return proxyHandler(mw, p, defaultMaxRequestBodyBytes, defaultRequestBodyTimeout)
 	}
