@@ -95,9 +95,9 @@ func mix(h, x uint64) uint64 {
 
 // keyState is one budget key's state at this agent.
 //
-// Fields written on the check path are atomics; the fallback bucket is
-// guarded by mu. Fields marked "loop" are owned by the refill goroutine (and
-// by Close after the loop has stopped) and need no synchronisation.
+// It has three owners: the fields written on the check path are atomics
+// (the refill loop reads them, and writes the ones marked so); the
+// fallback bucket is guarded by mu; keyLoop belongs to the refill loop.
 type keyState struct {
 	// Written by checks.
 	balance atomic.Int64 // unspent leased tokens (valid while now < expiry)
@@ -143,7 +143,15 @@ type keyState struct {
 	fbAt     int64
 	promise  promise // the latest denial's Retry-After (promise.go)
 
-	// Owned by the refill loop.
+	// Owned by the refill loop (and by Close once it has stopped): no
+	// synchronisation.
+	keyLoop
+}
+
+// keyLoop is the part of a key's state that only the refill loop reads
+// and writes: what it last reported, its pacing and holds, its demand
+// estimate, and where it sleeps (see due.go).
+type keyLoop struct {
 	dem        policy.Demand // the demand estimate, updated by every scan
 	spentAtAcq int64         // spent at the latest Acquire that included the key
 	deniedSent int64         // denied at the latest Acquire that included the key
