@@ -152,7 +152,13 @@ func (rf *refiller) awaken(ks *keyState) {
 // them would have: nothing spent, and (the hot heap sees to it) never a
 // scan long enough for demandFell.
 func (rf *refiller) decay(ks *keyState) {
-	i := int(ks.sleptSeq + 1 - rf.scanBase)
+	// The records it needs are kept (record prunes only those older than
+	// the longest decay time, and the key's deadline wakes it within its
+	// own); the clamp only guards the index.
+	i := 0
+	if ks.sleptSeq+1 > rf.scanBase {
+		i = int(ks.sleptSeq + 1 - rf.scanBase)
+	}
 	for ; i < len(rf.scans) && ks.dem.Rate > 0; i++ {
 		ks.dem.Decay(rf.scans[i].alpha)
 	}
