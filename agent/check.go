@@ -559,6 +559,9 @@ func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hit
 	if ks.lastUse.Load() != now {
 		ks.lastUse.Store(now)
 	}
+	if ks.dormant.Load() {
+		a.wake(ks) // after every change above: see due.go
+	}
 	sh.mu.RUnlock()
 	hint := uintptr(unsafe.Pointer(&dec))
 	a.met.ruleDecision(hint, a.met.ruleIndexFor(set), r, &st)
