@@ -107,6 +107,11 @@ type keyState struct {
 	lastUse atomic.Int64 // coarse time of the latest check
 	queued  atomic.Bool  // sitting in the refill queue (set by checks, cleared by the loop)
 	fbUsed  atomic.Bool  // decided by the fallback since the previous scan
+	// dormant: the refill loop visits the key only at its next deadline
+	// until a check wakes it (Agent.wake, see due.go); set by the loop,
+	// read by every check. A new key starts dormant, so its first check
+	// hands it to the loop.
+	dormant atomic.Bool
 
 	// Written by the refill loop, read by checks.
 	expiry      atomic.Int64 // the lease's end, Unix nanos; 0 = no lease
@@ -118,10 +123,6 @@ type keyState struct {
 	local       atomic.Bool  // decided locally by design (local/redis backend, standalone): never sent
 	leased      atomic.Bool  // the allocator has answered for this key at least once
 	dropped     atomic.Bool  // removed from the table (set under the shard's write lock): the request memo must not use it
-	// dormant: the refill loop visits the key only at its next deadline
-	// until a check wakes it (Agent.wake, see due.go). A new key starts
-	// dormant, so its first check hands it to the loop.
-	dormant atomic.Bool
 
 	// Immutable after creation.
 	hash    uint64
