@@ -259,6 +259,14 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	if ka.Charged > 0 {
 		lim.Debit(&st, now, ka.Charged)
 	}
+	// (2b) outage_charged: tokens the agent's fallback bucket admitted while
+	// the allocator was unreachable. The bucket refilled meanwhile (its
+	// state is as of the last command that touched the key); they are taken
+	// from what it holds, never into debt, so they pay for that refill and
+	// the key still refills at its rate once the allocator is back.
+	if ka.OutageCharged > 0 {
+		lim.TakeUpTo(&st, now, ka.OutageCharged)
+	}
 	// (3) want: size, cap at the fair share and the window's allowance,
 	// take what the bucket has.
 	capacity := capacityOf(lim, c.cfg.RefreshInterval)

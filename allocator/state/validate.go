@@ -69,7 +69,7 @@ func validateKey(k *allotv1.KeyAcquire) error {
 	for _, f := range [...]struct {
 		name string
 		v    int64
-	}{{"want", k.Want}, {"held", k.Held}, {"returned", k.Returned}, {"charged", k.Charged}, {"denied", k.Denied}} {
+	}{{"want", k.Want}, {"held", k.Held}, {"returned", k.Returned}, {"charged", k.Charged}, {"outage_charged", k.OutageCharged}, {"denied", k.Denied}} {
 		if f.v < 0 || f.v > maxAmount {
 			return fmt.Errorf("%s %d out of range [0, 1e12]", f.name, f.v)
 		}

@@ -463,15 +463,21 @@ func (x *AcquireRequest) GetFallbackKeys() uint32 {
 
 // KeyAcquire is one key's report and request inside an Acquire.
 type KeyAcquire struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
-	Entries       []*Entry               `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`    // the request descriptor that selects the budget
-	Want          int64                  `protobuf:"varint,3,opt,name=want,proto3" json:"want,omitempty"`         // tokens wanted for the next lease period (0..1e12)
-	Held          int64                  `protobuf:"varint,4,opt,name=held,proto3" json:"held,omitempty"`         // unspent tokens the agent keeps after this call (its lease balance)
-	Returned      int64                  `protobuf:"varint,5,opt,name=returned,proto3" json:"returned,omitempty"` // unspent tokens handed back now (credited to the bucket, capped at burst)
-	Charged       int64                  `protobuf:"varint,6,opt,name=charged,proto3" json:"charged,omitempty"`   // tokens admitted without a lease (cold start, fallback) to debit now
-	Demand        float64                `protobuf:"fixed64,7,opt,name=demand,proto3" json:"demand,omitempty"`    // observed tokens/s (EWMA) for this key at this agent
-	Denied        int64                  `protobuf:"varint,8,opt,name=denied,proto3" json:"denied,omitempty"`     // requests denied locally since the previous report (for top/inspect)
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Domain   string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Entries  []*Entry               `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`    // the request descriptor that selects the budget
+	Want     int64                  `protobuf:"varint,3,opt,name=want,proto3" json:"want,omitempty"`         // tokens wanted for the next lease period (0..1e12)
+	Held     int64                  `protobuf:"varint,4,opt,name=held,proto3" json:"held,omitempty"`         // unspent tokens the agent keeps after this call (its lease balance)
+	Returned int64                  `protobuf:"varint,5,opt,name=returned,proto3" json:"returned,omitempty"` // unspent tokens handed back now (credited to the bucket, capped at burst)
+	Charged  int64                  `protobuf:"varint,6,opt,name=charged,proto3" json:"charged,omitempty"`   // tokens admitted without a lease (cold start, fallback) to debit now
+	Demand   float64                `protobuf:"fixed64,7,opt,name=demand,proto3" json:"demand,omitempty"`    // observed tokens/s (EWMA) for this key at this agent
+	Denied   int64                  `protobuf:"varint,8,opt,name=denied,proto3" json:"denied,omitempty"`     // requests denied locally since the previous report (for top/inspect)
+	// outage_charged: tokens the fallback bucket admitted while the allocator
+	// was unreachable (the agent's breaker open), reported once it is back.
+	// They are debited only from what the bucket holds, never into debt: they
+	// pay for the refill the key gained during the outage, and a key whose
+	// bucket is empty still refills at its rate.
+	OutageCharged int64 `protobuf:"varint,9,opt,name=outage_charged,json=outageCharged,proto3" json:"outage_charged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -558,6 +564,13 @@ func (x *KeyAcquire) GetDemand() float64 {
 func (x *KeyAcquire) GetDenied() int64 {
 	if x != nil {
 		return x.Denied
+	}
+	return 0
+}
+
+func (x *KeyAcquire) GetOutageCharged() int64 {
+	if x != nil {
+		return x.OutageCharged
 	}
 	return 0
 }
@@ -3137,7 +3150,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"request_id\x18\x02 \x01(\x04R\trequestId\x12(\n" +
 	"\x04keys\x18\x03 \x03(\v2\x14.allot.v1.KeyAcquireR\x04keys\x12#\n" +
 	"\rrules_version\x18\x04 \x01(\x04R\frulesVersion\x12#\n" +
-	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\"\xdd\x01\n" +
+	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\"\x84\x02\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
@@ -3147,7 +3160,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\breturned\x18\x05 \x01(\x03R\breturned\x12\x18\n" +
 	"\acharged\x18\x06 \x01(\x03R\acharged\x12\x16\n" +
 	"\x06demand\x18\a \x01(\x01R\x06demand\x12\x16\n" +
-	"\x06denied\x18\b \x01(\x03R\x06denied\"\xc0\x01\n" +
+	"\x06denied\x18\b \x01(\x03R\x06denied\x12%\n" +
+	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\xc0\x01\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +
