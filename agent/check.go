@@ -30,6 +30,7 @@ const (
 	takeBucket            // from the fallback or local bucket, not charged
 	takeRemote            // from the Redis backend (Config.Redis)
 	takePromise           // a denial's Retry-After kept (promise.go), charged to the allocator
+	takeOutage            // from the fallback bucket with the breaker open, reported as outage_charged
 )
 
 // outcome is small on purpose: it is returned by value through every
@@ -331,14 +332,17 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 		ks.balance.Add(n)
 	case takePromise:
 		ks.charged.Add(-n)
-	case takeFallback, takeBucket:
+	case takeFallback, takeBucket, takeOutage:
 		ks.mu.Lock()
 		ks.fbLimit.GiveBack(&ks.fbState, now, n)
 		ks.mu.Unlock()
-		if oc.kind == takeFallback {
-			// May go below zero if the charge was already sent; the
-			// refill loop then reports 0 and keeps the credit.
+		// May go below zero if the charge was already sent; the refill
+		// loop then reports 0 and keeps the credit.
+		switch oc.kind {
+		case takeFallback:
 			ks.charged.Add(-n)
+		case takeOutage:
+			ks.outage.Add(-n)
 		}
 	}
 	ks.spent.Add(-n)
@@ -485,11 +489,17 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 	if !st.Allowed && charge && consume && n > 0 && ks.keepPromise(a.preciseNow(), n, st.RetryAfter) {
 		return a.promised(ks, st, n)
 	}
-	if oc.taken > 0 && charge {
+	switch {
+	case oc.taken > 0 && charge:
 		oc.kind = takeFallback
 		ks.charged.Add(oc.taken)
 		a.enqueue(ks)
-	} else if consume && (exp == 0 || now >= exp) && !open {
+	case oc.taken > 0 && open && !ks.notLeased.Load():
+		// Reported once the allocator is back, against the refill the
+		// key gained meanwhile (the scan sends it: see needsAcquire).
+		oc.kind = takeOutage
+		ks.outage.Add(oc.taken)
+	case consume && (exp == 0 || now >= exp) && !open:
 		a.enqueue(ks) // no lease, or it expired: ask for one
 	}
 	return st, oc

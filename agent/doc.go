@@ -98,11 +98,15 @@
 // agent spends what it holds until the leases expire, then decides from the
 // fallback buckets (failure_mode open) or denies (failure_mode closed, with
 // RetryAfter = the time until the next probe, at least one second). Tokens
-// the fallback admits while the breaker is open are not charged after
-// recovery: outage admission is the fail-open bound (about R/N per agent per
-// key), and charging it later would deny legitimate traffic once the
-// allocator is back. Transitions are logged (rate-limited) and exported as
-// metrics.
+// the fallback admits while the breaker is open are reported after recovery
+// as outage_charged, with the key's first Acquire: the allocator takes them
+// from what the key's bucket holds, never into debt, so the refill the key
+// gained during the outage pays for them instead of being granted again,
+// and traffic still flows at the key's rate once the allocator is back.
+// The call in flight when the breaker opened is retried first with its
+// wants set to 0 (a want sized before the outage would otherwise take that
+// refill ahead of the charge). Transitions are logged (rate-limited) and
+// exported as metrics.
 //
 // # Bounds
 //

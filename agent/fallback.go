@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/allot/allot/pkg/bucket"
@@ -63,4 +64,18 @@ func rebase(l bucket.Limit, st *bucket.State, avail, at, now int64) {
 	if l.Peek(s, now).Remaining < l.Peek(*st, now).Remaining {
 		*st = s
 	}
+}
+
+// sendable takes a count of fallback-admitted tokens (charged or outage)
+// out of *c for a report. Negative (a refund arrived after its charge was
+// sent): it reports 0 and keeps the credit for the next report. Beyond the
+// protocol's bound: it reports the bound and keeps the rest.
+func sendable(c *atomic.Int64) int64 {
+	n := c.Swap(0)
+	if n < 0 || n > maxWant {
+		keep := n - min(max(n, 0), maxWant)
+		c.Add(keep)
+		n -= keep
+	}
+	return n
 }

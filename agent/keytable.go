@@ -102,6 +102,7 @@ type keyState struct {
 	// Written by checks.
 	balance atomic.Int64 // unspent leased tokens (valid while now < expiry)
 	charged atomic.Int64 // fallback-admitted tokens not yet reported
+	outage  atomic.Int64 // fallback-admitted tokens while the breaker was open, not yet reported (outage_charged)
 	spent   atomic.Int64 // cumulative tokens admitted (lease or fallback); for demand
 	denied  atomic.Int64 // cumulative requests denied; reported as deltas
 	lastUse atomic.Int64 // coarse time of the latest check

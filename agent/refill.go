@@ -178,7 +178,7 @@ func (a *Agent) drainPending(now int64) {
 			if ks.inflight || ks.local.Load() || now < ks.holdUntil || ks.paced && now < ks.refreshAt {
 				continue // a paced key is sent by the scan at its time
 			}
-			if ks.charged.Load() <= 0 && (now < ks.deniedUntil.Load() || ks.notLeased.Load() && now < ks.retryAt) {
+			if ks.charged.Load() <= 0 && ks.outage.Load() <= 0 && (now < ks.deniedUntil.Load() || ks.notLeased.Load() && now < ks.retryAt) {
 				continue // nothing to report, and asking again is pointless yet
 			}
 			ks.inflight = true
@@ -274,7 +274,7 @@ func (a *Agent) forgettable(ks *keyState, now int64) bool {
 	if ks.local.Load() || ks.refused() {
 		return true
 	}
-	return ks.charged.Load() <= 0 && (ks.balance.Load() == 0 || now >= ks.expiry.Load())
+	return ks.charged.Load() <= 0 && ks.outage.Load() <= 0 && (ks.balance.Load() == 0 || now >= ks.expiry.Load())
 }
 
 // renewMargin is how long before a lease's expiry the loop renews it: two
@@ -292,7 +292,7 @@ func (a *Agent) needsAcquire(ks *keyState, now int64) bool {
 	if ks.paced && now < ks.refreshAt && now < exp-a.renewMargin() {
 		return false // its share is spent: ask at the paced time, charges included
 	}
-	if ks.charged.Load() > 0 {
+	if ks.charged.Load() > 0 || ks.outage.Load() > 0 {
 		return true
 	}
 	active := ks.spent.Load() != ks.spentAtAcq || ks.denied.Load() != ks.deniedSent
@@ -356,15 +356,8 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 		idle := now-ks.lastUse.Load() >= int64(a.cfg.IdleTimeout)
 		active := ks.spent.Load() != ks.spentAtAcq || ks.denied.Load() != ks.deniedSent
 		d := a.demandOf(ks, now)
-		charged := ks.charged.Swap(0)
-		if charged < 0 || charged > maxWant {
-			// Negative: a refund arrived after its charge was sent; keep
-			// the credit for the next report. Beyond the protocol's
-			// bound: send the bound, keep the rest.
-			keep := charged - min(max(charged, 0), maxWant)
-			ks.charged.Add(keep)
-			charged -= keep
-		}
+		charged := sendable(&ks.charged)
+		outage := sendable(&ks.outage)
 		var returned, want int64
 		switch {
 		case live && (idle || (!active && now >= exp-renew)):
@@ -385,14 +378,15 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 		b.spent[i] = ks.spent.Load()
 		b.denied[i] = ks.denied.Load()
 		b.req.Keys = append(b.req.Keys, &allotv1.KeyAcquire{
-			Domain:   ks.domain,
-			Entries:  toProtoEntries(ks.entries),
-			Want:     want,
-			Held:     min(max(ks.balance.Load(), 0), maxWant),
-			Returned: min(returned, maxWant),
-			Charged:  charged,
-			Demand:   min(d, maxWant),
-			Denied:   min(max(b.denied[i]-ks.deniedSent, 0), maxWant),
+			Domain:        ks.domain,
+			Entries:       toProtoEntries(ks.entries),
+			Want:          want,
+			Held:          min(max(ks.balance.Load(), 0), maxWant),
+			Returned:      min(returned, maxWant),
+			Charged:       charged,
+			OutageCharged: outage,
+			Demand:        min(d, maxWant),
+			Denied:        min(max(b.denied[i]-ks.deniedSent, 0), maxWant),
 		})
 	}
 	return b
@@ -514,6 +508,7 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	for i, ks := range b.keys {
 		k := b.req.Keys[i]
 		ks.charged.Add(k.Charged)
+		ks.outage.Add(k.OutageCharged)
 		if k.Returned > 0 && now < ks.expiry.Load() {
 			ks.balance.Add(k.Returned)
 		}
@@ -700,6 +695,19 @@ func (a *Agent) callFailed(now int64, err error) {
 		return
 	}
 	a.nextProbe.Store(rf.br.NextProbe())
+	if rf.unacked != nil {
+		// The allocator is unreachable: when it is back, the call is
+		// retried before anything else, and its wants, sized before the
+		// outage, would take the refill the key gained meanwhile before
+		// the fallback admissions of the outage are charged against it
+		// (outage_charged). The retry asks for nothing: if the allocator
+		// applied the call before it went down, it answers from its
+		// record; otherwise it applies the same charges and returns, and
+		// the next call asks, after its outage charge.
+		for _, k := range rf.unacked.req.Keys {
+			k.Want = 0
+		}
+	}
 }
 
 // throttled records an overload refusal: the batch stays unacknowledged and

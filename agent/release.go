@@ -33,14 +33,16 @@ func (a *Agent) release(ctx context.Context) error {
 				returned = ks.balance.Swap(0)
 			}
 			charged := max(ks.charged.Swap(0), 0)
-			if returned == 0 && charged == 0 {
+			outage := max(ks.outage.Swap(0), 0)
+			if returned == 0 && charged == 0 && outage == 0 {
 				continue
 			}
 			keys = append(keys, &allotv1.KeyAcquire{
-				Domain:   ks.domain,
-				Entries:  toProtoEntries(ks.entries),
-				Returned: returned,
-				Charged:  charged,
+				Domain:        ks.domain,
+				Entries:       toProtoEntries(ks.entries),
+				Returned:      returned,
+				Charged:       charged,
+				OutageCharged: outage,
 			})
 		}
 	}

@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -100,13 +101,15 @@ type envConfig struct {
 	dataDir   func(i int) string
 	advertise func(i int, raftBind string) string
 	slowRules bool
+	// faultRules replaces the gateways' rule (domain "fault") when set.
+	faultRules string
 }
 
 func newEnv(t *testing.T, cfg envConfig) *env {
 	t.Helper()
 	e := &env{t: t, dir: t.TempDir(), bins: testproc.Build(t)}
 	e.rules = []string{
-		testproc.WriteFile(t, e.dir, "fault.yaml", faultRules),
+		testproc.WriteFile(t, e.dir, "fault.yaml", cmp.Or(cfg.faultRules, faultRules)),
 		testproc.WriteFile(t, e.dir, "lin.yaml", linRules),
 	}
 	if cfg.slowRules {
