@@ -51,7 +51,7 @@ type fakeAllocator struct {
 }
 
 // books are one key's token flows as the fake applied them.
-type books struct{ granted, returned, charged int64 }
+type books struct{ granted, returned, charged, outage int64 }
 
 func (f *fakeAllocator) book(key string) *books {
 	if f.books == nil {
@@ -236,6 +236,7 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	l.GiveBack(st, now, ret)
 	ag.held[key] -= ret
 	l.Debit(st, now, k.Charged)
+	outage := l.TakeUpTo(st, now, k.OutageCharged) // never into debt, as the allocator
 	ask := min(k.Want, l.Burst())
 	if f.grantCap > 0 {
 		ask = min(ask, f.grantCap)
@@ -246,6 +247,7 @@ func (f *fakeAllocator) acquireKey(ag *fakeAgent, k *allotv1.KeyAcquire, now int
 	bk.granted += granted
 	bk.returned += ret
 	bk.charged += k.Charged
+	bk.outage += outage
 	p := l.Peek(*st, now)
 	g.Status = allotv1.KeyStatus_KEY_STATUS_OK
 	g.Granted = granted

@@ -107,16 +107,17 @@ func TestBreakerOpensChargesAndRecovers(t *testing.T) {
 	if !s.breakerOpen.Load() {
 		t.Fatalf("breaker closed after %d failures", s.cfg.FailureThreshold)
 	}
-	// While open: decided by the fallback, not charged.
+	// While open: decided by the fallback, not charged but counted for
+	// the outage charge.
 	for range 3 {
 		if got := check(t, s.Agent, d); !got.Allowed || got.Source != SourceFallback {
 			t.Fatalf("while open: %+v", got)
 		}
 	}
 	ks := keyOf(t, s.Agent, d)
-	if c := ks.charged.Load(); c != 0 {
+	if c, o := ks.charged.Load(), ks.outage.Load(); c != 0 || o != 3 {
 		// the first two are in the unacknowledged batch
-		t.Fatalf("charged %d while open, want 0", c)
+		t.Fatalf("charged %d, outage %d while open, want 0 and 3", c, o)
 	}
 	// Not yet time to probe: no call, even when a scan picks a key.
 	other := desc("api_key", "other")
@@ -138,8 +139,16 @@ func TestBreakerOpensChargesAndRecovers(t *testing.T) {
 	if s.breakerOpen.Load() {
 		t.Fatalf("breaker still open after a successful probe")
 	}
-	if rem := s.fake.bucketRemaining(t, "test:api_key=b"); rem != 50-2-ks.balance.Load() {
-		t.Fatalf("global remaining %d, want %d (only the 2 pre-outage admissions charged)", rem, 50-2-ks.balance.Load())
+	// The retried call asked for nothing (its want predates the outage):
+	// only the 2 pre-outage admissions are charged, nothing is granted.
+	if rem, bal := s.fake.bucketRemaining(t, "test:api_key=b"), ks.balance.Load(); rem != 48 || bal != 0 {
+		t.Fatalf("after the retry: global remaining %d, balance %d; want 48, 0", rem, bal)
+	}
+	// The next call reports the 3 outage admissions ahead of its want.
+	s.clock.advance(time.Millisecond)
+	s.step()
+	if rem := s.fake.bucketRemaining(t, "test:api_key=b"); rem != 50-2-3-ks.balance.Load() {
+		t.Fatalf("global remaining %d, want %d (2 charged, 3 outage-charged, the rest granted)", rem, 50-2-3-ks.balance.Load())
 	}
 	if got := check(t, s.Agent, d); got.Source != SourceLease {
 		t.Fatalf("after recovery: source %v, want lease", got.Source)
