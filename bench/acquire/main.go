@@ -7,11 +7,20 @@
 //
 //	go run ./bench/acquire -duration 20s -rate 20000 -failovers 5
 //
-// It reports achieved key-grants/s; Acquire latency (p50/p99/p99.9, from
-// HdrHistogram) both from the actual send of the attempt that succeeded and
-// from the call's intended send time in the open-loop schedule (so a client
-// delayed by a slow call or by the scheduler is counted, not omitted), and
-// how late sends left; Raft entries/s and keys per entry; the p50/p99 of
+// The load is open loop: every call leaves at its slot in a fixed schedule,
+// whether or not earlier calls have answered, and a client that falls
+// behind never skips or resets its schedule. -mode grants (the default)
+// renews leases on -keyspace keys; -mode fleet makes most keys of a call
+// first uses of cold keys (a charge, no lease) over 5M distinct keys.
+//
+// It reports offered and achieved key-grants/s; Acquire latency
+// (p50/p99/p99.9, from HdrHistogram) both from the actual send of the
+// attempt that succeeded and from the call's intended send time (so a call
+// delayed by the client, the in-flight cap or a retry is counted, not
+// omitted; calls unanswered at the end count with their age), and how late
+// sends left; each allocator's CPU (from /proc/<pid>/stat over the measured
+// window) in cores and µs per key-grant, and the load client's; the load
+// average; with -idle, the allocators' CPU with no traffic afterwards; Raft entries/s and keys per entry; the p50/p99 of
 // each stage of an Acquire over the same window, read from the nodes'
 // /metrics histograms (follower handler and hop, leader handler, batcher
 // queue, raft.Apply, commit wait, FSM apply); with -gctrace, each node's GC
@@ -22,6 +31,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -57,21 +67,26 @@ descriptors:
 `
 
 type options struct {
-	duration    time.Duration
-	rate        int
-	keysPerCall int
-	clients     int
-	keyspace    int
-	failovers   int
-	target      string
-	bin         string
-	dir         string
-	inflight    int
-	timeouts    string
-	profile     string
-	env         string
-	args        string
-	gctrace     bool
+	duration     time.Duration
+	rate         int
+	keysPerCall  int
+	clients      int
+	keyspace     int
+	failovers    int
+	target       string
+	bin          string
+	dir          string
+	inflight     int
+	timeouts     string
+	profile      string
+	env          string
+	args         string
+	gctrace      bool
+	maxInflight  int
+	mode         string
+	hotKeys      int
+	coldFraction float64
+	idle         time.Duration
 }
 
 func main() {
@@ -80,7 +95,12 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 20000, "target key-grants per second")
 	flag.IntVar(&o.keysPerCall, "keys-per-call", 100, "keys per Acquire call")
 	flag.IntVar(&o.clients, "clients", 16, "client goroutines (one agent id each)")
-	flag.IntVar(&o.keyspace, "keyspace", 100000, "distinct budget keys")
+	flag.IntVar(&o.keyspace, "keyspace", 0, "distinct budget keys (-mode fleet: distinct cold keys) (default 100000; -mode fleet 5000000)")
+	flag.StringVar(&o.mode, "mode", "grants", "grants: every key a lease renewal (want 5); fleet: -cold-fraction of each call's keys are first uses of cold keys (one token charged, no lease), the rest renewals of -hot-keys keys that also charge")
+	flag.IntVar(&o.hotKeys, "hot-keys", 10000, "-mode fleet: distinct leased (hot) keys")
+	flag.Float64Var(&o.coldFraction, "cold-fraction", 0.85, "-mode fleet: share of each call's keys that are cold first uses")
+	flag.IntVar(&o.maxInflight, "max-inflight-calls", 8192, "calls in flight at once over all clients; a call due beyond it waits (counted in its latency from the intended send)")
+	flag.DurationVar(&o.idle, "idle", 0, "after the throughput phase, stop the load and measure the allocators' CPU with no traffic for this long")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
 	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward) or leader")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
@@ -102,8 +122,20 @@ func main() {
 type node = testproc.Node
 
 func run(o options) error {
-	if o.rate <= 0 || o.keysPerCall <= 0 || o.clients <= 0 || o.keyspace <= 0 {
-		return errors.New("rate, keys-per-call, clients and keyspace must be positive")
+	if o.keyspace == 0 {
+		o.keyspace = 100000
+		if o.mode == "fleet" {
+			o.keyspace = 5000000
+		}
+	}
+	if o.rate <= 0 || o.keysPerCall <= 0 || o.clients <= 0 || o.keyspace <= 0 || o.maxInflight <= 0 || o.hotKeys <= 0 {
+		return errors.New("rate, keys-per-call, clients, keyspace, hot-keys and max-inflight-calls must be positive")
+	}
+	if o.mode != "grants" && o.mode != "fleet" {
+		return fmt.Errorf("-mode %q: want grants or fleet", o.mode)
+	}
+	if o.coldFraction < 0 || o.coldFraction > 1 {
+		return errors.New("-cold-fraction must be in [0, 1]")
 	}
 	tmo := strings.Split(o.timeouts, "/")
 	if len(tmo) != 3 {
@@ -197,8 +229,12 @@ func run(o options) error {
 	if o.inflight > 0 {
 		inflight = strconv.Itoa(o.inflight)
 	}
-	fmt.Printf("3 allocators up (dir %s); load: %d key-grants/s target, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q\n",
-		dir, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env)
+	fmt.Printf("3 allocators up (dir %s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q\n",
+		dir, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env)
+	if o.mode == "fleet" {
+		fmt.Printf("fleet shape: %.0f%% of each call's keys are first uses of cold keys (charged 1, no lease) over %d keys, the rest renewals of %d hot keys\n",
+			100*o.coldFraction, o.keyspace, o.hotKeys)
+	}
 
 	lg := newLoad(o, conns)
 	leader, err := leaderIndex(admin, nodes)
@@ -222,6 +258,8 @@ func run(o options) error {
 		return err
 	}
 	log0 := logSizes(nodes)
+	load0 := loadAvg()
+	cpu0 := sampleCPU(nodes)
 	start := time.Now()
 	if o.profile != "" {
 		secs := max(int(o.duration.Seconds())-1, 1)
@@ -231,14 +269,31 @@ func run(o options) error {
 	}
 	time.Sleep(time.Until(start.Add(o.duration)))
 	elapsed := time.Since(start)
+	cpu1 := sampleCPU(nodes)
 	m1, err := scrapeAll(nodes)
 	if err != nil {
 		return err
 	}
-	lg.report(elapsed, m0[leader], m1[leader])
+	keysOK := lg.report(elapsed, m0[leader], m1[leader])
+	unit := "key-grant"
+	if o.mode == "fleet" {
+		unit = "key-update"
+	}
+	cpuReport(nodes, leader, cpu0, cpu1, keysOK, unit)
+	fmt.Printf("load average: %s at the start, %s at the end\n", load0, loadAvg())
 	breakdown(nodes, leader, m0, m1)
 	if o.gctrace {
 		gcReport(nodes, log0)
+	}
+	if o.idle > 0 {
+		cancel()
+		wg.Wait()
+		if err := idleReport(nodes, leader, o.idle); err != nil {
+			return err
+		}
+		ctx, cancel = context.WithCancel(context.Background())
+		defer cancel()
+		lg.start(ctx, &wg)
 	}
 
 	// Failovers: kill the leader, time the next grant from a new leader,
@@ -292,38 +347,69 @@ func run(o options) error {
 }
 
 // load drives Acquire calls from o.clients goroutines, each paced to its
-// share of the target rate (open loop: a slow call delays that client's
-// next one only).
+// share of the target rate. It is open loop: a client sends each call at
+// its slot in the schedule whether or not its earlier calls have
+// answered (each call in flight uses its own agent identity, since one
+// agent's request ids must arrive in order), and a client that falls
+// behind sends its overdue calls at once without skipping or resetting
+// its schedule. Latency is measured from the slot (the intended send).
 type load struct {
 	o      options
 	conns  []*grpc.ClientConn
 	pinned atomic.Int32 // node index all calls go to, or -1
+	sem    chan struct{}
+	keys   []*allotv1.KeyAcquire // -mode grants: one message per budget key, shared read-only
+	// cold counts the fleet mode's first uses, so each cold key is new
+	// until the key space wraps.
+	cold atomic.Int64
 
 	mu sync.Mutex // guards the fields below
 	// hist is the round trip of the attempt that succeeded, from its
 	// actual send; intended is from the call's intended send time (its
-	// slot in the open-loop schedule), so it includes the client's own
-	// delays and retries (no coordinated omission); lag is how late the
-	// first attempt left relative to its slot.
+	// slot in the schedule), so it includes the client's own delays, the
+	// in-flight cap and retries (no coordinated omission); lag is how late
+	// the first attempt left relative to its slot.
 	hist     *hdrhistogram.Histogram
 	intended *hdrhistogram.Histogram
 	lag      *hdrhistogram.Histogram
-	resets   int64 // schedule resets after a stall of over a second
+	from     time.Time // start of the measured window (reset)
+	offered  int64     // keys whose call's slot is in the window
 	calls    int64
 	keysOK   int64
 	granted  int64
 	errs     int64
+	inflight map[*call]struct{}
 	killAt   time.Time
 	killed   string
 	recovery time.Duration // -1 until the first grant after killAt
 }
 
+// call is one Acquire in flight.
+type call struct {
+	intended time.Time
+}
+
+// agentID is one agent identity of a client; a call in flight owns it.
+type agentID struct {
+	id  string
+	req uint64
+}
+
 func newLoad(o options, conns []*grpc.ClientConn) *load {
 	l := &load{o: o, conns: conns, recovery: -1,
-		hist:     hdrhistogram.New(1, 60_000_000, 3),
-		intended: hdrhistogram.New(1, 60_000_000, 3),
-		lag:      hdrhistogram.New(1, 60_000_000, 3)}
+		sem:      make(chan struct{}, o.maxInflight),
+		inflight: map[*call]struct{}{},
+		hist:     hdrhistogram.New(1, 600_000_000, 3),
+		intended: hdrhistogram.New(1, 600_000_000, 3),
+		lag:      hdrhistogram.New(1, 600_000_000, 3)}
 	l.pinned.Store(-1)
+	if o.mode == "grants" {
+		l.keys = make([]*allotv1.KeyAcquire, o.keyspace)
+		for i := range l.keys {
+			l.keys[i] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(i)}},
+				Want: 5, Demand: 5}
+		}
+	}
 	return l
 }
 
@@ -332,88 +418,162 @@ func (l *load) pin(i int) { l.pinned.Store(int32(i)) }
 func (l *load) start(ctx context.Context, wg *sync.WaitGroup) {
 	callsPerSec := float64(l.o.rate) / float64(l.o.keysPerCall)
 	interval := time.Duration(float64(time.Second) * float64(l.o.clients) / callsPerSec)
+	t0 := time.Now()
 	for c := range l.o.clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l.client(ctx, c, interval)
+			l.client(ctx, wg, c, t0.Add(time.Duration(c)*interval/time.Duration(l.o.clients)), interval)
 		}()
 	}
 }
 
-func (l *load) client(ctx context.Context, c int, interval time.Duration) {
-	agent := fmt.Sprintf("bench-%d-%d", c, time.Now().UnixNano())
+// client sends its calls at first, first+interval, ... until ctx ends.
+func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time.Time, interval time.Duration) {
 	clients := make([]allotv1.AllocatorClient, len(l.conns))
 	for i, cc := range l.conns {
 		clients[i] = allotv1.NewAllocatorClient(cc)
 	}
-	next := time.Now().Add(time.Duration(c) * interval / time.Duration(l.o.clients))
+	var (
+		poolMu sync.Mutex
+		pool   []*agentID
+		made   int
+	)
+	getAgent := func() *agentID {
+		poolMu.Lock()
+		defer poolMu.Unlock()
+		if k := len(pool); k > 0 {
+			a := pool[k-1]
+			pool = pool[:k-1]
+			return a
+		}
+		made++
+		return &agentID{id: fmt.Sprintf("bench-%d-%d-%d", c, made, time.Now().UnixNano())}
+	}
+	putAgent := func(a *agentID) {
+		poolMu.Lock()
+		pool = append(pool, a)
+		poolMu.Unlock()
+	}
 	node := c % len(clients)
-	var reqID uint64
 	keyN := c * 7919
-	for ctx.Err() == nil {
-		if d := time.Until(next); d > 0 {
+	for n := int64(0); ctx.Err() == nil; n++ {
+		intended := first.Add(time.Duration(n) * interval)
+		if d := time.Until(intended); d > 0 {
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(d):
 			}
 		}
-		intended := next
-		next = next.Add(interval)
-		if behind := time.Since(next); behind > time.Second {
-			next = time.Now() // do not burst to catch up after a stall
-			l.mu.Lock()
-			l.resets++
-			l.mu.Unlock()
+		l.mu.Lock()
+		if !intended.Before(l.from) {
+			l.offered += int64(l.o.keysPerCall)
 		}
-		reqID++
-		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: reqID, Keys: make([]*allotv1.KeyAcquire, l.o.keysPerCall)}
-		for k := range req.Keys {
-			keyN = (keyN + 1) % l.o.keyspace
-			req.Keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(keyN)}},
-				Want: 5, Demand: 5}
+		l.mu.Unlock()
+		select {
+		case l.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
 		}
-		// Retry the same request id (idempotent) on the next node until it
-		// succeeds.
-		first := true
-		for ctx.Err() == nil {
-			target := node
-			if p := int(l.pinned.Load()); p >= 0 {
-				target = p
-			}
-			t0 := time.Now()
-			if first {
-				first = false
-				l.mu.Lock()
-				_ = l.lag.RecordValue(max(t0.Sub(intended).Microseconds(), 0))
-				l.mu.Unlock()
-			}
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			resp, err := clients[target].Acquire(cctx, req)
-			cancel()
-			if err == nil {
-				now := time.Now()
-				l.record(now.Sub(t0), now.Sub(intended), resp)
-				if l.o.target == "all" {
-					node = (node + 1) % len(clients)
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			l.mu.Lock()
-			l.errs++
-			l.mu.Unlock()
+		var keys []*allotv1.KeyAcquire
+		keys, keyN = l.keysFor(keyN)
+		ag := getAgent()
+		ag.req++
+		req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: keys}
+		target := node
+		if l.o.target == "all" {
 			node = (node + 1) % len(clients)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(10 * time.Millisecond):
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-l.sem }()
+			if l.send(ctx, clients, target, req, intended) {
+				putAgent(ag)
 			}
+		}()
+	}
+}
+
+// keysFor returns the keys of the next call, starting after keyN in the
+// key space, and the new keyN.
+func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, int) {
+	keys := make([]*allotv1.KeyAcquire, l.o.keysPerCall)
+	if l.o.mode == "grants" {
+		for k := range keys {
+			keyN = (keyN + 1) % l.o.keyspace
+			keys[k] = l.keys[keyN]
+		}
+		return keys, keyN
+	}
+	// fleet: renewals of hot keys (a lease: want, demand) and charges
+	// of first uses of cold keys (no lease wanted: one token admitted
+	// locally and charged), as agents report keys most of which are
+	// cold at any one gateway.
+	for k := range keys {
+		if float64(k) < l.o.coldFraction*float64(len(keys)) {
+			i := l.o.hotKeys + int(l.cold.Add(1)%int64(l.o.keyspace))
+			keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(i)}},
+				Charged: 1}
+			continue
+		}
+		keyN = (keyN + 1) % l.o.hotKeys
+		keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(keyN)}},
+			Want: 5, Demand: 5, Held: 2, Charged: 3}
+	}
+	return keys, keyN
+}
+
+// send sends req until it succeeds (retrying the same request id, which
+// is idempotent, on the next node) and records it. It reports false when
+// ctx ended first (the agent identity is then left unused: its last
+// request may or may not have been applied).
+func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node int, req *allotv1.AcquireRequest, intended time.Time) bool {
+	c := &call{intended: intended}
+	l.mu.Lock()
+	l.inflight[c] = struct{}{}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.inflight, c)
+		l.mu.Unlock()
+	}()
+	first := true
+	for ctx.Err() == nil {
+		target := node
+		if p := int(l.pinned.Load()); p >= 0 {
+			target = p
+		}
+		t0 := time.Now()
+		if first {
+			first = false
+			l.mu.Lock()
+			_ = l.lag.RecordValue(max(t0.Sub(intended).Microseconds(), 0))
+			l.mu.Unlock()
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := clients[target].Acquire(cctx, req)
+		cancel()
+		if err == nil {
+			now := time.Now()
+			l.record(now.Sub(t0), now.Sub(intended), resp)
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		l.mu.Lock()
+		l.errs++
+		l.mu.Unlock()
+		node = (node + 1) % len(clients)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	return false
 }
 
 func (l *load) record(lat, fromIntended time.Duration, resp *allotv1.AcquireResponse) {
@@ -436,13 +596,15 @@ func (l *load) record(lat, fromIntended time.Duration, resp *allotv1.AcquireResp
 	}
 }
 
+// reset starts the measured window.
 func (l *load) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.hist.Reset()
 	l.intended.Reset()
 	l.lag.Reset()
-	l.resets = 0
+	l.from = time.Now()
+	l.offered = 0
 	l.calls, l.keysOK, l.granted, l.errs = 0, 0, 0, 0
 }
 
@@ -469,15 +631,27 @@ func (l *load) waitRecovery(killAt time.Time, timeout time.Duration) (time.Durat
 	return 0, fmt.Errorf("no grant within %v of the kill", timeout)
 }
 
-func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
+func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Calls still in flight at the end count with their age so far (a
+	// lower bound of their latency), so a stalled cluster shows.
+	now := time.Now()
+	var open int
+	for c := range l.inflight {
+		if !c.intended.Before(l.from) {
+			_ = l.intended.RecordValue(now.Sub(c.intended).Microseconds())
+			open++
+		}
+	}
 	secs := elapsed.Seconds()
 	us := func(v int64) string {
 		return (time.Duration(v) * time.Microsecond).Round(10 * time.Microsecond).String()
 	}
-	fmt.Printf("throughput: %.0f key-grants/s (keys answered OK; %.0f tokens/s granted), %.0f calls/s, %d failed calls, over %v\n",
-		float64(l.keysOK)/secs, float64(l.granted)/secs, float64(l.calls)/secs, l.errs, elapsed.Round(time.Millisecond))
+	offered := float64(l.o.rate)
+	fmt.Printf("throughput: offered %.0f key-grants/s, achieved %.0f key-grants/s (%.1f%%; keys answered OK; %.0f tokens/s granted), %.0f calls/s, %d failed calls, %d calls unanswered at the end, over %v\n",
+		offered, float64(l.keysOK)/secs, 100*float64(l.keysOK)/secs/offered, float64(l.granted)/secs, float64(l.calls)/secs,
+		l.errs, open, elapsed.Round(time.Millisecond))
 	for _, h := range []struct {
 		what string
 		h    *hdrhistogram.Histogram
@@ -489,9 +663,6 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
 		fmt.Printf("%s: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n", h.what,
 			us(h.h.ValueAtQuantile(50)), us(h.h.ValueAtQuantile(99)), us(h.h.ValueAtQuantile(99.9)), us(h.h.Max()), h.h.TotalCount())
 	}
-	if l.resets > 0 {
-		fmt.Printf("client schedule resets after a stall over 1 s: %d\n", l.resets)
-	}
 	entries := m1[`allot_allocator_batch_keys_count`] - m0[`allot_allocator_batch_keys_count`]
 	keys := m1[`allot_allocator_batch_keys_sum`] - m0[`allot_allocator_batch_keys_sum`]
 	reqs := m1[`allot_allocator_batch_requests_sum`] - m0[`allot_allocator_batch_requests_sum`]
@@ -501,6 +672,111 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) {
 		fmt.Printf("raft: %.0f acquire entries/s, %.0f keys/entry, %.1f calls/entry, mean commit %.2f ms (leader's raft.Apply → applied)\n",
 			entries/secs, keys/entries, reqs/entries, 1000*applyS/max(applyN, 1))
 	}
+	return l.keysOK
+}
+
+// cpuTicks returns a process's user+system CPU time from /proc/<pid>/stat
+// (0 if it cannot be read).
+func cpuTicks(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may hold spaces): state is
+	// field 3, utime 14, stime 15.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on
+// every Linux architecture Go supports).
+const clockTicks = 100
+
+// cpuSample is the CPU time of each node and of this process at one
+// instant.
+type cpuSample struct {
+	nodes []time.Duration
+	self  time.Duration
+	at    time.Time
+}
+
+func sampleCPU(nodes []*node) cpuSample {
+	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: cpuTicks(os.Getpid()), at: time.Now()}
+	for i, n := range nodes {
+		s.nodes[i] = cpuTicks(n.Pid())
+	}
+	return s
+}
+
+// cpuReport prints the CPU each node and this process used between s0
+// and s1, in cores and in µs per key (keys answered OK; none: cores only).
+func cpuReport(nodes []*node, leader int, s0, s1 cpuSample, keys int64, unit string) {
+	secs := s1.at.Sub(s0.at).Seconds()
+	var total time.Duration
+	per := func(d time.Duration) string {
+		if keys <= 0 {
+			return ""
+		}
+		return fmt.Sprintf(", %.2f µs/%s", float64(d.Microseconds())/float64(keys), unit)
+	}
+	fmt.Printf("cpu (/proc/<pid>/stat over %.1f s):", secs)
+	for i, n := range nodes {
+		d := s1.nodes[i] - s0.nodes[i]
+		total += d
+		role := "follower"
+		if i == leader {
+			role = "leader"
+		}
+		fmt.Printf(" %s (%s) %.3f cores%s;", n.ID, role, d.Seconds()/secs, per(d))
+	}
+	fmt.Printf(" allocators %.3f cores%s; load client %.3f cores\n", total.Seconds()/secs, per(total), (s1.self-s0.self).Seconds()/secs)
+}
+
+// idleReport measures the allocators' CPU with no traffic over d, after
+// the calls in flight have drained, with the tracked keys and leases at
+// its start and end.
+func idleReport(nodes []*node, leader int, d time.Duration) error {
+	time.Sleep(2 * time.Second) // the last batches commit and apply everywhere
+	m0, err := scrapeAll(nodes)
+	if err != nil {
+		return err
+	}
+	load0 := loadAvg()
+	s0 := sampleCPU(nodes)
+	time.Sleep(d)
+	s1 := sampleCPU(nodes)
+	m1, err := scrapeAll(nodes)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("idle: no traffic for %v; leader tracks %.0f keys and %.0f leases at the start, %.0f keys and %.0f leases at the end\n",
+		d, m0[leader]["allot_allocator_keys"], m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_leases"])
+	fmt.Print("idle ")
+	cpuReport(nodes, leader, s0, s1, 0, "")
+	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, loadAvg())
+	return nil
+}
+
+// loadAvg returns /proc/loadavg's first three fields.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // breakdown prints the p50/p99 of each stage of an Acquire over the
