@@ -31,7 +31,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -258,7 +257,7 @@ func run(o options) error {
 		return err
 	}
 	log0 := logSizes(nodes)
-	load0 := loadAvg()
+	load0 := allocproc.LoadAvg()
 	cpu0 := sampleCPU(nodes)
 	start := time.Now()
 	if o.profile != "" {
@@ -280,7 +279,7 @@ func run(o options) error {
 		unit = "key-update"
 	}
 	cpuReport(nodes, leader, cpu0, cpu1, keysOK, unit)
-	fmt.Printf("load average: %s at the start, %s at the end\n", load0, loadAvg())
+	fmt.Printf("load average: %s at the start, %s at the end\n", load0, allocproc.LoadAvg())
 	breakdown(nodes, leader, m0, m1)
 	if o.gctrace {
 		gcReport(nodes, log0)
@@ -675,32 +674,6 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 	return l.keysOK
 }
 
-// cpuTicks returns a process's user+system CPU time from /proc/<pid>/stat
-// (0 if it cannot be read).
-func cpuTicks(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name (which may hold spaces): state is
-	// field 3, utime 14, stime 15.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
-}
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on
-// every Linux architecture Go supports).
-const clockTicks = 100
-
 // cpuSample is the CPU time of each node and of this process at one
 // instant.
 type cpuSample struct {
@@ -710,9 +683,9 @@ type cpuSample struct {
 }
 
 func sampleCPU(nodes []*node) cpuSample {
-	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: cpuTicks(os.Getpid()), at: time.Now()}
+	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: allocproc.CPUTime(os.Getpid()), at: time.Now()}
 	for i, n := range nodes {
-		s.nodes[i] = cpuTicks(n.Pid())
+		s.nodes[i] = allocproc.CPUTime(n.Pid())
 	}
 	return s
 }
@@ -750,7 +723,7 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	load0 := loadAvg()
+	load0 := allocproc.LoadAvg()
 	s0 := sampleCPU(nodes)
 	time.Sleep(d)
 	s1 := sampleCPU(nodes)
@@ -762,21 +735,8 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 		d, m0[leader]["allot_allocator_keys"], m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_leases"])
 	fmt.Print("idle ")
 	cpuReport(nodes, leader, s0, s1, 0, "")
-	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, loadAvg())
+	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, allocproc.LoadAvg())
 	return nil
-}
-
-// loadAvg returns /proc/loadavg's first three fields.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // breakdown prints the p50/p99 of each stage of an Acquire over the

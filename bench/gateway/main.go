@@ -96,6 +96,7 @@ import (
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/gateway"
+	"github.com/allot/allot/internal/allocproc"
 	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/pkg/rules"
@@ -394,7 +395,7 @@ func run(o options) error {
 		loop = fmt.Sprintf("open loop at %d req/s (latency from the scheduled send; throughput is the offered rate unless a target saturates)", o.rate)
 	}
 	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, %s, agent mode %s, load generator %s (CPUs %q), GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
-		o.rounds, o.duration, o.conc, loop, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, loadAvg())
+		o.rounds, o.duration, o.conc, loop, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, allocproc.LoadAvg())
 	switch o.loadgen {
 	case "process":
 		fmt.Println("CPU/req: this process (proxies, agent); client CPU/req: the load generator and upstream process")
@@ -505,7 +506,7 @@ func run(o options) error {
 		fmt.Printf("agent check latency (allot_agent_check_seconds, histogram_quantile over %d and %d samples): limited p50 %v p99 %v; limited%s p50 %v p99 %v\n",
 			l.checks.count(), b.checks.count(), l.checks.quantile(0.5), l.checks.quantile(0.99), burnSuffix, b.checks.quantile(0.5), b.checks.quantile(0.99))
 	}
-	fmt.Printf("load average at the end: %s\n", loadAvg())
+	fmt.Printf("load average at the end: %s\n", allocproc.LoadAvg())
 	if d := denied.Load(); d > 0 {
 		fmt.Printf("warning: %d requests were denied (the rule should admit everything)\n", d)
 	}
@@ -545,20 +546,6 @@ func startTargetProfile(prefix, target string, round int) (func(), error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
-}
-
-// loadAvg is the first three fields of /proc/loadavg ("?" elsewhere): the
-// machine is shared, so every figure carries the load it was measured under.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // cpuTime is the process's user+system CPU time so far. Unlike wall-clock

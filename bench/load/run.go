@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/internal/allocproc"
 	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -39,7 +40,7 @@ func run(o options) (*report, error) {
 	}
 	rep := &report{
 		Workload: newWorkloadInfo(o),
-		Machine:  machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadAvgStart: loadAvg()},
+		Machine:  machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadAvgStart: allocproc.LoadAvg()},
 	}
 	p50, p99 := timerOverhead(200_000)
 	rep.TimerOverhead = latencyNS{P50: int64(p50), P99: int64(p99)}
@@ -76,7 +77,7 @@ func run(o options) (*report, error) {
 		}
 		rep.redisOrder = o.redisModes
 	}
-	rep.Machine.LoadAvgEnd = loadAvg()
+	rep.Machine.LoadAvgEnd = allocproc.LoadAvg()
 	rep.finish(o)
 	return rep, nil
 }
@@ -679,17 +680,4 @@ func mergeEvents(ws []*workerResult) ([]event, error) {
 		w.events = nil
 	}
 	return out, nil
-}
-
-// loadAvg returns /proc/loadavg's three averages.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
 }
