@@ -14,16 +14,25 @@ import (
 
 // batcher sits in front of raft.Apply for Acquire. Calls queue up while a
 // batch commits; the next batch drains everything queued (up to maxKeys
-// keys and maxBytes bytes) into one AcquireBatch entry stamped with the
-// leader's clock, so the commit cost (two fsyncs) is paid once per batch.
-// At most maxInflight batches are in Raft at once.
+// keys and maxBytes bytes) into one entry stamped with the leader's clock,
+// so the commit cost (two fsyncs) is paid once per batch. At most
+// maxInflight batches are in Raft at once.
+//
+// The entry is a compact Acquire entry (state.AppendAcquireEntry): each
+// call's record is encoded by the caller's goroutine in submit, and the
+// batch joins them. With legacy set it is an AcquireBatch Command instead,
+// which every version of the allocator applies (a rolling upgrade from a
+// version without compact entries runs legacy until every node is new).
 type batcher struct {
-	// propose commits one encoded command and returns the FSM's result.
-	propose func(cmd *allotv1.Command) (any, error)
+	// propose commits one encoded entry and returns the FSM's result.
+	propose func(data []byte) (any, error)
 	// now stamps a batch (Unix nanoseconds, non-decreasing).
 	now func() int64
-	// observe, when set, sees each committed batch (metrics).
-	observe func(b *allotv1.AcquireBatch, keys int)
+	// legacy: propose AcquireBatch Commands, not compact entries.
+	legacy bool
+	// observe, when set, sees each committed batch: its calls and keys
+	// (metrics).
+	observe func(calls, keys int)
 	// queued, when set, is told how long each call waited in the queue
 	// before its batch was proposed (metrics).
 	queued func(time.Duration)
@@ -46,6 +55,7 @@ type batcher struct {
 type pendingAcquire struct {
 	ctx   context.Context
 	req   *allotv1.AcquireRequest
+	rec   []byte // its compact record (nil when legacy)
 	keys  int
 	bytes int
 	done  chan acquireResult // capacity 1
@@ -57,7 +67,7 @@ type acquireResult struct {
 	err  error
 }
 
-func newBatcher(propose func(*allotv1.Command) (any, error), now func() int64, maxKeys, maxBytes, maxInflight int) *batcher {
+func newBatcher(propose func([]byte) (any, error), now func() int64, maxKeys, maxBytes, maxInflight int) *batcher {
 	return &batcher{
 		propose:  propose,
 		now:      now,
@@ -83,11 +93,16 @@ func (b *batcher) start() {
 // Acquire is idempotent per (agent_id, request_id).
 func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
 	p := &pendingAcquire{
-		ctx:   ctx,
-		req:   req,
-		keys:  len(req.GetKeys()),
-		bytes: proto.Size(req),
-		done:  make(chan acquireResult, 1),
+		ctx:  ctx,
+		req:  req,
+		keys: len(req.GetKeys()),
+		done: make(chan acquireResult, 1),
+	}
+	if b.legacy {
+		p.bytes = proto.Size(req)
+	} else {
+		p.rec = state.AppendAcquireRecord(nil, req)
+		p.bytes = len(p.rec)
 	}
 	if b.queued != nil {
 		p.at = time.Now()
@@ -180,7 +195,6 @@ func (b *batcher) take() []*pendingAcquire {
 
 // commit proposes one batch and hands each caller its response or error.
 func (b *batcher) commit(batch []*pendingAcquire) {
-	reqs := make([]*allotv1.AcquireRequest, len(batch))
 	keys := 0
 	if b.queued != nil {
 		now := time.Now()
@@ -188,16 +202,14 @@ func (b *batcher) commit(batch []*pendingAcquire) {
 			b.queued(now.Sub(p.at))
 		}
 	}
-	for i, p := range batch {
-		reqs[i] = p.req
+	for _, p := range batch {
 		keys += p.keys
 	}
-	ab := &allotv1.AcquireBatch{Requests: reqs}
-	cmd := &allotv1.Command{
-		NowUnixNanos: b.now(),
-		Cmd:          &allotv1.Command_Acquire{Acquire: ab},
+	data, err := b.encode(batch)
+	var res any
+	if err == nil {
+		res, err = b.propose(data)
 	}
-	res, err := b.propose(cmd)
 	if err == nil {
 		br, ok := res.(*state.AcquireBatchResult)
 		switch {
@@ -208,7 +220,7 @@ func (b *batcher) commit(batch []*pendingAcquire) {
 				len(batch), len(br.Responses), len(br.Errs))
 		default:
 			if b.observe != nil {
-				b.observe(ab, keys)
+				b.observe(len(batch), keys)
 			}
 			for i, p := range batch {
 				p.done <- acquireResult{resp: br.Responses[i], err: br.Errs[i]}
@@ -219,6 +231,31 @@ func (b *batcher) commit(batch []*pendingAcquire) {
 	for _, p := range batch {
 		p.done <- acquireResult{err: err}
 	}
+}
+
+// encode returns the batch's log entry, stamped now.
+func (b *batcher) encode(batch []*pendingAcquire) ([]byte, error) {
+	if b.legacy {
+		reqs := make([]*allotv1.AcquireRequest, len(batch))
+		for i, p := range batch {
+			reqs[i] = p.req
+		}
+		data, err := proto.Marshal(&allotv1.Command{
+			NowUnixNanos: b.now(),
+			Cmd:          &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{Requests: reqs}},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("allocator: encode command: %w", err)
+		}
+		return data, nil
+	}
+	n := 24
+	recs := make([][]byte, len(batch))
+	for i, p := range batch {
+		recs[i] = p.rec
+		n += len(p.rec)
+	}
+	return state.AppendAcquireEntry(make([]byte, 0, n), b.now(), recs), nil
 }
 
 // close stops the loop, waits for batches in flight, and fails every call

@@ -114,6 +114,13 @@ type Config struct {
 	// right behind the first (bench/acquire -max-inflight-batches compares
 	// the settings).
 	MaxInflightBatches int
+	// LegacyAcquireEntries makes the leader replicate Acquire batches as
+	// protobuf AcquireBatch commands instead of compact entries (see
+	// allocator/state.IsCompactEntry). Every version applies both kinds it
+	// knows; a version older than compact entries stops on one. Upgrading
+	// such a cluster: set this on every node, upgrade the nodes one by one,
+	// then unset it, one node at a time (default false).
+	LegacyAcquireEntries bool
 	// MaxRecvMsgSize is the gRPC server's receive limit (default 4 MiB).
 	MaxRecvMsgSize int
 	// SnapshotInterval and SnapshotThreshold are passed to Raft (defaults

@@ -79,7 +79,11 @@ func (f *fsm) Apply(l *raft.Log) any {
 		f.beforeApply(l)
 	}
 	defer f.advance(l.Index, l.AppendedAt)
-	cmd := new(allotv1.Command)
+	compact := state.IsCompactEntry(l.Data)
+	cmd := compactAcquire
+	if !compact {
+		cmd = new(allotv1.Command)
+	}
 	if f.onEntry != nil {
 		start := time.Now()
 		commit := time.Duration(-1)
@@ -87,6 +91,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 			commit = start.Sub(l.AppendedAt)
 		}
 		defer func() { f.onEntry(cmd, commit, time.Since(start)) }()
+	}
+	if compact {
+		return f.applyCompact(l)
 	}
 	if err := proto.Unmarshal(l.Data, cmd); err != nil {
 		panic(fmt.Sprintf("allocator: raft log entry %d (term %d) does not decode as an allot.v1.Command: %v", l.Index, l.Term, err))
@@ -136,6 +143,28 @@ func (f *fsm) advance(index uint64, at time.Time) {
 	} else {
 		f.appliedAt.Store(at.UnixNano())
 	}
+}
+
+// compactAcquire stands for a compact Acquire entry in the metrics hooks,
+// which see it as an Acquire command.
+var compactAcquire = &allotv1.Command{Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{}}}
+
+// applyCompact applies a compact Acquire entry. One that does not decode,
+// or is of a version this binary does not know, panics, as an undecodable
+// Command does.
+func (f *fsm) applyCompact(l *raft.Log) any {
+	res, err := f.st.ApplyCompact(l.Data)
+	if err != nil {
+		hint := ""
+		if errors.Is(err, state.ErrUnknownCommand) {
+			hint = "; upgrade this node"
+		}
+		panic(fmt.Sprintf("allocator: raft log entry %d (term %d): %v%s", l.Index, l.Term, err, hint))
+	}
+	if f.onApply != nil {
+		f.onApply(compactAcquire, res)
+	}
+	return res
 }
 
 // Snapshot captures the state under its lock; Persist does the I/O. The

@@ -291,29 +291,14 @@ func (s *Server) unregisterMetrics() {
 // observeApply counts an applied command (called by the FSM on every
 // replica).
 func (m *metrics) observeApply(cmd *allotv1.Command, result any) {
-	switch c := cmd.Cmd.(type) {
+	switch cmd.Cmd.(type) {
 	case *allotv1.Command_Acquire:
 		m.commands.WithLabelValues("acquire").Inc()
-		var returned, charged, granted int64
-		for _, r := range c.Acquire.GetRequests() {
-			for _, k := range r.GetKeys() {
-				returned += k.GetReturned()
-				charged += k.GetCharged()
-			}
-		}
 		if br, ok := result.(*state.AcquireBatchResult); ok {
-			for i, resp := range br.Responses {
-				if i < len(br.Errs) && br.Errs[i] != nil {
-					continue
-				}
-				for _, g := range resp.GetGrants() {
-					granted += g.GetGranted()
-				}
-			}
+			m.granted.Add(float64(br.Granted))
+			m.returned.Add(float64(br.Returned))
+			m.charged.Add(float64(br.Charged))
 		}
-		m.granted.Add(float64(granted))
-		m.returned.Add(float64(returned))
-		m.charged.Add(float64(charged))
 	case *allotv1.Command_Release:
 		m.commands.WithLabelValues("release").Inc()
 		if r, ok := result.(*allotv1.ReleaseResponse); ok {
@@ -360,8 +345,8 @@ func commandType(cmd *allotv1.Command) string {
 }
 
 // observeBatch records the size of a committed batch (leader only).
-func (m *metrics) observeBatch(b *allotv1.AcquireBatch, keys int) {
-	m.batchRequests.Observe(float64(len(b.GetRequests())))
+func (m *metrics) observeBatch(calls, keys int) {
+	m.batchRequests.Observe(float64(calls))
 	m.batchKeys.Observe(float64(keys))
 }
 

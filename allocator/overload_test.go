@@ -161,7 +161,7 @@ func TestInflightCap(t *testing.T) {
 func TestBatcherQueueBound(t *testing.T) {
 	release := make(chan struct{})
 	proposed := make(chan struct{}, 1)
-	b := newBatcher(func(cmd *allotv1.Command) (any, error) {
+	b := newBatcher(func([]byte) (any, error) {
 		proposed <- struct{}{}
 		<-release
 		return nil, errShutdown

@@ -180,7 +180,8 @@ func New(cfg Config) (*Server, error) {
 	if err = s.register(&stateCollector{s: s}); err != nil {
 		return nil, err
 	}
-	s.batcher = newBatcher(s.propose, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
+	s.batcher = newBatcher(s.proposeData, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
+	s.batcher.legacy = cfg.LegacyAcquireEntries
 	s.batcher.maxQueue = cfg.MaxQueuedAcquires
 	s.batcher.observe = s.metrics.observeBatch
 	s.batcher.queued = func(d time.Duration) { s.metrics.batchQueue.Observe(d.Seconds()) }
@@ -442,6 +443,11 @@ func (s *Server) propose(cmd *allotv1.Command) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("allocator: encode command: %w", err)
 	}
+	return s.proposeData(data)
+}
+
+// proposeData commits an encoded log entry, as propose does.
+func (s *Server) proposeData(data []byte) (any, error) {
 	start := time.Now()
 	f := s.node.raft.Apply(data, s.cfg.ApplyTimeout)
 	if err := f.Error(); err != nil {

@@ -34,12 +34,25 @@ type fakeRaft struct {
 	err     error
 }
 
-func (f *fakeRaft) propose(cmd *allotv1.Command) (any, error) {
+func (f *fakeRaft) propose(data []byte) (any, error) {
 	f.entered.Add(1)
 	if f.gate != nil {
 		<-f.gate
 	}
-	reqs := cmd.GetAcquire().GetRequests()
+	var reqs []*allotv1.AcquireRequest
+	if state.IsCompactEntry(data) {
+		_, rs, err := state.DecodeAcquireEntry(data)
+		if err != nil {
+			return nil, err
+		}
+		reqs = rs
+	} else {
+		cmd := new(allotv1.Command)
+		if err := proto.Unmarshal(data, cmd); err != nil {
+			return nil, err
+		}
+		reqs = cmd.GetAcquire().GetRequests()
+	}
 	f.mu.Lock()
 	f.batches = append(f.batches, reqs)
 	f.mu.Unlock()

@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -12,8 +13,6 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-var marshalDet = proto.MarshalOptions{Deterministic: true}
-
 func (c *core) applyAcquireBatch(b *allotv1.AcquireBatch, now int64) *AcquireBatchResult {
 	reqs := b.GetRequests()
 	res := &AcquireBatchResult{
@@ -21,7 +20,7 @@ func (c *core) applyAcquireBatch(b *allotv1.AcquireBatch, now int64) *AcquireBat
 		Errs:      make([]error, len(reqs)),
 	}
 	for i, req := range reqs {
-		res.Responses[i], res.Errs[i] = c.applyAcquire(req, now)
+		res.Responses[i], res.Errs[i] = c.applyAcquire(req, now, res)
 	}
 	return res
 }
@@ -42,31 +41,83 @@ func checkSeq(ag *agentRec, id uint64, kind uint8) (replay bool, err error) {
 	return true, nil
 }
 
-func (c *core) applyAcquire(req *allotv1.AcquireRequest, now int64) (*allotv1.AcquireResponse, error) {
+// applyAcquire applies a protobuf Acquire request (res, when not nil,
+// sums its amounts).
+func (c *core) applyAcquire(req *allotv1.AcquireRequest, now int64, res *AcquireBatchResult) (*allotv1.AcquireResponse, error) {
 	if err := ValidateAcquire(req); err != nil {
 		return nil, err
 	}
-	ag := c.agents[req.AgentId]
-	if replay, err := checkSeq(ag, req.RequestId, kindAcquire); err != nil {
+	cl := &c.scr.call
+	cl.agentID, cl.requestID, cl.fallback = req.AgentId, req.RequestId, req.FallbackKeys
+	cl.keys, c.scr.ents = c.args(cl.keys[:0], c.scr.ents[:0], req.Keys)
+	return c.applyCall(cl, now, res)
+}
+
+// args converts wire keys into keys, with their entries in ents.
+func (c *core) args(keys []keyArgs, ents []rules.Entry, ks []*allotv1.KeyAcquire) ([]keyArgs, []rules.Entry) {
+	for _, k := range ks {
+		from := len(ents)
+		for _, e := range k.Entries {
+			ents = append(ents, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		keys = append(keys, keyArgs{domain: k.Domain, want: k.Want, held: k.Held, returned: k.Returned,
+			charged: k.Charged, outageCharged: k.OutageCharged, denied: k.Denied, demand: k.Demand, ef: from, et: len(ents)})
+	}
+	for i := range keys {
+		k := &keys[i]
+		k.ents = ents[k.ef:k.et:k.et]
+	}
+	return keys, ents
+}
+
+// applyCall applies one Acquire call (res, when not nil, sums its
+// amounts).
+func (c *core) applyCall(cl *call, now int64, res *AcquireBatchResult) (*allotv1.AcquireResponse, error) {
+	if err := validateArgs(cl); err != nil {
+		return nil, err
+	}
+	ag := c.agents[cl.agentID]
+	if replay, err := checkSeq(ag, cl.requestID, kindAcquire); err != nil {
 		return nil, err
 	} else if replay {
 		resp := new(allotv1.AcquireResponse)
-		if err := proto.Unmarshal(ag.lastResp, resp); err != nil {
-			return nil, fmt.Errorf("state: recorded response of agent %q: %w", ag.id, err)
+		if err := ag.recorded(resp); err != nil {
+			return nil, err
 		}
 		return resp, nil
 	}
 	c.now = now
-	ag = c.touchAgent(ag, req.AgentId, now)
-	ag.fallbackKeys = req.FallbackKeys
-	resp := &allotv1.AcquireResponse{Grants: make([]*allotv1.KeyGrant, len(req.Keys))}
-	for i, k := range req.Keys {
-		resp.Grants[i], _, _ = c.key(ag, k, now, false)
+	ag = c.touchAgent(ag, cl.agentID, now)
+	ag.fallbackKeys = cl.fallback
+	// The grants and their keys are allocated once per call: one slice of
+	// messages, one string holding every key.
+	grants := make([]allotv1.KeyGrant, len(cl.keys))
+	resp := &allotv1.AcquireResponse{Grants: make([]*allotv1.KeyGrant, len(cl.keys))}
+	ends := c.scr.ends[:0]
+	keys := c.scr.keys[:0]
+	for i := range cl.keys {
+		k := &cl.keys[i]
+		g := &grants[i]
+		resp.Grants[i] = g
+		c.key(g, ag, k, now, false)
+		keys = append(keys, c.scr.key...)
+		ends = append(ends, len(keys))
+		if res != nil {
+			res.Granted += g.Granted
+			res.Returned += k.returned
+			res.Charged += k.charged
+		}
 	}
+	all, from := string(keys), 0
+	for i, to := range ends {
+		grants[i].Key = all[from:to]
+		from = to
+	}
+	c.scr.ends, c.scr.keys = ends, keys
 	resp.LiveAgents = uint32(len(c.agents))
 	resp.RulesVersion = c.rulesVersion()
 	resp.NowUnixMs = now / 1e6
-	c.record(ag, req.RequestId, kindAcquire, resp)
+	c.record(ag, cl.requestID, kindAcquire, resp)
 	return resp, nil
 }
 
@@ -79,16 +130,20 @@ func (c *core) applyRelease(req *allotv1.ReleaseRequest, now int64) (*allotv1.Re
 		return nil, err
 	} else if replay {
 		resp := new(allotv1.ReleaseResponse)
-		if err := proto.Unmarshal(ag.lastResp, resp); err != nil {
-			return nil, fmt.Errorf("state: recorded response of agent %q: %w", ag.id, err)
+		if err := ag.recorded(resp); err != nil {
+			return nil, err
 		}
 		return resp, nil
 	}
 	c.now = now
 	ag = c.touchAgent(ag, req.AgentId, now)
 	resp := &allotv1.ReleaseResponse{}
-	for _, k := range req.Keys {
-		_, credited, ended := c.key(ag, k, now, true)
+	var keys []keyArgs
+	keys, c.scr.ents = c.args(c.scr.call.keys[:0], c.scr.ents[:0], req.Keys)
+	c.scr.call.keys = keys
+	var g allotv1.KeyGrant
+	for i := range keys {
+		credited, ended := c.key(&g, ag, &keys[i], now, true)
 		resp.Returned += credited
 		if ended {
 			resp.LeasesEnded++
@@ -108,6 +163,7 @@ func (c *core) touchAgent(ag *agentRec, id string, now int64) *agentRec {
 		for c.nextAgent == 0 || c.byNum[c.nextAgent] != nil { // after wrapping
 			c.nextAgent++
 		}
+		id = strings.Clone(id) // it may be a substring of a whole log entry
 		ag = &agentRec{gen: c.gen, id: id, num: c.nextAgent}
 		c.nextAgent++
 		c.agents[id] = ag
@@ -119,27 +175,13 @@ func (c *core) touchAgent(ag *agentRec, id string, now int64) *agentRec {
 	return ag
 }
 
-// record stores the agent's last request id and its answer.
+// record stores the agent's last request id and its answer. The answer
+// is kept as built, not encoded: it is never modified after this (the
+// service copies a response before setting fields on it), and it is
+// encoded only when a snapshot is written (agentRec.response).
 func (c *core) record(ag *agentRec, id uint64, kind uint8, resp proto.Message) {
-	b, err := marshalDet.Marshal(resp)
-	if err != nil {
-		// Marshalling a message this package built cannot fail; keep the
-		// previous id so that a retry is applied rather than answered
-		// wrongly.
-		return
-	}
 	ag = c.mutAgent(ag)
-	ag.lastReq, ag.lastKind, ag.lastResp = id, kind, b
-}
-
-// entries converts wire entries into the scratch rules.Entry slice.
-func (c *core) entries(es []*allotv1.Entry) []rules.Entry {
-	out := c.scr.entries[:0]
-	for _, e := range es {
-		out = append(out, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
-	}
-	c.scr.entries = out
-	return out
+	ag.lastReq, ag.lastKind, ag.lastMsg, ag.lastResp = id, kind, resp, nil
 }
 
 // slotFor returns the table index of h under limit l at now, creating the
@@ -183,11 +225,10 @@ func carryOver(from bucket.Limit, st bucket.State, to bucket.Limit, now int64) b
 // key applies one key of an Acquire (release=false) or a Release
 // (release=true: want is ignored and the lease ends). It returns the grant,
 // the tokens credited back and whether a lease ended.
-func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool) (g *allotv1.KeyGrant, credited int64, ended bool) {
-	ents := c.entries(ka.Entries)
-	rule := c.rules.Match(ka.Domain, ents)
-	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.Domain, ents)
-	g = &allotv1.KeyGrant{Key: string(c.scr.key)}
+func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, release bool) (credited int64, ended bool) {
+	ents := ka.ents
+	rule := c.rules.Match(ka.domain, ents)
+	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.domain, ents)
 	h := xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
 	e := &c.scr.e
 
@@ -215,7 +256,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 				ended = true
 			}
 		}
-		return g, 0, ended
+		return 0, ended
 	}
 
 	lim := rule.Limit
@@ -236,7 +277,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	// A new lease needs room in the arena (8 GiB of entries); without it
 	// the agent is granted nothing and keeps deciding locally.
 	canLease := have
-	if !have && !release && ka.Want > 0 {
+	if !have && !release && ka.want > 0 {
 		tpl, vlen := e.tpl, len(e.value)
 		if !leased {
 			tpl, vlen = c.splitNew(c.scr.key)
@@ -244,40 +285,40 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		canLease = c.ar.canAlloc(entrySize(len(e.leases)+1, tpl, vlen))
 	}
 
-	// (1) returned: the agent keeps ka.Held and hands back ka.Returned. Only
+	// (1) returned: the agent keeps ka.held and hands back ka.returned. Only
 	// what the record says it holds beyond what it keeps is credited, so a
 	// return can never create tokens; then the report caps the record (the
 	// agent spent the rest).
 	held := old.held
-	if r := min(ka.Returned, max(0, held-ka.Held)); r > 0 {
+	if r := min(ka.returned, max(0, held-ka.held)); r > 0 {
 		lim.GiveBack(&st, now, r)
 		held -= r
 		credited = r
 	}
-	held = min(held, ka.Held)
+	held = min(held, ka.held)
 	// (2) charged: tokens admitted without a lease.
-	if ka.Charged > 0 {
-		lim.Debit(&st, now, ka.Charged)
+	if ka.charged > 0 {
+		lim.Debit(&st, now, ka.charged)
 	}
 	// (2b) outage_charged: tokens the agent's fallback bucket admitted while
 	// the allocator was unreachable. The bucket refilled meanwhile (its
 	// state is as of the last command that touched the key); they are taken
 	// from what it holds, never into debt, so they pay for that refill and
 	// the key still refills at its rate once the allocator is back.
-	if ka.OutageCharged > 0 {
-		lim.TakeUpTo(&st, now, ka.OutageCharged)
+	if ka.outageCharged > 0 {
+		lim.TakeUpTo(&st, now, ka.outageCharged)
 	}
 	// (3) want: size, cap at the fair share and the window's allowance,
 	// take what the bucket has.
 	capacity := capacityOf(lim, c.cfg.RefreshInterval)
 	want := int64(0)
 	if !release && canLease {
-		want = min(ka.Want, capacity)
+		want = min(ka.want, capacity)
 	}
 	need := min(capacity, held+want)
 	var granted, used int64
 	contended := false
-	demand := roundDemand(ka.Demand)
+	demand := roundDemand(ka.demand)
 	if want > 0 {
 		var agentCap int64
 		agentCap, contended = c.agentCap(e.leases, ag.num, need, capacity)
@@ -321,7 +362,7 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 	}
 
 	if !release && canLease && (want > 0 || held > 0) {
-		ttl, refresh := c.leaseTiming(contended, held, ka.Demand)
+		ttl, refresh := c.leaseTiming(contended, held, ka.demand)
 		if retry > 0 {
 			refresh = min(retry, ttl)
 		}
@@ -355,15 +396,15 @@ func (c *core) key(ag *agentRec, ka *allotv1.KeyAcquire, now int64, release bool
 		}
 	}
 	if !leased {
-		return g, credited, ended
+		return credited, ended
 	}
 	if len(e.leases) > 0 {
-		e.addRates(now, granted, ka.Denied)
+		e.addRates(now, granted, ka.denied)
 		e.base = clampBase(now)
 		g.Agents = uint32(len(e.leases))
 	}
 	c.storeEntry(h, idx, e, oldMin, false)
-	return g, credited, ended
+	return credited, ended
 }
 
 // endAgentLeases ends every lease of the agent and returns how many. It

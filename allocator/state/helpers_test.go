@@ -129,3 +129,27 @@ func persist(t tb, s *State) []byte {
 func keyHash(set *rules.Set, domain string, es []rules.Entry) uint64 {
 	return rules.KeyHash(set.Match(domain, es), domain, es)
 }
+
+// applyCompactly applies cmd as a replica does when the leader writes
+// compact entries: an Acquire batch as a compact entry, any other command
+// as it is.
+func applyCompactly(s *State, cmd *allotv1.Command) any {
+	ab := cmd.GetAcquire()
+	if ab == nil {
+		return s.Apply(cmd)
+	}
+	res, err := s.ApplyCompact(compactEntry(cmd.GetNowUnixNanos(), ab.GetRequests()...))
+	if err != nil {
+		return err
+	}
+	return res
+}
+
+// compactEntry encodes reqs as one compact entry stamped now.
+func compactEntry(now int64, reqs ...*allotv1.AcquireRequest) []byte {
+	recs := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		recs[i] = AppendAcquireRecord(nil, r)
+	}
+	return AppendAcquireEntry(nil, now, recs)
+}

@@ -1,20 +1,50 @@
 package state
 
 import (
+	"fmt"
 	"math/bits"
+
+	"google.golang.org/protobuf/proto"
 )
+
+var marshalDet = proto.MarshalOptions{Deterministic: true}
+
+// response returns the recorded response's deterministic encoding (nil
+// with none). It only reads the record, so a snapshot may call it while
+// Apply runs.
+func (a *agentRec) response() ([]byte, error) {
+	if a.lastMsg == nil {
+		return a.lastResp, nil
+	}
+	return marshalDet.Marshal(a.lastMsg)
+}
+
+// recorded sets m to a copy of the recorded response.
+func (a *agentRec) recorded(m proto.Message) error {
+	if a.lastMsg != nil {
+		proto.Merge(m, a.lastMsg)
+		return nil
+	}
+	if err := proto.Unmarshal(a.lastResp, m); err != nil {
+		return fmt.Errorf("state: recorded response of agent %q: %w", a.id, err)
+	}
+	return nil
+}
 
 // agentRec is one agent incarnation. agentRecs are copy-on-write: a record
 // whose gen is older than the core's generation is shared with a live
 // snapshot and is cloned before a write (mutAgent).
 type agentRec struct {
-	gen          uint32
-	id           string
-	num          uint32
-	lastReq      uint64
-	lastKind     uint8  // kindAcquire or kindRelease
-	lastResp     []byte // the recorded response, deterministic protobuf; never mutated
-	lastContact  int64  // Unix ns
+	gen      uint32
+	id       string
+	num      uint32
+	lastReq  uint64
+	lastKind uint8 // kindAcquire or kindRelease
+	// The recorded response: lastMsg as built (never modified), or
+	// lastResp, its deterministic encoding (after a restore); see response.
+	lastMsg      proto.Message
+	lastResp     []byte
+	lastContact  int64 // Unix ns
 	fallbackKeys uint32
 	keysHeld     uint32 // live leases
 	tokensHeld   int64  // Σ held over its leases

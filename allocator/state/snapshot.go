@@ -191,7 +191,11 @@ func (sn *snapshot) Persist(w io.Writer) error {
 		e.uvarint(uint64(a.num))
 		e.uvarint(a.lastReq)
 		e.byte(a.lastKind)
-		e.bytes(a.lastResp)
+		resp, err := a.response()
+		if err != nil {
+			return fmt.Errorf("state: encode the recorded response of agent %q: %w", a.id, err)
+		}
+		e.bytes(resp)
 		e.varint(a.lastContact)
 		e.uvarint(uint64(a.fallbackKeys))
 	}

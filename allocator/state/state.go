@@ -122,6 +122,9 @@ type Stats struct {
 type AcquireBatchResult struct {
 	Responses []*allotv1.AcquireResponse
 	Errs      []error
+	// Granted, Returned and Charged sum the tokens granted, handed back
+	// and charged over the batch's applied calls (metrics).
+	Granted, Returned, Charged int64
 }
 
 // State is the allocator's replicated state. See the package doc.
@@ -192,6 +195,10 @@ type scratch struct {
 	e       entry
 	tpl     []byte
 	val     []byte
+	call    call
+	ents    []rules.Entry
+	ends    []int
+	keys    []byte
 }
 
 // New returns an empty State. Zero fields of cfg take their defaults; an
@@ -288,6 +295,21 @@ func (s *State) Apply(cmd *allotv1.Command) any {
 		return nil
 	}
 	return fmt.Errorf("%w: %T", ErrUnknownCommand, cmd.GetCmd())
+}
+
+// ApplyCompact applies a compact Acquire entry (see IsCompactEntry) at
+// time max(its stamp, the last applied time) and returns its
+// *AcquireBatchResult, or an error: one wrapping ErrUnknownCommand for a
+// version this binary does not know, another for an entry that does not
+// decode (after applying the calls before the malformed one). On an error
+// the raft adapter must stop the node.
+func (s *State) ApplyCompact(data []byte) (*AcquireBatchResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.st
+	c.cow = s.live > 0
+	// One copy of the entry: the calls' strings are its substrings.
+	return c.applyCompact(string(data), c.now)
 }
 
 // Rules returns the current rule set (nil before the first PutRules; a nil

@@ -41,6 +41,42 @@ func ValidateRelease(req *allotv1.ReleaseRequest) error {
 }
 
 func validateCall(agentID string, requestID uint64, keys []*allotv1.KeyAcquire) error {
+	if err := checkCall(agentID, requestID, len(keys)); err != nil {
+		return err
+	}
+	for i, k := range keys {
+		if err := validateKey(k); err != nil {
+			return fmt.Errorf("%w: keys[%d]: %s", ErrInvalid, i, err)
+		}
+	}
+	return nil
+}
+
+// validateArgs checks a decoded call as validateCall checks a request.
+func validateArgs(cl *call) error {
+	if err := checkCall(cl.agentID, cl.requestID, len(cl.keys)); err != nil {
+		return err
+	}
+	for i := range cl.keys {
+		k := &cl.keys[i]
+		err := checkDescriptorLen(k.domain, func(yield func(int) bool) {
+			for _, e := range k.ents {
+				if !yield(len(e.Key) + len(e.Value)) {
+					return
+				}
+			}
+		})
+		if err == nil {
+			err = checkAmounts(k.want, k.held, k.returned, k.charged, k.outageCharged, k.denied, k.demand)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: keys[%d]: %s", ErrInvalid, i, err)
+		}
+	}
+	return nil
+}
+
+func checkCall(agentID string, requestID uint64, keys int) error {
 	switch {
 	case agentID == "":
 		return fmt.Errorf("%w: empty agent_id", ErrInvalid)
@@ -48,13 +84,8 @@ func validateCall(agentID string, requestID uint64, keys []*allotv1.KeyAcquire) 
 		return fmt.Errorf("%w: agent_id is %d bytes, at most %d", ErrInvalid, len(agentID), maxAgentID)
 	case requestID == 0:
 		return fmt.Errorf("%w: request_id must be ≥ 1", ErrInvalid)
-	case len(keys) > maxKeys:
-		return fmt.Errorf("%w: %d keys, at most %d", ErrInvalid, len(keys), maxKeys)
-	}
-	for i, k := range keys {
-		if err := validateKey(k); err != nil {
-			return fmt.Errorf("%w: keys[%d]: %s", ErrInvalid, i, err)
-		}
+	case keys > maxKeys:
+		return fmt.Errorf("%w: %d keys, at most %d", ErrInvalid, keys, maxKeys)
 	}
 	return nil
 }
@@ -66,30 +97,48 @@ func validateKey(k *allotv1.KeyAcquire) error {
 	if err := validateDescriptor(k.Domain, k.Entries); err != nil {
 		return err
 	}
+	return checkAmounts(k.Want, k.Held, k.Returned, k.Charged, k.OutageCharged, k.Denied, k.Demand)
+}
+
+func checkAmounts(want, held, returned, charged, outageCharged, denied int64, demand float64) error {
 	for _, f := range [...]struct {
 		name string
 		v    int64
-	}{{"want", k.Want}, {"held", k.Held}, {"returned", k.Returned}, {"charged", k.Charged}, {"outage_charged", k.OutageCharged}, {"denied", k.Denied}} {
+	}{{"want", want}, {"held", held}, {"returned", returned}, {"charged", charged}, {"outage_charged", outageCharged}, {"denied", denied}} {
 		if f.v < 0 || f.v > maxAmount {
 			return fmt.Errorf("%s %d out of range [0, 1e12]", f.name, f.v)
 		}
 	}
-	if math.IsNaN(k.Demand) || k.Demand < 0 || k.Demand > maxAmount {
-		return fmt.Errorf("demand %v out of range [0, 1e12]", k.Demand)
+	if math.IsNaN(demand) || demand < 0 || demand > maxAmount {
+		return fmt.Errorf("demand %v out of range [0, 1e12]", demand)
 	}
 	return nil
 }
 
 func validateDescriptor(domain string, entries []*allotv1.Entry) error {
-	if domain == "" {
-		return fmt.Errorf("empty domain")
-	}
-	n := len(domain)
 	for _, e := range entries {
 		if e == nil {
 			return fmt.Errorf("nil entry")
 		}
-		n += len(e.Key) + len(e.Value) + 2
+	}
+	return checkDescriptorLen(domain, func(yield func(int) bool) {
+		for _, e := range entries {
+			if !yield(len(e.Key) + len(e.Value)) {
+				return
+			}
+		}
+	})
+}
+
+// checkDescriptorLen checks a descriptor's domain and the lengths of its
+// entries (key plus value).
+func checkDescriptorLen(domain string, entries func(yield func(int) bool)) error {
+	if domain == "" {
+		return fmt.Errorf("empty domain")
+	}
+	n := len(domain)
+	for l := range entries {
+		n += l + 2
 		if n > maxKeyBytes {
 			break
 		}

@@ -111,6 +111,7 @@ func parse(args []string) (*options, error) {
 		snapEvery     = fs.Duration("snapshot-interval", def.SnapshotInterval, "how often Raft checks whether to take a snapshot")
 		snapAfter     = fs.Uint64("snapshot-threshold", def.SnapshotThreshold, "log entries since the last snapshot that trigger one")
 		maxInflight   = fs.Int("max-inflight-batches", def.MaxInflightBatches, "Acquire batches (Raft entries) in flight at once")
+		legacyEntries = fs.Bool("legacy-acquire-entries", false, "replicate Acquire batches as protobuf commands, which allocators older than compact entries apply (set on every node while upgrading from such a version)")
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 
@@ -173,6 +174,7 @@ func parse(args []string) (*options, error) {
 	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery
 	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
 	cfg.MaxInflightBatches, cfg.MaxBatchKeys = *maxInflight, *maxBatchKeys
+	cfg.LegacyAcquireEntries = *legacyEntries
 	cfg.Logger = logger
 	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode}
 	for _, path := range ruleFiles {

@@ -1,0 +1,380 @@
+package state
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// Compact Acquire entries. A batch of Acquire calls is replicated as one
+// log entry in a byte format of its own rather than as a protobuf
+// Command: one record per call, fields as varints, so that no protobuf
+// message is built or parsed per key and no string is validated or
+// allocated per key on the replicated path. A log entry is either a
+// protobuf Command or a compact entry; the first byte tells them apart (a
+// protobuf Command starts with a field tag, never 0).
+//
+//	entry   0x00, version (1), uvarint now (Unix ns), uvarint calls, calls × record
+//	record  str agent_id, uvarint request_id, uvarint rules_version,
+//	        uvarint fallback_keys, uvarint keys, keys × key
+//	key     dstr domain, uvarint entries, entries × (dstr key, str value),
+//	        flags, then the fields whose flag is set:
+//	        want, held, returned, charged, denied (zigzag varints, flags bits
+//	        0-4), demand (float64 bits, little endian, bit 5), outage_charged
+//	        (zigzag varint, bit 6)
+//	str     uvarint length, bytes
+//	dstr    a string of the record's dictionary: uvarint 0 then str (a new
+//	        string, appended to the dictionary), or uvarint i (the
+//	        dictionary's i-th string, from 1)
+//
+// Domains and descriptor keys repeat across a call's keys, so they are
+// carried once per call. Records are encoded by the caller's goroutine
+// (AppendAcquireRecord) and joined by the batcher (AppendAcquireEntry).
+// Every replica applies an entry of any version it knows; a version it
+// does not know stops it (upgrade it).
+const (
+	compactMarker  = 0x00
+	compactVersion = 1
+	compactDict    = 8 // dictionary strings per record; later ones are sent in full
+)
+
+// Key field flags.
+const (
+	flagWant = 1 << iota
+	flagHeld
+	flagReturned
+	flagCharged
+	flagDenied
+	flagDemand
+	flagOutage
+)
+
+// IsCompactEntry reports whether a log entry's data is a compact Acquire
+// batch (else it is a protobuf Command).
+func IsCompactEntry(data []byte) bool { return len(data) > 0 && data[0] == compactMarker }
+
+// AppendAcquireRecord appends req's compact record to dst. It encodes the
+// request as it is, valid or not: the state validates it when applying.
+func AppendAcquireRecord(dst []byte, req *allotv1.AcquireRequest) []byte {
+	dst = appendStr(dst, req.GetAgentId())
+	dst = binary.AppendUvarint(dst, req.GetRequestId())
+	dst = binary.AppendUvarint(dst, req.GetRulesVersion())
+	dst = binary.AppendUvarint(dst, uint64(req.GetFallbackKeys()))
+	dst = binary.AppendUvarint(dst, uint64(len(req.GetKeys())))
+	var dict [compactDict]string
+	nd := 0
+	dstr := func(s string) {
+		for i := range nd {
+			if dict[i] == s {
+				dst = binary.AppendUvarint(dst, uint64(i+1))
+				return
+			}
+		}
+		dst = append(dst, 0)
+		dst = appendStr(dst, s)
+		if nd < compactDict {
+			dict[nd] = s
+			nd++
+		}
+	}
+	for _, k := range req.GetKeys() {
+		dstr(k.GetDomain())
+		dst = binary.AppendUvarint(dst, uint64(len(k.GetEntries())))
+		for _, e := range k.GetEntries() {
+			dstr(e.GetKey())
+			dst = appendStr(dst, e.GetValue())
+		}
+		fi := len(dst)
+		dst = append(dst, 0)
+		var flags byte
+		for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
+			if v != 0 {
+				flags |= 1 << i
+				dst = binary.AppendVarint(dst, v)
+			}
+		}
+		if d := k.GetDemand(); d != 0 || math.Signbit(d) {
+			flags |= flagDemand
+			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(d))
+		}
+		if v := k.GetOutageCharged(); v != 0 {
+			flags |= flagOutage
+			dst = binary.AppendVarint(dst, v)
+		}
+		dst[fi] = flags
+	}
+	return dst
+}
+
+// AppendAcquireEntry appends a compact entry of the given records (each
+// from AppendAcquireRecord), stamped now, to dst.
+func AppendAcquireEntry(dst []byte, now int64, records [][]byte) []byte {
+	dst = append(dst, compactMarker, compactVersion)
+	dst = binary.AppendUvarint(dst, uint64(now))
+	dst = binary.AppendUvarint(dst, uint64(len(records)))
+	for _, r := range records {
+		dst = append(dst, r...)
+	}
+	return dst
+}
+
+func appendStr(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// errCompact: a compact entry does not decode.
+var errCompact = errors.New("state: compact acquire entry does not decode")
+
+// decoder reads a compact entry. Its strings are substrings of s, which
+// holds the whole entry (one copy of the entry's bytes, however many
+// strings it holds).
+type decoder struct {
+	s   string
+	p   int
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	var x uint64
+	for shift := uint(0); ; shift += 7 {
+		if d.p >= len(d.s) || shift > 63 {
+			d.fail()
+			return 0
+		}
+		b := d.s[d.p]
+		d.p++
+		x |= uint64(b&0x7f) << shift
+		if b < 0x80 {
+			return x
+		}
+	}
+}
+
+func (d *decoder) varint() int64 {
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if n > uint64(len(d.s)-d.p) {
+		d.fail()
+		return ""
+	}
+	s := d.s[d.p : d.p+int(n)]
+	d.p += int(n)
+	return s
+}
+
+func (d *decoder) byte() byte {
+	if d.p >= len(d.s) {
+		d.fail()
+		return 0
+	}
+	b := d.s[d.p]
+	d.p++
+	return b
+}
+
+func (d *decoder) fixed64() uint64 {
+	if len(d.s)-d.p < 8 {
+		d.fail()
+		return 0
+	}
+	var v uint64
+	for i := 7; i >= 0; i-- {
+		v = v<<8 | uint64(d.s[d.p+i])
+	}
+	d.p += 8
+	return v
+}
+
+func (d *decoder) fail() {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w at byte %d", errCompact, d.p)
+	}
+	d.p = len(d.s)
+}
+
+// call is one Acquire call, decoded from a compact record or converted
+// from a protobuf request.
+type call struct {
+	agentID   string
+	requestID uint64
+	fallback  uint32
+	keys      []keyArgs
+}
+
+// keyArgs is one key's report and request (KeyAcquire's fields).
+type keyArgs struct {
+	domain                                string
+	ents                                  []rules.Entry
+	want, held, returned, charged, denied int64
+	outageCharged                         int64
+	demand                                float64
+	ef, et                                int // ents' span in the decoder's entry slice
+}
+
+// decodeRecord decodes the next record into cl, reusing cl's and ents'
+// storage; ents holds the keys' descriptor entries (returned for reuse).
+func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
+	cl.agentID = d.str()
+	cl.requestID = d.uvarint()
+	_ = d.uvarint() // rules_version: informational
+	fb := d.uvarint()
+	cl.fallback = uint32(min(fb, math.MaxUint32))
+	n := d.uvarint()
+	if n > uint64(len(d.s)-d.p) { // a key takes at least a byte
+		d.fail()
+		return ents
+	}
+	cl.keys = cl.keys[:0]
+	ents = ents[:0]
+	var dict [compactDict]string
+	nd := 0
+	dstr := func() string {
+		i := d.uvarint()
+		switch {
+		case i == 0:
+			s := d.str()
+			if nd < compactDict {
+				dict[nd] = s
+				nd++
+			}
+			return s
+		case i <= uint64(nd):
+			return dict[i-1]
+		}
+		d.fail()
+		return ""
+	}
+	for range n {
+		var k keyArgs
+		k.domain = dstr()
+		ne := d.uvarint()
+		if ne > uint64(len(d.s)-d.p) {
+			d.fail()
+		}
+		if d.err != nil {
+			return ents
+		}
+		from := len(ents)
+		for range ne {
+			key := dstr()
+			ents = append(ents, rules.Entry{Key: key, Value: d.str()})
+		}
+		k.ef, k.et = from, len(ents)
+		flags := d.byte()
+		if flags&^(flagOutage<<1-1) != 0 {
+			d.fail()
+		}
+		for i, f := range [...]*int64{&k.want, &k.held, &k.returned, &k.charged, &k.denied} {
+			if flags&(1<<i) != 0 {
+				*f = d.varint()
+			}
+		}
+		if flags&flagDemand != 0 {
+			k.demand = math.Float64frombits(d.fixed64())
+		}
+		if flags&flagOutage != 0 {
+			k.outageCharged = d.varint()
+		}
+		if d.err != nil {
+			return ents
+		}
+		cl.keys = append(cl.keys, k)
+	}
+	for i := range cl.keys {
+		k := &cl.keys[i]
+		k.ents = ents[k.ef:k.et:k.et]
+	}
+	return ents
+}
+
+// applyCompact applies a compact entry. It returns errCompact (wrapped)
+// if the entry does not decode, after applying the calls before the
+// malformed one: the caller must stop (a replica that applies part of an
+// entry has drifted).
+func (c *core) applyCompact(s string, lastNow int64) (*AcquireBatchResult, error) {
+	d := &decoder{s: s, p: 2}
+	if len(s) < 2 || s[0] != compactMarker {
+		return nil, fmt.Errorf("%w: no marker", errCompact)
+	}
+	if s[1] != compactVersion {
+		return nil, fmt.Errorf("%w: version %d is not known to this binary", ErrUnknownCommand, s[1])
+	}
+	now := int64(d.uvarint())
+	now = max(now, lastNow)
+	n := d.uvarint()
+	if d.err != nil || n > uint64(len(s)) {
+		return nil, fmt.Errorf("%w: header", errCompact)
+	}
+	res := &AcquireBatchResult{
+		Responses: make([]*allotv1.AcquireResponse, n),
+		Errs:      make([]error, n),
+	}
+	cl := &c.scr.call
+	for i := range int(n) {
+		c.scr.ents = d.record(cl, c.scr.ents)
+		if d.err != nil {
+			return nil, d.err
+		}
+		res.Responses[i], res.Errs[i] = c.applyCall(cl, now, res)
+	}
+	if d.p != len(s) {
+		return nil, fmt.Errorf("%w: %d trailing bytes", errCompact, len(s)-d.p)
+	}
+	return res, nil
+}
+
+// DecodeAcquireEntry decodes a compact entry into its stamp and the
+// requests it carries (tools and tests: the state applies entries without
+// building these).
+func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest, err error) {
+	s := string(data)
+	if len(s) < 2 || s[0] != compactMarker {
+		return 0, nil, fmt.Errorf("%w: no marker", errCompact)
+	}
+	if s[1] != compactVersion {
+		return 0, nil, fmt.Errorf("%w: version %d is not known to this binary", ErrUnknownCommand, s[1])
+	}
+	d := &decoder{s: s, p: 2}
+	now = int64(d.uvarint())
+	n := d.uvarint()
+	if d.err != nil || n > uint64(len(s)) {
+		return 0, nil, fmt.Errorf("%w: header", errCompact)
+	}
+	var cl call
+	var ents []rules.Entry
+	for range n {
+		start := d.p
+		ents = d.record(&cl, ents)
+		if d.err != nil {
+			return 0, nil, d.err
+		}
+		// The rules version is skipped by record; read it again.
+		r := &decoder{s: s, p: start}
+		_ = r.str()
+		_ = r.uvarint()
+		req := &allotv1.AcquireRequest{AgentId: cl.agentID, RequestId: cl.requestID, RulesVersion: r.uvarint(),
+			FallbackKeys: cl.fallback, Keys: make([]*allotv1.KeyAcquire, len(cl.keys))}
+		for i, k := range cl.keys {
+			ka := &allotv1.KeyAcquire{Domain: k.domain, Want: k.want, Held: k.held, Returned: k.returned,
+				Charged: k.charged, OutageCharged: k.outageCharged, Denied: k.denied, Demand: k.demand}
+			for _, e := range k.ents {
+				ka.Entries = append(ka.Entries, &allotv1.Entry{Key: e.Key, Value: e.Value})
+			}
+			req.Keys[i] = ka
+		}
+		reqs = append(reqs, req)
+	}
+	if d.p != len(s) {
+		return 0, nil, fmt.Errorf("%w: %d trailing bytes", errCompact, len(s)-d.p)
+	}
+	return now, reqs, nil
+}
