@@ -14,9 +14,10 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// benchBatch builds an encoded AcquireBatch of reqs requests × keys keys
-// over a keyspace of 100k keys, starting at request id base.
-func benchBatch(reqs, keys int, base uint64, now int64) []byte {
+// benchBatch builds an encoded Acquire entry (a compact one, or an
+// AcquireBatch Command) of reqs requests × keys keys over a keyspace of
+// 100k keys, starting at request id base.
+func benchBatch(compact bool, reqs, keys int, base uint64, now int64) []byte {
 	ab := &allotv1.AcquireBatch{}
 	n := int(base) * reqs * keys
 	for r := range reqs {
@@ -28,15 +29,29 @@ func benchBatch(reqs, keys int, base uint64, now int64) []byte {
 		}
 		ab.Requests = append(ab.Requests, req)
 	}
+	if compact {
+		recs := make([][]byte, len(ab.Requests))
+		for i, r := range ab.Requests {
+			recs[i] = state.AppendAcquireRecord(nil, r)
+		}
+		return state.AppendAcquireEntry(nil, now, recs)
+	}
 	data, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Acquire{Acquire: ab}})
 	return data
 }
 
 // BenchmarkFSMApplyAcquire measures one replica's cost of applying an
-// Acquire entry (decode + state machine), per key.
+// Acquire entry (decode + state machine), per key, for both encodings.
 func BenchmarkFSMApplyAcquire(b *testing.B) {
-	for _, shape := range []struct{ reqs, keys int }{{1, 100}, {4, 100}, {20, 1000}} {
-		b.Run(fmt.Sprintf("%dx%d", shape.reqs, shape.keys), func(b *testing.B) {
+	for _, shape := range []struct {
+		compact    bool
+		reqs, keys int
+	}{{true, 1, 100}, {false, 1, 100}, {true, 4, 100}, {false, 4, 100}, {true, 20, 1000}, {false, 20, 1000}} {
+		enc := "protobuf"
+		if shape.compact {
+			enc = "compact"
+		}
+		b.Run(fmt.Sprintf("%s/%dx%d", enc, shape.reqs, shape.keys), func(b *testing.B) {
 			st := state.New(state.DefaultConfig())
 			f := &fsm{st: st}
 			put, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{
@@ -45,7 +60,7 @@ func BenchmarkFSMApplyAcquire(b *testing.B) {
 			const pre = 64
 			entries := make([][]byte, pre)
 			for i := range entries {
-				entries[i] = benchBatch(shape.reqs, shape.keys, uint64(i+1), int64(i+2)*1e6)
+				entries[i] = benchBatch(shape.compact, shape.reqs, shape.keys, uint64(i+1), int64(i+2)*1e6)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -54,7 +69,7 @@ func BenchmarkFSMApplyAcquire(b *testing.B) {
 					b.StopTimer()
 					// Fresh request ids past the previous round.
 					for j := range entries {
-						entries[j] = benchBatch(shape.reqs, shape.keys, uint64(i+j+1), int64(i+j+2)*1e6)
+						entries[j] = benchBatch(shape.compact, shape.reqs, shape.keys, uint64(i+j+1), int64(i+j+2)*1e6)
 					}
 					b.StartTimer()
 				}
