@@ -59,13 +59,11 @@ func validateArgs(cl *call) error {
 	}
 	for i := range cl.keys {
 		k := &cl.keys[i]
-		err := checkDescriptorLen(k.domain, func(yield func(int) bool) {
-			for _, e := range k.ents {
-				if !yield(len(e.Key) + len(e.Value)) {
-					return
-				}
-			}
-		})
+		n := 0
+		for _, e := range k.ents {
+			n += len(e.Key) + len(e.Value) + 2
+		}
+		err := checkDescriptorLen(k.domain, n)
 		if err == nil {
 			err = checkAmounts(k.want, k.held, k.returned, k.charged, k.outageCharged, k.denied, k.demand)
 		}
@@ -121,29 +119,20 @@ func validateDescriptor(domain string, entries []*allotv1.Entry) error {
 			return fmt.Errorf("nil entry")
 		}
 	}
-	return checkDescriptorLen(domain, func(yield func(int) bool) {
-		for _, e := range entries {
-			if !yield(len(e.Key) + len(e.Value)) {
-				return
-			}
-		}
-	})
+	n := 0
+	for _, e := range entries {
+		n += len(e.Key) + len(e.Value) + 2
+	}
+	return checkDescriptorLen(domain, n)
 }
 
-// checkDescriptorLen checks a descriptor's domain and the lengths of its
-// entries (key plus value).
-func checkDescriptorLen(domain string, entries func(yield func(int) bool)) error {
+// checkDescriptorLen checks a descriptor's domain and the length of its
+// entries (n: Σ key + value + 2).
+func checkDescriptorLen(domain string, n int) error {
 	if domain == "" {
 		return fmt.Errorf("empty domain")
 	}
-	n := len(domain)
-	for l := range entries {
-		n += l + 2
-		if n > maxKeyBytes {
-			break
-		}
-	}
-	if n > maxKeyBytes {
+	if n += len(domain); n > maxKeyBytes {
 		return fmt.Errorf("key is longer than %d bytes", maxKeyBytes)
 	}
 	return nil
