@@ -48,7 +48,9 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -377,6 +379,7 @@ type load struct {
 	keysOK   int64
 	granted  int64
 	errs     int64
+	errCodes map[codes.Code]int64 // failed attempts by gRPC code
 	inflight map[*call]struct{}
 	killAt   time.Time
 	killed   string
@@ -398,6 +401,7 @@ func newLoad(o options, conns []*grpc.ClientConn) *load {
 	l := &load{o: o, conns: conns, recovery: -1,
 		sem:      make(chan struct{}, o.maxInflight),
 		inflight: map[*call]struct{}{},
+		errCodes: map[codes.Code]int64{},
 		hist:     hdrhistogram.New(1, 600_000_000, 3),
 		intended: hdrhistogram.New(1, 600_000_000, 3),
 		lag:      hdrhistogram.New(1, 600_000_000, 3)}
@@ -564,6 +568,7 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 		}
 		l.mu.Lock()
 		l.errs++
+		l.errCodes[status.Code(err)]++
 		l.mu.Unlock()
 		node = (node + 1) % len(clients)
 		select {
@@ -605,6 +610,7 @@ func (l *load) reset() {
 	l.from = time.Now()
 	l.offered = 0
 	l.calls, l.keysOK, l.granted, l.errs = 0, 0, 0, 0
+	clear(l.errCodes)
 }
 
 func (l *load) markKill(victim string) time.Time {
@@ -651,6 +657,13 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 	fmt.Printf("throughput: offered %.0f key-grants/s, achieved %.0f key-grants/s (%.1f%%; keys answered OK; %.0f tokens/s granted), %.0f calls/s, %d failed calls, %d calls unanswered at the end, over %v\n",
 		offered, float64(l.keysOK)/secs, 100*float64(l.keysOK)/secs/offered, float64(l.granted)/secs, float64(l.calls)/secs,
 		l.errs, open, elapsed.Round(time.Millisecond))
+	if l.errs > 0 {
+		fmt.Printf("failed attempts by code (each retried on the next node after 10 ms):")
+		for c, n := range l.errCodes {
+			fmt.Printf(" %s %d", c, n)
+		}
+		fmt.Println()
+	}
 	for _, h := range []struct {
 		what string
 		h    *hdrhistogram.Histogram
