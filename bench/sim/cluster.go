@@ -21,8 +21,11 @@ import (
 // committed and every replica holds the same state, one State stands for
 // all replicas), the leader's batcher (one entry in flight, everything that
 // queued meanwhile goes into the next entry, as allocator/batcher.go does),
-// follower forwarding (one extra hop), the periodic Expire command, and the
-// WatchRules streams (see watch).
+// follower forwarding (one extra hop), the periodic Expire command, the
+// WatchRules streams (see watch), and the leader's CPU (see cpuModel): an
+// entry occupies the leader for the CPU it costs the real allocator, so a
+// group offered more than it can apply queues calls, and past the real
+// batcher's queue bound refuses them as overloaded.
 type cluster struct {
 	w  *world
 	st *state.State
@@ -33,8 +36,11 @@ type cluster struct {
 
 	commit   logNormal // Raft commit latency of one entry
 	maxKeys  int       // keys per Acquire entry (allocator MaxBatchKeys)
+	maxQueue int       // Acquire calls that may wait (allocator MaxQueuedAcquires)
 	queue    []*rpc    // Acquire calls waiting for the next entry
 	inflight bool
+	cpu      cpuModel
+	cpuFree  int64 // virtual time the leader's CPU is next free
 
 	killedAt   int64 // the last leader kill
 	recoveryAt int64 // the first Acquire answered by a new leader after it
@@ -49,21 +55,61 @@ type cluster struct {
 	keyAcquires int64 // keys in those calls
 	releaseRPCs int64
 	unavailable int64 // calls answered Unavailable (no leader)
+	refused     int64 // Acquire calls refused as overloaded (queue full)
+	leaderCPU   int64 // ns of leader CPU the committed Acquire entries cost
+	groupCPU    int64 // the same summed over the three replicas
+	demandCPU   int64 // ns of leader CPU the Acquire calls that reached it would cost (refused ones included), and the entries' own
 	replays     int64 // Acquire calls that repeated the agent's last request id (answered from the record)
 
 	lastID map[string]uint64 // per agent, the last Acquire request id applied
 }
 
 // counters is a copy of the cluster's counters (to subtract the warm-up).
-type counters struct{ calls, entries, acquireRPCs, keyAcquires, releaseRPCs, unavailable int64 }
+type counters struct {
+	calls, entries, acquireRPCs, keyAcquires, releaseRPCs, unavailable, refused, leaderCPU, groupCPU, demandCPU int64
+}
 
 func (c *cluster) counters() counters {
-	return counters{c.calls, c.entries, c.acquireRPCs, c.keyAcquires, c.releaseRPCs, c.unavailable}
+	return counters{c.calls, c.entries, c.acquireRPCs, c.keyAcquires, c.releaseRPCs, c.unavailable, c.refused, c.leaderCPU, c.groupCPU, c.demandCPU}
 }
 
 func (a counters) minus(b counters) counters {
 	return counters{a.calls - b.calls, a.entries - b.entries, a.acquireRPCs - b.acquireRPCs,
-		a.keyAcquires - b.keyAcquires, a.releaseRPCs - b.releaseRPCs, a.unavailable - b.unavailable}
+		a.keyAcquires - b.keyAcquires, a.releaseRPCs - b.releaseRPCs, a.unavailable - b.unavailable,
+		a.refused - b.refused, a.leaderCPU - b.leaderCPU, a.groupCPU - b.groupCPU, a.demandCPU - b.demandCPU}
+}
+
+// cpuModel is the CPU one Acquire entry costs the real allocator, per
+// entry and per key, on the leader and summed over the three replicas,
+// as bench/acquire measures it (docs/performance.md, "Allocator CPU per
+// key-grant"): three cmd/allocator processes and the load client on one
+// 2-core machine, -target all (two calls in three forwarded). The
+// per-entry part is the Raft entry's own cost (log append with fsync,
+// replication); the per-key part the call's (gRPC, forwarding, the state
+// machine).
+type cpuModel struct {
+	leaderEntry, leaderKey time.Duration
+	groupEntry, groupKey   time.Duration
+	// cores is the CPU the leader can spend: one core (the replicas and
+	// the clients share the machine's others).
+	cores float64
+}
+
+// maxQueuedAcquires is the allocator's default MaxQueuedAcquires.
+var maxQueuedAcquires = 4096
+
+// measuredCPU is bench/acquire's figure for the tree the simulator ships
+// with (-mode grants and -mode fleet fitted together).
+var measuredCPU = cpuModel{
+	leaderEntry: 300 * time.Microsecond, leaderKey: 2500 * time.Nanosecond,
+	groupEntry: 900 * time.Microsecond, groupKey: 7500 * time.Nanosecond,
+	cores: 1,
+}
+
+// entry returns what an entry of keys keys costs the leader and the group.
+func (m cpuModel) entry(keys int) (leader, group int64) {
+	k := int64(keys)
+	return int64(m.leaderEntry) + k*int64(m.leaderKey), int64(m.groupEntry) + k*int64(m.groupKey)
 }
 
 func newCluster(w *world, cfg state.Config) *cluster {
@@ -72,8 +118,10 @@ func newCluster(w *world, cfg state.Config) *cluster {
 		st:      state.New(cfg),
 		alive:   [3]bool{true, true, true},
 		leader:  0,
-		commit:  newLogNormal(5*time.Millisecond, 20*time.Millisecond),
-		maxKeys: 20000,
+		commit:   newLogNormal(5*time.Millisecond, 20*time.Millisecond),
+		maxKeys:  20000,
+		maxQueue: maxQueuedAcquires,
+		cpu:      measuredCPU,
 	}
 }
 
@@ -173,6 +221,12 @@ func (c *cluster) atLeader(r *rpc, hop int64) {
 		})
 		return
 	}
+	c.demandCPU += int64(len(r.acq.Keys)) * int64(c.cpu.leaderKey)
+	if len(c.queue) >= c.maxQueue {
+		c.refused++
+		c.reply(r, rpcResult{err: status.Error(codes.ResourceExhausted, "sim: acquire queue full")}, hop)
+		return
+	}
 	c.queue = append(c.queue, r)
 	if !c.inflight {
 		c.formEntry()
@@ -195,7 +249,15 @@ func (c *cluster) formEntry() {
 	}
 	stamp, term := c.w.eng.now, c.term
 	c.inflight = true
-	c.w.eng.after(time.Duration(c.commit.sample(c.w.rng)), func() { c.commitEntry(batch, calls, stamp, term) })
+	// The entry commits after the Raft latency, or once the leader's CPU
+	// has worked through it, whichever is later.
+	lead, group := c.cpu.entry(keys)
+	c.leaderCPU += lead
+	c.groupCPU += group
+	c.demandCPU += int64(c.cpu.leaderEntry)
+	c.cpuFree = max(c.cpuFree, c.w.eng.now) + int64(float64(lead)/c.cpu.cores)
+	done := max(c.w.eng.now+c.commit.sample(c.w.rng), c.cpuFree)
+	c.w.eng.atFunc(done, func() { c.commitEntry(batch, calls, stamp, term) })
 }
 
 func (c *cluster) commitEntry(batch *allotv1.AcquireBatch, calls []*rpc, stamp int64, term uint64) {
@@ -261,6 +323,7 @@ func (c *cluster) killLeader(elect time.Duration) {
 	c.alive[old] = false
 	c.leader = -1
 	c.killedAt, c.recoveryAt = c.w.eng.now, 0
+	c.cpuFree = 0 // the next leader starts idle
 	c.term++
 	c.queue = nil
 	c.inflight = false

@@ -83,11 +83,14 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 	m := w.measured()
 	secs := w.seconds()
 	res.tables = append(res.tables, table{title: "allot's allocator during the measured period",
-		header: []string{"Acquire calls/s", "keys per call", "Raft entries/s", "keys per entry", "live leases at end", "tracked keys at end"},
+		header: []string{"Acquire calls/s", "keys per call", "Raft entries/s", "keys per entry", "live leases at end", "tracked keys at end",
+			"leader CPU used / demanded (cores)", "CPU over 3 replicas (cores)", "calls refused (queue full)"},
 		rows: [][]string{{
 			fmt.Sprintf("%.0f", float64(m.calls)/secs), fmt.Sprintf("%.1f", ratioF(m.keyAcquires, m.acquireRPCs)),
 			fmt.Sprintf("%.0f", float64(m.entries)/secs), fmt.Sprintf("%.0f", ratioF(m.keyAcquires, m.entries)),
 			count(int64(w.cl.st.Stats().Leases)), count(int64(w.cl.st.Stats().Keys)),
+			fmt.Sprintf("%.2f / %.2f", float64(m.leaderCPU)/1e9/secs, float64(m.demandCPU)/1e9/secs), fmt.Sprintf("%.2f", float64(m.groupCPU)/1e9/secs),
+			count(m.refused),
 		}}})
 
 	lr := lease.rec
@@ -98,6 +101,10 @@ func runFleet(sc scale, seed uint64) (*result, error) {
 			measured: max(lr.maxOver, 0), limit: 0.01, unit: "%"},
 		{system: "allot leases", what: "coordination on the long-tail workload (Acquire calls per admitted request)", target: true, promise: "target ≤ 0.05",
 			measured: ratioF(m.calls, lr.admitted), limit: 0.05},
+		{system: "allot leases", what: "one allocator group carries the load: the leader CPU its calls and entries demand, at the cost per entry and per key bench/acquire measured", promise: "one core",
+			measured: float64(m.demandCPU) / 1e9 / secs, limit: measuredCPU.cores, unit: "cores"},
+		{system: "allot leases", what: "Acquire calls the group refused as overloaded (its queue full)", promise: "none",
+			measured: float64(m.refused), limit: 0},
 	}
 	res.notes = append(res.notes,
 		"over-admission counts a key's admissions in each aligned 10 s window beyond B + R·W, the most an exact token bucket can admit in W; false rejects count, per key and 10 s window, how many fewer requests the system admitted than one exact token bucket per key fed the same arrivals (over all in-quota requests); excess over exact is the converse, per key over the whole run.",

@@ -37,7 +37,7 @@ type bound struct {
 	measured float64
 	limit    float64
 	atLeast  bool
-	unit     string // "%" (values are fractions), "s", "x", "tokens", ""
+	unit     string // "%" (values are fractions), "s", "x", "tokens", "cores", ""
 	// target: a performance target rather than a guarantee the
 	// design derives from its invariants (the tests assert the latter).
 	target bool
@@ -62,6 +62,8 @@ func fmtUnit(v float64, unit string) string {
 		return fmt.Sprintf("%.2f×", v)
 	case "tokens":
 		return count(int64(math.Round(v)))
+	case "cores":
+		return fmt.Sprintf("%.2f cores", v)
 	}
 	return fmt.Sprintf("%.4g", v)
 }

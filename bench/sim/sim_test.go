@@ -199,3 +199,30 @@ func TestRunFlags(t *testing.T) {
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
+
+// TestFleetPastCapacity: a group whose entries cost more CPU than it has
+// queues its calls, refuses them past the queue bound, and the fleet
+// scenario reports both capacity bounds broken.
+func TestFleetPastCapacity(t *testing.T) {
+	saved, savedQueue := measuredCPU, maxQueuedAcquires
+	defer func() { measuredCPU, maxQueuedAcquires = saved, savedQueue }()
+	maxQueuedAcquires = 2 // the tiny fleet has a few agents, one call in flight each
+	measuredCPU.leaderKey, measuredCPU.groupKey = 10*time.Millisecond, 30*time.Millisecond
+	res, err := runFleet(scales["tiny"], 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := map[string]bool{}
+	for _, b := range res.broken() {
+		broken[b.what] = true
+	}
+	for _, what := range []string{"one allocator group carries the load", "refused as overloaded"} {
+		found := false
+		for w := range broken {
+			found = found || strings.Contains(w, what)
+		}
+		if !found {
+			t.Errorf("bound %q holds at 10 ms of CPU per key; broken: %v", what, broken)
+		}
+	}
+}
