@@ -114,10 +114,10 @@ func (m cpuModel) entry(keys int) (leader, group int64) {
 
 func newCluster(w *world, cfg state.Config) *cluster {
 	return &cluster{
-		w:       w,
-		st:      state.New(cfg),
-		alive:   [3]bool{true, true, true},
-		leader:  0,
+		w:        w,
+		st:       state.New(cfg),
+		alive:    [3]bool{true, true, true},
+		leader:   0,
 		commit:   newLogNormal(5*time.Millisecond, 20*time.Millisecond),
 		maxKeys:  20000,
 		maxQueue: maxQueuedAcquires,
