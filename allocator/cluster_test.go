@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +12,9 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/allocator/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -510,4 +513,70 @@ func TestGetRulesLinearizable(t *testing.T) {
 	if lin.GetVersion() != put.GetVersion() {
 		t.Fatalf("linearizable GetRules on a lagging follower: version %d, want %d (the committed put)", lin.GetVersion(), put.GetVersion())
 	}
+}
+
+// TestLegacyEntriesUpgrade is the documented upgrade from a version without
+// compact entries: the cluster runs with LegacyAcquireEntries (Acquire
+// batches as AcquireBatch Commands), then every node restarts without it,
+// one at a time. The log then holds both kinds of entry; every node replays
+// both from disk, answers a retry of a call committed in the old form, and
+// ends with the same state.
+func TestLegacyEntriesUpgrade(t *testing.T) {
+	tc := newTestCluster(t, 3, func(_ int, c *Config) { c.LegacyAcquireEntries = true })
+	ctx := ctxT(t)
+	alloc, _ := tc.clients(tc.leader())
+	var last *allotv1.AcquireResponse
+	for id := uint64(1); id <= 3; id++ {
+		r, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "up", RequestId: id,
+			Keys: []*allotv1.KeyAcquire{key("user", "u"+strconv.FormatUint(id, 10), 2), key("slow", "s", 1)}})
+		if err != nil {
+			t.Fatalf("legacy acquire %d: %v", id, err)
+		}
+		last = r
+	}
+	for i := range tc.nodes {
+		tc.stop(i, true)
+		tc.cfgs[i].LegacyAcquireEntries = false
+		tc.cfgs[i].Join = ""
+		tc.restart(i)
+		tc.waitReady(i)
+	}
+	alloc, _ = tc.clients(tc.leader())
+	// The last call, committed as a Command, is answered from its record.
+	r, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "up", RequestId: 3,
+		Keys: []*allotv1.KeyAcquire{key("user", "u3", 2), key("slow", "s", 1)}})
+	if err != nil {
+		t.Fatalf("retry of the legacy call: %v", err)
+	}
+	r.LeaderId, last.LeaderId = "", ""
+	if !proto.Equal(r, last) {
+		t.Fatalf("retry of the legacy call = %v, want %v", r, last)
+	}
+	for id := uint64(4); id <= 6; id++ {
+		if _, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "up", RequestId: id,
+			Keys: []*allotv1.KeyAcquire{key("user", "u"+strconv.FormatUint(id, 10), 2), key("slow", "s", 1)}}); err != nil {
+			t.Fatalf("compact acquire %d: %v", id, err)
+		}
+	}
+	// Every replica replays the mixed log from disk to the same state.
+	for i := range tc.nodes {
+		tc.stop(i, false)
+	}
+	for i := range tc.nodes {
+		tc.restart(i)
+	}
+	for i := range tc.nodes {
+		tc.waitReady(i)
+	}
+	var want state.Stats
+	waitFor(t, 10*time.Second, "replicas to agree", func() bool {
+		want = tc.node(0).st.Stats()
+		for i := 1; i < len(tc.nodes); i++ {
+			got := tc.node(i).st.Stats()
+			if got.Keys != want.Keys || got.Leases != want.Leases || got.LastApplied != want.LastApplied {
+				return false
+			}
+		}
+		return want.Leases > 0
+	})
 }

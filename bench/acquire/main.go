@@ -38,12 +38,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -52,6 +54,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -203,6 +206,20 @@ func run(o options) error {
 			n.Proc.Kill()
 		}
 	}()
+	// An interrupted run leaves no allocator behind.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer close(sig) // after Stop (deferred calls run last first)
+	defer signal.Stop(sig)
+	go func() {
+		if _, ok := <-sig; !ok {
+			return
+		}
+		for _, n := range nodes {
+			n.Proc.Kill()
+		}
+		os.Exit(130)
+	}()
 	for _, n := range nodes {
 		if err := n.Proc.Run(); err != nil {
 			return err
@@ -259,7 +276,7 @@ func run(o options) error {
 		return err
 	}
 	log0 := logSizes(nodes)
-	load0 := allocproc.LoadAvg()
+	load0 := proccpu.LoadAvg()
 	cpu0 := sampleCPU(nodes)
 	start := time.Now()
 	if o.profile != "" {
@@ -281,7 +298,7 @@ func run(o options) error {
 		unit = "key-update"
 	}
 	cpuReport(nodes, leader, cpu0, cpu1, keysOK, unit)
-	fmt.Printf("load average: %s at the start, %s at the end\n", load0, allocproc.LoadAvg())
+	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	breakdown(nodes, leader, m0, m1)
 	if o.gctrace {
 		gcReport(nodes, log0)
@@ -696,9 +713,10 @@ type cpuSample struct {
 }
 
 func sampleCPU(nodes []*node) cpuSample {
-	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: allocproc.CPUTime(os.Getpid()), at: time.Now()}
+	self, _ := proccpu.Of(0) // 0 if unreadable: the figures then show it
+	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: self, at: time.Now()}
 	for i, n := range nodes {
-		s.nodes[i] = allocproc.CPUTime(n.Pid())
+		s.nodes[i], _ = proccpu.Of(n.Proc.Pid())
 	}
 	return s
 }
@@ -736,7 +754,7 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	load0 := allocproc.LoadAvg()
+	load0 := proccpu.LoadAvg()
 	s0 := sampleCPU(nodes)
 	time.Sleep(d)
 	s1 := sampleCPU(nodes)
@@ -748,7 +766,7 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 		d, m0[leader]["allot_allocator_keys"], m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_leases"])
 	fmt.Print("idle ")
 	cpuReport(nodes, leader, s0, s1, 0, "")
-	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, allocproc.LoadAvg())
+	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	return nil
 }
 

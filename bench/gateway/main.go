@@ -96,7 +96,6 @@ import (
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/gateway"
-	"github.com/allot/allot/internal/allocproc"
 	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/pkg/rules"
@@ -395,7 +394,7 @@ func run(o options) error {
 		loop = fmt.Sprintf("open loop at %d req/s (latency from the scheduled send; throughput is the offered rate unless a target saturates)", o.rate)
 	}
 	fmt.Printf("gateway overhead: %d rounds × %v per target, %d workers, %s, agent mode %s, load generator %s (CPUs %q), GOMAXPROCS %d, allocator CPUs %q, load average %s\n",
-		o.rounds, o.duration, o.conc, loop, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, allocproc.LoadAvg())
+		o.rounds, o.duration, o.conc, loop, where, o.loadgen, o.loadgenCPUs, runtime.GOMAXPROCS(0), o.allocatorCPUs, proccpu.LoadAvg())
 	switch o.loadgen {
 	case "process":
 		fmt.Println("CPU/req: this process (proxies, agent); client CPU/req: the load generator and upstream process")
@@ -506,7 +505,7 @@ func run(o options) error {
 		fmt.Printf("agent check latency (allot_agent_check_seconds, histogram_quantile over %d and %d samples): limited p50 %v p99 %v; limited%s p50 %v p99 %v\n",
 			l.checks.count(), b.checks.count(), l.checks.quantile(0.5), l.checks.quantile(0.99), burnSuffix, b.checks.quantile(0.5), b.checks.quantile(0.99))
 	}
-	fmt.Printf("load average at the end: %s\n", allocproc.LoadAvg())
+	fmt.Printf("load average at the end: %s\n", proccpu.LoadAvg())
 	if d := denied.Load(); d > 0 {
 		fmt.Printf("warning: %d requests were denied (the rule should admit everything)\n", d)
 	}

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allot/allot/internal/proccpu"
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -104,7 +105,7 @@ func runRLS(o options) error {
 		return err
 	}
 	fmt.Printf("RLS vs gRPC health check: the gateway binary %s (pid %d, CPUs %q), leases from allocator %s, one client connection, %d rounds × %v per target, closed loop, GOMAXPROCS of this client %d, load average %s\n",
-		bin, gw.cmd.Process.Pid, o.gatewayCPUs, allocAddr, o.rounds, o.duration, runtime.GOMAXPROCS(0), loadAvg())
+		bin, gw.cmd.Process.Pid, o.gatewayCPUs, allocAddr, o.rounds, o.duration, runtime.GOMAXPROCS(0), proccpu.LoadAvg())
 	fmt.Println("server CPU/call: the gateway process's user+system time over the window (/proc/<pid>/stat) divided by the calls answered")
 	fmt.Printf("%-6s %-8s %-8s %12s %16s %16s\n", "round", "callers", "target", "calls/s", "server CPU/call", "client CPU/call")
 	type key struct {
@@ -152,7 +153,7 @@ func runRLS(o options) error {
 			c, median(ratios), ratios[0], ratios[len(ratios)-1], len(ratios), medianDur(rs).Round(100*time.Nanosecond),
 			medianDur(hs).Round(100*time.Nanosecond), verdict(median(ratios) <= 1.2))
 	}
-	fmt.Printf("load average at the end: %s\n", loadAvg())
+	fmt.Printf("load average at the end: %s\n", proccpu.LoadAvg())
 	return nil
 }
 

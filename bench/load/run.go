@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/agent"
-	"github.com/allot/allot/internal/allocproc"
+	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/pkg/redislimit"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -40,7 +40,7 @@ func run(o options) (*report, error) {
 	}
 	rep := &report{
 		Workload: newWorkloadInfo(o),
-		Machine:  machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadAvgStart: allocproc.LoadAvg()},
+		Machine:  machineInfo{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadAvgStart: proccpu.LoadAvg()},
 	}
 	p50, p99 := timerOverhead(200_000)
 	rep.TimerOverhead = latencyNS{P50: int64(p50), P99: int64(p99)}
@@ -77,7 +77,7 @@ func run(o options) (*report, error) {
 		}
 		rep.redisOrder = o.redisModes
 	}
-	rep.Machine.LoadAvgEnd = allocproc.LoadAvg()
+	rep.Machine.LoadAvgEnd = proccpu.LoadAvg()
 	rep.finish(o)
 	return rep, nil
 }

@@ -52,3 +52,17 @@ func Of(pid int) (time.Duration, error) {
 	}
 	return time.Duration(ut+st) * tick, nil
 }
+
+// LoadAvg is the first three fields of /proc/loadavg ("?" elsewhere): the
+// machine is shared, so every figure carries the load it was measured under.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
