@@ -204,10 +204,11 @@ func (d *decoder) fail() {
 // call is one Acquire call, decoded from a compact record or converted
 // from a protobuf request.
 type call struct {
-	agentID   string
-	requestID uint64
-	fallback  uint32
-	keys      []keyArgs
+	agentID      string
+	requestID    uint64
+	rulesVersion uint64 // informational: the state does not read it
+	fallback     uint32
+	keys         []keyArgs
 }
 
 // keyArgs is one key's report and request (KeyAcquire's fields).
@@ -220,12 +221,12 @@ type keyArgs struct {
 	ef, et                                int // ents' span in the decoder's entry slice
 }
 
-// decodeRecord decodes the next record into cl, reusing cl's and ents'
+// record decodes the next record into cl, reusing cl's and ents'
 // storage; ents holds the keys' descriptor entries (returned for reuse).
 func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
 	cl.agentID = d.str()
 	cl.requestID = d.uvarint()
-	_ = d.uvarint() // rules_version: informational
+	cl.rulesVersion = d.uvarint()
 	fb := d.uvarint()
 	cl.fallback = uint32(min(fb, math.MaxUint32))
 	n := d.uvarint()
@@ -352,16 +353,11 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 	var cl call
 	var ents []rules.Entry
 	for range n {
-		start := d.p
 		ents = d.record(&cl, ents)
 		if d.err != nil {
 			return 0, nil, d.err
 		}
-		// The rules version is skipped by record; read it again.
-		r := &decoder{s: s, p: start}
-		_ = r.str()
-		_ = r.uvarint()
-		req := &allotv1.AcquireRequest{AgentId: cl.agentID, RequestId: cl.requestID, RulesVersion: r.uvarint(),
+		req := &allotv1.AcquireRequest{AgentId: cl.agentID, RequestId: cl.requestID, RulesVersion: cl.rulesVersion,
 			FallbackKeys: cl.fallback, Keys: make([]*allotv1.KeyAcquire, len(cl.keys))}
 		for i, k := range cl.keys {
 			ka := &allotv1.KeyAcquire{Domain: k.domain, Want: k.want, Held: k.held, Returned: k.returned,
