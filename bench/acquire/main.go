@@ -50,9 +50,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/internal/testproc"
@@ -396,7 +394,6 @@ type load struct {
 	keysOK   int64
 	granted  int64
 	errs     int64
-	errCodes map[codes.Code]int64 // failed attempts by gRPC code
 	inflight map[*call]struct{}
 	killAt   time.Time
 	killed   string
@@ -418,7 +415,6 @@ func newLoad(o options, conns []*grpc.ClientConn) *load {
 	l := &load{o: o, conns: conns, recovery: -1,
 		sem:      make(chan struct{}, o.maxInflight),
 		inflight: map[*call]struct{}{},
-		errCodes: map[codes.Code]int64{},
 		hist:     hdrhistogram.New(1, 600_000_000, 3),
 		intended: hdrhistogram.New(1, 600_000_000, 3),
 		lag:      hdrhistogram.New(1, 600_000_000, 3)}
@@ -585,7 +581,6 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 		}
 		l.mu.Lock()
 		l.errs++
-		l.errCodes[status.Code(err)]++
 		l.mu.Unlock()
 		node = (node + 1) % len(clients)
 		select {
@@ -627,7 +622,6 @@ func (l *load) reset() {
 	l.from = time.Now()
 	l.offered = 0
 	l.calls, l.keysOK, l.granted, l.errs = 0, 0, 0, 0
-	clear(l.errCodes)
 }
 
 func (l *load) markKill(victim string) time.Time {
@@ -674,13 +668,6 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 	fmt.Printf("throughput: offered %.0f key-grants/s, achieved %.0f key-grants/s (%.1f%%; keys answered OK; %.0f tokens/s granted), %.0f calls/s, %d failed calls, %d calls unanswered at the end, over %v\n",
 		offered, float64(l.keysOK)/secs, 100*float64(l.keysOK)/secs/offered, float64(l.granted)/secs, float64(l.calls)/secs,
 		l.errs, open, elapsed.Round(time.Millisecond))
-	if l.errs > 0 {
-		fmt.Printf("failed attempts by code (each retried on the next node after 10 ms):")
-		for c, n := range l.errCodes {
-			fmt.Printf(" %s %d", c, n)
-		}
-		fmt.Println()
-	}
 	for _, h := range []struct {
 		what string
 		h    *hdrhistogram.Histogram
