@@ -262,7 +262,7 @@ func run(args []string) error {
 		if tracing.Disabled() {
 			logger.Warn("-otel is ignored: OTEL_SDK_DISABLED=true")
 		} else {
-			tr, err := tracing.Start(ctx, "allot-allocator")
+			tr, err := tracing.Start(ctx, "allot-allocator", logger)
 			if err != nil {
 				return err
 			}

@@ -56,7 +56,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	if o.otel {
 		if tracing.Disabled() {
 			logger.Warn("gateway: -otel is ignored: OTEL_SDK_DISABLED=true")
-		} else if g.tr, err = tracing.Start(ctx, "allot-gateway"); err != nil {
+		} else if g.tr, err = tracing.Start(ctx, "allot-gateway", logger); err != nil {
 			return g, err
 		}
 	}

@@ -19,12 +19,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -50,8 +52,12 @@ func Disabled() bool {
 // Start builds the OTLP/gRPC exporter and a TracerProvider that batches
 // into it, sampled per OTEL_TRACES_SAMPLER; service is the service.name
 // unless OTEL_SERVICE_NAME sets one. The exporter connects lazily: an
-// unreachable collector costs dropped spans, not a failed start.
-func Start(ctx context.Context, service string) (*Tracing, error) {
+// unreachable collector costs dropped spans, not a failed start. The
+// SDK's errors (a failed export) go to logger at WARN.
+func Start(ctx context.Context, service string, logger *slog.Logger) (*Tracing, error) {
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		logger.Warn("tracing: spans dropped", "err", err)
+	}))
 	exp, err := otlptracegrpc.New(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
