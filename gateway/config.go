@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/agent/httplimit"
@@ -67,6 +69,14 @@ type Config struct {
 	// server pings it, and how long the ping may go unanswered before the
 	// connection is closed (half-open peers). DefaultConfig: 30s.
 	RLSKeepalive time.Duration
+
+	// RLSServerOptions are added to the RLS gRPC server's options, after
+	// the gateway's own (a stats handler for tracing, say). nil: none.
+	RLSServerOptions []grpc.ServerOption
+	// CheckHandler, when set, wraps the check listener's handler (the
+	// /json and /forward-auth/ routes), e.g. with tracing. nil: the
+	// handler is served as is.
+	CheckHandler func(http.Handler) http.Handler
 
 	// Extraction says how descriptors are taken from a request (the
 	// middleware's httplimit.Config).

@@ -197,6 +197,7 @@ func (g *Gateway) startRLS(cfg Config, srv *rls.Server) error {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.RLSKeepalive, Timeout: cfg.RLSKeepalive}),
 		grpc.ConnectionTimeout(10*time.Second))
+	opts = append(opts, cfg.RLSServerOptions...)
 	if cfg.RLSMaxConns > 0 {
 		ln = netutil.LimitListener(ln, cfg.RLSMaxConns)
 	}
@@ -231,8 +232,12 @@ func (g *Gateway) startCheck(cfg Config, srv *rls.Server, ex *httplimit.Extracto
 		return fmt.Errorf("gateway: check listener: %w", err)
 	}
 	g.addrs.Check = ln.Addr().String()
+	var h http.Handler = mux
+	if cfg.CheckHandler != nil {
+		h = cfg.CheckHandler(mux)
+	}
 	g.check = &http.Server{
-		Handler:           mux,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,

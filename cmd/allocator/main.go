@@ -51,6 +51,7 @@ import (
 
 	"github.com/allot/allot/allocator"
 	"github.com/allot/allot/internal/cliflags"
+	"github.com/allot/allot/internal/tracing"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
@@ -82,6 +83,7 @@ type options struct {
 	logger        *slog.Logger
 	shutdownGrace time.Duration
 	tokenFile     string
+	otel          bool // OpenTelemetry tracing (internal/tracing)
 }
 
 func parse(args []string) (*options, error) {
@@ -130,6 +132,7 @@ func parse(args []string) (*options, error) {
 		pprofOn       = fs.Bool("pprof", false, "serve /debug/pprof/ on -http-addr, to an admin bearer token only (needs -admin-token-file)")
 		recoverSnap   = fs.Bool("recover-from-snapshot", false, "start a node whose raft.db is missing, empty, damaged or rolled back from its newest snapshot (the file is moved aside; entries after the snapshot are lost on this node)")
 		readyMaxLag   = fs.Duration("ready-max-lag", def.ReadyMaxLag, "a follower whose newest applied entry is older than this answers /readyz 503 (negative: no bound)")
+		otelOn        = fs.Bool("otel", false, "OpenTelemetry tracing: export spans of Acquire, admin and forwarded calls over OTLP, configured by the OTEL_* environment variables (docs/operations.md#tracing)")
 		ruleFiles     stringList
 		rulesXDS      = fs.String("rules-xds", "", "xDS server HOST:PORT: the leader subscribes (ADS, state of the world) to RateLimitConfig resources and commits each update as the rule set (docs/rules.md)")
 		rulesXDSNode  = fs.String("rules-xds-node-id", "", "node id sent to the -rules-xds server (default: allot)")
@@ -231,7 +234,7 @@ func parse(args []string) (*options, error) {
 	if *burnCPU != 0 {
 		logger.Warn("-debug-burn-cpu is deprecated and has no effect; burn CPU with bench/gateway -burn (docs/configuration.md, deprecated flags)")
 	}
-	return &options{cfg: cfg, logger: logger, shutdownGrace: *shutdownGrace, tokenFile: *tokenFile}, nil
+	return &options{cfg: cfg, logger: logger, shutdownGrace: *shutdownGrace, tokenFile: *tokenFile, otel: *otelOn}, nil
 }
 
 func run(args []string) error {
@@ -255,6 +258,28 @@ func run(args []string) error {
 	if os.Getenv("GOGC") == "" {
 		gcf := startGCFloor(gcMinHeap, time.Second)
 		defer gcf.Stop()
+	}
+
+	if o.otel {
+		if tracing.Disabled() {
+			logger.Warn("-otel is ignored: OTEL_SDK_DISABLED=true")
+		} else {
+			tr, err := tracing.Start(ctx, "allot-allocator", logger)
+			if err != nil {
+				return err
+			}
+			// Deferred first, so it runs last: after the server's drain,
+			// whose calls' spans it exports.
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+				defer cancel()
+				if err := tr.Shutdown(sctx); err != nil {
+					logger.Warn("tracing: spans not flushed", "err", err)
+				}
+			}()
+			cfg.ServerOptions = append(cfg.ServerOptions, tr.ServerOption())
+			cfg.DialOptions = append(cfg.DialOptions, tr.DialOption())
+		}
 	}
 
 	srv, err := allocator.New(cfg)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/allocator"
+	"github.com/allot/allot/internal/tracing"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -52,8 +53,9 @@ func devExtraction() httplimit.Config {
 
 // startDev starts the allocator (real Raft and bolt, in a temporary
 // directory removed on close) and the demo upstream, and waits until the
-// allocator has a leader and the rules.
-func startDev(ctx context.Context, o options, logger *slog.Logger, reg prometheus.Registerer) (d *devEnv, err error) {
+// allocator has a leader and the rules. tr, when set, traces the
+// allocator's gRPC server.
+func startDev(ctx context.Context, o options, logger *slog.Logger, reg prometheus.Registerer, tr *tracing.Tracing) (d *devEnv, err error) {
 	d = &devEnv{}
 	defer func() {
 		if err != nil {
@@ -81,6 +83,10 @@ func startDev(ctx context.Context, o options, logger *slog.Logger, reg prometheu
 	// Labelled, so that cluster alerts can tell it from real allocators
 	// (deploy/prometheus/alerts.yaml).
 	cfg.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"embedded": "true"}, reg)
+	if tr != nil {
+		cfg.ServerOptions = append(cfg.ServerOptions, tr.ServerOption())
+		cfg.DialOptions = append(cfg.DialOptions, tr.DialOption())
+	}
 	if d.alloc, err = allocator.New(cfg); err != nil {
 		return d, fmt.Errorf("dev allocator: %w", err)
 	}

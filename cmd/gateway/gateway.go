@@ -19,7 +19,9 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/agent/rls"
 	"github.com/allot/allot/gateway"
+	"github.com/allot/allot/internal/tracing"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
 
@@ -27,7 +29,8 @@ import (
 type gw struct {
 	*gateway.Gateway
 	logger *slog.Logger
-	dev    *devEnv // nil unless -dev
+	dev    *devEnv          // nil unless -dev
+	tr     *tracing.Tracing // nil unless -otel
 }
 
 // Addresses bound by the gateway, printed on start.
@@ -50,10 +53,18 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	if o.otel {
+		if tracing.Disabled() {
+			logger.Warn("gateway: -otel is ignored: OTEL_SDK_DISABLED=true")
+		} else if g.tr, err = tracing.Start(ctx, "allot-gateway", logger); err != nil {
+			return g, err
+		}
+	}
+
 	upstream := cfg.Upstream
 	allocators := cfg.Allocators
 	if o.dev {
-		if g.dev, err = startDev(ctx, o, logger, reg); err != nil {
+		if g.dev, err = startDev(ctx, o, logger, reg, g.tr); err != nil {
 			return g, err
 		}
 		if len(cfg.Descriptors) == 0 {
@@ -113,6 +124,12 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 		}
 	}
 
+	if g.tr != nil {
+		gc.RLSServerOptions = append(gc.RLSServerOptions, g.tr.ServerOption())
+		gc.CheckHandler = func(h http.Handler) http.Handler { return g.tr.HTTPHandler(h, checkSpanName) }
+		acfg.DialOptions = append(acfg.DialOptions, g.tr.DialOption())
+	}
+
 	if g.Gateway, err = gateway.Start(gc); err != nil {
 		return g, err
 	}
@@ -144,11 +161,24 @@ func (g *gw) shutdown(ctx context.Context) error {
 	if g.dev != nil {
 		errs = append(errs, g.dev.close(ctx))
 	}
+	if g.tr != nil {
+		// Last, so that the spans of the drained calls are exported too.
+		errs = append(errs, g.tr.Shutdown(ctx))
+	}
 	err := errors.Join(errs...)
 	if err == nil {
 		g.logger.Info("gateway: stopped")
 	}
 	return err
+}
+
+// checkSpanName names a check listener request's span: its route, never
+// the raw path (forward-auth paths are the client's).
+func checkSpanName(r *http.Request) string {
+	if r.URL.Path == rls.JSONPath {
+		return "POST " + rls.JSONPath
+	}
+	return "forward-auth"
 }
 
 func parseUpstream(s string) (*url.URL, error) {

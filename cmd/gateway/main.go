@@ -54,6 +54,7 @@ type options struct {
 	// allocator_tls.
 	tls             cliflags.TLS
 	dev             bool
+	otel            bool // OpenTelemetry tracing (internal/tracing)
 	shutdownTimeout time.Duration
 	agentID         string
 	// rlsMaxConns caps the RLS port's open connections (0: no cap);
@@ -82,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		Client: true,
 	})
 	fs.BoolVar(&o.dev, "dev", false, "run an embedded single-node allocator, a demo upstream and the demo rules")
+	fs.BoolVar(&o.otel, "otel", false, "OpenTelemetry tracing: export spans of RLS, /json and forward-auth checks and Acquire calls over OTLP, configured by the OTEL_* environment variables (docs/operations.md#tracing)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 	fs.StringVar(&o.agentID, "agent-id", "", "agent id (default: hostname-pid-random)")
 	fs.IntVar(&o.rlsMaxConns, "rls-max-conns", 1024, "open connections the RLS port accepts at once; more wait in the listen backlog (0: no cap)")
