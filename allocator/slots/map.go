@@ -21,7 +21,9 @@ type Assignment struct {
 	Group GroupID
 }
 
-func (a Assignment) String() string { return a.Range.String() + "=" + strconv.FormatUint(uint64(a.Group), 10) }
+func (a Assignment) String() string {
+	return a.Range.String() + "=" + strconv.FormatUint(uint64(a.Group), 10)
+}
 
 // Even returns the map, at version, that gives each of groups (in the
 // order given) one contiguous run of Count/len(groups) slots, the first

@@ -49,6 +49,19 @@ func (r Range) String() string {
 	return strconv.Itoa(int(r.First)) + "-" + strconv.Itoa(int(r.Last))
 }
 
+// MarshalText writes r as String does.
+func (r Range) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalText reads r as ParseRange does.
+func (r *Range) UnmarshalText(b []byte) error {
+	v, err := ParseRange(string(b))
+	if err != nil {
+		return err
+	}
+	*r = v
+	return nil
+}
+
 // Valid reports whether r is a range of existing slots, First ≤ Last.
 func (r Range) Valid() bool { return r.First <= r.Last && r.Last < Count }
 
