@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/allot/allot/allocator/slots"
+	"github.com/allot/allot/pkg/slots"
 )
 
 // File and directory names.

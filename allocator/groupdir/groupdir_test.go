@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/allot/allot/allocator/slots"
+	"github.com/allot/allot/pkg/slots"
 )
 
 // wantErr fails unless err wraps is and names path.

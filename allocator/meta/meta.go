@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/allot/allot/allocator/slots"
+	"github.com/allot/allot/pkg/slots"
 )
 
 // Sentinels that refused commands wrap.

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/allot/allot/allocator/slots"
+	"github.com/allot/allot/pkg/slots"
 )
 
 func mustBoot(t *testing.T, n int) *State {

@@ -7,7 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/allot/allot/allocator/slots"
+	"github.com/allot/allot/pkg/slots"
 )
 
 // command is one drawn command, replayable on another State.

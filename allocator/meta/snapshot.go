@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/allot/allot/allocator/slots"
+	"github.com/allot/allot/pkg/slots"
 )
 
 // snapshotFormat is the version of the snapshot encoding.

@@ -15,5 +15,7 @@
 // slots moved; Map.Apply carries moves out. Ranges of slots are written
 // "A-B" (inclusive) or "A", and a map as "A-B=G,..." in slot order.
 //
+// Both sides use it: the agent to send a key's refill to the group that
+// owns the key, the allocator to serve only the slots its group owns.
 // Everything here is a pure value or function, safe for concurrent use.
 package slots
