@@ -45,6 +45,11 @@
 // Snapshot and Restore encode the whole State as versioned JSON; Restore
 // validates it and refuses a snapshot that breaks an invariant.
 //
+// PlanLeaders spreads the groups' leaders over the live nodes (each of N
+// nodes leads ⌊G/N⌋ or ⌈G/N⌉ of G groups) by leadership transfers, the
+// fewest that reach it; it is a pure function of the groups, their
+// current leaders and the live nodes.
+//
 // A State is not safe for concurrent use: the FSM adapter serializes
 // Apply, Snapshot and the readers.
 package meta
