@@ -178,6 +178,7 @@ func (c *cluster) startWith(nd *node, id uint32, servers []raft.Server, trans *r
 	rc.ElectionTimeout = 250 * time.Millisecond
 	rc.LeaderLeaseTimeout = 125 * time.Millisecond
 	rc.CommitTimeout = 5 * time.Millisecond
+	rc.TrailingLogs = 2 // a compacted log sends a lagging replica a snapshot
 	rc.Logger = logger
 	if servers != nil {
 		if err := raft.BootstrapCluster(rc, store, store, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
@@ -282,7 +283,8 @@ func (c *cluster) waitReplicated(id uint32, want []string) {
 // Three groups on three nodes, each node one Mux: every group elects and
 // replicates only its own entries; stopping one group's leader fails that
 // group over while the others keep committing; the stopped replica comes
-// back on the same Mux, re-registering its group, and catches up.
+// back on the same Mux, re-registering its group, and catches up from a
+// snapshot sent through the Mux.
 func TestGroupsElectReplicateFailOver(t *testing.T) {
 	ids := []uint32{0, 1, 2}
 	c := newCluster(t, 3, ids, func(int) Config { return Config{} })
@@ -319,7 +321,20 @@ func TestGroupsElectReplicateFailOver(t *testing.T) {
 		}
 	}
 
+	// Compact group 1's log past what the stopped replica holds, so that
+	// it catches up by an InstallSnapshot through the Mux.
+	put(1, 5)
+	for _, nd := range c.nodes {
+		if g := nd.groups[1]; g.up {
+			if err := g.raft.Snapshot().Error(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	c.start(c.nodes[old], 1)
 	put(1, 2)
 	c.waitReplicated(1, want[1])
+	if s := c.nodes[old].groups[1].raft.Stats()["last_snapshot_index"]; s == "" || s == "0" {
+		t.Fatal("the restarted replica caught up without a snapshot")
+	}
 }
