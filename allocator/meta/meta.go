@@ -353,7 +353,8 @@ func (s *State) Transferred(now int64, id, index uint64) error {
 }
 
 // Commit ends move id: the target owns its slots, at the next slot map
-// version. A move no longer in flight that was committed is a no-op.
+// version. Committing a move that ended committed, among the last
+// MaxFinished, is a no-op.
 func (s *State) Commit(now int64, id uint64) error {
 	if err := s.ready(); err != nil {
 		return err
@@ -380,7 +381,8 @@ func (s *State) Commit(now int64, id uint64) error {
 }
 
 // Abort ends move id before PhaseTransferred; the source serves the
-// slots again. An aborted move no longer in flight is a no-op.
+// slots again. Aborting a move that ended aborted, among the last
+// MaxFinished, is a no-op.
 func (s *State) Abort(now int64, id uint64, reason string) error {
 	if err := s.ready(); err != nil {
 		return err
