@@ -15,6 +15,9 @@
 // group 0 speaks exactly the protocol of a single-group node, in both
 // directions, so single-group nodes and multi-group nodes interoperate on
 // group 0 (a rolling upgrade). A tagged header for group 0 is accepted too.
+// Bytes that neither start with 0xA7 nor are a Raft RPC reach group 0's
+// transport, which closes the connection on the unknown RPC type, as a
+// single-group node's does.
 //
 // The Mux owns one goroutine that accepts and one per connection until its
 // header is read. A connection whose TLS handshake and header do not
