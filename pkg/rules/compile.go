@@ -37,15 +37,17 @@ const (
 // at every level; allot checks each level's own list, so a key in the wrong
 // place (a common mistake Envoy silently ignores) is reported.
 var (
-	rootKeys = []string{"domain", "descriptors"}
+	rootKeys = []string{"domain", "descriptors", "scope", "global_fallback", "static_fraction"}
 	descKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	limitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "unit_multiplier",
 		// allot's extensions
-		"burst", "algorithm", "backend", "failure_mode", "shards", "routing"}
+		"burst", "algorithm", "backend", "failure_mode", "shards", "routing",
+		"scope", "global_fallback", "static_fraction"}
 	replacesKeys = []string{"name"}
 	// extension keys a user may try to put beside rate_limit.
-	extensionKeys = []string{"burst", "algorithm", "backend", "failure_mode", "shards", "routing"}
+	extensionKeys = []string{"burst", "algorithm", "backend", "failure_mode", "shards", "routing",
+		"scope", "global_fallback", "static_fraction"}
 )
 
 // Compile parses and validates every file and builds the matcher. Any error
@@ -96,6 +98,7 @@ type compiler struct {
 	budget   int      // YAML nodes left to visit
 	warnings []string // non-fatal findings
 	rules    []*Rule  // this file's rules, for the replaces check
+	scope    scoping  // the domain's scope fields, the rules' defaults
 }
 
 func (c *compiler) errf(n *yaml.Node, key, format string, args ...any) *Error {
@@ -155,6 +158,12 @@ func (c *compiler) compileFile(src []byte) (string, int, *domainTree, error) {
 		return "", 0, nil, &Error{File: c.file, Line: domainLine, Key: "domain", Msg: "config file cannot have empty domain"}
 	}
 	c.domain = domain
+	if c.scope, err = c.scoping(fields, scoping{}); err != nil {
+		return "", 0, nil, err
+	}
+	if err := c.checkScoping(c.scope); err != nil {
+		return "", 0, nil, err
+	}
 	tree := &domainTree{}
 	if kv, ok := fields["descriptors"]; ok {
 		tree.root, err = c.descriptors(kv, nil, 1)
@@ -586,6 +595,11 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 		}
 	}
 
+	sc, err := c.scoping(fs, c.scope)
+	if err != nil {
+		return nil, err
+	}
+
 	var unitText string
 	unitField, hasUnit := fs["unit"]
 	if hasUnit {
@@ -662,6 +676,9 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 			return nil, c.errf(line, "unit", "%s", strings.TrimPrefix(err.Error(), "bucket: invalid limit: "))
 		}
 		r.DenyAll = true
+		if err := c.applyScoping(r, sc, fs); err != nil {
+			return nil, err
+		}
 		c.register(r)
 		return r, nil
 	}
@@ -737,6 +754,9 @@ func (c *compiler) rateLimit(f field, path []level, flags map[string]bool) (*Rul
 		return nil, c.errf(at, key, "%s", strings.TrimPrefix(err.Error(), "bucket: invalid limit: "))
 	}
 	r.Limit = lim
+	if err := c.applyScoping(r, sc, fs); err != nil {
+		return nil, err
+	}
 	c.register(r)
 	return r, nil
 }

@@ -77,19 +77,12 @@ const (
 var backendNames = [...]string{"lease", "redis", "local"}
 
 // String returns "lease", "redis" or "local".
-func (b Backend) String() string {
-	if int(b) < len(backendNames) {
-		return backendNames[b]
-	}
-	return fmt.Sprintf("backend(%d)", uint8(b))
-}
+func (b Backend) String() string { return enumString(b, backendNames[:], "backend") }
 
 // ParseBackend parses "lease", "redis" or "local" (case-insensitive).
 func ParseBackend(s string) (Backend, error) {
-	for i, n := range backendNames {
-		if strings.EqualFold(s, n) {
-			return Backend(i), nil
-		}
+	if v, ok := parseEnum[Backend](s, backendNames[:]); ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("rules: unknown backend '%s' (want lease, redis or local)", s)
 }
@@ -108,19 +101,12 @@ const (
 var failureModeNames = [...]string{"open", "closed"}
 
 // String returns "open" or "closed".
-func (f FailureMode) String() string {
-	if int(f) < len(failureModeNames) {
-		return failureModeNames[f]
-	}
-	return fmt.Sprintf("failure_mode(%d)", uint8(f))
-}
+func (f FailureMode) String() string { return enumString(f, failureModeNames[:], "failure_mode") }
 
 // ParseFailureMode parses "open" or "closed" (case-insensitive).
 func ParseFailureMode(s string) (FailureMode, error) {
-	for i, n := range failureModeNames {
-		if strings.EqualFold(s, n) {
-			return FailureMode(i), nil
-		}
+	if v, ok := parseEnum[FailureMode](s, failureModeNames[:]); ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("rules: unknown failure_mode '%s' (want open or closed)", s)
 }
@@ -140,21 +126,78 @@ const (
 var routingNames = [...]string{"spread", "consistent_hash"}
 
 // String returns "spread" or "consistent_hash".
-func (r Routing) String() string {
-	if int(r) < len(routingNames) {
-		return routingNames[r]
-	}
-	return fmt.Sprintf("routing(%d)", uint8(r))
-}
+func (r Routing) String() string { return enumString(r, routingNames[:], "routing") }
 
 // ParseRouting parses "spread" or "consistent_hash" (case-insensitive).
 func ParseRouting(s string) (Routing, error) {
-	for i, n := range routingNames {
-		if strings.EqualFold(s, n) {
-			return Routing(i), nil
-		}
+	if v, ok := parseEnum[Routing](s, routingNames[:]); ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("rules: unknown routing '%s' (want spread or consistent_hash)", s)
+}
+
+// Scope says which allocator cluster owns a rule's budget.
+type Scope uint8
+
+const (
+	// ScopeRegional: the cluster the rules are applied to owns the budget.
+	// Default.
+	ScopeRegional Scope = iota
+	// ScopeGlobal: one budget across regions, owned by the global cluster.
+	// A regional cluster configured with a global upstream leases it from
+	// there; any other cluster keeps it as a regional budget.
+	ScopeGlobal
+)
+
+var scopeNames = [...]string{"regional", "global"}
+
+// String returns "regional" or "global".
+func (s Scope) String() string { return enumString(s, scopeNames[:], "scope") }
+
+// ParseScope parses "regional" or "global" (case-insensitive).
+func ParseScope(s string) (Scope, error) {
+	if v, ok := parseEnum[Scope](s, scopeNames[:]); ok {
+		return v, nil
+	}
+	return 0, fmt.Errorf("rules: unknown scope '%s' (want regional or global)", s)
+}
+
+// GlobalFallback says what share of a global rule's rate a region admits
+// while it is cut off from the global cluster and its lease is spent.
+type GlobalFallback uint8
+
+const (
+	// FallbackFairShare: the region's share at its last grant from the
+	// global cluster. Default.
+	FallbackFairShare GlobalFallback = iota
+	// FallbackStatic: a fixed fraction of the rule's rate per region
+	// (Rule.StaticFractions).
+	FallbackStatic
+)
+
+var globalFallbackNames = [...]string{"fair_share", "static"}
+
+// String returns "fair_share" or "static".
+func (f GlobalFallback) String() string {
+	return enumString(f, globalFallbackNames[:], "global_fallback")
+}
+
+// ParseGlobalFallback parses "fair_share" or "static" (case-insensitive).
+func ParseGlobalFallback(s string) (GlobalFallback, error) {
+	if v, ok := parseEnum[GlobalFallback](s, globalFallbackNames[:]); ok {
+		return v, nil
+	}
+	return 0, fmt.Errorf("rules: unknown global_fallback '%s' (want fair_share or static)", s)
+}
+
+// AnyRegion is the region name in StaticFractions that applies to every
+// region not named on its own.
+const AnyRegion = "*"
+
+// RegionFraction is one region's static share of a global rule's rate.
+type RegionFraction struct {
+	Region   string  // a region name, or AnyRegion
+	Fraction float64 // in (0, 1]
 }
 
 // Rule is one compiled descriptor that carries a rate_limit block. Rules are
@@ -200,6 +243,15 @@ type Rule struct {
 	FailureMode FailureMode
 	Shards      int // ≥ 1; Redis sub-keys for hot keys
 	Routing     Routing
+
+	// Scope is where the budget lives: the rule's own scope, else its
+	// domain's; ScopeRegional for unlimited rules.
+	Scope Scope
+	// GlobalFallback and StaticFractions (sorted by region, AnyRegion
+	// first) apply to ScopeGlobal only; StaticFractions is set exactly
+	// when GlobalFallback is FallbackStatic.
+	GlobalFallback  GlobalFallback
+	StaticFractions []RegionFraction
 
 	Replaces []string // names of limits this rule drops from the same request
 
@@ -258,4 +310,38 @@ func (e *Error) Error() string {
 	}
 	b.WriteString(e.Msg)
 	return b.String()
+}
+
+// StaticFraction returns region's fraction of the rule's rate under
+// `global_fallback: static`: its own entry, else the AnyRegion entry, else
+// 0 (the region admits nothing of its own while cut off).
+func (r *Rule) StaticFraction(region string) float64 {
+	rest := 0.0
+	for _, f := range r.StaticFractions {
+		switch f.Region {
+		case region:
+			return f.Fraction
+		case AnyRegion:
+			rest = f.Fraction
+		}
+	}
+	return rest
+}
+
+// enumString names an enum value, or kind(n) when out of range.
+func enumString[T ~uint8](v T, names []string, kind string) string {
+	if int(v) < len(names) {
+		return names[v]
+	}
+	return fmt.Sprintf("%s(%d)", kind, uint8(v))
+}
+
+// parseEnum finds s among names, case-insensitively.
+func parseEnum[T ~uint8](s string, names []string) (T, bool) {
+	for i, n := range names {
+		if strings.EqualFold(s, n) {
+			return T(i), true
+		}
+	}
+	return 0, false
 }

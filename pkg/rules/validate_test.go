@@ -10,13 +10,7 @@ import (
 // from the first line of src.
 func TestValidationErrors(t *testing.T) {
 	const okLimit = "    rate_limit: {unit: second, requests_per_unit: 1}\n"
-	cases := []struct {
-		name string
-		src  string
-		line int
-		key  string
-		msg  string // substring of Msg
-	}{
+	cases := []errCase{
 		{"unknown top-level key", "domain: d\ndomian: x\n", 2, "domian", "config error, unknown key 'domian'"},
 		{"unknown descriptor key", "domain: d\ndescriptors:\n  - key: a\n    ratelimit: {unit: second}\n", 4, "ratelimit", "config error, unknown key 'ratelimit'"},
 		{"unknown rate_limit key", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requestsperunit: 5\n", 6, "requestsperunit", "config error, unknown key 'requestsperunit'"},
@@ -78,6 +72,21 @@ func TestValidationErrors(t *testing.T) {
 		{"nested too deep", deepYAML(33), 0, "descriptors", "nested deeper than 32 levels"},
 		{"quoted number", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: \"10\"\n", 6, "requests_per_unit", `must be an integer, not "10"`},
 	}
+	checkErrors(t, cases)
+}
+
+// errCase is a file that must fail to compile with an *Error at line (0:
+// any line) and key whose Msg contains msg.
+type errCase struct {
+	name string
+	src  string
+	line int
+	key  string
+	msg  string // substring of Msg
+}
+
+func checkErrors(t *testing.T, cases []errCase) {
+	t.Helper()
 	for _, c := range cases {
 		_, err := Compile(1, []File{{Name: "f.yaml", Source: []byte(c.src)}})
 		var e *Error

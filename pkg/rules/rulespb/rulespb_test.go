@@ -1,7 +1,10 @@
 package rulespb
 
 import (
+	"slices"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -82,5 +85,53 @@ func TestLimitDenyAll(t *testing.T) {
 func TestLimitNil(t *testing.T) {
 	if Limit(nil) != nil {
 		t.Error("Limit(nil) != nil")
+	}
+}
+
+// TestScopeTravelsAsSource: the rules travel between allotctl, the
+// allocator's replicas and the agents as their YAML source in RuleFile, so
+// scope, global_fallback and static_fraction survive the wire unchanged.
+func TestScopeTravelsAsSource(t *testing.T) {
+	const src = `domain: g
+scope: global
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 10, global_fallback: static, static_fraction: {eu: 0.5, "*": 0.25}}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 10, scope: regional}
+`
+	before, err := rules.Compile(1, []rules.File{{Name: "g.yaml", Source: []byte(src)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := &allotv1.RuleSet{Version: 1}
+	for _, f := range before.Files() {
+		set.Files = append(set.Files, &allotv1.RuleFile{Name: f.Name, Domain: f.Domain, Yaml: f.Source})
+	}
+	wire, err := proto.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got allotv1.RuleSet
+	if err := proto.Unmarshal(wire, &got); err != nil {
+		t.Fatal(err)
+	}
+	var files []rules.File
+	for _, f := range got.GetFiles() {
+		files = append(files, rules.File{Name: f.GetName(), Domain: f.GetDomain(), Source: f.GetYaml()})
+	}
+	after, err := rules.Compile(got.GetVersion(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range before.Rules() {
+		a := after.Rules()[i]
+		if r.Scope != a.Scope || r.GlobalFallback != a.GlobalFallback || !slices.Equal(r.StaticFractions, a.StaticFractions) {
+			t.Errorf("rule %s: %v %v %v, after the wire %v %v %v", r.Path, r.Scope, r.GlobalFallback, r.StaticFractions,
+				a.Scope, a.GlobalFallback, a.StaticFractions)
+		}
+	}
+	if a := after.Match("g", []rules.Entry{{Key: "a", Value: "x"}}); a.Scope != rules.ScopeGlobal || a.StaticFraction("eu") != 0.5 || a.StaticFraction("us") != 0.25 {
+		t.Errorf("a after the wire: %v %v", a.Scope, a.StaticFractions)
 	}
 }
