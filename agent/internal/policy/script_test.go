@@ -1,94 +1,18 @@
 package policy
 
 import (
-	"bufio"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/allot/allot/internal/scripttest"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the testdata scripts")
-
-// A script is a sequence of blocks:
-//
-//	command key=value ...
-//	----
-//	expected output
-//	<blank line>
-//
-// Lines starting with # are comments. runScript runs each block's command
-// through do and compares its output with the expected one (or, with
-// -rewrite, writes the output back into the file).
-func runScript(t *testing.T, path string, do func(t *testing.T, cmd string, args map[string]string) string) {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	line := 0
-	next := func() (string, bool) {
-		if !sc.Scan() {
-			return "", false
-		}
-		line++
-		return sc.Text(), true
-	}
-	for {
-		l, ok := next()
-		if !ok {
-			break
-		}
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			out.WriteString(l + "\n")
-			continue
-		}
-		at := line
-		fields := strings.Fields(l)
-		cmd, args := fields[0], map[string]string{}
-		for _, f := range fields[1:] {
-			k, v, _ := strings.Cut(f, "=")
-			args[k] = v
-		}
-		if sep, ok := next(); !ok || sep != "----" {
-			t.Fatalf("%s:%d: %q is not followed by ----", path, at, l)
-		}
-		var want []string
-		for {
-			e, ok := next()
-			if !ok || e == "" {
-				break
-			}
-			want = append(want, e)
-		}
-		got := strings.TrimRight(do(t, cmd, args), "\n")
-		if !*rewrite && got != strings.Join(want, "\n") {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, at, l, got, strings.Join(want, "\n"))
-		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n\n", l, got)
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// scripts runs every testdata file matching glob.
+// scripts runs every testdata file matching glob through do (see
+// internal/scripttest for the format; -rewrite rewrites the answers).
 func scripts(t *testing.T, glob string, do func(t *testing.T, cmd string, args map[string]string) string) {
-	files, err := filepath.Glob(filepath.Join("testdata", glob))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts match %s (%v)", glob, err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f, do) })
-	}
+	scripttest.Files(t, glob, func() scripttest.Do { return do })
 }
 
 func argF(t *testing.T, args map[string]string, k string) float64 {

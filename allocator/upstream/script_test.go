@@ -1,0 +1,138 @@
+package upstream
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/allot/allot/internal/scripttest"
+	"github.com/allot/allot/pkg/rules"
+)
+
+// TestScripts runs testdata/* (see internal/scripttest for the format;
+// -rewrite rewrites the answers). Times (t=) are durations since the
+// script's start; the key's clock never runs backwards.
+//
+//	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [backoff=1s] [window=4s] rate=<tokens/s> [burst=] [static=<fraction>]
+//	                                              a new key (static: global_fallback static)
+//	tick t= demand=<tokens/s> [gwheld=<tokens>]   → the call made, or "no call"
+//	grant t= id= n=<tokens> [refresh=<dur>]       the global cluster answers
+//	fail t= id=                                   the call failed
+//	sub t= want=                                  → tokens sub-granted to a gateway
+//	subret t= n=                                  a gateway hands tokens back
+//	release t=                                    → the final call
+//
+// Every command but key prints the key's status after it.
+func TestScripts(t *testing.T) {
+	scripttest.Files(t, "*", func() scripttest.Do {
+		var k *Key
+		return func(t *testing.T, cmd string, args map[string]string) string {
+			if cmd != "key" && k == nil {
+				t.Fatalf("%s before key", cmd)
+			}
+			return do(t, &k, cmd, args)
+		}
+	})
+}
+
+func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
+	t.Helper()
+	f := func(name string) float64 {
+		v, ok := args[name]
+		if !ok {
+			return 0
+		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("%s=%s: %v", name, v, err)
+		}
+		return x
+	}
+	i := func(name string) int64 { return int64(f(name)) }
+	d := func(name string) time.Duration {
+		v, ok := args[name]
+		if !ok {
+			return 0
+		}
+		x, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("%s=%s: %v", name, v, err)
+		}
+		return x
+	}
+	now := epoch + int64(d("t"))
+	if cmd == "key" {
+		cfg := Config{RTT: d("rtt"), Tick: d("tick"), Horizon: d("horizon"), CallTimeout: d("timeout"),
+			RetryBackoff: d("backoff"), ShareWindow: d("window")}
+		r := Rule{Rate: f("rate"), Burst: i("burst")}
+		if _, ok := args["static"]; ok {
+			r.Fallback, r.Fraction = rules.FallbackStatic, f("static")
+		}
+		k, err := NewKey(cfg, r)
+		if err != nil {
+			return err.Error()
+		}
+		*kp = k
+		return fmt.Sprintf("low watermark at 100/s: %d, target %d", k.LowWater(100), k.Target(100))
+	}
+	k := *kp
+	var res string
+	switch cmd {
+	case "tick":
+		r, ok := k.Tick(now, f("demand"), i("gwheld"))
+		res = "no call"
+		if ok {
+			res = fmtRequest(r)
+		}
+	case "grant":
+		res = "ok"
+		if err := k.Granted(now, Grant{ID: uint64(i("id")), Granted: i("n"), RefreshAfter: d("refresh")}); err != nil {
+			res = err.Error()
+		}
+	case "fail":
+		res = "ok"
+		if err := k.Failed(now, uint64(i("id"))); err != nil {
+			res = err.Error()
+		}
+	case "sub":
+		res = fmt.Sprintf("sub-granted %d", k.SubGrant(now, i("want")))
+	case "subret":
+		k.SubReturn(now, i("n"))
+		res = "ok"
+	case "release":
+		res = fmtRequest(k.Release(now))
+	default:
+		t.Fatalf("unknown command %q", cmd)
+	}
+	return res + "\n" + fmtStatus(k.Status())
+}
+
+// epoch is the scripts' time 0.
+const epoch = int64(1_700_000_000) * 1e9
+
+func fmtRequest(r Request) string {
+	s := fmt.Sprintf("call id=%d want=%d held=%d returned=%d demand=%g", r.ID, r.Want, r.Held, r.Returned, r.Demand)
+	if r.OutageCharged != 0 {
+		s += fmt.Sprintf(" outage_charged=%d", r.OutageCharged)
+	}
+	if r.Final {
+		s += " final"
+	}
+	return s
+}
+
+func fmtStatus(s Status) string {
+	state := "new"
+	switch {
+	case s.CutOff:
+		state = fmt.Sprintf("cut off since %v", time.Duration(s.CutSince-epoch))
+	case s.Connected:
+		state = "connected"
+	}
+	if s.InFlight {
+		state += ", call in flight"
+	}
+	return fmt.Sprintf("  avail=%d owed=%d fallback=%d share=%.4g/s falls-to=%.4g/s [%s] received=%d returned=%d minted=%d",
+		s.Available, s.Owed, s.Fallback, s.Share, s.FallbackRt, state, s.Received, s.Returned, s.Minted)
+}

@@ -1,0 +1,478 @@
+package upstream
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+// MaxWant bounds want, returned and outage_charged, as the allocator bounds
+// them in an Acquire.
+const MaxWant = 1_000_000_000_000
+
+// maxGrants bounds the grants remembered for the fair share (ShareWindow of
+// refills at most every Tick; older ones fall out first, which only lowers
+// the share).
+const maxGrants = 128
+
+// Config sets the policy for every global key of one regional cluster. The
+// zero value of a field means its default; DefaultConfig lists them.
+type Config struct {
+	// RTT is the round trip to the global cluster. It is part of the low
+	// watermark: a refill starts while the key still holds what its
+	// region spends during RTT + Tick. Default 150 ms.
+	RTT time.Duration
+	// Tick is how often the regional leader evaluates each global key.
+	// Default 100 ms.
+	Tick time.Duration
+	// Horizon is the period a lease is sized for: the global cluster's
+	// refresh interval. Default 1 s.
+	Horizon time.Duration
+	// CallTimeout: an upstream call unanswered after this has failed and
+	// the region counts as cut off. Default 1 s.
+	CallTimeout time.Duration
+	// RetryBackoff is the wait after a failed call before the next one.
+	// Default 1 s.
+	RetryBackoff time.Duration
+	// ShareWindow is the window of grants the fair share is measured over
+	// (see Key.Status: Share). Default 4 s.
+	ShareWindow time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		RTT:          150 * time.Millisecond,
+		Tick:         100 * time.Millisecond,
+		Horizon:      time.Second,
+		CallTimeout:  time.Second,
+		RetryBackoff: time.Second,
+		ShareWindow:  4 * time.Second,
+	}
+}
+
+// Validate reports a negative or over-long setting.
+func (c Config) Validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"RTT", c.RTT}, {"Tick", c.Tick}, {"Horizon", c.Horizon}, {"CallTimeout", c.CallTimeout},
+		{"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}} {
+		if f.d < 0 || f.d > time.Hour {
+			return fmt.Errorf("upstream: %s must be between 0 and 1h, got %v", f.name, f.d)
+		}
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	for _, p := range []struct{ v, def *time.Duration }{{&c.RTT, &d.RTT}, {&c.Tick, &d.Tick}, {&c.Horizon, &d.Horizon},
+		{&c.CallTimeout, &d.CallTimeout}, {&c.RetryBackoff, &d.RetryBackoff}, {&c.ShareWindow, &d.ShareWindow}} {
+		if *p.v == 0 {
+			*p.v = *p.def
+		}
+	}
+	return c
+}
+
+// Rule is what the policy needs of a scope: global rule, for one region.
+type Rule struct {
+	Rate     float64              // the rule's rate, tokens/s
+	Burst    int64                // the rule's burst
+	Fallback rules.GlobalFallback // what the region falls to when cut off
+	Fraction float64              // with FallbackStatic: this region's fraction of Rate, in [0, 1]
+}
+
+// RuleOf returns region's view of a compiled rule.
+func RuleOf(r *rules.Rule, region string) Rule {
+	out := Rule{Fallback: r.GlobalFallback, Fraction: r.StaticFraction(region)}
+	if !r.Unlimited && !r.DenyAll && r.Window > 0 {
+		out.Rate = float64(r.RequestsPerUnit) / r.Window.Seconds()
+		out.Burst = r.Burst
+	}
+	return out
+}
+
+// Validate reports a rule the policy cannot follow.
+func (r Rule) Validate() error {
+	switch {
+	case !(r.Rate >= 0) || math.IsInf(r.Rate, 0):
+		return fmt.Errorf("upstream: rate must be ≥ 0, got %v", r.Rate)
+	case r.Burst < 0:
+		return fmt.Errorf("upstream: burst must be ≥ 0, got %d", r.Burst)
+	case !(r.Fraction >= 0 && r.Fraction <= 1):
+		return fmt.Errorf("upstream: fraction must be in [0, 1], got %v", r.Fraction)
+	case r.Fallback > rules.FallbackStatic:
+		return fmt.Errorf("upstream: unknown fallback %v", r.Fallback)
+	}
+	return nil
+}
+
+// Request is an upstream call the region makes for the key: an Acquire of
+// the global key with the region as the agent.
+type Request struct {
+	ID       uint64  // strictly increasing per key
+	Want     int64   // tokens wanted for the next Horizon
+	Held     int64   // what the region keeps after this call: its lease balance and what its gateways hold
+	Returned int64   // tokens handed back now (no longer the region's once sent)
+	Demand   float64 // the region's demand, tokens/s
+	// OutageCharged: tokens the region admitted from its fallback share
+	// while cut off, reported once for the global bucket to pay for what
+	// it can.
+	OutageCharged int64
+	Final         bool // a Release: the region gives the key up
+}
+
+// Grant is the global cluster's answer to a Request.
+type Grant struct {
+	ID           uint64        // the Request's ID
+	Granted      int64         // new tokens for the region
+	RefreshAfter time.Duration // come back after this (0: after Horizon)
+}
+
+// Key is the policy of one global key at one regional leader. Create it
+// with NewKey; the zero value is not usable.
+type Key struct {
+	cfg  Config
+	rule Rule
+
+	avail int64 // lease tokens held and not sub-granted
+	out   int64 // lease tokens sub-granted and not returned by the gateways
+
+	nextID    uint64
+	inflight  bool
+	sent      Request // the call in flight
+	sentAt    int64
+	refreshAt int64 // the server-directed refresh (0: none yet)
+	retryAt   int64 // when cut off: no call before this
+
+	connected bool  // the last call was answered (false before the first)
+	cutAt     int64 // when the last failure cut the region off (valid when cut)
+	cut       bool
+
+	grants [maxGrants]struct{ at, n int64 } // ring of recent grants
+	gHead  int                              // next slot
+	gLen   int
+	share  float64 // tokens/s: the fair share at the last grant
+
+	fb      float64 // fallback tokens available to sub-grant
+	fbAt    int64   // the last fallback mint (valid when minting)
+	minting bool
+	fbOwed  int64 // fallback tokens sub-granted, to report as outage_charged
+
+	demand float64 // the last Tick's demand
+	now    int64   // the latest time seen (time never runs backwards here)
+
+	c Counters
+}
+
+// Counters are a key's totals since NewKey.
+type Counters struct {
+	Received    int64 // tokens granted by the global cluster and accepted
+	Returned    int64 // tokens handed back upstream
+	SubGranted  int64 // lease tokens sub-granted to gateways
+	SubReturned int64 // lease tokens gateways handed back
+	Minted      int64 // fallback tokens sub-granted while cut off
+	Dropped     int64 // tokens gateways handed back beyond what they owed the lease (fallback tokens)
+	Calls       int64 // upstream calls made
+	Failures    int64 // upstream calls failed or timed out
+	Stale       int64 // replies ignored: not the call in flight
+}
+
+// ErrStale is returned for a reply that does not answer the call in flight
+// (a repeated, late or unknown reply); it changes nothing.
+var ErrStale = errors.New("upstream: reply to a call not in flight")
+
+// NewKey returns the policy of a key under rule, holding nothing.
+func NewKey(cfg Config, rule Rule) (*Key, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := rule.Validate(); err != nil {
+		return nil, err
+	}
+	return &Key{cfg: cfg.withDefaults(), rule: rule}, nil
+}
+
+// SetRule applies a changed rule; what the key holds stays.
+func (k *Key) SetRule(rule Rule) error {
+	if err := rule.Validate(); err != nil {
+		return err
+	}
+	k.rule = rule
+	if k.share > rule.Rate {
+		k.share = rule.Rate
+	}
+	return nil
+}
+
+// advance moves the key's clock to now (never backwards) and mints the
+// fallback share for the time since the last mint.
+func (k *Key) advance(now int64) {
+	if now < k.now {
+		now = k.now
+	}
+	k.now = now
+	minting := k.cut && k.avail == 0
+	if minting && k.minting {
+		if dt := float64(now-k.fbAt) / 1e9; dt > 0 {
+			k.fb = min(k.fb+k.fallbackRate()*dt, k.fallbackCap())
+		}
+	}
+	if minting {
+		k.fbAt = now
+	}
+	k.minting = minting
+}
+
+// fallbackRate is the share the region falls to when cut off, tokens/s.
+func (k *Key) fallbackRate() float64 {
+	if k.rule.Fallback == rules.FallbackStatic {
+		return k.rule.Fraction * k.rule.Rate
+	}
+	return k.share
+}
+
+// fallbackCap bounds the fallback tokens that may accumulate: one Tick of
+// the share, at least one token, so that a cut-off region admits its share
+// as a rate, not in bursts.
+func (k *Key) fallbackCap() float64 {
+	return max(k.fallbackRate()*k.cfg.Tick.Seconds(), min(1, k.fallbackRate()))
+}
+
+// LowWater is the lease balance below which the key is refilled: what
+// demand d (tokens/s) spends while a refill is collected (one Tick) and
+// answered (RTT), at least one token.
+func (k *Key) LowWater(d float64) int64 {
+	return ceilTokens(d*(k.cfg.RTT.Seconds()+k.cfg.Tick.Seconds()), 1)
+}
+
+// Target is the lease balance a refill aims for: one Horizon of demand on
+// top of the low watermark.
+func (k *Key) Target(d float64) int64 {
+	return min(ceilTokens(d*k.cfg.Horizon.Seconds(), 0)+k.LowWater(d), MaxWant)
+}
+
+func ceilTokens(x float64, floor int64) int64 {
+	switch {
+	case !(x > 0):
+		return floor
+	case x >= MaxWant:
+		return MaxWant
+	}
+	return max(int64(math.Ceil(x)), floor)
+}
+
+// Tick evaluates the key at now, with its region's demand (tokens/s, the
+// sum its gateways report) and what the gateways hold of it. It returns the
+// upstream call to make, if one is due: when the lease is below the low
+// watermark, at the server-directed refresh, when there is an excess to
+// hand back, or, when cut off, once the retry backoff has passed. A call
+// in flight past CallTimeout has failed.
+func (k *Key) Tick(now int64, demand float64, gatewaysHeld int64) (Request, bool) {
+	k.advance(now)
+	if !(demand >= 0) || math.IsInf(demand, 0) {
+		demand = 0
+	}
+	k.demand = demand
+	if k.inflight {
+		if now-k.sentAt < int64(k.cfg.CallTimeout) {
+			return Request{}, false
+		}
+		k.fail(now)
+	}
+	if k.cut && now < k.retryAt {
+		return Request{}, false
+	}
+	low, target := k.LowWater(demand), k.Target(demand)
+	excess := int64(0)
+	if !k.cut && k.avail > 2*target {
+		excess = k.avail - target
+	}
+	due := !k.connected || k.cut || k.avail < low || (k.refreshAt != 0 && now >= k.refreshAt) || excess > 0 || k.fbOwed > 0
+	if !due {
+		return Request{}, false
+	}
+	k.avail -= excess
+	k.c.Returned += excess
+	held := k.avail + max(gatewaysHeld, 0)
+	r := Request{
+		ID:            k.nextID + 1,
+		Want:          max(0, min(target-k.avail, MaxWant)),
+		Held:          min(held, MaxWant),
+		Returned:      excess,
+		Demand:        demand,
+		OutageCharged: min(k.fbOwed, MaxWant),
+	}
+	if k.rule.Rate == 0 {
+		r.Want = 0 // a deny-all or unlimited rule: nothing to lease
+	}
+	k.fbOwed -= r.OutageCharged
+	k.send(now, r)
+	return r, true
+}
+
+func (k *Key) send(now int64, r Request) {
+	k.nextID = r.ID
+	k.inflight, k.sent, k.sentAt = true, r, now
+	k.c.Calls++
+}
+
+// Release returns the call that gives the key up: everything the lease
+// holds is handed back. The key holds nothing afterwards; its gateways'
+// leases run out on their own.
+func (k *Key) Release(now int64) Request {
+	k.advance(now)
+	r := Request{ID: k.nextID + 1, Returned: k.avail, Final: true, OutageCharged: min(k.fbOwed, MaxWant)}
+	k.c.Returned += k.avail
+	k.avail, k.fb, k.fbOwed = 0, 0, 0
+	k.send(now, r)
+	return r
+}
+
+// Granted applies the global cluster's answer to the call in flight. A
+// reply to any other call is ignored with ErrStale: each grant counts
+// once.
+func (k *Key) Granted(now int64, g Grant) error {
+	k.advance(now)
+	if !k.inflight || g.ID != k.sent.ID || g.Granted < 0 {
+		k.c.Stale++
+		return ErrStale
+	}
+	k.inflight = false
+	k.avail += g.Granted
+	k.c.Received += g.Granted
+	k.connected, k.cut, k.minting, k.fb = true, false, false, 0
+	refresh := g.RefreshAfter
+	if refresh <= 0 {
+		refresh = k.cfg.Horizon
+	}
+	k.refreshAt = now + int64(refresh)
+	k.remember(now, g.Granted)
+	k.advance(now)
+	return nil
+}
+
+// remember records a grant and recomputes the fair share: what the global
+// cluster granted in the ShareWindow up to now, per second of the time
+// those grants cover (from the first of them to one Horizon after the
+// last), at most the rule's rate. In a steady state it is the rate the
+// global cluster's max-min fair share grants the region.
+func (k *Key) remember(now, n int64) {
+	k.grants[k.gHead] = struct{ at, n int64 }{now, n}
+	k.gHead = (k.gHead + 1) % maxGrants
+	k.gLen = min(k.gLen+1, maxGrants)
+	from := now - int64(k.cfg.ShareWindow)
+	sum, first := int64(0), now
+	for i := 1; i <= k.gLen; i++ {
+		g := k.grants[(k.gHead-i+maxGrants)%maxGrants]
+		if g.at <= from {
+			break
+		}
+		sum, first = sum+g.n, g.at
+	}
+	// The grants in the window last from the first of them until one
+	// Horizon after the last.
+	span := float64(now-first+int64(k.cfg.Horizon)) / 1e9
+	k.share = min(float64(sum)/span, k.rule.Rate)
+}
+
+// Failed reports that the call in flight failed (an error, or no answer).
+// The region is cut off until a call is answered. A failure of any other
+// call is ignored with ErrStale.
+func (k *Key) Failed(now int64, id uint64) error {
+	k.advance(now)
+	if !k.inflight || id != k.sent.ID {
+		k.c.Stale++
+		return ErrStale
+	}
+	k.fail(now)
+	return nil
+}
+
+// fail ends the call in flight as failed. The tokens it returned stay
+// returned (the global cluster may have applied the call), and its outage
+// charge stays reported.
+func (k *Key) fail(now int64) {
+	k.inflight = false
+	k.c.Failures++
+	if !k.cut {
+		k.cut, k.cutAt = true, now
+	}
+	k.retryAt = now + int64(k.cfg.RetryBackoff)
+	k.advance(now)
+}
+
+// SubGrant hands up to want tokens to a gateway of the region and returns
+// how many: from the lease while it holds any, then, when the region is
+// cut off and its lease is spent, from its fallback share. Never more than
+// the key holds.
+func (k *Key) SubGrant(now, want int64) int64 {
+	k.advance(now)
+	if want <= 0 {
+		return 0
+	}
+	n := min(want, k.avail)
+	k.avail -= n
+	k.out += n
+	k.c.SubGranted += n
+	if n < want && k.cut {
+		k.advance(now) // the lease may have just run dry: start minting
+		f := min(want-n, int64(k.fb))
+		k.fb -= float64(f)
+		k.fbOwed += f
+		k.c.Minted += f
+		n += f
+	}
+	return n
+}
+
+// SubReturn credits n tokens a gateway handed back. What the gateways owe
+// the lease goes back to it; anything beyond (fallback tokens) is dropped,
+// so returns never grow the lease beyond what the global cluster granted.
+func (k *Key) SubReturn(now, n int64) {
+	k.advance(now)
+	if n <= 0 {
+		return
+	}
+	back := min(n, k.out)
+	k.out -= back
+	k.avail += back
+	k.c.SubReturned += back
+	k.c.Dropped += n - back
+	k.advance(now)
+}
+
+// SubSpent records that gateways spent n of the lease tokens sub-granted to
+// them (they reported it): those tokens no longer count as owed.
+func (k *Key) SubSpent(n int64) {
+	k.out -= min(max(n, 0), k.out)
+}
+
+// Status is a key's state, for inspection.
+type Status struct {
+	Available  int64   // lease tokens held and not sub-granted
+	Owed       int64   // lease tokens sub-granted and not yet spent or returned
+	Fallback   int64   // fallback tokens available while cut off
+	Share      float64 // the fair share at the last grant, tokens/s
+	FallbackRt float64 // the rate the region falls to when cut off, tokens/s
+	Demand     float64 // the demand of the last Tick
+	Connected  bool    // the last call was answered
+	CutOff     bool    // the last call failed; no call answered since
+	CutSince   int64   // when the region was cut off (when CutOff)
+	InFlight   bool
+	Counters
+}
+
+// Status returns the key's state at the latest time it saw.
+func (k *Key) Status() Status {
+	return Status{
+		Available: k.avail, Owed: k.out, Fallback: int64(k.fb), Share: k.share, FallbackRt: k.fallbackRate(),
+		Demand: k.demand, Connected: k.connected && !k.cut, CutOff: k.cut, CutSince: k.cutAt,
+		InFlight: k.inflight, Counters: k.c,
+	}
+}
