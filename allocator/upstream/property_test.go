@@ -96,7 +96,7 @@ func TestPropertyInvariants(t *testing.T) {
 			k := keys[i]
 			switch rapid.IntRange(0, 7).Draw(t, "action") {
 			case 0, 1: // tick: a call reaches the global cluster unless partitioned
-				if r, ok := k.Tick(now, rapid.Float64Range(0, 3000).Draw(t, "demand"), rapid.Int64Range(0, 1000).Draw(t, "gwheld")); ok && !cut[i] {
+				if r, ok := k.Tick(now, rapid.Float64Range(0, 3000).Draw(t, "demand")); ok && !cut[i] {
 					pending = append(pending, reply{i, g.serve(now, i, r)})
 				}
 			case 2: // an answer arrives: any pending one, perhaps twice

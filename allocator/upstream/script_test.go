@@ -16,7 +16,7 @@ import (
 //
 //	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [backoff=1s] [window=4s] rate=<tokens/s> [burst=] [static=<fraction>]
 //	                                              a new key (static: global_fallback static)
-//	tick t= demand=<tokens/s> [gwheld=<tokens>]   → the call made, or "no call"
+//	tick t= demand=<tokens/s>                     → the call made, or "no call"
 //	grant t= id= n=<tokens> [refresh=<dur>]       the global cluster answers
 //	fail t= id=                                   the call failed
 //	sub t= want=                                  → tokens sub-granted to a gateway
@@ -80,7 +80,7 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 	var res string
 	switch cmd {
 	case "tick":
-		r, ok := k.Tick(now, f("demand"), i("gwheld"))
+		r, ok := k.Tick(now, f("demand"))
 		res = "no call"
 		if ok {
 			res = fmtRequest(r)

@@ -115,9 +115,13 @@ func (r Rule) Validate() error {
 // Request is an upstream call the region makes for the key: an Acquire of
 // the global key with the region as the agent.
 type Request struct {
-	ID       uint64  // strictly increasing per key
-	Want     int64   // tokens wanted for the next Horizon
-	Held     int64   // what the region keeps after this call: its lease balance and what its gateways hold
+	ID   uint64 // strictly increasing per key
+	Want int64  // tokens wanted for the next Horizon
+	// Held is the lease balance the region keeps after this call. What
+	// its gateways hold is theirs, sub-leased, and bounded by the regional
+	// cluster's own grant policy: counting it here too would make the
+	// global cluster's hold caps bind on a region twice.
+	Held     int64
 	Returned int64   // tokens handed back now (no longer the region's once sent)
 	Demand   float64 // the region's demand, tokens/s
 	// OutageCharged: tokens the region admitted from its fallback share
@@ -268,12 +272,12 @@ func ceilTokens(x float64, floor int64) int64 {
 }
 
 // Tick evaluates the key at now, with its region's demand (tokens/s, the
-// sum its gateways report) and what the gateways hold of it. It returns the
+// sum its gateways report). It returns the
 // upstream call to make, if one is due: when the lease is below the low
 // watermark, at the server-directed refresh, when there is an excess to
 // hand back, or, when cut off, once the retry backoff has passed. A call
 // in flight past CallTimeout has failed.
-func (k *Key) Tick(now int64, demand float64, gatewaysHeld int64) (Request, bool) {
+func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 	k.advance(now)
 	if !(demand >= 0) || math.IsInf(demand, 0) {
 		demand = 0
@@ -299,11 +303,10 @@ func (k *Key) Tick(now int64, demand float64, gatewaysHeld int64) (Request, bool
 	}
 	k.avail -= excess
 	k.c.Returned += excess
-	held := k.avail + max(gatewaysHeld, 0)
 	r := Request{
 		ID:            k.nextID + 1,
 		Want:          max(0, min(target-k.avail, MaxWant)),
-		Held:          min(held, MaxWant),
+		Held:          min(k.avail, MaxWant),
 		Returned:      excess,
 		Demand:        demand,
 		OutageCharged: min(k.fbOwed, MaxWant),
