@@ -112,7 +112,7 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 const epoch = int64(1_700_000_000) * 1e9
 
 func fmtRequest(r Request) string {
-	s := fmt.Sprintf("call id=%d want=%d held=%d returned=%d demand=%g", r.ID, r.Want, r.Held, r.Returned, r.Demand)
+	s := fmt.Sprintf("call id=%d want=%d held=%d returned=%d demand=%.4g", r.ID, r.Want, r.Held, r.Returned, r.Demand)
 	if r.OutageCharged != 0 {
 		s += fmt.Sprintf(" outage_charged=%d", r.OutageCharged)
 	}
@@ -133,6 +133,6 @@ func fmtStatus(s Status) string {
 	if s.InFlight {
 		state += ", call in flight"
 	}
-	return fmt.Sprintf("  avail=%d owed=%d fallback=%d share=%.4g/s falls-to=%.4g/s [%s] received=%d returned=%d minted=%d",
-		s.Available, s.Owed, s.Fallback, s.Share, s.FallbackRt, state, s.Received, s.Returned, s.Minted)
+	return fmt.Sprintf("  avail=%d owed=%d fallback=%d demand=%.4g/s share=%.4g/s falls-to=%.4g/s [%s] received=%d returned=%d minted=%d",
+		s.Available, s.Owed, s.Fallback, s.Demand, s.Share, s.FallbackRt, state, s.Received, s.Returned, s.Minted)
 }

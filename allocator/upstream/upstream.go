@@ -13,6 +13,26 @@ import (
 // them in an Acquire.
 const MaxWant = 1_000_000_000_000
 
+// maxReports bounds the demand reports remembered for the fall reading
+// (FallWindow of Ticks; a longer ring only reads falls over a shorter span).
+const maxReports = 64
+
+// Demand falls: as the agent does for one key at one gateway, a region
+// whose demand clearly fell takes the fallen rate at once rather than
+// waiting for the gateways' EWMAs to decay. Right after the hot spot of a
+// key moves to another region, the region it left still reports about a
+// second of its old rate, claims that much of the global refill and holds
+// a lease sized for it; the region the traffic moved to meanwhile falls
+// short (bench/sim -scenarios regions).
+const (
+	// FallFactor: the rate read over FallWindow must be at most the
+	// reported demand divided by this.
+	FallFactor = 2
+	// FallMinTokens: the reported demand over FallWindow must be at least
+	// this many tokens, so that noise never reads as a fall.
+	FallMinTokens = 40
+)
+
 // maxGrants bounds the grants remembered for the fair share (ShareWindow of
 // refills at most every Tick; older ones fall out first, which only lowers
 // the share).
@@ -40,6 +60,13 @@ type Config struct {
 	// ShareWindow is the window of grants the fair share is measured over
 	// (see Key.Status: Share). Default 4 s.
 	ShareWindow time.Duration
+	// DemandTau is the time constant of the demand EWMA each gateway
+	// reports (the agent's, 1 s by default). A fall of the region's demand
+	// is read from how fast the sum of those EWMAs falls (see Tick).
+	DemandTau time.Duration
+	// FallWindow is the span over which a fall of demand is read. Default
+	// 500 ms.
+	FallWindow time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -51,6 +78,8 @@ func DefaultConfig() Config {
 		CallTimeout:  time.Second,
 		RetryBackoff: time.Second,
 		ShareWindow:  4 * time.Second,
+		DemandTau:    time.Second,
+		FallWindow:   500 * time.Millisecond,
 	}
 }
 
@@ -60,7 +89,7 @@ func (c Config) Validate() error {
 		name string
 		d    time.Duration
 	}{{"RTT", c.RTT}, {"Tick", c.Tick}, {"Horizon", c.Horizon}, {"CallTimeout", c.CallTimeout},
-		{"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}} {
+		{"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}, {"DemandTau", c.DemandTau}, {"FallWindow", c.FallWindow}} {
 		if f.d < 0 || f.d > time.Hour {
 			return fmt.Errorf("upstream: %s must be between 0 and 1h, got %v", f.name, f.d)
 		}
@@ -71,7 +100,8 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	for _, p := range []struct{ v, def *time.Duration }{{&c.RTT, &d.RTT}, {&c.Tick, &d.Tick}, {&c.Horizon, &d.Horizon},
-		{&c.CallTimeout, &d.CallTimeout}, {&c.RetryBackoff, &d.RetryBackoff}, {&c.ShareWindow, &d.ShareWindow}} {
+		{&c.CallTimeout, &d.CallTimeout}, {&c.RetryBackoff, &d.RetryBackoff}, {&c.ShareWindow, &d.ShareWindow},
+		{&c.DemandTau, &d.DemandTau}, {&c.FallWindow, &d.FallWindow}} {
 		if *p.v == 0 {
 			*p.v = *p.def
 		}
@@ -168,8 +198,14 @@ type Key struct {
 	minting bool
 	fbOwed  int64 // fallback tokens sub-granted, to report as outage_charged
 
-	demand float64 // the last Tick's demand
-	now    int64   // the latest time seen (time never runs backwards here)
+	demand  float64 // the demand the last Tick used (after a fall, the fallen rate)
+	reports [maxReports]struct {
+		at int64
+		d  float64
+	} // ring of the demand reported at recent Ticks
+	rHead int
+	rLen  int
+	now   int64 // the latest time seen (time never runs backwards here)
 
 	c Counters
 }
@@ -282,6 +318,7 @@ func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 	if !(demand >= 0) || math.IsInf(demand, 0) {
 		demand = 0
 	}
+	demand = k.fallen(now, demand)
 	k.demand = demand
 	if k.inflight {
 		if now-k.sentAt < int64(k.cfg.CallTimeout) {
@@ -317,6 +354,37 @@ func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 	k.fbOwed -= r.OutageCharged
 	k.send(now, r)
 	return r, true
+}
+
+// fallen records the reported demand and returns the demand to act on:
+// the report, or, when it clearly fell, the rate it fell to. The report is
+// a sum of EWMAs with time constant τ = DemandTau, so a rate x held since a
+// report d₀ taken dt ago gives d = d₀ + (x − d₀)(1 − e^(−dt/τ)); the rate
+// read over FallWindow is that x. It counts as a fall when it is at most
+// the report over FallFactor and the report stands for at least
+// FallMinTokens over the window. A rise is left to the EWMAs.
+func (k *Key) fallen(now int64, d float64) float64 {
+	k.reports[k.rHead] = struct {
+		at int64
+		d  float64
+	}{now, d}
+	k.rHead = (k.rHead + 1) % maxReports
+	k.rLen = min(k.rLen+1, maxReports)
+	// The newest report at least FallWindow old.
+	for i := 2; i <= k.rLen; i++ {
+		r := k.reports[(k.rHead-i+maxReports)%maxReports]
+		dt := now - r.at
+		if dt < int64(k.cfg.FallWindow) {
+			continue
+		}
+		a := -math.Expm1(-float64(dt) / float64(k.cfg.DemandTau))
+		x := max(r.d+(d-r.d)/a, 0)
+		if d*float64(dt)/1e9 >= FallMinTokens && x*FallFactor <= d {
+			return x
+		}
+		break
+	}
+	return d
 }
 
 func (k *Key) send(now int64, r Request) {
@@ -408,6 +476,20 @@ func (k *Key) fail(now int64) {
 	}
 	k.retryAt = now + int64(k.cfg.RetryBackoff)
 	k.advance(now)
+}
+
+// Available returns what SubGrant could hand out at now: the lease
+// balance, and, when the region is cut off, the fallback tokens accrued.
+// The regional leader caps each gateway's want at it before the gateway's
+// Acquire is committed, so that its regional grant policy sizes grants
+// from what the region holds.
+func (k *Key) Available(now int64) int64 {
+	k.advance(now)
+	n := k.avail
+	if k.cut {
+		n += int64(k.fb)
+	}
+	return n
 }
 
 // SubGrant hands up to want tokens to a gateway of the region and returns

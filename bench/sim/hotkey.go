@@ -78,13 +78,7 @@ func runHotKey(sc scale, seed uint64) (*result, error) {
 			measured: lease.rec.falseRejectRate(), limit: 0.01, unit: "%"},
 	}
 	res.notes = append(res.notes, "pkg/redislimit's `shards:` (sub-keys) and batched modes exist for this case; they are not modelled here: the baseline is one script call per request.")
-	plot := plotSpec{file: "sim-" + sc.name + "-hot-key.png", title: fmt.Sprintf("hot key (%s): offered %s, limit %s", sc.name, rate(sc.hotRate), rate(g.rate()))}
-	plot.lines = append(plot.lines, w.seriesLine("offered", lease.rec.offer[0], 5))
-	plot.lines[0].ref = true
-	for _, s := range w.systems {
-		plot.lines = append(plot.lines, w.seriesLine(s.name, s.rec.tracked[0], 5))
-	}
-	plot.lines = append(plot.lines, flatLine("limit R", 0, float64(w.end-epoch)/1e9, g.rate()))
-	res.plots = append(res.plots, plot)
+	res.plots = append(res.plots, w.keyPlot("sim-"+sc.name+"-hot-key.png",
+		fmt.Sprintf("hot key (%s): offered %s, limit %s", sc.name, rate(sc.hotRate), rate(g.rate())), 0, lease, g.rate()))
 	return res, nil
 }

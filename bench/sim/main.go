@@ -40,6 +40,7 @@ var scenarios = []scenario{
 	{"churn", runChurn},
 	{"rule-change", runRuleChange},
 	{"retry-storm", runRetryStorm},
+	{"regions", runRegions},
 }
 
 func main() {

@@ -130,3 +130,16 @@ func (m markers) Plot(c draw.Canvas, p *plot.Plot) {
 		c.StrokeLine2(sty, px, c.Min.Y, px, c.Max.Y)
 	}
 }
+
+// keyPlot plots one tracked key: its offered rate (from ref's recorder),
+// what every system admitted, and the limit.
+func (w *world) keyPlot(file, title string, key int, ref *system, limit float64) plotSpec {
+	p := plotSpec{file: file, title: title}
+	p.lines = append(p.lines, w.seriesLine("offered", ref.rec.offer[key], 5))
+	p.lines[0].ref = true
+	for _, s := range w.systems {
+		p.lines = append(p.lines, w.seriesLine(s.name, s.rec.tracked[key], 5))
+	}
+	p.lines = append(p.lines, flatLine("limit R", 0, float64(w.end-epoch)/1e9, limit))
+	return p
+}

@@ -19,6 +19,11 @@ type scale struct {
 	hotRate   float64       // the hot key's offered rate
 	hotAgents int           // gateways the hot key is spread over (the coordination target is at 200)
 	clients   int           // retry storm clients
+
+	// The regions run: 3 regions of regionGateways gateways each, one
+	// global key of regionRate/s.
+	regionGateways int
+	regionRate     int64
 }
 
 var scales = map[string]scale{
@@ -26,16 +31,19 @@ var scales = map[string]scale{
 		name: "tiny", agents: 4,
 		keys: 2000, base: 2000, peak: 2000, fleet: 4 * time.Second, warmup: time.Second,
 		chaos: 12 * time.Second, hotRate: 6000, hotAgents: 4, clients: 300,
+		regionGateways: 3, regionRate: 1200,
 	},
 	"quick": {
 		name: "quick", agents: 20,
 		keys: 100_000, base: 100_000, peak: 100_000, fleet: 20 * time.Second, warmup: 5 * time.Second,
 		chaos: 25 * time.Second, hotRate: 120_000, hotAgents: 200, clients: 2000,
+		regionGateways: 20, regionRate: 6000,
 	},
 	"full": {
 		name: "full", agents: 200,
 		keys: 5_000_000, base: 300_000, peak: 1_000_000, peakFrom: 25 * time.Second, peakTo: 35 * time.Second,
 		fleet: 55 * time.Second, warmup: 5 * time.Second,
 		chaos: 30 * time.Second, hotRate: 150_000, hotAgents: 200, clients: 20_000,
+		regionGateways: 67, regionRate: 20_000,
 	},
 }
