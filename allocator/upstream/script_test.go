@@ -19,6 +19,7 @@ import (
 //	tick t= demand=<tokens/s>                     → the call made, or "no call"
 //	grant t= id= n=<tokens> [refresh=<dur>]       the global cluster answers
 //	fail t= id=                                   the call failed
+//	cap t= want=                                  → what a gateway's want is capped at
 //	sub t= want=                                  → tokens sub-granted to a gateway
 //	subret t= n=                                  a gateway hands tokens back
 //	release t=                                    → the final call
@@ -95,6 +96,8 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 		if err := k.Failed(now, uint64(i("id"))); err != nil {
 			res = err.Error()
 		}
+	case "cap":
+		res = fmt.Sprintf("capped at %d", k.Cap(now, i("want")))
 	case "sub":
 		res = fmt.Sprintf("sub-granted %d", k.SubGrant(now, i("want")))
 	case "subret":

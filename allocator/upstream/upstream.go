@@ -198,14 +198,18 @@ type Key struct {
 	minting bool
 	fbOwed  int64 // fallback tokens sub-granted, to report as outage_charged
 
-	demand  float64 // the demand the last Tick used (after a fall, the fallen rate)
+	demand float64 // the demand the last Tick used (after a fall, the fallen rate)
+	// reports is a ring of the demand reported and the tokens sub-granted,
+	// per Tick.
 	reports [maxReports]struct {
-		at int64
-		d  float64
-	} // ring of the demand reported at recent Ticks
-	rHead int
-	rLen  int
-	now   int64 // the latest time seen (time never runs backwards here)
+		at      int64
+		d, flow float64
+	}
+	rHead   int
+	rLen    int
+	flowNow int64 // tokens sub-granted since the last Tick
+	shortAt int64 // the last time Cap cut a want (0: never)
+	now     int64 // the latest time seen (time never runs backwards here)
 
 	c Counters
 }
@@ -357,19 +361,45 @@ func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 }
 
 // fallen records the reported demand and returns the demand to act on:
-// the report, or, when it clearly fell, the rate it fell to. The report is
-// a sum of EWMAs with time constant τ = DemandTau, so a rate x held since a
-// report d₀ taken dt ago gives d = d₀ + (x − d₀)(1 − e^(−dt/τ)); the rate
-// read over FallWindow is that x. It counts as a fall when it is at most
-// the report over FallFactor and the report stands for at least
-// FallMinTokens over the window. A rise is left to the EWMAs.
+// the report, or, when it clearly fell, the rate it fell to. Two readings,
+// each over the last FallWindow or more, count as a fall when the rate
+// they read is at most the report over FallFactor and the report stands
+// for at least FallMinTokens over the span:
+//
+//   - the report is a sum of EWMAs with time constant τ = DemandTau, so a
+//     rate x held since a report d₀ taken dt ago gives
+//     d = d₀ + (x − d₀)(1 − e^(−dt/τ)); x is the rate read;
+//   - what the region sub-granted over the last two FallWindows, per
+//     second, unless a want was cut for want of tokens in that span (a
+//     region short of tokens sub-grants less than it needs). Gateways
+//     report their demand only when they call, and those that hold a
+//     second of a rate that has since fallen do not call: the tokens they
+//     stop asking for show the fall first.
+//
+// A rise is left to the reports.
 func (k *Key) fallen(now int64, d float64) float64 {
 	k.reports[k.rHead] = struct {
-		at int64
-		d  float64
-	}{now, d}
+		at      int64
+		d, flow float64
+	}{now, d, float64(k.flowNow)}
+	k.flowNow = 0
 	k.rHead = (k.rHead + 1) % maxReports
 	k.rLen = min(k.rLen+1, maxReports)
+	fell := func(x float64, dt int64) bool { return d*float64(dt)/1e9 >= FallMinTokens && x*FallFactor <= d }
+	// The flow over the last 2·FallWindow, from the Ticks in that span.
+	span := 2 * int64(k.cfg.FallWindow)
+	flow, covered := 0.0, false
+	for i := 1; i <= k.rLen; i++ {
+		r := k.reports[(k.rHead-i+maxReports)%maxReports]
+		if now-r.at >= span {
+			covered = true
+			break
+		}
+		flow += r.flow
+	}
+	if rate := flow / (float64(span) / 1e9); covered && now-k.shortAt > span && fell(rate, span) {
+		return rate
+	}
 	// The newest report at least FallWindow old.
 	for i := 2; i <= k.rLen; i++ {
 		r := k.reports[(k.rHead-i+maxReports)%maxReports]
@@ -378,8 +408,7 @@ func (k *Key) fallen(now int64, d float64) float64 {
 			continue
 		}
 		a := -math.Expm1(-float64(dt) / float64(k.cfg.DemandTau))
-		x := max(r.d+(d-r.d)/a, 0)
-		if d*float64(dt)/1e9 >= FallMinTokens && x*FallFactor <= d {
+		if x := max(r.d+(d-r.d)/a, 0); fell(x, dt) {
 			return x
 		}
 		break
@@ -478,18 +507,24 @@ func (k *Key) fail(now int64) {
 	k.advance(now)
 }
 
-// Available returns what SubGrant could hand out at now: the lease
-// balance, and, when the region is cut off, the fallback tokens accrued.
-// The regional leader caps each gateway's want at it before the gateway's
-// Acquire is committed, so that its regional grant policy sizes grants
-// from what the region holds.
-func (k *Key) Available(now int64) int64 {
+// Cap returns what a gateway asking for want may be granted at now: want,
+// at most the lease balance and, when the region is cut off, the fallback
+// tokens accrued. The regional leader caps each gateway's want with it
+// before the gateway's Acquire is committed, so that its regional grant
+// policy sizes grants from what the region holds. A want it cuts marks the
+// region as short of tokens (a region short of tokens sub-grants less than
+// it needs, which is no sign of a fall; see Tick).
+func (k *Key) Cap(now, want int64) int64 {
 	k.advance(now)
 	n := k.avail
 	if k.cut {
 		n += int64(k.fb)
 	}
-	return n
+	if want > n {
+		k.shortAt = now
+		return max(n, 0)
+	}
+	return max(want, 0)
 }
 
 // SubGrant hands up to want tokens to a gateway of the region and returns
@@ -505,12 +540,14 @@ func (k *Key) SubGrant(now, want int64) int64 {
 	k.avail -= n
 	k.out += n
 	k.c.SubGranted += n
+	k.flowNow += n
 	if n < want && k.cut {
 		k.advance(now) // the lease may have just run dry: start minting
 		f := min(want-n, int64(k.fb))
 		k.fb -= float64(f)
 		k.fbOwed += f
 		k.c.Minted += f
+		k.flowNow += f
 		n += f
 	}
 	return n

@@ -85,6 +85,7 @@ type regionGateway struct {
 	bal      int64
 	arrived  int64 // arrivals since the last scan
 	demand   float64
+	reported float64 // the demand of the gateway's last Acquire: what its regional cluster knows
 	lastScan int64
 	lastCall int64
 	inflight bool
@@ -184,7 +185,7 @@ func (t *regionTicker) fire(int64) {
 	demand := 0.0
 	for _, g := range rw.gws {
 		if g.region == n.idx {
-			demand += g.demand
+			demand += g.reported
 		}
 	}
 	if req, ok := n.key.Tick(w.eng.now, demand); ok {
@@ -258,6 +259,7 @@ func (g *regionGateway) call(want, returned int64) {
 	n := rw.regions[g.region]
 	g.inflight, g.lastCall = true, w.eng.now
 	g.reqID++
+	g.reported = g.demand
 	clipped := g.clipped
 	g.clipped = 0
 	req := &allotv1.AcquireRequest{AgentId: g.id, RequestId: g.reqID, Keys: []*allotv1.KeyAcquire{{
@@ -266,7 +268,7 @@ func (g *regionGateway) call(want, returned int64) {
 		// The leader caps the want at what the region holds before it
 		// commits the entry, so the regional grant policy sizes the grant
 		// from the lease.
-		req.Keys[0].Want = min(want, n.key.Available(w.eng.now))
+		req.Keys[0].Want = n.key.Cap(w.eng.now, want)
 		res := n.st.Apply(&allotv1.Command{NowUnixNanos: w.eng.now, Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{
 			Requests: []*allotv1.AcquireRequest{req}}}})
 		n.key.SubReturn(w.eng.now, returned)
@@ -455,7 +457,7 @@ func runRegions(sc scale, seed uint64) (*result, error) {
 		fmt.Sprintf("Run 1, demand moving: offered %.1f R (%s arrivals), every request in quota. Run 2, one region cut off: offered %.1f R (%s arrivals); region %d is cut off from the global cluster from t=%s to t=%s (its gateways still reach their regional cluster); it is the hot region for the first %s of the cut.",
 			regionInQuota, count(moving.arrivals), regionOverload, count(cut.arrivals), regionCut, cut.cutAt, cut.cutAt+regionCutLength,
 			time.Duration(regionCut+1)*regionMoveEvery-cut.cutAt),
-		"allot: the global cluster and each regional cluster are the real allocator/state; each regional leader runs allocator/upstream for the key and caps each gateway's want at what the region holds; gateways are the agent's lease arithmetic (balance, 1 s demand EWMA, 50 ms refill below the low watermark or after 1 s).",
+		"allot: the global cluster and each regional cluster are the real allocator/state; each regional leader runs allocator/upstream for the key, with the region's demand the sum of what its gateways reported in their last Acquire, and caps each gateway's want at what the region holds; gateways are the agent's lease arithmetic (balance, 1 s demand EWMA, 50 ms refill below the low watermark or after 1 s).",
 	}
 	res.tables = append(res.tables, moving.systemsTable("Run 1, demand moving: per system, same arrivals"))
 	lt1, net1, minted1, mb1, _ := moving.leaseTable("Run 1: the regional leaders' leases of the global key")
@@ -494,7 +496,7 @@ func runRegions(sc scale, seed uint64) (*result, error) {
 			promise:  "≤ fallback rate × min(cut, W) + one tick, per cut region",
 			measured: max(cut.lease.rec.maxOver, 0), limit: wb2 / (g.rate() * cut.w.cfg.window.Seconds()), unit: "%"})
 	res.notes = append(res.notes,
-		"The static split admits at most R/3 in the hot region while the others idle; each region enforcing R on its own admits up to 3 R. A region cut off spends its lease, then falls to its fair share at its last grant (global_fallback: fair_share); the global cluster meanwhile hands that share to the others as the region's claim lapses, so the share is what a cut can over-admit. Run 2's false rejects are mostly the cut region's while it is still the hot region: its share at the last grant is its max-min share of R, less than its demand. A region's demand is the sum of its gateways' demand EWMAs; when that sum clearly falls (the rate read over 500 ms at most half of it), the regional leader takes the fallen rate at once, claims less of the global refill and hands back what it holds beyond the new target: without that, the region the hot spot left kept a second of its old rate and 2.9% of the in-quota requests of run 1 were rejected at the quick scale.")
+		"The static split admits at most R/3 in the hot region while the others idle; each region enforcing R on its own admits up to 3 R. A region cut off spends its lease, then falls to its fair share at its last grant (global_fallback: fair_share); the global cluster meanwhile hands that share to the others as the region's claim lapses, so the share is what a cut can over-admit. Run 2's false rejects are mostly the cut region's while it is still the hot region: its share at the last grant is its max-min share of R, less than its demand. Run 1's false rejects are the second after each move: the region the hot spot left still reports its old demand (its gateways hold a second of it and do not call) and claims that much of the global refill, while the region it moved to reports its demand as its gateways' EWMAs rise. The regional leader reads a clear fall (what it sub-granted over the last second, or the reported sum inverted over 500 ms, at most half the report) and acts on the fallen rate at once, handing back what it holds beyond the new target.")
 
 	for _, run := range []*regionRun{moving, cut} {
 		name, title := "moving", "demand moving"
