@@ -48,8 +48,10 @@ type Config struct {
 	// Tick is how often the regional leader evaluates each global key.
 	// Default 100 ms.
 	Tick time.Duration
-	// Horizon is the period a lease is sized for: the global cluster's
-	// refresh interval. Default 1 s.
+	// Horizon is the period of demand a refill aims to hold beyond the low
+	// watermark. Default 1 s (bench/sim regions: shorter horizons left the
+	// region too little to absorb its gateways' refills, of a second of
+	// their demand each).
 	Horizon time.Duration
 	// CallTimeout: an upstream call unanswered after this has failed and
 	// the region counts as cut off. Default 1 s.
