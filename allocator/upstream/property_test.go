@@ -114,13 +114,23 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 			case 4: // the call in flight fails
 				_ = k.Failed(now, k.sent.ID)
-			case 5, 6: // a gateway asks
-				k.SubGrant(now, rapid.Int64Range(0, 400).Draw(t, "want"))
+			case 5, 6: // a gateway asks: the leader caps its want, then sub-grants
+				want := rapid.Int64Range(0, 400).Draw(t, "want")
+				c := k.Cap(now, want)
+				if c < 0 || c > want {
+					t.Fatalf("step %d: Cap(%d) = %d", step, want, c)
+				}
+				if got := k.SubGrant(now, c); got != c {
+					t.Fatalf("step %d: SubGrant(%d) = %d right after Cap", step, c, got)
+				}
 			case 7:
-				if rapid.Bool().Draw(t, "partition") {
+				switch rapid.IntRange(0, 2).Draw(t, "other") {
+				case 0:
 					cut[i] = !cut[i]
-				} else {
+				case 1:
 					k.SubReturn(now, rapid.Int64Range(0, 200).Draw(t, "returned"))
+				case 2:
+					k.SubSpent(rapid.Int64Range(0, 200).Draw(t, "spent"))
 				}
 			}
 
@@ -135,6 +145,9 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 				if s.SubGranted-s.SubReturned > held || s.SubReturned > s.SubGranted {
 					t.Fatalf("step %d region %d: sub-granted %d (net) > held %d", step, r, s.SubGranted-s.SubReturned, held)
+				}
+				if s.Owed < 0 || s.Owed > s.SubGranted-s.SubReturned {
+					t.Fatalf("step %d region %d: owed %d outside [0, %d]", step, r, s.Owed, s.SubGranted-s.SubReturned)
 				}
 				if s.Received > g.granted[r] {
 					t.Fatalf("step %d region %d: accepted %d > granted %d by the global bucket", step, r, s.Received, g.granted[r])
