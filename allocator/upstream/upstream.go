@@ -177,7 +177,7 @@ type Key struct {
 	rule Rule
 
 	avail int64 // lease tokens held and not sub-granted
-	out   int64 // lease tokens sub-granted and not returned by the gateways
+	out   int64 // lease tokens sub-granted, neither returned nor reported spent
 
 	nextID    uint64
 	inflight  bool
