@@ -8,11 +8,13 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/allot/allot/agent/internal/drive"
+	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/breaker"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -111,9 +113,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.log = a.log.With("agent", cfg.ID)
 	a.liveAgents.Store(1)
-	a.rf.nextID = 1
-	a.rf.br = breaker.New(breaker.Config{Threshold: cfg.FailureThreshold, Cooldown: cfg.ProbeBackoff,
-		MaxCooldown: cfg.MaxProbeBackoff, Jitter: a.jitter})
+	a.rf.core = policy.NewCore(policy.Config{
+		Tick: cfg.RefillInterval, Scan: cfg.ScanInterval, IdleTimeout: cfg.IdleTimeout, Standalone: a.standalone,
+		Breaker: breaker.Config{Threshold: cfg.FailureThreshold, Cooldown: cfg.ProbeBackoff,
+			MaxCooldown: cfg.MaxProbeBackoff, Jitter: a.jitter},
+		Jitter: a.jitter,
+	})
 	if a.nowHook == nil {
 		a.clock = newCoarseClock()
 	}
@@ -279,4 +284,18 @@ func (a *Agent) Close(ctx context.Context) error {
 		a.closeErr = errors.Join(errs...)
 	})
 	return a.closeErr
+}
+
+// jitter is "equal jitter": d/2 + uniform(0, d/2), drawn from Config.Rand
+// when set.
+func (a *Agent) jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	if a.rng == nil {
+		return d/2 + rand.N(d/2)
+	}
+	a.rngMu.Lock()
+	defer a.rngMu.Unlock()
+	return d/2 + time.Duration(a.rng.Int64N(int64(d/2)))
 }

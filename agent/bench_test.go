@@ -47,7 +47,7 @@ func leaseKeys(b *testing.B, a *Agent, descs []Descriptor) {
 		if _, err := a.Check(context.Background(), "test", []Descriptor{d}, 1); err != nil {
 			b.Fatal(err)
 		}
-		keyOf(b, a, d).dem.Rate = 1e9
+		keyOf(b, a, d).Demand.Rate = 1e9
 	}
 	for range 10 { // a call that failed is retried by the next tick
 		a.refillOnce(context.Background())

@@ -53,7 +53,7 @@ func TestConcurrentExactBurstLeased(t *testing.T) {
 	d := desc("api_key", "hot")
 	check(t, s.Agent, d)
 	ks := keyOf(t, s.Agent, d)
-	ks.dem.Rate = 1000
+	ks.Demand.Rate = 1000
 	s.step()
 	if b := ks.balance.Load(); b != 49 {
 		t.Fatalf("balance %d, want 49", b)

@@ -205,9 +205,9 @@ func TestDemandDropReportedAtOnce(t *testing.T) {
 	if k.Demand > 400 {
 		t.Errorf("first report after the fall: demand %.0f/s, want ≤ 400 (the rate is 200/s)", k.Demand)
 	}
-	if k.Returned == 0 || k.Held > 2*policy.Want(k.Demand, s.cfg.RefillInterval, s.rf.latency) {
+	if k.Returned == 0 || k.Held > 2*policy.Want(k.Demand, s.cfg.RefillInterval, s.rf.core.Latency) {
 		t.Errorf("first report after the fall: returned %d, held %d, want the holding beyond twice the target (%d) returned",
-			k.Returned, k.Held, policy.Want(k.Demand, s.cfg.RefillInterval, s.rf.latency))
+			k.Returned, k.Held, policy.Want(k.Demand, s.cfg.RefillInterval, s.rf.core.Latency))
 	}
 	if k.Want != 0 {
 		t.Errorf("first report after the fall: want %d, want 0 (it still holds its target)", k.Want)
@@ -227,9 +227,9 @@ func TestDemandFallWhileDeniedIgnored(t *testing.T) {
 	driveRate(t, s, 60, 100) // 3 s at 2000/s
 	ks := keyOf(t, s.Agent, busyDesc)
 	ks.denied.Add(1) // a request denied since the last report
-	before := ks.dem.Rate
+	before := ks.Demand.Rate
 	driveRate(t, s, 4, 10)
-	if ks.dem.Rate < before/2 {
-		t.Fatalf("demand %.0f/s after 200 ms of fewer admissions with denials, want the EWMA's (from %.0f/s)", ks.dem.Rate, before)
+	if ks.Demand.Rate < before/2 {
+		t.Fatalf("demand %.0f/s after 200 ms of fewer admissions with denials, want the EWMA's (from %.0f/s)", ks.Demand.Rate, before)
 	}
 }

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"math"
-	"time"
 
 	"github.com/allot/allot/agent/internal/policy"
 )
@@ -13,7 +12,7 @@ import (
 // in its EWMA, nothing spent since the previous scan, not queued, not in
 // flight, nothing picked and nothing to forget. Such a scan's verdict
 // cannot change until a check touches the key again or the clock crosses
-// one of the key's deadlines (restUntil), so the key sleeps: it leaves the
+// one of the key's deadlines (policy.Core.RestUntil), so the key sleeps: it leaves the
 // awake list and waits in a min-heap ordered by its next deadline, and is
 // visited again when that deadline passes or a check wakes it. An idle
 // gateway holding many keys then costs nothing per scan but the keys whose
@@ -27,24 +26,6 @@ import (
 // either the loop sees the change and keeps the key awake, or the check
 // sees dormant and hands the key back to the loop.
 
-// rest is what a scan read of a key's check-path state, compared again
-// after the key is marked dormant.
-type rest struct {
-	spent, denied, charged, balance, lastUse int64
-	local                                    bool
-}
-
-func readRest(ks *keyState) rest {
-	return rest{
-		spent:   ks.spent.Load(),
-		denied:  ks.denied.Load(),
-		charged: ks.charged.Load(),
-		balance: ks.balance.Load(),
-		lastUse: ks.lastUse.Load(),
-		local:   ks.local.Load(),
-	}
-}
-
 // wake hands a dormant key back to the refill loop. Checks call it after
 // changing a key's state.
 func (a *Agent) wake(ks *keyState) {
@@ -56,53 +37,23 @@ func (a *Agent) wake(ks *keyState) {
 	a.wakeMu.Unlock()
 }
 
-// restUntil returns the time until which a scan's verdict on ks, at rest at
-// now, holds: its earliest deadline after now (idle timeout, lease expiry,
-// renewal, paced refresh, denial, retry and hold times, and the time its
-// demand has decayed to nothing). ok is false when ks must stay awake: its
-// renewal is near, and the renewal margin moves with the round-trip
-// estimate.
-func (a *Agent) restUntil(ks *keyState, r rest, now int64) (until int64, ok bool) {
-	until = math.MaxInt64
-	at := func(t int64) {
-		if t > now && t < until {
-			until = t
-		}
-	}
-	at(r.lastUse + int64(a.cfg.IdleTimeout))
-	at(ks.holdUntil)
-	at(ks.refreshAt)
-	at(ks.retryAt)
-	at(ks.deniedUntil.Load())
-	if exp := ks.expiry.Load(); now < exp {
-		at(exp)
-		// renewMargin with the largest round-trip estimate seen: never
-		// later than the renewal, whatever the estimate does meanwhile.
-		renew := exp - int64(2*a.cfg.RefillInterval) - int64(a.rf.latencyMax*float64(time.Second))
-		if renew <= now {
-			return 0, false
-		}
-		at(renew)
-	}
-	if ks.dem.Rate > 0 {
-		d := int64(policy.DecayTime(ks.dem.Rate))
-		a.rf.decayHorizon = max(a.rf.decayHorizon, d)
-		at(now + d)
-	}
-	return until, true
-}
-
-// sleep tries to put ks, which a scan at now found at rest with r, to
+// sleep tries to put ks, which a scan at now found at rest with o, to
 // sleep. It reports false (ks stays awake) when a check changed the key
 // meanwhile or the key must stay awake.
-func (a *Agent) sleep(ks *keyState, r rest, now int64) bool {
+func (a *Agent) sleep(ks *keyState, o policy.Obs, now int64) bool {
 	rf := &a.rf
-	until, ok := a.restUntil(ks, r, now)
-	if !ok || rf.alwaysAwake {
+	until, ok := rf.core.RestUntil(&ks.Key, o, now)
+	if !ok {
+		return false
+	}
+	if ks.Demand.Rate > 0 {
+		rf.decayHorizon = max(rf.decayHorizon, int64(policy.DecayTime(ks.Demand.Rate)))
+	}
+	if rf.alwaysAwake {
 		return false
 	}
 	ks.dormant.Store(true)
-	if readRest(ks) != r || ks.queued.Load() || ks.fbUsed.Load() {
+	if ks.obs() != o || ks.queued.Load() || ks.fbUsed.Load() {
 		// If a check woke it first, it is also in the woken list;
 		// awaken skips a key that is awake already.
 		ks.dormant.CompareAndSwap(true, false)
@@ -113,8 +64,8 @@ func (a *Agent) sleep(ks *keyState, r rest, now int64) bool {
 	if until != math.MaxInt64 {
 		rf.due.push(ks, until)
 	}
-	if ks.dem.Rate > 0 {
-		ks.sleptDemand = ks.dem.Rate
+	if ks.Demand.Rate > 0 {
+		ks.sleptDemand = ks.Demand.Rate
 		rf.hot.push(ks)
 	}
 	return true
@@ -132,7 +83,7 @@ func (rf *refiller) awaken(ks *keyState) {
 		if ks.hotIdx != 0 {
 			rf.hot.remove(ks)
 		}
-		if ks.dem.Rate > 0 {
+		if ks.Demand.Rate > 0 {
 			rf.decay(ks)
 		}
 	}
@@ -159,8 +110,8 @@ func (rf *refiller) decay(ks *keyState) {
 	if ks.sleptSeq+1 > rf.scanBase {
 		i = int(ks.sleptSeq + 1 - rf.scanBase)
 	}
-	for ; i < len(rf.scans) && ks.dem.Rate > 0; i++ {
-		ks.dem.Decay(rf.scans[i].alpha)
+	for ; i < len(rf.scans) && ks.Demand.Rate > 0; i++ {
+		ks.Demand.Decay(rf.scans[i].alpha)
 	}
 }
 

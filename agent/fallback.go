@@ -1,9 +1,9 @@
 package agent
 
 import (
-	"sync/atomic"
 	"time"
 
+	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/bucket"
 )
 
@@ -66,16 +66,11 @@ func rebase(l bucket.Limit, st *bucket.State, avail, at, now int64) {
 	}
 }
 
-// sendable takes a count of fallback-admitted tokens (charged or outage)
-// out of *c for a report. Negative (a refund arrived after its charge was
-// sent): it reports 0 and keeps the credit for the next report. Beyond the
-// protocol's bound: it reports the bound and keeps the rest.
-func sendable(c *atomic.Int64) int64 {
-	n := c.Swap(0)
-	if n < 0 || n > maxWant {
-		keep := n - min(max(n, 0), maxWant)
-		c.Add(keep)
-		n -= keep
-	}
-	return n
+// thinShare reports whether the key's fallback bucket is a thin share of a
+// limit shared by several agents (see policy.ThinShare): its first use
+// then asks for no token (policy.FirstUse).
+func (ks *keyState) thinShare() bool {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return ks.fbRule != nil && policy.ThinShare(ks.fbLimit.Quota(), ks.fbLimit.Window(), ks.fbN)
 }

@@ -163,6 +163,12 @@ type steppedAgent struct {
 
 func newStepped(t testing.TB, yamls ...string) *steppedAgent {
 	t.Helper()
+	return newSteppedWith(t, nil, yamls...)
+}
+
+// newSteppedWith is newStepped with set applied to its configuration.
+func newSteppedWith(t testing.TB, set func(*Config), yamls ...string) *steppedAgent {
+	t.Helper()
 	if len(yamls) == 0 {
 		yamls = []string{testRules}
 	}
@@ -175,6 +181,9 @@ func newStepped(t testing.TB, yamls ...string) *steppedAgent {
 	cfg.Rules = mustCompile(t, 0, yamls...)
 	cfg.CallTimeout = 5 * time.Second // a slow CI machine must not fail a call
 	cfg.manual = true
+	if set != nil {
+		set(&cfg)
+	}
 	s := &steppedAgent{Agent: newAgent(t, cfg), clock: clock, fake: fake, srv: srv}
 	return s
 }

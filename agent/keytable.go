@@ -132,7 +132,7 @@ type keyState struct {
 	entries []rules.Entry // copied from the first request
 	next    *keyState     // hash-collision chain; guarded by the shard lock
 	// unsendable: key is not valid UTF-8, so it can never be encoded into
-	// an Acquire; it is decided by its fallback bucket (see refused).
+	// an Acquire; it is decided by its fallback bucket (see policy.Key.Refused).
 	unsendable bool
 
 	mu       sync.Mutex   // guards the fields below
@@ -151,20 +151,11 @@ type keyState struct {
 }
 
 // keyLoop is the part of a key's state that only the refill loop reads
-// and writes: what it last reported, its pacing and holds, its demand
-// estimate, and where it sleeps (see due.go).
+// and writes: the refill policy's state of the key (policy.Key: its demand
+// estimate, what it last reported, its pacing and holds) and where it
+// sleeps (see due.go).
 type keyLoop struct {
-	dem        policy.Demand // the demand estimate, updated by every scan
-	spentAtAcq int64         // spent at the latest Acquire that included the key
-	deniedSent int64         // denied at the latest Acquire that included the key
-	refreshAt  int64         // allocator-directed refresh time
-	paid       int64         // fallback-admitted tokens settled out of grants (cumulative)
-	retryAt    int64         // for notLeased keys: ask again after this
-	inflight   bool          // part of the unacknowledged batch
-	suspect    bool          // was in a batch the allocator rejected: sent alone
-	paced      bool          // the budget was spent at the last grant: asked again only at refreshAt (see pace)
-	holdUntil  int64         // after a rejection: not sent before this; refusedForever: never sent (see refused)
-	// Sleeping (see due.go).
+	policy.Key
 	awake       bool    // in refiller.awake: visited by every scan
 	asleep      bool    // in refiller.due and/or refiller.hot
 	tracked     bool    // counted in refiller.tracked
@@ -173,6 +164,25 @@ type keyLoop struct {
 	dueAt       int64   // the deadline it sleeps until
 	sleptSeq    uint64  // the scan that put it to sleep
 	sleptDemand float64 // its demand then
+}
+
+// obs reads what the check path and the answers published of ks.
+func (ks *keyState) obs() policy.Obs {
+	return policy.Obs{
+		Spent:       ks.spent.Load(),
+		Denied:      ks.denied.Load(),
+		Charged:     ks.charged.Load(),
+		Outage:      ks.outage.Load(),
+		Balance:     ks.balance.Load(),
+		LastUse:     ks.lastUse.Load(),
+		Expiry:      ks.expiry.Load(),
+		DeniedUntil: ks.deniedUntil.Load(),
+		LowWater:    ks.lowWater.Load(),
+		Leased:      ks.leased.Load(),
+		NotLeased:   ks.notLeased.Load(),
+		Local:       ks.local.Load(),
+		Queued:      ks.queued.Load(),
+	}
 }
 
 // sameKey reports whether the request (domain, entries) under rule r is this
@@ -241,7 +251,7 @@ func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.
 		// Check admits only rules.ValidText; should a key slip through,
 		// it never enters a batch, where it would fail every key's call.
 		ks.unsendable = true
-		ks.holdUntil = refusedForever
+		ks.HoldUntil = policy.RefusedForever
 	}
 	ks.lastUse.Store(now)
 	ks.lowWater.Store(1)

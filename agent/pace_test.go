@@ -33,7 +33,7 @@ func spendBudget(t *testing.T, s *steppedAgent, d Descriptor) *keyState {
 	}
 	s.step()
 	ks := keyOf(t, s.Agent, d)
-	if !ks.paced {
+	if !ks.Paced {
 		t.Fatalf("after an EXHAUSTED answer on a spent budget the key is not paced (deniedUntil in %v)",
 			time.Duration(ks.deniedUntil.Load()-s.clock.now()))
 	}
@@ -52,7 +52,7 @@ func TestSpentBudgetPacesAsks(t *testing.T) {
 	d := desc("hot", "h")
 	ks := spendBudget(t, s, d)
 	calls, _, _ := s.fake.counts()
-	ask := ks.refreshAt
+	ask := ks.RefreshAt
 	if got := time.Duration(ask - s.clock.now()); got < policy.MaxPace/2 || got > policy.MaxPace {
 		t.Fatalf("paced ask in %v, want %v jittered down to at most half (B/(2R) = 500 ms, policy.MaxPace)", got, policy.MaxPace)
 	}
@@ -103,7 +103,7 @@ func TestPacedKeyFallsBackWhenUnreachable(t *testing.T) {
 	ks := spendBudget(t, s, d)
 	s.fake.with(func(f *fakeAllocator) { f.failNext = 1 << 20 })
 	until := ks.deniedUntil.Load()
-	if grace := time.Duration(until - ks.refreshAt); grace <= 0 || grace > time.Second {
+	if grace := time.Duration(until - ks.RefreshAt); grace <= 0 || grace > time.Second {
 		t.Fatalf("deny grace %v past the paced ask, want in (0, 1s]", grace)
 	}
 	for s.clock.now() < until {
@@ -132,8 +132,8 @@ func TestFullGrantIsNotPaced(t *testing.T) {
 	if w := s.fake.lastAcquire().Keys[0].Want; ks.balance.Load() != w {
 		t.Fatalf("balance %d, want the whole want %d", ks.balance.Load(), w)
 	}
-	if ks.paced || ks.deniedUntil.Load() != 0 {
-		t.Fatalf("paced %v deniedUntil %d after a grant in full", ks.paced, ks.deniedUntil.Load())
+	if ks.Paced || ks.deniedUntil.Load() != 0 {
+		t.Fatalf("paced %v deniedUntil %d after a grant in full", ks.Paced, ks.deniedUntil.Load())
 	}
 }
 
@@ -155,7 +155,7 @@ func TestAllowanceSpentPaces(t *testing.T) {
 		s.step()
 	}
 	ks := keyOf(t, s.Agent, d)
-	if ks.paced {
+	if ks.Paced {
 		t.Fatal("paced before any grant was capped")
 	}
 	s.fake.with(func(f *fakeAllocator) { f.grantCap = 5 })
@@ -174,7 +174,7 @@ func TestAllowanceSpentPaces(t *testing.T) {
 	if ks.remaining.Load() <= 0 {
 		t.Fatalf("remaining %d, want budget left", ks.remaining.Load())
 	}
-	if !ks.paced {
+	if !ks.Paced {
 		t.Fatal("a short grant with budget left is not paced")
 	}
 }
@@ -192,7 +192,7 @@ func TestFewAgentsNotPaced(t *testing.T) {
 	}
 	s.step()
 	ks := keyOf(t, s.Agent, d)
-	if ks.paced {
-		t.Fatalf("a key with one agent on it is paced (ask in %v)", time.Duration(ks.refreshAt-s.clock.now()))
+	if ks.Paced {
+		t.Fatalf("a key with one agent on it is paced (ask in %v)", time.Duration(ks.RefreshAt-s.clock.now()))
 	}
 }

@@ -50,9 +50,9 @@ func TestRetryAfterKept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if ks := keyOf(t, a, d); !ks.paced || ks.deniedUntil.Load() <= t11+int64(denied.RetryAfter) {
+	if ks := keyOf(t, a, d); !ks.Paced || ks.deniedUntil.Load() <= t11+int64(denied.RetryAfter) {
 		t.Fatalf("the key is not paced past the promised moment (paced %v, deniedUntil %v after the denial, Retry-After %v): the test does not reproduce the broken promise",
-			ks.paced, time.Duration(ks.deniedUntil.Load()-t11), denied.RetryAfter)
+			ks.Paced, time.Duration(ks.deniedUntil.Load()-t11), denied.RetryAfter)
 	}
 	if got := check(t, a, d); got.Allowed {
 		t.Fatalf("a request before Retry-After: %+v, want denied", got)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/allot/allot/agent/internal/policy"
 )
 
 // TestRetryUsesSameRequestID: an Acquire whose answer was lost is retried
@@ -64,7 +66,7 @@ func TestRejectedBatchKeepsCharges(t *testing.T) {
 	if c := ks.charged.Load(); c != 4 {
 		t.Fatalf("charged %d after a rejected call, want 4", c)
 	}
-	if s.breakerOpen.Load() || s.rf.br.Failures() != 0 {
+	if s.breakerOpen.Load() || s.rf.core.Failures() != 0 {
 		t.Fatalf("a rejection counted as a transport failure")
 	}
 	calls, _, _ := s.fake.counts()
@@ -73,7 +75,7 @@ func TestRejectedBatchKeepsCharges(t *testing.T) {
 	if c, _, _ := s.fake.counts(); c != calls {
 		t.Fatalf("rejected keys resent before their hold time")
 	}
-	s.clock.advance(notLeasedRetry)
+	s.clock.advance(policy.NotLeasedRetry)
 	s.step()
 	s.fake.mu.Lock()
 	last2 := s.fake.acquires[len(s.fake.acquires)-2:]
@@ -84,7 +86,7 @@ func TestRejectedBatchKeepsCharges(t *testing.T) {
 	if rem := s.fake.bucketRemaining(t, "test:api_key=rj"); rem > 50-4 {
 		t.Fatalf("global remaining %d, want ≤ 46 (the charge delivered)", rem)
 	}
-	if ks.suspect {
+	if ks.Suspect {
 		t.Fatalf("key still suspect after a successful call")
 	}
 }
@@ -93,7 +95,8 @@ func TestRejectedBatchKeepsCharges(t *testing.T) {
 // breaker opens; fallback admissions made while open are not charged after
 // recovery, those made before are.
 func TestBreakerOpensChargesAndRecovers(t *testing.T) {
-	s := newStepped(t)
+	// A scan at every tick 1 ms apart (ticks at one instant scan once).
+	s := newSteppedWith(t, func(c *Config) { c.RefillInterval, c.ScanInterval = time.Millisecond, time.Millisecond })
 	d := desc("api_key", "b")
 	s.fake.with(func(f *fakeAllocator) { f.failNext = 1 << 30 })
 	check(t, s.Agent, d)
@@ -122,14 +125,13 @@ func TestBreakerOpensChargesAndRecovers(t *testing.T) {
 	// Not yet time to probe: no call, even when a scan picks a key.
 	other := desc("api_key", "other")
 	check(t, s.Agent, other)
-	s.cfg.ScanInterval = time.Millisecond
 	s.clock.advance(time.Millisecond)
 	calls, _, _ := s.fake.counts()
 	s.step()
 	if c, _, _ := s.fake.counts(); c != calls {
 		t.Fatalf("called the allocator before the probe time")
 	}
-	if keyOf(t, s.Agent, other).inflight {
+	if keyOf(t, s.Agent, other).Inflight {
 		t.Fatalf("a key picked while waiting to probe stays in flight")
 	}
 	// Recover.
@@ -189,7 +191,7 @@ func TestIdleKeyHandsBackAndIsForgotten(t *testing.T) {
 	d := desc("api_key", "idle")
 	check(t, s.Agent, d)
 	ks := keyOf(t, s.Agent, d)
-	ks.dem.Rate = 10 // ask for a sizeable lease
+	ks.Demand.Rate = 10 // ask for a sizeable lease
 	s.step()
 	bal := ks.balance.Load()
 	if bal < 2 {
@@ -218,7 +220,7 @@ func TestLowWatermarkQueuesRefill(t *testing.T) {
 	d := desc("tier", "free", "route", "/w", "user", "u")
 	check(t, s.Agent, d)
 	ks := keyOf(t, s.Agent, d)
-	ks.dem.Rate = 1000
+	ks.Demand.Rate = 1000
 	s.step()
 	bal := ks.balance.Load()
 	lw := ks.lowWater.Load()
@@ -248,8 +250,8 @@ func TestCloseReleasesLeases(t *testing.T) {
 	d1, d2 := desc("api_key", "c1"), desc("api_key", "c2")
 	check(t, s.Agent, d1)
 	check(t, s.Agent, d2)
-	keyOf(t, s.Agent, d1).dem.Rate = 5
-	keyOf(t, s.Agent, d2).dem.Rate = 5
+	keyOf(t, s.Agent, d1).Demand.Rate = 5
+	keyOf(t, s.Agent, d2).Demand.Rate = 5
 	s.step()
 	b1, b2 := keyOf(t, s.Agent, d1).balance.Load(), keyOf(t, s.Agent, d2).balance.Load()
 	check(t, s.Agent, d1) // one more spent from the lease

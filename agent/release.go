@@ -64,11 +64,10 @@ func (a *Agent) release(ctx context.Context) error {
 		n := min(len(keys), maxBatchKeys)
 		req := &allotv1.ReleaseRequest{
 			AgentId:   a.cfg.ID,
-			RequestId: rf.nextID,
+			RequestId: rf.core.NextID(),
 			Keys:      keys[:n],
 			All:       n == len(keys),
 		}
-		rf.nextID++
 		var lastErr error
 		ok := a.sendWithin(ctx, func(ctx context.Context) bool {
 			cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
