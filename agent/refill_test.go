@@ -213,36 +213,6 @@ func TestIdleKeyHandsBackAndIsForgotten(t *testing.T) {
 	}
 }
 
-// TestLowWatermarkQueuesRefill: spending below the low watermark queues the
-// key for the next tick, without waiting for the scan.
-func TestLowWatermarkQueuesRefill(t *testing.T) {
-	s := newStepped(t)
-	d := desc("tier", "free", "route", "/w", "user", "u")
-	check(t, s.Agent, d)
-	ks := keyOf(t, s.Agent, d)
-	ks.Demand.Rate = 1000
-	s.step()
-	bal := ks.balance.Load()
-	lw := ks.lowWater.Load()
-	if bal <= lw {
-		t.Fatalf("balance %d not above the low watermark %d", bal, lw)
-	}
-	for ks.balance.Load() >= lw {
-		check(t, s.Agent, d)
-	}
-	if !ks.queued.Load() {
-		t.Fatalf("key not queued below the low watermark")
-	}
-	calls, _, _ := s.fake.counts()
-	s.step() // same instant: no scan, only the queue
-	if c, _, _ := s.fake.counts(); c != calls+1 {
-		t.Fatalf("queued key not sent at the next tick")
-	}
-	if ks.balance.Load() < lw {
-		t.Fatalf("balance %d still below %d after the refill", ks.balance.Load(), lw)
-	}
-}
-
 // TestCloseReleasesLeases: Close hands back every balance in one Release
 // with all=true; Close twice is fine.
 func TestCloseReleasesLeases(t *testing.T) {
@@ -278,5 +248,25 @@ func TestCloseReleasesLeases(t *testing.T) {
 	}
 	if rem := s.fake.bucketRemaining(t, "test:api_key=c1"); rem != 48 {
 		t.Fatalf("c1 global remaining %d, want 48", rem)
+	}
+}
+
+// TestRebaseRoundsUp: a grant re-bases the fallback bucket to this agent's
+// share of the global remaining rounded up, so with more agents than
+// tokens left an agent that uses the key rarely keeps one token (rounding
+// down emptied it), and never above the fallback's own burst.
+func TestRebaseRoundsUp(t *testing.T) {
+	s := newStepped(t)
+	s.fake.with(func(f *fakeAllocator) { f.live = 20 })
+	d := desc("api_key", "rb")
+	check(t, s.Agent, d)
+	s.step()
+	ks := keyOf(t, s.Agent, d)
+	rem := ks.remaining.Load()
+	ks.mu.Lock()
+	avail := ks.fbAvail
+	ks.mu.Unlock()
+	if want := (rem + 19) / 20; avail != want || want < 1 {
+		t.Fatalf("fallback re-based to %d tokens with %d remaining over 20 agents, want ⌈%d/20⌉ = %d", avail, rem, rem, want)
 	}
 }
