@@ -53,8 +53,11 @@
 // deadline (renewal, expiry, idle timeout, paced refresh) or until a check
 // touches it, so an agent with no traffic costs next to nothing whatever
 // the keys it holds (see due.go; bench/idle measures it). The refill
-// policy's arithmetic (demand, want, pacing) is the pure package
-// agent/internal/policy, specified by the scripts in its testdata.
+// policy (demand, wants, pacing, thin shares, excess, the breaker) is a
+// pure core, policy.Core in agent/internal/policy, that takes the time and
+// what the check path published of each key and returns what to send;
+// refill.go and send.go drive it, and the scripts in its testdata specify
+// it.
 //
 // A key whose grant fell short of its want (the global bucket is empty, or
 // the allocator's grant pacing has given this agent its share for the

@@ -48,6 +48,7 @@ import (
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/agent/internal/descconf"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -139,36 +140,14 @@ func New(cfg Config, c Checker) (*Limiter, error) {
 	if c == nil {
 		return nil, errors.New("grpclimit: nil Checker")
 	}
-	l := &Limiter{checker: c, domain: cfg.Domain, maxValue: cfg.MaxValueBytes}
-	if l.maxValue == 0 {
-		l.maxValue = DefaultMaxValueBytes
+	dc, err := descconf.Compile("grpclimit", bounds, cfg.Domain, cfg.MaxValueBytes, cfg.Descriptors, compileEntry)
+	if err != nil {
+		return nil, err
 	}
-	if l.maxValue < 0 {
-		return nil, errors.New("grpclimit: max_value_bytes must be ≥ 0")
-	}
-	if len(cfg.Descriptors) > MaxDescriptors {
-		return nil, fmt.Errorf("grpclimit: descriptors: %d configured, at most %d", len(cfg.Descriptors), MaxDescriptors)
-	}
-	if len(cfg.Descriptors) > 0 && cfg.Domain == "" {
-		return nil, errors.New("grpclimit: domain: must be set when descriptors are configured")
-	}
-	for i, d := range cfg.Descriptors {
-		if len(d) == 0 || len(d) > MaxEntries {
-			return nil, fmt.Errorf("grpclimit: descriptors[%d]: needs 1 to %d entries, has %d", i, MaxEntries, len(d))
-		}
-		specs := make([]entrySpec, len(d))
-		for j, e := range d {
-			s, err := compileEntry(e)
-			if err != nil {
-				return nil, fmt.Errorf("grpclimit: descriptors[%d][%d]: %v", i, j, err)
-			}
-			specs[j] = s
-		}
-		l.descs = append(l.descs, specs)
-		l.total += len(specs)
-	}
-	return l, nil
+	return &Limiter{checker: c, domain: cfg.Domain, maxValue: dc.MaxValue, descs: dc.Descs, total: dc.Total}, nil
 }
+
+var bounds = descconf.Bounds{MaxDescriptors: MaxDescriptors, MaxEntries: MaxEntries, DefaultMaxValue: DefaultMaxValueBytes}
 
 func compileEntry(e EntryConfig) (entrySpec, error) {
 	s := entrySpec{src: e.Source, key: e.Key, value: e.Value}

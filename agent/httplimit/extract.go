@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/internal/descconf"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -54,6 +55,8 @@ type entrySpec struct {
 	value  string // for SourceStatic
 }
 
+var bounds = descconf.Bounds{MaxDescriptors: MaxDescriptors, MaxEntries: MaxEntries, DefaultMaxValue: DefaultMaxValueBytes}
+
 // NewExtractor validates cfg and compiles it.
 func NewExtractor(cfg Config) (*Extractor, error) {
 	x := &Extractor{
@@ -61,11 +64,7 @@ func NewExtractor(cfg Config) (*Extractor, error) {
 		routeDefault: cfg.Routes.Default,
 		tierKeys:     cfg.Tier.Keys,
 		tierDefault:  cfg.Tier.Default,
-		maxValue:     cfg.MaxValueBytes,
 		exact:        map[string]string{},
-	}
-	if x.maxValue == 0 {
-		x.maxValue = DefaultMaxValueBytes
 	}
 	switch cfg.ForwardAuth.OnMissing {
 	case "", OnMissingAllow:
@@ -74,35 +73,21 @@ func NewExtractor(cfg Config) (*Extractor, error) {
 	default:
 		return nil, fmt.Errorf("httplimit: forward_auth.on_missing: %q: want allow or deny", cfg.ForwardAuth.OnMissing)
 	}
-	if x.maxValue < 0 {
-		return nil, errors.New("httplimit: max_value_bytes must be ≥ 0")
-	}
-	if len(cfg.Descriptors) > MaxDescriptors {
-		return nil, fmt.Errorf("httplimit: descriptors: %d configured, at most %d", len(cfg.Descriptors), MaxDescriptors)
-	}
-	if len(cfg.Descriptors) > 0 && cfg.Domain == "" {
-		return nil, errors.New("httplimit: domain: must be set when descriptors are configured")
-	}
-	for i, d := range cfg.Descriptors {
-		if len(d) == 0 || len(d) > MaxEntries {
-			return nil, fmt.Errorf("httplimit: descriptors[%d]: needs 1 to %d entries, has %d", i, MaxEntries, len(d))
-		}
-		specs := make([]entrySpec, len(d))
-		for j := range d {
-			e := d[j]
+	dc, err := descconf.Compile("httplimit", bounds, cfg.Domain, cfg.MaxValueBytes, cfg.Descriptors,
+		func(e EntryConfig) (entrySpec, error) {
 			if err := e.validate(); err != nil {
-				return nil, fmt.Errorf("httplimit: descriptors[%d][%d]: %v", i, j, err)
+				return entrySpec{}, err
 			}
-			specs[j] = entrySpec{key: e.Key, src: e.Source, header: http.CanonicalHeaderKey(e.Header), value: e.Value}
-		}
-		x.descs = append(x.descs, specs)
-		x.totalEntries += len(specs)
+			return entrySpec{key: e.Key, src: e.Source, header: http.CanonicalHeaderKey(e.Header), value: e.Value}, nil
+		})
+	if err != nil {
+		return nil, err
 	}
+	x.maxValue, x.descs, x.totalEntries = dc.MaxValue, dc.Descs, dc.Total
 	hs := cfg.APIKey.Headers
 	if len(hs) == 0 {
 		hs = []string{"Authorization", "X-API-Key"}
 	}
-	var err error
 	if x.apiKeyHeaders, err = canonicalHeaders(hs); err != nil {
 		return nil, fmt.Errorf("httplimit: api_key.headers: %v", err)
 	}

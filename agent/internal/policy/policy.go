@@ -1,15 +1,24 @@
-// Package policy is the arithmetic of the agent's refill policy: a key's
-// demand estimate, the want and low watermark sized from it, the excess a
-// key hands back, when a demand reads as a fall, and when a key whose grant
-// fell short is paced. It is pure and single-threaded: every function
-// takes the time and the counts as arguments, starts no goroutine and
-// reads no clock, so the refill loop (agent/refill.go), the simulator and
-// the scripts in testdata drive it the same way.
+// Package policy is the agent's refill policy. Core (core.go) is the
+// refill loop's pure core: it holds the loop-wide state (the breaker, the
+// round-trip estimate, the overload backoff, the request ids) and each
+// key's Key (its demand estimate, what it last reported, its pacing and
+// holds), takes the time and what the check path published of a key (Obs),
+// and returns what to send and what an answer changes. The functions here
+// are its arithmetic: a key's demand estimate, the want and low watermark
+// sized from it, the excess a key hands back, when a demand reads as a
+// fall, and when a key whose grant fell short is paced.
+//
+// Everything is single-threaded and deterministic: every method and
+// function takes the time and the counts as arguments, starts no
+// goroutine, reads no clock and touches no atomic, so the refill loop
+// (agent/refill.go), the simulator (through agent/agentsim) and the
+// scripts in testdata drive it the same way.
 //
 // The scripts in testdata are the policy's specification, readable without
 // the code: each block is a command with its arguments, then "----", then
-// what the policy answers. `go test ./agent/internal/policy -rewrite`
-// rewrites the answers after a deliberate change (review the diff).
+// what the policy answers (TestArithmetic, TestDemand and TestCore list
+// the commands). `go test ./agent/internal/policy -rewrite` rewrites the
+// answers after a deliberate change (review the diff).
 package policy
 
 import (
