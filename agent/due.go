@@ -40,7 +40,7 @@ func (a *Agent) wake(ks *keyState) {
 // sleep tries to put ks, which a scan at now found at rest with o, to
 // sleep. It reports false (ks stays awake) when a check changed the key
 // meanwhile or the key must stay awake.
-func (a *Agent) sleep(ks *keyState, o policy.Obs, now int64) bool {
+func (a *Agent) sleep(ks *keyState, o *policy.Obs, now int64) bool {
 	rf := &a.rf
 	until, ok := rf.core.RestUntil(&ks.Key, o, now)
 	if !ok {
@@ -53,7 +53,7 @@ func (a *Agent) sleep(ks *keyState, o policy.Obs, now int64) bool {
 		return false
 	}
 	ks.dormant.Store(true)
-	if ks.obs() != o || ks.queued.Load() || ks.fbUsed.Load() {
+	if !ks.unchanged(o) || ks.queued.Load() || ks.fbUsed.Load() {
 		// If a check woke it first, it is also in the woken list;
 		// awaken skips a key that is awake already.
 		ks.dormant.CompareAndSwap(true, false)

@@ -96,8 +96,10 @@ func mix(h, x uint64) uint64 {
 // keyState is one budget key's state at this agent.
 //
 // It has three owners: the fields written on the check path are atomics
-// (the refill loop reads them, and writes the ones marked so); the
-// fallback bucket is guarded by mu; keyLoop belongs to the refill loop.
+// (the refill loop reads them into a policy.Obs, and publishes the ones
+// marked so from the refill policy's answers); the fallback bucket is
+// guarded by mu; keyLoop (the refill policy's policy.Key, and where the key
+// sleeps) belongs to the refill loop.
 type keyState struct {
 	// Written by checks.
 	balance atomic.Int64 // unspent leased tokens (valid while now < expiry)
@@ -114,7 +116,7 @@ type keyState struct {
 	// hands it to the loop.
 	dormant atomic.Bool
 
-	// Written by the refill loop, read by checks.
+	// Written by the refill loop (what policy.Core decided), read by checks.
 	expiry      atomic.Int64 // the lease's end, Unix nanos; 0 = no lease
 	deniedUntil atomic.Int64 // a dry lease denies until this, Unix nanos (EXHAUSTED, or the share is spent: see pace)
 	lowWater    atomic.Int64 // refill when the balance drops below this
@@ -183,6 +185,13 @@ func (ks *keyState) obs() policy.Obs {
 		Local:       ks.local.Load(),
 		Queued:      ks.queued.Load(),
 	}
+}
+
+// unchanged reports whether the check path has left ks as o, read by a
+// scan, says (see Agent.sleep): the fields checks write.
+func (ks *keyState) unchanged(o *policy.Obs) bool {
+	return ks.spent.Load() == o.Spent && ks.denied.Load() == o.Denied && ks.charged.Load() == o.Charged &&
+		ks.balance.Load() == o.Balance && ks.lastUse.Load() == o.LastUse && ks.local.Load() == o.Local
 }
 
 // sameKey reports whether the request (domain, entries) under rule r is this

@@ -152,7 +152,7 @@ func (a *Agent) drainPending(now int64) {
 		select {
 		case ks := <-a.pending:
 			ks.queued.Store(false)
-			if a.rf.core.Queued(&ks.Key, ks.obs(), now) {
+			if o := ks.obs(); a.rf.core.Queued(&ks.Key, &o, now) {
 				a.rf.awaken(ks)
 				a.rf.pick = append(a.rf.pick, ks)
 			}
@@ -177,7 +177,7 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 	awake := rf.awake[:0]
 	for _, ks := range rf.awake {
 		o := ks.obs()
-		v := rf.core.Visit(&ks.Key, o, now, dt, alpha)
+		v := rf.core.Visit(&ks.Key, &o, now, dt, alpha)
 		if ks.fbUsed.Load() {
 			ks.fbUsed.Store(false)
 			fbKeys++
@@ -188,7 +188,7 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 		case v == policy.Forget:
 			idle = append(idle, ks)
 			continue
-		case v == policy.Rest && a.sleep(ks, o, now):
+		case v == policy.Rest && a.sleep(ks, &o, now):
 			continue
 		}
 		awake = append(awake, ks)
@@ -196,7 +196,7 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 	clear(rf.awake[len(awake):])
 	rf.awake = awake
 	for _, ks := range idle {
-		keep := func(ks *keyState) bool { return !rf.core.Forgettable(&ks.Key, ks.obs(), now) }
+		keep := func(ks *keyState) bool { o := ks.obs(); return !rf.core.Forgettable(&ks.Key, &o, now) }
 		if a.keys.shard(ks.hash).remove(ks, keep) {
 			ks.awake = false
 			rf.tracked--
@@ -236,7 +236,7 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 		o := ks.obs()
 		o.Charged = sendable(&ks.charged)
 		o.Outage = sendable(&ks.outage)
-		p := rf.core.Plan(&ks.Key, o, now, ks.thinShare)
+		p := rf.core.Plan(&ks.Key, &o, now, ks.thinShare)
 		var returned, want int64
 		switch p.Entry {
 		case policy.HandBack:

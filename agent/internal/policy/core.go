@@ -145,7 +145,7 @@ const (
 
 // Visit is a scan's visit of k at now (dt, alpha from Tick): it folds the
 // scan into k's demand and decides on k.
-func (c *Core) Visit(k *Key, o Obs, now int64, dt, alpha float64) Verdict {
+func (c *Core) Visit(k *Key, o *Obs, now int64, dt, alpha float64) Verdict {
 	seen := k.Demand.SpentSeen
 	fell := k.Demand.Scan(now, o.Spent, dt, alpha, o.Denied == k.DeniedSent)
 	if o.Local {
@@ -153,7 +153,7 @@ func (c *Core) Visit(k *Key, o Obs, now int64, dt, alpha float64) Verdict {
 			return Forget
 		}
 	} else {
-		if !c.cfg.Standalone && !k.Inflight && (fell && c.reportFall(k, &o, now) || c.needsAcquire(k, &o, now)) {
+		if !c.cfg.Standalone && !k.Inflight && (fell && c.reportFall(k, o, now) || c.needsAcquire(k, o, now)) {
 			k.Inflight = true
 			return Pick
 		}
@@ -181,7 +181,7 @@ func (c *Core) reportFall(k *Key, o *Obs, now int64) bool {
 
 // Forgettable reports whether k is idle for IdleTimeout and owes nothing;
 // the driver asks again under the lock that drops the key.
-func (c *Core) Forgettable(k *Key, o Obs, now int64) bool {
+func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
 	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) {
 		return false
 	}
@@ -234,7 +234,7 @@ func (c *Core) needsAcquire(k *Key, o *Obs, now int64) bool {
 // Queued decides whether k, queued by a check (its balance fell below the
 // low watermark, or the fallback admitted it), is sent at this tick. A
 // picked key is in flight until answered.
-func (c *Core) Queued(k *Key, o Obs, now int64) bool {
+func (c *Core) Queued(k *Key, o *Obs, now int64) bool {
 	if k.Inflight || o.Local || now < k.HoldUntil || k.Paced && now < k.RefreshAt {
 		return false // a paced key is sent by the scan at its time
 	}
@@ -251,7 +251,7 @@ func (c *Core) Queued(k *Key, o Obs, now int64) bool {
 // demand has decayed to nothing; math.MaxInt64: none). ok is false when k
 // must stay awake: its renewal is near, and the renewal margin moves with
 // the round-trip estimate.
-func (c *Core) RestUntil(k *Key, o Obs, now int64) (until int64, ok bool) {
+func (c *Core) RestUntil(k *Key, o *Obs, now int64) (until int64, ok bool) {
 	until = math.MaxInt64
 	at := func(t int64) {
 		if t > now && t < until {
@@ -309,11 +309,11 @@ type Plan struct {
 // this batch reports (already taken out of the key), o.Balance what it
 // holds (0 once its lease has expired); thin reports whether its fallback
 // bucket is a thin share (ThinShare), asked only when it matters.
-func (c *Core) Plan(k *Key, o Obs, now int64, thin func() bool) Plan {
+func (c *Core) Plan(k *Key, o *Obs, now int64, thin func() bool) Plan {
 	idle := o.idle(now, c.cfg.IdleTimeout)
 	p := Plan{Demand: k.Demand.Of(now, o.Spent, c.lastScan)}
 	switch {
-	case o.live(now) && (idle || (!k.active(&o) && now >= o.Expiry-c.renewMargin())):
+	case o.live(now) && (idle || (!k.active(o) && now >= o.Expiry-c.renewMargin())):
 		// Idle, or the lease is ending unused: hand it back rather than
 		// let it expire (expired tokens are not credited).
 		p.Entry = HandBack

@@ -130,7 +130,7 @@ func (w *coreWorld) tick() string {
 		awake := w.awake[:0]
 		var gone []string
 		for _, ck := range w.awake {
-			switch w.c.Visit(&ck.k, ck.o, w.now, dt, alpha) {
+			switch w.c.Visit(&ck.k, &ck.o, w.now, dt, alpha) {
 			case Pick:
 				pick = append(pick, ck)
 			case Forget:
@@ -164,7 +164,7 @@ func (w *coreWorld) tick() string {
 	}
 	for _, ck := range w.queue {
 		ck.o.Queued = false
-		if w.c.Queued(&ck.k, ck.o, w.now) {
+		if w.c.Queued(&ck.k, &ck.o, w.now) {
 			pick = append(pick, ck)
 		}
 	}
@@ -207,7 +207,7 @@ func (w *coreWorld) build(keys []*coreKey) *coreBatch {
 		chg, out := o.Charged, o.Outage
 		o.Charged, o.Outage = 0, 0
 		snap.Charged, snap.Outage = chg, out
-		p := w.c.Plan(&ck.k, snap, w.now, func() bool { return ck.thin })
+		p := w.c.Plan(&ck.k, &snap, w.now, func() bool { return ck.thin })
 		var ret, want int64
 		switch p.Entry {
 		case HandBack:
@@ -417,7 +417,7 @@ func (w *coreWorld) show(ck *coreKey) string {
 	if o.NotLeased {
 		s += " not-leased"
 	}
-	if until, ok := w.c.RestUntil(k, *o, w.now); !ok {
+	if until, ok := w.c.RestUntil(k, o, w.now); !ok {
 		s += "\n  must stay awake"
 	} else {
 		s += "\n  a scan's verdict holds until " + w.at(until)
