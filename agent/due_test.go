@@ -40,14 +40,9 @@ func dueRun(t *testing.T, seed uint64, alwaysAwake bool) ([]*allotv1.AcquireRequ
 	clock := newFakeClock()
 	fake := newFake(t, clock.now, dueRules)
 	fake.ttl, fake.refresh = 2*time.Second, time.Second
-	cfg := DefaultConfig()
-	cfg.ID = "due"
-	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
-	cfg.Now = clock.now
-	cfg.driven = true
+	cfg := drivenConfig(t, "due", clock, &directClient{f: fake}, dueRules)
 	cfg.IdleTimeout = 20 * time.Second
 	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
-	cfg.Rules = mustCompile(t, 0, dueRules)
 	a := newAgent(t, cfg)
 	a.rf.alwaysAwake = alwaysAwake
 	rng := rand.New(rand.NewPCG(seed, 99))
@@ -140,12 +135,8 @@ func TestSleepingKeysChangeNothing(t *testing.T) {
 func TestIdleKeysSleep(t *testing.T) {
 	clock := newFakeClock()
 	fake := newFake(t, clock.now, dueRules)
-	cfg := DefaultConfig()
-	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
-	cfg.Now = clock.now
-	cfg.driven = true
+	cfg := drivenConfig(t, "", clock, &directClient{f: fake}, dueRules)
 	cfg.IdleTimeout = 30 * time.Second
-	cfg.Rules = mustCompile(t, 0, dueRules)
 	a := newAgent(t, cfg)
 	refill := func() {
 		t.Helper()

@@ -45,14 +45,22 @@ func (c *directClient) WatchRules(context.Context, *allotv1.WatchRulesRequest, .
 
 func manualAgent(t *testing.T, clock *fakeClock, cl *directClient, seed uint64) *Agent {
 	t.Helper()
+	cfg := drivenConfig(t, "manual", clock, cl, testRules)
+	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
+	return newAgent(t, cfg)
+}
+
+// drivenConfig is the configuration of a driven agent (no goroutine, the
+// refill stepped by hand) with the fake clock, calling cl directly.
+func drivenConfig(t testing.TB, id string, clock *fakeClock, cl *directClient, yamls ...string) Config {
+	t.Helper()
 	cfg := DefaultConfig()
-	cfg.ID = "manual"
+	cfg.ID = id
 	cfg.Clients = []allotv1.AllocatorClient{cl}
 	cfg.Now = clock.now
 	cfg.driven = true
-	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
-	cfg.Rules = mustCompile(t, 0, testRules)
-	return newAgent(t, cfg)
+	cfg.Rules = mustCompile(t, 0, yamls...)
+	return cfg
 }
 
 // TestManualAgentWithClients drives an agent with no goroutines through an

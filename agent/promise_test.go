@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/allot/allot/pkg/bucket"
-	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 const promiseRules = `
@@ -24,12 +23,7 @@ descriptors:
 func TestRetryAfterKept(t *testing.T) {
 	clock := newFakeClock()
 	fake := newFake(t, clock.now, promiseRules)
-	cfg := DefaultConfig()
-	cfg.ID = "promise"
-	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
-	cfg.Now = clock.now
-	cfg.driven = true
-	cfg.Rules = mustCompile(t, 0, promiseRules)
+	cfg := drivenConfig(t, "promise", clock, &directClient{f: fake}, promiseRules)
 	a := newAgent(t, cfg)
 	d := desc("api_key", "k")
 	for i := range 10 {

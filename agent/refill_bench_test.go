@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
-
-	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // BenchmarkRefillTick measures the refill loop's own cost: one 50 ms tick
@@ -18,14 +16,8 @@ import (
 func BenchmarkRefillTick(b *testing.B) {
 	clock := newFakeClock()
 	fake := newFake(b, clock.now, testRules)
-	cfg := DefaultConfig()
-	cfg.ID = "bench"
-	cfg.Clients = []allotv1.AllocatorClient{&directClient{f: fake}}
-	cfg.Now = clock.now
-	cfg.driven = true
-	cfg.Logger = nil
+	cfg := drivenConfig(b, "bench", clock, &directClient{f: fake}, testRules)
 	cfg.Rand = rand.New(rand.NewPCG(1, 1))
-	cfg.Rules = mustCompile(b, 0, testRules)
 	a := newAgent(b, cfg)
 	const keys, active = 2000, 200
 	descs := make([][]Descriptor, keys)
