@@ -109,22 +109,9 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		// batches is a function of its inputs.
 		slices.SortFunc(rf.pick, func(x, y *keyState) int { return strings.Compare(x.key, y.key) })
 	}
-	// Keys from a rejected batch go alone, so that one key the allocator
-	// refuses cannot hold back the others.
-	slices.SortStableFunc(rf.pick, func(x, y *keyState) int {
-		switch {
-		case x.Suspect == y.Suspect:
-			return 0
-		case y.Suspect:
-			return -1
-		}
-		return 1
-	})
+	policy.SortPicks(rf.pick, keyOfState)
 	for i := 0; i < len(rf.pick); {
-		n := 1
-		for i+n < len(rf.pick) && n < maxBatchKeys && !rf.pick[i+n].Suspect {
-			n++
-		}
+		n := policy.BatchLen(rf.pick[i:], keyOfState, maxBatchKeys)
 		b := a.build(now, rf.pick[i:i+n])
 		i += n
 		if !a.send(ctx, b) {
@@ -136,6 +123,9 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	clear(rf.pick)
 	rf.pick = rf.pick[:0]
 }
+
+// keyOfState is ks's refill policy state.
+func keyOfState(ks *keyState) *policy.Key { return &ks.Key }
 
 // unpick releases picked keys that were not sent.
 func (a *Agent) unpick() {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/allot/allot/pkg/breaker"
@@ -286,6 +287,30 @@ func (c *Core) MaySend(now int64) bool { return c.br.Allow(now) && now >= c.thro
 // Probing reports whether the breaker is open: a tick with nothing to send
 // sends an empty Acquire, so that it learns whether the allocator is back.
 func (c *Core) Probing() bool { return c.br.Open() }
+
+// SortPicks orders the keys picked for a tick's calls: the keys of a
+// rejected batch (Suspect) first. key returns a pick's Key.
+func SortPicks[T any](picks []T, key func(T) *Key) {
+	slices.SortStableFunc(picks, func(x, y T) int {
+		switch sx, sy := key(x).Suspect, key(y).Suspect; {
+		case sx == sy:
+			return 0
+		case sx:
+			return -1
+		}
+		return 1
+	})
+}
+
+// BatchLen is how many of picks (in SortPicks order) the next call
+// carries: a key of a rejected batch alone, so that one key the allocator
+// refuses cannot hold back the others, and the others up to max a call.
+func BatchLen[T any](picks []T, key func(T) *Key, max int) int {
+	if len(picks) == 0 || key(picks[0]).Suspect {
+		return min(len(picks), 1)
+	}
+	return min(len(picks), max)
+}
 
 // Entry is what one key asks of the allocator in a batch.
 type Entry int8

@@ -175,23 +175,17 @@ func (w *coreWorld) tick() string {
 		}
 		return strings.Join(append(out, "no call"), "\n")
 	}
-	slices.SortFunc(pick, func(x, y *coreKey) int {
-		if x.k.Suspect != y.k.Suspect {
-			if x.k.Suspect {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(x.name, y.name)
-	})
-	if pick[0].k.Suspect {
-		// A suspect key goes alone; the others (in flight already) are
-		// sent by the next tick.
-		w.later = append(w.later, pick[1:]...)
-		pick = pick[:1]
-	}
+	slices.SortFunc(pick, func(x, y *coreKey) int { return strings.Compare(x.name, y.name) })
+	SortPicks(pick, coreKeyOf)
+	// One call per tick: the keys of the next calls (in flight already)
+	// are sent by the next ticks.
+	n := BatchLen(pick, coreKeyOf, 1000)
+	w.later = append(w.later, pick[n:]...)
+	pick = pick[:n]
 	return strings.Join(append(out, w.send(w.build(pick), "call")), "\n")
 }
+
+func coreKeyOf(ck *coreKey) *Key { return &ck.k }
 
 // build plans each key's part of a batch and moves its tokens, as
 // agent.build does.
