@@ -38,6 +38,13 @@ type Config struct {
 // published of the key (Obs) as arguments, and returns what the driver
 // must do; it starts no goroutine, reads no clock and touches no atomic.
 //
+// A tick goes: Tick (is a scan due?); Visit for each key the scan visits
+// and Queued for each key a check queued (which are picked); SortPicks and
+// BatchLen (which picked keys share a call); NextID and Plan for each key
+// of a call (what it asks for and hands back); then, for the answer,
+// Answered, and Acked and Grant for each key, or Failed, Throttled or
+// Rejected. RestUntil says how long a key the scan left at Rest may sleep.
+//
 // agent/refill.go is its driver: it reads a key's counters into an Obs,
 // feeds the scan, the queued keys and the allocator's answers to the core,
 // and carries out what it returns (moves of tokens between the key's
