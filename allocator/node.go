@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 
+	"github.com/allot/allot/allocator/raftmux"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
 
@@ -55,9 +58,11 @@ type node struct {
 }
 
 // openNode opens the stores in cfg.DataDir, checks them, and starts Raft
-// with f as its FSM. A node with existing Raft state ignores Bootstrap. Any
-// corruption found stops it with an error naming the path.
-func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader) (n *node, err error) {
+// with f as its FSM, over a transport on stream (the node's group on its
+// Raft listener, bound to bound) or, when set, cfg.transport. A node with
+// existing Raft state ignores Bootstrap. Any corruption found stops it
+// with an error naming the path.
+func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, bound net.Addr) (n *node, err error) {
 	dir := cfg.DataDir
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("allocator: create data dir %s: %w", dir, err)
@@ -156,12 +161,8 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, raftTLS *tlsconfig.Loader
 		n.trans = cfg.transport
 		n.bound = string(n.trans.LocalAddr())
 	} else {
-		stream, err := newStreamLayer(cfg.RaftAddr, cfg.AdvertiseRaftAddr, raftTLS)
-		if err != nil {
-			return nil, err
-		}
 		n.trans = newTCPTransport(stream, logger.Named("transport"))
-		n.bound = stream.boundAddr().String()
+		n.bound = bound.String()
 	}
 	n.addr = n.trans.LocalAddr()
 
@@ -359,14 +360,41 @@ func (n *node) close() {
 	}
 }
 
-// newTCPTransport returns a Raft network transport over stream (see
-// streamLayer: its Addr, the advertised address, is the transport's
-// LocalAddr).
-func newTCPTransport(stream *streamLayer, logger hclog.Logger) *raft.NetworkTransport {
+// listenRaft binds cfg.RaftAddr for Raft: a raftmux.Mux, advertised as
+// cfg.AdvertiseRaftAddr when set, speaking mutual TLS between
+// allocator-role certificates with a non-nil l. The node's Raft group is
+// the Mux's group 0, which speaks the bare Raft protocol (no connection
+// header). Closing the Mux closes the group's stream and every
+// connection.
+func listenRaft(cfg Config, l *tlsconfig.Loader, log *slog.Logger) (*raftmux.Mux, *raftmux.Stream, error) {
+	m, err := raftmux.Listen(cfg.RaftAddr, raftmux.Config{Advertise: cfg.AdvertiseRaftAddr, TLS: l, Logger: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("allocator: raft: %w", err)
+	}
+	stream, err := m.Group(0)
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("allocator: raft: %w", err)
+	}
+	return m, stream, nil
+}
+
+// newTCPTransport returns a Raft network transport over stream (its Addr,
+// the advertised address, is the transport's LocalAddr).
+func newTCPTransport(stream raft.StreamLayer, logger hclog.Logger) *raft.NetworkTransport {
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  logger,
 	})
+}
+
+// closeRaftListener closes the Raft listener, after the node: the Mux's
+// Close ends its goroutines and any connection not yet handed to the node.
+// Safe to call twice.
+func (s *Server) closeRaftListener() {
+	if s.mux != nil {
+		_ = s.mux.Close()
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/allocator/raftmux"
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/tlsconfig"
@@ -37,6 +38,7 @@ type Server struct {
 	st      *state.State
 	fsm     *fsm
 	node    *node
+	mux     *raftmux.Mux // the Raft listener (nil with a test transport)
 	batcher *batcher
 	fwd     *forwarder
 	guard   *guard
@@ -170,11 +172,20 @@ func New(cfg Config) (*Server, error) {
 		s.advHTTP = cmp.Or(cfg.AdvertiseHTTPAddr, s.httpAddr)
 	}
 
-	var raftTLS *tlsconfig.Loader
-	if cfg.RaftTLS {
-		raftTLS = s.tls
+	var stream raft.StreamLayer
+	var bound net.Addr
+	if cfg.transport == nil {
+		var raftTLS *tlsconfig.Loader
+		if cfg.RaftTLS {
+			raftTLS = s.tls
+		}
+		var g0 *raftmux.Stream
+		if s.mux, g0, err = listenRaft(cfg, raftTLS, s.log); err != nil {
+			return nil, err
+		}
+		stream, bound = g0, s.mux.BoundAddr()
 	}
-	if s.node, err = openNode(cfg, s.fsm, newHCLogAdapter(s.log, "raft"), raftTLS); err != nil {
+	if s.node, err = openNode(cfg, s.fsm, newHCLogAdapter(s.log, "raft"), stream, bound); err != nil {
 		return nil, err
 	}
 	if err = s.register(&stateCollector{s: s}); err != nil {
@@ -231,6 +242,7 @@ func (s *Server) abortStart() {
 	}
 	s.wg.Wait()
 	s.node.close()
+	s.closeRaftListener()
 	s.fwd.close()
 	s.unregisterMetrics()
 }
@@ -517,6 +529,7 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 		errs = append(errs, err)
 	}
 	s.node.close()
+	s.closeRaftListener()
 	if s.httpSrv != nil {
 		if err := s.httpSrv.Shutdown(ctx); err != nil {
 			s.httpSrv.Close()

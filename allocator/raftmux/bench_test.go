@@ -25,16 +25,24 @@ func serveRPCs(trans raft.Transport, stop <-chan struct{}) <-chan struct{} {
 	return done
 }
 
-// muxTransport returns a transport over group id of a new Mux.
-func muxTransport(b *testing.B, id uint32) *raft.NetworkTransport {
-	m, err := Listen("127.0.0.1:0", Config{})
+// muxTransport returns a transport over group id of a new Mux with cfg on
+// 127.0.0.1; the Mux is closed at the end of the test.
+func muxTransport(tb testing.TB, id uint32, cfg Config) *raft.NetworkTransport {
+	tb.Helper()
+	m, err := Listen("127.0.0.1:0", cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { m.Close() })
+	tb.Cleanup(func() { m.Close() })
+	return groupTransport(tb, m, id)
+}
+
+// groupTransport returns a transport over group id of m.
+func groupTransport(tb testing.TB, m *Mux, id uint32) *raft.NetworkTransport {
+	tb.Helper()
 	s, err := m.Group(id)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: s, MaxPool: 3, Timeout: 5 * time.Second, Logger: hclog.NewNullLogger(),
@@ -56,10 +64,10 @@ func BenchmarkAppendEntries(b *testing.B) {
 		pair func(b *testing.B) (client, server *raft.NetworkTransport)
 	}{
 		{"mux-group3", func(b *testing.B) (*raft.NetworkTransport, *raft.NetworkTransport) {
-			return muxTransport(b, 3), muxTransport(b, 3)
+			return muxTransport(b, 3, Config{}), muxTransport(b, 3, Config{})
 		}},
 		{"mux-group0", func(b *testing.B) (*raft.NetworkTransport, *raft.NetworkTransport) {
-			return muxTransport(b, 0), muxTransport(b, 0)
+			return muxTransport(b, 0, Config{}), muxTransport(b, 0, Config{})
 		}},
 		{"bare", func(b *testing.B) (*raft.NetworkTransport, *raft.NetworkTransport) {
 			var ts [2]*raft.NetworkTransport

@@ -9,30 +9,46 @@ import (
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
 
+	"github.com/allot/allot/allocator/raftmux"
 	"github.com/allot/allot/internal/faultnet"
 	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/test/linearizability"
 )
 
 // raftSender names the sender of a hashicorp/raft NetworkTransport
-// connection: the first byte is the RPC type, then a msgpack map whose
-// RPCHeader fields (inlined) carry the sender's server ID. Every RPC type
-// (AppendEntries, RequestVote, RequestPreVote, InstallSnapshot, TimeoutNow)
-// starts with the header, and a pooled connection carries only its
-// dialer's RPCs.
+// connection made through a raftmux.Mux: an optional group header (when
+// the first byte is raftmux.Tagged; group 0 sends none), then the first
+// RPC's type byte, then a msgpack map whose RPCHeader fields (inlined)
+// carry the sender's server ID. Every RPC type (AppendEntries,
+// RequestVote, RequestPreVote, InstallSnapshot, TimeoutNow) starts with
+// the header, and a pooled connection carries only its dialer's RPCs of
+// one group. The name is the node's, whatever the group, so Isolate cuts
+// all of a node's groups.
 func raftSender(r io.Reader) (string, error) {
-	var typ [1]byte
-	if _, err := io.ReadFull(r, typ[:]); err != nil {
+	var hdr [raftmux.HeaderLen]byte
+	if _, err := io.ReadFull(r, hdr[:1]); err != nil {
 		return "", err
 	}
-	var hdr struct{ ID []byte }
-	if err := codec.NewDecoder(r, &codec.MsgpackHandle{}).Decode(&hdr); err != nil {
+	if raftmux.Tagged(hdr[0]) {
+		if _, err := io.ReadFull(r, hdr[1:]); err != nil {
+			return "", err
+		}
+		if _, err := raftmux.ParseHeader(hdr[:]); err != nil {
+			return "", err
+		}
+		// The RPC type follows the header.
+		if _, err := io.ReadFull(r, hdr[:1]); err != nil {
+			return "", err
+		}
+	}
+	var rpc struct{ ID []byte }
+	if err := codec.NewDecoder(r, &codec.MsgpackHandle{}).Decode(&rpc); err != nil {
 		return "", err
 	}
-	if len(hdr.ID) == 0 {
+	if len(rpc.ID) == 0 {
 		return "", errors.New("fault: raft RPC without a sender id")
 	}
-	return string(hdr.ID), nil
+	return string(rpc.ID), nil
 }
 
 // TestAllocatorIsolated: the leader is cut off from its peers, both ways,
