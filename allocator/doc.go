@@ -7,7 +7,8 @@
 //   - Raft (hashicorp/raft) with a bolt log and stable store (fsynced on
 //     every commit, the newest entries also cached in memory for
 //     replication) and file snapshots in Config.DataDir, over TCP
-//     (node.go);
+//     through group 0 of an allocator/raftmux listener, which speaks the
+//     bare Raft protocol (node.go);
 //   - the replicated state machine, an unexported raft.FSM over
 //     allocator/state (fsm.go);
 //   - a batcher that folds every concurrently pending Acquire into one Raft
@@ -25,7 +26,7 @@
 //     certificates with allot roles, admin bearer tokens) and authorization
 //     (auth.go), then a per-agent call rate and a cap on calls in flight
 //     (guard.go); TLS for gRPC and, optionally, mutual TLS for Raft
-//     (stream.go). Logs carry budget keys only as redacted hashes
+//     (allocator/raftmux). Logs carry budget keys only as redacted hashes
 //     (redact.go). See docs/security.md.
 //
 // Most callers need DefaultConfig, New, WaitReady and Shutdown. A Server is
