@@ -210,6 +210,7 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			RequestId:    rf.core.NextID(),
 			Keys:         make([]*allotv1.KeyAcquire, 0, len(keys)),
 			FallbackKeys: uint32(min(rf.fbKeys, math.MaxUint32)),
+			PackedGrants: true,
 		},
 		keys:   append([]*keyState(nil), keys...),
 		spent:  make([]int64, len(keys)),

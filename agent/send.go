@@ -130,7 +130,10 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	a.rf.unacked = nil
 	n := max(resp.GetLiveAgents(), 1)
 	a.liveAgents.Store(n)
-	grants := resp.GetGrants()
+	grants, err := allotv1.GrantsOf(resp)
+	if err != nil {
+		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not decode", "err", err)
+	}
 	if len(grants) != len(b.keys) {
 		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not match the request",
 			"keys", len(b.keys), "grants", len(grants))

@@ -157,6 +157,52 @@ func TestAcquireThroughFollower(t *testing.T) {
 	}
 }
 
+// TestAcquirePackedGrants: a caller that asks for packed grants gets them
+// packed, through a follower too, and they read as the messages an
+// unpacked call gets; a retry of the same call asking for messages gets
+// the recorded answer as messages.
+func TestAcquirePackedGrants(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	alloc, _ := tc.clients(tc.follower())
+	ctx := ctxT(t)
+	req := &allotv1.AcquireRequest{AgentId: "packed", RequestId: 1, PackedGrants: true,
+		Keys: []*allotv1.KeyAcquire{key("user", "ann", 10), key("user", "bo", 20), key("nosuch", "x", 1)}}
+	resp, err := alloc.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetGrants()) != 0 || len(resp.GetPackedGrants()) == 0 || len(resp.GetLimits()) != 1 {
+		t.Fatalf("answer = %v; want packed grants with one limit, no messages", resp)
+	}
+	packed, err := allotv1.GrantsOf(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetLeaderId() != tc.cfgs[tc.leader()].NodeID {
+		t.Errorf("leader_id = %q", resp.GetLeaderId())
+	}
+	plainReq := proto.Clone(req).(*allotv1.AcquireRequest)
+	plainReq.PackedGrants = false
+	plain, err := alloc.Acquire(ctx, plainReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plain.GetPackedGrants()) != 0 || len(plain.GetGrants()) != len(packed) {
+		t.Fatalf("retry as messages = %v", plain)
+	}
+	for i, g := range plain.GetGrants() {
+		if !proto.Equal(g, packed[i]) {
+			t.Errorf("grant %d: packed %v, as messages %v", i, packed[i], g)
+		}
+	}
+	if g := packed[0]; g.GetGranted() != 10 || g.GetStatus() != allotv1.KeyStatus_KEY_STATUS_OK || g.GetLimit().GetBurst() == 0 {
+		t.Errorf("first grant = %v; want 10 granted, OK, with its limit", g)
+	}
+	if g := packed[2]; g.GetStatus() != allotv1.KeyStatus_KEY_STATUS_NO_RULE {
+		t.Errorf("third grant = %v; want NO_RULE", g)
+	}
+}
+
 func TestIdempotentRetryThroughBatcher(t *testing.T) {
 	tc := newTestCluster(t, 3)
 	alloc, _ := tc.clients(tc.follower())

@@ -38,7 +38,7 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 			path = "local"
 			r, err := s.batcher.submit(ctx, req)
 			if err == nil {
-				resp = withLeader(r, s.cfg.NodeID)
+				resp = answer(r, s.cfg.NodeID, req.GetPackedGrants())
 			}
 			return err
 		},
@@ -60,19 +60,31 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 	return resp, nil
 }
 
-// withLeader returns r with LeaderId set. The FSM may keep r as the
-// recorded answer for retries, so it is copied, not modified.
-func withLeader(r *allotv1.AcquireResponse, leader string) *allotv1.AcquireResponse {
-	if r == nil || r.GetLeaderId() == leader {
+// answer returns the FSM's response r as sent to the caller: with LeaderId
+// set and, if the caller asked for them packed, its grants in
+// packed_grants. The FSM may keep r as the recorded answer for retries, so
+// it is copied, not modified.
+func answer(r *allotv1.AcquireResponse, leader string, packed bool) *allotv1.AcquireResponse {
+	if r == nil || (r.GetLeaderId() == leader && !packed) {
 		return r
 	}
-	return &allotv1.AcquireResponse{
+	out := &allotv1.AcquireResponse{
 		Grants:       r.GetGrants(),
 		LiveAgents:   r.GetLiveAgents(),
 		RulesVersion: r.GetRulesVersion(),
 		LeaderId:     leader,
 		NowUnixMs:    r.GetNowUnixMs(),
 	}
+	if packed {
+		// About 24 bytes a grant besides its key.
+		n := 8
+		for _, g := range out.Grants {
+			n += 24 + len(g.GetKey())
+		}
+		out.PackedGrants, out.Limits = allotv1.AppendPackedGrants(make([]byte, 0, n), nil, out.Grants)
+		out.Grants = nil
+	}
+	return out
 }
 
 // Release commits the returned tokens and the end of the agent's leases as

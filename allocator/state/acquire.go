@@ -188,8 +188,13 @@ func (c *core) record(ag *agentRec, id uint64, kind uint8, resp proto.Message) {
 // key (a zero, full state) if needed. A key whose rule's limit changed
 // carries its balance over (see carryOver).
 func (c *core) slotFor(h uint64, l bucket.Limit, now int64) int {
-	li := c.lims.ref(l)
 	i := c.tab.find(h)
+	// The common case, a tracked key under the limit it had, takes no
+	// reference and no map lookup.
+	if i >= 0 && c.lims.ents[c.tab.at(i).lim].key == keyOf(l) {
+		return i
+	}
+	li := c.lims.ref(l)
 	if i < 0 {
 		return c.tab.insert(c, h, li)
 	}

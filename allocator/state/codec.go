@@ -130,75 +130,15 @@ func appendStr(dst []byte, s string) []byte {
 // errCompact: a compact entry does not decode.
 var errCompact = errors.New("state: compact acquire entry does not decode")
 
-// decoder reads a compact entry. Its strings are substrings of s, which
+// decoder reads a compact entry. Its strings are substrings of S, which
 // holds the whole entry (one copy of the entry's bytes, however many
 // strings it holds).
 type decoder struct {
-	s   string
-	p   int
-	err error
+	allotv1.Reader
 }
 
-func (d *decoder) uvarint() uint64 {
-	var x uint64
-	for shift := uint(0); ; shift += 7 {
-		if d.p >= len(d.s) || shift > 63 {
-			d.fail()
-			return 0
-		}
-		b := d.s[d.p]
-		d.p++
-		x |= uint64(b&0x7f) << shift
-		if b < 0x80 {
-			return x
-		}
-	}
-}
-
-func (d *decoder) varint() int64 {
-	u := d.uvarint()
-	return int64(u>>1) ^ -int64(u&1)
-}
-
-func (d *decoder) str() string {
-	n := d.uvarint()
-	if n > uint64(len(d.s)-d.p) {
-		d.fail()
-		return ""
-	}
-	s := d.s[d.p : d.p+int(n)]
-	d.p += int(n)
-	return s
-}
-
-func (d *decoder) byte() byte {
-	if d.p >= len(d.s) {
-		d.fail()
-		return 0
-	}
-	b := d.s[d.p]
-	d.p++
-	return b
-}
-
-func (d *decoder) fixed64() uint64 {
-	if len(d.s)-d.p < 8 {
-		d.fail()
-		return 0
-	}
-	var v uint64
-	for i := 7; i >= 0; i-- {
-		v = v<<8 | uint64(d.s[d.p+i])
-	}
-	d.p += 8
-	return v
-}
-
-func (d *decoder) fail() {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w at byte %d", errCompact, d.p)
-	}
-	d.p = len(d.s)
+func newDecoder(s string, p int) *decoder {
+	return &decoder{allotv1.Reader{S: s, P: p, Base: errCompact}}
 }
 
 // call is one Acquire call, decoded from a compact record or converted
@@ -224,14 +164,14 @@ type keyArgs struct {
 // record decodes the next record into cl, reusing cl's and ents'
 // storage; ents holds the keys' descriptor entries (returned for reuse).
 func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
-	cl.agentID = d.str()
-	cl.requestID = d.uvarint()
-	cl.rulesVersion = d.uvarint()
-	fb := d.uvarint()
+	cl.agentID = d.Str()
+	cl.requestID = d.Uvarint()
+	cl.rulesVersion = d.Uvarint()
+	fb := d.Uvarint()
 	cl.fallback = uint32(min(fb, math.MaxUint32))
-	n := d.uvarint()
-	if n > uint64(len(d.s)-d.p) { // a key takes at least a byte
-		d.fail()
+	n := d.Uvarint()
+	if n > uint64(d.Left()) { // a key takes at least a byte
+		d.Fail()
 		return ents
 	}
 	cl.keys = cl.keys[:0]
@@ -239,10 +179,10 @@ func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
 	var dict [compactDict]string
 	nd := 0
 	dstr := func() string {
-		i := d.uvarint()
+		i := d.Uvarint()
 		switch {
 		case i == 0:
-			s := d.str()
+			s := d.Str()
 			if nd < compactDict {
 				dict[nd] = s
 				nd++
@@ -251,41 +191,41 @@ func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
 		case i <= uint64(nd):
 			return dict[i-1]
 		}
-		d.fail()
+		d.Fail()
 		return ""
 	}
 	for range n {
 		var k keyArgs
 		k.domain = dstr()
-		ne := d.uvarint()
-		if ne > uint64(len(d.s)-d.p) {
-			d.fail()
+		ne := d.Uvarint()
+		if ne > uint64(d.Left()) {
+			d.Fail()
 		}
-		if d.err != nil {
+		if d.Err != nil {
 			return ents
 		}
 		from := len(ents)
 		for range ne {
 			key := dstr()
-			ents = append(ents, rules.Entry{Key: key, Value: d.str()})
+			ents = append(ents, rules.Entry{Key: key, Value: d.Str()})
 		}
 		k.ef, k.et = from, len(ents)
-		flags := d.byte()
+		flags := d.Byte()
 		if flags&^(flagOutage<<1-1) != 0 {
-			d.fail()
+			d.Fail()
 		}
 		for i, f := range [...]*int64{&k.want, &k.held, &k.returned, &k.charged, &k.denied} {
 			if flags&(1<<i) != 0 {
-				*f = d.varint()
+				*f = d.Varint()
 			}
 		}
 		if flags&flagDemand != 0 {
-			k.demand = math.Float64frombits(d.fixed64())
+			k.demand = math.Float64frombits(d.Fixed64())
 		}
 		if flags&flagOutage != 0 {
-			k.outageCharged = d.varint()
+			k.outageCharged = d.Varint()
 		}
-		if d.err != nil {
+		if d.Err != nil {
 			return ents
 		}
 		cl.keys = append(cl.keys, k)
@@ -302,17 +242,17 @@ func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
 // malformed one: the caller must stop (a replica that applies part of an
 // entry has drifted).
 func (c *core) applyCompact(s string, lastNow int64) (*AcquireBatchResult, error) {
-	d := &decoder{s: s, p: 2}
+	d := newDecoder(s, 2)
 	if len(s) < 2 || s[0] != compactMarker {
 		return nil, fmt.Errorf("%w: no marker", errCompact)
 	}
 	if s[1] != compactVersion {
 		return nil, fmt.Errorf("%w: version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
-	now := int64(d.uvarint())
+	now := int64(d.Uvarint())
 	now = max(now, lastNow)
-	n := d.uvarint()
-	if d.err != nil || n > uint64(len(s)) {
+	n := d.Uvarint()
+	if d.Err != nil || n > uint64(len(s)) {
 		return nil, fmt.Errorf("%w: header", errCompact)
 	}
 	res := &AcquireBatchResult{
@@ -322,13 +262,13 @@ func (c *core) applyCompact(s string, lastNow int64) (*AcquireBatchResult, error
 	cl := &c.scr.call
 	for i := range int(n) {
 		c.scr.ents = d.record(cl, c.scr.ents)
-		if d.err != nil {
-			return nil, d.err
+		if d.Err != nil {
+			return nil, d.Err
 		}
 		res.Responses[i], res.Errs[i] = c.applyCall(cl, now, res)
 	}
-	if d.p != len(s) {
-		return nil, fmt.Errorf("%w: %d trailing bytes", errCompact, len(s)-d.p)
+	if d.P != len(s) {
+		return nil, fmt.Errorf("%w: %d trailing bytes", errCompact, len(s)-d.P)
 	}
 	return res, nil
 }
@@ -344,18 +284,18 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 	if s[1] != compactVersion {
 		return 0, nil, fmt.Errorf("%w: version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
-	d := &decoder{s: s, p: 2}
-	now = int64(d.uvarint())
-	n := d.uvarint()
-	if d.err != nil || n > uint64(len(s)) {
+	d := newDecoder(s, 2)
+	now = int64(d.Uvarint())
+	n := d.Uvarint()
+	if d.Err != nil || n > uint64(len(s)) {
 		return 0, nil, fmt.Errorf("%w: header", errCompact)
 	}
 	var cl call
 	var ents []rules.Entry
 	for range n {
 		ents = d.record(&cl, ents)
-		if d.err != nil {
-			return 0, nil, d.err
+		if d.Err != nil {
+			return 0, nil, d.Err
 		}
 		req := &allotv1.AcquireRequest{AgentId: cl.agentID, RequestId: cl.requestID, RulesVersion: cl.rulesVersion,
 			FallbackKeys: cl.fallback, Keys: make([]*allotv1.KeyAcquire, len(cl.keys))}
@@ -369,8 +309,8 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 		}
 		reqs = append(reqs, req)
 	}
-	if d.p != len(s) {
-		return 0, nil, fmt.Errorf("%w: %d trailing bytes", errCompact, len(s)-d.p)
+	if d.P != len(s) {
+		return 0, nil, fmt.Errorf("%w: %d trailing bytes", errCompact, len(s)-d.P)
 	}
 	return now, reqs, nil
 }

@@ -81,6 +81,8 @@ type options struct {
 	inflight     int
 	timeouts     string
 	profile      string
+	fprofile     string
+	packed       bool
 	env          string
 	args         string
 	gctrace      bool
@@ -104,12 +106,14 @@ func main() {
 	flag.IntVar(&o.maxInflight, "max-inflight-calls", 8192, "calls in flight at once over all clients; a call due beyond it waits (counted in its latency from the intended send)")
 	flag.DurationVar(&o.idle, "idle", 0, "after the throughput phase, stop the load and measure the allocators' CPU with no traffic for this long")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
+	flag.BoolVar(&o.packed, "packed-grants", true, "ask for the grants packed (AcquireRequest.packed_grants), as agents do; false: one KeyGrant message per key")
 	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward) or leader")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
 	flag.IntVar(&o.inflight, "max-inflight-batches", 0, "passed to the allocators (0: their default)")
 	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/250ms", "heartbeat/election/leader-lease timeouts")
 	flag.StringVar(&o.profile, "leader-cpuprofile", "", "write a CPU profile of the leader, taken during the throughput phase, to this file")
+	flag.StringVar(&o.fprofile, "follower-cpuprofile", "", "write a CPU profile of one follower, taken over the same window as -leader-cpuprofile, to this file")
 	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")
 	flag.StringVar(&o.args, "allocator-args", "", "extra space-separated flags for every allocator")
 	flag.BoolVar(&o.gctrace, "gctrace", false, "run the allocators with GODEBUG=gctrace=1 and report their GC pauses in the throughput phase")
@@ -277,11 +281,8 @@ func run(o options) error {
 	load0 := proccpu.LoadAvg()
 	cpu0 := sampleCPU(nodes)
 	start := time.Now()
-	if o.profile != "" {
-		secs := max(int(o.duration.Seconds())-1, 1)
-		if err := fetchProfile(nodes[leader], token, secs, o.profile); err != nil {
-			return err
-		}
+	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile); err != nil {
+		return err
 	}
 	time.Sleep(time.Until(start.Add(o.duration)))
 	elapsed := time.Since(start)
@@ -496,7 +497,7 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 		keys, keyN = l.keysFor(keyN)
 		ag := getAgent()
 		ag.req++
-		req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: keys}
+		req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: keys, PackedGrants: l.o.packed}
 		target := node
 		if l.o.target == "all" {
 			node = (node + 1) % len(clients)
@@ -594,7 +595,9 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 
 func (l *load) record(lat, fromIntended time.Duration, resp *allotv1.AcquireResponse) {
 	var ok, granted int64
-	for _, g := range resp.GetGrants() {
+	// Grants that do not decode count as no key answered OK.
+	grants, _ := allotv1.GrantsOf(resp)
+	for _, g := range grants {
 		if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_OK {
 			ok++
 			granted += g.GetGranted()
@@ -935,6 +938,30 @@ func scrapeAll(nodes []*node) ([]map[string]float64, error) {
 		out[i] = m
 	}
 	return out, nil
+}
+
+// fetchProfiles saves CPU profiles of the leader (to lpath) and of the
+// first follower (to fpath), taken at once over secs seconds; an empty
+// path skips that node.
+func fetchProfiles(nodes []*node, leader int, token string, secs int, lpath, fpath string) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, path := range []string{lpath, fpath} {
+		if path == "" {
+			continue
+		}
+		n := nodes[leader]
+		if i == 1 {
+			n = nodes[(leader+1)%len(nodes)]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fetchProfile(n, token, secs, path)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // fetchProfile saves a CPU profile of n taken over secs seconds.

@@ -388,10 +388,15 @@ type AcquireRequest struct {
 	AgentId string `protobuf:"bytes,1,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
 	// request_id increases strictly per agent_id. A retried call reuses the
 	// id and gets the recorded answer back; a smaller id is rejected.
-	RequestId     uint64        `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Keys          []*KeyAcquire `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`                                      // at most 1000
-	RulesVersion  uint64        `protobuf:"varint,4,opt,name=rules_version,json=rulesVersion,proto3" json:"rules_version,omitempty"` // the agent's current rules version (informational)
-	FallbackKeys  uint32        `protobuf:"varint,5,opt,name=fallback_keys,json=fallbackKeys,proto3" json:"fallback_keys,omitempty"` // keys the agent currently decides from its fallback bucket
+	RequestId    uint64        `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Keys         []*KeyAcquire `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`                                      // at most 1000
+	RulesVersion uint64        `protobuf:"varint,4,opt,name=rules_version,json=rulesVersion,proto3" json:"rules_version,omitempty"` // the agent's current rules version (informational)
+	FallbackKeys uint32        `protobuf:"varint,5,opt,name=fallback_keys,json=fallbackKeys,proto3" json:"fallback_keys,omitempty"` // keys the agent currently decides from its fallback bucket
+	// packed_grants asks for the grants in AcquireResponse.packed_grants
+	// (proto/allot/v1/packed.go) instead of one KeyGrant message per key. An
+	// allocator that does not know the field answers in grants, so a caller
+	// that sets it reads whichever is present (GrantsOf).
+	PackedGrants  bool `protobuf:"varint,6,opt,name=packed_grants,json=packedGrants,proto3" json:"packed_grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -459,6 +464,13 @@ func (x *AcquireRequest) GetFallbackKeys() uint32 {
 		return x.FallbackKeys
 	}
 	return 0
+}
+
+func (x *AcquireRequest) GetPackedGrants() bool {
+	if x != nil {
+		return x.PackedGrants
+	}
+	return false
 }
 
 // KeyAcquire is one key's report and request inside an Acquire.
@@ -576,12 +588,16 @@ func (x *KeyAcquire) GetOutageCharged() int64 {
 }
 
 type AcquireResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Grants        []*KeyGrant            `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`                            // one per request key, same order
-	LiveAgents    uint32                 `protobuf:"varint,2,opt,name=live_agents,json=liveAgents,proto3" json:"live_agents,omitempty"` // agents seen within the agent TTL, cluster-wide
-	RulesVersion  uint64                 `protobuf:"varint,3,opt,name=rules_version,json=rulesVersion,proto3" json:"rules_version,omitempty"`
-	LeaderId      string                 `protobuf:"bytes,4,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
-	NowUnixMs     int64                  `protobuf:"varint,5,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"` // the allocator time stamped into the committed command
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Grants       []*KeyGrant            `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`                            // one per request key, same order
+	LiveAgents   uint32                 `protobuf:"varint,2,opt,name=live_agents,json=liveAgents,proto3" json:"live_agents,omitempty"` // agents seen within the agent TTL, cluster-wide
+	RulesVersion uint64                 `protobuf:"varint,3,opt,name=rules_version,json=rulesVersion,proto3" json:"rules_version,omitempty"`
+	LeaderId     string                 `protobuf:"bytes,4,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	NowUnixMs    int64                  `protobuf:"varint,5,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"` // the allocator time stamped into the committed command
+	// packed_grants holds the grants, when the request asked for them packed:
+	// one record per request key, same order (format in packed.go).
+	PackedGrants  []byte   `protobuf:"bytes,6,opt,name=packed_grants,json=packedGrants,proto3" json:"packed_grants,omitempty"`
+	Limits        []*Limit `protobuf:"bytes,7,rep,name=limits,proto3" json:"limits,omitempty"` // the distinct limits packed_grants refers to
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -649,6 +665,20 @@ func (x *AcquireResponse) GetNowUnixMs() int64 {
 		return x.NowUnixMs
 	}
 	return 0
+}
+
+func (x *AcquireResponse) GetPackedGrants() []byte {
+	if x != nil {
+		return x.PackedGrants
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetLimits() []*Limit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
 }
 
 type KeyGrant struct {
@@ -3143,14 +3173,15 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\x05R\x06shards\x12\x1c\n" +
 	"\tunlimited\x18\v \x01(\bR\tunlimited\x12\x1b\n" +
 	"\trule_path\x18\f \x01(\tR\brulePath\x12\x18\n" +
-	"\arouting\x18\r \x01(\tR\arouting\"\xbe\x01\n" +
+	"\arouting\x18\r \x01(\tR\arouting\"\xe3\x01\n" +
 	"\x0eAcquireRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\x04R\trequestId\x12(\n" +
 	"\x04keys\x18\x03 \x03(\v2\x14.allot.v1.KeyAcquireR\x04keys\x12#\n" +
 	"\rrules_version\x18\x04 \x01(\x04R\frulesVersion\x12#\n" +
-	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\"\x84\x02\n" +
+	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\x12#\n" +
+	"\rpacked_grants\x18\x06 \x01(\bR\fpackedGrants\"\x84\x02\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
@@ -3161,14 +3192,16 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\acharged\x18\x06 \x01(\x03R\acharged\x12\x16\n" +
 	"\x06demand\x18\a \x01(\x01R\x06demand\x12\x16\n" +
 	"\x06denied\x18\b \x01(\x03R\x06denied\x12%\n" +
-	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\xc0\x01\n" +
+	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\x8e\x02\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +
 	"liveAgents\x12#\n" +
 	"\rrules_version\x18\x03 \x01(\x04R\frulesVersion\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1e\n" +
-	"\vnow_unix_ms\x18\x05 \x01(\x03R\tnowUnixMs\"\xec\x02\n" +
+	"\vnow_unix_ms\x18\x05 \x01(\x03R\tnowUnixMs\x12#\n" +
+	"\rpacked_grants\x18\x06 \x01(\fR\fpackedGrants\x12'\n" +
+	"\x06limits\x18\a \x03(\v2\x0f.allot.v1.LimitR\x06limits\"\xec\x02\n" +
 	"\bKeyGrant\x12+\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x13.allot.v1.KeyStatusR\x06status\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x18\n" +
@@ -3453,64 +3486,65 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	6,  // 1: allot.v1.AcquireRequest.keys:type_name -> allot.v1.KeyAcquire
 	2,  // 2: allot.v1.KeyAcquire.entries:type_name -> allot.v1.Entry
 	8,  // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
-	0,  // 4: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
-	4,  // 5: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
-	6,  // 6: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
-	12, // 7: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
-	12, // 8: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
-	18, // 9: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
-	2,  // 10: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
-	4,  // 11: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
-	18, // 12: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
-	23, // 13: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
-	26, // 14: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
-	3,  // 15: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
-	1,  // 16: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
-	4,  // 17: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
-	1,  // 18: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
-	29, // 19: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
-	32, // 20: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
-	41, // 21: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	9,  // 22: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	14, // 23: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	42, // 24: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	43, // 25: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	28, // 26: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	5,  // 27: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	32, // 28: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	5,  // 29: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	9,  // 30: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	11, // 31: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	14, // 32: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	16, // 33: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	17, // 34: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	20, // 35: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	22, // 36: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	25, // 37: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	28, // 38: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	31, // 39: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	34, // 40: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	36, // 41: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	38, // 42: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	7,  // 43: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	10, // 44: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	13, // 45: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	15, // 46: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	13, // 47: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	19, // 48: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	21, // 49: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	24, // 50: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	27, // 51: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	30, // 52: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	33, // 53: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	35, // 54: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	37, // 55: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	39, // 56: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	43, // [43:57] is the sub-list for method output_type
-	29, // [29:43] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	4,  // 4: allot.v1.AcquireResponse.limits:type_name -> allot.v1.Limit
+	0,  // 5: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
+	4,  // 6: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
+	6,  // 7: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
+	12, // 8: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
+	12, // 9: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
+	18, // 10: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
+	2,  // 11: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
+	4,  // 12: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
+	18, // 13: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
+	23, // 14: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
+	26, // 15: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
+	3,  // 16: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
+	1,  // 17: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
+	4,  // 18: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
+	1,  // 19: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
+	29, // 20: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
+	32, // 21: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
+	41, // 22: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	9,  // 23: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	14, // 24: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	42, // 25: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	43, // 26: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	28, // 27: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	5,  // 28: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	32, // 29: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	5,  // 30: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	9,  // 31: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	11, // 32: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	14, // 33: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	16, // 34: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	17, // 35: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	20, // 36: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	22, // 37: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	25, // 38: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	28, // 39: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	31, // 40: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	34, // 41: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	36, // 42: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	38, // 43: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	7,  // 44: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	10, // 45: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	13, // 46: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	15, // 47: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	13, // 48: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	19, // 49: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	21, // 50: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	24, // 51: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	27, // 52: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	30, // 53: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	33, // 54: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	35, // 55: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	37, // 56: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	39, // 57: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	44, // [44:58] is the sub-list for method output_type
+	30, // [30:44] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
