@@ -18,6 +18,12 @@ import (
 // so the commit cost (two fsyncs) is paid once per batch. At most
 // maxInflight batches are in Raft at once.
 //
+// With linger set, a batch is proposed no sooner than linger after the
+// one before it: calls that arrive close together share an entry (whose
+// append, fsyncs, replication and apply are paid per entry on every
+// node), while a call that comes after a pause of linger or more goes at
+// once. A call waits at most linger beyond what it waited before.
+//
 // The entry is a compact Acquire entry (state.AppendAcquireEntry): each
 // call's record is encoded by the caller's goroutine in submit, and the
 // batch joins them. With legacy set it is an AcquireBatch Command instead,
@@ -30,6 +36,10 @@ type batcher struct {
 	now func() int64
 	// legacy: propose AcquireBatch Commands, not compact entries.
 	legacy bool
+	// linger: the least time between two proposals (0: none).
+	linger time.Duration
+	// last is when the loop last proposed a batch (the loop's own).
+	last time.Time
 	// observe, when set, sees each committed batch: its calls and keys
 	// (metrics).
 	observe func(calls, keys int)
@@ -145,10 +155,17 @@ func (b *batcher) loop() {
 			case <-b.stop:
 				return
 			}
+			if !b.lingerWait() {
+				<-b.slots
+				return
+			}
 			batch := b.take()
 			if len(batch) == 0 {
 				<-b.slots
 				break
+			}
+			if b.linger > 0 {
+				b.last = time.Now()
 			}
 			if cap(b.slots) == 1 {
 				b.commit(batch)
@@ -162,6 +179,26 @@ func (b *batcher) loop() {
 				b.commit(batch)
 			}()
 		}
+	}
+}
+
+// lingerWait waits until linger has passed since the last proposal. It
+// reports false if the batcher closed meanwhile.
+func (b *batcher) lingerWait() bool {
+	if b.linger <= 0 {
+		return true
+	}
+	d := b.linger - time.Since(b.last)
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-b.stop:
+		return false
 	}
 }
 

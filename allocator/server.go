@@ -193,6 +193,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.batcher = newBatcher(s.proposeData, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
 	s.batcher.legacy = cfg.LegacyAcquireEntries
+	s.batcher.linger = max(cfg.BatchLinger, 0)
 	s.batcher.maxQueue = cfg.MaxQueuedAcquires
 	s.batcher.observe = s.metrics.observeBatch
 	s.batcher.queued = func(d time.Duration) { s.metrics.batchQueue.Observe(d.Seconds()) }

@@ -192,6 +192,63 @@ func TestBatcherCloseFailsQueuedAndErrorsReachEveryone(t *testing.T) {
 	b2.close()
 }
 
+// TestBatcherLinger: the first call is proposed at once; calls that come
+// within the linger of it wait and share the next entry; close during the
+// wait fails them with errShutdown, without proposing.
+func TestBatcherLinger(t *testing.T) {
+	fr := &fakeRaft{}
+	b := newBatcher(fr.propose, func() int64 { return 1 }, 100, 1<<20, 2)
+	b.linger = time.Hour
+	b.start()
+	if _, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			_, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: fmt.Sprint("b", i), RequestId: 1})
+			errs <- err
+		}()
+	}
+	waitFor(t, 5*time.Second, "2 calls queued", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 2
+	})
+	b.close()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, errShutdown) {
+			t.Errorf("lingering call = %v, want errShutdown", err)
+		}
+	}
+	if n := fr.count(); n != 1 {
+		t.Errorf("%d entries proposed, want 1 (the lingering calls were not)", n)
+	}
+
+	fr = &fakeRaft{}
+	b = newBatcher(fr.propose, func() int64 { return 1 }, 100, 1<<20, 2)
+	b.linger = time.Second
+	b.start()
+	defer b.close()
+	if _, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: fmt.Sprint("c", i), RequestId: 1}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := fr.count(); n != 2 || len(fr.batches[1]) != 3 {
+		t.Errorf("%d entries, the second of %d calls; want 2, the second of 3", n, len(fr.batches[n-1]))
+	}
+}
+
 func TestToStatusMapping(t *testing.T) {
 	hint := leaderHint{id: "n1", addr: "127.0.0.1:1"}
 	cases := []struct {

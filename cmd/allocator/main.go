@@ -114,6 +114,7 @@ func parse(args []string) (*options, error) {
 		snapAfter     = fs.Uint64("snapshot-threshold", def.SnapshotThreshold, "log entries since the last snapshot that trigger one")
 		maxInflight   = fs.Int("max-inflight-batches", def.MaxInflightBatches, "Acquire batches (Raft entries) in flight at once")
 		legacyEntries = fs.Bool("legacy-acquire-entries", false, "replicate Acquire batches as protobuf commands, which allocators older than compact entries apply (set on every node while upgrading from such a version)")
+		batchLinger   = fs.Duration("batch-linger", def.BatchLinger, "least time between two Acquire batches, so that calls close together share a Raft entry (negative: none)")
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 
@@ -176,7 +177,7 @@ func parse(args []string) (*options, error) {
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
 	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery
 	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
-	cfg.MaxInflightBatches, cfg.MaxBatchKeys = *maxInflight, *maxBatchKeys
+	cfg.MaxInflightBatches, cfg.MaxBatchKeys, cfg.BatchLinger = *maxInflight, *maxBatchKeys, *batchLinger
 	cfg.LegacyAcquireEntries = *legacyEntries
 	cfg.Logger = logger
 	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode}
