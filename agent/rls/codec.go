@@ -11,6 +11,7 @@ import (
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec requestCodec falls back on
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -30,7 +31,16 @@ import (
 // the standard codec, which then decides exactly as it would alone
 // (FuzzRequestCodec compares the two on arbitrary bytes). Marshal and every
 // other message type are the standard codec's.
+//
+// A RateLimitRequest that the standard codec refuses is not an error here:
+// gRPC would answer it Internal before any handler runs, as if the server
+// had failed. It decodes as a request whose domain is undecodable followed
+// by the codec's error, which ShouldRateLimit answers InvalidArgument.
 type requestCodec struct{ std encoding.CodecV2 }
+
+// undecodable starts the domain of a request requestCodec could not
+// decode: bytes that are not UTF-8, so no decoded request has them.
+const undecodable = "\xff\xfe"
 
 func newRequestCodec() requestCodec {
 	return requestCodec{std: encoding.GetCodecV2("proto")}
@@ -42,14 +52,21 @@ func (c requestCodec) Name() string { return "proto" }
 func (c requestCodec) Marshal(v any) (mem.BufferSlice, error) { return c.std.Marshal(v) }
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if req, ok := v.(*rlsv3.RateLimitRequest); ok && data.Len() <= maxFastRequest {
+	req, ok := v.(*rlsv3.RateLimitRequest)
+	if ok && data.Len() <= maxFastRequest {
 		b := make([]byte, data.Len())
 		data.CopyTo(b)
 		if decodeRequest(unsafe.String(unsafe.SliceData(b), len(b)), req) {
 			return nil
 		}
 	}
-	return c.std.Unmarshal(data, v)
+	err := c.std.Unmarshal(data, v)
+	if err != nil && ok {
+		proto.Reset(req)
+		req.Domain = undecodable + err.Error()
+		return nil
+	}
+	return err
 }
 
 // maxFastRequest bounds the requests decodeRequest takes (cmd/gateway

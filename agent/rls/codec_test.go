@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"strings"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -96,11 +97,14 @@ func FuzzRequestCodec(f *testing.F) {
 			t.Fatalf("decodeRequest(%q) declined but changed the message: %v", data, fast)
 		}
 		got := new(rlsv3.RateLimitRequest)
-		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(data)}, got)
-		if (err != nil) != (wantErr != nil) {
-			t.Fatalf("Unmarshal(%q): %v, proto.Unmarshal: %v", data, err, wantErr)
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(data)}, got); err != nil {
+			t.Fatalf("Unmarshal(%q): %v, want a request (marked undecodable when proto.Unmarshal fails)", data, err)
 		}
-		if err == nil && !proto.Equal(got, want) {
+		marked := strings.HasPrefix(got.GetDomain(), undecodable)
+		if marked != (wantErr != nil) {
+			t.Fatalf("Unmarshal(%q) marked undecodable %v (%v), proto.Unmarshal: %v", data, marked, got, wantErr)
+		}
+		if !marked && !proto.Equal(got, want) {
 			t.Fatalf("Unmarshal(%q) = %v, proto.Unmarshal %v", data, got, want)
 		}
 	})

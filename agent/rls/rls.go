@@ -31,6 +31,7 @@ import (
 	"log/slog"
 	"math"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,6 +134,10 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	if req.GetDomain() == "" {
 		s.byCode[outInvalid].Inc()
 		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: domain must not be empty")
+	}
+	if why, ok := strings.CutPrefix(req.GetDomain(), undecodable); ok {
+		s.byCode[outInvalid].Inc()
+		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: the request is not a valid RateLimitRequest (every string must be valid UTF-8): "+why)
 	}
 	in := req.GetDescriptors()
 	if len(in) == 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/allot/allot/agent"
 	"github.com/allot/allot/pkg/rules"
@@ -33,9 +36,11 @@ func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(dat
 func (rawCodec) Name() string                       { return "proto" }
 
 // TestInvalidTextIsInvalidArgument: descriptor values with control
-// characters are InvalidArgument; invalid UTF-8 bytes (sent pre-encoded, as
-// a client whose protobuf library does not check UTF-8 would) are refused
-// by the gRPC codec; valid multi-byte text is decided like any key.
+// characters are InvalidArgument, and so are invalid UTF-8 bytes (sent
+// pre-encoded, as a client whose protobuf library does not check UTF-8
+// would), which gRPC's decoder refuses before the handler runs (it said
+// Internal, as if the server had failed); valid multi-byte text is decided
+// like any key.
 func TestInvalidTextIsInvalidArgument(t *testing.T) {
 	set, err := rules.Compile(1, []rules.File{{Name: "rls.yaml", Source: []byte(testRules)}})
 	if err != nil {
@@ -63,7 +68,8 @@ func TestInvalidTextIsInvalidArgument(t *testing.T) {
 			t.Errorf("value %q: err %v, want InvalidArgument", v, err)
 		}
 	}
-	for _, bad := range []string{"\xff", "\xc0\xaf", "\xed\xa0\x80"} {
+	before := counted(t, srv.byCode[outInvalid])
+	for i, bad := range []string{"\xff", "\xc0\xaf", "\xed\xa0\x80"} {
 		// Encode with a same-length placeholder, then swap the bytes in.
 		ph := bytes.Repeat([]byte{'#'}, len(bad))
 		b, err := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "rls-test",
@@ -74,11 +80,11 @@ func TestInvalidTextIsInvalidArgument(t *testing.T) {
 		b = bytes.Replace(b, ph, []byte(bad), 1)
 		var out rlsv3.RateLimitResponse
 		err = cc.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", b, &out, grpc.ForceCodec(rawCodec{}))
-		// gRPC's codec refuses such a message before the handler runs, with
-		// Internal ("string field contains invalid UTF-8"): refused, and the
-		// agent never sees it.
-		if c := status.Code(err); c != codes.Internal && c != codes.InvalidArgument {
-			t.Errorf("value %s: err %v, want the request refused", fmt.Sprintf("%+q", "k"+bad), err)
+		if c := status.Code(err); c != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "UTF-8") {
+			t.Errorf("value %s: err %v, want InvalidArgument saying the strings must be UTF-8", fmt.Sprintf("%+q", "k"+bad), err)
+		}
+		if got := counted(t, srv.byCode[outInvalid]); got != before+float64(i+1) {
+			t.Errorf("value %s: %v requests counted invalid, want %v", fmt.Sprintf("%+q", "k"+bad), got, before+float64(i+1))
 		}
 	}
 	// Valid multi-byte text is a key like any other.
@@ -87,4 +93,14 @@ func TestInvalidTextIsInvalidArgument(t *testing.T) {
 	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("multi-byte key: %v", resp)
 	}
+}
+
+// counted reads a counter.
+func counted(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
