@@ -53,9 +53,11 @@ type Agent struct {
 	nextProbe   atomic.Int64  // Unix nanos of the breaker's next probe while open
 	talked      atomic.Bool   // an allocator has answered at least once
 
-	conns   []*grpc.ClientConn
-	clients []allotv1.AllocatorClient
-	names   []string // one per client, for logs
+	conns    []*grpc.ClientConn
+	clients  []allotv1.AllocatorClient
+	names    []string // one per client: its address (Allocators), for logs and leader hints
+	dialOpts []grpc.DialOption
+	rt       router // leader routing (route.go), owned like rf
 
 	rngMu sync.Mutex // guards rng
 	rng   *rand.Rand // Config.Rand; nil: the global source
@@ -146,6 +148,7 @@ func New(cfg Config) (*Agent, error) {
 		}
 	}
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	a.dialOpts = dial
 	for _, addr := range cfg.Allocators {
 		if len(cfg.Clients) > 0 {
 			break // the clients replace the connections
@@ -275,6 +278,7 @@ func (a *Agent) Close(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+		a.rt.close()
 		for _, c := range a.conns {
 			if err := c.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("agent: closing connection: %w", err))

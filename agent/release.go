@@ -72,7 +72,7 @@ func (a *Agent) release(ctx context.Context) error {
 		ok := a.sendWithin(ctx, func(ctx context.Context) bool {
 			cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
 			defer cancel()
-			_, err := a.clients[rf.addr].Release(cctx, req)
+			_, err := a.callRelease(cctx, req)
 			if err != nil {
 				lastErr = err
 				if retryable(err) {

@@ -30,7 +30,7 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	rf.unacked = b
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
 	start := time.Now()
-	resp, err := a.clients[rf.addr].Acquire(cctx, b.req)
+	resp, err := a.callAcquire(cctx, b.req) // to the leader: route.go
 	cancel()
 	a.met.callSeconds.Observe(time.Since(start).Seconds())
 	recv := a.loopNow()

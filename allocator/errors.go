@@ -11,6 +11,7 @@ import (
 
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // Errors the service returns before reaching Raft.
@@ -30,7 +31,7 @@ var (
 // ErrorInfo reasons and metadata keys carried by Unavailable statuses, so
 // that clients can tell "not applied, retry anywhere" from "outcome unknown".
 const (
-	errorDomain = "allot.v1"
+	errorDomain = allotv1.ErrorDomain
 	// ReasonNotLeader: the call was not applied; retrying is always safe.
 	ReasonNotLeader = "NOT_LEADER"
 	// ReasonLeadershipLost: the call may or may not have been applied;
@@ -42,8 +43,8 @@ const (
 	ReasonShuttingDown = "SHUTTING_DOWN"
 	// MetaLeaderID and MetaLeaderAddr are the ErrorInfo metadata keys of the
 	// leader hint (the leader's node id and gRPC address), when one is known.
-	MetaLeaderID   = "leader_id"
-	MetaLeaderAddr = "leader_addr"
+	MetaLeaderID   = allotv1.ErrorInfoLeaderID
+	MetaLeaderAddr = allotv1.ErrorInfoLeaderAddr
 )
 
 // leaderHint is the leader known to this node when an error is returned.

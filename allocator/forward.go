@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/allot/allot/pkg/tlsconfig"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // forwardedKey marks a call one node forwarded to another. A node that
@@ -151,7 +152,8 @@ func (s *Server) onLeader(ctx context.Context, idempotent bool,
 }
 
 // forward sends the call to the leader known to this node, marked as
-// forwarded.
+// forwarded. An answer from the leader carries the leader's address in the
+// response header allotv1.LeaderAddrHeader.
 func (s *Server) forward(ctx context.Context, remote func(context.Context, *grpc.ClientConn) error) error {
 	h := s.leaderHint()
 	if h.id == "" || h.addr == "" || h.id == s.cfg.NodeID {
@@ -172,5 +174,12 @@ func (s *Server) forward(ctx context.Context, remote func(context.Context, *grpc
 	start := time.Now()
 	err = remote(ctx, cc)
 	s.metrics.forwardLatency.Observe(time.Since(start).Seconds())
+	if err == nil {
+		// Tell the caller where the leader is, so that its next calls
+		// skip this hop (allotv1.LeaderAddrHeader). A call that is not a
+		// gRPC server stream (a test calling the service directly) has no
+		// header to set.
+		_ = grpc.SetHeader(ctx, metadata.Pairs(allotv1.LeaderAddrHeader, h.addr))
+	}
 	return err
 }

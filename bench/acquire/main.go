@@ -51,6 +51,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/internal/testproc"
@@ -107,7 +108,7 @@ func main() {
 	flag.DurationVar(&o.idle, "idle", 0, "after the throughput phase, stop the load and measure the allocators' CPU with no traffic for this long")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
 	flag.BoolVar(&o.packed, "packed-grants", true, "ask for the grants packed (AcquireRequest.packed_grants), as agents do; false: one KeyGrant message per key")
-	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward) or leader")
+	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward), leader, or follow (each client starts on a node and moves where a forwarded answer's leader header points, as agents do)")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
 	flag.IntVar(&o.inflight, "max-inflight-batches", 0, "passed to the allocators (0: their default)")
@@ -136,6 +137,9 @@ func run(o options) error {
 	}
 	if o.rate <= 0 || o.keysPerCall <= 0 || o.clients <= 0 || o.keyspace <= 0 || o.maxInflight <= 0 || o.hotKeys <= 0 {
 		return errors.New("rate, keys-per-call, clients, keyspace, hot-keys and max-inflight-calls must be positive")
+	}
+	if o.target != "all" && o.target != "leader" && o.target != "follow" {
+		return fmt.Errorf("-target %q: want all, leader or follow", o.target)
 	}
 	if o.mode != "grants" && o.mode != "fleet" {
 		return fmt.Errorf("-mode %q: want grants or fleet", o.mode)
@@ -257,6 +261,9 @@ func run(o options) error {
 	}
 
 	lg := newLoad(o, conns)
+	for _, n := range nodes {
+		lg.addrs = append(lg.addrs, n.GRPC)
+	}
 	leader, err := leaderIndex(admin, nodes)
 	if err != nil {
 		return err
@@ -373,6 +380,7 @@ func run(o options) error {
 type load struct {
 	o      options
 	conns  []*grpc.ClientConn
+	addrs  []string     // the nodes' gRPC addresses, as conns
 	pinned atomic.Int32 // node index all calls go to, or -1
 	sem    chan struct{}
 	keys   []*allotv1.KeyAcquire // -mode grants: one message per budget key, shared read-only
@@ -473,6 +481,8 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 		poolMu.Unlock()
 	}
 	node := c % len(clients)
+	var follow atomic.Int32 // -target follow: the node this client calls
+	follow.Store(int32(node))
 	keyN := c * 7919
 	for n := int64(0); ctx.Err() == nil; n++ {
 		intended := first.Add(time.Duration(n) * interval)
@@ -499,14 +509,17 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 		ag.req++
 		req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: keys, PackedGrants: l.o.packed}
 		target := node
-		if l.o.target == "all" {
+		switch l.o.target {
+		case "all":
 			node = (node + 1) % len(clients)
+		case "follow":
+			target = int(follow.Load())
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-l.sem }()
-			if l.send(ctx, clients, target, req, intended) {
+			if l.send(ctx, clients, target, req, intended, &follow) {
 				putAgent(ag)
 			}
 		}()
@@ -546,7 +559,7 @@ func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, int) {
 // is idempotent, on the next node) and records it. It reports false when
 // ctx ended first (the agent identity is then left unused: its last
 // request may or may not have been applied).
-func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node int, req *allotv1.AcquireRequest, intended time.Time) bool {
+func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node int, req *allotv1.AcquireRequest, intended time.Time, follow *atomic.Int32) bool {
 	c := &call{intended: intended}
 	l.mu.Lock()
 	l.inflight[c] = struct{}{}
@@ -570,11 +583,17 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 			l.mu.Unlock()
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := clients[target].Acquire(cctx, req)
+		var md metadata.MD
+		resp, err := clients[target].Acquire(cctx, req, grpc.Header(&md))
 		cancel()
 		if err == nil {
 			now := time.Now()
 			l.record(now.Sub(t0), now.Sub(intended), resp)
+			if v := md.Get(allotv1.LeaderAddrHeader); len(v) > 0 && l.o.target == "follow" {
+				if i := slices.Index(l.addrs, v[0]); i >= 0 {
+					follow.Store(int32(i))
+				}
+			}
 			return true
 		}
 		if ctx.Err() != nil {
@@ -584,6 +603,9 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 		l.errs++
 		l.mu.Unlock()
 		node = (node + 1) % len(clients)
+		if l.o.target == "follow" {
+			follow.Store(int32(node))
+		}
 		select {
 		case <-ctx.Done():
 			return false
