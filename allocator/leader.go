@@ -63,7 +63,8 @@ func (d *duties) stop() {
 // leaderDuties runs while this node leads: it waits for the FSM to catch up
 // (a Barrier), registers this node's addresses, applies the initial rules
 // to an empty rule set, and then commits an ExpireCommand every
-// ExpireInterval (with the idle-key sweep at most every SweepInterval).
+// ExpireInterval when a lease or agent is due (with the idle-key sweep at
+// most every SweepInterval).
 func (s *Server) leaderDuties(ctx context.Context) {
 	// Each step retries until it succeeds or leadership ends. Until the
 	// Barrier, this node's FSM may lag its own log: it is not ready and
@@ -99,7 +100,14 @@ func (s *Server) leaderDuties(ctx context.Context) {
 			return
 		case now := <-t.C:
 			sweep := now.Sub(lastSweep) >= s.cfg.SweepInterval
-			cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, s.st.Stats().ExpireBacklog), SkipSweep: !sweep}
+			stats := s.st.Stats()
+			cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, stats.ExpireBacklog), SkipSweep: !sweep}
+			// Nothing due: no entry, unless a sweep is due and there are
+			// keys to sweep. An idle group commits one Expire a
+			// SweepInterval while it tracks keys, none once it tracks none.
+			if (!sweep || stats.Keys == 0) && s.st.ExpireIdle(now.UnixNano(), cmd.MaxEntries) {
+				continue
+			}
 			if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: cmd}}); err != nil {
 				if ctx.Err() == nil {
 					s.log.Warn("expire failed", "err", err)

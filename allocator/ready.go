@@ -19,8 +19,9 @@ import (
 //   - as follower, its FSM has applied (not just been handed) every entry
 //     up to the commit index it first learned from the leader after it
 //     started (latched: later it must only stay within ReadyMaxLag), it
-//     can append to its log, and the newest entry it applied was appended
-//     by the leader at most ReadyMaxLag ago;
+//     can append to its log, it heard from the leader at most ReadyMaxLag
+//     ago, and it has not stayed behind the leader's commit index for
+//     longer than ReadyMaxLag (see followerLag);
 //   - if this node carries InitialRules, the rule set is not empty.
 type readiness struct {
 	Ready        bool   `json:"ready"`
@@ -34,8 +35,9 @@ type readiness struct {
 	// AppliedIndex moves when an entry is handed to it).
 	FSMIndex     uint64 `json:"fsm_index"`
 	RulesVersion uint64 `json:"rules_version"`
-	// LagMillis is how long ago the leader appended the newest entry this
-	// follower applied (-1: unknown or leader).
+	// LagMillis is how long this follower's state machine has been behind
+	// the commit index the leader sent it (0: caught up; -1: leader or
+	// unknown; see followerLag).
 	LagMillis int64  `json:"lag_ms"`
 	Reason    string `json:"reason,omitempty"`
 }
@@ -84,12 +86,30 @@ func (s *Server) readiness() readiness {
 
 // followerLag returns why a follower is not ready ("" when it is), and
 // fills rd.LagMillis.
+//
+// The lag needs no traffic: the leader sends every follower its commit
+// index at least every raft CommitTimeout, with or without entries, and a
+// heartbeat more often. A follower whose state machine has applied up to
+// that commit index is caught up (lag 0) however old its newest entry is.
+// One that is behind has been so since the first readiness check that saw
+// it behind (s.behindSince, cleared by a check that sees it caught up), and
+// at most since the leader appended the newest entry it applied: its lag
+// is the shorter of the two, so an entry that arrives after a quiet hour
+// is not an hour of lag, and a follower that stays behind under steady
+// traffic reports the age of what it applied. A follower that has not heard
+// from the leader for longer than the bound is lagging too.
 func (s *Server) followerLag(rd *readiness) string {
 	if e := s.node.appendErr.Load(); e != nil {
 		return fmt.Sprintf("cannot append to the raft log since %s: %v", e.since.UTC().Format(time.RFC3339), e.err)
 	}
-	if at := s.fsm.appliedAt.Load(); at != 0 {
-		rd.LagMillis = max(0, time.Since(time.Unix(0, at)).Milliseconds())
+	now := time.Now()
+	rd.LagMillis = 0
+	if rd.FSMIndex < rd.CommitIndex {
+		s.behindSince.CompareAndSwap(0, now.UnixNano())
+		from := max(s.behindSince.Load(), s.fsm.appliedAt.Load())
+		rd.LagMillis = max(0, now.Sub(time.Unix(0, from)).Milliseconds())
+	} else {
+		s.behindSince.Store(0)
 	}
 	if !s.caughtUp.Load() {
 		target := s.catchUpTarget.Load()
@@ -107,12 +127,15 @@ func (s *Server) followerLag(rd *readiness) string {
 			return fmt.Sprintf("catching up with the log: applied %d of %d", rd.FSMIndex, target)
 		}
 	}
-	if maxLag := s.maxLag(); maxLag > 0 && (rd.LagMillis < 0 || time.Duration(rd.LagMillis)*time.Millisecond > maxLag) {
-		if rd.LagMillis < 0 {
-			return "catching up with the log: no entry applied yet"
+	if maxLag := s.maxLag(); maxLag > 0 {
+		if last := s.node.raft.LastContact(); !last.IsZero() && now.Sub(last) > maxLag {
+			return fmt.Sprintf("lagging: no contact with the leader for %v (-ready-max-lag %v)",
+				now.Sub(last).Round(time.Millisecond), maxLag)
 		}
-		return fmt.Sprintf("lagging: the newest entry applied was appended %v ago (-ready-max-lag %v)",
-			time.Duration(rd.LagMillis)*time.Millisecond, maxLag)
+		if lag := time.Duration(rd.LagMillis) * time.Millisecond; lag > maxLag {
+			return fmt.Sprintf("lagging: behind the leader's commit index (applied %d of %d) for %v (-ready-max-lag %v)",
+				rd.FSMIndex, rd.CommitIndex, lag, maxLag)
+		}
 	}
 	s.caughtUp.Store(true)
 	return ""

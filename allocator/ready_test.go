@@ -109,8 +109,8 @@ func TestRestartReadyMeansCaughtUp(t *testing.T) {
 }
 
 // TestReadyzFollowerLag: a follower whose FSM stops applying goes unready
-// once its newest applied entry is older than ReadyMaxLag, and ready again
-// once it catches up.
+// once it has been behind the leader's commit index for longer than
+// ReadyMaxLag, and ready again once it catches up.
 func TestReadyzFollowerLag(t *testing.T) {
 	g := newGate(t)
 	var holdNode atomic.Int64
@@ -129,6 +129,9 @@ func TestReadyzFollowerLag(t *testing.T) {
 	f := followerNotBootstrap(tc)
 	tc.waitReady(f)
 	holdNode.Store(int64(f))
+	// An idle group commits nothing: an Acquire gives the follower an
+	// entry to hold.
+	commitOne(t, tc, "lag")
 	<-held
 	waitFor(t, 5*time.Second, "the lagging follower unready", func() bool {
 		rd := tc.node(f).readiness()
@@ -174,6 +177,46 @@ func TestReadyzCannotAppend(t *testing.T) {
 	if rd := tc.node(f).readiness(); rd.Ready || !strings.Contains(rd.Reason, "cannot append") {
 		t.Fatalf("readiness with failing appends = %+v", rd)
 	}
-	// The next successful append (an Expire within 100 ms) clears it.
+	// The next successful append clears it.
+	commitOne(t, tc, "append")
 	tc.waitReady(f)
+}
+
+// commitOne commits one Acquire (of a new agent, named by id) through the
+// leader.
+func commitOne(t *testing.T, tc *testCluster, id string) {
+	t.Helper()
+	alloc, _ := tc.clients(tc.leader())
+	if _, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: id, RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", id, 1)}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReadyzIdle: a group with nothing due commits no entry, and its
+// followers stay ready however long ago their newest entry was appended
+// (readiness needs no periodic entries: see followerLag).
+func TestReadyzIdle(t *testing.T) {
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ReadyMaxLag = 300 * time.Millisecond })
+	f := followerNotBootstrap(tc)
+	tc.waitReady(f)
+	l := tc.leader()
+	// The leader's duties (registration, initial rules) are done once
+	// every node is a member.
+	tc.waitMembers(3)
+	last := tc.node(l).node.raft.LastIndex()
+	waitFor(t, 5*time.Second, "the leader's log to settle", func() bool {
+		n := tc.node(l).node.raft.LastIndex()
+		settled := n == last
+		last = n
+		return settled && tc.node(f).readiness().FSMIndex == n
+	})
+	for end := time.Now().Add(4 * tc.node(f).maxLag()); time.Now().Before(end); {
+		if rd := tc.node(f).readiness(); !rd.Ready {
+			t.Fatalf("idle follower unready: %+v", rd)
+		}
+		time.Sleep(20 * time.Millisecond) // sampling a condition that must hold throughout
+	}
+	if n := tc.node(l).node.raft.LastIndex(); n != last {
+		t.Fatalf("idle leader appended entries %d..%d", last+1, n)
+	}
 }

@@ -69,10 +69,13 @@ type Server struct {
 	// Readiness (ready.go): catchUpTarget is the commit index this node
 	// must apply before it first serves (0: not learned yet); caughtUp
 	// latches once it has; barrierTerm is the term in which this node, as
-	// leader, completed its Barrier.
+	// leader, completed its Barrier; behindSince is when a readiness check
+	// first saw this follower's FSM behind its commit index (Unix nanos;
+	// 0: caught up at the last check).
 	catchUpTarget atomic.Uint64
 	caughtUp      atomic.Bool
 	barrierTerm   atomic.Uint64
+	behindSince   atomic.Int64
 
 	// joinToken is the admin token presented when joining without a
 	// certificate (nil: none).

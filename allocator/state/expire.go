@@ -127,3 +127,27 @@ func idle(l bucket.Limit, st bucket.State, now int64) bool {
 	z := l.Peek(bucket.State{}, now)
 	return p.Remaining >= z.Remaining && p.ResetAfter <= z.ResetAfter
 }
+
+// ExpireIdle reports whether an Expire at now with the given MaxEntries
+// would end no lease and forget no agent, with no arena compaction under
+// way: the leader need not commit one then, except to sweep. It reads
+// the state only, under the read lock; the agents are scanned (thousands
+// at most).
+func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	sec := floorDiv(now, 1e9)
+	if maxEntries > 0 {
+		sec-- // as applyExpire: whole past seconds only
+	}
+	if len(c.wheel.secs) > 0 && c.wheel.secs[0] <= sec || c.old != nil {
+		return false
+	}
+	for _, a := range c.agents {
+		if now-a.lastContact >= int64(c.cfg.AgentTTL) {
+			return false
+		}
+	}
+	return true
+}

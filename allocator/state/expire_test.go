@@ -94,3 +94,39 @@ func TestExpireBudgetEarliestFirst(t *testing.T) {
 		}
 	}
 }
+
+// When ExpireIdle says an Expire has nothing to do, applying one ends no
+// lease and forgets no agent; and once leases are due it says so.
+func TestPropertyExpireIdle(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		s := newTestState(t)
+		now := at(0)
+		for k := range rapid.IntRange(0, 20).Draw(t, "keys") {
+			now += int64(rapid.IntRange(0, 3000).Draw(t, fmt.Sprint("gap", k))) * int64(time.Millisecond)
+			agent := rapid.SampledFrom(propAgents).Draw(t, "agent")
+			mustAcquire(t, s, now, agent, uint64(k+1), ka("big", fmt.Sprint(k), 1, 0, 0, 0))
+		}
+		for range rapid.IntRange(1, 10).Draw(t, "expires") {
+			now += int64(rapid.IntRange(0, 200_000).Draw(t, "later_ms")) * int64(time.Millisecond)
+			budget := uint32(rapid.IntRange(0, 3).Draw(t, "budget"))
+			idle := s.ExpireIdle(now, budget)
+			before := s.Stats()
+			s.Apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{MaxEntries: budget, SkipSweep: true}}})
+			after := s.Stats()
+			if idle && (after.Leases != before.Leases || after.Agents != before.Agents) {
+				t.Fatalf("ExpireIdle(%d) = true, but the Expire took leases %d → %d, agents %d → %d",
+					now, before.Leases, after.Leases, before.Agents, after.Agents)
+			}
+		}
+		// Past every lease and agent TTL, something is due until an
+		// Expire has ended it all.
+		now += int64(10 * time.Minute)
+		if before := s.Stats(); before.Agents > 0 && s.ExpireIdle(now, 0) {
+			t.Fatalf("ExpireIdle past every TTL with %d agents and %d leases", before.Agents, before.Leases)
+		}
+		expire(s, now)
+		if !s.ExpireIdle(now, 0) {
+			t.Fatalf("ExpireIdle false after an unbounded Expire ended everything (%+v)", s.Stats())
+		}
+	})
+}
