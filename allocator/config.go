@@ -208,12 +208,15 @@ type Config struct {
 	// (default 10 s).
 	KeepaliveMinTime, KeepaliveTime, KeepaliveTimeout time.Duration
 
-	// ReadyMaxLag: a follower whose newest applied entry was appended by
-	// the leader longer ago than this is not ready (/readyz 503; default
-	// 5 s, negative: no bound). The leader commits an Expire every
-	// ExpireInterval, so a follower in step stays well within it; the
-	// clocks of the two hosts must agree to within a fraction of it. The
-	// bound in effect is at least three ExpireIntervals.
+	// ReadyMaxLag: a follower that has been behind the commit index the
+	// leader sent it, or has not heard from the leader, for longer than
+	// this is not ready (/readyz 503; default 5 s, negative: no bound).
+	// The leader sends its commit index every Raft CommitTimeout (50 ms)
+	// with or without entries, so a follower in step, idle or not, stays
+	// well within it. The lag is bounded by the age of the newest applied
+	// entry, which the leader stamps: the clocks of the two hosts must
+	// agree to within a fraction of it. The bound in effect is at least
+	// three ExpireIntervals.
 	ReadyMaxLag time.Duration
 
 	// RecoverFromSnapshot starts a node whose raft.db is missing, empty,

@@ -768,8 +768,23 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 	}
 	load0 := proccpu.LoadAvg()
 	s0 := sampleCPU(nodes)
-	time.Sleep(d)
-	s1 := sampleCPU(nodes)
+	// Leases granted by the load end during the first seconds (their TTL)
+	// and Go returns the load's memory: each tenth of the window is
+	// reported too, so the settled cost can be told from that tail.
+	tenths := make([]string, 0, 10)
+	prev := s0
+	for i := range 10 {
+		time.Sleep(time.Until(s0.at.Add(d * time.Duration(i+1) / 10)))
+		cur := sampleCPU(nodes)
+		var all time.Duration
+		for j := range nodes {
+			all += cur.nodes[j] - prev.nodes[j]
+		}
+		secs := cur.at.Sub(prev.at).Seconds()
+		tenths = append(tenths, fmt.Sprintf("%.1f/%.1f", 100*(cur.nodes[leader]-prev.nodes[leader]).Seconds()/secs, 100*all.Seconds()/secs))
+		prev = cur
+	}
+	s1 := prev
 	m1, err := scrapeAll(nodes)
 	if err != nil {
 		return err
@@ -778,6 +793,7 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 		d, m0[leader]["allot_allocator_keys"], m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_leases"])
 	fmt.Print("idle ")
 	cpuReport(nodes, leader, s0, s1, 0, "")
+	fmt.Printf("idle cpu by tenths of the window (leader/allocators, %% of a core): %s\n", strings.Join(tenths, " "))
 	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	return nil
 }

@@ -132,7 +132,7 @@ func parse(args []string) (*options, error) {
 		insecure      = fs.Bool("insecure", false, "allow a non-loopback -grpc-addr or -raft-addr without client certificates or an admin token (logs a WARN at start and every hour)")
 		pprofOn       = fs.Bool("pprof", false, "serve /debug/pprof/ on -http-addr, to an admin bearer token only (needs -admin-token-file)")
 		recoverSnap   = fs.Bool("recover-from-snapshot", false, "start a node whose raft.db is missing, empty, damaged or rolled back from its newest snapshot (the file is moved aside; entries after the snapshot are lost on this node)")
-		readyMaxLag   = fs.Duration("ready-max-lag", def.ReadyMaxLag, "a follower whose newest applied entry is older than this answers /readyz 503 (negative: no bound)")
+		readyMaxLag   = fs.Duration("ready-max-lag", def.ReadyMaxLag, "a follower behind the leader's commit index, or out of contact with the leader, for longer than this answers /readyz 503 (negative: no bound)")
 		otelOn        = fs.Bool("otel", false, "OpenTelemetry tracing: export spans of Acquire, admin and forwarded calls over OTLP, configured by the OTEL_* environment variables (docs/operations.md#tracing)")
 		ruleFiles     stringList
 		rulesXDS      = fs.String("rules-xds", "", "xDS server HOST:PORT: the leader subscribes (ADS, state of the world) to RateLimitConfig resources and commits each update as the rule set (docs/rules.md)")

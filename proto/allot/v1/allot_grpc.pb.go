@@ -42,8 +42,14 @@ const (
 type AllocatorClient interface {
 	// Acquire renews, returns and charges many keys in one call. It is
 	// idempotent per (agent_id, request_id): a retry returns the same grants.
+	// Any node answers; a follower forwards the call to the leader and names
+	// the leader's gRPC address in the response header x-allot-leader-addr
+	// (allotv1.LeaderAddrHeader), so that the caller sends its next calls
+	// there. An Unavailable answer names the leader, when known, in an
+	// ErrorInfo (domain allot.v1, metadata leader_id and leader_addr).
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
-	// Release hands back unspent tokens and ends the agent's leases.
+	// Release hands back unspent tokens and ends the agent's leases. It is
+	// routed like Acquire.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// WatchRules streams the current rule set, then every new version.
 	WatchRules(ctx context.Context, in *WatchRulesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RuleSet], error)
@@ -102,8 +108,14 @@ type Allocator_WatchRulesClient = grpc.ServerStreamingClient[RuleSet]
 type AllocatorServer interface {
 	// Acquire renews, returns and charges many keys in one call. It is
 	// idempotent per (agent_id, request_id): a retry returns the same grants.
+	// Any node answers; a follower forwards the call to the leader and names
+	// the leader's gRPC address in the response header x-allot-leader-addr
+	// (allotv1.LeaderAddrHeader), so that the caller sends its next calls
+	// there. An Unavailable answer names the leader, when known, in an
+	// ErrorInfo (domain allot.v1, metadata leader_id and leader_addr).
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
-	// Release hands back unspent tokens and ends the agent's leases.
+	// Release hands back unspent tokens and ends the agent's leases. It is
+	// routed like Acquire.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// WatchRules streams the current rule set, then every new version.
 	WatchRules(*WatchRulesRequest, grpc.ServerStreamingServer[RuleSet]) error
