@@ -24,8 +24,8 @@ import (
 // maxHintConns such connections held (the least recently used is closed)
 // and at most one new one dialed per hintDialInterval, so a bad hint costs
 // a bounded number of connections. A hinted address whose call fails is
-// not followed again for hintBackoff: the loop falls back to its list, as
-// without hints. An Unavailable answer with a hint to another address is
+// not followed again for hintBackoff, doubling with each failure in a row:
+// the loop falls back to its list, as without hints. An Unavailable answer with a hint to another address is
 // retried there at once, and counts as no failure.
 
 const (
@@ -35,8 +35,11 @@ const (
 	// hintDialInterval is the least time between two such dials.
 	hintDialInterval = time.Second
 	// hintBackoff is how long a hinted address whose call failed is
-	// ignored.
-	hintBackoff = 10 * time.Second
+	// ignored; it doubles with each failure in a row, up to
+	// maxHintBackoff (an address the agent cannot use, a name its TLS
+	// configuration does not accept, costs a call every few minutes).
+	hintBackoff    = 10 * time.Second
+	maxHintBackoff = 5 * time.Minute
 )
 
 // router is the refill loop's choice of connection beyond the configured
@@ -54,6 +57,7 @@ type hintConn struct {
 	client   allotv1.AllocatorClient
 	used     time.Time // last chosen (least recently used is closed first)
 	badUntil time.Time // a call failed: not followed before then
+	fails    int       // failed calls in a row
 }
 
 // target returns the client the loop calls and its address.
@@ -82,31 +86,25 @@ func (a *Agent) callRelease(ctx context.Context, req *allotv1.ReleaseRequest) (*
 // routed makes one call, and at most one more to the leader an Unavailable
 // answer names. ctx bounds both.
 func routed[R any](a *Agent, ctx context.Context, call func(context.Context, allotv1.AllocatorClient, ...grpc.CallOption) (R, error)) (R, error) {
-	c, addr := a.target()
-	var md metadata.MD
-	resp, err := call(ctx, c, grpc.Header(&md))
-	if err == nil {
-		if v := md.Get(allotv1.LeaderAddrHeader); len(v) > 0 {
-			a.follow(v[0])
+	for redirected := false; ; redirected = true {
+		c, addr := a.target()
+		var md metadata.MD
+		resp, err := call(ctx, c, grpc.Header(&md))
+		if err == nil {
+			if h := a.rt.cur; h != nil {
+				h.fails = 0
+			}
+			if v := md.Get(allotv1.LeaderAddrHeader); len(v) > 0 {
+				a.follow(v[0])
+			}
+			return resp, nil
 		}
-		return resp, nil
-	}
-	a.callFailedAt(addr)
-	hint := hintOf(err)
-	if hint == "" || hint == addr || ctx.Err() != nil || !a.follow(hint) {
-		return resp, err
-	}
-	c, _ = a.target()
-	md = nil
-	resp, err = call(ctx, c, grpc.Header(&md))
-	if err == nil {
-		if v := md.Get(allotv1.LeaderAddrHeader); len(v) > 0 {
-			a.follow(v[0])
+		a.callFailedAt(addr)
+		hint := hintOf(err)
+		if redirected || hint == "" || hint == addr || ctx.Err() != nil || !a.follow(hint) {
+			return resp, err
 		}
-		return resp, nil
 	}
-	a.callFailedAt(hint)
-	return resp, err
 }
 
 // follow moves the loop to the leader at addr: the configured connection
@@ -160,7 +158,8 @@ func (a *Agent) follow(addr string) bool {
 func (a *Agent) callFailedAt(addr string) {
 	rt := &a.rt
 	if h := rt.conns[addr]; h != nil {
-		h.badUntil = time.Now().Add(hintBackoff)
+		h.fails++
+		h.badUntil = time.Now().Add(min(hintBackoff<<min(h.fails-1, 10), maxHintBackoff))
 		if rt.cur == h {
 			rt.cur = nil
 		}
