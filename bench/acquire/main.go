@@ -77,6 +77,7 @@ type options struct {
 	keyspace     int
 	failovers    int
 	target       string
+	idleProfile  string
 	bin          string
 	dir          string
 	inflight     int
@@ -106,6 +107,7 @@ func main() {
 	flag.Float64Var(&o.coldFraction, "cold-fraction", 0.85, "-mode fleet: share of each call's keys that are cold first uses")
 	flag.IntVar(&o.maxInflight, "max-inflight-calls", 8192, "calls in flight at once over all clients; a call due beyond it waits (counted in its latency from the intended send)")
 	flag.DurationVar(&o.idle, "idle", 0, "after the throughput phase, stop the load and measure the allocators' CPU with no traffic for this long")
+	flag.StringVar(&o.idleProfile, "idle-cpuprofile", "", "with -idle: write a CPU profile of the leader, taken during the second half of the idle window, to this file")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
 	flag.BoolVar(&o.packed, "packed-grants", true, "ask for the grants packed (AcquireRequest.packed_grants), as agents do; false: one KeyGrant message per key")
 	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward), leader, or follow (each client starts on a node and moves where a forwarded answer's leader header points, as agents do)")
@@ -312,7 +314,7 @@ func run(o options) error {
 	if o.idle > 0 {
 		cancel()
 		wg.Wait()
-		if err := idleReport(nodes, leader, o.idle); err != nil {
+		if err := idleReport(nodes, leader, o.idle, token, o.idleProfile); err != nil {
 			return err
 		}
 		ctx, cancel = context.WithCancel(context.Background())
@@ -760,7 +762,7 @@ func cpuReport(nodes []*node, leader int, s0, s1 cpuSample, keys int64, unit str
 // idleReport measures the allocators' CPU with no traffic over d, after
 // the calls in flight have drained, with the tracked keys and leases at
 // its start and end.
-func idleReport(nodes []*node, leader int, d time.Duration) error {
+func idleReport(nodes []*node, leader int, d time.Duration, token, profile string) error {
 	time.Sleep(2 * time.Second) // the last batches commit and apply everywhere
 	m0, err := scrapeAll(nodes)
 	if err != nil {
@@ -771,6 +773,15 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 	// Leases granted by the load end during the first seconds (their TTL)
 	// and Go returns the load's memory: each tenth of the window is
 	// reported too, so the settled cost can be told from that tail.
+	profiled := make(chan error, 1)
+	if profile != "" {
+		go func() { // waited for below
+			time.Sleep(time.Until(s0.at.Add(d / 2)))
+			profiled <- fetchProfile(nodes[leader], token, max(int(d.Seconds())/2-1, 1), profile)
+		}()
+	} else {
+		profiled <- nil
+	}
 	tenths := make([]string, 0, 10)
 	prev := s0
 	for i := range 10 {
@@ -785,6 +796,9 @@ func idleReport(nodes []*node, leader int, d time.Duration) error {
 		prev = cur
 	}
 	s1 := prev
+	if err := <-profiled; err != nil {
+		return err
+	}
 	m1, err := scrapeAll(nodes)
 	if err != nil {
 		return err
