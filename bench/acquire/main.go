@@ -805,6 +805,10 @@ func idleReport(nodes []*node, leader int, d time.Duration, token, profile strin
 	}
 	fmt.Printf("idle: no traffic for %v; leader tracks %.0f keys and %.0f leases at the start, %.0f keys and %.0f leases at the end\n",
 		d, m0[leader]["allot_allocator_keys"], m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_leases"])
+	exp := `allot_allocator_fsm_apply_seconds_%s{type="expire"}`
+	expN := m1[leader][fmt.Sprintf(exp, "count")] - m0[leader][fmt.Sprintf(exp, "count")]
+	fmt.Printf("idle: the leader applied %.0f Expire entries (%.1f/s) taking %v in its FSM\n", expN, expN/d.Seconds(),
+		time.Duration((m1[leader][fmt.Sprintf(exp, "sum")]-m0[leader][fmt.Sprintf(exp, "sum")])*float64(time.Second)).Round(time.Microsecond))
 	fmt.Print("idle ")
 	cpuReport(nodes, leader, s0, s1, 0, "")
 	fmt.Printf("idle cpu by tenths of the window (leader/allocators, %% of a core): %s\n", strings.Join(tenths, " "))
