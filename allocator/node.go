@@ -53,8 +53,10 @@ type node struct {
 	markMu   sync.Mutex // guards mark
 	// mark is the watermark last read or written (datadir.go).
 	mark watermark
-	// appendErr is set while appends to the log fail (see watchedLog).
-	appendErr atomic.Pointer[appendFailure]
+	// appendErr is set while appends to the log fail, and appendStart
+	// (Unix nanos) while one runs (see watchedLog).
+	appendErr   atomic.Pointer[appendFailure]
+	appendStart atomic.Int64
 }
 
 // openNode opens the stores in cfg.DataDir, checks them, and starts Raft
@@ -191,7 +193,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	// follower; the cache answers from memory instead of a bolt read and
 	// a msgpack decode on the commit path. Writes still go to bolt (and
 	// are fsynced) before they are cached.
-	logs, err := raft.NewLogCache(logCacheEntries, &watchedLog{LogStore: n.store, failed: &n.appendErr})
+	logs, err := raft.NewLogCache(logCacheEntries, &watchedLog{LogStore: n.store, failed: &n.appendErr, running: &n.appendStart})
 	if err != nil {
 		return nil, fmt.Errorf("allocator: raft log cache: %w", err)
 	}

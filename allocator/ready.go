@@ -97,7 +97,8 @@ func (s *Server) readiness() readiness {
 // is the shorter of the two, so an entry that arrives after a quiet hour
 // is not an hour of lag, and a follower that stays behind under steady
 // traffic reports the age of what it applied. A follower that has not heard
-// from the leader for longer than the bound is lagging too.
+// from the leader for longer than the bound, or whose log append has been
+// running for that long, is lagging too.
 func (s *Server) followerLag(rd *readiness) string {
 	if e := s.node.appendErr.Load(); e != nil {
 		return fmt.Sprintf("cannot append to the raft log since %s: %v", e.since.UTC().Format(time.RFC3339), e.err)
@@ -128,6 +129,13 @@ func (s *Server) followerLag(rd *readiness) string {
 		}
 	}
 	if maxLag := s.maxLag(); maxLag > 0 {
+		// A follower stuck in an append (a stalled disk) still answers
+		// heartbeats, which bypass its log, and learns no new commit
+		// index: its hung append is the sign.
+		if at := s.node.appendStart.Load(); at != 0 && now.Sub(time.Unix(0, at)) > maxLag {
+			return fmt.Sprintf("lagging: a raft log append has been running for %v (-ready-max-lag %v)",
+				now.Sub(time.Unix(0, at)).Round(time.Millisecond), maxLag)
+		}
 		if last := s.node.raft.LastContact(); !last.IsZero() && now.Sub(last) > maxLag {
 			return fmt.Sprintf("lagging: no contact with the leader for %v (-ready-max-lag %v)",
 				now.Sub(last).Round(time.Millisecond), maxLag)
@@ -212,15 +220,21 @@ type appendFailure struct {
 }
 
 // watchedLog is the node's log store with its append failures recorded: a
-// follower that cannot append (a full disk) is not ready.
+// follower that cannot append (a full disk) is not ready, nor is one whose
+// append has hung (a stalled disk) for longer than the lag bound.
 type watchedLog struct {
 	raft.LogStore
-	failed *atomic.Pointer[appendFailure]
+	failed  *atomic.Pointer[appendFailure]
+	running *atomic.Int64 // Unix nanos when the running append started (0: none)
 }
 
 func (w *watchedLog) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 
 func (w *watchedLog) StoreLogs(logs []*raft.Log) error {
+	if w.running != nil {
+		w.running.Store(time.Now().UnixNano())
+		defer w.running.Store(0)
+	}
 	err := w.LogStore.StoreLogs(logs)
 	if err != nil {
 		if w.failed.Load() == nil {

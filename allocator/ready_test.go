@@ -220,3 +220,42 @@ func TestReadyzIdle(t *testing.T) {
 		t.Fatalf("idle leader appended entries %d..%d", last+1, n)
 	}
 }
+
+// blockedLog is a log store whose appends wait for release.
+type blockedLog struct {
+	raft.LogStore
+	release chan struct{}
+}
+
+func (b *blockedLog) StoreLogs([]*raft.Log) error { <-b.release; return nil }
+
+// TestReadyzAppendHung: an append that hangs (a stalled disk) is recorded
+// while it runs, and a follower whose append has run longer than the lag
+// bound is unready (it still answers heartbeats, so its leader contact
+// looks fresh), and ready again once the append returns.
+func TestReadyzAppendHung(t *testing.T) {
+	var failed atomic.Pointer[appendFailure]
+	var running atomic.Int64
+	w := &watchedLog{LogStore: &blockedLog{release: make(chan struct{})}, failed: &failed, running: &running}
+	done := make(chan error, 1)
+	go func() { done <- w.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand}}) }()
+	waitFor(t, 5*time.Second, "the running append recorded", func() bool { return running.Load() != 0 })
+	close(w.LogStore.(*blockedLog).release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if running.Load() != 0 {
+		t.Fatal("finished append still recorded as running")
+	}
+
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ReadyMaxLag = 300 * time.Millisecond })
+	f := followerNotBootstrap(tc)
+	tc.waitReady(f)
+	n := tc.node(f)
+	n.node.appendStart.Store(time.Now().Add(-time.Second).UnixNano())
+	if rd := n.readiness(); rd.Ready || !strings.Contains(rd.Reason, "append has been running") {
+		t.Fatalf("readiness with an append running for 1 s = %+v", rd)
+	}
+	n.node.appendStart.Store(0)
+	tc.waitReady(f)
+}
