@@ -22,8 +22,9 @@ type Config struct {
 	// bytes.
 	ID string
 	// Allocators are the gRPC addresses of allocator nodes (any member
-	// works). Empty (and no Clients): standalone, every decision is local
-	// (Rules/RulesFiles).
+	// works: the refill loop then follows the leader a member names, see
+	// the package doc). Empty (and no Clients): standalone, every decision
+	// is local (Rules/RulesFiles).
 	Allocators []string
 	// DialOptions are added to every allocator connection. Without transport
 	// credentials among them, connections are insecure (plaintext).

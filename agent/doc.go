@@ -97,6 +97,12 @@
 // agent, at the time the call was first sent plus lease_ttl_ms minus a
 // safety margin: never later than the allocator's own expiry.
 //
+// Calls go to the leader: a follower forwards them, and names the leader in
+// its answer, so the loop moves to that address (one of Config.Allocators,
+// or dialed with Config.DialOptions; see route.go) and the follower's hop
+// is paid once per leader change. An Unavailable answer that names the
+// leader is retried there at once and is not a failure.
+//
 // # When the allocator is unreachable
 //
 // A circuit breaker opens after Config.FailureThreshold consecutive failed
