@@ -196,7 +196,7 @@ func commitOne(t *testing.T, tc *testCluster, id string) {
 // followers stay ready however long ago their newest entry was appended
 // (readiness needs no periodic entries: see followerLag).
 func TestReadyzIdle(t *testing.T) {
-	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ReadyMaxLag = 300 * time.Millisecond })
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ReadyMaxLag = 500 * time.Millisecond })
 	f := followerNotBootstrap(tc)
 	tc.waitReady(f)
 	l := tc.leader()
