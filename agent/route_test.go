@@ -145,7 +145,7 @@ func TestRouteNotLeaderRedirects(t *testing.T) {
 	s, fol, leader := routeSetup(t, func(f, _ string) []string { return []string{f} })
 	fol.refuse.Store(true)
 	acquireOnce(t, s, "r1")
-	if f := s.rf.br.Failures(); f != 0 {
+	if f := s.rf.core.Failures(); f != 0 {
 		t.Fatalf("breaker failures %d after a redirect, want 0", f)
 	}
 	if s.rt.cur == nil || s.rt.cur.addr != leader {
@@ -178,8 +178,8 @@ func TestRouteBadHint(t *testing.T) {
 		check(t, s.Agent, desc("api_key", "b"+string(rune('2'+i))))
 		s.step()
 	}
-	if s.rf.br.Open() {
-		t.Fatalf("breaker open after a bad hint (%d failures)", s.rf.br.Failures())
+	if s.breakerOpen.Load() {
+		t.Fatalf("breaker open after a bad hint (%d failures)", s.rf.core.Failures())
 	}
 	if s.rt.cur != nil {
 		t.Fatalf("still following the dead address %s", s.rt.cur.addr)
@@ -209,7 +209,7 @@ func TestRouteBadHint(t *testing.T) {
 	if n := len(s.rt.conns); n > maxHintConns {
 		t.Fatalf("%d hint connections, want at most %d", n, maxHintConns)
 	}
-	if s.rf.br.Open() {
+	if s.breakerOpen.Load() {
 		t.Fatal("breaker open after changing hints")
 	}
 }
