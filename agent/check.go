@@ -335,9 +335,6 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 	case takeFallback, takeBucket, takeOutage:
 		ks.mu.Lock()
 		ks.fbLimit.GiveBack(&ks.fbState, now, n)
-		if ks.fbHeld {
-			ks.fbCap = ks.fbLimit.Peek(ks.fbState, now).Remaining
-		}
 		ks.mu.Unlock()
 		// May go below zero if the charge was already sent; the refill
 		// loop then reports 0 and keeps the credit.
@@ -422,7 +419,7 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		if r.Backend == rules.BackendRedis && a.redis != nil {
 			src = SourceFallback // the Redis backend failed; fail open
 		}
-		st, oc, _ = a.decideBucket(ks, r, now, n, consume, 1, src, false)
+		st, oc = a.decideBucket(ks, r, now, n, consume, 1, src)
 	}
 	if !st.Allowed && consume {
 		ks.denied.Add(1)
@@ -488,11 +485,8 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 	if !ks.fbUsed.Load() {
 		ks.fbUsed.Store(true)
 	}
-	st, oc, held := a.decideBucket(ks, r, now, n, consume, nAgents, SourceFallback, charge && ks.leased.Load())
-	// A held bucket's denial makes no promise when several agents share
-	// the key: the token its Retry-After counts on is the next grant's,
-	// which may go to another agent (see lateHold).
-	if !st.Allowed && charge && !(held && nAgents > 1) && consume && n > 0 && ks.keepPromise(a.preciseNow(), n, st.RetryAfter) {
+	st, oc := a.decideBucket(ks, r, now, n, consume, nAgents, SourceFallback)
+	if !st.Allowed && charge && consume && n > 0 && ks.keepPromise(a.preciseNow(), n, st.RetryAfter) {
 		return a.promised(ks, st, n)
 	}
 	switch {
@@ -599,84 +593,16 @@ func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hit
 	return dec, true
 }
 
-// lateHold is how long after the allocator's latest answer for a key
-// under limit l a refill that has not landed is merely late: until the
-// key's bucket could have filled up (B/R), and at most as long as the
-// breaker takes to open on an allocator that stopped answering
-// (FailureThreshold calls of CallTimeout each). Until the bucket is full
-// the refill the allocator accrues meanwhile is still there for the next
-// grant, and a fallback refilling beside it spends it twice; past that the
-// refill overflows, and holding would only lose it. A key whose bucket
-// fills in under two scans (B/R < 2·ScanInterval) is not held at all: its
-// refill overflows before a late refill can be told from one on time, and
-// the allocator's allowances leave tokens in the bucket that only the
-// fallback spends (bench/load hot, B/R = 0.1 s: false rejects 2.5–4.7%
-// held, against 0.3–1.3% not).
-//
-// A key whose latest answer found its budget spent (EXHAUSTED, or less
-// granted than asked with under one token per agent left; not a paced
-// key, whose dry lease denies until its ask is answered) has its fallback
-// bucket held while its refill is late and the breaker closed: the bucket
-// starts from this agent's share of the global remaining that answer
-// reported, ⌈remaining/N⌉ (the re-base), and does not refill. The
-// allocator keeps granting the key's refill to the other agents
-// meanwhile, so a fallback refilling at R/N on this agent's clock beside
-// them admitted up to R more across the fleet, charged only after the
-// allocator had granted that refill, and the charges beyond the debt
-// floor of −B were forgiven. Keys with budget left are not held: their
-// charges are absorbed, and holding would deny them while a refill is
-// late. Past lateHold without an answer the bucket refills again at R/N,
-// from what it holds then: an allocator that stops answering without the
-// breaker opening (a starved refill loop) still fails open.
-func (a *Agent) lateHold(l bucket.Limit) int64 {
-	hold := int64(a.cfg.CallTimeout) * int64(max(a.cfg.FailureThreshold, 1))
-	q := l.Quota()
-	if q <= 0 {
-		return hold
-	}
-	fill := float64(l.Window()) * float64(l.Burst()) / float64(q) // B/R
-	switch {
-	case fill < float64(2*a.cfg.ScanInterval):
-		return 0
-	case fill < float64(hold):
-		return int64(fill)
-	}
-	return hold
-}
-
 // decideBucket decides from the key's own bucket: the fallback (R/N, burst
-// ⌈burst/N⌉) or, with nAgents 1, the full-rate local bucket. late says
-// that the key is leased, the allocator has answered for it and the
-// breaker is closed: within lateHold of the latest answer the bucket is
-// then held (it does not refill; see lateHold), and held reports it.
-func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume bool, nAgents uint32, src Source, late bool) (_ Status, _ outcome, held bool) {
+// ⌈burst/N⌉) or, with nAgents 1, the full-rate local bucket.
+func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume bool, nAgents uint32, src Source) (Status, outcome) {
 	ks.mu.Lock()
 	if ks.fbRule != r || ks.fbN != nAgents {
 		a.rebindBucket(ks, r, nAgents, now)
 	}
-	held = late && ks.fbSpent && now-ks.fbAt < a.lateHold(r.Limit)
 	if ks.fbRebase {
 		ks.fbRebase = false
-		at := ks.fbAt
-		if ks.fbPaced {
-			// The dry lease denied until deniedUntil: the refill of
-			// that time is the paced ask's grant, not the fallback's.
-			at = max(at, min(ks.deniedUntil.Load(), now))
-		}
-		rebase(ks.fbLimit, &ks.fbState, ks.fbAvail, at, now)
-		ks.fbHeld = false // a new answer sets a new held level
-	}
-	switch {
-	case !held:
-		ks.fbHeld = false
-	case !ks.fbHeld:
-		// This agent's share of the remaining the answer reported, or
-		// less; then no refill until the next answer.
-		ks.fbHeld = true
-		ks.fbCap = min(ks.fbLimit.Peek(ks.fbState, now).Remaining, ks.fbAvail)
-	}
-	if ks.fbHeld {
-		rebase(ks.fbLimit, &ks.fbState, ks.fbCap, now, now)
+		rebase(ks.fbLimit, &ks.fbState, ks.fbAvail, ks.fbAt, now)
 	}
 	var res bucket.Result
 	var oc outcome
@@ -693,9 +619,6 @@ func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume 
 		peek := ks.fbLimit.Peek(ks.fbState, now)
 		res.Remaining, res.ResetAfter = peek.Remaining, peek.ResetAfter
 	}
-	if ks.fbHeld {
-		ks.fbCap = ks.fbLimit.Peek(ks.fbState, now).Remaining
-	}
 	ks.mu.Unlock()
 	if oc.taken > 0 {
 		ks.spent.Add(n)
@@ -710,7 +633,7 @@ func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume 
 	if !res.Allowed {
 		st.RetryAfter = res.RetryAfter
 	}
-	return st, oc, held
+	return st, oc
 }
 
 // rebindBucket derives the key's bucket limit for rule r shared by nAgents;

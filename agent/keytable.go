@@ -145,17 +145,7 @@ type keyState struct {
 	fbRebase bool  // a grant asked to lower fbState to fbAvail tokens at fbAt
 	fbAvail  int64 // this agent's share of the global remaining at the grant
 	fbAt     int64
-	// fbSpent: the answer at fbAt found the key's budget spent (EXHAUSTED,
-	// or less granted than asked with under one token per agent left) and
-	// did not pace the key: its fallback is held while a refill is late
-	// (see Agent.lateHold).
-	fbSpent bool
-	fbPaced bool // the answer at fbAt paced the key (deniedUntil is its ask plus a grace)
-	// fbHeld: while a leased key's refill is late (see Agent.lateHold),
-	// the fallback bucket holds at most fbCap tokens and does not refill.
-	fbHeld  bool
-	fbCap   int64
-	promise promise // the latest denial's Retry-After (promise.go)
+	promise  promise // the latest denial's Retry-After (promise.go)
 
 	// Owned by the refill loop (and by Close once it has stopped): no
 	// synchronisation.

@@ -45,11 +45,7 @@ import (
 // Promises are neither made nor kept while the breaker is open, or for keys
 // the allocator does not lease: those are decided by the fallback bucket
 // alone, whose arithmetic keeps its own promises, and their admissions are
-// not charged. A held fallback bucket's denial (its refill is late and the
-// last answer found the budget spent: Agent.lateHold) makes none either
-// when several agents share the key: the token its Retry-After would count
-// on is the next grant's, which may go to another agent, and keeping such
-// promises on credit admitted up to R/N per agent beyond the budget.
+// not charged.
 type promise struct {
 	at    int64 // Unix nanos the denied request was told to come back; 0 = none
 	spent int64 // keyState.spent at the denial: the promise lapses once it moves

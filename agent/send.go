@@ -205,11 +205,6 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 		ks.fbRebase = true
 		ks.fbAvail = ceilDiv(max(l.Remaining, 0), int64(n))
 		ks.fbAt = recv
-		// The budget is spent (Agent.lateHold): EXHAUSTED, or less granted
-		// than asked with fewer tokens left than agents.
-		short := k.Want > 0 && ans.Granted < k.Want
-		ks.fbSpent = (ans.Status == policy.Exhausted || short && l.Remaining < int64(n)) && !ks.Paced
-		ks.fbPaced = ks.Paced
 		ks.mu.Unlock()
 	}
 	a.met.granted.Add(float64(granted))
