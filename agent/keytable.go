@@ -145,7 +145,10 @@ type keyState struct {
 	fbRebase bool  // a grant asked to lower fbState to fbAvail tokens at fbAt
 	fbAvail  int64 // this agent's share of the global remaining at the grant
 	fbAt     int64
-	promise  promise // the latest denial's Retry-After (promise.go)
+	// shared: the latest answer said another agent holds a lease on the
+	// key, so a promise could only be kept on credit (promise.go).
+	shared  bool
+	promise promise // the latest denial's Retry-After (promise.go)
 
 	// Owned by the refill loop (and by Close once it has stopped): no
 	// synchronisation.

@@ -37,10 +37,13 @@ import (
 // admission. With one agent on the key that is the whole story. With
 // several, another agent's traffic in the same interval may have taken the
 // token first (the case Retry-After does not promise), which this agent
-// cannot see: the kept request is then admitted on credit, at most n
-// tokens per denial per agent, and its charge leaves the global bucket in
-// debt, which the key's next grants pay before any new token is leased
-// (bucket.Limit.Debit; the debt floor is −burst).
+// cannot see: the request could only be admitted on credit. Every agent on
+// a busy key would keep one promise after each denial, admitting about one
+// request per agent per Retry-After beyond the budget (9.5 R with 200
+// agents on a key of 20/s, in bench/sim's unreachable scenario at full
+// scale), and the debt floor of −burst (bucket.Limit.Debit) would forgive
+// most of it. So a promise is kept only while the key's latest answer said
+// no other agent holds a lease on it (keyState.shared).
 //
 // Promises are neither made nor kept while the breaker is open, or for keys
 // the allocator does not lease: those are decided by the fallback bucket
@@ -74,7 +77,7 @@ func (ks *keyState) keepPromise(now, n int64, retryAfter time.Duration) bool {
 	defer ks.mu.Unlock()
 	p := &ks.promise
 	valid := p.at != 0 && p.spent == spent && now < p.at+int64(promiseHold)
-	if valid && now >= p.at && n <= p.n {
+	if valid && now >= p.at && n <= p.n && !ks.shared {
 		*p = promise{}
 		return true
 	}

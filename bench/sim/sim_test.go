@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,6 +224,29 @@ func TestFleetPastCapacity(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("bound %q holds at 10 ms of CPU per key; broken: %v", what, broken)
+		}
+	}
+}
+
+// TestSpreadKeyManyAgents: 200 agents on keys of 20/s offered 1.5·N·R, the
+// allocator reachable: each agent's share is a tenth of a token a second,
+// so almost every check is denied. The keys are admitted at R (plus the
+// burst), not at a multiple of it: a denial's Retry-After promise is not
+// kept on credit on a key other agents hold leases on (agent/promise.go).
+func TestSpreadKeyManyAgents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("200 agents: skipped with -short")
+	}
+	sc := scales["tiny"]
+	sc.agents = 200
+	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == "unreachable" })
+	if i < 0 {
+		t.Fatal("no unreachable scenario")
+	}
+	r := runText(t, scenarios[i], sc, 1)
+	for _, bd := range r.res.bounds {
+		if strings.HasPrefix(bd.what, "spread keys, admitted before") && !bd.ok() {
+			t.Errorf("%s: measured %s, limit %s (%s)", bd.what, bd.fmtVal(bd.measured), bd.fmtVal(bd.limit), bd.promise)
 		}
 	}
 }

@@ -109,7 +109,10 @@ func runUnreachable(sc scale, seed uint64) (*result, error) {
 	lease := w.systems[0]
 	spreadAllow := 1 + float64(n)*float64((quota+int64(n)-1)/int64(n))/(quota*steady)
 	hashAllow := 1 + 1/steady
+	before := (start - warm).Seconds()
 	res.bounds = []bound{
+		{system: "allot leases", what: "spread keys, admitted before the outage (allocator reachable)", promise: "exact: B + R·W over the window",
+			measured: rateOf(lease, sp, warm, start), limit: 1 + 1/before, unit: "x"},
 		{system: "allot leases", what: "spread keys, admitted during the outage", promise: "fail-open bound: R/N per agent → R, + N·⌈B/N⌉",
 			measured: rateOf(lease, sp, steadyFrom, end), limit: spreadAllow, unit: "x"},
 		{system: "allot leases", what: "consistent-hash keys, admitted during the outage", promise: "fail-open bound: R at the key's one gateway, + B",
