@@ -38,9 +38,12 @@ const (
 // node is the Raft half of a Server: the raft.Raft instance and the stores
 // and transport it owns. close releases them all.
 type node struct {
-	raft    *raft.Raft
-	trans   raft.Transport
-	store   *raftboltdb.BoltStore // log store and stable store
+	raft  *raft.Raft
+	trans raft.Transport
+	store *raftboltdb.BoltStore // log store and stable store
+	// logs is the log store Raft uses (store behind a cache): readiness
+	// reads the types of the newest committed entries from it.
+	logs    raft.LogStore
 	snaps   *raft.FileSnapshotStore
 	dataDir string
 	// addr is the advertised Raft address (the transport's LocalAddr);
@@ -197,6 +200,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	if err != nil {
 		return nil, fmt.Errorf("allocator: raft log cache: %w", err)
 	}
+	n.logs = logs
 	n.raft, err = raft.NewRaft(rc, f, logs, n.store, n.snaps, n.trans)
 	if err != nil {
 		if rerr := f.restoreError(); rerr != nil {

@@ -105,7 +105,7 @@ func (s *Server) followerLag(rd *readiness) string {
 	}
 	now := time.Now()
 	rd.LagMillis = 0
-	if rd.FSMIndex < rd.CommitIndex {
+	if rd.FSMIndex < s.fsmTarget(rd.FSMIndex, rd.CommitIndex) {
 		s.behindSince.CompareAndSwap(0, now.UnixNano())
 		from := max(s.behindSince.Load(), s.fsm.appliedAt.Load())
 		rd.LagMillis = max(0, now.Sub(time.Unix(0, from)).Milliseconds())
@@ -124,7 +124,7 @@ func (s *Server) followerLag(rd *readiness) string {
 			s.catchUpTarget.CompareAndSwap(0, target)
 			target = s.catchUpTarget.Load()
 		}
-		if rd.FSMIndex < target {
+		if rd.FSMIndex < s.fsmTarget(rd.FSMIndex, target) {
 			return fmt.Sprintf("catching up with the log: applied %d of %d", rd.FSMIndex, target)
 		}
 	}
@@ -147,6 +147,38 @@ func (s *Server) followerLag(rd *readiness) string {
 	}
 	s.caughtUp.Store(true)
 	return ""
+}
+
+// fsmScan bounds how many entries fsmTarget reads back.
+const fsmScan = 64
+
+// fsmTarget returns the newest entry at or below index that reaches the
+// state machine, given that it has applied fsmIndex. Raft commits a no-op
+// at the start of every term and a barrier entry for each Barrier (a new
+// leader's, among others) without handing either to the FSM, so a replica
+// whose newest committed entries are of those kinds has applied all there
+// is when its FSM index is below them: an idle cluster appends nothing
+// after them that would move it. Entries it cannot read (compacted into a
+// snapshot) count as reaching the FSM; with more than fsmScan entries to
+// read it returns one below the newest it read, which is still ahead.
+func (s *Server) fsmTarget(fsmIndex, index uint64) uint64 {
+	if index <= fsmIndex || s.node.logs == nil {
+		return index
+	}
+	lo := fsmIndex
+	if index-lo > fsmScan {
+		lo = index - fsmScan
+	}
+	for i := index; i > lo; i-- {
+		var l raft.Log
+		if err := s.node.logs.GetLog(i, &l); err != nil {
+			return i
+		}
+		if l.Type != raft.LogNoop && l.Type != raft.LogBarrier {
+			return i
+		}
+	}
+	return lo
 }
 
 // maxLag is the lag bound in effect: ReadyMaxLag, at least three

@@ -259,3 +259,40 @@ func TestReadyzAppendHung(t *testing.T) {
 	n.node.appendStart.Store(0)
 	tc.waitReady(f)
 }
+
+// TestReadyzIdleAfterBarrier: raft commits barrier and no-op entries
+// without handing them to the state machine. A follower whose newest
+// committed entry is one of them, in a group with nothing more to append,
+// is caught up and stays ready: after a Barrier on the leader, and after a
+// leadership transfer (the new leader's no-op and barrier).
+func TestReadyzIdleAfterBarrier(t *testing.T) {
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.ReadyMaxLag = 300 * time.Millisecond })
+	tc.waitMembers(3)
+	stayReady := func(what string) {
+		t.Helper()
+		l := tc.leader()
+		for i := range tc.nodes {
+			if i != l {
+				tc.waitReady(i)
+			}
+		}
+		for end := time.Now().Add(3 * tc.node(l).maxLag()); time.Now().Before(end); {
+			for i := range tc.nodes {
+				if rd := tc.node(i).readiness(); i != l && !rd.Ready {
+					t.Fatalf("%s: idle follower unready: %+v", what, rd)
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // sampling a condition that must hold throughout
+		}
+	}
+	l := tc.leader()
+	if err := tc.node(l).node.raft.Barrier(5 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	stayReady("after a barrier")
+	if err := tc.node(l).node.raft.LeadershipTransfer().Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a new leader", func() bool { return !tc.node(l).IsLeader() && tc.leader() != l })
+	stayReady("after a leadership transfer")
+}
