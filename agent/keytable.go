@@ -144,7 +144,7 @@ type keyState struct {
 	fbState  bucket.State
 	fbRebase bool  // a grant asked to lower fbState to fbAvail tokens at fbAt
 	fbAvail  int64 // this agent's share of the global remaining at the grant
-	fbAt     int64
+	fbAt     int64 // policy.Lease.RebaseAt: the answer's arrival, or a paced key's end of denial
 	// shared: the latest answer said another agent holds a lease on the
 	// key, so a promise could only be kept on credit (promise.go).
 	shared  bool

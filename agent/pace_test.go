@@ -116,3 +116,34 @@ func TestPacedKeyFallsBackWhenUnreachable(t *testing.T) {
 		t.Fatalf("check after the grace with the allocator unreachable = %+v, want allowed by the fallback", dec)
 	}
 }
+
+// TestPacedFallbackStartsAtTheGrace: a paced key's dry lease denies until
+// its ask is answered plus a grace; when the answer is later than that,
+// the fallback bucket decides, and it starts from the share of the
+// remaining the last answer reported at the end of the grace, not refilled
+// since that answer: the refill of the paced time belongs to the paced
+// ask's grant. A fallback refilled since the answer admitted the whole
+// pace and grace at R/N at once, for every agent, on every late answer.
+func TestPacedFallbackStartsAtTheGrace(t *testing.T) {
+	s := newStepped(t, hotRules)
+	d := desc("hot", "h")
+	ks := spendBudget(t, s, d) // paced; N = 1: the fallback is 100/s, burst 100
+	s.fake.with(func(f *fakeAllocator) { f.failNext = 1 << 20 })
+	until := ks.deniedUntil.Load()
+	for s.clock.now() < until {
+		s.clock.advance(s.cfg.RefillInterval)
+		s.step()
+	}
+	s.clock.advance(s.cfg.RefillInterval)
+	late := time.Duration(s.clock.now() - until)
+	admitted := 0
+	for range 200 {
+		if check(t, s.Agent, d).Allowed {
+			admitted++
+		}
+	}
+	// ⌈remaining/N⌉ = 0 at the answer, then R·late.
+	if most := int(late.Seconds()*100) + 1; admitted < 1 || admitted > most {
+		t.Fatalf("%v after the grace the fallback admitted %d, want 1 to %d (R·%v, fail open from the end of the grace)", late, admitted, most, late)
+	}
+}

@@ -204,7 +204,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 		}
 		ks.fbRebase = true
 		ks.fbAvail = ceilDiv(max(l.Remaining, 0), int64(n))
-		ks.fbAt = recv
+		ks.fbAt = l.RebaseAt
 		// Agents counts the lease holders after this call, this agent
 		// among them only while its lease lives (TTL > 0).
 		ks.shared = ans.Agents > 1 || ans.Agents == 1 && ans.TTL == 0

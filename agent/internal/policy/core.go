@@ -461,8 +461,14 @@ type Lease struct {
 	Remaining   int64 // global remaining
 	ResetAt     int64 // the global bucket is full again at
 	// Rebase: the fallback bucket starts again from this agent's share of
-	// Remaining (OK and EXHAUSTED answers).
+	// Remaining at RebaseAt and refills from then (OK and EXHAUSTED
+	// answers). RebaseAt is the answer's arrival, or for a paced key the
+	// end of its dry lease's denial (DeniedUntil): the refill of the paced
+	// time is the paced ask's grant, and a fallback refilled since the
+	// answer admitted the whole pace and grace at R/N at once whenever
+	// that ask's answer came after the grace.
 	Rebase    bool
+	RebaseAt  int64
 	NotLeased bool
 }
 
@@ -493,6 +499,7 @@ func (c *Core) Grant(k *Key, a Answer, want, sent, recv int64) Lease {
 		Remaining: a.Remaining,
 		ResetAt:   sent + int64(a.ResetAfter),
 		Rebase:    true,
+		RebaseAt:  recv,
 	}
 	if a.Granted > 0 || a.TTL > 0 {
 		l.Expiry = sent + int64(a.TTL) - int64(LeaseMargin(a.TTL))
@@ -521,6 +528,7 @@ func (c *Core) Grant(k *Key, a Answer, want, sent, recv int64) Lease {
 		// retry_after: no token exists before it.
 		k.RefreshAt = sent + int64(max(c.cfg.Jitter(p), a.RetryAfter))
 		l.DeniedUntil = k.RefreshAt + c.paceGrace()
+		l.RebaseAt = max(recv, l.DeniedUntil)
 	case a.Status == Exhausted:
 		l.DeniedUntil = sent + int64(a.RetryAfter)
 	}

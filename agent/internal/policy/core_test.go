@@ -314,7 +314,11 @@ func (w *coreWorld) answer(t *testing.T, args map[string]string) string {
 			}
 			o.DeniedUntil = l.DeniedUntil
 		}
-		out = append(out, fmt.Sprintf("  %s: granted %d", ck.name, ans.Granted))
+		line := fmt.Sprintf("  %s: granted %d", ck.name, ans.Granted)
+		if l.Rebase && l.RebaseAt != w.now {
+			line += ", fallback from " + w.at(l.RebaseAt)
+		}
+		out = append(out, line)
 	}
 	return fmt.Sprintf("t=%v answered #%d\n%s", w.clock(), b.id, strings.Join(out, "\n"))
 }
