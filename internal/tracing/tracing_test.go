@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -58,17 +59,27 @@ func TestSpans(t *testing.T) {
 
 	const method = "grpc.health.v1.Health/Check"
 	var client, server, httpSpan *tracetest.SpanStub
-	spans := exp.GetSpans()
-	for i := range spans {
-		s := &spans[i]
-		switch {
-		case s.Name == method && s.SpanKind == trace.SpanKindClient:
-			client = s
-		case s.Name == method && s.SpanKind == trace.SpanKindServer:
-			server = s
-		case s.Name == "check POST" && s.SpanKind == trace.SpanKindServer:
-			httpSpan = s
+	var spans tracetest.SpanStubs
+	// The server ends its span after the client has its answer: wait for
+	// all three, with a deadline.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		client, server, httpSpan = nil, nil, nil
+		spans = exp.GetSpans()
+		for i := range spans {
+			s := &spans[i]
+			switch {
+			case s.Name == method && s.SpanKind == trace.SpanKindClient:
+				client = s
+			case s.Name == method && s.SpanKind == trace.SpanKindServer:
+				server = s
+			case s.Name == "check POST" && s.SpanKind == trace.SpanKindServer:
+				httpSpan = s
+			}
 		}
+		if (client != nil && server != nil && httpSpan != nil) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // polling the exporter until the deadline
 	}
 	if client == nil || server == nil || httpSpan == nil {
 		t.Fatalf("spans %v: want a client and a server span of %s and an HTTP span \"check POST\"", names(spans), method)
