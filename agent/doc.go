@@ -30,11 +30,8 @@
 //     by consistent hash). Each grant re-bases the fallback bucket down to
 //     this agent's share of the global remaining (⌈remaining/N⌉, never
 //     above its burst), so a key whose lease ran dry cannot take a second
-//     full burst. When that answer found the budget spent, the bucket does
-//     not refill until the next answer (for at most B/R and the breaker's
-//     opening time; see Agent.lateHold): the allocator grants the refill to
-//     the other agents meanwhile. A paced key's bucket starts from its share
-//     at the end of the grace. Tokens the fallback admits while the
+//     full burst. A paced key's bucket starts from its share at the end of
+//     the grace. Tokens the fallback admits while the
 //     allocator is reachable are charged in the next Acquire, or paid out of
 //     a grant that arrives while they are owed (that grant already took them
 //     from the global budget): the global budget pays for each exactly once.
