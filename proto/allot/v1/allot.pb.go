@@ -43,6 +43,12 @@ const (
 	KeyStatus_KEY_STATUS_UNLIMITED   KeyStatus = 3 // the matched rule is unlimited
 	KeyStatus_KEY_STATUS_EXHAUSTED   KeyStatus = 4 // the global budget is empty: deny until retry_after_ms
 	KeyStatus_KEY_STATUS_NOT_LEASED  KeyStatus = 5 // the rule's backend is not "lease" (redis or local)
+	// KEY_STATUS_MOVED: the key's slot is not served by the group the call
+	// addressed (AcquireRequest.group): it belongs to another group, or it is
+	// between groups in a slot move. Nothing was granted or charged; the
+	// response carries the topology, and the agent keeps deciding the key
+	// from its lease and fallback bucket and sends it to the owner.
+	KeyStatus_KEY_STATUS_MOVED KeyStatus = 6
 )
 
 // Enum value maps for KeyStatus.
@@ -54,6 +60,7 @@ var (
 		3: "KEY_STATUS_UNLIMITED",
 		4: "KEY_STATUS_EXHAUSTED",
 		5: "KEY_STATUS_NOT_LEASED",
+		6: "KEY_STATUS_MOVED",
 	}
 	KeyStatus_value = map[string]int32{
 		"KEY_STATUS_UNSPECIFIED": 0,
@@ -62,6 +69,7 @@ var (
 		"KEY_STATUS_UNLIMITED":   3,
 		"KEY_STATUS_EXHAUSTED":   4,
 		"KEY_STATUS_NOT_LEASED":  5,
+		"KEY_STATUS_MOVED":       6,
 	}
 )
 
@@ -596,8 +604,11 @@ type AcquireResponse struct {
 	NowUnixMs    int64                  `protobuf:"varint,5,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"` // the allocator time stamped into the committed command
 	// packed_grants holds the grants, when the request asked for them packed:
 	// one record per request key, same order (format in packed.go).
-	PackedGrants  []byte   `protobuf:"bytes,6,opt,name=packed_grants,json=packedGrants,proto3" json:"packed_grants,omitempty"`
-	Limits        []*Limit `protobuf:"bytes,7,rep,name=limits,proto3" json:"limits,omitempty"` // the distinct limits packed_grants refers to
+	PackedGrants []byte   `protobuf:"bytes,6,opt,name=packed_grants,json=packedGrants,proto3" json:"packed_grants,omitempty"`
+	Limits       []*Limit `protobuf:"bytes,7,rep,name=limits,proto3" json:"limits,omitempty"` // the distinct limits packed_grants refers to
+	// topology: set when the request's topology_version is older than the
+	// node's, or a key was answered KEY_STATUS_MOVED.
+	Topology      *Topology `protobuf:"bytes,8,opt,name=topology,proto3" json:"topology,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -681,6 +692,144 @@ func (x *AcquireResponse) GetLimits() []*Limit {
 	return nil
 }
 
+func (x *AcquireResponse) GetTopology() *Topology {
+	if x != nil {
+		return x.Topology
+	}
+	return nil
+}
+
+// Topology is how keys map to Raft groups in a cluster with several: a
+// key's slot is the low 10 bits of the xxhash64 of its canonical key
+// (pkg/slots), and each slot is owned by one data group.
+type Topology struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"` // the slot map version; grows with every change of owner
+	Groups        []*GroupRoute          `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"`    // every data group, by id
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Topology) Reset() {
+	*x = Topology{}
+	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Topology) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Topology) ProtoMessage() {}
+
+func (x *Topology) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Topology.ProtoReflect.Descriptor instead.
+func (*Topology) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Topology) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Topology) GetGroups() []*GroupRoute {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+type GroupRoute struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	LeaderId      string                 `protobuf:"bytes,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`              // empty while the group has no leader
+	LeaderAddr    string                 `protobuf:"bytes,3,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`        // the leader's advertised gRPC address
+	Slots         string                 `protobuf:"bytes,4,opt,name=slots,proto3" json:"slots,omitempty"`                                    // the slot ranges it owns, "0-255,512-767" (pkg/slots.FormatRanges)
+	RulesVersion  uint64                 `protobuf:"varint,5,opt,name=rules_version,json=rulesVersion,proto3" json:"rules_version,omitempty"` // the rules version the group has applied
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupRoute) Reset() {
+	*x = GroupRoute{}
+	mi := &file_allot_v1_allot_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupRoute) ProtoMessage() {}
+
+func (x *GroupRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupRoute.ProtoReflect.Descriptor instead.
+func (*GroupRoute) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GroupRoute) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *GroupRoute) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *GroupRoute) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+func (x *GroupRoute) GetSlots() string {
+	if x != nil {
+		return x.Slots
+	}
+	return ""
+}
+
+func (x *GroupRoute) GetRulesVersion() uint64 {
+	if x != nil {
+		return x.RulesVersion
+	}
+	return 0
+}
+
 type KeyGrant struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Status         KeyStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=allot.v1.KeyStatus" json:"status,omitempty"`
@@ -700,7 +849,7 @@ type KeyGrant struct {
 
 func (x *KeyGrant) Reset() {
 	*x = KeyGrant{}
-	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	mi := &file_allot_v1_allot_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +861,7 @@ func (x *KeyGrant) String() string {
 func (*KeyGrant) ProtoMessage() {}
 
 func (x *KeyGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	mi := &file_allot_v1_allot_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +874,7 @@ func (x *KeyGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyGrant.ProtoReflect.Descriptor instead.
 func (*KeyGrant) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{6}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KeyGrant) GetStatus() KeyStatus {
@@ -817,7 +966,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[7]
+	mi := &file_allot_v1_allot_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +978,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[7]
+	mi := &file_allot_v1_allot_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +991,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{7}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetAgentId() string {
@@ -883,7 +1032,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[8]
+	mi := &file_allot_v1_allot_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1044,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[8]
+	mi := &file_allot_v1_allot_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1057,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{8}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetReturned() int64 {
@@ -935,7 +1084,7 @@ type WatchRulesRequest struct {
 
 func (x *WatchRulesRequest) Reset() {
 	*x = WatchRulesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[9]
+	mi := &file_allot_v1_allot_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1096,7 @@ func (x *WatchRulesRequest) String() string {
 func (*WatchRulesRequest) ProtoMessage() {}
 
 func (x *WatchRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[9]
+	mi := &file_allot_v1_allot_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1109,7 @@ func (x *WatchRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRulesRequest.ProtoReflect.Descriptor instead.
 func (*WatchRulesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{9}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchRulesRequest) GetAgentId() string {
@@ -991,7 +1140,7 @@ type RuleFile struct {
 
 func (x *RuleFile) Reset() {
 	*x = RuleFile{}
-	mi := &file_allot_v1_allot_proto_msgTypes[10]
+	mi := &file_allot_v1_allot_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1152,7 @@ func (x *RuleFile) String() string {
 func (*RuleFile) ProtoMessage() {}
 
 func (x *RuleFile) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[10]
+	mi := &file_allot_v1_allot_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1165,7 @@ func (x *RuleFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleFile.ProtoReflect.Descriptor instead.
 func (*RuleFile) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{10}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RuleFile) GetName() string {
@@ -1045,13 +1194,19 @@ type RuleSet struct {
 	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	Files         []*RuleFile            `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
 	UpdatedUnixMs int64                  `protobuf:"varint,3,opt,name=updated_unix_ms,json=updatedUnixMs,proto3" json:"updated_unix_ms,omitempty"`
+	// topology: in a cluster with several groups, the slot map and each
+	// group's leader. The stream sends a RuleSet when the rules or the
+	// topology change (a new slot map version or a new group leader); a
+	// message whose version equals the one the agent holds carries only a
+	// topology change. Absent in a single-group cluster.
+	Topology      *Topology `protobuf:"bytes,4,opt,name=topology,proto3" json:"topology,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RuleSet) Reset() {
 	*x = RuleSet{}
-	mi := &file_allot_v1_allot_proto_msgTypes[11]
+	mi := &file_allot_v1_allot_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1218,7 @@ func (x *RuleSet) String() string {
 func (*RuleSet) ProtoMessage() {}
 
 func (x *RuleSet) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[11]
+	mi := &file_allot_v1_allot_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1231,7 @@ func (x *RuleSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleSet.ProtoReflect.Descriptor instead.
 func (*RuleSet) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{11}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RuleSet) GetVersion() uint64 {
@@ -1100,6 +1255,13 @@ func (x *RuleSet) GetUpdatedUnixMs() int64 {
 	return 0
 }
 
+func (x *RuleSet) GetTopology() *Topology {
+	if x != nil {
+		return x.Topology
+	}
+	return nil
+}
+
 type PutRulesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Files []*RuleFile            `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
@@ -1116,7 +1278,7 @@ type PutRulesRequest struct {
 
 func (x *PutRulesRequest) Reset() {
 	*x = PutRulesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[12]
+	mi := &file_allot_v1_allot_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1290,7 @@ func (x *PutRulesRequest) String() string {
 func (*PutRulesRequest) ProtoMessage() {}
 
 func (x *PutRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[12]
+	mi := &file_allot_v1_allot_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1303,7 @@ func (x *PutRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRulesRequest.ProtoReflect.Descriptor instead.
 func (*PutRulesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{12}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutRulesRequest) GetFiles() []*RuleFile {
@@ -1182,7 +1344,7 @@ type PutRulesResponse struct {
 
 func (x *PutRulesResponse) Reset() {
 	*x = PutRulesResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[13]
+	mi := &file_allot_v1_allot_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1356,7 @@ func (x *PutRulesResponse) String() string {
 func (*PutRulesResponse) ProtoMessage() {}
 
 func (x *PutRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[13]
+	mi := &file_allot_v1_allot_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1369,7 @@ func (x *PutRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRulesResponse.ProtoReflect.Descriptor instead.
 func (*PutRulesResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{13}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutRulesResponse) GetVersion() uint64 {
@@ -1237,7 +1399,7 @@ type GetRulesRequest struct {
 
 func (x *GetRulesRequest) Reset() {
 	*x = GetRulesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[14]
+	mi := &file_allot_v1_allot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1411,7 @@ func (x *GetRulesRequest) String() string {
 func (*GetRulesRequest) ProtoMessage() {}
 
 func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[14]
+	mi := &file_allot_v1_allot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1424,7 @@ func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRulesRequest.ProtoReflect.Descriptor instead.
 func (*GetRulesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{14}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRulesRequest) GetLinearizable() bool {
@@ -1285,7 +1447,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[15]
+	mi := &file_allot_v1_allot_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1459,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[15]
+	mi := &file_allot_v1_allot_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1472,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{15}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListLeasesRequest) GetKey() string {
@@ -1364,7 +1526,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_allot_v1_allot_proto_msgTypes[16]
+	mi := &file_allot_v1_allot_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1538,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[16]
+	mi := &file_allot_v1_allot_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1551,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{16}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Lease) GetKey() string {
@@ -1459,7 +1621,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[17]
+	mi := &file_allot_v1_allot_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1633,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[17]
+	mi := &file_allot_v1_allot_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1646,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{17}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -1519,7 +1681,7 @@ type InspectKeyRequest struct {
 
 func (x *InspectKeyRequest) Reset() {
 	*x = InspectKeyRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[18]
+	mi := &file_allot_v1_allot_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1693,7 @@ func (x *InspectKeyRequest) String() string {
 func (*InspectKeyRequest) ProtoMessage() {}
 
 func (x *InspectKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[18]
+	mi := &file_allot_v1_allot_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1544,7 +1706,7 @@ func (x *InspectKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectKeyRequest.ProtoReflect.Descriptor instead.
 func (*InspectKeyRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{18}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InspectKeyRequest) GetKey() string {
@@ -1583,13 +1745,15 @@ type InspectKeyResponse struct {
 	RedisPromoted bool                   `protobuf:"varint,11,opt,name=redis_promoted,json=redisPromoted,proto3" json:"redis_promoted,omitempty"`
 	Shards        int32                  `protobuf:"varint,12,opt,name=shards,proto3" json:"shards,omitempty"`
 	NowUnixMs     int64                  `protobuf:"varint,13,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"`
+	Slot          uint32                 `protobuf:"varint,14,opt,name=slot,proto3" json:"slot,omitempty"`   // the key's slot (0-1023)
+	Group         uint32                 `protobuf:"varint,15,opt,name=group,proto3" json:"group,omitempty"` // the data group that owns the slot
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InspectKeyResponse) Reset() {
 	*x = InspectKeyResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[19]
+	mi := &file_allot_v1_allot_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1765,7 @@ func (x *InspectKeyResponse) String() string {
 func (*InspectKeyResponse) ProtoMessage() {}
 
 func (x *InspectKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[19]
+	mi := &file_allot_v1_allot_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1778,7 @@ func (x *InspectKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectKeyResponse.ProtoReflect.Descriptor instead.
 func (*InspectKeyResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{19}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *InspectKeyResponse) GetKey() string {
@@ -1708,6 +1872,20 @@ func (x *InspectKeyResponse) GetNowUnixMs() int64 {
 	return 0
 }
 
+func (x *InspectKeyResponse) GetSlot() uint32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *InspectKeyResponse) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
 type ListAgentsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1716,7 +1894,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[20]
+	mi := &file_allot_v1_allot_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1906,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[20]
+	mi := &file_allot_v1_allot_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +1919,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{20}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{22}
 }
 
 type AgentInfo struct {
@@ -1758,7 +1936,7 @@ type AgentInfo struct {
 
 func (x *AgentInfo) Reset() {
 	*x = AgentInfo{}
-	mi := &file_allot_v1_allot_proto_msgTypes[21]
+	mi := &file_allot_v1_allot_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1948,7 @@ func (x *AgentInfo) String() string {
 func (*AgentInfo) ProtoMessage() {}
 
 func (x *AgentInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[21]
+	mi := &file_allot_v1_allot_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1961,7 @@ func (x *AgentInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentInfo.ProtoReflect.Descriptor instead.
 func (*AgentInfo) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{21}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AgentInfo) GetAgentId() string {
@@ -1838,7 +2016,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[22]
+	mi := &file_allot_v1_allot_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +2028,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[22]
+	mi := &file_allot_v1_allot_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +2041,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{22}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*AgentInfo {
@@ -1891,7 +2069,7 @@ type TopKeysRequest struct {
 
 func (x *TopKeysRequest) Reset() {
 	*x = TopKeysRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[23]
+	mi := &file_allot_v1_allot_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2081,7 @@ func (x *TopKeysRequest) String() string {
 func (*TopKeysRequest) ProtoMessage() {}
 
 func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[23]
+	mi := &file_allot_v1_allot_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2094,7 @@ func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
 func (*TopKeysRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{23}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TopKeysRequest) GetLimit() int32 {
@@ -1954,7 +2132,7 @@ type KeyRate struct {
 
 func (x *KeyRate) Reset() {
 	*x = KeyRate{}
-	mi := &file_allot_v1_allot_proto_msgTypes[24]
+	mi := &file_allot_v1_allot_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2144,7 @@ func (x *KeyRate) String() string {
 func (*KeyRate) ProtoMessage() {}
 
 func (x *KeyRate) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[24]
+	mi := &file_allot_v1_allot_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2157,7 @@ func (x *KeyRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRate.ProtoReflect.Descriptor instead.
 func (*KeyRate) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{24}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KeyRate) GetKey() string {
@@ -2034,7 +2212,7 @@ type TopKeysResponse struct {
 
 func (x *TopKeysResponse) Reset() {
 	*x = TopKeysResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[25]
+	mi := &file_allot_v1_allot_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2224,7 @@ func (x *TopKeysResponse) String() string {
 func (*TopKeysResponse) ProtoMessage() {}
 
 func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[25]
+	mi := &file_allot_v1_allot_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2237,7 @@ func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
 func (*TopKeysResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{25}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TopKeysResponse) GetKeys() []*KeyRate {
@@ -2089,7 +2267,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[26]
+	mi := &file_allot_v1_allot_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2279,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[26]
+	mi := &file_allot_v1_allot_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2292,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{26}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CheckRequest) GetDomain() string {
@@ -2154,7 +2332,7 @@ type DescriptorStatus struct {
 
 func (x *DescriptorStatus) Reset() {
 	*x = DescriptorStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[27]
+	mi := &file_allot_v1_allot_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2344,7 @@ func (x *DescriptorStatus) String() string {
 func (*DescriptorStatus) ProtoMessage() {}
 
 func (x *DescriptorStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[27]
+	mi := &file_allot_v1_allot_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2357,7 @@ func (x *DescriptorStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorStatus.ProtoReflect.Descriptor instead.
 func (*DescriptorStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{27}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DescriptorStatus) GetCode() Code {
@@ -2248,7 +2426,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[28]
+	mi := &file_allot_v1_allot_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2260,7 +2438,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[28]
+	mi := &file_allot_v1_allot_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2273,7 +2451,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{28}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckResponse) GetOverallCode() Code {
@@ -2298,7 +2476,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[29]
+	mi := &file_allot_v1_allot_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2488,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[29]
+	mi := &file_allot_v1_allot_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2501,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{29}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{31}
 }
 
 type Member struct {
@@ -2340,7 +2518,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_allot_v1_allot_proto_msgTypes[30]
+	mi := &file_allot_v1_allot_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2352,7 +2530,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[30]
+	mi := &file_allot_v1_allot_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2365,7 +2543,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{30}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Member) GetId() string {
@@ -2425,13 +2603,15 @@ type ClusterStatusResponse struct {
 	Keys              uint64                 `protobuf:"varint,11,opt,name=keys,proto3" json:"keys,omitempty"` // tracked keys
 	Leases            uint64                 `protobuf:"varint,12,opt,name=leases,proto3" json:"leases,omitempty"`
 	LastSnapshotIndex uint64                 `protobuf:"varint,13,opt,name=last_snapshot_index,json=lastSnapshotIndex,proto3" json:"last_snapshot_index,omitempty"`
+	Groups            []*GroupStatus         `protobuf:"bytes,14,rep,name=groups,proto3" json:"groups,omitempty"` // every group, meta group 0 first; absent in a single-group cluster
+	TopologyVersion   uint64                 `protobuf:"varint,15,opt,name=topology_version,json=topologyVersion,proto3" json:"topology_version,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[31]
+	mi := &file_allot_v1_allot_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2623,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[31]
+	mi := &file_allot_v1_allot_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2636,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{31}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ClusterStatusResponse) GetMembers() []*Member {
@@ -2550,6 +2730,120 @@ func (x *ClusterStatusResponse) GetLastSnapshotIndex() uint64 {
 	return 0
 }
 
+func (x *ClusterStatusResponse) GetGroups() []*GroupStatus {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *ClusterStatusResponse) GetTopologyVersion() uint64 {
+	if x != nil {
+		return x.TopologyVersion
+	}
+	return 0
+}
+
+type GroupStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // 0 is the meta group
+	LeaderId      string                 `protobuf:"bytes,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	Members       []string               `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`                                // node ids of the group's voters
+	Slots         string                 `protobuf:"bytes,4,opt,name=slots,proto3" json:"slots,omitempty"`                                    // owned slot ranges (data groups)
+	Keys          uint64                 `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"`                                     // tracked keys
+	AppliedIndex  uint64                 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"` // on the node that answered
+	CommitIndex   uint64                 `protobuf:"varint,7,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	State         string                 `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"` // that node's raft state in the group, or "none" when it hosts no replica
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupStatus) Reset() {
+	*x = GroupStatus{}
+	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupStatus) ProtoMessage() {}
+
+func (x *GroupStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupStatus.ProtoReflect.Descriptor instead.
+func (*GroupStatus) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GroupStatus) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *GroupStatus) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *GroupStatus) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GroupStatus) GetSlots() string {
+	if x != nil {
+		return x.Slots
+	}
+	return ""
+}
+
+func (x *GroupStatus) GetKeys() uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *GroupStatus) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *GroupStatus) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
+func (x *GroupStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 type AddVoterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2562,7 +2856,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[32]
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2868,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[32]
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2881,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{32}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -2626,7 +2920,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[33]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +2932,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[33]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +2945,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{33}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
 }
 
 type RemoveServerRequest struct {
@@ -2663,7 +2957,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +2969,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +2982,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{34}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -2706,7 +3000,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2718,7 +3012,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2731,7 +3025,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
 }
 
 type TransferLeadershipRequest struct {
@@ -2743,7 +3037,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3049,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3062,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -2787,7 +3081,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +3093,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +3106,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -2845,7 +3139,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3151,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3164,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Command) GetNowUnixNanos() int64 {
@@ -2998,7 +3292,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3010,7 +3304,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3023,7 +3317,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -3052,7 +3346,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3358,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3371,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -3105,7 +3399,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3411,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3424,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -3192,7 +3486,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\acharged\x18\x06 \x01(\x03R\acharged\x12\x16\n" +
 	"\x06demand\x18\a \x01(\x01R\x06demand\x12\x16\n" +
 	"\x06denied\x18\b \x01(\x03R\x06denied\x12%\n" +
-	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\x8e\x02\n" +
+	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\xbe\x02\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +
@@ -3201,7 +3495,19 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x05 \x01(\x03R\tnowUnixMs\x12#\n" +
 	"\rpacked_grants\x18\x06 \x01(\fR\fpackedGrants\x12'\n" +
-	"\x06limits\x18\a \x03(\v2\x0f.allot.v1.LimitR\x06limits\"\xec\x02\n" +
+	"\x06limits\x18\a \x03(\v2\x0f.allot.v1.LimitR\x06limits\x12.\n" +
+	"\btopology\x18\b \x01(\v2\x12.allot.v1.TopologyR\btopology\"R\n" +
+	"\bTopology\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
+	"\x06groups\x18\x02 \x03(\v2\x14.allot.v1.GroupRouteR\x06groups\"\x95\x01\n" +
+	"\n" +
+	"GroupRoute\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1b\n" +
+	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1f\n" +
+	"\vleader_addr\x18\x03 \x01(\tR\n" +
+	"leaderAddr\x12\x14\n" +
+	"\x05slots\x18\x04 \x01(\tR\x05slots\x12#\n" +
+	"\rrules_version\x18\x05 \x01(\x04R\frulesVersion\"\xec\x02\n" +
 	"\bKeyGrant\x12+\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x13.allot.v1.KeyStatusR\x06status\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x18\n" +
@@ -3231,11 +3537,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\bRuleFile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x12\n" +
-	"\x04yaml\x18\x03 \x01(\fR\x04yaml\"u\n" +
+	"\x04yaml\x18\x03 \x01(\fR\x04yaml\"\xa5\x01\n" +
 	"\aRuleSet\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05files\x18\x02 \x03(\v2\x12.allot.v1.RuleFileR\x05files\x12&\n" +
-	"\x0fupdated_unix_ms\x18\x03 \x01(\x03R\rupdatedUnixMs\"\xa0\x01\n" +
+	"\x0fupdated_unix_ms\x18\x03 \x01(\x03R\rupdatedUnixMs\x12.\n" +
+	"\btopology\x18\x04 \x01(\v2\x12.allot.v1.TopologyR\btopology\"\xa0\x01\n" +
 	"\x0fPutRulesRequest\x12(\n" +
 	"\x05files\x18\x01 \x03(\v2\x12.allot.v1.RuleFileR\x05files\x12\x1f\n" +
 	"\vreplace_all\x18\x02 \x01(\bR\n" +
@@ -3270,7 +3577,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x11InspectKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12)\n" +
-	"\aentries\x18\x03 \x03(\v2\x0f.allot.v1.EntryR\aentries\"\x9c\x03\n" +
+	"\aentries\x18\x03 \x03(\v2\x0f.allot.v1.EntryR\aentries\"\xc6\x03\n" +
 	"\x12InspectKeyResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\bR\amatched\x12%\n" +
@@ -3288,7 +3595,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\x01R\bdenyRate\x12%\n" +
 	"\x0eredis_promoted\x18\v \x01(\bR\rredisPromoted\x12\x16\n" +
 	"\x06shards\x18\f \x01(\x05R\x06shards\x12\x1e\n" +
-	"\vnow_unix_ms\x18\r \x01(\x03R\tnowUnixMs\"\x13\n" +
+	"\vnow_unix_ms\x18\r \x01(\x03R\tnowUnixMs\x12\x12\n" +
+	"\x04slot\x18\x0e \x01(\rR\x04slot\x12\x14\n" +
+	"\x05group\x18\x0f \x01(\rR\x05group\"\x13\n" +
 	"\x11ListAgentsRequest\"\xe2\x01\n" +
 	"\tAgentInfo\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12/\n" +
@@ -3339,7 +3648,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\x12\x12\n" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x1a\n" +
-	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\xac\x03\n" +
+	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\x86\x04\n" +
 	"\x15ClusterStatusResponse\x12*\n" +
 	"\amembers\x18\x01 \x03(\v2\x10.allot.v1.MemberR\amembers\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x17\n" +
@@ -3354,7 +3663,18 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\rR\x06agents\x12\x12\n" +
 	"\x04keys\x18\v \x01(\x04R\x04keys\x12\x16\n" +
 	"\x06leases\x18\f \x01(\x04R\x06leases\x12.\n" +
-	"\x13last_snapshot_index\x18\r \x01(\x04R\x11lastSnapshotIndex\"x\n" +
+	"\x13last_snapshot_index\x18\r \x01(\x04R\x11lastSnapshotIndex\x12-\n" +
+	"\x06groups\x18\x0e \x03(\v2\x15.allot.v1.GroupStatusR\x06groups\x12)\n" +
+	"\x10topology_version\x18\x0f \x01(\x04R\x0ftopologyVersion\"\xdc\x01\n" +
+	"\vGroupStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1b\n" +
+	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x18\n" +
+	"\amembers\x18\x03 \x03(\tR\amembers\x12\x14\n" +
+	"\x05slots\x18\x04 \x01(\tR\x05slots\x12\x12\n" +
+	"\x04keys\x18\x05 \x01(\x04R\x04keys\x12#\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12!\n" +
+	"\fcommit_index\x18\a \x01(\x04R\vcommitIndex\x12\x14\n" +
+	"\x05state\x18\b \x01(\tR\x05state\"x\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
@@ -3388,14 +3708,15 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"skip_sweep\x18\x02 \x01(\bR\tskipSweep\"Q\n" +
 	"\rMemberCommand\x12(\n" +
 	"\x06member\x18\x01 \x01(\v2\x10.allot.v1.MemberR\x06member\x12\x16\n" +
-	"\x06remove\x18\x02 \x01(\bR\x06remove*\xa1\x01\n" +
+	"\x06remove\x18\x02 \x01(\bR\x06remove*\xb7\x01\n" +
 	"\tKeyStatus\x12\x1a\n" +
 	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rKEY_STATUS_OK\x10\x01\x12\x16\n" +
 	"\x12KEY_STATUS_NO_RULE\x10\x02\x12\x18\n" +
 	"\x14KEY_STATUS_UNLIMITED\x10\x03\x12\x18\n" +
 	"\x14KEY_STATUS_EXHAUSTED\x10\x04\x12\x19\n" +
-	"\x15KEY_STATUS_NOT_LEASED\x10\x05*>\n" +
+	"\x15KEY_STATUS_NOT_LEASED\x10\x05\x12\x14\n" +
+	"\x10KEY_STATUS_MOVED\x10\x06*>\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x13\n" +
@@ -3434,7 +3755,7 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
@@ -3444,107 +3765,114 @@ var file_allot_v1_allot_proto_goTypes = []any{
 	(*AcquireRequest)(nil),             // 5: allot.v1.AcquireRequest
 	(*KeyAcquire)(nil),                 // 6: allot.v1.KeyAcquire
 	(*AcquireResponse)(nil),            // 7: allot.v1.AcquireResponse
-	(*KeyGrant)(nil),                   // 8: allot.v1.KeyGrant
-	(*ReleaseRequest)(nil),             // 9: allot.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 10: allot.v1.ReleaseResponse
-	(*WatchRulesRequest)(nil),          // 11: allot.v1.WatchRulesRequest
-	(*RuleFile)(nil),                   // 12: allot.v1.RuleFile
-	(*RuleSet)(nil),                    // 13: allot.v1.RuleSet
-	(*PutRulesRequest)(nil),            // 14: allot.v1.PutRulesRequest
-	(*PutRulesResponse)(nil),           // 15: allot.v1.PutRulesResponse
-	(*GetRulesRequest)(nil),            // 16: allot.v1.GetRulesRequest
-	(*ListLeasesRequest)(nil),          // 17: allot.v1.ListLeasesRequest
-	(*Lease)(nil),                      // 18: allot.v1.Lease
-	(*ListLeasesResponse)(nil),         // 19: allot.v1.ListLeasesResponse
-	(*InspectKeyRequest)(nil),          // 20: allot.v1.InspectKeyRequest
-	(*InspectKeyResponse)(nil),         // 21: allot.v1.InspectKeyResponse
-	(*ListAgentsRequest)(nil),          // 22: allot.v1.ListAgentsRequest
-	(*AgentInfo)(nil),                  // 23: allot.v1.AgentInfo
-	(*ListAgentsResponse)(nil),         // 24: allot.v1.ListAgentsResponse
-	(*TopKeysRequest)(nil),             // 25: allot.v1.TopKeysRequest
-	(*KeyRate)(nil),                    // 26: allot.v1.KeyRate
-	(*TopKeysResponse)(nil),            // 27: allot.v1.TopKeysResponse
-	(*CheckRequest)(nil),               // 28: allot.v1.CheckRequest
-	(*DescriptorStatus)(nil),           // 29: allot.v1.DescriptorStatus
-	(*CheckResponse)(nil),              // 30: allot.v1.CheckResponse
-	(*ClusterStatusRequest)(nil),       // 31: allot.v1.ClusterStatusRequest
-	(*Member)(nil),                     // 32: allot.v1.Member
-	(*ClusterStatusResponse)(nil),      // 33: allot.v1.ClusterStatusResponse
-	(*AddVoterRequest)(nil),            // 34: allot.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 35: allot.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),        // 36: allot.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 37: allot.v1.RemoveServerResponse
-	(*TransferLeadershipRequest)(nil),  // 38: allot.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 39: allot.v1.TransferLeadershipResponse
-	(*Command)(nil),                    // 40: allot.v1.Command
-	(*AcquireBatch)(nil),               // 41: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 42: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 43: allot.v1.MemberCommand
+	(*Topology)(nil),                   // 8: allot.v1.Topology
+	(*GroupRoute)(nil),                 // 9: allot.v1.GroupRoute
+	(*KeyGrant)(nil),                   // 10: allot.v1.KeyGrant
+	(*ReleaseRequest)(nil),             // 11: allot.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 12: allot.v1.ReleaseResponse
+	(*WatchRulesRequest)(nil),          // 13: allot.v1.WatchRulesRequest
+	(*RuleFile)(nil),                   // 14: allot.v1.RuleFile
+	(*RuleSet)(nil),                    // 15: allot.v1.RuleSet
+	(*PutRulesRequest)(nil),            // 16: allot.v1.PutRulesRequest
+	(*PutRulesResponse)(nil),           // 17: allot.v1.PutRulesResponse
+	(*GetRulesRequest)(nil),            // 18: allot.v1.GetRulesRequest
+	(*ListLeasesRequest)(nil),          // 19: allot.v1.ListLeasesRequest
+	(*Lease)(nil),                      // 20: allot.v1.Lease
+	(*ListLeasesResponse)(nil),         // 21: allot.v1.ListLeasesResponse
+	(*InspectKeyRequest)(nil),          // 22: allot.v1.InspectKeyRequest
+	(*InspectKeyResponse)(nil),         // 23: allot.v1.InspectKeyResponse
+	(*ListAgentsRequest)(nil),          // 24: allot.v1.ListAgentsRequest
+	(*AgentInfo)(nil),                  // 25: allot.v1.AgentInfo
+	(*ListAgentsResponse)(nil),         // 26: allot.v1.ListAgentsResponse
+	(*TopKeysRequest)(nil),             // 27: allot.v1.TopKeysRequest
+	(*KeyRate)(nil),                    // 28: allot.v1.KeyRate
+	(*TopKeysResponse)(nil),            // 29: allot.v1.TopKeysResponse
+	(*CheckRequest)(nil),               // 30: allot.v1.CheckRequest
+	(*DescriptorStatus)(nil),           // 31: allot.v1.DescriptorStatus
+	(*CheckResponse)(nil),              // 32: allot.v1.CheckResponse
+	(*ClusterStatusRequest)(nil),       // 33: allot.v1.ClusterStatusRequest
+	(*Member)(nil),                     // 34: allot.v1.Member
+	(*ClusterStatusResponse)(nil),      // 35: allot.v1.ClusterStatusResponse
+	(*GroupStatus)(nil),                // 36: allot.v1.GroupStatus
+	(*AddVoterRequest)(nil),            // 37: allot.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 38: allot.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),        // 39: allot.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 40: allot.v1.RemoveServerResponse
+	(*TransferLeadershipRequest)(nil),  // 41: allot.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 42: allot.v1.TransferLeadershipResponse
+	(*Command)(nil),                    // 43: allot.v1.Command
+	(*AcquireBatch)(nil),               // 44: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 45: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 46: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	2,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
 	6,  // 1: allot.v1.AcquireRequest.keys:type_name -> allot.v1.KeyAcquire
 	2,  // 2: allot.v1.KeyAcquire.entries:type_name -> allot.v1.Entry
-	8,  // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
+	10, // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
 	4,  // 4: allot.v1.AcquireResponse.limits:type_name -> allot.v1.Limit
-	0,  // 5: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
-	4,  // 6: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
-	6,  // 7: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
-	12, // 8: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
-	12, // 9: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
-	18, // 10: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
-	2,  // 11: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
-	4,  // 12: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
-	18, // 13: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
-	23, // 14: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
-	26, // 15: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
-	3,  // 16: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
-	1,  // 17: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
-	4,  // 18: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
-	1,  // 19: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
-	29, // 20: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
-	32, // 21: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
-	41, // 22: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	9,  // 23: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	14, // 24: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	42, // 25: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	43, // 26: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	28, // 27: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	5,  // 28: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	32, // 29: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	5,  // 30: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	9,  // 31: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	11, // 32: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	14, // 33: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	16, // 34: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	17, // 35: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	20, // 36: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	22, // 37: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	25, // 38: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	28, // 39: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	31, // 40: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	34, // 41: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	36, // 42: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	38, // 43: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	7,  // 44: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	10, // 45: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	13, // 46: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	15, // 47: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	13, // 48: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	19, // 49: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	21, // 50: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	24, // 51: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	27, // 52: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	30, // 53: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	33, // 54: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	35, // 55: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	37, // 56: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	39, // 57: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	44, // [44:58] is the sub-list for method output_type
-	30, // [30:44] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	8,  // 5: allot.v1.AcquireResponse.topology:type_name -> allot.v1.Topology
+	9,  // 6: allot.v1.Topology.groups:type_name -> allot.v1.GroupRoute
+	0,  // 7: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
+	4,  // 8: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
+	6,  // 9: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
+	14, // 10: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
+	8,  // 11: allot.v1.RuleSet.topology:type_name -> allot.v1.Topology
+	14, // 12: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
+	20, // 13: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
+	2,  // 14: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
+	4,  // 15: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
+	20, // 16: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
+	25, // 17: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
+	28, // 18: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
+	3,  // 19: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
+	1,  // 20: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
+	4,  // 21: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
+	1,  // 22: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
+	31, // 23: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
+	34, // 24: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
+	36, // 25: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
+	44, // 26: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	11, // 27: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	16, // 28: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	45, // 29: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	46, // 30: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	30, // 31: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	5,  // 32: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	34, // 33: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	5,  // 34: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	11, // 35: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	13, // 36: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	16, // 37: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	18, // 38: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	19, // 39: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	22, // 40: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	24, // 41: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	27, // 42: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	30, // 43: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	33, // 44: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	37, // 45: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	39, // 46: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	41, // 47: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	7,  // 48: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	12, // 49: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	15, // 50: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	17, // 51: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	15, // 52: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	21, // 53: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	23, // 54: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	26, // 55: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	29, // 56: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	32, // 57: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	35, // 58: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	38, // 59: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	40, // 60: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	42, // 61: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	48, // [48:62] is the sub-list for method output_type
+	34, // [34:48] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
@@ -3552,7 +3880,7 @@ func file_allot_v1_allot_proto_init() {
 	if File_allot_v1_allot_proto != nil {
 		return
 	}
-	file_allot_v1_allot_proto_msgTypes[38].OneofWrappers = []any{
+	file_allot_v1_allot_proto_msgTypes[41].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),
 		(*Command_PutRules)(nil),
@@ -3566,7 +3894,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   42,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
