@@ -404,9 +404,18 @@ type AcquireRequest struct {
 	// (proto/allot/v1/packed.go) instead of one KeyGrant message per key. An
 	// allocator that does not know the field answers in grants, so a caller
 	// that sets it reads whichever is present (GrantsOf).
-	PackedGrants  bool `protobuf:"varint,6,opt,name=packed_grants,json=packedGrants,proto3" json:"packed_grants,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PackedGrants bool `protobuf:"varint,6,opt,name=packed_grants,json=packedGrants,proto3" json:"packed_grants,omitempty"`
+	// group: the data group the call is addressed to, in a cluster with
+	// several (Topology). A key whose slot that group does not serve is
+	// answered KEY_STATUS_MOVED. 0: the caller knows no topology (a
+	// single-group cluster, or before the first topology arrives); the node
+	// routes each key to the group that owns its slot.
+	Group uint32 `protobuf:"varint,7,opt,name=group,proto3" json:"group,omitempty"`
+	// topology_version: the slot map version the agent routed by (0: none).
+	// An answer from a node that holds a newer one carries its topology.
+	TopologyVersion uint64 `protobuf:"varint,8,opt,name=topology_version,json=topologyVersion,proto3" json:"topology_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
@@ -479,6 +488,20 @@ func (x *AcquireRequest) GetPackedGrants() bool {
 		return x.PackedGrants
 	}
 	return false
+}
+
+func (x *AcquireRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetTopologyVersion() uint64 {
+	if x != nil {
+		return x.TopologyVersion
+	}
+	return 0
 }
 
 // KeyAcquire is one key's report and request inside an Acquire.
@@ -3467,7 +3490,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\x05R\x06shards\x12\x1c\n" +
 	"\tunlimited\x18\v \x01(\bR\tunlimited\x12\x1b\n" +
 	"\trule_path\x18\f \x01(\tR\brulePath\x12\x18\n" +
-	"\arouting\x18\r \x01(\tR\arouting\"\xe3\x01\n" +
+	"\arouting\x18\r \x01(\tR\arouting\"\xa4\x02\n" +
 	"\x0eAcquireRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
@@ -3475,7 +3498,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x04keys\x18\x03 \x03(\v2\x14.allot.v1.KeyAcquireR\x04keys\x12#\n" +
 	"\rrules_version\x18\x04 \x01(\x04R\frulesVersion\x12#\n" +
 	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\x12#\n" +
-	"\rpacked_grants\x18\x06 \x01(\bR\fpackedGrants\"\x84\x02\n" +
+	"\rpacked_grants\x18\x06 \x01(\bR\fpackedGrants\x12\x14\n" +
+	"\x05group\x18\a \x01(\rR\x05group\x12)\n" +
+	"\x10topology_version\x18\b \x01(\x04R\x0ftopologyVersion\"\x84\x02\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
