@@ -34,6 +34,9 @@ func (a *adminService) PutRules(ctx context.Context, req *allotv1.PutRulesReques
 	if len(req.GetFiles()) == 0 && !req.GetReplaceAll() {
 		return nil, status.Error(codes.InvalidArgument, "allocator: put rules: no files")
 	}
+	if req.GetVersion() != 0 {
+		return nil, status.Error(codes.InvalidArgument, "allocator: put rules: version is set only inside the replicated log")
+	}
 	compiled, err := rules.Compile(1, ruleFiles(req.GetFiles()))
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -53,7 +56,9 @@ func (a *adminService) PutRules(ctx context.Context, req *allotv1.PutRulesReques
 				return fmt.Errorf("allocator: put rules applied with unexpected result %T", res)
 			}
 			resp = r
-			return nil
+			// Every data group follows the meta group's rules: answer once
+			// this node's replicas of them have the new version.
+			return s.waitGroupRules(ctx, r.GetVersion())
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
 			r, err := allotv1.NewAdminClient(cc).PutRules(ctx, req)
@@ -132,7 +137,7 @@ func (a *adminService) ListLeases(ctx context.Context, req *allotv1.ListLeasesRe
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	resp, err := a.s.st.ListLeases(req, time.Now().UnixNano())
+	resp, err := a.s.listLeases(req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
 	}
@@ -146,7 +151,7 @@ func (a *adminService) InspectKey(ctx context.Context, req *allotv1.InspectKeyRe
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	resp, err := a.s.st.InspectKey(req, time.Now().UnixNano())
+	resp, err := a.s.inspectKey(req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
 	}
@@ -161,14 +166,14 @@ func (a *adminService) ListAgents(ctx context.Context, _ *allotv1.ListAgentsRequ
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	return a.s.st.ListAgents(time.Now().UnixNano()), nil
+	return a.s.listAgents(time.Now().UnixNano()), nil
 }
 
 func (a *adminService) TopKeys(ctx context.Context, req *allotv1.TopKeysRequest) (*allotv1.TopKeysResponse, error) {
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	resp := a.s.st.TopKeys(req, time.Now().UnixNano())
+	resp := a.s.topKeys(req, time.Now().UnixNano())
 	if !showKeys(ctx, a.s.guard.authOn) {
 		for _, k := range resp.GetKeys() {
 			k.Key = redactKey(k.GetKey())
@@ -183,10 +188,14 @@ func (a *adminService) Check(ctx context.Context, req *allotv1.CheckRequest) (*a
 	if err := ValidateCheck(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	r, err := s.checkRaft(req)
+	if err != nil {
+		return nil, err
+	}
 	var resp *allotv1.CheckResponse
-	err := s.onLeader(ctx, false,
+	err = s.onRaftLeader(ctx, r, false,
 		func(ctx context.Context) error {
-			res, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Check{Check: req}})
+			res, err := s.applyOn(r, &allotv1.Command{Cmd: &allotv1.Command_Check{Check: req}})
 			if err != nil {
 				return err
 			}
@@ -271,6 +280,7 @@ func (a *adminService) ClusterStatus(context.Context, *allotv1.ClusterStatusRequ
 		return nil, s.status(err)
 	}
 	resp.Members = members
+	s.groupsStatus(resp)
 	return resp, nil
 }
 
@@ -339,9 +349,15 @@ func (a *adminService) AddVoter(ctx context.Context, req *allotv1.AddVoterReques
 	if req.GetId() == "" || req.GetRaftAddr() == "" || len(req.GetId()) > allotv1.MaxIDBytes {
 		return nil, status.Error(codes.InvalidArgument, "allocator: add voter: id (at most 256 bytes) and raft_addr are required")
 	}
+	if s.multi() && req.GetGroup() != 0 {
+		return s.addGroupVoter(ctx, req)
+	}
 	err := s.onLeader(ctx, true,
 		func(ctx context.Context) error {
-			return s.addVoter(req.GetId(), req.GetRaftAddr(), req.GetGrpcAddr(), req.GetHttpAddr())
+			if err := s.addVoter(req.GetId(), req.GetRaftAddr(), req.GetGrpcAddr(), req.GetHttpAddr()); err != nil {
+				return err
+			}
+			return s.addVoterToGroups(req)
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
 			_, err := allotv1.NewAdminClient(cc).AddVoter(ctx, req)
@@ -449,10 +465,14 @@ func (s *Server) forgetMember(id string) error {
 // one) and waits, within the call's deadline, until a new leader is known.
 func (a *adminService) TransferLeadership(ctx context.Context, req *allotv1.TransferLeadershipRequest) (*allotv1.TransferLeadershipResponse, error) {
 	s := a.s
+	r, err := s.groupRaft(req.GetGroup())
+	if err != nil {
+		return nil, err
+	}
 	var resp *allotv1.TransferLeadershipResponse
-	err := s.onLeader(ctx, false,
+	err = s.onRaftLeader(ctx, r, false,
 		func(ctx context.Context) error {
-			id, err := s.transferLeadership(ctx, req.GetId())
+			id, err := s.transferLeadership(ctx, r, req.GetId())
 			if err == nil {
 				resp = &allotv1.TransferLeadershipResponse{LeaderId: id}
 			}
@@ -469,9 +489,8 @@ func (a *adminService) TransferLeadership(ctx context.Context, req *allotv1.Tran
 	return resp, nil
 }
 
-// transferLeadership runs on the leader.
-func (s *Server) transferLeadership(ctx context.Context, target string) (string, error) {
-	r := s.node.raft
+// transferLeadership runs on the leader of the Raft group r.
+func (s *Server) transferLeadership(ctx context.Context, r *raft.Raft, target string) (string, error) {
 	if target == s.cfg.NodeID {
 		return target, nil
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	"github.com/allot/allot/pkg/tlsconfig"
 )
 
@@ -61,6 +62,14 @@ type Config struct {
 	// removed, or registered by hand at addresses it never advertised.
 	Bootstrap bool
 	Join      string
+	// Groups is the number of data groups a bootstrapping node creates
+	// (default 1). One is a single-group cluster: one Raft group, in
+	// DataDir itself, that holds the rules and serves every key. With more,
+	// the node creates the meta group 0 (rules, member records, the slot
+	// map) and data groups 1..Groups, which own the key slots evenly, each
+	// a Raft group under DataDir/groups/<id>/ (docs/groups.md). Only with
+	// Bootstrap: a joining node takes the cluster's groups.
+	Groups int
 
 	// InitialRules are applied by a leader that finds the replicated rule set
 	// empty (normally once, right after bootstrap). They are compiled by New,
@@ -383,6 +392,16 @@ func (c Config) Validate() error {
 	}
 	if c.Bootstrap && c.Join != "" {
 		bad("Bootstrap and Join are mutually exclusive")
+	}
+	switch {
+	case c.Groups < 0 || c.Groups > slots.Count:
+		bad("Groups %d: want 1 to %d", c.Groups, slots.Count)
+	case c.Groups > 1 && c.Join != "":
+		bad("Groups and Join are mutually exclusive: a joining node takes the cluster's groups")
+	case c.Groups > 1 && !c.Bootstrap:
+		bad("Groups needs Bootstrap: the groups are set when a cluster is bootstrapped")
+	case c.Groups > 1 && c.transport != nil:
+		bad("Groups needs the TCP Raft transport")
 	}
 	if c.Join != "" {
 		if _, _, err := net.SplitHostPort(c.Join); err != nil {

@@ -283,6 +283,7 @@ func (s *Server) watermarkLoop() {
 			if err := s.node.writeWatermark(s.fsm); err != nil {
 				s.log.Warn("watermark not written", "err", err)
 			}
+			s.writeGroupWatermarks()
 		}
 	}
 }

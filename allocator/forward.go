@@ -111,6 +111,16 @@ func (s *Server) onLeader(ctx context.Context, idempotent bool,
 	local func(ctx context.Context) error,
 	remote func(ctx context.Context, cc *grpc.ClientConn) error,
 ) error {
+	return s.onRaftLeader(ctx, s.node.raft, idempotent, local, remote)
+}
+
+// onRaftLeader is onLeader for the Raft group r (one of the groups this
+// node hosts): local runs when this node leads r, and remote is sent to
+// r's leader otherwise.
+func (s *Server) onRaftLeader(ctx context.Context, r *raft.Raft, idempotent bool,
+	local func(ctx context.Context) error,
+	remote func(ctx context.Context, cc *grpc.ClientConn) error,
+) error {
 	forwarded := isForwarded(ctx)
 	deadline := time.Now().Add(s.cfg.ForwardWait)
 	wait := 5 * time.Millisecond
@@ -122,13 +132,13 @@ func (s *Server) onLeader(ctx context.Context, idempotent bool,
 		default:
 		}
 		var err error
-		if s.node.raft.State() == raft.Leader {
+		if r.State() == raft.Leader {
 			err = local(ctx)
 		} else if forwarded {
 			// The sender retries elsewhere; a second hop could loop.
 			return errForwardedNotLeader
 		} else {
-			err = s.forward(ctx, remote)
+			err = s.forward(ctx, s.hintFor(r), remote)
 		}
 		if err == nil || !retryable(err, idempotent) || ctx.Err() != nil {
 			return err
@@ -151,11 +161,10 @@ func (s *Server) onLeader(ctx context.Context, idempotent bool,
 	}
 }
 
-// forward sends the call to the leader known to this node, marked as
+// forward sends the call to the leader h known to this node, marked as
 // forwarded. An answer from the leader carries the leader's address in the
 // response header allotv1.LeaderAddrHeader.
-func (s *Server) forward(ctx context.Context, remote func(context.Context, *grpc.ClientConn) error) error {
-	h := s.leaderHint()
+func (s *Server) forward(ctx context.Context, h leaderHint, remote func(context.Context, *grpc.ClientConn) error) error {
 	if h.id == "" || h.addr == "" || h.id == s.cfg.NodeID {
 		// No leader, the leader has not registered its address yet, or Raft
 		// still names this node after losing leadership.

@@ -56,6 +56,10 @@ type fsm struct {
 	// applied: a test delays the FSM with it.
 	beforeApply func(l *raft.Log)
 
+	// outer, when set, is the raft.FSM Raft drives instead of this one: it
+	// wraps this fsm (the meta group's, meta_fsm.go).
+	outer raft.FSM
+
 	mu sync.Mutex // guards restoreErr
 	// restoreErr is the first Restore failure. Raft would fall back to an
 	// older snapshot; openNode turns it into a startup error instead.

@@ -2,32 +2,39 @@ package allocator
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/allot/allot/allocator/state"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // leaderLoop owns the leader's duties: it starts them when this node gains
 // leadership and cancels them when it loses it or the Server stops.
-func (s *Server) leaderLoop() {
+func (s *Server) leaderLoop() { s.runLeaderLoop(s.node.raft, s.log, s.leaderDuties) }
+
+// runLeaderLoop runs f while this node leads the Raft group r.
+func (s *Server) runLeaderLoop(r *raft.Raft, log *slog.Logger, f func(ctx context.Context)) {
 	var cur *duties
 	defer func() { cur.stop() }()
 	for {
 		select {
 		case <-s.stopLoops:
 			return
-		case isLeader := <-s.node.raft.LeaderCh():
+		case isLeader := <-r.LeaderCh():
 			s.metrics.leaderChanges.Inc()
 			// true twice in a row means leadership was lost and regained
 			// in between: restart the duties either way.
 			cur.stop()
 			cur = nil
 			if isLeader {
-				s.log.Info("became leader")
-				cur = s.startDuties()
+				log.Info("became leader")
+				cur = s.startDuties(f)
 			} else {
-				s.log.Info("lost leadership")
+				log.Info("lost leadership")
 			}
 		}
 	}
@@ -39,14 +46,14 @@ type duties struct {
 	done   chan struct{}
 }
 
-// startDuties runs leaderDuties in a goroutine owned by leaderLoop, which
-// stops it (and waits for it) with stop.
-func (s *Server) startDuties() *duties {
+// startDuties runs f (a group's leader duties) in a goroutine owned by
+// the group's leader loop, which stops it (and waits for it) with stop.
+func (s *Server) startDuties(f func(ctx context.Context)) *duties {
 	ctx, cancel := context.WithCancel(s.baseCtx)
 	d := &duties{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
-		s.leaderDuties(ctx)
+		f(ctx)
 	}()
 	return d
 }
@@ -99,25 +106,32 @@ func (s *Server) leaderDuties(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			sweep := now.Sub(lastSweep) >= s.cfg.SweepInterval
-			stats := s.st.Stats()
-			cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, stats.ExpireBacklog), SkipSweep: !sweep}
-			// Nothing due: no entry, unless a sweep is due and there are
-			// keys to sweep. An idle group commits one Expire a
-			// SweepInterval while it tracks keys, none once it tracks none.
-			if (!sweep || stats.Keys == 0) && s.st.ExpireIdle(now.UnixNano(), cmd.MaxEntries) {
-				continue
-			}
-			if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: cmd}}); err != nil {
-				if ctx.Err() == nil {
-					s.log.Warn("expire failed", "err", err)
-				}
-				continue
-			}
-			if sweep {
-				lastSweep = now
-			}
+			s.expireOnce(ctx, s.st, s.apply, now, &lastSweep)
 		}
+	}
+}
+
+// expireOnce commits an ExpireCommand through apply when a lease or agent
+// of st is due at now, or a sweep is (at most every SweepInterval, since
+// *lastSweep).
+func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*allotv1.Command) (any, error), now time.Time, lastSweep *time.Time) {
+	sweep := now.Sub(*lastSweep) >= s.cfg.SweepInterval
+	stats := st.Stats()
+	cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, stats.ExpireBacklog), SkipSweep: !sweep}
+	// Nothing due: no entry, unless a sweep is due and there are
+	// keys to sweep. An idle group commits one Expire a
+	// SweepInterval while it tracks keys, none once it tracks none.
+	if (!sweep || stats.Keys == 0) && st.ExpireIdle(now.UnixNano(), cmd.MaxEntries) {
+		return
+	}
+	if _, err := apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: cmd}}); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("expire failed", "err", err)
+		}
+		return
+	}
+	if sweep {
+		*lastSweep = now
 	}
 }
 

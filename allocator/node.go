@@ -201,7 +201,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		return nil, fmt.Errorf("allocator: raft log cache: %w", err)
 	}
 	n.logs = logs
-	n.raft, err = raft.NewRaft(rc, f, logs, n.store, n.snaps, n.trans)
+	n.raft, err = raft.NewRaft(rc, f.raftFSM(), logs, n.store, n.snaps, n.trans)
 	if err != nil {
 		if rerr := f.restoreError(); rerr != nil {
 			return nil, fmt.Errorf("allocator: restore snapshot from %s: %w", filepath.Join(dir, snapshotsDir), rerr)

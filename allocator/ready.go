@@ -76,6 +76,10 @@ func (s *Server) readiness() readiness {
 		rd.Reason = reason
 		return rd
 	}
+	if reason := s.groupsNotReady(); reason != "" {
+		rd.Reason = reason
+		return rd
+	}
 	if len(s.cfg.InitialRules) > 0 && rd.RulesVersion == 0 {
 		rd.Reason = "initial rules not applied yet"
 		return rd

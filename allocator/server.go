@@ -40,6 +40,9 @@ type Server struct {
 	node    *node
 	mux     *raftmux.Mux // the Raft listener (nil with a test transport)
 	batcher *batcher
+	// grp is the runtime of a cluster with several groups (groups.go);
+	// nil in a single-group cluster.
+	grp     *groupSet
 	fwd     *forwarder
 	guard   *guard
 	tls     *tlsconfig.Loader // nil without TLS
@@ -188,19 +191,20 @@ func New(cfg Config) (*Server, error) {
 		}
 		stream, bound = g0, s.mux.BoundAddr()
 	}
-	if s.node, err = openNode(cfg, s.fsm, newHCLogAdapter(s.log, "raft"), stream, bound); err != nil {
+	g0, err := s.prepareGroups()
+	if err != nil {
+		return nil, err
+	}
+	if s.node, err = openNode(g0, s.fsm, newHCLogAdapter(s.log, "raft"), stream, bound); err != nil {
 		return nil, err
 	}
 	if err = s.register(&stateCollector{s: s}); err != nil {
 		return nil, err
 	}
-	s.batcher = newBatcher(s.proposeData, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
-	s.batcher.legacy = cfg.LegacyAcquireEntries
-	s.batcher.linger = max(cfg.BatchLinger, 0)
-	s.batcher.maxQueue = cfg.MaxQueuedAcquires
-	s.batcher.observe = s.metrics.observeBatch
-	s.batcher.queued = func(d time.Duration) { s.metrics.batchQueue.Observe(d.Seconds()) }
-	s.batcher.start()
+	s.batcher = s.newGroupBatcher(s.proposeData)
+	if err = s.openDataGroups(); err != nil {
+		return nil, err
+	}
 
 	if err = s.startGRPC(); err != nil {
 		return nil, err
@@ -245,6 +249,7 @@ func (s *Server) abortStart() {
 		s.batcher.close()
 	}
 	s.wg.Wait()
+	s.closeGroups()
 	s.node.close()
 	s.closeRaftListener()
 	s.fwd.close()
@@ -378,8 +383,12 @@ func (s *Server) Leader() (id, grpcAddr string) {
 }
 
 // leaderHint returns the leader's id and, if registered, gRPC address.
-func (s *Server) leaderHint() leaderHint {
-	_, id := s.node.raft.LeaderWithID()
+func (s *Server) leaderHint() leaderHint { return s.hintFor(s.node.raft) }
+
+// hintFor returns the leader of the Raft group r (one this node hosts):
+// its id and, if registered, gRPC address.
+func (s *Server) hintFor(r *raft.Raft) leaderHint {
+	_, id := r.LeaderWithID()
 	if id == "" {
 		return leaderHint{}
 	}
@@ -454,18 +463,24 @@ func (s *Server) advanceStamp(t int64) {
 // propose commits cmd through Raft and returns the FSM's result; an error
 // result from the FSM is returned as the error. Both ApplyFuture.Error()
 // and Response() are checked.
-func (s *Server) propose(cmd *allotv1.Command) (any, error) {
+func (s *Server) propose(cmd *allotv1.Command) (any, error) { return s.proposeCmd(s.node.raft, cmd) }
+
+// proposeCmd is propose in the Raft group r.
+func (s *Server) proposeCmd(r *raft.Raft, cmd *allotv1.Command) (any, error) {
 	data, err := proto.Marshal(cmd)
 	if err != nil {
 		return nil, fmt.Errorf("allocator: encode command: %w", err)
 	}
-	return s.proposeData(data)
+	return s.proposeOn(r, data)
 }
 
 // proposeData commits an encoded log entry, as propose does.
-func (s *Server) proposeData(data []byte) (any, error) {
+func (s *Server) proposeData(data []byte) (any, error) { return s.proposeOn(s.node.raft, data) }
+
+// proposeOn commits an encoded log entry in the Raft group r.
+func (s *Server) proposeOn(r *raft.Raft, data []byte) (any, error) {
 	start := time.Now()
-	f := s.node.raft.Apply(data, s.cfg.ApplyTimeout)
+	f := r.Apply(data, s.cfg.ApplyTimeout)
 	if err := f.Error(); err != nil {
 		return nil, err
 	}
@@ -478,9 +493,26 @@ func (s *Server) proposeData(data []byte) (any, error) {
 }
 
 // apply stamps and proposes a command that is not batched.
-func (s *Server) apply(cmd *allotv1.Command) (any, error) {
+func (s *Server) apply(cmd *allotv1.Command) (any, error) { return s.applyOn(s.node.raft, cmd) }
+
+// applyOn is apply in the Raft group r.
+func (s *Server) applyOn(r *raft.Raft, cmd *allotv1.Command) (any, error) {
 	cmd.NowUnixNanos = s.stamp()
-	return s.propose(cmd)
+	return s.proposeCmd(r, cmd)
+}
+
+// newGroupBatcher starts a batcher of Acquire calls that commits its
+// entries with propose (a group's Raft).
+func (s *Server) newGroupBatcher(propose func([]byte) (any, error)) *batcher {
+	cfg := s.cfg
+	b := newBatcher(propose, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
+	b.legacy = cfg.LegacyAcquireEntries
+	b.linger = max(cfg.BatchLinger, 0)
+	b.maxQueue = cfg.MaxQueuedAcquires
+	b.observe = s.metrics.observeBatch
+	b.queued = func(d time.Duration) { s.metrics.batchQueue.Observe(d.Seconds()) }
+	b.start()
+	return b
 }
 
 // Shutdown stops the node gracefully: it stops accepting calls, hands
@@ -502,8 +534,8 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 	s.log.Info("allocator shutting down", "graceful", graceful)
 	var errs []error
 	s.health.Shutdown()
-	if graceful && s.IsLeader() && s.hasOtherVoters() {
-		s.handOver(ctx)
+	if graceful {
+		s.handOverGroups(ctx)
 	}
 	close(s.done)
 	s.cancelBase()
@@ -525,6 +557,7 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 	}
 	close(s.stopLoops)
 	s.batcher.close()
+	errs = append(errs, s.closeGroups()...)
 
 	if err := s.node.raft.Shutdown().Error(); err != nil {
 		errs = append(errs, fmt.Errorf("allocator: raft shutdown: %w", err))
@@ -549,8 +582,7 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 // handOver transfers leadership before shutting down, bounded by ctx and
 // raft's own transfer timeout. It first checks that a quorum still answers
 // (VerifyLeader): a transfer to voters that are all gone would only wait.
-func (s *Server) handOver(ctx context.Context) {
-	r := s.node.raft
+func (s *Server) handOver(ctx context.Context, r *raft.Raft) {
 	errc := make(chan error, 1)
 	go func() { // ends with raft's lease timeout, the transfer timeout or raft.Shutdown
 		if err := r.VerifyLeader().Error(); err != nil {
@@ -571,10 +603,10 @@ func (s *Server) handOver(ctx context.Context) {
 	}
 }
 
-// hasOtherVoters reports whether the configuration has a voter besides
-// this node (a leadership transfer needs one).
-func (s *Server) hasOtherVoters() bool {
-	f := s.node.raft.GetConfiguration()
+// hasOtherVoters reports whether the configuration of the Raft group r
+// has a voter besides this node (a leadership transfer needs one).
+func (s *Server) hasOtherVoters(r *raft.Raft) bool {
+	f := r.GetConfiguration()
 	if f.Error() != nil {
 		return false
 	}

@@ -30,6 +30,9 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 		s.metrics.acquireCalls.WithLabelValues("invalid").Inc()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if s.multi() {
+		return a.acquireGroups(ctx, req)
+	}
 	var resp *allotv1.AcquireResponse
 	start := time.Now()
 	var path string // the last attempt's: local or forwarded
@@ -94,6 +97,10 @@ func (a *allocatorService) Release(ctx context.Context, req *allotv1.ReleaseRequ
 	if err := state.ValidateRelease(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if s.multi() {
+		resp, err := s.releaseRouted(ctx, req)
+		return resp, s.status(err)
+	}
 	var resp *allotv1.ReleaseResponse
 	err := s.onLeader(ctx, true,
 		func(ctx context.Context) error {
@@ -125,6 +132,9 @@ func (a *allocatorService) Release(ctx context.Context, req *allotv1.ReleaseRequ
 // applied, once it has caught up (waitServable). The stream ends when the client leaves or the Server shuts down.
 func (a *allocatorService) WatchRules(req *allotv1.WatchRulesRequest, stream grpc.ServerStreamingServer[allotv1.RuleSet]) error {
 	s := a.s
+	if s.multi() {
+		return s.watchRouted(req, stream)
+	}
 	ctx := stream.Context()
 	// A replica that has not applied what was committed when it started
 	// would stream rules older than the cluster's.

@@ -8,7 +8,8 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// applyPutRules compiles and installs a new rule set (version = current+1).
+// applyPutRules compiles and installs a new rule set (version = current+1,
+// or req.Version when set: a data group following the meta group).
 // Without replace_all only the domains named by the files are replaced. A
 // compile error wraps ErrInvalid and names file:line; an expected_version
 // mismatch wraps ErrFailedPrecondition; dry_run validates and changes
@@ -41,6 +42,13 @@ func (c *core) applyPutRules(req *allotv1.PutRulesRequest, now int64) (*allotv1.
 		return nil, fmt.Errorf("%w: rules are %d bytes, at most %d", ErrInvalid, size, maxRuleYAML)
 	}
 	version := cur + 1
+	if req.Version != 0 {
+		// A data group installing the meta group's rule set at its version.
+		if req.Version <= cur {
+			return nil, fmt.Errorf("%w: rules version is %d, not below %d", ErrFailedPrecondition, cur, req.Version)
+		}
+		version = req.Version
+	}
 	merged := files
 	if !req.ReplaceAll {
 		named, err := rules.Compile(version, files)

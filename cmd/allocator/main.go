@@ -2,6 +2,8 @@
 //
 // Start the first node with -bootstrap (and -rules for the initial rule
 // set), the others with -join pointing at any member's gRPC address.
+// -bootstrap -groups N starts a cluster whose key slots are spread over N
+// Raft groups (docs/groups.md); the nodes that join take its groups.
 // Restarting a node with the same -node-id and -data-dir resumes it;
 // -bootstrap is then ignored, and -join only serves to re-register the
 // node if it comes back at other addresses. A node whose IP may change
@@ -100,6 +102,7 @@ func parse(args []string) (*options, error) {
 		advHTTP       = fs.String("advertise-http-addr", "", "HTTP address HOST:PORT recorded for this node (default: the bound -http-addr)")
 		bootstrap     = fs.Bool("bootstrap", false, "bootstrap a new one-node cluster (ignored when the data dir has state)")
 		join          = fs.String("join", "", "gRPC address HOST:PORT of any member to join (ignored when the data dir has state)")
+		groups        = fs.Int("groups", 1, "with -bootstrap: the number of data groups (Raft groups that share the key slots); 1 is a single-group cluster (docs/groups.md)")
 		heartbeat     = fs.Duration("heartbeat-timeout", def.HeartbeatTimeout, "Raft heartbeat timeout")
 		election      = fs.Duration("election-timeout", def.ElectionTimeout, "Raft election timeout")
 		leaderLease   = fs.Duration("leader-lease-timeout", def.LeaderLeaseTimeout, "Raft leader lease timeout")
@@ -173,6 +176,15 @@ func parse(args []string) (*options, error) {
 	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = *grpcAddr, *raftAddr, *httpAddr
 	cfg.AdvertiseGRPCAddr, cfg.AdvertiseRaftAddr, cfg.AdvertiseHTTPAddr = *advGRPC, *advRaft, *advHTTP
 	cfg.Bootstrap, cfg.Join = *bootstrap, *join
+	if *groups < 1 {
+		return nil, fmt.Errorf("-groups %d: want at least 1 (1 is a single-group cluster)", *groups)
+	}
+	groupsSet := false
+	fs.Visit(func(f *flag.Flag) { groupsSet = groupsSet || f.Name == "groups" })
+	if groupsSet && *join != "" {
+		return nil, errors.New("-groups with -join: a joining node takes the cluster's groups; give -groups only with -bootstrap")
+	}
+	cfg.Groups = *groups
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
 	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery

@@ -149,6 +149,73 @@ func (Code) EnumDescriptor() ([]byte, []int) {
 	return file_allot_v1_allot_proto_rawDescGZIP(), []int{1}
 }
 
+type MetaOp int32
+
+const (
+	MetaOp_META_OP_UNSPECIFIED MetaOp = 0
+	MetaOp_META_OP_BOOTSTRAP   MetaOp = 1
+	MetaOp_META_OP_ADD_GROUP   MetaOp = 2
+	MetaOp_META_OP_SET_MEMBERS MetaOp = 3
+	MetaOp_META_OP_BEGIN_MOVE  MetaOp = 4
+	MetaOp_META_OP_FROZE       MetaOp = 5
+	MetaOp_META_OP_TRANSFERRED MetaOp = 6
+	MetaOp_META_OP_COMMIT      MetaOp = 7
+	MetaOp_META_OP_ABORT       MetaOp = 8
+)
+
+// Enum value maps for MetaOp.
+var (
+	MetaOp_name = map[int32]string{
+		0: "META_OP_UNSPECIFIED",
+		1: "META_OP_BOOTSTRAP",
+		2: "META_OP_ADD_GROUP",
+		3: "META_OP_SET_MEMBERS",
+		4: "META_OP_BEGIN_MOVE",
+		5: "META_OP_FROZE",
+		6: "META_OP_TRANSFERRED",
+		7: "META_OP_COMMIT",
+		8: "META_OP_ABORT",
+	}
+	MetaOp_value = map[string]int32{
+		"META_OP_UNSPECIFIED": 0,
+		"META_OP_BOOTSTRAP":   1,
+		"META_OP_ADD_GROUP":   2,
+		"META_OP_SET_MEMBERS": 3,
+		"META_OP_BEGIN_MOVE":  4,
+		"META_OP_FROZE":       5,
+		"META_OP_TRANSFERRED": 6,
+		"META_OP_COMMIT":      7,
+		"META_OP_ABORT":       8,
+	}
+)
+
+func (x MetaOp) Enum() *MetaOp {
+	p := new(MetaOp)
+	*p = x
+	return p
+}
+
+func (x MetaOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MetaOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_allot_v1_allot_proto_enumTypes[2].Descriptor()
+}
+
+func (MetaOp) Type() protoreflect.EnumType {
+	return &file_allot_v1_allot_proto_enumTypes[2]
+}
+
+func (x MetaOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MetaOp.Descriptor instead.
+func (MetaOp) EnumDescriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{2}
+}
+
 // Entry is one key/value pair of a rate limit descriptor, as in Envoy.
 type Entry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -978,11 +1045,15 @@ func (x *KeyGrant) GetHeld() int64 {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AgentId       string                 `protobuf:"bytes,1,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
-	RequestId     uint64                 `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // shares the Acquire sequence
-	Keys          []*KeyAcquire          `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`                             // returned/charged honoured; want ignored
-	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`                              // end every lease of this agent (shutdown)
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	AgentId   string                 `protobuf:"bytes,1,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	RequestId uint64                 `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // shares the Acquire sequence
+	Keys      []*KeyAcquire          `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`                             // returned/charged honoured; want ignored
+	All       bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`                              // end every lease of this agent (shutdown)
+	// group: in a cluster with several groups, the data group the call is
+	// addressed to; 0: the node sends each group its keys (and, with all,
+	// every group the call).
+	Group         uint32 `protobuf:"varint,5,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1043,6 +1114,13 @@ func (x *ReleaseRequest) GetAll() bool {
 		return x.All
 	}
 	return false
+}
+
+func (x *ReleaseRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type ReleaseResponse struct {
@@ -1295,8 +1373,12 @@ type PutRulesRequest struct {
 	// set): FailedPrecondition if the current version differs.
 	ExpectedVersion uint64 `protobuf:"varint,3,opt,name=expected_version,json=expectedVersion,proto3" json:"expected_version,omitempty"`
 	DryRun          bool   `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"` // validate and report, change nothing
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// version: set only inside the replicated log of a data group, which
+	// installs the meta group's rule set at the meta group's version. A
+	// PutRules call that sets it is refused.
+	Version       uint64 `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutRulesRequest) Reset() {
@@ -1355,6 +1437,13 @@ func (x *PutRulesRequest) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *PutRulesRequest) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 type PutRulesResponse struct {
@@ -2280,10 +2369,14 @@ func (x *TopKeysResponse) GetNowUnixMs() int64 {
 // CheckRequest runs one authoritative check-and-take against the global
 // budget (committed through Raft), as a debugging aid.
 type CheckRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
-	Descriptors   []*Descriptor          `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
-	Hits          uint32                 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"` // 0 means 1
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Domain      string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Descriptors []*Descriptor          `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Hits        uint32                 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"` // 0 means 1
+	// group: in a cluster with several groups, the data group the call is
+	// addressed to (0: the group that owns the descriptors' keys; a check
+	// whose keys are in several groups is refused).
+	Group         uint32 `protobuf:"varint,4,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2335,6 +2428,13 @@ func (x *CheckRequest) GetDescriptors() []*Descriptor {
 func (x *CheckRequest) GetHits() uint32 {
 	if x != nil {
 		return x.Hits
+	}
+	return 0
+}
+
+func (x *CheckRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
 	}
 	return 0
 }
@@ -2628,6 +2728,7 @@ type ClusterStatusResponse struct {
 	LastSnapshotIndex uint64                 `protobuf:"varint,13,opt,name=last_snapshot_index,json=lastSnapshotIndex,proto3" json:"last_snapshot_index,omitempty"`
 	Groups            []*GroupStatus         `protobuf:"bytes,14,rep,name=groups,proto3" json:"groups,omitempty"` // every group, meta group 0 first; absent in a single-group cluster
 	TopologyVersion   uint64                 `protobuf:"varint,15,opt,name=topology_version,json=topologyVersion,proto3" json:"topology_version,omitempty"`
+	ClusterId         string                 `protobuf:"bytes,16,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"` // the cluster's id (a cluster with several groups)
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -2767,6 +2868,13 @@ func (x *ClusterStatusResponse) GetTopologyVersion() uint64 {
 	return 0
 }
 
+func (x *ClusterStatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
 type GroupStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // 0 is the meta group
@@ -2868,11 +2976,15 @@ func (x *GroupStatus) GetState() string {
 }
 
 type AddVoterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	GrpcAddr      string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	HttpAddr      string                 `protobuf:"bytes,4,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	GrpcAddr string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	HttpAddr string                 `protobuf:"bytes,4,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
+	// group: in a cluster with several groups, the data group to add the
+	// voter to; 0 adds it to the meta group and then to every data group
+	// (what a joining node asks).
+	Group         uint32 `protobuf:"varint,5,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2933,6 +3045,13 @@ func (x *AddVoterRequest) GetHttpAddr() string {
 		return x.HttpAddr
 	}
 	return ""
+}
+
+func (x *AddVoterRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type AddVoterResponse struct {
@@ -3053,7 +3172,8 @@ func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
 
 type TransferLeadershipRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // empty: any suitable voter
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`        // empty: any suitable voter
+	Group         uint32                 `protobuf:"varint,2,opt,name=group,proto3" json:"group,omitempty"` // the group whose leadership moves (0: the meta group, or the only group)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3093,6 +3213,13 @@ func (x *TransferLeadershipRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *TransferLeadershipRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type TransferLeadershipResponse struct {
@@ -3155,6 +3282,7 @@ type Command struct {
 	//	*Command_Expire
 	//	*Command_Member
 	//	*Command_Check
+	//	*Command_Meta
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3265,6 +3393,15 @@ func (x *Command) GetCheck() *CheckRequest {
 	return nil
 }
 
+func (x *Command) GetMeta() *MetaCommand {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Meta); ok {
+			return x.Meta
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -3293,6 +3430,10 @@ type Command_Check struct {
 	Check *CheckRequest `protobuf:"bytes,15,opt,name=check,proto3,oneof"`
 }
 
+type Command_Meta struct {
+	Meta *MetaCommand `protobuf:"bytes,16,opt,name=meta,proto3,oneof"`
+}
+
 func (*Command_Acquire) isCommand_Cmd() {}
 
 func (*Command_Release) isCommand_Cmd() {}
@@ -3305,6 +3446,119 @@ func (*Command_Member) isCommand_Cmd() {}
 
 func (*Command_Check) isCommand_Cmd() {}
 
+func (*Command_Meta) isCommand_Cmd() {}
+
+// MetaCommand changes the meta group's state (allocator/meta): the groups,
+// their members and the slot map. It is applied only by the meta group
+// (group 0 of a cluster with several groups).
+type MetaCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Op            MetaOp                 `protobuf:"varint,1,opt,name=op,proto3,enum=allot.v1.MetaOp" json:"op,omitempty"`
+	ClusterId     string                 `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`     // BOOTSTRAP
+	DataGroups    uint32                 `protobuf:"varint,3,opt,name=data_groups,json=dataGroups,proto3" json:"data_groups,omitempty"` // BOOTSTRAP: groups 1..data_groups own the slots
+	Members       []string               `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`                          // BOOTSTRAP, ADD_GROUP, SET_MEMBERS
+	Group         uint32                 `protobuf:"varint,5,opt,name=group,proto3" json:"group,omitempty"`                             // SET_MEMBERS; BEGIN_MOVE: the target
+	Slots         string                 `protobuf:"bytes,6,opt,name=slots,proto3" json:"slots,omitempty"`                              // BEGIN_MOVE: one range, "A-B"
+	MoveId        uint64                 `protobuf:"varint,7,opt,name=move_id,json=moveId,proto3" json:"move_id,omitempty"`             // FROZE, TRANSFERRED, COMMIT, ABORT
+	Index         uint64                 `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`                             // FROZE, TRANSFERRED: the reporting group's log index
+	Reason        string                 `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`                            // ABORT
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaCommand) Reset() {
+	*x = MetaCommand{}
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaCommand) ProtoMessage() {}
+
+func (x *MetaCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaCommand.ProtoReflect.Descriptor instead.
+func (*MetaCommand) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *MetaCommand) GetOp() MetaOp {
+	if x != nil {
+		return x.Op
+	}
+	return MetaOp_META_OP_UNSPECIFIED
+}
+
+func (x *MetaCommand) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *MetaCommand) GetDataGroups() uint32 {
+	if x != nil {
+		return x.DataGroups
+	}
+	return 0
+}
+
+func (x *MetaCommand) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *MetaCommand) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *MetaCommand) GetSlots() string {
+	if x != nil {
+		return x.Slots
+	}
+	return ""
+}
+
+func (x *MetaCommand) GetMoveId() uint64 {
+	if x != nil {
+		return x.MoveId
+	}
+	return 0
+}
+
+func (x *MetaCommand) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *MetaCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // AcquireBatch carries many agents' Acquire calls in one log entry.
 type AcquireBatch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3315,7 +3569,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3581,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3594,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -3369,7 +3623,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3381,7 +3635,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3394,7 +3648,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -3422,7 +3676,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3688,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3701,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -3546,13 +3800,14 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05limit\x18\t \x01(\v2\x0f.allot.v1.LimitR\x05limit\x12\x16\n" +
 	"\x06agents\x18\n" +
 	" \x01(\rR\x06agents\x12\x12\n" +
-	"\x04held\x18\v \x01(\x03R\x04held\"\x86\x01\n" +
+	"\x04held\x18\v \x01(\x03R\x04held\"\x9c\x01\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\x04R\trequestId\x12(\n" +
 	"\x04keys\x18\x03 \x03(\v2\x14.allot.v1.KeyAcquireR\x04keys\x12\x10\n" +
-	"\x03all\x18\x04 \x01(\bR\x03all\"P\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12\x14\n" +
+	"\x05group\x18\x05 \x01(\rR\x05group\"P\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breturned\x18\x01 \x01(\x03R\breturned\x12!\n" +
 	"\fleases_ended\x18\x02 \x01(\rR\vleasesEnded\"S\n" +
@@ -3567,13 +3822,14 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05files\x18\x02 \x03(\v2\x12.allot.v1.RuleFileR\x05files\x12&\n" +
 	"\x0fupdated_unix_ms\x18\x03 \x01(\x03R\rupdatedUnixMs\x12.\n" +
-	"\btopology\x18\x04 \x01(\v2\x12.allot.v1.TopologyR\btopology\"\xa0\x01\n" +
+	"\btopology\x18\x04 \x01(\v2\x12.allot.v1.TopologyR\btopology\"\xba\x01\n" +
 	"\x0fPutRulesRequest\x12(\n" +
 	"\x05files\x18\x01 \x03(\v2\x12.allot.v1.RuleFileR\x05files\x12\x1f\n" +
 	"\vreplace_all\x18\x02 \x01(\bR\n" +
 	"replaceAll\x12)\n" +
 	"\x10expected_version\x18\x03 \x01(\x04R\x0fexpectedVersion\x12\x17\n" +
-	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"F\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\x04R\aversion\"F\n" +
 	"\x10PutRulesResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
 	"\adomains\x18\x02 \x03(\tR\adomains\"5\n" +
@@ -3649,11 +3905,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x04rule\x18\x06 \x01(\tR\x04rule\"X\n" +
 	"\x0fTopKeysResponse\x12%\n" +
 	"\x04keys\x18\x01 \x03(\v2\x11.allot.v1.KeyRateR\x04keys\x12\x1e\n" +
-	"\vnow_unix_ms\x18\x02 \x01(\x03R\tnowUnixMs\"r\n" +
+	"\vnow_unix_ms\x18\x02 \x01(\x03R\tnowUnixMs\"\x88\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x126\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x14.allot.v1.DescriptorR\vdescriptors\x12\x12\n" +
-	"\x04hits\x18\x03 \x01(\rR\x04hits\"\x8b\x02\n" +
+	"\x04hits\x18\x03 \x01(\rR\x04hits\x12\x14\n" +
+	"\x05group\x18\x04 \x01(\rR\x05group\"\x8b\x02\n" +
 	"\x10DescriptorStatus\x12\"\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x0e.allot.v1.CodeR\x04code\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x18\n" +
@@ -3673,7 +3930,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\x12\x12\n" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x1a\n" +
-	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\x86\x04\n" +
+	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\xa5\x04\n" +
 	"\x15ClusterStatusResponse\x12*\n" +
 	"\amembers\x18\x01 \x03(\v2\x10.allot.v1.MemberR\amembers\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x17\n" +
@@ -3690,7 +3947,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06leases\x18\f \x01(\x04R\x06leases\x12.\n" +
 	"\x13last_snapshot_index\x18\r \x01(\x04R\x11lastSnapshotIndex\x12-\n" +
 	"\x06groups\x18\x0e \x03(\v2\x15.allot.v1.GroupStatusR\x06groups\x12)\n" +
-	"\x10topology_version\x18\x0f \x01(\x04R\x0ftopologyVersion\"\xdc\x01\n" +
+	"\x10topology_version\x18\x0f \x01(\x04R\x0ftopologyVersion\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x10 \x01(\tR\tclusterId\"\xdc\x01\n" +
 	"\vGroupStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x18\n" +
@@ -3699,20 +3958,22 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x04keys\x18\x05 \x01(\x04R\x04keys\x12#\n" +
 	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12!\n" +
 	"\fcommit_index\x18\a \x01(\x04R\vcommitIndex\x12\x14\n" +
-	"\x05state\x18\b \x01(\tR\x05state\"x\n" +
+	"\x05state\x18\b \x01(\tR\x05state\"\x8e\x01\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
-	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\"\x12\n" +
+	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\x12\x14\n" +
+	"\x05group\x18\x05 \x01(\rR\x05group\"\x12\n" +
 	"\x10AddVoterResponse\"%\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
-	"\x14RemoveServerResponse\"+\n" +
+	"\x14RemoveServerResponse\"A\n" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"9\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\rR\x05group\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x9c\x03\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\xc9\x03\n" +
 	"\aCommand\x12$\n" +
 	"\x0enow_unix_nanos\x18\x01 \x01(\x03R\fnowUnixNanos\x12*\n" +
 	"\x11ignore_if_unknown\x18\x02 \x01(\bR\x0fignoreIfUnknown\x122\n" +
@@ -3722,8 +3983,21 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tput_rules\x18\f \x01(\v2\x19.allot.v1.PutRulesRequestH\x00R\bputRules\x121\n" +
 	"\x06expire\x18\r \x01(\v2\x17.allot.v1.ExpireCommandH\x00R\x06expire\x121\n" +
 	"\x06member\x18\x0e \x01(\v2\x17.allot.v1.MemberCommandH\x00R\x06member\x12.\n" +
-	"\x05check\x18\x0f \x01(\v2\x16.allot.v1.CheckRequestH\x00R\x05checkB\x05\n" +
-	"\x03cmd\"D\n" +
+	"\x05check\x18\x0f \x01(\v2\x16.allot.v1.CheckRequestH\x00R\x05check\x12+\n" +
+	"\x04meta\x18\x10 \x01(\v2\x15.allot.v1.MetaCommandH\x00R\x04metaB\x05\n" +
+	"\x03cmd\"\xfc\x01\n" +
+	"\vMetaCommand\x12 \n" +
+	"\x02op\x18\x01 \x01(\x0e2\x10.allot.v1.MetaOpR\x02op\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x1f\n" +
+	"\vdata_groups\x18\x03 \x01(\rR\n" +
+	"dataGroups\x12\x18\n" +
+	"\amembers\x18\x04 \x03(\tR\amembers\x12\x14\n" +
+	"\x05group\x18\x05 \x01(\rR\x05group\x12\x14\n" +
+	"\x05slots\x18\x06 \x01(\tR\x05slots\x12\x17\n" +
+	"\amove_id\x18\a \x01(\x04R\x06moveId\x12\x14\n" +
+	"\x05index\x18\b \x01(\x04R\x05index\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\"D\n" +
 	"\fAcquireBatch\x124\n" +
 	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"O\n" +
 	"\rExpireCommand\x12\x1f\n" +
@@ -3745,7 +4019,17 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x13\n" +
-	"\x0fCODE_OVER_LIMIT\x10\x022\xcb\x01\n" +
+	"\x0fCODE_OVER_LIMIT\x10\x02*\xd3\x01\n" +
+	"\x06MetaOp\x12\x17\n" +
+	"\x13META_OP_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11META_OP_BOOTSTRAP\x10\x01\x12\x15\n" +
+	"\x11META_OP_ADD_GROUP\x10\x02\x12\x17\n" +
+	"\x13META_OP_SET_MEMBERS\x10\x03\x12\x16\n" +
+	"\x12META_OP_BEGIN_MOVE\x10\x04\x12\x11\n" +
+	"\rMETA_OP_FROZE\x10\x05\x12\x17\n" +
+	"\x13META_OP_TRANSFERRED\x10\x06\x12\x12\n" +
+	"\x0eMETA_OP_COMMIT\x10\a\x12\x11\n" +
+	"\rMETA_OP_ABORT\x10\b2\xcb\x01\n" +
 	"\tAllocator\x12>\n" +
 	"\aAcquire\x12\x18.allot.v1.AcquireRequest\x1a\x19.allot.v1.AcquireResponse\x12>\n" +
 	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponse\x12>\n" +
@@ -3779,125 +4063,129 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 	return file_allot_v1_allot_proto_rawDescData
 }
 
-var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
-	(*Entry)(nil),                      // 2: allot.v1.Entry
-	(*Descriptor)(nil),                 // 3: allot.v1.Descriptor
-	(*Limit)(nil),                      // 4: allot.v1.Limit
-	(*AcquireRequest)(nil),             // 5: allot.v1.AcquireRequest
-	(*KeyAcquire)(nil),                 // 6: allot.v1.KeyAcquire
-	(*AcquireResponse)(nil),            // 7: allot.v1.AcquireResponse
-	(*Topology)(nil),                   // 8: allot.v1.Topology
-	(*GroupRoute)(nil),                 // 9: allot.v1.GroupRoute
-	(*KeyGrant)(nil),                   // 10: allot.v1.KeyGrant
-	(*ReleaseRequest)(nil),             // 11: allot.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 12: allot.v1.ReleaseResponse
-	(*WatchRulesRequest)(nil),          // 13: allot.v1.WatchRulesRequest
-	(*RuleFile)(nil),                   // 14: allot.v1.RuleFile
-	(*RuleSet)(nil),                    // 15: allot.v1.RuleSet
-	(*PutRulesRequest)(nil),            // 16: allot.v1.PutRulesRequest
-	(*PutRulesResponse)(nil),           // 17: allot.v1.PutRulesResponse
-	(*GetRulesRequest)(nil),            // 18: allot.v1.GetRulesRequest
-	(*ListLeasesRequest)(nil),          // 19: allot.v1.ListLeasesRequest
-	(*Lease)(nil),                      // 20: allot.v1.Lease
-	(*ListLeasesResponse)(nil),         // 21: allot.v1.ListLeasesResponse
-	(*InspectKeyRequest)(nil),          // 22: allot.v1.InspectKeyRequest
-	(*InspectKeyResponse)(nil),         // 23: allot.v1.InspectKeyResponse
-	(*ListAgentsRequest)(nil),          // 24: allot.v1.ListAgentsRequest
-	(*AgentInfo)(nil),                  // 25: allot.v1.AgentInfo
-	(*ListAgentsResponse)(nil),         // 26: allot.v1.ListAgentsResponse
-	(*TopKeysRequest)(nil),             // 27: allot.v1.TopKeysRequest
-	(*KeyRate)(nil),                    // 28: allot.v1.KeyRate
-	(*TopKeysResponse)(nil),            // 29: allot.v1.TopKeysResponse
-	(*CheckRequest)(nil),               // 30: allot.v1.CheckRequest
-	(*DescriptorStatus)(nil),           // 31: allot.v1.DescriptorStatus
-	(*CheckResponse)(nil),              // 32: allot.v1.CheckResponse
-	(*ClusterStatusRequest)(nil),       // 33: allot.v1.ClusterStatusRequest
-	(*Member)(nil),                     // 34: allot.v1.Member
-	(*ClusterStatusResponse)(nil),      // 35: allot.v1.ClusterStatusResponse
-	(*GroupStatus)(nil),                // 36: allot.v1.GroupStatus
-	(*AddVoterRequest)(nil),            // 37: allot.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 38: allot.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),        // 39: allot.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 40: allot.v1.RemoveServerResponse
-	(*TransferLeadershipRequest)(nil),  // 41: allot.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 42: allot.v1.TransferLeadershipResponse
-	(*Command)(nil),                    // 43: allot.v1.Command
-	(*AcquireBatch)(nil),               // 44: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 45: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 46: allot.v1.MemberCommand
+	(MetaOp)(0),                        // 2: allot.v1.MetaOp
+	(*Entry)(nil),                      // 3: allot.v1.Entry
+	(*Descriptor)(nil),                 // 4: allot.v1.Descriptor
+	(*Limit)(nil),                      // 5: allot.v1.Limit
+	(*AcquireRequest)(nil),             // 6: allot.v1.AcquireRequest
+	(*KeyAcquire)(nil),                 // 7: allot.v1.KeyAcquire
+	(*AcquireResponse)(nil),            // 8: allot.v1.AcquireResponse
+	(*Topology)(nil),                   // 9: allot.v1.Topology
+	(*GroupRoute)(nil),                 // 10: allot.v1.GroupRoute
+	(*KeyGrant)(nil),                   // 11: allot.v1.KeyGrant
+	(*ReleaseRequest)(nil),             // 12: allot.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 13: allot.v1.ReleaseResponse
+	(*WatchRulesRequest)(nil),          // 14: allot.v1.WatchRulesRequest
+	(*RuleFile)(nil),                   // 15: allot.v1.RuleFile
+	(*RuleSet)(nil),                    // 16: allot.v1.RuleSet
+	(*PutRulesRequest)(nil),            // 17: allot.v1.PutRulesRequest
+	(*PutRulesResponse)(nil),           // 18: allot.v1.PutRulesResponse
+	(*GetRulesRequest)(nil),            // 19: allot.v1.GetRulesRequest
+	(*ListLeasesRequest)(nil),          // 20: allot.v1.ListLeasesRequest
+	(*Lease)(nil),                      // 21: allot.v1.Lease
+	(*ListLeasesResponse)(nil),         // 22: allot.v1.ListLeasesResponse
+	(*InspectKeyRequest)(nil),          // 23: allot.v1.InspectKeyRequest
+	(*InspectKeyResponse)(nil),         // 24: allot.v1.InspectKeyResponse
+	(*ListAgentsRequest)(nil),          // 25: allot.v1.ListAgentsRequest
+	(*AgentInfo)(nil),                  // 26: allot.v1.AgentInfo
+	(*ListAgentsResponse)(nil),         // 27: allot.v1.ListAgentsResponse
+	(*TopKeysRequest)(nil),             // 28: allot.v1.TopKeysRequest
+	(*KeyRate)(nil),                    // 29: allot.v1.KeyRate
+	(*TopKeysResponse)(nil),            // 30: allot.v1.TopKeysResponse
+	(*CheckRequest)(nil),               // 31: allot.v1.CheckRequest
+	(*DescriptorStatus)(nil),           // 32: allot.v1.DescriptorStatus
+	(*CheckResponse)(nil),              // 33: allot.v1.CheckResponse
+	(*ClusterStatusRequest)(nil),       // 34: allot.v1.ClusterStatusRequest
+	(*Member)(nil),                     // 35: allot.v1.Member
+	(*ClusterStatusResponse)(nil),      // 36: allot.v1.ClusterStatusResponse
+	(*GroupStatus)(nil),                // 37: allot.v1.GroupStatus
+	(*AddVoterRequest)(nil),            // 38: allot.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 39: allot.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),        // 40: allot.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 41: allot.v1.RemoveServerResponse
+	(*TransferLeadershipRequest)(nil),  // 42: allot.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 43: allot.v1.TransferLeadershipResponse
+	(*Command)(nil),                    // 44: allot.v1.Command
+	(*MetaCommand)(nil),                // 45: allot.v1.MetaCommand
+	(*AcquireBatch)(nil),               // 46: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 47: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 48: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
-	2,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
-	6,  // 1: allot.v1.AcquireRequest.keys:type_name -> allot.v1.KeyAcquire
-	2,  // 2: allot.v1.KeyAcquire.entries:type_name -> allot.v1.Entry
-	10, // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
-	4,  // 4: allot.v1.AcquireResponse.limits:type_name -> allot.v1.Limit
-	8,  // 5: allot.v1.AcquireResponse.topology:type_name -> allot.v1.Topology
-	9,  // 6: allot.v1.Topology.groups:type_name -> allot.v1.GroupRoute
+	3,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
+	7,  // 1: allot.v1.AcquireRequest.keys:type_name -> allot.v1.KeyAcquire
+	3,  // 2: allot.v1.KeyAcquire.entries:type_name -> allot.v1.Entry
+	11, // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
+	5,  // 4: allot.v1.AcquireResponse.limits:type_name -> allot.v1.Limit
+	9,  // 5: allot.v1.AcquireResponse.topology:type_name -> allot.v1.Topology
+	10, // 6: allot.v1.Topology.groups:type_name -> allot.v1.GroupRoute
 	0,  // 7: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
-	4,  // 8: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
-	6,  // 9: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
-	14, // 10: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
-	8,  // 11: allot.v1.RuleSet.topology:type_name -> allot.v1.Topology
-	14, // 12: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
-	20, // 13: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
-	2,  // 14: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
-	4,  // 15: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
-	20, // 16: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
-	25, // 17: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
-	28, // 18: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
-	3,  // 19: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
+	5,  // 8: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
+	7,  // 9: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
+	15, // 10: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
+	9,  // 11: allot.v1.RuleSet.topology:type_name -> allot.v1.Topology
+	15, // 12: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
+	21, // 13: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
+	3,  // 14: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
+	5,  // 15: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
+	21, // 16: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
+	26, // 17: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
+	29, // 18: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
+	4,  // 19: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
 	1,  // 20: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
-	4,  // 21: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
+	5,  // 21: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
 	1,  // 22: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
-	31, // 23: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
-	34, // 24: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
-	36, // 25: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
-	44, // 26: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	11, // 27: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	16, // 28: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	45, // 29: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	46, // 30: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	30, // 31: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	5,  // 32: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	34, // 33: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	5,  // 34: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	11, // 35: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	13, // 36: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	16, // 37: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	18, // 38: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	19, // 39: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	22, // 40: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	24, // 41: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	27, // 42: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	30, // 43: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	33, // 44: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	37, // 45: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	39, // 46: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	41, // 47: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	7,  // 48: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	12, // 49: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	15, // 50: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	17, // 51: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	15, // 52: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	21, // 53: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	23, // 54: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	26, // 55: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	29, // 56: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	32, // 57: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	35, // 58: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	38, // 59: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	40, // 60: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	42, // 61: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	48, // [48:62] is the sub-list for method output_type
-	34, // [34:48] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	32, // 23: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
+	35, // 24: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
+	37, // 25: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
+	46, // 26: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	12, // 27: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	17, // 28: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	47, // 29: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	48, // 30: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	31, // 31: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	45, // 32: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	2,  // 33: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
+	6,  // 34: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	35, // 35: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	6,  // 36: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	12, // 37: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	14, // 38: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	17, // 39: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	19, // 40: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	20, // 41: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	23, // 42: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	25, // 43: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	28, // 44: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	31, // 45: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	34, // 46: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	38, // 47: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	40, // 48: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	42, // 49: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	8,  // 50: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	13, // 51: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 52: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	18, // 53: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	16, // 54: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	22, // 55: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	24, // 56: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	27, // 57: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	30, // 58: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	33, // 59: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	36, // 60: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	39, // 61: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	41, // 62: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	43, // 63: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	50, // [50:64] is the sub-list for method output_type
+	36, // [36:50] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
@@ -3912,14 +4200,15 @@ func file_allot_v1_allot_proto_init() {
 		(*Command_Expire)(nil),
 		(*Command_Member)(nil),
 		(*Command_Check)(nil),
+		(*Command_Meta)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   45,
+			NumEnums:      3,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

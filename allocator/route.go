@@ -1,0 +1,478 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/allocator/meta"
+	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// errNoGroups: the meta group has not recorded the cluster's groups yet
+// (a new cluster, for the first second or so).
+var errNoGroups = status.Error(codes.Unavailable, "allocator: the cluster's groups are not recorded yet; retry")
+
+// router is a snapshot of what routing a key needs: the meta group's rule
+// set (a key's canonical form depends on the rule it matches), the slot
+// map and the moves in flight.
+type router struct {
+	set   *rules.Set
+	m     slots.Map
+	moves []meta.Move
+	ok    bool // the meta state is bootstrapped
+}
+
+func (s *Server) router() router {
+	rt := router{set: s.st.Rules()}
+	s.grp.meta.view(func(st *meta.State) {
+		rt.ok = st.Bootstrapped()
+		rt.m = st.SlotMap()
+		rt.moves = st.Moves()
+	})
+	return rt
+}
+
+// keyOf returns the canonical key's hash of (domain, entries) under the
+// rule it matches, and that rule.
+func (rt *router) keyOf(domain string, es []*allotv1.Entry) (uint64, *rules.Rule, []rules.Entry) {
+	ents := make([]rules.Entry, len(es))
+	for i, e := range es {
+		ents[i] = rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	var r *rules.Rule
+	if rt.set != nil {
+		r = rt.set.Match(domain, ents)
+	}
+	return rules.KeyHash(r, domain, ents), r, ents
+}
+
+// owner returns the group that owns the key hashed h, and whether its slot
+// is between groups (a move past its freeze): no group serves it.
+func (rt *router) owner(h uint64) (slots.GroupID, bool) {
+	sl := slots.Of(h)
+	for _, mv := range rt.moves {
+		if mv.Range.Contains(sl) && mv.Phase >= meta.PhaseFrozen {
+			return rt.m.Owner(sl), true
+		}
+	}
+	return rt.m.Owner(sl), false
+}
+
+// topology is the slot map and every data group's leader, as this node
+// knows them.
+func (s *Server) topology() *allotv1.Topology {
+	var m slots.Map
+	var ids []slots.GroupID
+	s.grp.meta.view(func(st *meta.State) {
+		m = st.SlotMap()
+		if st.Bootstrapped() {
+			ids = st.DataGroups()
+		}
+	})
+	t := &allotv1.Topology{Version: m.Version()}
+	for _, id := range ids {
+		gr := &allotv1.GroupRoute{Id: uint32(id), Slots: slots.FormatRanges(m.RangesOf(id))}
+		if g := s.dataGroup(id); g != nil {
+			h := s.hintFor(g.node.raft)
+			gr.LeaderId, gr.LeaderAddr = h.id, h.addr
+			gr.RulesVersion = rulesVersionOf(g.st)
+		}
+		t.Groups = append(t.Groups, gr)
+	}
+	return t
+}
+
+// groupRaft returns the Raft of group id: the meta group (or the only
+// group) for 0.
+func (s *Server) groupRaft(id uint32) (*raft.Raft, error) {
+	if id == 0 {
+		return s.node.raft, nil
+	}
+	if !s.multi() {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: group %d: this cluster has one group", id)
+	}
+	g := s.dataGroup(slots.GroupID(id))
+	if g == nil {
+		return nil, status.Errorf(codes.NotFound, "allocator: group %d: node %s hosts no replica of it", id, s.cfg.NodeID)
+	}
+	return g.node.raft, nil
+}
+
+// hostedGroup returns this node's replica of data group id, or an
+// Unavailable error: a node that hosts no replica of a group never serves
+// its keys.
+func (s *Server) hostedGroup(id slots.GroupID) (*dataGroup, error) {
+	if g := s.dataGroup(id); g != nil {
+		return g, nil
+	}
+	return nil, status.Errorf(codes.Unavailable, "allocator: group %d: node %s hosts no replica of it", id, s.cfg.NodeID)
+}
+
+// waitRulesIn waits, for at most ForwardWait, until data group g has
+// applied the meta group's rules version: a group serves a key only under
+// the rules version the cluster has.
+func (s *Server) waitRulesIn(ctx context.Context, g *dataGroup, version uint64) error {
+	if rulesVersionOf(g.st) >= version {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ForwardWait)
+	defer cancel()
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for rulesVersionOf(g.st) < version {
+		select {
+		case <-ctx.Done():
+			return status.Errorf(codes.Unavailable, "allocator: group %d has not applied rules version %d yet", g.id, version)
+		case <-s.done:
+			return errShutdown
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// waitGroupRules waits until every data group replica on this node has
+// applied rules version (a no-op in a single-group cluster).
+func (s *Server) waitGroupRules(ctx context.Context, version uint64) error {
+	if !s.multi() {
+		return nil
+	}
+	for _, g := range s.dataGroups() {
+		if err := s.waitRulesIn(ctx, g, version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noHeaderStream is a server transport stream that drops headers: the
+// calls of a split Acquire go to several leaders, and none of them is
+// the one the caller should send its next call to.
+type noHeaderStream struct{ grpc.ServerTransportStream }
+
+func (noHeaderStream) Method() string                  { return "" }
+func (noHeaderStream) SetHeader(metadata.MD) error     { return nil }
+func (noHeaderStream) SendHeader(metadata.MD) error    { return nil }
+func (noHeaderStream) SetTrailer(md metadata.MD) error { return nil }
+
+// acquirePart is the keys of one Acquire that one group serves.
+type acquirePart struct {
+	group slots.GroupID
+	idx   []int // positions of the keys in the caller's request
+	req   *allotv1.AcquireRequest
+	resp  *allotv1.AcquireResponse
+	err   error
+}
+
+// acquireRouted serves an Acquire in a cluster with several groups. A
+// call addressed to a group (AcquireRequest.group) is served by that
+// group's leader, and keys the group does not serve are answered
+// KEY_STATUS_MOVED. A call to group 0 is split: each group gets its keys,
+// concurrently. Keys between groups (a move past its freeze) are answered
+// KEY_STATUS_MOVED either way. The answer carries the topology when the
+// caller's is older or a key moved.
+func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, string, error) {
+	rt := s.router()
+	if !rt.ok {
+		return nil, "", errNoGroups
+	}
+	n := len(req.GetKeys())
+	grants := make([]*allotv1.KeyGrant, n)
+	parts := map[slots.GroupID]*acquirePart{}
+	part := func(g slots.GroupID) *acquirePart {
+		p := parts[g]
+		if p == nil {
+			p = &acquirePart{group: g, req: &allotv1.AcquireRequest{
+				AgentId: req.GetAgentId(), RequestId: req.GetRequestId(), RulesVersion: req.GetRulesVersion(),
+				FallbackKeys: req.GetFallbackKeys(), Group: uint32(g), TopologyVersion: rt.m.Version(),
+			}}
+			parts[g] = p
+		}
+		return p
+	}
+	moved := false
+	for i, k := range req.GetKeys() {
+		h, r, ents := rt.keyOf(k.GetDomain(), k.GetEntries())
+		g, between := rt.owner(h)
+		if between || (req.GetGroup() != 0 && uint32(g) != req.GetGroup()) {
+			grants[i] = &allotv1.KeyGrant{Status: allotv1.KeyStatus_KEY_STATUS_MOVED, Key: string(rules.AppendKey(nil, r, k.GetDomain(), ents))}
+			moved = true
+			continue
+		}
+		p := part(g)
+		p.idx = append(p.idx, i)
+		p.req.Keys = append(p.req.Keys, k)
+	}
+	if n == 0 {
+		// A call without keys still registers the agent: with its group.
+		g := slots.GroupID(req.GetGroup())
+		if g == 0 {
+			g = rt.m.Owner(0)
+		}
+		part(g)
+	}
+	list := make([]*acquirePart, 0, len(parts))
+	for _, p := range parts {
+		list = append(list, p)
+	}
+	slices.SortFunc(list, func(a, b *acquirePart) int { return int(a.group) - int(b.group) })
+	path := "local"
+	if len(list) == 1 {
+		path = s.acquireOnGroup(ctx, list[0])
+	} else if len(list) > 1 {
+		sctx := grpc.NewContextWithServerTransportStream(ctx, noHeaderStream{})
+		var wg sync.WaitGroup
+		for _, p := range list {
+			wg.Go(func() { s.acquireOnGroup(sctx, p) })
+		}
+		wg.Wait()
+		path = "split"
+	}
+	out := &allotv1.AcquireResponse{RulesVersion: ^uint64(0)}
+	for _, p := range list {
+		if p.err != nil {
+			return nil, path, p.err
+		}
+		gs, err := allotv1.GrantsOf(p.resp)
+		if err != nil {
+			return nil, path, fmt.Errorf("allocator: group %d's answer: %w", p.group, err)
+		}
+		if len(gs) != len(p.idx) {
+			return nil, path, fmt.Errorf("allocator: group %d answered %d grants for %d keys", p.group, len(gs), len(p.idx))
+		}
+		for j, i := range p.idx {
+			grants[i] = gs[j]
+		}
+		out.LiveAgents = max(out.LiveAgents, p.resp.GetLiveAgents())
+		out.RulesVersion = min(out.RulesVersion, p.resp.GetRulesVersion())
+		out.NowUnixMs = max(out.NowUnixMs, p.resp.GetNowUnixMs())
+		out.LeaderId = p.resp.GetLeaderId()
+	}
+	if len(list) == 0 {
+		out.RulesVersion = s.rulesVersion()
+	}
+	if len(list) != 1 {
+		out.LeaderId = s.cfg.NodeID
+	}
+	out.Grants = grants
+	if moved || req.GetTopologyVersion() < rt.m.Version() {
+		out.Topology = s.topology()
+	}
+	return answer(out, out.LeaderId, req.GetPackedGrants()), path, nil
+}
+
+// acquireOnGroup serves p on its group's leader: this node's batcher when
+// it leads the group, else the leader's, through a forwarded call. It
+// returns the path taken.
+func (s *Server) acquireOnGroup(ctx context.Context, p *acquirePart) string {
+	g, err := s.hostedGroup(p.group)
+	if err != nil {
+		p.err = err
+		return "local"
+	}
+	path := "local"
+	p.err = s.onRaftLeader(ctx, g.node.raft, true,
+		func(ctx context.Context) error {
+			path = "local"
+			if err := s.waitRulesIn(ctx, g, s.rulesVersion()); err != nil {
+				return err
+			}
+			r, err := g.batcher.submit(ctx, p.req)
+			if err == nil {
+				p.resp = answer(r, s.cfg.NodeID, false)
+			}
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			path = "forwarded"
+			r, err := allotv1.NewAllocatorClient(cc).Acquire(ctx, p.req)
+			p.resp = r
+			return err
+		})
+	return path
+}
+
+// releaseRouted serves a Release in a cluster with several groups: each
+// group gets the keys it owns, and, with all, every group ends the agent's
+// leases. Keys between groups are skipped: their tokens stay with the
+// frozen state, which the move carries over.
+func (s *Server) releaseRouted(ctx context.Context, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
+	rt := s.router()
+	if !rt.ok {
+		return nil, errNoGroups
+	}
+	parts := map[slots.GroupID]*allotv1.ReleaseRequest{}
+	part := func(g slots.GroupID) *allotv1.ReleaseRequest {
+		p := parts[g]
+		if p == nil {
+			p = &allotv1.ReleaseRequest{AgentId: req.GetAgentId(), RequestId: req.GetRequestId(), All: req.GetAll(), Group: uint32(g)}
+			parts[g] = p
+		}
+		return p
+	}
+	for _, k := range req.GetKeys() {
+		h, _, _ := rt.keyOf(k.GetDomain(), k.GetEntries())
+		g, between := rt.owner(h)
+		if between || (req.GetGroup() != 0 && uint32(g) != req.GetGroup()) {
+			continue
+		}
+		p := part(g)
+		p.Keys = append(p.Keys, k)
+	}
+	if req.GetAll() {
+		if req.GetGroup() != 0 {
+			part(slots.GroupID(req.GetGroup()))
+		} else {
+			for _, g := range rt.m.Groups() {
+				part(g)
+			}
+		}
+	}
+	out := &allotv1.ReleaseResponse{}
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	sctx := grpc.NewContextWithServerTransportStream(ctx, noHeaderStream{})
+	for g, p := range parts {
+		wg.Go(func() {
+			r, err := s.releaseOnGroup(sctx, g, p)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			out.Returned += r.GetReturned()
+			out.LeasesEnded += r.GetLeasesEnded()
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	return out, nil
+}
+
+func (s *Server) releaseOnGroup(ctx context.Context, id slots.GroupID, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
+	g, err := s.hostedGroup(id)
+	if err != nil {
+		return nil, err
+	}
+	var resp *allotv1.ReleaseResponse
+	err = s.onRaftLeader(ctx, g.node.raft, true,
+		func(ctx context.Context) error {
+			res, err := s.applyOn(g.node.raft, &allotv1.Command{Cmd: &allotv1.Command_Release{Release: req}})
+			if err != nil {
+				return err
+			}
+			r, ok := res.(*allotv1.ReleaseResponse)
+			if !ok {
+				return fmt.Errorf("allocator: release applied with unexpected result %T", res)
+			}
+			resp = r
+			return nil
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
+			resp = r
+			return err
+		})
+	return resp, err
+}
+
+// checkRaft returns the Raft group that serves a Check: the only group,
+// the group it is addressed to, or the data group that owns its keys. A
+// check whose keys are in several groups is refused: a check-and-take is
+// atomic only within one group.
+func (s *Server) checkRaft(req *allotv1.CheckRequest) (*raft.Raft, error) {
+	if !s.multi() || req.GetGroup() != 0 {
+		return s.groupRaft(req.GetGroup())
+	}
+	rt := s.router()
+	if !rt.ok {
+		return nil, errNoGroups
+	}
+	var owner slots.GroupID
+	for i, d := range req.GetDescriptors() {
+		h, _, _ := rt.keyOf(req.GetDomain(), d.GetEntries())
+		g, between := rt.owner(h)
+		if between {
+			return nil, status.Errorf(codes.Unavailable, "allocator: check: descriptor %d's key is between groups (a slot move); retry", i)
+		}
+		if i > 0 && g != owner {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"allocator: check: the descriptors' keys are in groups %d and %d; a check-and-take spans one group: check them separately", owner, g)
+		}
+		owner = g
+	}
+	g, err := s.hostedGroup(owner)
+	if err != nil {
+		return nil, err
+	}
+	return g.node.raft, nil
+}
+
+// watchRouted is WatchRules in a cluster with several groups: each
+// message carries the topology too, and one is sent when the rules or the
+// topology change.
+func (s *Server) watchRouted(req *allotv1.WatchRulesRequest, stream grpc.ServerStreamingServer[allotv1.RuleSet]) error {
+	ctx := stream.Context()
+	if err := s.waitServable(ctx); err != nil {
+		return err
+	}
+	known := req.GetKnownVersion()
+	first := true
+	var sent *allotv1.Topology
+	for {
+		changed, topoChanged := s.rulesChanged(), s.topologyChanged()
+		rs := s.st.RuleSet()
+		topo := s.topology()
+		if rs.GetVersion() > known || (first && known == 0) || !proto.Equal(topo, sent) {
+			msg := &allotv1.RuleSet{Version: rs.GetVersion(), Files: rs.GetFiles(), UpdatedUnixMs: rs.GetUpdatedUnixMs(), Topology: topo}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+			known, sent = rs.GetVersion(), topo
+		}
+		first = false
+		select {
+		case <-changed:
+		case <-topoChanged:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-s.done:
+			return s.status(errShutdown)
+		}
+	}
+}
+
+// acquireGroups is Acquire in a cluster with several groups, with the
+// same metrics.
+func (a *allocatorService) acquireGroups(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+	s := a.s
+	start := time.Now()
+	resp, path, err := s.acquireRouted(ctx, req)
+	if err != nil {
+		if errors.Is(err, errOverloaded) {
+			s.metrics.rejected.WithLabelValues("queue_full").Inc()
+		}
+		s.metrics.acquireCalls.WithLabelValues("error").Inc()
+		return nil, s.status(err)
+	}
+	s.metrics.acquireCalls.WithLabelValues("ok").Inc()
+	s.metrics.acquireLatency.WithLabelValues(path).Observe(time.Since(start).Seconds())
+	return resp, nil
+}

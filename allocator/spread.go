@@ -1,0 +1,166 @@
+package allocator
+
+import (
+	"context"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/allot/allot/allocator/meta"
+	"github.com/allot/allot/pkg/slots"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// spreadInterval is how often the meta group's leader checks that the
+// data groups' leaders are spread over the nodes.
+const spreadInterval = time.Second
+
+// spreadLoop runs the meta group leader's periodic duties of a cluster
+// with several groups: it records the groups of a new cluster in the meta
+// state (once), and spreads the data groups' leaders evenly over the live
+// nodes by leadership transfers (meta.PlanLeaders), so that each node
+// leads ⌊G/N⌋ or ⌈G/N⌉ of G data groups, again after a node restarts or
+// joins. The meta group's own leader is left where its election put it:
+// it serves no keys.
+func (s *Server) spreadLoop() {
+	// A new cluster records its groups as soon as its meta group has a
+	// leader: poll quickly until then.
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	fast := true
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		if fast && s.metaBootstrapped() {
+			fast = false
+			t.Reset(spreadInterval)
+		}
+		if !s.IsLeader() || s.barrierTerm.Load() != s.node.raft.CurrentTerm() {
+			continue
+		}
+		if !s.metaBootstrapped() {
+			if s.grp.bootstrapData > 0 {
+				if err := s.bootstrapMeta(); err != nil {
+					s.log.Warn("meta state not bootstrapped; retrying", "err", err)
+				}
+			}
+			continue
+		}
+		s.spreadLeaders()
+	}
+}
+
+func (s *Server) metaBootstrapped() bool {
+	var ok bool
+	s.grp.meta.view(func(st *meta.State) { ok = st.Bootstrapped() })
+	return ok
+}
+
+// bootstrapMeta records the new cluster's groups: data groups
+// 1..bootstrapData, owning the slots evenly, with this node as member.
+func (s *Server) bootstrapMeta() error {
+	_, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
+		Op: allotv1.MetaOp_META_OP_BOOTSTRAP, ClusterId: s.grp.layout.ClusterID,
+		DataGroups: uint32(s.grp.bootstrapData), Members: []string{s.cfg.NodeID},
+	}}})
+	if err == nil {
+		s.log.Info("groups recorded", "data_groups", s.grp.bootstrapData)
+	}
+	return err
+}
+
+// spreadLeaders plans and makes the leadership transfers that even out
+// the data groups' leaders over the live voters of the meta group.
+func (s *Server) spreadLeaders() {
+	var groups []meta.Group
+	leaders := map[slots.GroupID]string{}
+	for _, g := range s.dataGroups() {
+		voters, err := voterIDs(g.node.raft)
+		if err != nil {
+			return
+		}
+		groups = append(groups, meta.Group{ID: g.id, Members: voters})
+		if _, id := g.node.raft.LeaderWithID(); id != "" {
+			leaders[g.id] = string(id)
+		}
+	}
+	live := s.liveVoters()
+	for _, tr := range meta.PlanLeaders(groups, leaders, live) {
+		if err := s.transferGroup(tr); err != nil {
+			s.log.Warn("leadership of a group not moved", "group", tr.Group, "from", tr.From, "to", tr.To, "err", err)
+			return
+		}
+		s.log.Info("group leadership moved to spread the leaders", "group", tr.Group, "from", tr.From, "to", tr.To)
+	}
+}
+
+// voterIDs returns the voters of the Raft group r.
+func voterIDs(r *raft.Raft) ([]string, error) {
+	f := r.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, srv := range f.Configuration().Servers {
+		if srv.Suffrage == raft.Voter {
+			out = append(out, string(srv.ID))
+		}
+	}
+	return out, nil
+}
+
+// liveVoters returns this node and the meta group's voters whose gRPC
+// health service answers within a short time.
+func (s *Server) liveVoters() []string {
+	voters, err := voterIDs(s.node.raft)
+	if err != nil {
+		return []string{s.cfg.NodeID}
+	}
+	addrs := map[string]string{}
+	for _, m := range s.st.Members() {
+		addrs[m.GetId()] = m.GetGrpcAddr()
+	}
+	live := []string{s.cfg.NodeID}
+	for _, id := range voters {
+		if id == s.cfg.NodeID || addrs[id] == "" {
+			continue
+		}
+		cc, err := s.fwd.conn(addrs[id])
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.baseCtx, 300*time.Millisecond)
+		resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			live = append(live, id)
+		}
+	}
+	return live
+}
+
+// transferGroup asks the leader of tr.Group (this node, or another
+// through Admin.TransferLeadership) to hand it to tr.To.
+func (s *Server) transferGroup(tr meta.Transfer) error {
+	g := s.dataGroup(tr.Group)
+	if g == nil {
+		return errNoLeader
+	}
+	ctx, cancel := context.WithTimeout(s.baseCtx, 5*time.Second)
+	defer cancel()
+	req := &allotv1.TransferLeadershipRequest{Id: tr.To, Group: uint32(tr.Group)}
+	return s.onRaftLeader(ctx, g.node.raft, false,
+		func(ctx context.Context) error {
+			_, err := s.transferLeadership(ctx, g.node.raft, tr.To)
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := allotv1.NewAdminClient(cc).TransferLeadership(ctx, req)
+			return err
+		})
+}
