@@ -186,6 +186,11 @@ type lastCall struct {
 // failed call with the same request id on the next node, records every
 // grant, and returns its last successful call.
 func takerLast(ctx context.Context, t *testing.T, agent string, addrs []string, keys []string, log *grantLog) lastCall {
+	return takerLastIn(ctx, t, agent, 0, addrs, keys, log)
+}
+
+// takerLastIn is takerLast with its calls addressed to group.
+func takerLastIn(ctx context.Context, t *testing.T, agent string, group uint32, addrs []string, keys []string, log *grantLog) lastCall {
 	var last lastCall
 	clients := make([]allotv1.AllocatorClient, len(addrs))
 	for i, a := range addrs {
@@ -195,7 +200,7 @@ func takerLast(ctx context.Context, t *testing.T, agent string, addrs []string, 
 	node := 0
 	for ctx.Err() == nil {
 		reqID++
-		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: reqID}
+		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: reqID, Group: group}
 		for _, k := range keys {
 			req.Keys = append(req.Keys, key("user", k, 10))
 		}

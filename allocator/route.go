@@ -241,7 +241,9 @@ func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest)
 		wg.Wait()
 		path = "split"
 	}
-	out := &allotv1.AcquireResponse{RulesVersion: ^uint64(0)}
+	// The answer's time is the earliest of the groups' commit times: a
+	// lease the caller times from it ends no later than the group's.
+	out := &allotv1.AcquireResponse{RulesVersion: ^uint64(0), NowUnixMs: -1}
 	for _, p := range list {
 		if p.err != nil {
 			return nil, path, p.err
@@ -258,11 +260,13 @@ func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest)
 		}
 		out.LiveAgents = max(out.LiveAgents, p.resp.GetLiveAgents())
 		out.RulesVersion = min(out.RulesVersion, p.resp.GetRulesVersion())
-		out.NowUnixMs = max(out.NowUnixMs, p.resp.GetNowUnixMs())
+		if out.NowUnixMs < 0 || p.resp.GetNowUnixMs() < out.NowUnixMs {
+			out.NowUnixMs = p.resp.GetNowUnixMs()
+		}
 		out.LeaderId = p.resp.GetLeaderId()
 	}
 	if len(list) == 0 {
-		out.RulesVersion = s.rulesVersion()
+		out.RulesVersion, out.NowUnixMs = s.rulesVersion(), time.Now().UnixMilli()
 	}
 	if len(list) != 1 {
 		out.LeaderId = s.cfg.NodeID

@@ -24,6 +24,8 @@ type ClusterConfig struct {
 	Rules []string // rules files, given to the bootstrap node
 	// Args are added to every node's flags (lease TTLs, log level...).
 	Args []string
+	// BootstrapArgs are added to node 0's flags only (-groups).
+	BootstrapArgs []string
 	// DataDir, when set, overrides node i's data directory.
 	DataDir func(i int) string
 	// Advertise, when set, returns the Raft address the other nodes must
@@ -86,6 +88,7 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 		}
 		if i == 0 {
 			args = append(args, "-bootstrap")
+			args = append(args, cfg.BootstrapArgs...)
 			for _, r := range cfg.Rules {
 				args = append(args, "-rules", r)
 			}
