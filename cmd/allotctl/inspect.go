@@ -83,6 +83,11 @@ bucket is full.`,
 func (a *app) printInspect(r *allotv1.InspectKeyResponse) error {
 	k := newKV(a.stdout, 9)
 	k.add("Key", r.GetKey())
+	if g := r.GetGroup(); g != 0 {
+		k.add("Slot", fmt.Sprintf("%d (group %d)", r.GetSlot(), g))
+	} else {
+		k.add("Slot", strconv.FormatUint(uint64(r.GetSlot()), 10))
+	}
 	if r.GetMatched() {
 		k.add("Rule", fmtRule(r.GetLimit()))
 		k.add("Limit", fmtLimitLong(r.GetLimit()))

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -16,7 +17,11 @@ func (a *app) statusCmd() *cobra.Command {
 		Long: `status asks one allocator node (--addr) for the cluster's state: the Raft
 members with their roles and addresses, the leader, the answering node's term,
 commit and applied index and time since it last heard from the leader, the
-rules version, and the number of live agents, tracked keys and leases.`,
+rules version, and the number of live agents, tracked keys and leases. In a
+cluster with several Raft groups it also lists the groups: each one's
+leader, voters, owned slot ranges, tracked keys and the answering node's
+applied index and role in it (group 0 is the meta group, which owns no
+slots).`,
 		Example: `  allotctl status
   allotctl --addr 10.0.0.6:7420 status -o json`,
 		Args: cobra.NoArgs,
@@ -67,5 +72,19 @@ func (a *app) printStatus(r *allotv1.ClusterStatusResponse) error {
 	} else {
 		fmt.Fprintln(a.stdout, "(* = the node that answered)")
 	}
-	return nil
+	if len(r.GetGroups()) == 0 {
+		return nil
+	}
+	fmt.Fprintf(a.stdout, "\nGroups (cluster %s, slot map version %d):\n", r.GetClusterId(), r.GetTopologyVersion())
+	t = newTable(a.stdout, "GROUP", "LEADER", "MEMBERS", "SLOTS", "KEYS", "APPLIED", "STATE")
+	for _, g := range r.GetGroups() {
+		id := strconv.FormatUint(uint64(g.GetId()), 10)
+		slots := orDash(g.GetSlots())
+		if g.GetId() == 0 {
+			id, slots = "0 (meta)", "-"
+		}
+		t.row(id, orDash(g.GetLeaderId()), orDash(strings.Join(g.GetMembers(), ",")), slots,
+			strconv.FormatUint(g.GetKeys(), 10), strconv.FormatUint(g.GetAppliedIndex(), 10), g.GetState())
+	}
+	return t.flush()
 }
