@@ -273,3 +273,33 @@ func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool)
 		}
 	}
 }
+
+// TestParseGroupsFlags: -groups 0, and -groups with -join, are refused with
+// errors naming the flags; -bootstrap -groups 4 reaches the Config.
+func TestParseGroupsFlags(t *testing.T) {
+	base := []string{"-node-id", "n", "-data-dir", t.TempDir(), "-log-level", "error"}
+	o, err := parse(append(base, "-bootstrap", "-groups", "4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.Groups != 4 || !o.cfg.Bootstrap {
+		t.Errorf("Groups %d, Bootstrap %v; want 4, true", o.cfg.Groups, o.cfg.Bootstrap)
+	}
+	if o, err := parse(base); err != nil || o.cfg.Groups != 1 {
+		t.Errorf("default: Groups %v, %v; want 1", o, err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bootstrap", "-groups", "0"}, "-groups 0"},
+		{[]string{"-groups", "2", "-join", "127.0.0.1:7420"}, "-groups with -join"},
+		{[]string{"-groups", "1", "-join", "127.0.0.1:7420"}, "-groups with -join"},
+		{[]string{"-groups", "3"}, "Groups needs Bootstrap"},
+	} {
+		_, err := parse(append(base, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}
