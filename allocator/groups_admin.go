@@ -200,6 +200,7 @@ func (s *Server) groupsStatus(resp *allotv1.ClusterStatusResponse) {
 			gs.State = roleName(r.State())
 			gs.AppliedIndex, gs.CommitIndex = r.AppliedIndex(), r.CommitIndex()
 			if v, err := voterIDs(r); err == nil {
+				slices.Sort(v)
 				gs.Members = v
 			}
 			stats := st.Stats()
