@@ -394,6 +394,9 @@ func (a *adminService) RemoveServer(ctx context.Context, req *allotv1.RemoveServ
 	if req.GetId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "allocator: remove server: id is required")
 	}
+	if s.multi() && req.GetGroup() != 0 {
+		return s.removeGroupServer(ctx, req)
+	}
 	err := s.onLeader(ctx, true,
 		func(ctx context.Context) error {
 			id := req.GetId()
@@ -403,6 +406,11 @@ func (a *adminService) RemoveServer(ctx context.Context, req *allotv1.RemoveServ
 			}
 			if !inConfig && !s.hasMemberRecord(id) {
 				return status.Errorf(codes.NotFound, "allocator: remove server: %q is not a member", id)
+			}
+			// The data groups first, while the member records still name
+			// their leaders' addresses.
+			if err := s.removeFromGroups(id); err != nil {
+				return err
 			}
 			// Forget the addresses first: after removing itself the leader
 			// could not commit anything more.

@@ -271,3 +271,53 @@ func (s *Server) addGroupVoter(ctx context.Context, req *allotv1.AddVoterRequest
 	}
 	return &allotv1.AddVoterResponse{}, nil
 }
+
+// removeFromGroups removes a server from every data group and from the
+// groups' member lists in the meta state (meta leader).
+func (s *Server) removeFromGroups(id string) error {
+	if !s.multi() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	defer cancel()
+	var groups []meta.Group
+	s.grp.meta.view(func(st *meta.State) { groups = st.Groups() })
+	for _, g := range groups {
+		if g.ID != 0 {
+			if _, err := s.removeGroupServer(ctx, &allotv1.RemoveServerRequest{Id: id, Group: uint32(g.ID)}); err != nil {
+				return fmt.Errorf("allocator: remove server %s from group %d: %w", id, g.ID, err)
+			}
+		}
+		rest := slices.DeleteFunc(slices.Clone(g.Members), func(m string) bool { return m == id })
+		if len(rest) == len(g.Members) || len(rest) == 0 {
+			continue
+		}
+		if _, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
+			Op: allotv1.MetaOp_META_OP_SET_MEMBERS, Group: uint32(g.ID), Members: rest,
+		}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeGroupServer removes a server from data group req.Group, on its
+// leader (a leader that removes itself steps down).
+func (s *Server) removeGroupServer(ctx context.Context, req *allotv1.RemoveServerRequest) (*allotv1.RemoveServerResponse, error) {
+	r, err := s.groupRaft(req.GetGroup())
+	if err != nil {
+		return nil, err
+	}
+	err = s.onRaftLeader(ctx, r, true,
+		func(ctx context.Context) error {
+			return r.RemoveServer(raft.ServerID(req.GetId()), 0, s.cfg.ApplyTimeout).Error()
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := allotv1.NewAdminClient(cc).RemoveServer(ctx, req)
+			return err
+		})
+	if err != nil {
+		return nil, toStatus(err, s.hintFor(r))
+	}
+	return &allotv1.RemoveServerResponse{}, nil
+}

@@ -213,4 +213,24 @@ func TestGroupsProcesses(t *testing.T) {
 	if len(split.grants) == 0 {
 		t.Errorf("no grant to the calls split over the groups")
 	}
+
+	// Removing a node removes it from every group.
+	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer rcancel()
+	if _, err := sadmin.RemoveServer(rctx, &allotv1.RemoveServerRequest{Id: victim.ID}); err != nil {
+		t.Fatalf("remove %s: %v", victim.ID, err)
+	}
+	victim.Proc.Kill()
+	waitFor(t, 20*time.Second, "every group without the removed node, with a leader", func() bool {
+		st := status(sadmin)
+		if led(st, live) == nil {
+			return false
+		}
+		for _, g := range st.GetGroups() {
+			if len(g.GetMembers()) != 2 {
+				return false
+			}
+		}
+		return true
+	})
 }

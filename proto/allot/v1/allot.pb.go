@@ -3091,8 +3091,12 @@ func (*AddVoterResponse) Descriptor() ([]byte, []int) {
 }
 
 type RemoveServerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// group: in a cluster with several groups, the data group to remove the
+	// server from; 0 removes it from every data group, then from the meta
+	// group.
+	Group         uint32 `protobuf:"varint,2,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3132,6 +3136,13 @@ func (x *RemoveServerRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *RemoveServerRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type RemoveServerResponse struct {
@@ -3965,9 +3976,10 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\x12\x14\n" +
 	"\x05group\x18\x05 \x01(\rR\x05group\"\x12\n" +
-	"\x10AddVoterResponse\"%\n" +
+	"\x10AddVoterResponse\";\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\rR\x05group\"\x16\n" +
 	"\x14RemoveServerResponse\"A\n" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
