@@ -378,16 +378,9 @@ func (s *Server) releaseOnGroup(ctx context.Context, id slots.GroupID, req *allo
 	var resp *allotv1.ReleaseResponse
 	err = s.onRaftLeader(ctx, g.node.raft, true,
 		func(ctx context.Context) error {
-			res, err := s.applyOn(g.node.raft, &allotv1.Command{Cmd: &allotv1.Command_Release{Release: req}})
-			if err != nil {
-				return err
-			}
-			r, ok := res.(*allotv1.ReleaseResponse)
-			if !ok {
-				return fmt.Errorf("allocator: release applied with unexpected result %T", res)
-			}
+			r, err := s.applyRelease(g.node.raft, req)
 			resp = r
-			return nil
+			return err
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
 			r, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
@@ -395,6 +388,19 @@ func (s *Server) releaseOnGroup(ctx context.Context, id slots.GroupID, req *allo
 			return err
 		})
 	return resp, err
+}
+
+// applyRelease commits a Release in the Raft group r.
+func (s *Server) applyRelease(r *raft.Raft, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
+	res, err := s.applyOn(r, &allotv1.Command{Cmd: &allotv1.Command_Release{Release: req}})
+	if err != nil {
+		return nil, err
+	}
+	resp, ok := res.(*allotv1.ReleaseResponse)
+	if !ok {
+		return nil, fmt.Errorf("allocator: release applied with unexpected result %T", res)
+	}
+	return resp, nil
 }
 
 // checkRaft returns the Raft group that serves a Check: the only group,

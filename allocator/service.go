@@ -3,7 +3,6 @@ package allocator
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
@@ -104,16 +103,9 @@ func (a *allocatorService) Release(ctx context.Context, req *allotv1.ReleaseRequ
 	var resp *allotv1.ReleaseResponse
 	err := s.onLeader(ctx, true,
 		func(ctx context.Context) error {
-			res, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Release{Release: req}})
-			if err != nil {
-				return err
-			}
-			r, ok := res.(*allotv1.ReleaseResponse)
-			if !ok {
-				return fmt.Errorf("allocator: release applied with unexpected result %T", res)
-			}
+			r, err := s.applyRelease(s.node.raft, req)
 			resp = r
-			return nil
+			return err
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
 			r, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)

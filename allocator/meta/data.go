@@ -2,7 +2,6 @@ package meta
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/allot/allot/pkg/slots"
 )
@@ -21,32 +20,7 @@ func (s *State) BootstrapData(clusterID string, data int, members []string) erro
 	if data < 1 || data > slots.Count {
 		return fmt.Errorf("%w: %d data groups: want 1 to %d", ErrInvalid, data, slots.Count)
 	}
-	ms, err := checkMembers(members)
-	if err != nil {
-		return err
-	}
-	groups := make(map[slots.GroupID]*Group, data+1)
-	ids := make([]slots.GroupID, data)
-	for i := range data + 1 {
-		id := slots.GroupID(i)
-		groups[id] = &Group{ID: id, Members: slices.Clone(ms)}
-		if i > 0 {
-			ids[i-1] = id
-		}
-	}
-	m, err := slots.Even(1, ids)
-	if err != nil {
-		return err
-	}
-	*s = State{
-		clusterID: clusterID,
-		groups:    groups,
-		nextGroup: slots.GroupID(data + 1),
-		slotMap:   m,
-		moves:     map[uint64]*Move{},
-		nextMove:  1,
-	}
-	return nil
+	return s.bootstrap(clusterID, data+1, 1, members)
 }
 
 // DataGroups returns the ids of the groups that own at least one slot or

@@ -182,6 +182,12 @@ func (s *State) Bootstrap(clusterID string, n int, members []string) error {
 	if n < 1 || n > slots.Count {
 		return fmt.Errorf("%w: %d groups: want 1 to %d", ErrInvalid, n, slots.Count)
 	}
+	return s.bootstrap(clusterID, n, 0, members)
+}
+
+// bootstrap initializes groups 0..n-1 with members, the slots spread
+// evenly over groups first..n-1.
+func (s *State) bootstrap(clusterID string, n, first int, members []string) error {
 	ms, err := checkMembers(members)
 	if err != nil {
 		return err
@@ -192,7 +198,7 @@ func (s *State) Bootstrap(clusterID string, n int, members []string) error {
 		ids[i] = slots.GroupID(i)
 		groups[ids[i]] = &Group{ID: ids[i], Members: slices.Clone(ms)}
 	}
-	m, err := slots.Even(1, ids)
+	m, err := slots.Even(1, ids[first:])
 	if err != nil {
 		return err
 	}
