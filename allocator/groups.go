@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot/allot/allocator/groupdir"
 	"github.com/allot/allot/allocator/state"
@@ -248,6 +249,9 @@ func (s *Server) openDataGroups() error {
 			return err
 		}
 	}
+	if err := s.register(&groupCollector{s: s}); err != nil {
+		return err
+	}
 	s.goFunc(s.observeLeaders)
 	s.goFunc(s.spreadLoop)
 	return nil
@@ -473,5 +477,41 @@ func (s *Server) writeGroupWatermarks() {
 		if err := g.node.writeWatermark(g.fsm); err != nil {
 			s.log.Warn("watermark not written", "group", g.id, "err", err)
 		}
+	}
+}
+
+// groupCollector exports each data group's replica on this node: its
+// tracked keys and leases, whether this node leads it, and its applied
+// index (label group; at most a few dozen groups).
+type groupCollector struct{ s *Server }
+
+var (
+	descGroupKeys    = prometheus.NewDesc(metricsNamespace+"_group_keys", "Budget keys tracked by this node's replica of a data group.", []string{"group"}, nil)
+	descGroupLeases  = prometheus.NewDesc(metricsNamespace+"_group_leases", "Live leases in this node's replica of a data group.", []string{"group"}, nil)
+	descGroupLeader  = prometheus.NewDesc(metricsNamespace+"_group_is_leader", "1 when this node leads the data group.", []string{"group"}, nil)
+	descGroupApplied = prometheus.NewDesc(metricsNamespace+"_group_applied_index", "The data group's Raft applied index on this node.", []string{"group"}, nil)
+)
+
+func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descGroupKeys, descGroupLeases, descGroupLeader, descGroupApplied} {
+		ch <- d
+	}
+}
+
+func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range c.s.dataGroups() {
+		id := strconv.FormatUint(uint64(g.id), 10)
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, id)
+		}
+		stats := g.st.Stats()
+		gauge(descGroupKeys, float64(stats.Keys))
+		gauge(descGroupLeases, float64(stats.Leases))
+		leader := 0.0
+		if g.node.raft.State() == raft.Leader {
+			leader = 1
+		}
+		gauge(descGroupLeader, leader)
+		gauge(descGroupApplied, float64(g.node.raft.AppliedIndex()))
 	}
 }

@@ -100,6 +100,23 @@ func TestGroupsRestart(t *testing.T) {
 	if g := acquire(s, 2); g.GetRemaining() > remaining {
 		t.Errorf("after the restart the key has %d tokens left, more than the %d before (state lost?)", g.GetRemaining(), remaining)
 	}
+	mfs, err := s.gather.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys float64
+	series := 0
+	for _, mf := range mfs {
+		if mf.GetName() == metricsNamespace+"_group_keys" {
+			for _, m := range mf.GetMetric() {
+				keys += m.GetGauge().GetValue()
+				series++
+			}
+		}
+	}
+	if series != 2 || keys != 1 {
+		t.Errorf("%s_group_keys: %d series summing to %v, want 2 summing to 1", metricsNamespace, series, keys)
+	}
 	stop(s)
 
 	// A missing group directory.
