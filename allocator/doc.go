@@ -19,6 +19,13 @@
 //     to the leader and serve reads from their own replica (forward.go);
 //   - the leader's duties: periodic lease expiry, initial rules, member
 //     registration (leader.go);
+//   - with Config.Groups > 1, several Raft groups on the one Raft listener
+//     and gRPC address: the meta group 0 (rules, member records, and the
+//     slot map of allocator/meta, meta_fsm.go) and data groups 1..N, each
+//     with its own batcher, FSM, state and leader duties over the key
+//     slots it owns (groups.go); calls routed by a key's slot to its
+//     group's leader (route.go); the groups' leaders spread over the nodes
+//     (spread.go). See docs/groups.md;
 //   - an HTTP server with /healthz, /readyz, /metrics and /debug/pprof/
 //     (http.go, metrics.go); the metrics break an Acquire's latency down
 //     by stage (handler, batcher queue, commit, FSM apply, forwarding hop);
