@@ -70,17 +70,22 @@ voters up.`,
 }
 
 func (a *app) clusterTransferCmd() *cobra.Command {
-	return &cobra.Command{
+	var group uint32
+	cmd := &cobra.Command{
 		Use:   "transfer-leader [ID]",
 		Short: "Hand leadership to another voter (ID, or any suitable one)",
 		Long: `transfer-leader asks the leader to hand leadership to the voter ID, or to
 any up-to-date voter when ID is omitted, for example before restarting the
-leader's machine.`,
+leader's machine. In a cluster with several Raft groups, --group names the
+group (0, the default, is the meta group); the meta group's leader keeps
+the data groups' leaders spread over the nodes, so it may move a data
+group's leadership again.`,
 		Example: `  allotctl cluster transfer-leader
-  allotctl cluster transfer-leader alloc-2`,
+  allotctl cluster transfer-leader alloc-2
+  allotctl cluster transfer-leader --group 3 alloc-2`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &allotv1.TransferLeadershipRequest{}
+			req := &allotv1.TransferLeadershipRequest{Group: group}
 			if len(args) == 1 {
 				req.Id = args[0]
 			}
@@ -90,4 +95,6 @@ leader's machine.`,
 			})
 		},
 	}
+	cmd.Flags().Uint32Var(&group, "group", 0, "the Raft group whose leadership moves (a cluster with several groups; 0: the meta group)")
+	return cmd
 }
