@@ -17,8 +17,9 @@
 // (p50/p99/p99.9, from HdrHistogram) both from the actual send of the
 // attempt that succeeded and from the call's intended send time (so a call
 // delayed by the client, the in-flight cap or a retry is counted, not
-// omitted; calls unanswered at the end count with their age), and how late
-// sends left; each allocator's CPU (from /proc/<pid>/stat over the measured
+// omitted; calls unanswered at the end count with their age), the worst
+// such latency of each second of the window, and how late sends left;
+// leadership changes in the window; each allocator's CPU (from /proc/<pid>/stat over the measured
 // window) in cores and µs per key-grant, and the load client's; the load
 // average; with -idle, the allocators' CPU with no traffic afterwards; Raft entries/s and keys per entry; the p50/p99 of
 // each stage of an Acquire over the same window, read from the nodes'
@@ -26,7 +27,12 @@
 // queue, raft.Apply, commit wait, FSM apply); with -gctrace, each node's GC
 // cycles and stop-the-world pauses; and, per failover, the time from the
 // kill to the next grant committed by a new leader. The load is bounded in
-// time and sent only to 127.0.0.1.
+// time and sent only to 127.0.0.1. With -fsync-probe it also times an
+// fsync in the data directory throughout the window, the disk's own tail.
+//
+// Clients follow the leader as agents do (-target follow): a client starts
+// on any node and moves to the address in a forwarded answer's leader
+// header, so after the first call the leader serves every call.
 package main
 
 import (
@@ -93,6 +99,7 @@ type options struct {
 	hotKeys      int
 	coldFraction float64
 	idle         time.Duration
+	fsyncProbe   time.Duration
 }
 
 func main() {
@@ -110,7 +117,7 @@ func main() {
 	flag.StringVar(&o.idleProfile, "idle-cpuprofile", "", "with -idle: write a CPU profile of the leader, taken during the second half of the idle window, to this file")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
 	flag.BoolVar(&o.packed, "packed-grants", true, "ask for the grants packed (AcquireRequest.packed_grants), as agents do; false: one KeyGrant message per key")
-	flag.StringVar(&o.target, "target", "all", "send calls to: all (round robin; followers forward), leader, or follow (each client starts on a node and moves where a forwarded answer's leader header points, as agents do)")
+	flag.StringVar(&o.target, "target", "follow", "send calls to: follow (each client starts on a node and moves where a forwarded answer's leader header points, as agents do), all (round robin; followers forward), or leader")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
 	flag.IntVar(&o.inflight, "max-inflight-batches", 0, "passed to the allocators (0: their default)")
@@ -119,6 +126,7 @@ func main() {
 	flag.StringVar(&o.fprofile, "follower-cpuprofile", "", "write a CPU profile of one follower, taken over the same window as -leader-cpuprofile, to this file")
 	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")
 	flag.StringVar(&o.args, "allocator-args", "", "extra space-separated flags for every allocator")
+	flag.DurationVar(&o.fsyncProbe, "fsync-probe", 0, "every this often during the throughput phase, write 4 KB to a file in the data directory and fsync it, and report the fsync latency (0: off)")
 	flag.BoolVar(&o.gctrace, "gctrace", false, "run the allocators with GODEBUG=gctrace=1 and report their GC pauses in the throughput phase")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -290,6 +298,7 @@ func run(o options) error {
 	load0 := proccpu.LoadAvg()
 	cpu0 := sampleCPU(nodes)
 	start := time.Now()
+	probe := startFsyncProbe(dir, o.fsyncProbe, start.Add(o.duration))
 	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile); err != nil {
 		return err
 	}
@@ -308,6 +317,9 @@ func run(o options) error {
 	cpuReport(nodes, leader, cpu0, cpu1, keysOK, unit)
 	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	breakdown(nodes, leader, m0, m1)
+	if err := probe.report(); err != nil {
+		return err
+	}
 	if o.gctrace {
 		gcReport(nodes, log0)
 	}
@@ -406,6 +418,10 @@ type load struct {
 	granted  int64
 	errs     int64
 	inflight map[*call]struct{}
+	// worst is the longest latency from the intended send of the calls
+	// intended in each second of the window (index: seconds since from),
+	// so a stall of a few seconds can be told from a spread tail.
+	worst    []time.Duration
 	killAt   time.Time
 	killed   string
 	recovery time.Duration // -1 until the first grant after killAt
@@ -590,7 +606,7 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 		cancel()
 		if err == nil {
 			now := time.Now()
-			l.record(now.Sub(t0), now.Sub(intended), resp)
+			l.record(now, now.Sub(t0), now.Sub(intended), resp)
 			if v := md.Get(allotv1.LeaderAddrHeader); len(v) > 0 && l.o.target == "follow" {
 				if i := slices.Index(l.addrs, v[0]); i >= 0 {
 					follow.Store(int32(i))
@@ -617,7 +633,7 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 	return false
 }
 
-func (l *load) record(lat, fromIntended time.Duration, resp *allotv1.AcquireResponse) {
+func (l *load) record(now time.Time, lat, fromIntended time.Duration, resp *allotv1.AcquireResponse) {
 	var ok, granted int64
 	// Grants that do not decode count as no key answered OK.
 	grants, _ := allotv1.GrantsOf(resp)
@@ -631,12 +647,29 @@ func (l *load) record(lat, fromIntended time.Duration, resp *allotv1.AcquireResp
 	defer l.mu.Unlock()
 	_ = l.hist.RecordValue(lat.Microseconds())
 	_ = l.intended.RecordValue(fromIntended.Microseconds())
+	l.noteWorst(now.Add(-fromIntended), fromIntended)
 	l.calls++
 	l.keysOK += ok
 	l.granted += granted
 	if !l.killAt.IsZero() && l.recovery < 0 && resp.GetLeaderId() != l.killed {
 		l.recovery = time.Since(l.killAt)
 	}
+}
+
+// noteWorst keeps d as the worst latency of the second of the window in
+// which a call intended at intended falls (l.mu held).
+func (l *load) noteWorst(intended time.Time, d time.Duration) {
+	if intended.Before(l.from) {
+		return
+	}
+	i := int(intended.Sub(l.from) / time.Second)
+	if i >= 3600 {
+		return
+	}
+	for len(l.worst) <= i {
+		l.worst = append(l.worst, 0)
+	}
+	l.worst[i] = max(l.worst[i], d)
 }
 
 // reset starts the measured window.
@@ -648,6 +681,7 @@ func (l *load) reset() {
 	l.lag.Reset()
 	l.from = time.Now()
 	l.offered = 0
+	l.worst = l.worst[:0]
 	l.calls, l.keysOK, l.granted, l.errs = 0, 0, 0, 0
 }
 
@@ -684,6 +718,7 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 	for c := range l.inflight {
 		if !c.intended.Before(l.from) {
 			_ = l.intended.RecordValue(now.Sub(c.intended).Microseconds())
+			l.noteWorst(c.intended, now.Sub(c.intended))
 			open++
 		}
 	}
@@ -706,6 +741,11 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 		fmt.Printf("%s: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n", h.what,
 			us(h.h.ValueAtQuantile(50)), us(h.h.ValueAtQuantile(99)), us(h.h.ValueAtQuantile(99.9)), us(h.h.Max()), h.h.TotalCount())
 	}
+	worst := make([]string, 0, len(l.worst))
+	for _, d := range l.worst {
+		worst = append(worst, fmtMs(d))
+	}
+	fmt.Printf("worst latency from the intended send, per second of the window (ms): %s\n", strings.Join(worst, " "))
 	entries := m1[`allot_allocator_batch_keys_count`] - m0[`allot_allocator_batch_keys_count`]
 	keys := m1[`allot_allocator_batch_keys_sum`] - m0[`allot_allocator_batch_keys_sum`]
 	reqs := m1[`allot_allocator_batch_requests_sum`] - m0[`allot_allocator_batch_requests_sum`]
@@ -716,6 +756,68 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 			entries/secs, keys/entries, reqs/entries, 1000*applyS/max(applyN, 1))
 	}
 	return l.keysOK
+}
+
+// fsyncProbe times an fsync of a small write in the allocators' data
+// directory at a fixed interval, so that a latency tail can be told apart
+// from the disk's own at the same moment.
+type fsyncProbe struct {
+	done  chan struct{}
+	hist  *hdrhistogram.Histogram
+	err   error
+	every time.Duration
+}
+
+// startFsyncProbe runs the probe until end; every 0: none (report prints
+// nothing).
+func startFsyncProbe(dir string, every time.Duration, end time.Time) *fsyncProbe {
+	p := &fsyncProbe{done: make(chan struct{}), hist: hdrhistogram.New(1, 60_000_000, 3), every: every}
+	if every <= 0 {
+		close(p.done)
+		return p
+	}
+	go func() { // ends by end; report waits for it
+		defer close(p.done)
+		f, err := os.CreateTemp(dir, "fsync-probe-")
+		if err != nil {
+			p.err = err
+			return
+		}
+		defer os.Remove(f.Name())
+		defer f.Close()
+		buf := make([]byte, 4096)
+		for i := int64(0); time.Now().Before(end); i++ {
+			if _, err := f.WriteAt(buf, (i%256)*4096); err != nil {
+				p.err = err
+				return
+			}
+			t0 := time.Now()
+			if err := f.Sync(); err != nil {
+				p.err = err
+				return
+			}
+			_ = p.hist.RecordValue(time.Since(t0).Microseconds())
+			time.Sleep(every)
+		}
+	}()
+	return p
+}
+
+// report waits for the probe and prints its fsync latencies.
+func (p *fsyncProbe) report() error {
+	<-p.done
+	if p.err != nil {
+		return fmt.Errorf("fsync probe: %w", p.err)
+	}
+	if p.hist.TotalCount() == 0 {
+		return nil
+	}
+	us := func(v int64) string {
+		return (time.Duration(v) * time.Microsecond).Round(10 * time.Microsecond).String()
+	}
+	fmt.Printf("disk: fsync of a 4 KB write in the data directory every %v, same window: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n",
+		p.every, us(p.hist.ValueAtQuantile(50)), us(p.hist.ValueAtQuantile(99)), us(p.hist.ValueAtQuantile(99.9)), us(p.hist.Max()), p.hist.TotalCount())
+	return nil
 }
 
 // cpuSample is the CPU time of each node and of this process at one
@@ -841,6 +943,11 @@ func breakdown(nodes []*node, leader int, m0, m1 []map[string]float64) {
 		{"leader:   FSM apply, Expire entry    ", "allot_allocator_fsm_apply_seconds", `type="expire"`, []int{leader}},
 		{"follower: append → FSM               ", "allot_allocator_raft_commit_seconds", "", followers},
 	}
+	var changes float64
+	for i := range nodes {
+		changes += m1[i]["allot_allocator_leadership_changes_total"] - m0[i]["allot_allocator_leadership_changes_total"]
+	}
+	fmt.Printf("leadership changes in the window: %.0f (gains and losses, summed over the nodes)\n", changes)
 	fmt.Println("breakdown (server histograms, same window):")
 	for _, st := range stages {
 		b := histDelta(m0, m1, st.on, st.metric, st.labels)
@@ -850,6 +957,15 @@ func breakdown(nodes []*node, leader int, m0, m1 []map[string]float64) {
 		fmt.Printf("  %s p50 %-9s p99 %-9s p99.9 %-9s (n=%d)\n", st.what,
 			fmtSec(b.quantile(0.50)), fmtSec(b.quantile(0.99)), fmtSec(b.quantile(0.999)), int64(b.count()))
 	}
+}
+
+// fmtMs is d in milliseconds, to two significant digits below 10.
+func fmtMs(d time.Duration) string {
+	ms := float64(d) / float64(time.Millisecond)
+	if ms < 10 {
+		return strconv.FormatFloat(ms, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(ms, 'f', 0, 64)
 }
 
 func fmtSec(s float64) string {
