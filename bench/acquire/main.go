@@ -773,12 +773,14 @@ type fsyncProbe struct {
 	hist  *hdrhistogram.Histogram
 	err   error
 	every time.Duration
+	from  time.Time
+	worst []time.Duration // the longest fsync begun in each second since from
 }
 
 // startFsyncProbe runs the probe until end; every 0: none (report prints
 // nothing).
 func startFsyncProbe(dir string, every time.Duration, end time.Time) *fsyncProbe {
-	p := &fsyncProbe{done: make(chan struct{}), hist: hdrhistogram.New(1, 60_000_000, 3), every: every}
+	p := &fsyncProbe{done: make(chan struct{}), hist: hdrhistogram.New(1, 60_000_000, 3), every: every, from: time.Now()}
 	if every <= 0 {
 		close(p.done)
 		return p
@@ -803,7 +805,13 @@ func startFsyncProbe(dir string, every time.Duration, end time.Time) *fsyncProbe
 				p.err = err
 				return
 			}
-			_ = p.hist.RecordValue(time.Since(t0).Microseconds())
+			d := time.Since(t0)
+			_ = p.hist.RecordValue(d.Microseconds())
+			sec := int(t0.Sub(p.from) / time.Second)
+			for len(p.worst) <= sec {
+				p.worst = append(p.worst, 0)
+			}
+			p.worst[sec] = max(p.worst[sec], d)
 			time.Sleep(every)
 		}
 	}()
@@ -824,6 +832,11 @@ func (p *fsyncProbe) report() error {
 	}
 	fmt.Printf("disk: fsync of a 4 KB write in the data directory every %v, same window: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n",
 		p.every, us(p.hist.ValueAtQuantile(50)), us(p.hist.ValueAtQuantile(99)), us(p.hist.ValueAtQuantile(99.9)), us(p.hist.Max()), p.hist.TotalCount())
+	worst := make([]string, len(p.worst))
+	for i, d := range p.worst {
+		worst[i] = fmtMs(d)
+	}
+	fmt.Printf("disk: worst fsync per second of the window (ms): %s\n", strings.Join(worst, " "))
 	return nil
 }
 
