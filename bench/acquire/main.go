@@ -412,7 +412,6 @@ type load struct {
 	intended *hdrhistogram.Histogram
 	lag      *hdrhistogram.Histogram
 	from     time.Time // start of the measured window (reset)
-	offered  int64     // keys whose call's slot is in the window
 	calls    int64
 	keysOK   int64
 	// ownOK counts the keys answered OK of the calls intended in the
@@ -515,11 +514,6 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 			case <-time.After(d):
 			}
 		}
-		l.mu.Lock()
-		if !intended.Before(l.from) {
-			l.offered += int64(l.o.keysPerCall)
-		}
-		l.mu.Unlock()
 		select {
 		case l.sem <- struct{}{}:
 		case <-ctx.Done():
@@ -687,7 +681,6 @@ func (l *load) reset() {
 	l.intended.Reset()
 	l.lag.Reset()
 	l.from = time.Now()
-	l.offered = 0
 	l.worst = l.worst[:0]
 	l.calls, l.keysOK, l.ownOK, l.granted, l.errs = 0, 0, 0, 0, 0
 }
