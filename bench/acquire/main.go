@@ -46,6 +46,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,6 +101,7 @@ type options struct {
 	coldFraction float64
 	idle         time.Duration
 	fsyncProbe   time.Duration
+	cprofile     string
 }
 
 func main() {
@@ -126,6 +128,7 @@ func main() {
 	flag.StringVar(&o.fprofile, "follower-cpuprofile", "", "write a CPU profile of one follower, taken over the same window as -leader-cpuprofile, to this file")
 	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")
 	flag.StringVar(&o.args, "allocator-args", "", "extra space-separated flags for every allocator")
+	flag.StringVar(&o.cprofile, "client-cpuprofile", "", "write a CPU profile of this load client, taken over the throughput phase, to this file")
 	flag.DurationVar(&o.fsyncProbe, "fsync-probe", 0, "every this often during the throughput phase, write 4 KB to a file in the data directory and fsync it, and report the fsync latency (0: off)")
 	flag.BoolVar(&o.gctrace, "gctrace", false, "run the allocators with GODEBUG=gctrace=1 and report their GC pauses in the throughput phase")
 	flag.Parse()
@@ -302,8 +305,15 @@ func run(o options) error {
 	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile); err != nil {
 		return err
 	}
+	stopProfile, err := startClientProfile(o.cprofile)
+	if err != nil {
+		return err
+	}
 	time.Sleep(time.Until(start.Add(o.duration)))
 	elapsed := time.Since(start)
+	if err := stopProfile(); err != nil {
+		return err
+	}
 	cpu1 := sampleCPU(nodes)
 	m1, err := scrapeAll(nodes)
 	if err != nil {
@@ -756,6 +766,26 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 			entries/secs, keys/entries, reqs/entries, 1000*applyS/max(applyN, 1))
 	}
 	return l.keysOK
+}
+
+// startClientProfile starts a CPU profile of this process into path ("":
+// none) and returns the function that ends it.
+func startClientProfile(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }
 
 // fsyncProbe times an fsync of a small write in the allocators' data
