@@ -19,15 +19,16 @@
 // delayed by the client, the in-flight cap or a retry is counted, not
 // omitted; calls unanswered at the end count with their age), the worst
 // such latency of each second of the window, and how late sends left;
-// leadership changes in the window; each allocator's CPU (from /proc/<pid>/stat over the measured
-// window) in cores and µs per key-grant, and the load client's; the load
-// average; with -idle, the allocators' CPU with no traffic afterwards; Raft entries/s and keys per entry; the p50/p99 of
-// each stage of an Acquire over the same window, read from the nodes'
-// /metrics histograms (follower handler and hop, leader handler, batcher
-// queue, raft.Apply, commit wait, FSM apply); with -gctrace, each node's GC
-// cycles and stop-the-world pauses; and, per failover, the time from the
-// kill to the next grant committed by a new leader. The load is bounded in
-// time and sent only to 127.0.0.1. With -fsync-probe it also times an
+// leadership changes in the window; each allocator's CPU (from
+// /proc/<pid>/stat over the measured window) in cores and µs per
+// key-grant, and the load client's; the load average; with -idle, the
+// allocators' CPU with no traffic afterwards; Raft entries/s and keys per
+// entry; the p50/p99 of each stage of an Acquire over the same window,
+// read from the nodes' /metrics histograms (follower handler and hop,
+// leader handler, batcher queue, raft.Apply, commit wait, FSM apply); with
+// -gctrace, each node's GC cycles and stop-the-world pauses; and, per
+// failover, the time from the kill to the next grant committed by a new
+// leader. The load is bounded in time and sent only to 127.0.0.1. With -fsync-probe it also times an
 // fsync in the data directory throughout the window, the disk's own tail.
 //
 // Clients follow the leader as agents do (-target follow): a client starts
@@ -668,15 +669,13 @@ func (l *load) record(now time.Time, lat, fromIntended time.Duration, resp *allo
 }
 
 // noteWorst keeps d as the worst latency of the second of the window in
-// which a call intended at intended falls (l.mu held).
+// which a call intended at intended falls; calls intended outside the
+// window are left out (l.mu held).
 func (l *load) noteWorst(intended time.Time, d time.Duration) {
-	if intended.Before(l.from) {
+	if intended.Before(l.from) || !intended.Before(l.from.Add(l.o.duration)) {
 		return
 	}
 	i := int(intended.Sub(l.from) / time.Second)
-	if i >= 3600 {
-		return
-	}
 	for len(l.worst) <= i {
 		l.worst = append(l.worst, 0)
 	}
