@@ -43,6 +43,7 @@ type metrics struct {
 	callsRejected  prometheus.Counter
 	callsThrottled prometheus.Counter
 	keysRefused    prometheus.Counter
+	keysMoved      prometheus.Counter
 	callSeconds    prometheus.Histogram
 	keysSent       prometheus.Counter
 	granted        prometheus.Counter
@@ -145,6 +146,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_agent_keys_refused_total",
 		Help: "Keys refused on their own, by the encoder (not valid UTF-8: never sent again) or by the allocator (InvalidArgument: asked again later); meanwhile they are out of every batch and decided by their fallback bucket.",
 	})
+	m.keysMoved = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_agent_keys_moved_total",
+		Help: "Keys answered MOVED (their slot is served by another allocator group, or is being moved): sent again to the owner; meanwhile decided from their lease and fallback bucket.",
+	})
 	m.keys = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "allot_agent_keys",
 		Help: "Budget keys tracked by the agent.",
@@ -168,7 +173,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			250e-6, 1e-3, 5e-3, 25e-3},
 	})
 	m.collectors = []prometheus.Collector{stripedCollector{m}, transitions, calls, tokens, reloads,
-		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale}
+		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keysMoved, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale}
 	if reg != nil {
 		for i, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

@@ -110,6 +110,17 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		slices.SortFunc(rf.pick, func(x, y *keyState) int { return strings.Compare(x.key, y.key) })
 	}
 	policy.SortPicks(rf.pick, keyOfState)
+	if t := a.rt.topo.Load(); t != nil {
+		// Several groups: one call per group, to its leader (groups.go).
+		if i, ok := a.sendGroups(ctx, now, t, a.splitByGroup(t, rf.pick)); !ok {
+			rf.pick = append(rf.pick[:0], rf.pick[i:]...)
+			a.unpick()
+			return
+		}
+		clear(rf.pick)
+		rf.pick = rf.pick[:0]
+		return
+	}
 	for i := 0; i < len(rf.pick); {
 		n := policy.BatchLen(rf.pick[i:], keyOfState, maxBatchKeys)
 		b := a.build(now, rf.pick[i:i+n])

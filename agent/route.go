@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -26,7 +28,9 @@ import (
 // a bounded number of connections. A hinted address whose call fails is
 // not followed again for hintBackoff, doubling with each failure in a row:
 // the loop falls back to its list, as without hints. An Unavailable answer with a hint to another address is
-// retried there at once, and counts as no failure.
+// retried there at once, and counts as no failure. A cluster of several
+// Raft groups has a leader per group: groups.go routes each group's calls
+// to its own leader over the same connections.
 
 const (
 	// maxHintConns bounds the connections dialed for hints outside
@@ -46,8 +50,16 @@ const (
 // list (refiller.addr). Owned by the refill loop, then by Close.
 type router struct {
 	cur      *hintConn            // the hinted leader outside the list being followed (nil: the list)
-	conns    map[string]*hintConn // dialed hint addresses
+	conns    map[string]*hintConn // dialed hint and group leader addresses
 	lastDial time.Time
+
+	// Group routing (groups.go). topo is written by the rule watch too.
+	topo       atomic.Pointer[topology]
+	learned    map[slots.GroupID]groupLeader // since learnedFor
+	learnedFor *topology
+	owners     []slots.GroupID // splitByGroup's scratch
+	runs       []groupRun
+	sorted     []*keyState
 }
 
 // hintConn is a connection dialed for a leader hint.
@@ -71,6 +83,9 @@ func (a *Agent) target() (allotv1.AllocatorClient, string) {
 // callAcquire sends req to the leader as far as the loop knows it (see
 // Leader routing), following the hint of the answer for the next call.
 func (a *Agent) callAcquire(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+	if req.TopologyVersion != 0 {
+		return a.callGroup(ctx, req) // addressed to a group: groups.go
+	}
 	return routed(a, ctx, func(ctx context.Context, c allotv1.AllocatorClient, opts ...grpc.CallOption) (*allotv1.AcquireResponse, error) {
 		return c.Acquire(ctx, req, opts...)
 	})
@@ -119,23 +134,38 @@ func (a *Agent) follow(addr string) bool {
 			return true
 		}
 	}
+	h := a.hintConn(addr, 0)
+	if h == nil {
+		return false
+	}
+	rt.cur = h
+	return true
+}
+
+// hintConn returns the connection dialed for addr, dialing it if need be
+// (at most one dial per hintDialInterval; at most maxHintConns+extra such
+// connections held, the least recently used closed first), or nil: in-memory
+// clients, no dial allowed yet, or a call to addr failed within its
+// backoff.
+func (a *Agent) hintConn(addr string, extra int) *hintConn {
+	rt := &a.rt
 	if len(a.cfg.Clients) > 0 {
-		return false // in-memory clients: nothing to dial
+		return nil // in-memory clients: nothing to dial
 	}
 	now := time.Now()
 	h := rt.conns[addr]
 	if h == nil {
 		if now.Sub(rt.lastDial) < hintDialInterval {
-			return false
+			return nil
 		}
 		cc, err := grpc.NewClient(addr, a.dialOpts...)
 		if err != nil {
 			a.logs.log(a.log, "hint_dial", "agent: cannot dial the leader an allocator named; staying on the configured list",
 				"addr", addr, "err", err)
-			return false
+			return nil
 		}
 		rt.lastDial = now
-		if len(rt.conns) >= maxHintConns {
+		if len(rt.conns) >= maxHintConns+extra {
 			rt.evict()
 		}
 		h = &hintConn{addr: addr, cc: cc, client: allotv1.NewAllocatorClient(cc)}
@@ -145,11 +175,10 @@ func (a *Agent) follow(addr string) bool {
 		rt.conns[addr] = h
 	}
 	if now.Before(h.badUntil) {
-		return false
+		return nil
 	}
 	h.used = now
-	rt.cur = h
-	return true
+	return h
 }
 
 // callFailedAt records a failed call to addr: a hinted leader outside the

@@ -114,11 +114,13 @@ func (a *Agent) logWatchEnd(idx int, err error) {
 		"allocator", a.names[idx], "err", err)
 }
 
-// applyRuleSet compiles a streamed rule set and swaps it in. Only newer
+// applyRuleSet takes a streamed rule set's topology, if any, then compiles
+// the rule set and swaps it in. Only newer
 // versions replace allocator-delivered rules (a reconnect to a lagging node
 // must not roll back); a set that fails to compile keeps the old rules and
 // is returned as an error.
 func (a *Agent) applyRuleSet(rs *allotv1.RuleSet) error {
+	a.noteTopology(rs.GetTopology()) // groups.go
 	cur := a.rules.Load()
 	if cur != nil && a.rulesFromAllocator.Load() && rs.GetVersion() <= cur.Version() {
 		return nil

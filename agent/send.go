@@ -59,6 +59,7 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	a.met.callsOK.Inc()
 	a.talked.Store(true)
 	a.reachable(rf.core.Answered(sent, recv))
+	a.noteTopology(resp.GetTopology()) // groups.go
 	a.apply(b, resp, recv)
 	a.noteRulesVersion(resp.GetRulesVersion(), recv)
 	return true
@@ -100,12 +101,7 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	now := a.loopNow()
 	alone := len(b.keys) == 1 && b.keys[0].Suspect
 	for i, ks := range b.keys {
-		k := b.req.Keys[i]
-		ks.charged.Add(k.Charged)
-		ks.outage.Add(k.OutageCharged)
-		if k.Returned > 0 && now < ks.expiry.Load() {
-			ks.balance.Add(k.Returned)
-		}
+		unsend(ks, b.req.Keys[i], now)
 		a.rf.core.Rejected(&ks.Key, now)
 		a.rf.awaken(ks)
 	}
@@ -114,6 +110,17 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 			b.keys[0].HoldUntil = policy.RefusedForever
 		}
 		a.keyRefused(b.keys[0])
+	}
+}
+
+// unsend gives back to ks what its entry k of a call that was not
+// applied took from it: its charges, and its returned tokens while its
+// lease lives.
+func unsend(ks *keyState, k *allotv1.KeyAcquire, now int64) {
+	ks.charged.Add(k.Charged)
+	ks.outage.Add(k.OutageCharged)
+	if k.Returned > 0 && now < ks.expiry.Load() {
+		ks.balance.Add(k.Returned)
 	}
 }
 
@@ -140,6 +147,10 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	}
 	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {
+		if i < len(grants) && grants[i].GetStatus() == allotv1.KeyStatus_KEY_STATUS_MOVED {
+			a.moved(ks, b.req.Keys[i]) // groups.go
+			continue
+		}
 		a.rf.core.Acked(&ks.Key, b.spent[i], b.denied[i])
 		a.rf.awaken(ks)
 		k := b.req.Keys[i]
