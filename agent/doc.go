@@ -98,7 +98,12 @@
 // its answer, so the loop moves to that address (one of Config.Allocators,
 // or dialed with Config.DialOptions; see route.go) and the follower's hop
 // is paid once per leader change. An Unavailable answer that names the
-// leader is retried there at once and is not a failure.
+// leader is retried there at once and is not a failure. In a cluster of
+// several Raft groups the allocator sends its topology (which group owns
+// each slot of the key space, and each group's leader): a refill tick then
+// sends each group's keys to that group's leader, and a key answered
+// MOVED keeps being decided from its lease and fallback bucket and goes to
+// its new owner at its next refill (groups.go).
 //
 // # When the allocator is unreachable
 //

@@ -83,6 +83,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 		f.beforeApply(l)
 	}
 	defer f.advance(l.Index, l.AppendedAt)
+	if state.IsSlotEntry(l.Data) {
+		return f.applySlots(l)
+	}
 	compact := state.IsCompactEntry(l.Data)
 	cmd := compactAcquire
 	if !compact {
@@ -159,16 +162,35 @@ var compactAcquire = &allotv1.Command{Cmd: &allotv1.Command_Acquire{Acquire: &al
 func (f *fsm) applyCompact(l *raft.Log) any {
 	res, err := f.st.ApplyCompact(l.Data)
 	if err != nil {
-		hint := ""
-		if errors.Is(err, state.ErrUnknownCommand) {
-			hint = "; upgrade this node"
-		}
-		panic(fmt.Sprintf("allocator: raft log entry %d (term %d): %v%s", l.Index, l.Term, err, hint))
+		stop(l, err)
 	}
 	if f.onApply != nil {
 		f.onApply(compactAcquire, res)
 	}
 	return res
+}
+
+// applySlots applies a slot entry (freeze, thaw, import, drop, disown of
+// slot ranges: allocator/state's Slots) and returns its state.SlotResult,
+// whose Err says whether the operation was refused. An entry that does not
+// decode, or of an operation this binary does not know, panics, as an
+// undecodable Command does.
+func (f *fsm) applySlots(l *raft.Log) any {
+	res, err := f.st.ApplySlotEntry(l.Data)
+	if err != nil {
+		stop(l, err)
+	}
+	return res
+}
+
+// stop panics on entry l, which the state could not apply (err): a
+// replica that skips what the others apply drifts.
+func stop(l *raft.Log, err error) {
+	hint := ""
+	if errors.Is(err, state.ErrUnknownCommand) {
+		hint = "; upgrade this node"
+	}
+	panic(fmt.Sprintf("allocator: raft log entry %d (term %d): %v%s", l.Index, l.Term, err, hint))
 }
 
 // Snapshot captures the state under its lock; Persist does the I/O. The

@@ -236,6 +236,10 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.domain, ents)
 	h := xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
 	e := &c.scr.e
+	if !c.serves(h) {
+		g.Status = allotv1.KeyStatus_KEY_STATUS_MOVED // frozen or gone: slots.go
+		return 0, false
+	}
 
 	if rule == nil || rule.Unlimited || rule.Backend != rules.BackendLease {
 		switch {
@@ -412,7 +416,8 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	return credited, ended
 }
 
-// endAgentLeases ends every lease of the agent and returns how many. It
+// endAgentLeases ends every lease of the agent, except on keys in frozen
+// slots, and returns how many. It
 // scans the leased keys in table order (agents end all their leases only
 // on shutdown or when forgotten).
 func (c *core) endAgentLeases(num uint32) uint32 {
@@ -425,8 +430,8 @@ func (c *core) endAgentLeases(num uint32) uint32 {
 	t := &c.tab
 	for i := 0; i < t.size; i++ {
 		s := t.at(i)
-		if s.link == 0 {
-			continue
+		if s.link == 0 || c.frozen(s.hash) {
+			continue // a frozen key's leases move with it (slots.go)
 		}
 		c.loadEntry(e, s.hash, s.link)
 		if li, ok := e.find(num); ok {

@@ -28,6 +28,9 @@ func (c *core) applyCheck(req *allotv1.CheckRequest, now int64) (*allotv1.CheckR
 	c.scr.descs = descs[:0]
 	matched := c.rules.MatchAll(req.Domain, descs, c.scr.matched[:0])
 	c.scr.matched = matched[:0]
+	if err := c.checkServed(req.Domain, descs, matched); err != nil {
+		return nil, err
+	}
 	hits := int64(req.Hits)
 	if hits == 0 {
 		hits = 1

@@ -25,6 +25,16 @@
 // per refresh window, lease TTL and refresh) is described in
 // docs/leases.md and summarised in policy.go.
 //
+// Slots (slots.go). In a cluster of several Raft groups a State serves
+// only the slots (pkg/slots) its group owns. A slot move freezes the slots
+// at the source (their keys are answered KEY_STATUS_MOVED and their state
+// stays exactly as it was), exports their keys' bucket state and leases,
+// imports them at the target and drops them at the source, each as a slot
+// entry applied in log order (slotentry.go). The package doc of slots.go
+// states why no token is granted twice across a move and what agents may
+// admit meanwhile. A State that serves every slot, as in a cluster of one
+// group, behaves and snapshots as if slots did not exist.
+//
 // State is safe for concurrent use: Apply and Restore take the write lock,
 // the read APIs take the read lock.
 package state

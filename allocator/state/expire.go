@@ -46,7 +46,9 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	}
 	sort.Slice(dead, func(i, j int) bool { return dead[i].num < dead[j].num })
 	for _, a := range dead {
-		c.endAgentLeases(a.num)
+		if c.endAgentLeases(a.num); c.byNum[a.num].keysHeld > 0 {
+			continue // leases in frozen slots: forgotten once they are dropped or thawed
+		}
 		delete(c.agents, a.id)
 		delete(c.byNum, a.num)
 	}
@@ -110,7 +112,7 @@ func (c *core) sweepRange(lo, hiLast uint64, now int64) {
 		if s.hash > hiLast {
 			break
 		}
-		if s.link == 0 && idle(c.lims.get(s.lim), s.st, now) {
+		if s.link == 0 && idle(c.lims.get(s.lim), s.st, now) && !c.frozen(s.hash) {
 			lim := s.lim
 			t.remove(c, i)
 			c.lims.unref(lim)

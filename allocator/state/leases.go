@@ -179,6 +179,15 @@ func (c *core) expireEntry(s int64, link uint32, now int64) {
 		return
 	}
 	c.loadEntry(e, h, link)
+	if c.frozen(h) {
+		// Frozen (slots.go): its leases move as they are; look again
+		// next second.
+		next := floorDiv(now, 1e9) + 1
+		e.queued = uint8(next)
+		setQueued(c.arenaOf(link).mut(c, link, e.size), e.queued)
+		c.wheel.push(next, link)
+		return
+	}
 	oldMin := e.minSec()
 	due := false
 	for i := 0; i < len(e.leases); {

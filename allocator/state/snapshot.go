@@ -37,14 +37,19 @@ import (
 // the arena layout, the expiry wheel, limit reference counts) is not
 // stored: Restore recomputes it and checks the stored data for
 // consistency. Version 2 (compact leased keys) replaced version 1; version
-// 3 added the per-lease window grant count (grant pacing). Restore reads
-// versions 2 and 3: a version-2 lease has granted nothing in the current
+// 3 added the per-lease window grant count (grant pacing). Version 4 is
+// version 3 followed by the slots' modes (slots.go) — uvarint runs, runs ×
+// (uvarint first slot, uvarint last slot, byte mode), the slots not served
+// in slot order — and is written only by a State that does not serve every
+// slot, so a cluster of one group writes version 3. Restore reads
+// versions 2 to 4: a version-2 lease has granted nothing in the current
 // window, and its demand is truncated as a lease stores it (roundDemand).
 const (
 	snapMagic     = "ALLOTSNP"
 	snapEnd       = "ALLOTEND"
 	snapVersion   = 3
 	snapVersionV2 = 2 // still restored
+	snapVersionV4 = 4 // version 3 and the slots' modes
 	snapTrailer   = 4 + 8 + len(snapEnd)
 	snapFlushSize = 64 << 10
 )
@@ -83,6 +88,7 @@ type view struct {
 	members           []*allotv1.Member
 	nextAgent         uint32
 	sweepSeg          uint32
+	modes             *slotModes
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -107,6 +113,7 @@ func (s *State) Snapshot() (Snapshot, error) {
 		codec:        leaseCodec{unit: c.codec.unit, ext: maps.Clone(c.codec.ext)},
 		nextAgent:    c.nextAgent,
 		sweepSeg:     c.sweepSeg,
+		modes:        c.modes,
 	}
 	for i := range v.pages {
 		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
@@ -142,7 +149,11 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	e.uvarint(snapVersion)
+	if v.modes != nil {
+		e.uvarint(snapVersionV4)
+	} else {
+		e.uvarint(snapVersion)
+	}
 
 	e.varint(v.now)
 	e.varint(v.rulesUpdated)
@@ -254,6 +265,15 @@ func (sn *snapshot) Persist(w io.Writer) error {
 			}
 		}
 	}
+	if v.modes != nil {
+		runs := v.modes.runs()
+		e.uvarint(uint64(len(runs)))
+		for _, r := range runs {
+			e.uvarint(uint64(r.First))
+			e.uvarint(uint64(r.Last))
+			e.byte(byte(r.mode))
+		}
+	}
 	return e.finish()
 }
 
@@ -348,8 +368,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 {
-		return nil, corrupt("format version %d, this binary reads %d and %d", version, snapVersionV2, snapVersion)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionV4)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -478,6 +498,11 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	// Leased keys.
 	if err := c.restoreLeased(d, version); err != nil {
 		return nil, err
+	}
+	if version >= snapVersionV4 {
+		if err := c.restoreModes(d); err != nil {
+			return nil, err
+		}
 	}
 	if len(d.b) != 0 {
 		return nil, corrupt("%d trailing bytes", len(d.b))

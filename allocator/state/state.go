@@ -178,6 +178,10 @@ type core struct {
 
 	wheel wheel // lease expiry index; not persisted: rebuilt on Restore
 
+	// modes is each slot's mode (slots.go); nil: every slot served.
+	// Replaced, never mutated, so snapshots may share it.
+	modes *slotModes
+
 	// gen is the copy-on-write generation: records and chunks stamped with
 	// an older generation are shared with a live snapshot.
 	gen uint32
