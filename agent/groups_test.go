@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -588,5 +589,65 @@ func TestParseTopology(t *testing.T) {
 	s.noteTopology(&allotv1.Topology{Version: 2, Groups: []*allotv1.GroupRoute{{Id: 0, Slots: "0-1023"}}})
 	if v := s.rt.topo.Load().version; v != 3 {
 		t.Fatalf("topology version %d, want 3", v)
+	}
+}
+
+// TestGroupsMoveAdmissionBound: while a key's slot is frozen, an agent
+// admits at most its lease balance at the freeze plus its fallback
+// bucket's burst ⌈B/N⌉ and refill R·D/N over the move's duration D; the
+// fallback admissions are charged to the new owner once the move is done
+// (each MOVED answer gave the charge back to the key), none lost.
+func TestGroupsMoveAdmissionBound(t *testing.T) {
+	s, c := groupSetup(t, 3, false)
+	var d Descriptor
+	var key string
+	for i := 0; key == ""; i++ {
+		dd := desc("small", fmt.Sprint("m", i))
+		if k := c.keyOf(dd); c.owner[slots.OfKey(k)] == 1 {
+			d, key = dd, k
+		}
+	}
+	checkAllowed(t, s.Agent, d)
+	s.step()
+	ks := keyOf(t, s.Agent, d)
+	b0 := ks.balance.Load()
+	if b0 <= 0 {
+		t.Fatalf("no lease balance before the move (%d)", b0)
+	}
+	before := c.fakes[1].booksOf(key)
+	c.change(func(c *groupCluster) { c.frozen[slots.OfKey(key)] = true })
+	const burst, perHour = 3, 3 // the "small" rule; N = 1 agent
+	const moveFor = 20 * time.Minute
+	admitted := int64(0)
+	for i := range 20 {
+		for range 5 {
+			if dec := check(t, s.Agent, d); dec.Allowed {
+				admitted++
+			}
+		}
+		if i < 19 {
+			s.clock.advance(moveFor / 19)
+		}
+		s.step()
+	}
+	refill := int64(math.Ceil(perHour * moveFor.Hours()))
+	if bound := b0 + burst + refill; admitted > bound {
+		t.Fatalf("admitted %d during the move, bound %d (lease %d + burst %d + refill %d)", admitted, bound, b0, burst, refill)
+	}
+	t.Logf("admitted %d during the move: lease %d, bound %d", admitted, b0, b0+burst+refill)
+	if admitted <= b0 {
+		t.Fatalf("admitted %d during the move: the fallback bucket admitted nothing beyond the lease %d", admitted, b0)
+	}
+	if b := c.fakes[1].booksOf(key); b != before {
+		t.Fatalf("the frozen group applied %+v, want %+v unchanged", b, before)
+	}
+	c.move(key, 2)
+	waitFor(t, 5*time.Second, "the new topology", func() bool { return s.rt.topo.Load().version == 2 })
+	for range 2 {
+		s.clock.advance(6 * time.Second)
+		s.step()
+	}
+	if b := c.fakes[2].booksOf(key); b.charged != admitted-b0 {
+		t.Fatalf("the new owner was charged %d, want the %d fallback admissions of the move", b.charged, admitted-b0)
 	}
 }

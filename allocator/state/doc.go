@@ -30,10 +30,18 @@
 // at the source (their keys are answered KEY_STATUS_MOVED and their state
 // stays exactly as it was), exports their keys' bucket state and leases,
 // imports them at the target and drops them at the source, each as a slot
-// entry applied in log order (slotentry.go). The package doc of slots.go
-// states why no token is granted twice across a move and what agents may
-// admit meanwhile. A State that serves every slot, as in a cluster of one
-// group, behaves and snapshots as if slots did not exist.
+// entry applied in log order (slotentry.go). No token is granted twice
+// across a move: the source's state for the slots is final from its freeze
+// entry on, the target installs exactly that state and serves none of the
+// slots before, so the two grant, key by key, what one group that paused
+// the slots would have. During a move of duration D no group grants for
+// the moving keys; an agent admits for such a key at most the lease
+// balance it held at the freeze (already debited, and carried over) plus
+// its fallback bucket's ⌈B/N⌉ + R·D/N, which it reports as charged to the
+// new owner afterwards: over all N agents at most B + R·D beyond the
+// leases, paid back from the key's budget once the move is done. A State
+// that serves every slot, as in a cluster of one group, behaves and
+// snapshots as if slots did not exist.
 //
 // State is safe for concurrent use: Apply and Restore take the write lock,
 // the read APIs take the read lock.
