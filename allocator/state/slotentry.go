@@ -119,7 +119,7 @@ type SlotResult struct {
 }
 
 // ApplySlotEntry applies a slot entry at time max(its stamp, the last
-// applied time). An entry that does not decode, or names an operation this
+// applied time) (a refused one leaves the time too). An entry that does not decode, or names an operation this
 // binary does not know (ErrUnknownCommand), returns an error and changes
 // nothing: the raft adapter must stop the node, as for a compact entry. A
 // refused operation is not an error: it is in the result.
@@ -132,7 +132,6 @@ func (s *State) ApplySlotEntry(data []byte) (SlotResult, error) {
 	defer s.mu.Unlock()
 	c := s.st
 	c.cow = s.live > 0
-	c.now = max(se.Now, c.now)
 	res := SlotResult{Op: se.Op}
 	switch se.Op {
 	case SlotFreeze:
@@ -145,6 +144,9 @@ func (s *State) ApplySlotEntry(data []byte) (SlotResult, error) {
 		res.Keys, res.Err = c.drop(se.Ranges)
 	case SlotDisown:
 		res.Err = c.disown(se.Ranges)
+	}
+	if res.Err == nil {
+		c.now = max(se.Now, c.now) // a refused entry changes nothing, its time included
 	}
 	return res, nil
 }
