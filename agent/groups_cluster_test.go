@@ -172,9 +172,24 @@ func TestGroupsRealCluster(t *testing.T) {
 		}
 		return nil
 	}
-	from := len(rec.from(0))
-	checkFor(time.Second)
-	if err := direct(rec.from(from), lead); err != nil {
+	// window checks every key until the calls made meanwhile address
+	// every group (a key refreshes its lease every second or so), at
+	// most 10 s, and returns them.
+	window := func() []groupCallRec {
+		from := len(rec.from(0))
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			checkFor(100 * time.Millisecond)
+			seen := map[uint32]bool{}
+			for _, cl := range rec.from(from) {
+				seen[cl.group] = true
+			}
+			if len(seen) == 4 {
+				break
+			}
+		}
+		return rec.from(from)
+	}
+	if err := direct(window(), lead); err != nil {
 		t.Fatal(err)
 	}
 
@@ -203,14 +218,13 @@ func TestGroupsRealCluster(t *testing.T) {
 	})
 	// Once the agent's topology names the new leaders (the cluster also
 	// spreads them over the live nodes, moving some again), its calls go
-	// straight to them: a second of calls, the leaders unchanged
-	// throughout, none forwarded.
-	waitFor(t, 30*time.Second, "a second of calls straight to the new leaders", func() bool {
+	// straight to them: a window of calls to every group, the leaders
+	// unchanged throughout, none forwarded.
+	waitFor(t, 60*time.Second, "calls straight to the new leaders", func() bool {
 		before := leaders(live)
-		from := len(rec.from(0))
-		checkFor(time.Second)
+		calls := window()
 		lead = leaders(live)
-		return before != nil && maps.Equal(before, lead) && direct(rec.from(from), lead) == nil
+		return before != nil && maps.Equal(before, lead) && direct(calls, lead) == nil
 	})
 	checkAll()
 }
