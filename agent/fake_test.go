@@ -48,6 +48,8 @@ type fakeAllocator struct {
 	releases     []*allotv1.ReleaseRequest
 	applied      int // Acquire requests applied (not answered from the record)
 	books        map[string]*books
+	readsPacked  bool // read packed keys and say so (AcquireResponse.reads_packed_keys)
+	packedCalls  int  // calls whose keys came packed (acquires holds them unpacked)
 }
 
 // books are one key's token flows as the fake applied them.
@@ -160,6 +162,15 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 		f.mu.Lock()
 	}
 	defer f.mu.Unlock()
+	if f.readsPacked && len(req.PackedKeys) > 0 {
+		keys, err := allotv1.UnpackKeys(req.PackedKeys)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		f.packedCalls++
+		req = &allotv1.AcquireRequest{AgentId: req.AgentId, RequestId: req.RequestId, Keys: keys,
+			RulesVersion: req.RulesVersion, FallbackKeys: req.FallbackKeys, PackedGrants: req.PackedGrants}
+	}
 	f.acquires = append(f.acquires, req)
 	if f.failNext > 0 {
 		f.failNext--
@@ -188,7 +199,7 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 		return nil, status.Error(codes.InvalidArgument, "fake: injected rejection")
 	}
 	now := f.now()
-	resp := &allotv1.AcquireResponse{RulesVersion: f.set.Version(), NowUnixMs: now / 1e6}
+	resp := &allotv1.AcquireResponse{RulesVersion: f.set.Version(), NowUnixMs: now / 1e6, ReadsPackedKeys: f.readsPacked}
 	for _, k := range req.Keys {
 		resp.Grants = append(resp.Grants, f.acquireKey(ag, k, now))
 	}

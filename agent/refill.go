@@ -44,7 +44,8 @@ type refiller struct {
 	// alwaysAwake, for tests, keeps every key awake: every scan visits
 	// every key, as a scan of the whole table would.
 	alwaysAwake bool
-	fbKeys      int // keys decided by their fallback bucket between the last two scans
+	fbKeys      int  // keys decided by their fallback bucket between the last two scans
+	packedKeys  bool // the last answer said the allocator reads packed keys
 }
 
 // batch is one Acquire request and the key states its entries belong to.

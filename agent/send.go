@@ -30,7 +30,8 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	rf.unacked = b
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
 	start := time.Now()
-	resp, err := a.callAcquire(cctx, b.req) // to the leader: route.go
+	wire := a.wire(b.req)
+	resp, err := a.callAcquire(cctx, wire) // to the leader: route.go
 	cancel()
 	a.met.callSeconds.Observe(time.Since(start).Seconds())
 	recv := a.loopNow()
@@ -56,6 +57,12 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 		a.callFailed(recv, err)
 		return false
 	}
+	if rf.packedKeys = resp.GetReadsPackedKeys(); !rf.packedKeys && len(wire.PackedKeys) > 0 {
+		// An allocator that does not read packed keys applied a call
+		// without keys: send them again, unpacked, under a new id.
+		b.req.RequestId = rf.core.NextID()
+		return a.send(ctx, b)
+	}
 	a.met.callsOK.Inc()
 	a.talked.Store(true)
 	a.reachable(rf.core.Answered(sent, recv))
@@ -63,6 +70,23 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 	a.apply(b, resp, recv)
 	a.noteRulesVersion(resp.GetRulesVersion(), recv)
 	return true
+}
+
+// wire returns req as sent: its keys packed (AcquireRequest.packed_keys)
+// once the allocator has answered that it reads them, unless a key is not
+// valid UTF-8 (sent unpacked, the codec refuses it: see encodeFailed).
+func (a *Agent) wire(req *allotv1.AcquireRequest) *allotv1.AcquireRequest {
+	if !a.rf.packedKeys || !allotv1.KeysValidUTF8(req.Keys) {
+		return req
+	}
+	return &allotv1.AcquireRequest{
+		AgentId:      req.AgentId,
+		RequestId:    req.RequestId,
+		RulesVersion: req.RulesVersion,
+		FallbackKeys: req.FallbackKeys,
+		PackedGrants: req.PackedGrants,
+		PackedKeys:   allotv1.AppendPackedKeys(make([]byte, 0, 32*len(req.Keys)), req.Keys),
+	}
 }
 
 // retryable reports whether a failed call may have been lost in transit (so

@@ -105,7 +105,7 @@ func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*all
 	p := &pendingAcquire{
 		ctx:  ctx,
 		req:  req,
-		keys: len(req.GetKeys()),
+		keys: req.KeyCount(),
 		done: make(chan acquireResult, 1),
 	}
 	if b.legacy {

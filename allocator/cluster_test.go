@@ -203,6 +203,63 @@ func TestAcquirePackedGrants(t *testing.T) {
 	}
 }
 
+// TestAcquirePackedKeys: a call whose keys come packed, through a follower
+// too, is answered as the same call unpacked is (a retry with the keys
+// unpacked gets the recorded answer), every answer says the node reads
+// packed keys, and packed keys that do not decode or are not UTF-8 are
+// InvalidArgument and change nothing.
+func TestAcquirePackedKeys(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx := ctxT(t)
+	keys := []*allotv1.KeyAcquire{key("user", "ann", 10), key("user", "bo", 20), key("nosuch", "x", 1)}
+	packedReq := func(agent string, id uint64, p []byte) *allotv1.AcquireRequest {
+		return &allotv1.AcquireRequest{AgentId: agent, RequestId: id, PackedGrants: true, PackedKeys: p}
+	}
+	for _, node := range []int{tc.leader(), tc.follower()} {
+		alloc, _ := tc.clients(node)
+		agent := "packed-keys-" + strconv.Itoa(node)
+		resp, err := alloc.Acquire(ctx, packedReq(agent, 1, allotv1.AppendPackedKeys(nil, keys)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !resp.GetReadsPackedKeys() {
+			t.Errorf("node %d: reads_packed_keys unset", node)
+		}
+		got, err := allotv1.GrantsOf(resp)
+		if err != nil || len(got) != len(keys) {
+			t.Fatalf("node %d: %d grants, %v", node, len(got), err)
+		}
+		plain, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: agent, RequestId: 1, PackedGrants: true, Keys: keys})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := allotv1.GrantsOf(plain)
+		for i := range got {
+			if !proto.Equal(got[i], want[i]) {
+				t.Errorf("node %d grant %d: packed %v, unpacked %v", node, i, got[i], want[i])
+			}
+		}
+		if g := got[0]; g.GetGranted() != 10 || g.GetKey() == "" {
+			t.Errorf("node %d: first grant %v, want 10 granted", node, g)
+		}
+		for name, p := range map[string][]byte{
+			"truncated": allotv1.AppendPackedKeys(nil, keys)[:5],
+			"not utf-8": allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{key("user", "\xff", 1)}),
+		} {
+			_, err := alloc.Acquire(ctx, packedReq(agent, 2, p))
+			if status.Code(err) != codes.InvalidArgument {
+				t.Errorf("node %d, %s: err = %v, want InvalidArgument", node, name, err)
+			}
+		}
+		// Nothing was applied: id 2 is still free.
+		if r, err := alloc.Acquire(ctx, packedReq(agent, 2, allotv1.AppendPackedKeys(nil, keys[:1]))); err != nil {
+			t.Fatal(err)
+		} else if g, _ := allotv1.GrantsOf(r); len(g) != 1 || g[0].GetStatus() != allotv1.KeyStatus_KEY_STATUS_OK {
+			t.Errorf("node %d: call after the refused ones: %v", node, g)
+		}
+	}
+}
+
 func TestIdempotentRetryThroughBatcher(t *testing.T) {
 	tc := newTestCluster(t, 3)
 	alloc, _ := tc.clients(tc.follower())

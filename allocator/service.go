@@ -63,19 +63,20 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 }
 
 // answer returns the FSM's response r as sent to the caller: with LeaderId
-// set and, if the caller asked for them packed, its grants in
-// packed_grants. The FSM may keep r as the recorded answer for retries, so
-// it is copied, not modified.
+// and ReadsPackedKeys set and, if the caller asked for them packed, its
+// grants in packed_grants. The FSM may keep r as the recorded answer for
+// retries, so it is copied, not modified.
 func answer(r *allotv1.AcquireResponse, leader string, packed bool) *allotv1.AcquireResponse {
-	if r == nil || (r.GetLeaderId() == leader && !packed) {
+	if r == nil {
 		return r
 	}
 	out := &allotv1.AcquireResponse{
-		Grants:       r.GetGrants(),
-		LiveAgents:   r.GetLiveAgents(),
-		RulesVersion: r.GetRulesVersion(),
-		LeaderId:     leader,
-		NowUnixMs:    r.GetNowUnixMs(),
+		Grants:          r.GetGrants(),
+		LiveAgents:      r.GetLiveAgents(),
+		RulesVersion:    r.GetRulesVersion(),
+		LeaderId:        leader,
+		NowUnixMs:       r.GetNowUnixMs(),
+		ReadsPackedKeys: true,
 	}
 	if packed {
 		// About 24 bytes a grant besides its key.

@@ -49,7 +49,12 @@ func (c *core) applyAcquire(req *allotv1.AcquireRequest, now int64, res *Acquire
 	}
 	cl := &c.scr.call
 	cl.agentID, cl.requestID, cl.fallback = req.AgentId, req.RequestId, req.FallbackKeys
-	cl.keys, c.scr.ents = c.args(cl.keys[:0], c.scr.ents[:0], req.Keys)
+	if p := req.PackedKeys; len(p) > 0 {
+		d := newDecoder(string(p), 0) // validated: it decodes
+		c.scr.ents = d.keys(cl, c.scr.ents)
+	} else {
+		cl.keys, c.scr.ents = c.args(cl.keys[:0], c.scr.ents[:0], req.Keys)
+	}
 	return c.applyCall(cl, now, res)
 }
 

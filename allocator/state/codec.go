@@ -20,37 +20,21 @@ import (
 //
 //	entry   0x00, version (1), uvarint now (Unix ns), uvarint calls, calls × record
 //	record  str agent_id, uvarint request_id, uvarint rules_version,
-//	        uvarint fallback_keys, uvarint keys, keys × key
-//	key     dstr domain, uvarint entries, entries × (dstr key, str value),
-//	        flags, then the fields whose flag is set:
-//	        want, held, returned, charged, denied (zigzag varints, flags bits
-//	        0-4), demand (float64 bits, little endian, bit 5), outage_charged
-//	        (zigzag varint, bit 6)
+//	        uvarint fallback_keys, keys
+//	keys    the call's keys in the packed form of AcquireRequest.packed_keys
+//	        (allotv1.AppendPackedKeys): uvarint count, count × key, with
+//	        domains and descriptor keys carried once per call
 //	str     uvarint length, bytes
-//	dstr    a string of the record's dictionary: uvarint 0 then str (a new
-//	        string, appended to the dictionary), or uvarint i (the
-//	        dictionary's i-th string, from 1)
 //
-// Domains and descriptor keys repeat across a call's keys, so they are
-// carried once per call. Records are encoded by the caller's goroutine
-// (AppendAcquireRecord) and joined by the batcher (AppendAcquireEntry).
-// Every replica applies an entry of any version it knows; a version it
-// does not know stops it (upgrade it).
+// A request that came with packed keys has them copied into its record as
+// they came, once ValidateAcquire has read them whole: a record that does
+// not decode would stop every replica. Records are encoded by the caller's
+// goroutine (AppendAcquireRecord) and joined by the batcher
+// (AppendAcquireEntry). Every replica applies an entry of any version it
+// knows; a version it does not know stops it (upgrade it).
 const (
 	compactMarker  = 0x00
 	compactVersion = 1
-	compactDict    = 8 // dictionary strings per record; later ones are sent in full
-)
-
-// Key field flags.
-const (
-	flagWant = 1 << iota
-	flagHeld
-	flagReturned
-	flagCharged
-	flagDenied
-	flagDemand
-	flagOutage
 )
 
 // IsCompactEntry reports whether a log entry's data is a compact Acquire
@@ -58,56 +42,18 @@ const (
 func IsCompactEntry(data []byte) bool { return len(data) > 0 && data[0] == compactMarker }
 
 // AppendAcquireRecord appends req's compact record to dst. It encodes the
-// request as it is, valid or not: the state validates it when applying.
+// request as it is, valid or not: the state validates it when applying,
+// but packed keys must have passed ValidateAcquire (they are copied, not
+// decoded).
 func AppendAcquireRecord(dst []byte, req *allotv1.AcquireRequest) []byte {
 	dst = appendStr(dst, req.GetAgentId())
 	dst = binary.AppendUvarint(dst, req.GetRequestId())
 	dst = binary.AppendUvarint(dst, req.GetRulesVersion())
 	dst = binary.AppendUvarint(dst, uint64(req.GetFallbackKeys()))
-	dst = binary.AppendUvarint(dst, uint64(len(req.GetKeys())))
-	var dict [compactDict]string
-	nd := 0
-	dstr := func(s string) {
-		for i := range nd {
-			if dict[i] == s {
-				dst = binary.AppendUvarint(dst, uint64(i+1))
-				return
-			}
-		}
-		dst = append(dst, 0)
-		dst = appendStr(dst, s)
-		if nd < compactDict {
-			dict[nd] = s
-			nd++
-		}
+	if p := req.GetPackedKeys(); len(p) > 0 {
+		return append(dst, p...)
 	}
-	for _, k := range req.GetKeys() {
-		dstr(k.GetDomain())
-		dst = binary.AppendUvarint(dst, uint64(len(k.GetEntries())))
-		for _, e := range k.GetEntries() {
-			dstr(e.GetKey())
-			dst = appendStr(dst, e.GetValue())
-		}
-		fi := len(dst)
-		dst = append(dst, 0)
-		var flags byte
-		for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
-			if v != 0 {
-				flags |= 1 << i
-				dst = binary.AppendVarint(dst, v)
-			}
-		}
-		if d := k.GetDemand(); d != 0 || math.Signbit(d) {
-			flags |= flagDemand
-			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(d))
-		}
-		if v := k.GetOutageCharged(); v != 0 {
-			flags |= flagOutage
-			dst = binary.AppendVarint(dst, v)
-		}
-		dst[fi] = flags
-	}
-	return dst
+	return allotv1.AppendPackedKeys(dst, req.GetKeys())
 }
 
 // AppendAcquireEntry appends a compact entry of the given records (each
@@ -169,71 +115,42 @@ func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
 	cl.rulesVersion = d.Uvarint()
 	fb := d.Uvarint()
 	cl.fallback = uint32(min(fb, math.MaxUint32))
+	return d.keys(cl, ents)
+}
+
+// keys decodes a call's packed keys into cl.keys, reusing its and ents'
+// storage; ents holds the keys' descriptor entries (returned for reuse).
+func (d *decoder) keys(cl *call, ents []rules.Entry) []rules.Entry {
+	cl.keys = cl.keys[:0]
+	ents = ents[:0]
 	n := d.Uvarint()
 	if n > uint64(d.Left()) { // a key takes at least a byte
 		d.Fail()
 		return ents
 	}
-	cl.keys = cl.keys[:0]
-	ents = ents[:0]
-	var dict [compactDict]string
-	nd := 0
-	dstr := func() string {
-		i := d.Uvarint()
-		switch {
-		case i == 0:
-			s := d.Str()
-			if nd < compactDict {
-				dict[nd] = s
-				nd++
-			}
-			return s
-		case i <= uint64(nd):
-			return dict[i-1]
-		}
-		d.Fail()
-		return ""
-	}
+	var dc allotv1.Dict
 	for range n {
-		var k keyArgs
-		k.domain = dstr()
-		ne := d.Uvarint()
-		if ne > uint64(d.Left()) {
-			d.Fail()
-		}
+		cl.keys = append(cl.keys, keyArgs{})
+		ents = d.key(&cl.keys[len(cl.keys)-1], &dc, ents)
 		if d.Err != nil {
 			return ents
 		}
-		from := len(ents)
-		for range ne {
-			key := dstr()
-			ents = append(ents, rules.Entry{Key: key, Value: d.Str()})
-		}
-		k.ef, k.et = from, len(ents)
-		flags := d.Byte()
-		if flags&^(flagOutage<<1-1) != 0 {
-			d.Fail()
-		}
-		for i, f := range [...]*int64{&k.want, &k.held, &k.returned, &k.charged, &k.denied} {
-			if flags&(1<<i) != 0 {
-				*f = d.Varint()
-			}
-		}
-		if flags&flagDemand != 0 {
-			k.demand = math.Float64frombits(d.Fixed64())
-		}
-		if flags&flagOutage != 0 {
-			k.outageCharged = d.Varint()
-		}
-		if d.Err != nil {
-			return ents
-		}
-		cl.keys = append(cl.keys, k)
 	}
 	for i := range cl.keys {
 		k := &cl.keys[i]
 		k.ents = ents[k.ef:k.et:k.et]
 	}
+	return ents
+}
+
+// key decodes one packed key into k, appending its descriptor entries to
+// ents (k.ef and k.et say where; k.ents is left for the caller to set).
+func (d *decoder) key(k *keyArgs, dc *allotv1.Dict, ents []rules.Entry) []rules.Entry {
+	var pk allotv1.PackedKey
+	from := len(ents)
+	ents = allotv1.ReadPackedKey(&d.Reader, dc, &pk, ents)
+	*k = keyArgs{domain: pk.Domain, want: pk.Want, held: pk.Held, returned: pk.Returned, charged: pk.Charged,
+		denied: pk.Denied, outageCharged: pk.OutageCharged, demand: pk.Demand, ef: from, et: len(ents)}
 	return ents
 }
 

@@ -42,6 +42,27 @@ func genRequest(t *rapid.T, label string) *allotv1.AcquireRequest {
 	return req
 }
 
+// genCalls draws the calls of one step: requests from genRequest, about
+// half of them made plausible (known agents, the step as request id,
+// matching keys and sane amounts).
+func genCalls(t *rapid.T, step int) []*allotv1.AcquireRequest {
+	var reqs []*allotv1.AcquireRequest
+	for i := range rapid.IntRange(0, 3).Draw(t, "calls") {
+		req := genRequest(t, string(rune('a'+i)))
+		if rapid.Bool().Draw(t, "plausible") {
+			req.AgentId = rapid.SampledFrom(propAgents).Draw(t, "agent")
+			req.RequestId = uint64(step)
+			for _, k := range req.Keys {
+				k.Domain = "test"
+				k.Entries = []*allotv1.Entry{{Key: rapid.SampledFrom([]string{"tb", "gcra", "fw", "nope"}).Draw(t, "k"), Value: "x"}}
+				k.Want, k.Held, k.Demand = max(k.Want%20, 0), max(k.Held%5, 0), 1
+			}
+		}
+		reqs = append(reqs, req)
+	}
+	return reqs
+}
+
 // TestCompactEntryRoundTrip: a compact entry decodes to exactly the
 // requests and stamp it was built from.
 func TestCompactEntryRoundTrip(t *testing.T) {
@@ -116,20 +137,7 @@ func TestCompactMatchesProtobuf(t *testing.T) {
 		a, b := newTestState(t), newTestState(t)
 		for step := range rapid.IntRange(1, 6).Draw(t, "steps") {
 			now := at(0) + int64(step)*1e8
-			var reqs []*allotv1.AcquireRequest
-			for i := range rapid.IntRange(0, 3).Draw(t, "calls") {
-				req := genRequest(t, string(rune('a'+i)))
-				if rapid.Bool().Draw(t, "plausible") {
-					req.AgentId = rapid.SampledFrom(propAgents).Draw(t, "agent")
-					req.RequestId = uint64(step)
-					for _, k := range req.Keys {
-						k.Domain = "test"
-						k.Entries = []*allotv1.Entry{{Key: rapid.SampledFrom([]string{"tb", "gcra", "fw", "nope"}).Draw(t, "k"), Value: "x"}}
-						k.Want, k.Held, k.Demand = max(k.Want%20, 0), max(k.Held%5, 0), 1
-					}
-				}
-				reqs = append(reqs, req)
-			}
+			reqs := genCalls(t, step)
 			ra := a.Apply(acquireCmd(now, reqs...)).(*AcquireBatchResult)
 			rb, err := b.ApplyCompact(compactEntry(now, reqs...))
 			if err != nil {

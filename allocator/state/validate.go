@@ -1,8 +1,12 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"unicode/utf8"
+
+	"github.com/allot/allot/pkg/rules"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -24,11 +28,72 @@ const (
 // domain, domain + entries at most 4 KiB, 0 ≤ want, held, returned,
 // charged, denied ≤ 1e12 and a finite demand in [0, 1e12]. Errors wrap
 // ErrInvalid.
+//
+// Packed keys (packed_keys) are read whole with the same bounds, and each
+// of their strings must be valid UTF-8; a request sets keys or packed_keys,
+// not both. A request that passes has a compact record every replica
+// decodes (AppendAcquireRecord copies packed keys as they are).
 func ValidateAcquire(req *allotv1.AcquireRequest) error {
 	if req == nil {
 		return fmt.Errorf("%w: nil acquire request", ErrInvalid)
 	}
+	if p := req.PackedKeys; len(p) > 0 {
+		if len(req.Keys) > 0 {
+			return fmt.Errorf("%w: both keys and packed_keys are set", ErrInvalid)
+		}
+		return validatePacked(req.AgentId, req.RequestId, string(p))
+	}
 	return validateCall(req.AgentId, req.RequestId, req.Keys)
+}
+
+// validatePacked checks a call whose keys came packed (p), reading every
+// key without keeping it.
+func validatePacked(agentID string, requestID uint64, p string) error {
+	d := decoder{allotv1.Reader{S: p, Base: errPacked}}
+	n := d.Uvarint()
+	if d.Err != nil || n > uint64(len(p)) {
+		return fmt.Errorf("%w: packed_keys: count", ErrInvalid)
+	}
+	if err := checkCall(agentID, requestID, int(n)); err != nil {
+		return err
+	}
+	var dc allotv1.Dict
+	var buf [4]rules.Entry
+	for i := range int(n) {
+		var k keyArgs
+		ents := d.key(&k, &dc, buf[:0])
+		if d.Err != nil {
+			return fmt.Errorf("%w: packed_keys: key %d: %s", ErrInvalid, i, d.Err)
+		}
+		k.ents = ents
+		err := checkKey(&k)
+		if err == nil && !validUTF8(&k) {
+			err = errors.New("a string is not valid UTF-8")
+		}
+		if err != nil {
+			return fmt.Errorf("%w: keys[%d]: %s", ErrInvalid, i, err)
+		}
+	}
+	if d.P != len(p) {
+		return fmt.Errorf("%w: packed_keys: %d trailing bytes", ErrInvalid, d.Left())
+	}
+	return nil
+}
+
+// errPacked: packed keys do not decode.
+var errPacked = errors.New("malformed")
+
+// validUTF8 reports whether the strings of a decoded key are valid UTF-8.
+func validUTF8(k *keyArgs) bool {
+	if !utf8.ValidString(k.domain) {
+		return false
+	}
+	for _, e := range k.ents {
+		if !utf8.ValidString(e.Key) || !utf8.ValidString(e.Value) {
+			return false
+		}
+	}
+	return true
 }
 
 // ValidateRelease checks a ReleaseRequest with the same bounds as
@@ -58,20 +123,23 @@ func validateArgs(cl *call) error {
 		return err
 	}
 	for i := range cl.keys {
-		k := &cl.keys[i]
-		n := 0
-		for _, e := range k.ents {
-			n += len(e.Key) + len(e.Value) + 2
-		}
-		err := checkDescriptorLen(k.domain, n)
-		if err == nil {
-			err = checkAmounts(k.want, k.held, k.returned, k.charged, k.outageCharged, k.denied, k.demand)
-		}
-		if err != nil {
+		if err := checkKey(&cl.keys[i]); err != nil {
 			return fmt.Errorf("%w: keys[%d]: %s", ErrInvalid, i, err)
 		}
 	}
 	return nil
+}
+
+// checkKey checks a decoded key as validateKey checks a wire key.
+func checkKey(k *keyArgs) error {
+	n := 0
+	for _, e := range k.ents {
+		n += len(e.Key) + len(e.Value) + 2
+	}
+	if err := checkDescriptorLen(k.domain, n); err != nil {
+		return err
+	}
+	return checkAmounts(k.want, k.held, k.returned, k.charged, k.outageCharged, k.denied, k.demand)
 }
 
 func checkCall(agentID string, requestID uint64, keys int) error {

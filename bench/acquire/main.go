@@ -93,6 +93,7 @@ type options struct {
 	profile      string
 	fprofile     string
 	packed       bool
+	packedKeys   bool
 	env          string
 	args         string
 	gctrace      bool
@@ -120,6 +121,7 @@ func main() {
 	flag.StringVar(&o.idleProfile, "idle-cpuprofile", "", "with -idle: write a CPU profile of the leader, taken during the second half of the idle window, to this file")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
 	flag.BoolVar(&o.packed, "packed-grants", true, "ask for the grants packed (AcquireRequest.packed_grants), as agents do; false: one KeyGrant message per key")
+	flag.BoolVar(&o.packedKeys, "packed-keys", true, "send the keys packed (AcquireRequest.packed_keys), as agents do once the allocator reads them; false: one KeyAcquire message per key")
 	flag.StringVar(&o.target, "target", "follow", "send calls to: follow (each client starts on a node and moves where a forwarded answer's leader header points, as agents do), all (round robin; followers forward), or leader")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
@@ -535,6 +537,9 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 		ag := getAgent()
 		ag.req++
 		req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: keys, PackedGrants: l.o.packed}
+		if l.o.packedKeys {
+			req.PackedKeys, req.Keys = allotv1.AppendPackedKeys(nil, keys), nil
+		}
 		target := node
 		switch l.o.target {
 		case "all":

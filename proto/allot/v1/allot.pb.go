@@ -481,8 +481,15 @@ type AcquireRequest struct {
 	// topology_version: the slot map version the agent routed by (0: none).
 	// An answer from a node that holds a newer one carries its topology.
 	TopologyVersion uint64 `protobuf:"varint,8,opt,name=topology_version,json=topologyVersion,proto3" json:"topology_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// packed_keys carries the keys as one byte string instead of one
+	// KeyAcquire message per key (format in proto/allot/v1/packed.go), each
+	// distinct domain and descriptor key once. A request sets keys or
+	// packed_keys, never both. A caller sends it only to an allocator whose
+	// answers set AcquireResponse.reads_packed_keys: one that does not know
+	// the field sees a call with no keys.
+	PackedKeys    []byte `protobuf:"bytes,9,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
@@ -569,6 +576,13 @@ func (x *AcquireRequest) GetTopologyVersion() uint64 {
 		return x.TopologyVersion
 	}
 	return 0
+}
+
+func (x *AcquireRequest) GetPackedKeys() []byte {
+	if x != nil {
+		return x.PackedKeys
+	}
+	return nil
 }
 
 // KeyAcquire is one key's report and request inside an Acquire.
@@ -698,9 +712,11 @@ type AcquireResponse struct {
 	Limits       []*Limit `protobuf:"bytes,7,rep,name=limits,proto3" json:"limits,omitempty"` // the distinct limits packed_grants refers to
 	// topology: set when the request's topology_version is older than the
 	// node's, or a key was answered KEY_STATUS_MOVED.
-	Topology      *Topology `protobuf:"bytes,8,opt,name=topology,proto3" json:"topology,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Topology *Topology `protobuf:"bytes,8,opt,name=topology,proto3" json:"topology,omitempty"`
+	// reads_packed_keys: the node that answered reads AcquireRequest.packed_keys.
+	ReadsPackedKeys bool `protobuf:"varint,9,opt,name=reads_packed_keys,json=readsPackedKeys,proto3" json:"reads_packed_keys,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AcquireResponse) Reset() {
@@ -787,6 +803,13 @@ func (x *AcquireResponse) GetTopology() *Topology {
 		return x.Topology
 	}
 	return nil
+}
+
+func (x *AcquireResponse) GetReadsPackedKeys() bool {
+	if x != nil {
+		return x.ReadsPackedKeys
+	}
+	return false
 }
 
 // Topology is how keys map to Raft groups in a cluster with several: a
@@ -3755,7 +3778,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\x05R\x06shards\x12\x1c\n" +
 	"\tunlimited\x18\v \x01(\bR\tunlimited\x12\x1b\n" +
 	"\trule_path\x18\f \x01(\tR\brulePath\x12\x18\n" +
-	"\arouting\x18\r \x01(\tR\arouting\"\xa4\x02\n" +
+	"\arouting\x18\r \x01(\tR\arouting\"\xc5\x02\n" +
 	"\x0eAcquireRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
@@ -3765,7 +3788,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\x12#\n" +
 	"\rpacked_grants\x18\x06 \x01(\bR\fpackedGrants\x12\x14\n" +
 	"\x05group\x18\a \x01(\rR\x05group\x12)\n" +
-	"\x10topology_version\x18\b \x01(\x04R\x0ftopologyVersion\"\x84\x02\n" +
+	"\x10topology_version\x18\b \x01(\x04R\x0ftopologyVersion\x12\x1f\n" +
+	"\vpacked_keys\x18\t \x01(\fR\n" +
+	"packedKeys\"\x84\x02\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
@@ -3776,7 +3801,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\acharged\x18\x06 \x01(\x03R\acharged\x12\x16\n" +
 	"\x06demand\x18\a \x01(\x01R\x06demand\x12\x16\n" +
 	"\x06denied\x18\b \x01(\x03R\x06denied\x12%\n" +
-	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\xbe\x02\n" +
+	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\xea\x02\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +
@@ -3786,7 +3811,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\vnow_unix_ms\x18\x05 \x01(\x03R\tnowUnixMs\x12#\n" +
 	"\rpacked_grants\x18\x06 \x01(\fR\fpackedGrants\x12'\n" +
 	"\x06limits\x18\a \x03(\v2\x0f.allot.v1.LimitR\x06limits\x12.\n" +
-	"\btopology\x18\b \x01(\v2\x12.allot.v1.TopologyR\btopology\"R\n" +
+	"\btopology\x18\b \x01(\v2\x12.allot.v1.TopologyR\btopology\x12*\n" +
+	"\x11reads_packed_keys\x18\t \x01(\bR\x0freadsPackedKeys\"R\n" +
 	"\bTopology\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
 	"\x06groups\x18\x02 \x03(\v2\x14.allot.v1.GroupRouteR\x06groups\"\x95\x01\n" +

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"unicode/utf8"
 )
 
 // Packed grants: AcquireResponse.packed_grants carries an Acquire's grants
@@ -108,4 +110,225 @@ func GrantsOf(r *AcquireResponse) ([]*KeyGrant, error) {
 		return UnpackGrants(p, r.GetLimits())
 	}
 	return r.GetGrants(), nil
+}
+
+// Packed keys: AcquireRequest.packed_keys carries an Acquire's keys as one
+// byte string instead of one KeyAcquire message per key, so that the
+// allocator neither parses a message nor validates a string per key, and
+// copies the keys into its replicated log entry as they came. Domains and
+// descriptor keys repeat across a call's keys: each is carried once, in a
+// dictionary of the call's first PackedDict distinct ones.
+//
+//	packed  uvarint count, count × key
+//	key     dstr domain, uvarint entries, entries × (dstr key, str value),
+//	        flags, then the fields whose flag is set, in flag order:
+//	        want, held, returned, charged, denied (zigzag varints, flags
+//	        bits 0-4), demand (float64 bits, little endian, bit 5),
+//	        outage_charged (zigzag varint, bit 6)
+//	str     uvarint length, bytes
+//	dstr    uvarint 0 then str (a new string, appended to the dictionary
+//	        while it holds fewer than PackedDict), or uvarint i (the
+//	        dictionary's i-th string, from 1)
+//
+// Every string is valid UTF-8, as a string field's would be; the
+// allocator rejects a request whose packed keys break the format, the
+// bounds of bounds.go or UTF-8 with InvalidArgument.
+const PackedDict = 8
+
+// Key field flags of packed keys.
+const (
+	PackedWant = 1 << iota
+	PackedHeld
+	PackedReturned
+	PackedCharged
+	PackedDenied
+	PackedDemand
+	PackedOutage
+	packedFlags = PackedOutage<<1 - 1 // every flag
+)
+
+// AppendPackedKeys appends keys in the packed form to dst. It encodes the
+// keys as they are, valid or not (KeysValidUTF8 tells whether the
+// allocator will read them).
+func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(keys)))
+	var dict [PackedDict]string
+	nd := 0
+	dstr := func(s string) {
+		for i := range nd {
+			if dict[i] == s {
+				dst = binary.AppendUvarint(dst, uint64(i+1))
+				return
+			}
+		}
+		dst = append(dst, 0)
+		dst = appendStr(dst, s)
+		if nd < PackedDict {
+			dict[nd] = s
+			nd++
+		}
+	}
+	for _, k := range keys {
+		dstr(k.GetDomain())
+		dst = binary.AppendUvarint(dst, uint64(len(k.GetEntries())))
+		for _, e := range k.GetEntries() {
+			dstr(e.GetKey())
+			dst = appendStr(dst, e.GetValue())
+		}
+		fi := len(dst)
+		dst = append(dst, 0)
+		var flags byte
+		for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
+			if v != 0 {
+				flags |= 1 << i
+				dst = binary.AppendVarint(dst, v)
+			}
+		}
+		if d := k.GetDemand(); d != 0 || math.Signbit(d) {
+			flags |= PackedDemand
+			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(d))
+		}
+		if v := k.GetOutageCharged(); v != 0 {
+			flags |= PackedOutage
+			dst = binary.AppendVarint(dst, v)
+		}
+		dst[fi] = flags
+	}
+	return dst
+}
+
+// KeysValidUTF8 reports whether every string of keys is valid UTF-8, as
+// the allocator requires of packed keys (and protobuf of string fields).
+func KeysValidUTF8(keys []*KeyAcquire) bool {
+	for _, k := range keys {
+		if !utf8.ValidString(k.GetDomain()) {
+			return false
+		}
+		for _, e := range k.GetEntries() {
+			if !utf8.ValidString(e.GetKey()) || !utf8.ValidString(e.GetValue()) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func appendStr(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// KeyCount returns how many keys x carries, packed or not (a malformed
+// packed count reads as 0).
+func (x *AcquireRequest) KeyCount() int {
+	if p := x.GetPackedKeys(); len(p) > 0 {
+		n, k := binary.Uvarint(p)
+		if k <= 0 || n > uint64(len(p)) {
+			return 0
+		}
+		return int(n)
+	}
+	return len(x.GetKeys())
+}
+
+// PackedKey is one key of packed keys as ReadPackedKey reads it; Domain is
+// a substring of the Reader's S.
+type PackedKey struct {
+	Domain                                               string
+	Want, Held, Returned, Charged, Denied, OutageCharged int64
+	Demand                                               float64
+}
+
+// Dict is the dictionary of one call's packed keys: a zero Dict starts a
+// call.
+type Dict struct {
+	s [PackedDict]string
+	n int
+}
+
+// dstr reads a dictionary string.
+func (d *Reader) dstr(dc *Dict) string {
+	i := d.Uvarint()
+	switch {
+	case i == 0:
+		s := d.Str()
+		if dc.n < len(dc.s) {
+			dc.s[dc.n] = s
+			dc.n++
+		}
+		return s
+	case i <= uint64(dc.n):
+		return dc.s[i-1]
+	}
+	d.Fail()
+	return ""
+}
+
+// ReadPackedKey reads the next key of packed keys into k (every field
+// set) and appends its descriptor entries to ents; its strings are
+// substrings of d.S, so it allocates nothing beyond ents' growth. A key
+// that does not decode sets d.Err. The count before the keys is read with
+// d.Uvarint.
+func ReadPackedKey[E ~struct{ Key, Value string }](d *Reader, dc *Dict, k *PackedKey, ents []E) []E {
+	*k = PackedKey{Domain: d.dstr(dc)}
+	ne := d.Uvarint()
+	if ne > uint64(d.Left()) { // an entry takes at least 2 bytes
+		d.Fail()
+	}
+	if d.Err != nil {
+		return ents
+	}
+	for range ne {
+		key := d.dstr(dc)
+		ents = append(ents, E{Key: key, Value: d.Str()})
+	}
+	flags := d.Byte()
+	if flags&^packedFlags != 0 {
+		d.Fail()
+	}
+	for i, f := range [...]*int64{&k.Want, &k.Held, &k.Returned, &k.Charged, &k.Denied} {
+		if flags&(1<<i) != 0 {
+			*f = d.Varint()
+		}
+	}
+	if flags&PackedDemand != 0 {
+		k.Demand = math.Float64frombits(d.Fixed64())
+	}
+	if flags&PackedOutage != 0 {
+		k.OutageCharged = d.Varint()
+	}
+	return ents
+}
+
+// errPackedKeys: packed keys do not decode.
+var errPackedKeys = errors.New("allotv1: packed keys do not decode")
+
+// UnpackKeys decodes packed keys into messages (tools and tests: the
+// allocator reads them with ReadPackedKey, without building messages).
+func UnpackKeys(data []byte) ([]*KeyAcquire, error) {
+	d := Reader{S: string(data), Base: errPackedKeys}
+	n := d.Uvarint()
+	if d.Err != nil || n > uint64(d.Left()) {
+		return nil, fmt.Errorf("%w: count", errPackedKeys)
+	}
+	out := make([]*KeyAcquire, n)
+	var dc Dict
+	var ents []struct{ Key, Value string }
+	for i := range out {
+		var k PackedKey
+		ents = ReadPackedKey(&d, &dc, &k, ents[:0])
+		if d.Err != nil {
+			return nil, fmt.Errorf("key %d: %w", i, d.Err)
+		}
+		ka := &KeyAcquire{Domain: k.Domain, Want: k.Want, Held: k.Held, Returned: k.Returned, Charged: k.Charged,
+			Denied: k.Denied, OutageCharged: k.OutageCharged, Demand: k.Demand}
+		for _, e := range ents {
+			ka.Entries = append(ka.Entries, &Entry{Key: e.Key, Value: e.Value})
+		}
+		out[i] = ka
+	}
+	if d.P != len(d.S) {
+		return nil, fmt.Errorf("%w: %d trailing bytes", errPackedKeys, d.Left())
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package allotv1
 import (
 	"errors"
 	"math"
+	"strconv"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -195,4 +196,64 @@ func BenchmarkAcquireAnswer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestPackedKeysRoundTrip: packed keys decode to the keys they were built
+// from, with domains and descriptor keys beyond the dictionary's size sent
+// in full; malformed ones are errors.
+func TestPackedKeysRoundTrip(t *testing.T) {
+	var keys []*KeyAcquire
+	for i := range 40 {
+		d := "d" + strconv.Itoa(i%11) // more distinct strings than the dictionary holds
+		keys = append(keys, &KeyAcquire{Domain: d, Entries: []*Entry{{Key: "k" + strconv.Itoa(i%3), Value: strconv.Itoa(i)}, {Key: d, Value: ""}},
+			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5})
+	}
+	keys = append(keys, &KeyAcquire{Domain: "z", Demand: math.Copysign(0, -1)}, &KeyAcquire{})
+	data := AppendPackedKeys(nil, keys)
+	got, err := UnpackKeys(data)
+	if err != nil || len(got) != len(keys) {
+		t.Fatalf("UnpackKeys = %d keys, %v", len(got), err)
+	}
+	for i := range keys {
+		if !proto.Equal(got[i], keys[i]) || math.Signbit(got[i].Demand) != math.Signbit(keys[i].Demand) {
+			t.Errorf("key %d: %v, want %v", i, got[i], keys[i])
+		}
+	}
+	if (&AcquireRequest{PackedKeys: data}).KeyCount() != len(keys) {
+		t.Errorf("KeyCount differs")
+	}
+	for name, b := range map[string][]byte{
+		"truncated":    data[:len(data)-1],
+		"trailing":     append(append([]byte(nil), data...), 0),
+		"count":        {5, 0},
+		"unknown flag": {1, 0, 1, 'd', 0, 0x80},
+		"dictionary":   {1, 1},
+		"entries":      {1, 0, 1, 'd', 9},
+	} {
+		if got, err := UnpackKeys(b); !errors.Is(err, errPackedKeys) || got != nil {
+			t.Errorf("%s: UnpackKeys = %v, %v; want errPackedKeys", name, got, err)
+		}
+	}
+}
+
+// FuzzUnpackKeys: any input decodes or errs without panicking, and what
+// decodes encodes back to keys that decode the same.
+func FuzzUnpackKeys(f *testing.F) {
+	f.Add(AppendPackedKeys(nil, []*KeyAcquire{{Domain: "d", Entries: []*Entry{{Key: "k", Value: "v"}}, Want: 3, Demand: 2},
+		{Domain: "d", Charged: 1, OutageCharged: 2}}))
+	f.Add([]byte{0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := UnpackKeys(data)
+		if err != nil {
+			return
+		}
+		again := AppendPackedKeys(nil, got)
+		back, err := UnpackKeys(again)
+		if err != nil || len(back) != len(got) {
+			t.Fatalf("re-encoded keys do not decode: %v", err)
+		}
+		if third := AppendPackedKeys(nil, back); string(third) != string(again) {
+			t.Fatalf("keys change when re-encoded:\n% x\n% x", again, third)
+		}
+	})
 }
