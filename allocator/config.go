@@ -507,6 +507,7 @@ func (c Config) stateConfig() state.Config {
 	sc.MaxLeaseTTL = c.MaxLeaseTTL
 	sc.RefreshInterval = c.RefreshInterval
 	sc.AgentTTL = c.AgentTTL
+	sc.PackedGrants = true // answers go to agents packed (service.go: answer)
 	return sc
 }
 

@@ -40,7 +40,7 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 			path = "local"
 			r, err := s.batcher.submit(ctx, req)
 			if err == nil {
-				resp = answer(r, s.cfg.NodeID, req.GetPackedGrants())
+				resp, err = answer(r, s.cfg.NodeID, req.GetPackedGrants())
 			}
 			return err
 		},
@@ -63,31 +63,43 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 }
 
 // answer returns the FSM's response r as sent to the caller: with LeaderId
-// and ReadsPackedKeys set and, if the caller asked for them packed, its
-// grants in packed_grants. The FSM may keep r as the recorded answer for
-// retries, so it is copied, not modified.
-func answer(r *allotv1.AcquireResponse, leader string, packed bool) *allotv1.AcquireResponse {
+// and ReadsPackedKeys set and its grants packed (packed_grants) if the
+// caller asked for that, else as KeyGrant messages. The FSM packs the
+// grants it applies (state.Config.PackedGrants); an answer recorded in
+// messages (by an older binary, restored from a snapshot) is packed here.
+// The FSM may keep r as the recorded answer for retries, so it is copied,
+// not modified.
+func answer(r *allotv1.AcquireResponse, leader string, packed bool) (*allotv1.AcquireResponse, error) {
 	if r == nil {
-		return r
+		return r, nil
 	}
 	out := &allotv1.AcquireResponse{
-		Grants:          r.GetGrants(),
 		LiveAgents:      r.GetLiveAgents(),
 		RulesVersion:    r.GetRulesVersion(),
 		LeaderId:        leader,
 		NowUnixMs:       r.GetNowUnixMs(),
 		ReadsPackedKeys: true,
 	}
-	if packed {
+	switch inPacked := len(r.GetPackedGrants()) > 0; {
+	case packed && inPacked:
+		out.PackedGrants, out.Limits = r.GetPackedGrants(), r.GetLimits()
+	case packed:
 		// About 24 bytes a grant besides its key.
 		n := 8
-		for _, g := range out.Grants {
+		for _, g := range r.GetGrants() {
 			n += 24 + len(g.GetKey())
 		}
-		out.PackedGrants, out.Limits = allotv1.AppendPackedGrants(make([]byte, 0, n), nil, out.Grants)
-		out.Grants = nil
+		out.PackedGrants, out.Limits = allotv1.AppendPackedGrants(make([]byte, 0, n), nil, r.GetGrants())
+	case inPacked:
+		grants, err := allotv1.UnpackGrants(r.GetPackedGrants(), r.GetLimits())
+		if err != nil {
+			return nil, fmt.Errorf("allocator: recorded answer: %w", err)
+		}
+		out.Grants = grants
+	default:
+		out.Grants = r.GetGrants()
 	}
-	return out
+	return out, nil
 }
 
 // Release commits the returned tokens and the end of the agent's leases as

@@ -1,7 +1,10 @@
 package state
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -94,6 +97,45 @@ func (c *core) applyCall(cl *call, now int64, res *AcquireBatchResult) (*allotv1
 	c.now = now
 	ag = c.touchAgent(ag, cl.agentID, now)
 	ag.fallbackKeys = cl.fallback
+	var resp *allotv1.AcquireResponse
+	if c.cfg.PackedGrants {
+		resp = c.packedGrants(cl, ag, now, res)
+	} else {
+		resp = c.grantMsgs(cl, ag, now, res)
+	}
+	resp.LiveAgents = uint32(len(c.agents))
+	resp.RulesVersion = c.rulesVersion()
+	resp.NowUnixMs = now / 1e6
+	c.record(ag, cl.requestID, kindAcquire, resp)
+	return resp, nil
+}
+
+// packedGrants applies cl's keys and returns the answer with their grants
+// packed (Config.PackedGrants): two allocations per call, none per key.
+func (c *core) packedGrants(cl *call, ag *agentRec, now int64, res *AcquireBatchResult) *allotv1.AcquireResponse {
+	buf := binary.AppendUvarint(c.scr.packed[:0], uint64(len(cl.keys)))
+	limits := c.scr.limits[:0]
+	g := &c.scr.grant
+	for i := range cl.keys {
+		k := &cl.keys[i]
+		*g = allotv1.KeyGrant{}
+		c.key(g, ag, k, now, false)
+		buf, limits = allotv1.AppendPackedGrant(buf, limits, c.scr.key, g)
+		if res != nil {
+			res.Granted += g.Granted
+			res.Returned += k.returned
+			res.Charged += k.charged
+		}
+	}
+	resp := &allotv1.AcquireResponse{PackedGrants: bytes.Clone(buf), Limits: slices.Clone(limits)}
+	clear(limits) // the scratch keeps no Limit alive
+	c.scr.packed, c.scr.limits = buf, limits
+	return resp
+}
+
+// grantMsgs applies cl's keys and returns the answer with a KeyGrant
+// message per key.
+func (c *core) grantMsgs(cl *call, ag *agentRec, now int64, res *AcquireBatchResult) *allotv1.AcquireResponse {
 	// The grants and their keys are allocated once per call: one slice of
 	// messages, one string holding every key.
 	grants := make([]allotv1.KeyGrant, len(cl.keys))
@@ -119,11 +161,7 @@ func (c *core) applyCall(cl *call, now int64, res *AcquireBatchResult) (*allotv1
 		from = to
 	}
 	c.scr.ends, c.scr.keys = ends, keys
-	resp.LiveAgents = uint32(len(c.agents))
-	resp.RulesVersion = c.rulesVersion()
-	resp.NowUnixMs = now / 1e6
-	c.record(ag, cl.requestID, kindAcquire, resp)
-	return resp, nil
+	return resp
 }
 
 func (c *core) applyRelease(req *allotv1.ReleaseRequest, now int64) (*allotv1.ReleaseResponse, error) {
@@ -193,15 +231,15 @@ func (c *core) record(ag *agentRec, id uint64, kind uint8, resp proto.Message) {
 // key (a zero, full state) if needed. A key whose rule's limit changed
 // carries its balance over (see carryOver).
 func (c *core) slotFor(h uint64, l bucket.Limit, now int64) int {
-	i := c.tab.find(h)
+	i, found := c.tab.search(h)
 	// The common case, a tracked key under the limit it had, takes no
 	// reference and no map lookup.
-	if i >= 0 && c.lims.ents[c.tab.at(i).lim].key == keyOf(l) {
+	if found && c.lims.ents[c.tab.at(i).lim].key == keyOf(l) {
 		return i
 	}
 	li := c.lims.ref(l)
-	if i < 0 {
-		return c.tab.insert(c, h, li)
+	if !found {
+		return c.tab.insertAt(c, h, li, i) // one probe: search's
 	}
 	if old := c.tab.at(i).lim; old != li {
 		s := c.tab.mut(c, i)

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -145,5 +146,66 @@ func FuzzPackedKeys(f *testing.F) {
 		if err := b.consistency(); err != nil {
 			t.Fatal(err)
 		}
+	})
+}
+
+// TestPackedGrantsConfig: with Config.PackedGrants the answers, recorded
+// ones and those restored from a snapshot included, carry the grants the
+// message form carries, and the state changes alike.
+func TestPackedGrantsConfig(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := newTestState(t)
+		cfg := testConfig()
+		cfg.PackedGrants = true
+		b := New(cfg)
+		putRules(t, b, t0, testRules)
+		same := func(what string, ra, rb *AcquireBatchResult) {
+			for i := range ra.Responses {
+				if (ra.Errs[i] == nil) != (rb.Errs[i] == nil) {
+					t.Fatalf("%s call %d: errors %v and %v", what, i, ra.Errs[i], rb.Errs[i])
+				}
+				if ra.Errs[i] != nil {
+					continue
+				}
+				pa, pb := ra.Responses[i], rb.Responses[i]
+				if len(pb.GetGrants()) != 0 || len(pb.GetPackedGrants()) == 0 {
+					t.Fatalf("%s call %d: answer %v is not packed", what, i, pb)
+				}
+				gb, err := allotv1.GrantsOf(pb)
+				if err != nil || len(gb) != len(pa.GetGrants()) {
+					t.Fatalf("%s call %d: %d packed grants (%v), want %d", what, i, len(gb), err, len(pa.GetGrants()))
+				}
+				for j, g := range pa.GetGrants() {
+					if !proto.Equal(g, gb[j]) {
+						t.Fatalf("%s call %d grant %d: packed %v, message %v", what, i, j, gb[j], g)
+					}
+				}
+				if pa.GetLiveAgents() != pb.GetLiveAgents() || pa.GetRulesVersion() != pb.GetRulesVersion() || pa.GetNowUnixMs() != pb.GetNowUnixMs() {
+					t.Fatalf("%s call %d: %v and %v", what, i, pa, pb)
+				}
+			}
+			if ra.Granted != rb.Granted || ra.Returned != rb.Returned || ra.Charged != rb.Charged {
+				t.Fatalf("%s: sums differ", what)
+			}
+		}
+		var last []*allotv1.AcquireRequest
+		var now int64
+		for step := range rapid.IntRange(1, 6).Draw(t, "steps") {
+			now = at(0) + int64(step)*1e8
+			last = genCalls(t, step)
+			same("apply", a.Apply(acquireCmd(now, last...)).(*AcquireBatchResult), applyCompactly(b, acquireCmd(now, last...)).(*AcquireBatchResult))
+		}
+		if sa, sb := a.Stats(), b.Stats(); sa != sb {
+			t.Fatalf("stats %+v and %+v", sa, sb)
+		}
+		// The last step's calls again are retries: recorded answers, from
+		// the live state and from one restored from its snapshot.
+		r := New(cfg)
+		if err := r.Restore(bytes.NewReader(persist(t, b))); err != nil {
+			t.Fatal(err)
+		}
+		ra := a.Apply(acquireCmd(now, last...)).(*AcquireBatchResult)
+		same("replay", ra, b.Apply(acquireCmd(now, last...)).(*AcquireBatchResult))
+		same("replay after restore", ra, r.Apply(acquireCmd(now, last...)).(*AcquireBatchResult))
 	})
 }

@@ -53,6 +53,13 @@ type Config struct {
 	// an Expire checks ~20k keys, ~1.3 ms, and a full pass takes 256
 	// Expires; a power of two).
 	SweepSegments int
+	// PackedGrants: Acquire answers, the recorded ones included, carry
+	// their grants packed (AcquireResponse.packed_grants and limits,
+	// proto/allot/v1/packed.go) instead of one KeyGrant message per key,
+	// so that a replica builds no message per key and the allocator sends
+	// agents the grants as applied. Read them with allotv1.GrantsOf.
+	// Replicas of one cluster share the setting.
+	PackedGrants bool
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -203,6 +210,9 @@ type scratch struct {
 	ents    []rules.Entry
 	ends    []int
 	keys    []byte
+	packed  []byte           // an Acquire's packed grants, as built
+	limits  []*allotv1.Limit // and their limit table
+	grant   allotv1.KeyGrant // the grant being packed
 }
 
 // New returns an empty State. Zero fields of cfg take their defaults; an

@@ -108,16 +108,27 @@ func (t *table) mut(c *core, i int) *slot {
 
 // find returns the index of h's slot, or -1.
 func (t *table) find(h uint64) int {
-	for i := t.home(h); i < t.size; i++ {
-		s := t.at(i)
-		if s.lim == 0 || s.hash > h {
-			return -1
-		}
-		if s.hash == h {
-			return i
-		}
+	if i, ok := t.search(h); ok {
+		return i
 	}
 	return -1
+}
+
+// search returns the index of h's slot and true or, if h is absent, the
+// index where it would be inserted (the first slot from its home that is
+// empty or holds a larger hash; t.size past the end) and false.
+func (t *table) search(h uint64) (int, bool) {
+	i := t.home(h)
+	for ; i < t.size; i++ {
+		s := t.at(i)
+		if s.lim == 0 || s.hash > h {
+			return i, false
+		}
+		if s.hash == h {
+			return i, true
+		}
+	}
+	return i, false
 }
 
 // lowerBound returns the first index at or after which keys with hash ≥ h
@@ -136,17 +147,17 @@ func (t *table) lowerBound(h uint64) int {
 // insert adds h with limit lim and a zero state and returns its index. h
 // must not be present. It may grow the table (which moves every slot).
 func (t *table) insert(c *core, h uint64, lim uint32) int {
-	if (t.n+1)*maxLoadDen > t.capa*maxLoadNum {
-		t.grow(c)
-	}
+	i, _ := t.search(h)
+	return t.insertAt(c, h, lim, i)
+}
+
+// insertAt is insert given i, where search placed the absent h (the table
+// unchanged since).
+func (t *table) insertAt(c *core, h uint64, lim uint32, i int) int {
 	for {
-		i := t.home(h)
-		for i < t.size {
-			s := t.at(i)
-			if s.lim == 0 || s.hash > h {
-				break
-			}
-			i++
+		if (t.n+1)*maxLoadDen > t.capa*maxLoadNum {
+			t.grow(c)
+			i, _ = t.search(h)
 		}
 		// Find the first empty slot at or after i.
 		j := i
@@ -155,6 +166,7 @@ func (t *table) insert(c *core, h uint64, lim uint32) int {
 		}
 		if j >= t.size {
 			t.grow(c)
+			i, _ = t.search(h)
 			continue
 		}
 		t.shiftRight(c, i, j)

@@ -30,31 +30,37 @@ var errPacked = errors.New("allotv1: packed grants do not decode")
 func AppendPackedGrants(dst []byte, limits []*Limit, grants []*KeyGrant) ([]byte, []*Limit) {
 	dst = binary.AppendUvarint(dst, uint64(len(grants)))
 	for _, g := range grants {
-		dst = binary.AppendUvarint(dst, uint64(g.GetStatus()))
-		k := g.GetKey()
-		dst = binary.AppendUvarint(dst, uint64(len(k)))
-		dst = append(dst, k...)
-		for _, v := range [...]int64{g.GetGranted(), g.GetLeaseTtlMs(), g.GetRefreshAfterMs(), g.GetRemaining(),
-			g.GetResetAfterMs(), g.GetRetryAfterMs(), g.GetHeld()} {
-			dst = binary.AppendVarint(dst, v)
-		}
-		dst = binary.AppendUvarint(dst, uint64(g.GetAgents()))
-		li := 0
-		if l := g.GetLimit(); l != nil {
-			for i, x := range limits {
-				if x == l {
-					li = i + 1
-					break
-				}
-			}
-			if li == 0 {
-				limits = append(limits, l)
-				li = len(limits)
-			}
-		}
-		dst = binary.AppendUvarint(dst, uint64(li))
+		dst, limits = AppendPackedGrant(dst, limits, g.GetKey(), g)
 	}
 	return dst, limits
+}
+
+// AppendPackedGrant appends one grant's record to dst, as
+// AppendPackedGrants does after the count, with key in place of g's Key
+// (so that a caller holding the key as bytes need not make it a string).
+func AppendPackedGrant[K string | []byte](dst []byte, limits []*Limit, key K, g *KeyGrant) ([]byte, []*Limit) {
+	dst = binary.AppendUvarint(dst, uint64(g.GetStatus()))
+	dst = binary.AppendUvarint(dst, uint64(len(key)))
+	dst = append(dst, key...)
+	for _, v := range [...]int64{g.GetGranted(), g.GetLeaseTtlMs(), g.GetRefreshAfterMs(), g.GetRemaining(),
+		g.GetResetAfterMs(), g.GetRetryAfterMs(), g.GetHeld()} {
+		dst = binary.AppendVarint(dst, v)
+	}
+	dst = binary.AppendUvarint(dst, uint64(g.GetAgents()))
+	li := 0
+	if l := g.GetLimit(); l != nil {
+		for i, x := range limits {
+			if x == l {
+				li = i + 1
+				break
+			}
+		}
+		if li == 0 {
+			limits = append(limits, l)
+			li = len(limits)
+		}
+	}
+	return binary.AppendUvarint(dst, uint64(li)), limits
 }
 
 // UnpackGrants decodes packed grants. The grants share one allocation, and
