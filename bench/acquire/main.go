@@ -12,6 +12,9 @@
 // behind never skips or resets its schedule. -mode grants (the default)
 // renews leases on -keyspace keys; -mode fleet makes most keys of a call
 // first uses of cold keys (a charge, no lease) over 5M distinct keys.
+// Calls carry their keys packed (AcquireRequest.packed_keys) and ask for
+// packed grants, as agents do; -packed-keys=false sends a KeyAcquire
+// message per key, which a build that does not read packed keys needs.
 //
 // It reports offered and achieved key-grants/s; Acquire latency
 // (p50/p99/p99.9, from HdrHistogram) both from the actual send of the
@@ -121,7 +124,7 @@ func main() {
 	flag.StringVar(&o.idleProfile, "idle-cpuprofile", "", "with -idle: write a CPU profile of the leader, taken during the second half of the idle window, to this file")
 	flag.IntVar(&o.failovers, "failovers", 5, "leader kills in the failover phase (0: none)")
 	flag.BoolVar(&o.packed, "packed-grants", true, "ask for the grants packed (AcquireRequest.packed_grants), as agents do; false: one KeyGrant message per key")
-	flag.BoolVar(&o.packedKeys, "packed-keys", true, "send the keys packed (AcquireRequest.packed_keys), as agents do once the allocator reads them; false: one KeyAcquire message per key")
+	flag.BoolVar(&o.packedKeys, "packed-keys", true, "send the keys packed (AcquireRequest.packed_keys), as agents do once the allocator reads them; false: one KeyAcquire message per key (use false with -bin of a build that does not read them: it answers no grants)")
 	flag.StringVar(&o.target, "target", "follow", "send calls to: follow (each client starts on a node and moves where a forwarded answer's leader header points, as agents do), all (round robin; followers forward), or leader")
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
