@@ -1,6 +1,13 @@
 package agent
 
-import "testing"
+import (
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
 
 // TestPackedKeys: the agent sends its keys packed once an answer says the
 // allocator reads them; when an allocator that does not read them answers
@@ -59,5 +66,40 @@ func TestPackedKeys(t *testing.T) {
 	sendOne("k4")
 	if _, p := counts(); p != 1 {
 		t.Fatalf("the agent went on packing keys for an allocator that does not read them")
+	}
+}
+
+// TestWireCopiesEveryField: a request sent with its keys packed carries
+// every other field of the request as built.
+func TestWireCopiesEveryField(t *testing.T) {
+	a := &Agent{}
+	a.rf.packedKeys = true
+	req := &allotv1.AcquireRequest{Keys: []*allotv1.KeyAcquire{{Domain: "d", Want: 1}}}
+	m := req.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		switch {
+		case f.Name() == "keys" || f.Name() == "packed_keys":
+		case f.Kind() == protoreflect.BoolKind:
+			m.Set(f, protoreflect.ValueOfBool(true))
+		case f.Kind() == protoreflect.StringKind:
+			m.Set(f, protoreflect.ValueOfString("x"))
+		case f.Kind() == protoreflect.Uint32Kind:
+			m.Set(f, protoreflect.ValueOfUint32(uint32(i+1)))
+		case f.Kind() == protoreflect.Uint64Kind:
+			m.Set(f, protoreflect.ValueOfUint64(uint64(i+1)))
+		default:
+			t.Fatalf("AcquireRequest.%s: a field of a kind this test does not set", f.Name())
+		}
+	}
+	w := a.wire(req)
+	if len(w.PackedKeys) == 0 || len(w.Keys) != 0 {
+		t.Fatalf("wire = %v; want the keys packed", w)
+	}
+	want := proto.Clone(req).(*allotv1.AcquireRequest)
+	want.Keys, want.PackedKeys = nil, w.PackedKeys
+	if !proto.Equal(w, want) {
+		t.Fatalf("wire = %v\nwant %v", w, want)
 	}
 }

@@ -75,17 +75,20 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 // wire returns req as sent: its keys packed (AcquireRequest.packed_keys)
 // once the allocator has answered that it reads them, unless a key is not
 // valid UTF-8 (sent unpacked, the codec refuses it: see encodeFailed).
+// Every other field is copied (TestWireCopiesEveryField).
 func (a *Agent) wire(req *allotv1.AcquireRequest) *allotv1.AcquireRequest {
 	if !a.rf.packedKeys || !allotv1.KeysValidUTF8(req.Keys) {
 		return req
 	}
 	return &allotv1.AcquireRequest{
-		AgentId:      req.AgentId,
-		RequestId:    req.RequestId,
-		RulesVersion: req.RulesVersion,
-		FallbackKeys: req.FallbackKeys,
-		PackedGrants: req.PackedGrants,
-		PackedKeys:   allotv1.AppendPackedKeys(make([]byte, 0, 32*len(req.Keys)), req.Keys),
+		AgentId:         req.AgentId,
+		RequestId:       req.RequestId,
+		RulesVersion:    req.RulesVersion,
+		FallbackKeys:    req.FallbackKeys,
+		PackedGrants:    req.PackedGrants,
+		Group:           req.Group,
+		TopologyVersion: req.TopologyVersion,
+		PackedKeys:      allotv1.AppendPackedKeys(make([]byte, 0, 32*len(req.Keys)), req.Keys),
 	}
 }
 
