@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/allot/allot/internal/testproc"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 )
 
 // raftsForTest returns every Raft group of the node: the meta group (or
@@ -176,5 +178,62 @@ func TestGroupsConfig(t *testing.T) {
 	cfg.Groups = 2
 	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), cfg.DataDir) {
 		t.Errorf("Groups 2 on a single-group data dir: %v, want an error naming it", err)
+	}
+}
+
+// TestGroupsPackedKeys: in a cluster with several groups, a call whose
+// keys come packed is split among the groups as the same call unpacked is
+// (its retry unpacked gets the same grants), and the answer keeps the
+// topology the caller lacks.
+func TestGroupsPackedKeys(t *testing.T) {
+	addrs := testproc.FreeAddrs(t, 2)
+	cfg := DefaultConfig()
+	cfg.NodeID, cfg.DataDir = "n0", t.TempDir()
+	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = addrs[0], addrs[1], ""
+	cfg.Bootstrap, cfg.Groups = true, 2
+	cfg.InitialRules = testRuleFiles()
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 250*time.Millisecond, 250*time.Millisecond, 125*time.Millisecond
+	cfg.Logger = testLogger(t, slog.LevelWarn)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	alloc, _ := dial(t, s.GRPCAddr())
+	var keys []*allotv1.KeyAcquire
+	for i := range 16 { // over both groups' slots
+		keys = append(keys, key("user", "u"+strconv.Itoa(i), 5))
+	}
+	packed, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, PackedGrants: true,
+		PackedKeys: allotv1.AppendPackedKeys(nil, keys)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := allotv1.GrantsOf(packed)
+	if err != nil || len(got) != len(keys) {
+		t.Fatalf("%d grants, %v", len(got), err)
+	}
+	if packed.GetTopology() == nil || !packed.GetReadsPackedKeys() {
+		t.Errorf("answer %v: want the topology and reads_packed_keys", packed)
+	}
+	plain, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range plain.GetGrants() {
+		if !proto.Equal(g, got[i]) || g.GetGranted() != 5 {
+			t.Errorf("grant %d: packed %v, unpacked retry %v; want 5 granted", i, got[i], g)
+		}
 	}
 }

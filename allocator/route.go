@@ -189,7 +189,17 @@ func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest)
 	if !rt.ok {
 		return nil, "", errNoGroups
 	}
-	n := len(req.GetKeys())
+	keys := req.GetKeys()
+	if p := req.GetPackedKeys(); len(p) > 0 {
+		// Validated (state.ValidateAcquire): each group gets its keys as
+		// messages.
+		ks, err := allotv1.UnpackKeys(p)
+		if err != nil {
+			return nil, "", status.Error(codes.InvalidArgument, err.Error())
+		}
+		keys = ks
+	}
+	n := len(keys)
 	grants := make([]*allotv1.KeyGrant, n)
 	parts := map[slots.GroupID]*acquirePart{}
 	part := func(g slots.GroupID) *acquirePart {
@@ -204,7 +214,7 @@ func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest)
 		return p
 	}
 	moved := false
-	for i, k := range req.GetKeys() {
+	for i, k := range keys {
 		h, r, ents := rt.keyOf(k.GetDomain(), k.GetEntries())
 		g, between := rt.owner(h)
 		if between || (req.GetGroup() != 0 && uint32(g) != req.GetGroup()) {
@@ -275,7 +285,8 @@ func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest)
 	if moved || req.GetTopologyVersion() < rt.m.Version() {
 		out.Topology = s.topology()
 	}
-	return answer(out, out.LeaderId, req.GetPackedGrants()), path, nil
+	resp, err := answer(out, out.LeaderId, req.GetPackedGrants())
+	return resp, path, err
 }
 
 // acquireOnGroup serves p on its group's leader: this node's batcher when
@@ -296,7 +307,7 @@ func (s *Server) acquireOnGroup(ctx context.Context, p *acquirePart) string {
 			}
 			r, err := g.batcher.submit(ctx, p.req)
 			if err == nil {
-				p.resp = answer(r, s.cfg.NodeID, false)
+				p.resp, err = answer(r, s.cfg.NodeID, false)
 			}
 			return err
 		},

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
@@ -62,8 +63,9 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 	return resp, nil
 }
 
-// answer returns the FSM's response r as sent to the caller: with LeaderId
-// and ReadsPackedKeys set and its grants packed (packed_grants) if the
+// answer returns the FSM's response r as sent to the caller (or a routed
+// answer built from the groups' ones): with LeaderId and ReadsPackedKeys
+// set, its topology kept, and its grants packed (packed_grants) if the
 // caller asked for that, else as KeyGrant messages. The FSM packs the
 // grants it applies (state.Config.PackedGrants); an answer recorded in
 // messages (by an older binary, restored from a snapshot) is packed here.
@@ -78,6 +80,7 @@ func answer(r *allotv1.AcquireResponse, leader string, packed bool) (*allotv1.Ac
 		RulesVersion:    r.GetRulesVersion(),
 		LeaderId:        leader,
 		NowUnixMs:       r.GetNowUnixMs(),
+		Topology:        r.GetTopology(),
 		ReadsPackedKeys: true,
 	}
 	switch inPacked := len(r.GetPackedGrants()) > 0; {
