@@ -574,7 +574,10 @@ func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hit
 	}
 	sh.mu.RUnlock()
 	hint := uintptr(unsafe.Pointer(&dec))
-	a.met.ruleDecision(hint, a.met.ruleIndexFor(set), r, &st)
+	if ri := a.met.ruleIndexFor(set); !a.met.leaseCheck(hint, ri, r) {
+		a.met.ruleDecision(hint, ri, r, &st)
+		a.met.decision(hint, SourceLease, true)
+	}
 	dec = Decision{
 		Allowed:    true,
 		Source:     SourceLease,
@@ -586,7 +589,6 @@ func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hit
 		ResetAfter: st.ResetAfter,
 		NextAfter:  r.Limit.NextAfter(now, st.ResetAfter),
 	}
-	a.met.decision(hint, dec.Source, true)
 	if t0 != 0 {
 		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
 	}

@@ -210,9 +210,19 @@ func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
 func (m *metrics) shadow(hint uintptr) { m.counters.Add(hint, ctrShadow, 1) }
 func (m *metrics) redisError()         { m.redisErrors.Inc() }
 
-// decisions sums the stripes; for tests and the collector.
+// decisions sums the stripes; for tests and the collector. Allowed lease
+// decisions include the one-descriptor checks that leaseCheck counted in
+// their rule's counter.
 func (m *metrics) decisions(src Source, allowed bool) uint64 {
-	return m.counters.Sum(decisionCounter(src, allowed))
+	n := m.counters.Sum(decisionCounter(src, allowed))
+	if src == SourceLease && allowed {
+		m.ruleMu.Lock()
+		for _, rc := range m.ruleCounters {
+			n += rc.sum(ruleLeaseCheck)
+		}
+		m.ruleMu.Unlock()
+	}
+	return n
 }
 
 func (m *metrics) shadows() uint64 { return m.counters.Sum(ctrShadow) }
@@ -244,7 +254,7 @@ func (c stripedCollector) Collect(ch chan<- prometheus.Metric) {
 			// A rule's results, and a domain's unlimited count, are
 			// exposed at 0 from the rule set's load: an alert on their
 			// increase sees the first event.
-			if n := rc.sum(res); n > 0 || (k[1] != "") == (res != ruleUnlimited) {
+			if n := rc.result(res); n > 0 || (k[1] != "") == (res != ruleUnlimited) {
 				ch <- prometheus.MustNewConstMetric(c.m.ruleDesc, prometheus.CounterValue, float64(n), k[0], k[1], ruleResultNames[res])
 			}
 		}
@@ -259,6 +269,11 @@ const (
 	ruleShadowDenied
 	ruleUnlimited
 	ruleResults
+	// ruleLeaseCheck, not exposed as a result of its own: a check of one
+	// descriptor allowed from the lease (see leaseCheck), counted once for
+	// both its rule's allowed result and the allowed lease decisions.
+	ruleLeaseCheck = ruleResults
+	ruleSlots      = ruleResults + 1
 )
 
 var ruleResultNames = [ruleResults]string{"allowed", "fallback", "denied", "shadow_denied", "unlimited"}
@@ -270,7 +285,16 @@ const otherDomain = "_other"
 // ruleCounter counts one (domain, rule)'s decisions, striped like the
 // decision counters.
 type ruleCounter struct {
-	c [stripe.N][ruleResults]atomic.Uint64
+	c [stripe.N][ruleSlots]atomic.Uint64
+}
+
+// result sums the stripes of one exposed result.
+func (rc *ruleCounter) result(res int) uint64 {
+	n := rc.sum(res)
+	if res == ruleAllowed {
+		n += rc.sum(ruleLeaseCheck)
+	}
+	return n
 }
 
 func (rc *ruleCounter) sum(res int) uint64 {
@@ -342,6 +366,19 @@ func (m *metrics) ruleDecision(hint uintptr, ri *ruleIndex, r *rules.Rule, st *S
 		res = ruleFallback
 	}
 	ri.byID[r.ID].c[stripe.Index(hint)][res].Add(1)
+}
+
+// leaseCheck counts a check of one descriptor allowed by rule r from the
+// lease: one allowed result of r and one allowed lease decision, in one
+// increment (the collector adds it to both). It reports false, counting
+// nothing, when r has no counter (a reload is switching sets); the caller
+// then counts the two apart.
+func (m *metrics) leaseCheck(hint uintptr, ri *ruleIndex, r *rules.Rule) bool {
+	if ri == nil || r.ID >= len(ri.byID) || ri.byID[r.ID] == nil {
+		return false
+	}
+	ri.byID[r.ID].c[stripe.Index(hint)][ruleLeaseCheck].Add(1)
+	return true
 }
 
 // unlimitedDecision counts a descriptor no rule limits: r is nil (no match)
