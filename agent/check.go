@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
 	"sync"
 	"time"
 	"unsafe"
@@ -140,21 +139,17 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 
 	// The request memo: a request seen before under this rule set skips
 	// validation, matching and the key-table lookups (see memo). Entries
-	// are recorded only for requests that passed validate, and the
-	// identity encodes every byte of the domain and of every entry (and
-	// the descriptors' boundaries), so a hit is a request byte-identical to
-	// one validated before.
-	var identBuf [memoBufLen]byte
-	var ident []byte
+	// are recorded only for requests that passed validate, and a hit
+	// compares the entry's identity, which encodes every byte of the
+	// domain and of every entry (and the descriptors' boundaries), with
+	// the request: a hit is a request byte-identical to one validated
+	// before.
 	var mh uint64
 	var me *memoEntry
-	memoable := false
-	if a.memo != nil && set != nil {
-		ident, memoable = appendIdent(identBuf[:0], domain, descs)
-	}
-	if memoable {
-		mh = maphash.Bytes(a.memo.seed, ident)
-		me = a.memo.get(mh, set, ident)
+	useMemo := a.memo != nil && set != nil && len(descs) <= stackDescs
+	if useMemo {
+		mh = a.memo.identHash(domain, descs)
+		me = a.memo.get(mh, set, domain, descs)
 	}
 	if me == nil {
 		if err := validate(domain, descs); err != nil {
@@ -186,7 +181,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	} else {
 		matched = a.match(set, domain, descs, sc, matched)
 	}
-	memoMiss := memoable && me == nil // record what the slow path finds
+	memoMiss := useMemo && me == nil // record what the slow path finds
 
 	dec := Decision{Allowed: true, Source: SourceUnlimited}
 	hint := uintptr(unsafe.Pointer(&dec))
@@ -247,7 +242,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		}
 	}
 	if memoMiss {
-		a.memoize(mh, set, ident, matched, outs[:decided])
+		a.memoize(mh, set, domain, descs, matched, outs[:decided])
 	}
 	if sc != nil {
 		clear(sc.outs[:len(descs)])
@@ -300,8 +295,12 @@ func (a *Agent) match(set *rules.Set, domain string, descs []Descriptor, sc *scr
 // check sends down the slow path).
 // outs covers the descriptors decided (a prefix of matched); later ones get
 // no key and take the slow path on a hit, which then records them.
-func (a *Agent) memoize(h uint64, set *rules.Set, ident []byte, matched []*rules.Rule, outs []outcome) {
-	if !a.memo.wants(h, set) {
+//
+//go:noinline
+func (a *Agent) memoize(h uint64, set *rules.Set, domain string, descs []Descriptor, matched []*rules.Rule, outs []outcome) {
+	var buf [memoBufLen]byte
+	ident, ok := appendIdent(buf[:0], domain, descs)
+	if !ok || !a.memo.wants(h, set) {
 		return
 	}
 	e := &memoEntry{hash: h, set: set, ident: string(ident)}

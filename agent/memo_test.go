@@ -261,6 +261,91 @@ func TestIdentInjective(t *testing.T) {
 	})
 }
 
+// TestIdentEqual: identEqual, which a memo hit decides on, holds exactly
+// when the request encodes to the stored identity byte for byte; the
+// requests drawn are small variations of one another (a byte changed, a
+// string moved between fields or descriptors), the cases an encoding that
+// lost a boundary would confuse.
+func TestIdentEqual(t *testing.T) {
+	str := rapid.Custom(func(t *rapid.T) string {
+		return string(rapid.SliceOfN(rapid.ByteRange('a', 'c'), 0, 12).Draw(t, "bytes"))
+	})
+	req := func(rt *rapid.T, name string) (string, []Descriptor) {
+		domain := str.Draw(rt, name+" domain")
+		descs := make([]Descriptor, rapid.IntRange(0, stackDescs+1).Draw(rt, name+" descs"))
+		for i := range descs {
+			descs[i].Entries = []rules.Entry{}
+			for range rapid.IntRange(0, 3).Draw(rt, name+" entries") {
+				descs[i].Entries = append(descs[i].Entries, rules.Entry{Key: str.Draw(rt, "key"), Value: str.Draw(rt, "value")})
+			}
+		}
+		return domain, descs
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		domain, descs := req(rt, "stored")
+		var buf [memoBufLen]byte
+		ident, ok := appendIdent(buf[:0], domain, descs)
+		if !ok {
+			return
+		}
+		stored := string(ident)
+		if !identEqual(stored, domain, descs) {
+			rt.Fatalf("identEqual is false for the request that made the identity")
+		}
+		d2, descs2 := req(rt, "other")
+		if rapid.Bool().Draw(rt, "variation") {
+			// The stored request, with one byte moved from a string to
+			// the next one (or the domain to the first key).
+			strs := []*string{&d2}
+			d2, descs2 = domain, make([]Descriptor, len(descs))
+			for i := range descs {
+				descs2[i].Entries = append([]rules.Entry{}, descs[i].Entries...)
+				for j := range descs2[i].Entries {
+					strs = append(strs, &descs2[i].Entries[j].Key, &descs2[i].Entries[j].Value)
+				}
+			}
+			if i := rapid.IntRange(0, len(strs)-1).Draw(rt, "from"); i+1 < len(strs) && len(*strs[i]) > 0 {
+				from := *strs[i]
+				*strs[i], *strs[i+1] = from[:len(from)-1], from[len(from)-1:]+*strs[i+1]
+			}
+			if len(descs2) > 0 && rapid.Bool().Draw(rt, "prefix") {
+				// A prefix: one descriptor, or its last entry, fewer.
+				last := &descs2[len(descs2)-1]
+				if len(last.Entries) > 0 && rapid.Bool().Draw(rt, "entry") {
+					last.Entries = last.Entries[:len(last.Entries)-1]
+				} else {
+					descs2 = descs2[:len(descs2)-1]
+				}
+			}
+		}
+		var buf2 [memoBufLen]byte
+		ident2, ok2 := appendIdent(buf2[:0], d2, descs2)
+		want := ok2 && string(ident2) == stored
+		if got := identEqual(stored, d2, descs2); got != want {
+			rt.Fatalf("identEqual(%q, %q, %+v) = %v, want %v", stored, d2, descs2, got, want)
+		}
+		m := newMemo()
+		if want && m.identHash(domain, descs) != m.identHash(d2, descs2) {
+			rt.Fatalf("equal requests hash apart")
+		}
+	})
+}
+
+// TestSameBytes compares sameBytes with == on strings of every length up
+// to 40 that differ in one byte or in none.
+func TestSameBytes(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		a := rapid.SliceOfN(rapid.Byte(), 0, 40).Draw(rt, "a")
+		b := append([]byte(nil), a...)
+		if len(b) > 0 && rapid.Bool().Draw(rt, "differ") {
+			b[rapid.IntRange(0, len(b)-1).Draw(rt, "at")] ^= byte(rapid.IntRange(1, 255).Draw(rt, "xor"))
+		}
+		if got, want := sameBytes(string(a), string(b)), string(a) == string(b); got != want {
+			rt.Fatalf("sameBytes(%q, %q) = %v, want %v", a, b, got, want)
+		}
+	})
+}
+
 // BenchmarkCheckMemoMiss is a check whose request the memo does not hold
 // (more distinct requests than memo slots, cycled): the slow path plus the
 // memo's probe and occasional replacement.
