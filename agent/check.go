@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"time"
 	"unsafe"
@@ -139,24 +140,29 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 
 	// The request memo: a request seen before under this rule set skips
 	// validation, matching and the key-table lookups (see memo). Entries
-	// are recorded only for requests that passed validate, and a hit
-	// compares the entry's identity, which encodes every byte of the
-	// domain and of every entry (and the descriptors' boundaries), with
-	// the request: a hit is a request byte-identical to one validated
-	// before.
+	// are recorded only for requests that passed validate, and the
+	// identity encodes every byte of the domain and of every entry (and
+	// the descriptors' boundaries), so a hit is a request byte-identical to
+	// one validated before.
+	var identBuf [memoBufLen]byte
+	var ident []byte
 	var mh uint64
 	var me *memoEntry
-	useMemo := a.memo != nil && set != nil && len(descs) <= stackDescs
-	if useMemo {
-		mh = a.memo.identHash(domain, descs)
-		me = a.memo.get(mh, set, domain, descs)
+	memoable := false
+	if a.memo != nil && set != nil {
+		ident, memoable = appendIdent(identBuf[:0], domain, descs)
+	}
+	if memoable {
+		mh = maphash.Bytes(a.memo.seed, ident)
+		me = a.memo.get(mh, set, ident)
 	}
 	if me == nil {
 		if err := validate(domain, descs); err != nil {
 			return Decision{}, out, err
 		}
 	} else if len(descs) == 1 && !withStatuses {
-		if dec, ok := a.checkLeasedHit(me, set, &descs[0], hits, t0); ok {
+		var dec Decision
+		if a.checkLeasedHit(&dec, me, set, &descs[0], hits, t0) {
 			return dec, out, nil
 		}
 	}
@@ -181,7 +187,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	} else {
 		matched = a.match(set, domain, descs, sc, matched)
 	}
-	memoMiss := useMemo && me == nil // record what the slow path finds
+	memoMiss := memoable && me == nil // record what the slow path finds
 
 	dec := Decision{Allowed: true, Source: SourceUnlimited}
 	hint := uintptr(unsafe.Pointer(&dec))
@@ -242,7 +248,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 		}
 	}
 	if memoMiss {
-		a.memoize(mh, set, domain, descs, matched, outs[:decided])
+		a.memoize(mh, set, ident, matched, outs[:decided])
 	}
 	if sc != nil {
 		clear(sc.outs[:len(descs)])
@@ -295,12 +301,8 @@ func (a *Agent) match(set *rules.Set, domain string, descs []Descriptor, sc *scr
 // check sends down the slow path).
 // outs covers the descriptors decided (a prefix of matched); later ones get
 // no key and take the slow path on a hit, which then records them.
-//
-//go:noinline
-func (a *Agent) memoize(h uint64, set *rules.Set, domain string, descs []Descriptor, matched []*rules.Rule, outs []outcome) {
-	var buf [memoBufLen]byte
-	ident, ok := appendIdent(buf[:0], domain, descs)
-	if !ok || !a.memo.wants(h, set) {
+func (a *Agent) memoize(h uint64, set *rules.Set, ident []byte, matched []*rules.Rule, outs []outcome) {
+	if !a.memo.wants(h, set) {
 		return
 	}
 	e := &memoEntry{hash: h, set: set, ident: string(ident)}
@@ -447,13 +449,7 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 				return st, outcome{ks: ks, taken: n, kind: takeLease}
 			}
 		} else if b := ks.balance.Load(); b >= n {
-			return Status{
-				Rule:       r,
-				Allowed:    true,
-				Remaining:  ks.remaining.Load() + b,
-				ResetAfter: until(ks.resetAt.Load(), now),
-				Source:     SourceLease,
-			}, outcome{}
+			return leaseStatus(ks, r, now, b), outcome{}
 		}
 	}
 	open := a.breakerOpen.Load()
@@ -518,23 +514,40 @@ func (a *Agent) promised(ks *keyState, st Status, n int64) (Status, outcome) {
 // spendLease takes n > 0 tokens from ks's live lease (the caller checked
 // now < expiry, under the key's shard read lock) if its balance holds them.
 func (a *Agent) spendLease(ks *keyState, r *rules.Rule, now, n int64) (Status, bool) {
+	left, ok := a.takeLease(ks, n)
+	if !ok {
+		return Status{}, false
+	}
+	return leaseStatus(ks, r, now, left), true
+}
+
+// leaseStatus is the status of a check allowed from ks's lease, with
+// balance tokens left in it.
+func leaseStatus(ks *keyState, r *rules.Rule, now, balance int64) Status {
+	return Status{
+		Rule:       r,
+		Allowed:    true,
+		Remaining:  ks.remaining.Load() + balance,
+		ResetAfter: until(ks.resetAt.Load(), now),
+		Source:     SourceLease,
+	}
+}
+
+// takeLease takes n > 0 tokens from ks's lease balance if it holds them
+// (spendLease's caller's conditions), counts them spent, and returns the
+// balance left.
+func (a *Agent) takeLease(ks *keyState, n int64) (left int64, ok bool) {
 	for {
 		b := ks.balance.Load()
 		if b < n {
-			return Status{}, false
+			return 0, false
 		}
 		if ks.balance.CompareAndSwap(b, b-n) {
 			ks.spent.Add(n)
 			if b-n < ks.lowWater.Load() {
 				a.enqueue(ks)
 			}
-			return Status{
-				Rule:       r,
-				Allowed:    true,
-				Remaining:  ks.remaining.Load() + b - n,
-				ResetAfter: until(ks.resetAt.Load(), now),
-				Source:     SourceLease,
-			}, true
+			return b - n, true
 		}
 	}
 }
@@ -543,13 +556,13 @@ func (a *Agent) spendLease(ks *keyState, r *rules.Rule, now, n int64) (Status, b
 // descriptor, found in the memo, on a leased key whose live lease holds
 // the tokens. It decides as decide and check do for that case (an allowed
 // status from the lease, counted the same way) without their general
-// bookkeeping; ok is false, with nothing changed, when the request is not
-// that case, and check goes on as usual.
-func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hits uint32, t0 int64) (dec Decision, ok bool) {
+// bookkeeping, filling *dec field by field; ok is false, with nothing
+// changed, when the request is not that case, and check goes on as usual.
+func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *Descriptor, hits uint32, t0 int64) (ok bool) {
 	r, ks := me.rules[0], me.keys[0]
 	n := hitsFor(d, hits)
 	if r == nil || r.Unlimited || ks == nil || n <= 0 || !a.leasing(r) {
-		return dec, false
+		return false
 	}
 	now := a.now()
 	sh := a.keys.shard(ks.hash)
@@ -558,13 +571,16 @@ func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hit
 	// locally until now goes the slow way (decideLease resets it).
 	if ks.dropped.Load() || ks.local.Load() || now >= ks.expiry.Load() {
 		sh.mu.RUnlock()
-		return dec, false
+		return false
 	}
-	st, ok := a.spendLease(ks, r, now, n)
+	left, ok := a.takeLease(ks, n)
 	if !ok {
 		sh.mu.RUnlock()
-		return dec, false
+		return false
 	}
+	// As spendLease's status.
+	remaining := ks.remaining.Load() + left
+	resetAfter := until(ks.resetAt.Load(), now)
 	if ks.lastUse.Load() != now {
 		ks.lastUse.Store(now)
 	}
@@ -572,26 +588,24 @@ func (a *Agent) checkLeasedHit(me *memoEntry, set *rules.Set, d *Descriptor, hit
 		a.wake(ks) // after every change above: see due.go
 	}
 	sh.mu.RUnlock()
-	hint := uintptr(unsafe.Pointer(&dec))
+	hint := uintptr(unsafe.Pointer(dec))
 	if ri := a.met.ruleIndexFor(set); !a.met.leaseCheck(hint, ri, r) {
-		a.met.ruleDecision(hint, ri, r, &st)
+		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})
 		a.met.decision(hint, SourceLease, true)
 	}
-	dec = Decision{
-		Allowed:    true,
-		Source:     SourceLease,
-		Rule:       r,
-		Policy:     r.Name,
-		Quota:      int64(r.RequestsPerUnit),
-		Window:     r.Window,
-		Remaining:  st.Remaining,
-		ResetAfter: st.ResetAfter,
-		NextAfter:  r.Limit.NextAfter(now, st.ResetAfter),
-	}
+	dec.Allowed = true
+	dec.Source = SourceLease
+	dec.Rule = r
+	dec.Policy = r.Name
+	dec.Quota = int64(r.RequestsPerUnit)
+	dec.Window = r.Window
+	dec.Remaining = remaining
+	dec.ResetAfter = resetAfter
+	dec.NextAfter = r.Limit.NextAfter(now, resetAfter)
 	if t0 != 0 {
 		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
 	}
-	return dec, true
+	return true
 }
 
 // decideBucket decides from the key's own bucket: the fallback (R/N, burst

@@ -1,11 +1,9 @@
 package agent
 
 import (
-	"encoding/binary"
-	"math/bits"
+	"hash/maphash"
 	"math/rand/v2"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/allot/allot/pkg/rules"
 )
@@ -34,8 +32,8 @@ import (
 // BenchmarkCheckStatuses3). The table holds at most memoSlots entries, and
 // through them at most that many dropped key states and old rule sets.
 type memo struct {
-	k0, k1 uint64 // identHash's keys, random per memo
-	slots  [memoSlots]memoSlot
+	seed  maphash.Seed
+	slots [memoSlots]memoSlot
 }
 
 // memoSlot holds an entry and its hash: a probe compares the hash without
@@ -64,110 +62,7 @@ type memoEntry struct {
 	keys  [stackDescs]*keyState // nil: decided by the slow path (no rule, unlimited, the Redis backend)
 }
 
-func newMemo() *memo { return &memo{k0: rand.Uint64() | 1, k1: rand.Uint64() | 1} }
-
-// identHash hashes the request's identity from its strings, without
-// encoding it (a hit then compares the entry's encoding with the strings:
-// identEqual): each string's bytes, 8 at a time, and its length, and each
-// descriptor's entry count. Only the memo's slots depend on it, so it need
-// not be strong: the keys, random per memo, keep a request's slot
-// unpredictable from outside.
-func (m *memo) identHash(domain string, descs []Descriptor) uint64 {
-	h := m.hashString(m.k0, domain)
-	for i := range descs {
-		es := descs[i].Entries
-		h = mum(h^m.k0, uint64(len(es))^m.k1)
-		for j := range es {
-			h = m.hashString(h, es[j].Key)
-			h = m.hashString(h, es[j].Value)
-		}
-	}
-	return h
-}
-
-// hashString folds s into h: whole 8-byte words, then the last 1-8 bytes
-// read as two overlapping 4-byte words or three single bytes (so that no
-// read leaves the string), with the length.
-func (m *memo) hashString(h uint64, s string) uint64 {
-	b := unsafe.Slice(unsafe.StringData(s), len(s))
-	h ^= uint64(len(s))
-	for len(b) > 8 {
-		h = mum(h^m.k0, binary.LittleEndian.Uint64(b)^m.k1)
-		b = b[8:]
-	}
-	var t uint64
-	switch {
-	case len(b) >= 4:
-		t = uint64(binary.LittleEndian.Uint32(b))<<32 | uint64(binary.LittleEndian.Uint32(b[len(b)-4:]))
-	case len(b) > 0:
-		t = uint64(b[0])<<16 | uint64(b[len(b)>>1])<<8 | uint64(b[len(b)-1])
-	}
-	return mum(h^m.k0, t^m.k1)
-}
-
-// mum folds the 128-bit product of a and b into 64 bits.
-func mum(a, b uint64) uint64 {
-	hi, lo := bits.Mul64(a, b)
-	return hi ^ lo
-}
-
-// identEqual reports whether ident, an encoding by appendIdent, is the
-// encoding of (domain, descs): byte for byte, without encoding them.
-func identEqual(ident, domain string, descs []Descriptor) bool {
-	rest, ok := cutIdent(ident, domain)
-	if !ok {
-		return false
-	}
-	for i := range descs {
-		es := descs[i].Entries
-		if len(rest) == 0 || int(rest[0]) != len(es) {
-			return false
-		}
-		rest = rest[1:]
-		for j := range es {
-			if rest, ok = cutIdent(rest, es[j].Key); !ok {
-				return false
-			}
-			if rest, ok = cutIdent(rest, es[j].Value); !ok {
-				return false
-			}
-		}
-	}
-	return len(rest) == 0
-}
-
-// cutIdent removes s, as appendIdent encodes it, from the front of ident.
-func cutIdent(ident, s string) (string, bool) {
-	if len(ident) <= len(s) || int(ident[0]) != len(s) || !sameBytes(ident[1:1+len(s)], s) {
-		return ident, false
-	}
-	return ident[1+len(s):], true
-}
-
-// sameBytes reports whether a and b, of equal length, are equal: a word at
-// a time, inline (the strings of a request are short, and a call to the
-// runtime's comparison per string would cost more than comparing them).
-func sameBytes(a, b string) bool {
-	x := unsafe.Slice(unsafe.StringData(a), len(a))
-	y := unsafe.Slice(unsafe.StringData(b), len(b))
-	y = y[:len(x)]
-	for len(x) >= 8 {
-		if binary.LittleEndian.Uint64(x) != binary.LittleEndian.Uint64(y) {
-			return false
-		}
-		x, y = x[8:], y[8:]
-	}
-	if len(x) >= 4 {
-		return binary.LittleEndian.Uint32(x) == binary.LittleEndian.Uint32(y) &&
-			binary.LittleEndian.Uint32(x[len(x)-4:]) == binary.LittleEndian.Uint32(y[len(y)-4:])
-	}
-	for i := range x {
-		if x[i] != y[i] {
-			return false
-		}
-	}
-	return true
-}
+func newMemo() *memo { return &memo{seed: maphash.MakeSeed()} }
 
 // appendIdent encodes domain and descs injectively into dst: each string
 // preceded by its length in one byte, each descriptor by its entry count.
@@ -211,15 +106,14 @@ func appendIdent(dst []byte, domain string, descs []Descriptor) ([]byte, bool) {
 	return dst[:len(dst)+n], true
 }
 
-// get returns the entry for the request (domain, descs) under set, whose
-// identHash is h, or nil.
-func (m *memo) get(h uint64, set *rules.Set, domain string, descs []Descriptor) *memoEntry {
+// get returns the entry for (h, set, ident), or nil.
+func (m *memo) get(h uint64, set *rules.Set, ident []byte) *memoEntry {
 	slot := &m.slots[h&(memoSlots-1)]
 	if slot.hash.Load() != h {
 		return nil
 	}
 	e := slot.entry.Load()
-	if e == nil || e.hash != h || e.set != set || !identEqual(e.ident, domain, descs) {
+	if e == nil || e.hash != h || e.set != set || e.ident != string(ident) {
 		return nil
 	}
 	return e
