@@ -69,8 +69,8 @@ var scratchPool = sync.Pool{New: func() any {
 // Check never performs network I/O (except through Config.Redis for rules
 // with the redis backend) and does not allocate on its fast paths. The only
 // errors wrap ErrInvalid.
-func (a *Agent) Check(ctx context.Context, domain string, descs []Descriptor, hits uint32) (Decision, error) {
-	d, _, err := a.check(ctx, domain, descs, hits, nil, false)
+func (a *Agent) Check(ctx context.Context, domain string, descs []Descriptor, hits uint32) (d Decision, err error) {
+	_, err = a.check(ctx, &d, domain, descs, hits, nil, false)
 	return d, err
 }
 
@@ -79,8 +79,9 @@ func (a *Agent) Check(ctx context.Context, domain string, descs []Descriptor, hi
 // enforced deny, the remaining descriptors are evaluated without consuming,
 // so every status is meaningful; Remaining counts down exactly by the
 // tokens each descriptor took.
-func (a *Agent) CheckStatuses(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status) (Decision, []Status, error) {
-	return a.check(ctx, domain, descs, hits, out[:0], true)
+func (a *Agent) CheckStatuses(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status) (d Decision, st []Status, err error) {
+	st, err = a.check(ctx, &d, domain, descs, hits, out[:0], true)
+	return d, st, err
 }
 
 func validate(domain string, descs []Descriptor) error {
@@ -131,7 +132,10 @@ func hitsFor(d *Descriptor, hits uint32) int64 {
 	return int64(hits)
 }
 
-func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) (Decision, []Status, error) {
+// check decides into *dec, which is the zero Decision on entry (the
+// caller's result, written in place: a Decision is large, and copying one
+// just written field by field stalls the CPU) and stays so on an error.
+func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) ([]Status, error) {
 	var t0 int64 // nanotime of a sampled check, 0 otherwise
 	if a.met.sampleCheck() {
 		t0 = time.Now().UnixNano()
@@ -158,12 +162,11 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	}
 	if me == nil {
 		if err := validate(domain, descs); err != nil {
-			return Decision{}, out, err
+			return out, err
 		}
 	} else if len(descs) == 1 && !withStatuses {
-		var dec Decision
-		if a.checkLeasedHit(&dec, me, set, &descs[0], hits, t0) {
-			return dec, out, nil
+		if a.checkLeasedHit(dec, me, set, &descs[0], hits, t0) {
+			return out, nil
 		}
 	}
 	now := a.now()
@@ -189,8 +192,8 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	}
 	memoMiss := memoable && me == nil // record what the slow path finds
 
-	dec := Decision{Allowed: true, Source: SourceUnlimited}
-	hint := uintptr(unsafe.Pointer(&dec))
+	dec.Allowed, dec.Source = true, SourceUnlimited
+	hint := uintptr(unsafe.Pointer(dec))
 	ri := a.met.ruleIndexFor(set)
 	reported := -1
 	var reportedSt Status
@@ -275,7 +278,7 @@ func (a *Agent) check(ctx context.Context, domain string, descs []Descriptor, hi
 	if t0 != 0 {
 		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
 	}
-	return dec, out, nil
+	return out, nil
 }
 
 // match runs the rules on a request the memo does not hold (apart from
