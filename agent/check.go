@@ -169,6 +169,19 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 			return out, nil
 		}
 	}
+	memoMiss := memoable && me == nil // record what the slow path finds
+	return a.checkAll(ctx, dec, set, domain, descs, hits, out, withStatuses, me, memoMiss, mh, ident, t0), nil
+}
+
+// checkAll is check past the request memo's probe and its fast path
+// (apart, so that a hit there does not pay for this frame): it decides
+// every descriptor, matched by the rules or found in the memo entry me,
+// and records the request in the memo when memoMiss (identity ident, hash
+// mh).
+//
+//go:noinline
+func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool,
+	me *memoEntry, memoMiss bool, mh uint64, ident []byte, t0 int64) []Status {
 	now := a.now()
 
 	var (
@@ -190,7 +203,6 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 	} else {
 		matched = a.match(set, domain, descs, sc, matched)
 	}
-	memoMiss := memoable && me == nil // record what the slow path finds
 
 	dec.Allowed, dec.Source = true, SourceUnlimited
 	hint := uintptr(unsafe.Pointer(dec))
@@ -278,7 +290,7 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 	if t0 != 0 {
 		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
 	}
-	return out, nil
+	return out
 }
 
 // match runs the rules on a request the memo does not hold (apart from
