@@ -460,8 +460,8 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 	exp := ks.expiry.Load()
 	if now < exp {
 		if consume && n > 0 {
-			if st, ok := a.spendLease(ks, r, now, n); ok {
-				return st, outcome{ks: ks, taken: n, kind: takeLease}
+			if left, ok := a.spendBalance(ks, n); ok {
+				return leaseStatus(ks, r, now, left), outcome{ks: ks, taken: n, kind: takeLease}
 			}
 		} else if b := ks.balance.Load(); b >= n {
 			return leaseStatus(ks, r, now, b), outcome{}
@@ -526,16 +526,6 @@ func (a *Agent) promised(ks *keyState, st Status, n int64) (Status, outcome) {
 	return st, outcome{ks: ks, taken: n, kind: takePromise}
 }
 
-// spendLease takes n > 0 tokens from ks's live lease (the caller checked
-// now < expiry, under the key's shard read lock) if its balance holds them.
-func (a *Agent) spendLease(ks *keyState, r *rules.Rule, now, n int64) (Status, bool) {
-	left, ok := a.takeLease(ks, n)
-	if !ok {
-		return Status{}, false
-	}
-	return leaseStatus(ks, r, now, left), true
-}
-
 // leaseStatus is the status of a check allowed from ks's lease, with
 // balance tokens left in it.
 func leaseStatus(ks *keyState, r *rules.Rule, now, balance int64) Status {
@@ -548,10 +538,10 @@ func leaseStatus(ks *keyState, r *rules.Rule, now, balance int64) Status {
 	}
 }
 
-// takeLease takes n > 0 tokens from ks's lease balance if it holds them
-// (spendLease's caller's conditions), counts them spent, and returns the
-// balance left.
-func (a *Agent) takeLease(ks *keyState, n int64) (left int64, ok bool) {
+// spendBalance takes n > 0 tokens from ks's live lease (the caller checked
+// now < expiry, under the key's shard read lock) if its balance holds
+// them, counts them spent, and returns the balance left.
+func (a *Agent) spendBalance(ks *keyState, n int64) (left int64, ok bool) {
 	for {
 		b := ks.balance.Load()
 		if b < n {
@@ -588,12 +578,12 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		sh.mu.RUnlock()
 		return false
 	}
-	left, ok := a.takeLease(ks, n)
+	left, ok := a.spendBalance(ks, n)
 	if !ok {
 		sh.mu.RUnlock()
 		return false
 	}
-	// As spendLease's status.
+	// As leaseStatus.
 	remaining := ks.remaining.Load() + left
 	resetAfter := until(ks.resetAt.Load(), now)
 	if ks.lastUse.Load() != now {
