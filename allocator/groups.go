@@ -254,6 +254,7 @@ func (s *Server) openDataGroups() error {
 	}
 	s.goFunc(s.observeLeaders)
 	s.goFunc(s.spreadLoop)
+	s.goFunc(s.moveLoop)
 	return nil
 }
 
