@@ -214,7 +214,17 @@ func TestGroupsMoveProcesses(t *testing.T) {
 		t.Errorf("quota key after the moves: group %d, tokens %d (tracked %v); before: %d tokens at %d, want %d±1 at %d",
 			after.GetGroup(), after.GetTokens(), after.GetTracked(), before.GetTokens(), before.GetNowUnixMs(), want, after.GetNowUnixMs())
 	}
-	st := status1()
+	// The source dropped the keys: group 1 tracks none (all the keys are in
+	// the moved slots).
+	var st *allotv1.ClusterStatusResponse
+	waitFor(t, 5*time.Second, "group 1 without keys, group 2 with the 5", func() bool {
+		st = status1()
+		n := map[uint32]uint64{}
+		for _, g := range st.GetGroups() {
+			n[g.GetId()] = g.GetKeys()
+		}
+		return n[1] == 0 && n[2] == 5
+	})
 	if st.GetTopologyVersion() != 4 {
 		t.Errorf("slot map version after 3 moves = %d, want 4", st.GetTopologyVersion())
 	}
