@@ -77,6 +77,9 @@ func (s *Server) driveMoves(ctx context.Context) error {
 			return nil
 		}
 		m := moves[0]
+		if err := s.verifyMetaLeader(); err != nil {
+			return err
+		}
 		if err := s.moveStep(ctx, m); err != nil {
 			return fmt.Errorf("%s: %w", m, err)
 		}
@@ -150,6 +153,17 @@ func (s *Server) moveStep(ctx context.Context, m meta.Move) error {
 	return fmt.Errorf("unknown phase %v", m.Phase)
 }
 
+// verifyMetaLeader confirms with a quorum that this node still leads the
+// meta group, so that the meta state it read is the latest committed one
+// (a deposed leader whose replica lags would otherwise act on an old
+// phase of a move).
+func (s *Server) verifyMetaLeader() error {
+	if err := s.node.raft.VerifyLeader().Error(); err != nil {
+		return fmt.Errorf("meta group leadership: %w", err)
+	}
+	return nil
+}
+
 func (s *Server) abortMove(m meta.Move, reason string) error {
 	s.log.Warn("slot move aborted", "move", m.String(), "reason", reason)
 	return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_ABORT, MoveId: m.ID, Reason: reason})
@@ -168,6 +182,9 @@ func (s *Server) metaCmd(c *allotv1.MetaCommand) error {
 // may lag: both entries are harmless when they apply to slots already
 // settled.
 func (s *Server) settleFrozen(ctx context.Context) error {
+	if err := s.verifyMetaLeader(); err != nil {
+		return err
+	}
 	var moves []meta.Move
 	var sm slots.Map
 	s.grp.meta.view(func(st *meta.State) { moves, sm = st.Moves(), st.SlotMap() })
@@ -195,6 +212,9 @@ func (s *Server) settleFrozen(ctx context.Context) error {
 			}
 			res, err := s.proposeSlot(ctx, g.id, p.op, p.rs, nil)
 			if err != nil {
+				return err
+			}
+			if err := s.waitApplied(ctx, g.node.raft, res.GetIndex()); err != nil {
 				return err
 			}
 			s.log.Info("frozen slots settled", "group", g.id, "op", p.op.String(), "slots", slots.FormatRanges(p.rs),

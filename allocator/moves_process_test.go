@@ -176,6 +176,17 @@ func TestGroupsMoveProcesses(t *testing.T) {
 	for i, to := range []uint32{2, 1, 2} {
 		mctx, mcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		start := time.Now()
+		if i == 1 {
+			// During the second move, the source group and the meta group
+			// change leaders: the move still finishes.
+			go func() {
+				for _, g := range []uint32{1, 0} {
+					if _, err := admin.TransferLeadership(mctx, &allotv1.TransferLeadershipRequest{Group: g}); err != nil {
+						t.Logf("transfer the leadership of group %d during a move: %v", g, err)
+					}
+				}
+			}()
+		}
 		resp, err := admin.MoveSlots(mctx, &allotv1.MoveSlotsRequest{Slots: moved.String(), To: to})
 		mcancel()
 		if err != nil {
@@ -233,4 +244,32 @@ func TestGroupsMoveProcesses(t *testing.T) {
 			t.Errorf("group 2's slots = %q, want 0-127,512-1023", g.GetSlots())
 		}
 	}
+
+	// Rebalance evens them out again: 512 slots each.
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	rb, err := admin.RebalanceSlots(rctx, &allotv1.RebalanceSlotsRequest{})
+	if err != nil || len(rb.GetMoves()) == 0 || !rb.GetMoves()[0].GetCommitted() {
+		t.Fatalf("RebalanceSlots = %v, %v", rb, err)
+	}
+	waitFor(t, 5*time.Second, "512 slots in each data group", func() bool {
+		st = status1()
+		for _, g := range st.GetGroups() {
+			if r, err := slots.ParseRanges(g.GetSlots()); g.GetId() != 0 && (err != nil || rangesLen(r) != 512) {
+				return false
+			}
+		}
+		return true
+	})
+	if rb, err := admin.RebalanceSlots(rctx, &allotv1.RebalanceSlotsRequest{}); err != nil || len(rb.GetMoves()) != 0 {
+		t.Errorf("RebalanceSlots of even slots = %v, %v; want no move", rb, err)
+	}
+}
+
+func rangesLen(rs []slots.Range) int {
+	n := 0
+	for _, r := range rs {
+		n += r.Len()
+	}
+	return n
 }
