@@ -264,6 +264,46 @@ func TestGroupsMoveProcesses(t *testing.T) {
 	if rb, err := admin.RebalanceSlots(rctx, &allotv1.RebalanceSlotsRequest{}); err != nil || len(rb.GetMoves()) != 0 {
 		t.Errorf("RebalanceSlots of even slots = %v, %v; want no move", rb, err)
 	}
+
+	// A third data group on the running cluster: every node hosts it, it
+	// elects a leader, and a rebalance gives it a third of the slots, the
+	// quota key's among them if its slot moves.
+	ag, err := admin.AddGroup(rctx, &allotv1.AddGroupRequest{})
+	if err != nil || ag.GetId() != 3 || len(ag.GetMembers()) != 3 || ag.GetLeaderId() == "" {
+		t.Fatalf("AddGroup = %v, %v; want group 3 with 3 members and a leader", ag, err)
+	}
+	if _, err := admin.RebalanceSlots(rctx, &allotv1.RebalanceSlotsRequest{}); err != nil {
+		t.Fatalf("RebalanceSlots with a new group: %v", err)
+	}
+	waitFor(t, 10*time.Second, "4 groups, 341 or 342 slots in each data group, every group led", func() bool {
+		st = status1()
+		if len(st.GetGroups()) != 4 {
+			return false
+		}
+		for _, g := range st.GetGroups() {
+			if g.GetLeaderId() == "" || len(g.GetMembers()) != 3 {
+				return false
+			}
+			if r, err := slots.ParseRanges(g.GetSlots()); g.GetId() != 0 && (err != nil || rangesLen(r) < 341 || rangesLen(r) > 342) {
+				return false
+			}
+		}
+		return true
+	})
+	qctx, qcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer qcancel()
+	qr, err = alloc.Acquire(qctx, &allotv1.AcquireRequest{AgentId: "quota", RequestId: 2,
+		Keys: []*allotv1.KeyAcquire{key("quota", quota, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its bucket, refilled at 1 token/s, minus the token just taken; a new
+	// bucket would have 99 left.
+	refill := (qr.GetNowUnixMs() - before.GetNowUnixMs()) / 1000
+	if left := qr.GetGrants()[0].GetRemaining(); left > before.GetTokens()+refill+1 {
+		t.Errorf("the quota key after the new group's rebalance: %d left; want ≤ %d (its bucket: %d, refilled %d s)",
+			left, before.GetTokens()+refill+1, before.GetTokens(), refill)
+	}
 }
 
 func rangesLen(rs []slots.Range) int {

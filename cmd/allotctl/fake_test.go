@@ -333,6 +333,13 @@ func (f *fakeAdmin) MoveSlots(ctx context.Context, req *allotv1.MoveSlotsRequest
 	}}, nil
 }
 
+func (f *fakeAdmin) AddGroup(ctx context.Context, req *allotv1.AddGroupRequest) (*allotv1.AddGroupResponse, error) {
+	if err := f.record(ctx, "AddGroup", req); err != nil {
+		return nil, err
+	}
+	return &allotv1.AddGroupResponse{Id: 3, Members: []string{"alloc-1", "alloc-2", "alloc-3"}, LeaderId: "alloc-2"}, nil
+}
+
 func (f *fakeAdmin) RebalanceSlots(ctx context.Context, req *allotv1.RebalanceSlotsRequest) (*allotv1.RebalanceSlotsResponse, error) {
 	if err := f.record(ctx, "RebalanceSlots", req); err != nil {
 		return nil, err

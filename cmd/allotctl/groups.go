@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -75,13 +76,34 @@ the wait; a move still in flight then goes on.`,
 func (a *app) groupsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "groups",
-		Short: "Even out the slots over the data groups",
+		Short: "Add a data group, even out the slots over the data groups",
 		Long: `groups works on the data groups of a cluster started with -groups N.`,
-		Example: `  allotctl groups rebalance`,
-		RunE:    groupRunE,
+		Example: `  allotctl groups add
+  allotctl groups rebalance`,
+		RunE: groupRunE,
 	}
-	cmd.AddCommand(a.groupsRebalanceCmd())
+	cmd.AddCommand(a.groupsAddCmd(), a.groupsRebalanceCmd())
 	return cmd
+}
+
+func (a *app) groupsAddCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "add",
+		Short: "Add a data group to the running cluster",
+		Long: `add adds a data group with every voter as a member and waits until it has a
+leader. The new group owns no slots: groups rebalance (or slots move) gives
+it some.`,
+		Example: `  allotctl groups add && allotctl groups rebalance`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a.longerTimeout(cmd)
+			return runAdmin(a, cmd.Context(), "AddGroup", allotv1.AdminClient.AddGroup, &allotv1.AddGroupRequest{}, func(resp *allotv1.AddGroupResponse) error {
+				_, err := fmt.Fprintf(a.stdout, "Added group %d (members %s; leader %s). It owns no slots yet: run allotctl groups rebalance.\n",
+					resp.GetId(), strings.Join(resp.GetMembers(), ", "), orDash(resp.GetLeaderId()))
+				return err
+			})
+		},
+	}
 }
 
 func (a *app) groupsRebalanceCmd() *cobra.Command {

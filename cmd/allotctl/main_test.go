@@ -97,6 +97,7 @@ var goldenCases = []struct {
 	{"cluster_transfer_id", []string{"cluster", "transfer-leader", "alloc-3"}},
 	{"slots_move", []string{"slots", "move", "--slots", "0-63", "--to", "2"}},
 	{"groups_rebalance", []string{"groups", "rebalance"}},
+	{"groups_add", []string{"groups", "add"}},
 	{"rules_get", []string{"rules", "get"}},
 	{"rules_get_domain", []string{"rules", "get", "--domain", "public-api"}},
 }

@@ -3585,6 +3585,102 @@ func (x *RebalanceSlotsResponse) GetMoves() []*SlotMove {
 	return nil
 }
 
+type AddGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddGroupRequest) Reset() {
+	*x = AddGroupRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddGroupRequest) ProtoMessage() {}
+
+func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddGroupRequest.ProtoReflect.Descriptor instead.
+func (*AddGroupRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
+}
+
+type AddGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Members       []string               `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	LeaderId      string                 `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddGroupResponse) Reset() {
+	*x = AddGroupResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddGroupResponse) ProtoMessage() {}
+
+func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddGroupResponse.ProtoReflect.Descriptor instead.
+func (*AddGroupResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *AddGroupResponse) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AddGroupResponse) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *AddGroupResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
 type ApplySlotEntryRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Group         uint32                 `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
@@ -3595,7 +3691,7 @@ type ApplySlotEntryRequest struct {
 
 func (x *ApplySlotEntryRequest) Reset() {
 	*x = ApplySlotEntryRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3607,7 +3703,7 @@ func (x *ApplySlotEntryRequest) String() string {
 func (*ApplySlotEntryRequest) ProtoMessage() {}
 
 func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3620,7 +3716,7 @@ func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryRequest.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ApplySlotEntryRequest) GetGroup() uint32 {
@@ -3648,7 +3744,7 @@ type ApplySlotEntryResponse struct {
 
 func (x *ApplySlotEntryResponse) Reset() {
 	*x = ApplySlotEntryResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3756,7 @@ func (x *ApplySlotEntryResponse) String() string {
 func (*ApplySlotEntryResponse) ProtoMessage() {}
 
 func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3769,7 @@ func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryResponse.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ApplySlotEntryResponse) GetIndex() uint64 {
@@ -3721,7 +3817,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3829,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3842,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Command) GetNowUnixNanos() int64 {
@@ -3899,7 +3995,7 @@ type MetaCommand struct {
 
 func (x *MetaCommand) Reset() {
 	*x = MetaCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3911,7 +4007,7 @@ func (x *MetaCommand) String() string {
 func (*MetaCommand) ProtoMessage() {}
 
 func (x *MetaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3924,7 +4020,7 @@ func (x *MetaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCommand.ProtoReflect.Descriptor instead.
 func (*MetaCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MetaCommand) GetOp() MetaOp {
@@ -4000,7 +4096,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4108,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4121,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -4054,7 +4150,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4066,7 +4162,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4079,7 +4175,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -4107,7 +4203,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4119,7 +4215,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4132,7 +4228,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -4426,7 +4522,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x04move\x18\x01 \x01(\v2\x12.allot.v1.SlotMoveR\x04move\"\x17\n" +
 	"\x15RebalanceSlotsRequest\"B\n" +
 	"\x16RebalanceSlotsResponse\x12(\n" +
-	"\x05moves\x18\x01 \x03(\v2\x12.allot.v1.SlotMoveR\x05moves\"C\n" +
+	"\x05moves\x18\x01 \x03(\v2\x12.allot.v1.SlotMoveR\x05moves\"\x11\n" +
+	"\x0fAddGroupRequest\"Y\n" +
+	"\x10AddGroupResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x18\n" +
+	"\amembers\x18\x02 \x03(\tR\amembers\x12\x1b\n" +
+	"\tleader_id\x18\x03 \x01(\tR\bleaderId\"C\n" +
 	"\x15ApplySlotEntryRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\rR\x05group\x12\x14\n" +
 	"\x05entry\x18\x02 \x01(\fR\x05entry\"\\\n" +
@@ -4494,7 +4595,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\aAcquire\x12\x18.allot.v1.AcquireRequest\x1a\x19.allot.v1.AcquireResponse\x12>\n" +
 	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponse\x12>\n" +
 	"\n" +
-	"WatchRules\x12\x1b.allot.v1.WatchRulesRequest\x1a\x11.allot.v1.RuleSet0\x012\x8e\b\n" +
+	"WatchRules\x12\x1b.allot.v1.WatchRulesRequest\x1a\x11.allot.v1.RuleSet0\x012\xd1\b\n" +
 	"\x05Admin\x12A\n" +
 	"\bPutRules\x12\x19.allot.v1.PutRulesRequest\x1a\x1a.allot.v1.PutRulesResponse\x128\n" +
 	"\bGetRules\x12\x19.allot.v1.GetRulesRequest\x1a\x11.allot.v1.RuleSet\x12G\n" +
@@ -4512,7 +4613,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x12TransferLeadership\x12#.allot.v1.TransferLeadershipRequest\x1a$.allot.v1.TransferLeadershipResponse\x12D\n" +
 	"\tMoveSlots\x12\x1a.allot.v1.MoveSlotsRequest\x1a\x1b.allot.v1.MoveSlotsResponse\x12S\n" +
 	"\x0eRebalanceSlots\x12\x1f.allot.v1.RebalanceSlotsRequest\x1a .allot.v1.RebalanceSlotsResponse\x12S\n" +
-	"\x0eApplySlotEntry\x12\x1f.allot.v1.ApplySlotEntryRequest\x1a .allot.v1.ApplySlotEntryResponseB/Z-github.com/allot/allot/proto/allot/v1;allotv1b\x06proto3"
+	"\x0eApplySlotEntry\x12\x1f.allot.v1.ApplySlotEntryRequest\x1a .allot.v1.ApplySlotEntryResponse\x12A\n" +
+	"\bAddGroup\x12\x19.allot.v1.AddGroupRequest\x1a\x1a.allot.v1.AddGroupResponseB/Z-github.com/allot/allot/proto/allot/v1;allotv1b\x06proto3"
 
 var (
 	file_allot_v1_allot_proto_rawDescOnce sync.Once
@@ -4527,7 +4629,7 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
@@ -4578,13 +4680,15 @@ var file_allot_v1_allot_proto_goTypes = []any{
 	(*MoveSlotsResponse)(nil),          // 46: allot.v1.MoveSlotsResponse
 	(*RebalanceSlotsRequest)(nil),      // 47: allot.v1.RebalanceSlotsRequest
 	(*RebalanceSlotsResponse)(nil),     // 48: allot.v1.RebalanceSlotsResponse
-	(*ApplySlotEntryRequest)(nil),      // 49: allot.v1.ApplySlotEntryRequest
-	(*ApplySlotEntryResponse)(nil),     // 50: allot.v1.ApplySlotEntryResponse
-	(*Command)(nil),                    // 51: allot.v1.Command
-	(*MetaCommand)(nil),                // 52: allot.v1.MetaCommand
-	(*AcquireBatch)(nil),               // 53: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 54: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 55: allot.v1.MemberCommand
+	(*AddGroupRequest)(nil),            // 49: allot.v1.AddGroupRequest
+	(*AddGroupResponse)(nil),           // 50: allot.v1.AddGroupResponse
+	(*ApplySlotEntryRequest)(nil),      // 51: allot.v1.ApplySlotEntryRequest
+	(*ApplySlotEntryResponse)(nil),     // 52: allot.v1.ApplySlotEntryResponse
+	(*Command)(nil),                    // 53: allot.v1.Command
+	(*MetaCommand)(nil),                // 54: allot.v1.MetaCommand
+	(*AcquireBatch)(nil),               // 55: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 56: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 57: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
@@ -4615,13 +4719,13 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	37, // 25: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
 	45, // 26: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
 	45, // 27: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
-	53, // 28: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	55, // 28: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
 	12, // 29: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
 	17, // 30: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	54, // 31: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	55, // 32: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	56, // 31: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	57, // 32: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
 	31, // 33: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	52, // 34: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	54, // 34: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
 	2,  // 35: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
 	6,  // 36: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
 	35, // 37: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
@@ -4641,26 +4745,28 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	42, // 51: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
 	44, // 52: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
 	47, // 53: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
-	49, // 54: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
-	8,  // 55: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	13, // 56: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	16, // 57: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	18, // 58: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	16, // 59: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	22, // 60: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	24, // 61: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	27, // 62: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	30, // 63: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	33, // 64: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	36, // 65: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	39, // 66: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	41, // 67: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	43, // 68: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	46, // 69: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
-	48, // 70: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
-	50, // 71: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
-	55, // [55:72] is the sub-list for method output_type
-	38, // [38:55] is the sub-list for method input_type
+	51, // 54: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
+	49, // 55: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
+	8,  // 56: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	13, // 57: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 58: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	18, // 59: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	16, // 60: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	22, // 61: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	24, // 62: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	27, // 63: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	30, // 64: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	33, // 65: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	36, // 66: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	39, // 67: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	41, // 68: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	43, // 69: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	46, // 70: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
+	48, // 71: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
+	52, // 72: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
+	50, // 73: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
+	56, // [56:74] is the sub-list for method output_type
+	38, // [38:56] is the sub-list for method input_type
 	38, // [38:38] is the sub-list for extension type_name
 	38, // [38:38] is the sub-list for extension extendee
 	0,  // [0:38] is the sub-list for field type_name
@@ -4671,7 +4777,7 @@ func file_allot_v1_allot_proto_init() {
 	if File_allot_v1_allot_proto != nil {
 		return
 	}
-	file_allot_v1_allot_proto_msgTypes[48].OneofWrappers = []any{
+	file_allot_v1_allot_proto_msgTypes[50].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),
 		(*Command_PutRules)(nil),
@@ -4686,7 +4792,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   53,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

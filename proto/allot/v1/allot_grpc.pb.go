@@ -247,6 +247,7 @@ const (
 	Admin_MoveSlots_FullMethodName          = "/allot.v1.Admin/MoveSlots"
 	Admin_RebalanceSlots_FullMethodName     = "/allot.v1.Admin/RebalanceSlots"
 	Admin_ApplySlotEntry_FullMethodName     = "/allot.v1.Admin/ApplySlotEntry"
+	Admin_AddGroup_FullMethodName           = "/allot.v1.Admin/AddGroup"
 )
 
 // AdminClient is the client API for Admin service.
@@ -273,6 +274,10 @@ type AdminClient interface {
 	// ApplySlotEntry is internal to the allocator: the meta group's leader
 	// proposes a slot entry (freeze, import, drop, ...) in a data group.
 	ApplySlotEntry(ctx context.Context, in *ApplySlotEntryRequest, opts ...grpc.CallOption) (*ApplySlotEntryResponse, error)
+	// AddGroup adds a data group, owning no slots, to a running cluster with
+	// several groups: every voter of the meta group hosts a replica. It
+	// answers once the group has a leader.
+	AddGroup(ctx context.Context, in *AddGroupRequest, opts ...grpc.CallOption) (*AddGroupResponse, error)
 }
 
 type adminClient struct {
@@ -423,6 +428,16 @@ func (c *adminClient) ApplySlotEntry(ctx context.Context, in *ApplySlotEntryRequ
 	return out, nil
 }
 
+func (c *adminClient) AddGroup(ctx context.Context, in *AddGroupRequest, opts ...grpc.CallOption) (*AddGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddGroupResponse)
+	err := c.cc.Invoke(ctx, Admin_AddGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -447,6 +462,10 @@ type AdminServer interface {
 	// ApplySlotEntry is internal to the allocator: the meta group's leader
 	// proposes a slot entry (freeze, import, drop, ...) in a data group.
 	ApplySlotEntry(context.Context, *ApplySlotEntryRequest) (*ApplySlotEntryResponse, error)
+	// AddGroup adds a data group, owning no slots, to a running cluster with
+	// several groups: every voter of the meta group hosts a replica. It
+	// answers once the group has a leader.
+	AddGroup(context.Context, *AddGroupRequest) (*AddGroupResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -498,6 +517,9 @@ func (UnimplementedAdminServer) RebalanceSlots(context.Context, *RebalanceSlotsR
 }
 func (UnimplementedAdminServer) ApplySlotEntry(context.Context, *ApplySlotEntryRequest) (*ApplySlotEntryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ApplySlotEntry not implemented")
+}
+func (UnimplementedAdminServer) AddGroup(context.Context, *AddGroupRequest) (*AddGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddGroup not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -772,6 +794,24 @@ func _Admin_ApplySlotEntry_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_AddGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).AddGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_AddGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).AddGroup(ctx, req.(*AddGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -834,6 +874,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ApplySlotEntry",
 			Handler:    _Admin_ApplySlotEntry_Handler,
+		},
+		{
+			MethodName: "AddGroup",
+			Handler:    _Admin_AddGroup_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
