@@ -71,7 +71,7 @@ func TestGroupsMoveProcesses(t *testing.T) {
 	quota := ""
 	for i := 0; len(keys) < 4 || quota == ""; i++ {
 		k := fmt.Sprintf("k%d", i)
-		if moved.Contains(slots.OfKey("test:user=" + k)) && len(keys) < 4 {
+		if moved.Contains(slots.OfKey("test:user="+k)) && len(keys) < 4 {
 			keys = append(keys, k)
 		}
 		if moved.Contains(slots.OfKey("test:quota="+k)) && quota == "" {

@@ -77,7 +77,7 @@ func (a *app) groupsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "groups",
 		Short: "Add a data group, even out the slots over the data groups",
-		Long: `groups works on the data groups of a cluster started with -groups N.`,
+		Long:  `groups works on the data groups of a cluster started with -groups N.`,
 		Example: `  allotctl groups add
   allotctl groups rebalance`,
 		RunE: groupRunE,
