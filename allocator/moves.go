@@ -41,6 +41,10 @@ import (
 // failed (no leader in a group, an election, a lost proposal).
 const moveRetry = 100 * time.Millisecond
 
+// exportHeadroom is what the rest of an ApplySlotEntry call takes besides
+// the export, at most.
+const exportHeadroom = 64 << 10
+
 // moveLoop is the meta group leader's move driver. It wakes on every
 // topology change and every moveRetry, and drives the moves in flight
 // while this node leads the meta group (after its Barrier); it stops when
@@ -121,6 +125,11 @@ func (s *Server) moveStep(ctx context.Context, m meta.Move) error {
 		export, err := src.st.Export(rs)
 		if err != nil {
 			return fmt.Errorf("export from group %d: %w", m.From, err)
+		}
+		// The export travels to the target's leader in one gRPC call.
+		if limit := s.cfg.MaxRecvMsgSize - exportHeadroom; len(export) > limit {
+			return s.abortMove(m, fmt.Sprintf("the slots' export is %d bytes, over the %d a gRPC call between nodes may carry (4 MiB less headroom): move fewer slots at a time",
+				len(export), limit))
 		}
 		// The target has served no key of the slots (calls for them went
 		// to the source): it disowns them so that the import may fill them.
