@@ -24,7 +24,9 @@ import (
 // no key is granted beyond its budget in any window across the moves, the
 // slot map version grows by one per move, and a quota key's bucket (not
 // touched meanwhile) is carried over exactly. Bad moves are refused with
-// InvalidArgument or FailedPrecondition.
+// InvalidArgument or FailedPrecondition. Then a rebalance evens the slots
+// out, a third data group is added to the running cluster and given its
+// share, and a node restarted afterwards hosts it again.
 func TestGroupsMoveProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process cluster: skipped with -short")
@@ -285,6 +287,27 @@ func TestGroupsMoveProcesses(t *testing.T) {
 				return false
 			}
 			if r, err := slots.ParseRanges(g.GetSlots()); g.GetId() != 0 && (err != nil || rangesLen(r) < 341 || rangesLen(r) > 342) {
+				return false
+			}
+		}
+		return true
+	})
+	// A node restarted after the group was added opens it again from its
+	// data dir (hosted.json names it).
+	victim := procs[2]
+	victim.Proc.Kill()
+	victim.Proc.Start(t)
+	testproc.Eventually(t, 30*time.Second, victim.ID+" /readyz", victim.Ready)
+	_, vadmin := dial(t, victim.GRPC)
+	waitFor(t, 10*time.Second, "the restarted node hosts the 4 groups", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		vs, err := vadmin.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+		if err != nil || len(vs.GetGroups()) != 4 {
+			return false
+		}
+		for _, g := range vs.GetGroups() {
+			if g.GetState() == "none" || g.GetLeaderId() == "" {
 				return false
 			}
 		}
