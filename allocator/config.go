@@ -241,6 +241,11 @@ type Config struct {
 	// command entry: a test delays this node's FSM with it.
 	beforeApply func(l *raft.Log)
 
+	// bootPeers, when set, are the voters a new Raft group is bootstrapped
+	// with (a data group added to a running cluster); otherwise Bootstrap
+	// starts it with this node alone.
+	bootPeers []raft.Server
+
 	// transport, when set (tests), replaces the TCP Raft transport; RaftAddr
 	// is then ignored and the transport's LocalAddr is used.
 	transport raft.Transport

@@ -25,7 +25,9 @@
 //     with its own batcher, FSM, state and leader duties over the key
 //     slots it owns (groups.go); calls routed by a key's slot to its
 //     group's leader (route.go); the groups' leaders spread over the nodes
-//     (spread.go). See docs/groups.md;
+//     (spread.go); slot moves driven by the meta group's leader through
+//     freeze, import, commit and drop entries (moves.go); data groups
+//     added to a running cluster (groups_add.go). See docs/groups.md;
 //   - an HTTP server with /healthz, /readyz, /metrics and /debug/pprof/
 //     (http.go, metrics.go); the metrics break an Acquire's latency down
 //     by stage (handler, batcher queue, commit, FSM apply, forwarding hop);

@@ -245,7 +245,7 @@ func (s *Server) openDataGroups() error {
 		if id == 0 {
 			continue
 		}
-		if err := s.openDataGroup(id); err != nil {
+		if err := s.openDataGroup(id, nil); err != nil {
 			return err
 		}
 	}
@@ -254,6 +254,8 @@ func (s *Server) openDataGroups() error {
 	}
 	s.goFunc(s.observeLeaders)
 	s.goFunc(s.spreadLoop)
+	s.goFunc(s.moveLoop)
+	s.goFunc(s.hostLoop)
 	return nil
 }
 
@@ -279,8 +281,8 @@ func (s *Server) observeLeaders() {
 
 // openDataGroup opens data group id's replica and starts its batcher and
 // leader loop. A bootstrapping node bootstraps it with itself as its one
-// voter.
-func (s *Server) openDataGroup(id slots.GroupID) error {
+// voter; a group added to a running cluster is bootstrapped with peers.
+func (s *Server) openDataGroup(id slots.GroupID, peers []raft.Server) error {
 	dir, err := s.grp.layout.OpenGroup(id)
 	if err != nil {
 		return fmt.Errorf("allocator: %w", err)
@@ -299,7 +301,8 @@ func (s *Server) openDataGroup(id slots.GroupID) error {
 	}
 	cfg := s.cfg
 	cfg.DataDir = dir
-	cfg.Bootstrap = s.grp.bootstrapData > 0
+	cfg.Bootstrap = s.grp.bootstrapData > 0 || len(peers) > 0
+	cfg.bootPeers = peers
 	if g.node, err = openNode(cfg, g.fsm, newHCLogAdapter(log, "raft"), stream, s.mux.BoundAddr()); err != nil {
 		_ = stream.Close()
 		return err

@@ -187,6 +187,9 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		boot := raft.Configuration{Servers: []raft.Server{{
 			Suffrage: raft.Voter, ID: rc.LocalID, Address: n.addr,
 		}}}
+		if len(cfg.bootPeers) > 0 {
+			boot.Servers = cfg.bootPeers
+		}
 		if err := raft.BootstrapCluster(rc, n.store, n.store, n.snaps, n.trans, boot); err != nil {
 			return nil, fmt.Errorf("allocator: bootstrap %s: %w", dir, err)
 		}

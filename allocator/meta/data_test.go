@@ -51,3 +51,37 @@ func TestBootstrapData(t *testing.T) {
 		t.Fatalf("restore: %v", err)
 	}
 }
+
+// Rebalance in a cluster whose meta group serves no keys evens the slots
+// out over the data groups only.
+func TestRebalanceDataGroups(t *testing.T) {
+	var s State
+	if err := s.BootstrapData("c1", 2, []string{"n0"}); err != nil {
+		t.Fatal(err)
+	}
+	mv, err := s.BeginMove(1, slots.Range{First: 0, Last: 127}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []func() error{
+		func() error { return s.Froze(2, mv.ID, 10) },
+		func() error { return s.Transferred(3, mv.ID, 11) },
+		func() error { return s.Commit(4, mv.ID) },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan, err := s.Rebalance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan) == 0 {
+		t.Fatal("no move planned for 384 and 640 slots")
+	}
+	for _, m := range plan {
+		if m.To == 0 || m.From == 0 {
+			t.Errorf("planned %v: the meta group owns no slots", m)
+		}
+	}
+}

@@ -425,8 +425,9 @@ func (s *State) finishedMove(id uint64) *Finished {
 	return nil
 }
 
-// Rebalance plans the moves that even out the slots over every group
-// (slots.Rebalance); it refuses while moves are in flight.
+// Rebalance plans the moves that even out the slots over the data groups
+// (DataGroups: never the meta group of a cluster whose meta group serves
+// no keys; slots.Rebalance); it refuses while moves are in flight.
 func (s *State) Rebalance() ([]slots.Move, error) {
 	if err := s.ready(); err != nil {
 		return nil, err
@@ -434,8 +435,7 @@ func (s *State) Rebalance() ([]slots.Move, error) {
 	if len(s.moves) > 0 {
 		return nil, fmt.Errorf("%w: %d moves in flight (first: %s): rebalance after they end", ErrOverlap, len(s.moves), s.Moves()[0])
 	}
-	ids := slices.Sorted(maps.Keys(s.groups))
-	return slots.Rebalance(&s.slotMap, ids)
+	return slots.Rebalance(&s.slotMap, s.DataGroups())
 }
 
 // Validate checks the invariants (see the package doc).

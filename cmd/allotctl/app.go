@@ -138,6 +138,8 @@ Exit codes: 0 success, 1 error, 2 usage error.`,
 		a.rulesCmd(),
 		a.topCmd(),
 		a.clusterCmd(),
+		a.slotsCmd(),
+		a.groupsCmd(),
 		a.checkCmd(),
 		a.completionCmd(root),
 	)

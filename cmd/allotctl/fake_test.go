@@ -323,6 +323,34 @@ func (f *fakeAdmin) TransferLeadership(ctx context.Context, req *allotv1.Transfe
 	return &allotv1.TransferLeadershipResponse{LeaderId: id}, nil
 }
 
+func (f *fakeAdmin) MoveSlots(ctx context.Context, req *allotv1.MoveSlotsRequest) (*allotv1.MoveSlotsResponse, error) {
+	if err := f.record(ctx, "MoveSlots", req); err != nil {
+		return nil, err
+	}
+	return &allotv1.MoveSlotsResponse{Move: &allotv1.SlotMove{
+		Id: 3, Slots: req.GetSlots(), From: 1, To: req.GetTo(), Committed: true,
+		StartedUnixMs: fakeNow - 42, EndedUnixMs: fakeNow, SlotMapVersion: 4,
+	}}, nil
+}
+
+func (f *fakeAdmin) AddGroup(ctx context.Context, req *allotv1.AddGroupRequest) (*allotv1.AddGroupResponse, error) {
+	if err := f.record(ctx, "AddGroup", req); err != nil {
+		return nil, err
+	}
+	return &allotv1.AddGroupResponse{Id: 3, Members: []string{"alloc-1", "alloc-2", "alloc-3"}, LeaderId: "alloc-2"}, nil
+}
+
+func (f *fakeAdmin) RebalanceSlots(ctx context.Context, req *allotv1.RebalanceSlotsRequest) (*allotv1.RebalanceSlotsResponse, error) {
+	if err := f.record(ctx, "RebalanceSlots", req); err != nil {
+		return nil, err
+	}
+	return &allotv1.RebalanceSlotsResponse{Moves: []*allotv1.SlotMove{
+		{Id: 4, Slots: "0-255", From: 1, To: 3, Committed: true, StartedUnixMs: fakeNow - 90, EndedUnixMs: fakeNow - 60, SlotMapVersion: 5},
+		{Id: 5, Slots: "512-767", From: 2, To: 3, Committed: false, Reason: "target refused the import: the leased keys exceed the arena",
+			StartedUnixMs: fakeNow - 50, EndedUnixMs: fakeNow - 20, SlotMapVersion: 5},
+	}}, nil
+}
+
 // startFake serves f on a free loopback port over real gRPC and returns
 // the address. creds may be nil (plaintext).
 func startFake(t *testing.T, f *fakeAdmin, creds credentials.TransportCredentials) string {

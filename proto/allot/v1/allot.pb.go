@@ -3300,6 +3300,499 @@ func (x *TransferLeadershipResponse) GetLeaderId() string {
 	return ""
 }
 
+type MoveSlotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slots         string                 `protobuf:"bytes,1,opt,name=slots,proto3" json:"slots,omitempty"` // "A-B" or "A": the slots to move, all owned by one group
+	To            uint32                 `protobuf:"varint,2,opt,name=to,proto3" json:"to,omitempty"`      // the data group that owns them afterwards
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveSlotsRequest) Reset() {
+	*x = MoveSlotsRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveSlotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveSlotsRequest) ProtoMessage() {}
+
+func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveSlotsRequest.ProtoReflect.Descriptor instead.
+func (*MoveSlotsRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *MoveSlotsRequest) GetSlots() string {
+	if x != nil {
+		return x.Slots
+	}
+	return ""
+}
+
+func (x *MoveSlotsRequest) GetTo() uint32 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+// SlotMove is a move of slots that has ended.
+type SlotMove struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Slots          string                 `protobuf:"bytes,2,opt,name=slots,proto3" json:"slots,omitempty"`
+	From           uint32                 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	To             uint32                 `protobuf:"varint,4,opt,name=to,proto3" json:"to,omitempty"`
+	Committed      bool                   `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"` // false: aborted (the source serves the slots again)
+	Reason         string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`        // why it was aborted
+	StartedUnixMs  int64                  `protobuf:"varint,7,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	EndedUnixMs    int64                  `protobuf:"varint,8,opt,name=ended_unix_ms,json=endedUnixMs,proto3" json:"ended_unix_ms,omitempty"`
+	SlotMapVersion uint64                 `protobuf:"varint,9,opt,name=slot_map_version,json=slotMapVersion,proto3" json:"slot_map_version,omitempty"` // the slot map version once it ended
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SlotMove) Reset() {
+	*x = SlotMove{}
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlotMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlotMove) ProtoMessage() {}
+
+func (x *SlotMove) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlotMove.ProtoReflect.Descriptor instead.
+func (*SlotMove) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *SlotMove) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SlotMove) GetSlots() string {
+	if x != nil {
+		return x.Slots
+	}
+	return ""
+}
+
+func (x *SlotMove) GetFrom() uint32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *SlotMove) GetTo() uint32 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *SlotMove) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
+func (x *SlotMove) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SlotMove) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *SlotMove) GetEndedUnixMs() int64 {
+	if x != nil {
+		return x.EndedUnixMs
+	}
+	return 0
+}
+
+func (x *SlotMove) GetSlotMapVersion() uint64 {
+	if x != nil {
+		return x.SlotMapVersion
+	}
+	return 0
+}
+
+type MoveSlotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Move          *SlotMove              `protobuf:"bytes,1,opt,name=move,proto3" json:"move,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveSlotsResponse) Reset() {
+	*x = MoveSlotsResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveSlotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveSlotsResponse) ProtoMessage() {}
+
+func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveSlotsResponse.ProtoReflect.Descriptor instead.
+func (*MoveSlotsResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *MoveSlotsResponse) GetMove() *SlotMove {
+	if x != nil {
+		return x.Move
+	}
+	return nil
+}
+
+type RebalanceSlotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceSlotsRequest) Reset() {
+	*x = RebalanceSlotsRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceSlotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceSlotsRequest) ProtoMessage() {}
+
+func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceSlotsRequest.ProtoReflect.Descriptor instead.
+func (*RebalanceSlotsRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
+}
+
+type RebalanceSlotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Moves         []*SlotMove            `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"` // in the order they ran; empty: already even
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceSlotsResponse) Reset() {
+	*x = RebalanceSlotsResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceSlotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceSlotsResponse) ProtoMessage() {}
+
+func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceSlotsResponse.ProtoReflect.Descriptor instead.
+func (*RebalanceSlotsResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RebalanceSlotsResponse) GetMoves() []*SlotMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+type AddGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddGroupRequest) Reset() {
+	*x = AddGroupRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddGroupRequest) ProtoMessage() {}
+
+func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddGroupRequest.ProtoReflect.Descriptor instead.
+func (*AddGroupRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
+}
+
+type AddGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Members       []string               `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	LeaderId      string                 `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddGroupResponse) Reset() {
+	*x = AddGroupResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddGroupResponse) ProtoMessage() {}
+
+func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddGroupResponse.ProtoReflect.Descriptor instead.
+func (*AddGroupResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *AddGroupResponse) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AddGroupResponse) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *AddGroupResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+type ApplySlotEntryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         uint32                 `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
+	Entry         []byte                 `protobuf:"bytes,2,opt,name=entry,proto3" json:"entry,omitempty"` // allocator/state's slot entry encoding
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplySlotEntryRequest) Reset() {
+	*x = ApplySlotEntryRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplySlotEntryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplySlotEntryRequest) ProtoMessage() {}
+
+func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplySlotEntryRequest.ProtoReflect.Descriptor instead.
+func (*ApplySlotEntryRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ApplySlotEntryRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *ApplySlotEntryRequest) GetEntry() []byte {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+type ApplySlotEntryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`    // the entry's Raft index in the group
+	Keys          uint32                 `protobuf:"varint,2,opt,name=keys,proto3" json:"keys,omitempty"`      // keys imported or dropped
+	Refused       string                 `protobuf:"bytes,3,opt,name=refused,proto3" json:"refused,omitempty"` // non-empty: the group refused the entry (it changed nothing)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplySlotEntryResponse) Reset() {
+	*x = ApplySlotEntryResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplySlotEntryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplySlotEntryResponse) ProtoMessage() {}
+
+func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplySlotEntryResponse.ProtoReflect.Descriptor instead.
+func (*ApplySlotEntryResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ApplySlotEntryResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ApplySlotEntryResponse) GetKeys() uint32 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *ApplySlotEntryResponse) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
+}
+
 // Command is the single envelope of every replicated log entry. Apply reads
 // no clock: now_unix_nanos is stamped by the leader when it proposes.
 type Command struct {
@@ -3324,7 +3817,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3829,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3842,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Command) GetNowUnixNanos() int64 {
@@ -3502,7 +3995,7 @@ type MetaCommand struct {
 
 func (x *MetaCommand) Reset() {
 	*x = MetaCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3514,7 +4007,7 @@ func (x *MetaCommand) String() string {
 func (*MetaCommand) ProtoMessage() {}
 
 func (x *MetaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3527,7 +4020,7 @@ func (x *MetaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCommand.ProtoReflect.Descriptor instead.
 func (*MetaCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MetaCommand) GetOp() MetaOp {
@@ -3603,7 +4096,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3615,7 +4108,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3628,7 +4121,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -3657,7 +4150,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +4162,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +4175,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -3710,7 +4203,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3722,7 +4215,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3735,7 +4228,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -4011,7 +4504,37 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\rR\x05group\"9\n" +
 	"\x1aTransferLeadershipResponse\x12\x1b\n" +
-	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\xc9\x03\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"8\n" +
+	"\x10MoveSlotsRequest\x12\x14\n" +
+	"\x05slots\x18\x01 \x01(\tR\x05slots\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\rR\x02to\"\x80\x02\n" +
+	"\bSlotMove\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05slots\x18\x02 \x01(\tR\x05slots\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\rR\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\rR\x02to\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\bR\tcommitted\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12&\n" +
+	"\x0fstarted_unix_ms\x18\a \x01(\x03R\rstartedUnixMs\x12\"\n" +
+	"\rended_unix_ms\x18\b \x01(\x03R\vendedUnixMs\x12(\n" +
+	"\x10slot_map_version\x18\t \x01(\x04R\x0eslotMapVersion\";\n" +
+	"\x11MoveSlotsResponse\x12&\n" +
+	"\x04move\x18\x01 \x01(\v2\x12.allot.v1.SlotMoveR\x04move\"\x17\n" +
+	"\x15RebalanceSlotsRequest\"B\n" +
+	"\x16RebalanceSlotsResponse\x12(\n" +
+	"\x05moves\x18\x01 \x03(\v2\x12.allot.v1.SlotMoveR\x05moves\"\x11\n" +
+	"\x0fAddGroupRequest\"Y\n" +
+	"\x10AddGroupResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x18\n" +
+	"\amembers\x18\x02 \x03(\tR\amembers\x12\x1b\n" +
+	"\tleader_id\x18\x03 \x01(\tR\bleaderId\"C\n" +
+	"\x15ApplySlotEntryRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\rR\x05group\x12\x14\n" +
+	"\x05entry\x18\x02 \x01(\fR\x05entry\"\\\n" +
+	"\x16ApplySlotEntryResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04keys\x18\x02 \x01(\rR\x04keys\x12\x18\n" +
+	"\arefused\x18\x03 \x01(\tR\arefused\"\xc9\x03\n" +
 	"\aCommand\x12$\n" +
 	"\x0enow_unix_nanos\x18\x01 \x01(\x03R\fnowUnixNanos\x12*\n" +
 	"\x11ignore_if_unknown\x18\x02 \x01(\bR\x0fignoreIfUnknown\x122\n" +
@@ -4072,7 +4595,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\aAcquire\x12\x18.allot.v1.AcquireRequest\x1a\x19.allot.v1.AcquireResponse\x12>\n" +
 	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponse\x12>\n" +
 	"\n" +
-	"WatchRules\x12\x1b.allot.v1.WatchRulesRequest\x1a\x11.allot.v1.RuleSet0\x012\x9e\x06\n" +
+	"WatchRules\x12\x1b.allot.v1.WatchRulesRequest\x1a\x11.allot.v1.RuleSet0\x012\xd1\b\n" +
 	"\x05Admin\x12A\n" +
 	"\bPutRules\x12\x19.allot.v1.PutRulesRequest\x1a\x1a.allot.v1.PutRulesResponse\x128\n" +
 	"\bGetRules\x12\x19.allot.v1.GetRulesRequest\x1a\x11.allot.v1.RuleSet\x12G\n" +
@@ -4087,7 +4610,11 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\rClusterStatus\x12\x1e.allot.v1.ClusterStatusRequest\x1a\x1f.allot.v1.ClusterStatusResponse\x12A\n" +
 	"\bAddVoter\x12\x19.allot.v1.AddVoterRequest\x1a\x1a.allot.v1.AddVoterResponse\x12M\n" +
 	"\fRemoveServer\x12\x1d.allot.v1.RemoveServerRequest\x1a\x1e.allot.v1.RemoveServerResponse\x12_\n" +
-	"\x12TransferLeadership\x12#.allot.v1.TransferLeadershipRequest\x1a$.allot.v1.TransferLeadershipResponseB/Z-github.com/allot/allot/proto/allot/v1;allotv1b\x06proto3"
+	"\x12TransferLeadership\x12#.allot.v1.TransferLeadershipRequest\x1a$.allot.v1.TransferLeadershipResponse\x12D\n" +
+	"\tMoveSlots\x12\x1a.allot.v1.MoveSlotsRequest\x1a\x1b.allot.v1.MoveSlotsResponse\x12S\n" +
+	"\x0eRebalanceSlots\x12\x1f.allot.v1.RebalanceSlotsRequest\x1a .allot.v1.RebalanceSlotsResponse\x12S\n" +
+	"\x0eApplySlotEntry\x12\x1f.allot.v1.ApplySlotEntryRequest\x1a .allot.v1.ApplySlotEntryResponse\x12A\n" +
+	"\bAddGroup\x12\x19.allot.v1.AddGroupRequest\x1a\x1a.allot.v1.AddGroupResponseB/Z-github.com/allot/allot/proto/allot/v1;allotv1b\x06proto3"
 
 var (
 	file_allot_v1_allot_proto_rawDescOnce sync.Once
@@ -4102,7 +4629,7 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
@@ -4148,11 +4675,20 @@ var file_allot_v1_allot_proto_goTypes = []any{
 	(*RemoveServerResponse)(nil),       // 41: allot.v1.RemoveServerResponse
 	(*TransferLeadershipRequest)(nil),  // 42: allot.v1.TransferLeadershipRequest
 	(*TransferLeadershipResponse)(nil), // 43: allot.v1.TransferLeadershipResponse
-	(*Command)(nil),                    // 44: allot.v1.Command
-	(*MetaCommand)(nil),                // 45: allot.v1.MetaCommand
-	(*AcquireBatch)(nil),               // 46: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 47: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 48: allot.v1.MemberCommand
+	(*MoveSlotsRequest)(nil),           // 44: allot.v1.MoveSlotsRequest
+	(*SlotMove)(nil),                   // 45: allot.v1.SlotMove
+	(*MoveSlotsResponse)(nil),          // 46: allot.v1.MoveSlotsResponse
+	(*RebalanceSlotsRequest)(nil),      // 47: allot.v1.RebalanceSlotsRequest
+	(*RebalanceSlotsResponse)(nil),     // 48: allot.v1.RebalanceSlotsResponse
+	(*AddGroupRequest)(nil),            // 49: allot.v1.AddGroupRequest
+	(*AddGroupResponse)(nil),           // 50: allot.v1.AddGroupResponse
+	(*ApplySlotEntryRequest)(nil),      // 51: allot.v1.ApplySlotEntryRequest
+	(*ApplySlotEntryResponse)(nil),     // 52: allot.v1.ApplySlotEntryResponse
+	(*Command)(nil),                    // 53: allot.v1.Command
+	(*MetaCommand)(nil),                // 54: allot.v1.MetaCommand
+	(*AcquireBatch)(nil),               // 55: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 56: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 57: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
@@ -4181,49 +4717,59 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	32, // 23: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
 	35, // 24: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
 	37, // 25: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
-	46, // 26: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	12, // 27: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	17, // 28: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	47, // 29: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	48, // 30: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	31, // 31: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	45, // 32: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
-	2,  // 33: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
-	6,  // 34: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	35, // 35: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	6,  // 36: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	12, // 37: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	14, // 38: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	17, // 39: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	19, // 40: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	20, // 41: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	23, // 42: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	25, // 43: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	28, // 44: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	31, // 45: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	34, // 46: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	38, // 47: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	40, // 48: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	42, // 49: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	8,  // 50: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	13, // 51: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	16, // 52: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	18, // 53: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	16, // 54: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	22, // 55: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	24, // 56: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	27, // 57: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	30, // 58: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	33, // 59: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	36, // 60: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	39, // 61: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	41, // 62: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	43, // 63: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	50, // [50:64] is the sub-list for method output_type
-	36, // [36:50] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	45, // 26: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
+	45, // 27: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
+	55, // 28: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	12, // 29: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	17, // 30: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	56, // 31: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	57, // 32: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	31, // 33: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	54, // 34: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	2,  // 35: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
+	6,  // 36: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	35, // 37: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	6,  // 38: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	12, // 39: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	14, // 40: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	17, // 41: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	19, // 42: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	20, // 43: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	23, // 44: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	25, // 45: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	28, // 46: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	31, // 47: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	34, // 48: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	38, // 49: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	40, // 50: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	42, // 51: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	44, // 52: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
+	47, // 53: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
+	51, // 54: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
+	49, // 55: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
+	8,  // 56: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	13, // 57: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 58: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	18, // 59: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	16, // 60: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	22, // 61: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	24, // 62: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	27, // 63: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	30, // 64: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	33, // 65: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	36, // 66: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	39, // 67: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	41, // 68: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	43, // 69: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	46, // 70: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
+	48, // 71: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
+	52, // 72: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
+	50, // 73: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
+	56, // [56:74] is the sub-list for method output_type
+	38, // [38:56] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
@@ -4231,7 +4777,7 @@ func file_allot_v1_allot_proto_init() {
 	if File_allot_v1_allot_proto != nil {
 		return
 	}
-	file_allot_v1_allot_proto_msgTypes[41].OneofWrappers = []any{
+	file_allot_v1_allot_proto_msgTypes[50].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),
 		(*Command_PutRules)(nil),
@@ -4246,7 +4792,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   46,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

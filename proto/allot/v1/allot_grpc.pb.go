@@ -244,6 +244,10 @@ const (
 	Admin_AddVoter_FullMethodName           = "/allot.v1.Admin/AddVoter"
 	Admin_RemoveServer_FullMethodName       = "/allot.v1.Admin/RemoveServer"
 	Admin_TransferLeadership_FullMethodName = "/allot.v1.Admin/TransferLeadership"
+	Admin_MoveSlots_FullMethodName          = "/allot.v1.Admin/MoveSlots"
+	Admin_RebalanceSlots_FullMethodName     = "/allot.v1.Admin/RebalanceSlots"
+	Admin_ApplySlotEntry_FullMethodName     = "/allot.v1.Admin/ApplySlotEntry"
+	Admin_AddGroup_FullMethodName           = "/allot.v1.Admin/AddGroup"
 )
 
 // AdminClient is the client API for Admin service.
@@ -261,6 +265,19 @@ type AdminClient interface {
 	AddVoter(ctx context.Context, in *AddVoterRequest, opts ...grpc.CallOption) (*AddVoterResponse, error)
 	RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*RemoveServerResponse, error)
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
+	// MoveSlots moves a slot range to another data group while the cluster
+	// serves, and answers when the move has ended (committed or aborted).
+	MoveSlots(ctx context.Context, in *MoveSlotsRequest, opts ...grpc.CallOption) (*MoveSlotsResponse, error)
+	// RebalanceSlots evens the slots out over the data groups, one move at a
+	// time, and answers when the last one has ended.
+	RebalanceSlots(ctx context.Context, in *RebalanceSlotsRequest, opts ...grpc.CallOption) (*RebalanceSlotsResponse, error)
+	// ApplySlotEntry is internal to the allocator: the meta group's leader
+	// proposes a slot entry (freeze, import, drop, ...) in a data group.
+	ApplySlotEntry(ctx context.Context, in *ApplySlotEntryRequest, opts ...grpc.CallOption) (*ApplySlotEntryResponse, error)
+	// AddGroup adds a data group, owning no slots, to a running cluster with
+	// several groups: every voter of the meta group hosts a replica. It
+	// answers once the group has a leader.
+	AddGroup(ctx context.Context, in *AddGroupRequest, opts ...grpc.CallOption) (*AddGroupResponse, error)
 }
 
 type adminClient struct {
@@ -381,6 +398,46 @@ func (c *adminClient) TransferLeadership(ctx context.Context, in *TransferLeader
 	return out, nil
 }
 
+func (c *adminClient) MoveSlots(ctx context.Context, in *MoveSlotsRequest, opts ...grpc.CallOption) (*MoveSlotsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveSlotsResponse)
+	err := c.cc.Invoke(ctx, Admin_MoveSlots_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RebalanceSlots(ctx context.Context, in *RebalanceSlotsRequest, opts ...grpc.CallOption) (*RebalanceSlotsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RebalanceSlotsResponse)
+	err := c.cc.Invoke(ctx, Admin_RebalanceSlots_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ApplySlotEntry(ctx context.Context, in *ApplySlotEntryRequest, opts ...grpc.CallOption) (*ApplySlotEntryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplySlotEntryResponse)
+	err := c.cc.Invoke(ctx, Admin_ApplySlotEntry_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) AddGroup(ctx context.Context, in *AddGroupRequest, opts ...grpc.CallOption) (*AddGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddGroupResponse)
+	err := c.cc.Invoke(ctx, Admin_AddGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -396,6 +453,19 @@ type AdminServer interface {
 	AddVoter(context.Context, *AddVoterRequest) (*AddVoterResponse, error)
 	RemoveServer(context.Context, *RemoveServerRequest) (*RemoveServerResponse, error)
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
+	// MoveSlots moves a slot range to another data group while the cluster
+	// serves, and answers when the move has ended (committed or aborted).
+	MoveSlots(context.Context, *MoveSlotsRequest) (*MoveSlotsResponse, error)
+	// RebalanceSlots evens the slots out over the data groups, one move at a
+	// time, and answers when the last one has ended.
+	RebalanceSlots(context.Context, *RebalanceSlotsRequest) (*RebalanceSlotsResponse, error)
+	// ApplySlotEntry is internal to the allocator: the meta group's leader
+	// proposes a slot entry (freeze, import, drop, ...) in a data group.
+	ApplySlotEntry(context.Context, *ApplySlotEntryRequest) (*ApplySlotEntryResponse, error)
+	// AddGroup adds a data group, owning no slots, to a running cluster with
+	// several groups: every voter of the meta group hosts a replica. It
+	// answers once the group has a leader.
+	AddGroup(context.Context, *AddGroupRequest) (*AddGroupResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -438,6 +508,18 @@ func (UnimplementedAdminServer) RemoveServer(context.Context, *RemoveServerReque
 }
 func (UnimplementedAdminServer) TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TransferLeadership not implemented")
+}
+func (UnimplementedAdminServer) MoveSlots(context.Context, *MoveSlotsRequest) (*MoveSlotsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveSlots not implemented")
+}
+func (UnimplementedAdminServer) RebalanceSlots(context.Context, *RebalanceSlotsRequest) (*RebalanceSlotsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RebalanceSlots not implemented")
+}
+func (UnimplementedAdminServer) ApplySlotEntry(context.Context, *ApplySlotEntryRequest) (*ApplySlotEntryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplySlotEntry not implemented")
+}
+func (UnimplementedAdminServer) AddGroup(context.Context, *AddGroupRequest) (*AddGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddGroup not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -658,6 +740,78 @@ func _Admin_TransferLeadership_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_MoveSlots_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveSlotsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).MoveSlots(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_MoveSlots_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).MoveSlots(ctx, req.(*MoveSlotsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RebalanceSlots_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RebalanceSlotsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RebalanceSlots(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RebalanceSlots_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RebalanceSlots(ctx, req.(*RebalanceSlotsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ApplySlotEntry_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplySlotEntryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ApplySlotEntry(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ApplySlotEntry_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ApplySlotEntry(ctx, req.(*ApplySlotEntryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_AddGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).AddGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_AddGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).AddGroup(ctx, req.(*AddGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -708,6 +862,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferLeadership",
 			Handler:    _Admin_TransferLeadership_Handler,
+		},
+		{
+			MethodName: "MoveSlots",
+			Handler:    _Admin_MoveSlots_Handler,
+		},
+		{
+			MethodName: "RebalanceSlots",
+			Handler:    _Admin_RebalanceSlots_Handler,
+		},
+		{
+			MethodName: "ApplySlotEntry",
+			Handler:    _Admin_ApplySlotEntry_Handler,
+		},
+		{
+			MethodName: "AddGroup",
+			Handler:    _Admin_AddGroup_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

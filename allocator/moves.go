@@ -1,0 +1,495 @@
+package allocator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/allot/allot/allocator/meta"
+	"github.com/allot/allot/allocator/state"
+	"github.com/allot/allot/pkg/slots"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// Slot moves. A move is recorded in the meta state (BeginMove) and driven
+// by the meta group's leader (moveLoop), which proposes, in order:
+//
+//	source group  SlotFreeze           the source grants nothing more in the slots
+//	meta          Froze(freeze index)  every node answers the slots KEY_STATUS_MOVED
+//	target group  SlotDisown, then SlotImport of the source's export, taken
+//	              from this node's replica of the source at or after the freeze
+//	meta          Transferred(import index)
+//	meta          Commit               the target owns the slots (slot map version+1)
+//	source group  SlotDrop             the source frees the keys
+//
+// Every step is idempotent and the phase lives in the meta state, so a new
+// meta leader resumes where the last one stopped. A move whose freeze or
+// import is refused is aborted (before Transferred only) and the source
+// thaws its slots. Slots a group holds frozen while no move in flight
+// takes them from it are settled by the map: dropped when another group
+// owns them, thawed when the group still does.
+
+// moveRetry is how long the move driver waits before retrying a step that
+// failed (no leader in a group, an election, a lost proposal).
+const moveRetry = 100 * time.Millisecond
+
+// exportHeadroom is what the rest of an ApplySlotEntry call takes besides
+// the export, at most.
+const exportHeadroom = 64 << 10
+
+// moveLoop is the meta group leader's move driver. It wakes on every
+// topology change and every moveRetry, and drives the moves in flight
+// while this node leads the meta group (after its Barrier); it stops when
+// the Server does.
+func (s *Server) moveLoop() {
+	t := time.NewTicker(moveRetry)
+	defer t.Stop()
+	for {
+		changed := s.topologyChanged()
+		if s.IsLeader() && s.barrierTerm.Load() == s.node.raft.CurrentTerm() && s.metaBootstrapped() {
+			if err := s.driveMoves(s.baseCtx); err != nil && s.IsLeader() {
+				s.log.Warn("slot move step failed; retrying", "err", err)
+			}
+		}
+		select {
+		case <-s.done:
+			return
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}
+
+// driveMoves settles frozen slots no move takes, then advances each move
+// in flight, oldest first, until it ends or a step fails.
+func (s *Server) driveMoves(ctx context.Context) error {
+	if err := s.settleFrozen(ctx); err != nil {
+		return err
+	}
+	for {
+		var moves []meta.Move
+		s.grp.meta.view(func(st *meta.State) { moves = st.Moves() })
+		if len(moves) == 0 || !s.IsLeader() {
+			return nil
+		}
+		m := moves[0]
+		if err := s.verifyMetaLeader(); err != nil {
+			return err
+		}
+		if err := s.moveStep(ctx, m); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+		if err := s.settleFrozen(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// moveStep advances move m by one phase.
+func (s *Server) moveStep(ctx context.Context, m meta.Move) error {
+	rs := []slots.Range{m.Range}
+	switch m.Phase {
+	case meta.PhaseFreezing:
+		res, err := s.proposeSlot(ctx, m.From, state.SlotFreeze, rs, nil)
+		if err != nil {
+			return err
+		}
+		if res.GetRefused() != "" {
+			// A freeze proposed before a leader change applied already:
+			// the slots are frozen as of this entry, which is later.
+			frozen, err := s.slotsIn(ctx, m.From, res.GetIndex(), m.Range)
+			if err != nil {
+				return err
+			}
+			if frozen != slotsFrozen {
+				return s.abortMove(m, "source refused the freeze: "+res.GetRefused())
+			}
+		}
+		return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_FROZE, MoveId: m.ID, Index: res.GetIndex()})
+	case meta.PhaseFrozen:
+		src := s.dataGroup(m.From)
+		if src == nil {
+			return fmt.Errorf("group %d: this node hosts no replica of it", m.From)
+		}
+		if err := s.waitApplied(ctx, src.node.raft, m.SrcIndex); err != nil {
+			return err
+		}
+		export, err := src.st.Export(rs)
+		if err != nil {
+			return fmt.Errorf("export from group %d: %w", m.From, err)
+		}
+		// The export travels to the target's leader in one gRPC call.
+		if limit := s.cfg.MaxRecvMsgSize - exportHeadroom; len(export) > limit {
+			return s.abortMove(m, fmt.Sprintf("the slots' export is %d bytes, over the %d a gRPC call between nodes may carry (4 MiB less headroom): move fewer slots at a time",
+				len(export), limit))
+		}
+		// The target has served no key of the slots (calls for them went
+		// to the source): it disowns them so that the import may fill them.
+		// Refused when it did already, or imported them already.
+		if _, err := s.proposeSlot(ctx, m.To, state.SlotDisown, rs, nil); err != nil {
+			return err
+		}
+		var owned []slots.Range
+		s.grp.meta.view(func(st *meta.State) { sm := st.SlotMap(); owned = sm.RangesOf(m.To) })
+		owned = append(owned, m.Range)
+		slices.SortFunc(owned, func(a, b slots.Range) int { return cmp.Compare(a.First, b.First) })
+		res, err := s.proposeSlot(ctx, m.To, state.SlotImport, owned, export)
+		if err != nil {
+			return err
+		}
+		if res.GetRefused() != "" {
+			served, err := s.slotsIn(ctx, m.To, res.GetIndex(), m.Range)
+			if err != nil {
+				return err
+			}
+			if served != slotsServed {
+				return s.abortMove(m, "target refused the import: "+res.GetRefused())
+			}
+			// An import proposed before a leader change applied already.
+		}
+		return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_TRANSFERRED, MoveId: m.ID, Index: res.GetIndex()})
+	case meta.PhaseTransferred:
+		return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_COMMIT, MoveId: m.ID})
+	}
+	return fmt.Errorf("unknown phase %v", m.Phase)
+}
+
+// verifyMetaLeader confirms with a quorum that this node still leads the
+// meta group, so that the meta state it read is the latest committed one
+// (a deposed leader whose replica lags would otherwise act on an old
+// phase of a move).
+func (s *Server) verifyMetaLeader() error {
+	if err := s.node.raft.VerifyLeader().Error(); err != nil {
+		return fmt.Errorf("meta group leadership: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) abortMove(m meta.Move, reason string) error {
+	s.log.Warn("slot move aborted", "move", m.String(), "reason", reason)
+	return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_ABORT, MoveId: m.ID, Reason: reason})
+}
+
+// metaCmd proposes a meta command in the meta group (this node leads it).
+func (s *Server) metaCmd(c *allotv1.MetaCommand) error {
+	_, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: c}})
+	return err
+}
+
+// settleFrozen drops or thaws the slots a data group holds frozen while
+// no move in flight takes them from it: dropped when the slot map gives
+// them to another group (the move committed), thawed when the group still
+// owns them (the move was aborted). It reads this node's replicas, which
+// may lag: both entries are harmless when they apply to slots already
+// settled.
+func (s *Server) settleFrozen(ctx context.Context) error {
+	if err := s.verifyMetaLeader(); err != nil {
+		return err
+	}
+	var moves []meta.Move
+	var sm slots.Map
+	s.grp.meta.view(func(st *meta.State) { moves, sm = st.Moves(), st.SlotMap() })
+	for _, g := range s.dataGroups() {
+		frozen, _ := g.st.SlotModes()
+		var drop, thaw []slots.Range
+		for _, r := range frozen {
+			for sl := int(r.First); sl <= int(r.Last); sl++ {
+				if slices.ContainsFunc(moves, func(m meta.Move) bool { return m.From == g.id && m.Range.Contains(slots.Slot(sl)) }) {
+					continue
+				}
+				if sm.Owner(slots.Slot(sl)) == g.id {
+					thaw = addSlot(thaw, slots.Slot(sl))
+				} else {
+					drop = addSlot(drop, slots.Slot(sl))
+				}
+			}
+		}
+		for _, p := range []struct {
+			op state.SlotOp
+			rs []slots.Range
+		}{{state.SlotDrop, drop}, {state.SlotThaw, thaw}} {
+			if len(p.rs) == 0 {
+				continue
+			}
+			res, err := s.proposeSlot(ctx, g.id, p.op, p.rs, nil)
+			if err != nil {
+				return err
+			}
+			if err := s.waitApplied(ctx, g.node.raft, res.GetIndex()); err != nil {
+				return err
+			}
+			s.log.Info("frozen slots settled", "group", g.id, "op", p.op.String(), "slots", slots.FormatRanges(p.rs),
+				"keys", res.GetKeys(), "refused", res.GetRefused())
+		}
+	}
+	return nil
+}
+
+// addSlot appends slot sl to rs (in slot order), extending the last range
+// when adjacent.
+func addSlot(rs []slots.Range, sl slots.Slot) []slots.Range {
+	if n := len(rs); n > 0 && rs[n-1].Last+1 == sl {
+		rs[n-1].Last = sl
+		return rs
+	}
+	return append(rs, slots.Range{First: sl, Last: sl})
+}
+
+// slotCover is how a group's replica holds a range.
+type slotCover int
+
+const (
+	slotsMixed slotCover = iota
+	slotsFrozen
+	slotsServed
+)
+
+// slotsIn waits until this node's replica of group id has applied index,
+// and says how it holds r: all frozen, all served, or otherwise.
+func (s *Server) slotsIn(ctx context.Context, id slots.GroupID, index uint64, r slots.Range) (slotCover, error) {
+	g := s.dataGroup(id)
+	if g == nil {
+		return slotsMixed, fmt.Errorf("group %d: this node hosts no replica of it", id)
+	}
+	if err := s.waitApplied(ctx, g.node.raft, index); err != nil {
+		return slotsMixed, err
+	}
+	frozen, gone := g.st.SlotModes()
+	overlaps := func(rs []slots.Range) int {
+		n := 0
+		for _, x := range rs {
+			lo, hi := max(x.First, r.First), min(x.Last, r.Last)
+			if lo <= hi {
+				n += int(hi-lo) + 1
+			}
+		}
+		return n
+	}
+	size := int(r.Last-r.First) + 1
+	switch nf, ng := overlaps(frozen), overlaps(gone); {
+	case nf == size:
+		return slotsFrozen, nil
+	case nf == 0 && ng == 0:
+		return slotsServed, nil
+	}
+	return slotsMixed, nil
+}
+
+// waitApplied waits until the Raft group r has applied index on this node.
+func (s *Server) waitApplied(ctx context.Context, r *raft.Raft, index uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+	defer cancel()
+	for r.AppliedIndex() < index {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("applied index %d, waiting for %d: %w", r.AppliedIndex(), index, ctx.Err())
+		case <-s.done:
+			return errShutdown
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// proposeSlot proposes a slot entry in data group id, on its leader.
+func (s *Server) proposeSlot(ctx context.Context, id slots.GroupID, op state.SlotOp, rs []slots.Range, payload []byte) (*allotv1.ApplySlotEntryResponse, error) {
+	req := &allotv1.ApplySlotEntryRequest{Group: uint32(id), Entry: state.AppendSlotEntry(nil, op, s.stamp(), rs, payload)}
+	ctx, cancel := context.WithTimeout(ctx, 2*s.cfg.ApplyTimeout)
+	defer cancel()
+	resp, err := s.applySlotEntry(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("group %d: %v: %w", id, op, err)
+	}
+	return resp, nil
+}
+
+// applySlotEntry appends req's entry to its group's log on the group's
+// leader (this node, or the leader through Admin.ApplySlotEntry).
+func (s *Server) applySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntryRequest) (*allotv1.ApplySlotEntryResponse, error) {
+	if req.GetGroup() == 0 {
+		return nil, status.Error(codes.InvalidArgument, "allocator: slot entries go to data groups, not group 0")
+	}
+	if _, err := state.DecodeSlotEntry(req.GetEntry()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: %v", err)
+	}
+	g, err := s.hostedGroup(slots.GroupID(req.GetGroup()))
+	if err != nil {
+		return nil, err
+	}
+	var resp *allotv1.ApplySlotEntryResponse
+	err = s.onRaftLeader(ctx, g.node.raft, false,
+		func(context.Context) error {
+			f := g.node.raft.Apply(req.GetEntry(), s.cfg.ApplyTimeout)
+			if err := f.Error(); err != nil {
+				return err
+			}
+			res, ok := f.Response().(state.SlotResult)
+			if !ok {
+				return fmt.Errorf("allocator: slot entry answered %T", f.Response())
+			}
+			resp = &allotv1.ApplySlotEntryResponse{Index: f.Index(), Keys: uint32(res.Keys)}
+			if res.Err != nil {
+				resp.Refused = res.Err.Error()
+			}
+			return nil
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAdminClient(cc).ApplySlotEntry(ctx, req)
+			resp = r
+			return err
+		})
+	return resp, err
+}
+
+// ApplySlotEntry is the move driver's call to a data group's leader.
+func (a *adminService) ApplySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntryRequest) (*allotv1.ApplySlotEntryResponse, error) {
+	s := a.s
+	if !s.multi() {
+		return nil, status.Error(codes.FailedPrecondition, "allocator: this cluster has one group and no slots to move")
+	}
+	resp, err := s.applySlotEntry(ctx, req)
+	if err != nil {
+		return nil, s.status(err)
+	}
+	return resp, nil
+}
+
+// MoveSlots records a move on the meta group's leader and answers once it
+// has ended.
+func (a *adminService) MoveSlots(ctx context.Context, req *allotv1.MoveSlotsRequest) (*allotv1.MoveSlotsResponse, error) {
+	s := a.s
+	if !s.multi() {
+		return nil, status.Error(codes.FailedPrecondition, "allocator: this cluster has one group and no slots to move (start it with -groups N)")
+	}
+	r, err := slots.ParseRange(req.GetSlots())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: slots %q: %v", req.GetSlots(), err)
+	}
+	if req.GetTo() == 0 {
+		return nil, status.Error(codes.InvalidArgument, "allocator: group 0 is the meta group: it owns no slots; name a data group")
+	}
+	var resp *allotv1.MoveSlotsResponse
+	err = s.onRaftLeader(ctx, s.node.raft, false,
+		func(ctx context.Context) error {
+			mv, err := s.runMove(ctx, r, slots.GroupID(req.GetTo()))
+			resp = &allotv1.MoveSlotsResponse{Move: mv}
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAdminClient(cc).MoveSlots(ctx, req)
+			resp = r
+			return err
+		})
+	if err != nil {
+		return nil, moveStatus(s, err)
+	}
+	return resp, nil
+}
+
+// RebalanceSlots runs the moves that even the slots out over the data
+// groups, one at a time, on the meta group's leader.
+func (a *adminService) RebalanceSlots(ctx context.Context, req *allotv1.RebalanceSlotsRequest) (*allotv1.RebalanceSlotsResponse, error) {
+	s := a.s
+	if !s.multi() {
+		return nil, status.Error(codes.FailedPrecondition, "allocator: this cluster has one group and no slots to move (start it with -groups N)")
+	}
+	resp := &allotv1.RebalanceSlotsResponse{}
+	err := s.onRaftLeader(ctx, s.node.raft, false,
+		func(ctx context.Context) error {
+			for range slots.Count {
+				var plan []slots.Move
+				var err error
+				s.grp.meta.view(func(st *meta.State) { plan, err = st.Rebalance() })
+				if err != nil || len(plan) == 0 {
+					return err
+				}
+				mv, err := s.runMove(ctx, plan[0].Range, plan[0].To)
+				if mv != nil {
+					resp.Moves = append(resp.Moves, mv)
+				}
+				if err != nil {
+					return err
+				}
+				if !mv.GetCommitted() {
+					return fmt.Errorf("%w: move of slots %s to group %d aborted: %s", meta.ErrBusy, mv.GetSlots(), mv.GetTo(), mv.GetReason())
+				}
+			}
+			return nil
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			r, err := allotv1.NewAdminClient(cc).RebalanceSlots(ctx, req)
+			resp = r
+			return err
+		})
+	if err != nil {
+		return nil, moveStatus(s, err)
+	}
+	return resp, nil
+}
+
+// runMove records a move of r to group to and waits until the driver has
+// ended it.
+func (s *Server) runMove(ctx context.Context, r slots.Range, to slots.GroupID) (*allotv1.SlotMove, error) {
+	res, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
+		Op: allotv1.MetaOp_META_OP_BEGIN_MOVE, Slots: r.String(), Group: uint32(to),
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	mv, ok := res.(meta.Move)
+	if !ok {
+		return nil, fmt.Errorf("allocator: BeginMove answered %T", res)
+	}
+	s.log.Info("slot move begun", "move", mv.String())
+	for {
+		changed := s.topologyChanged()
+		var done *meta.Finished
+		var version uint64
+		s.grp.meta.view(func(st *meta.State) {
+			for _, f := range st.Finished() {
+				if f.ID == mv.ID {
+					done = &f
+				}
+			}
+			sm := st.SlotMap()
+			version = sm.Version()
+		})
+		if done != nil {
+			s.log.Info("slot move ended", "move", done.String(), "committed", done.Committed, "reason", done.Reason,
+				"took", time.Duration(done.Updated-done.Started)*time.Millisecond)
+			return &allotv1.SlotMove{
+				Id: done.ID, Slots: done.Range.String(), From: uint32(done.From), To: uint32(done.To),
+				Committed: done.Committed, Reason: done.Reason, StartedUnixMs: done.Started, EndedUnixMs: done.Updated,
+				SlotMapVersion: version,
+			}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("allocator: %s still in flight (it goes on): %w", mv, ctx.Err())
+		case <-s.done:
+			return nil, errShutdown
+		case <-changed:
+		case <-time.After(moveRetry):
+		}
+	}
+}
+
+// moveStatus maps the meta state's refusals to gRPC codes, and the rest
+// as every call does.
+func moveStatus(s *Server, err error) error {
+	switch {
+	case errors.Is(err, meta.ErrNoGroup), errors.Is(err, meta.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, meta.ErrOverlap), errors.Is(err, meta.ErrBusy), errors.Is(err, meta.ErrPhase):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return s.status(err)
+}
