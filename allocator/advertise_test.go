@@ -323,8 +323,11 @@ func TestMovedNodeReregisters(t *testing.T) {
 	f := (l + 1) % 3
 	oldRaft := tc.node(f).RaftAddr()
 	tc.stop(f, true)
-	// Join names a member that is up (n0 may be the one restarting).
+	// Join names a member that is up (n0, the bootstrapping node, may be the
+	// one restarting: a node restarted with its data dir does not bootstrap,
+	// and Bootstrap with Join is refused).
 	tc.cfgs[f].Join = tc.node(l).GRPCAddr()
+	tc.cfgs[f].Bootstrap = false
 	tc.start(f) // 127.0.0.1:0 again: new ports
 	s := tc.node(f)
 	if s.AdvertiseRaftAddr() == oldRaft {

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -61,9 +63,16 @@ the wait; a move still in flight then goes on.`,
 			}
 			a.longerTimeout(cmd)
 			req := &allotv1.MoveSlotsRequest{Slots: rng, To: to}
-			return runAdmin(a, cmd.Context(), "MoveSlots", allotv1.AdminClient.MoveSlots, req, func(resp *allotv1.MoveSlotsResponse) error {
+			var moves []*allotv1.SlotMove
+			call := func(c allotv1.AdminClient, ctx context.Context, r *allotv1.MoveSlotsRequest, opts ...grpc.CallOption) (*allotv1.MoveSlotsResponse, error) {
+				resp, err := c.MoveSlots(ctx, r, opts...)
+				moves = append(moves, resp.GetMove())
+				return resp, err
+			}
+			err := runAdmin(a, cmd.Context(), "MoveSlots", call, req, func(resp *allotv1.MoveSlotsResponse) error {
 				return a.printMove(resp.GetMove())
 			})
+			return abortedErr(err, moves)
 		},
 	}
 	cmd.Flags().StringVar(&rng, "slots", "", "the slots to move: A-B or A (0-1023)")
@@ -118,7 +127,13 @@ and lists them. It is refused while a move is in flight. --timeout (default
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a.longerTimeout(cmd)
-			return runAdmin(a, cmd.Context(), "RebalanceSlots", allotv1.AdminClient.RebalanceSlots, &allotv1.RebalanceSlotsRequest{}, func(resp *allotv1.RebalanceSlotsResponse) error {
+			var moves []*allotv1.SlotMove
+			call := func(c allotv1.AdminClient, ctx context.Context, r *allotv1.RebalanceSlotsRequest, opts ...grpc.CallOption) (*allotv1.RebalanceSlotsResponse, error) {
+				resp, err := c.RebalanceSlots(ctx, r, opts...)
+				moves = resp.GetMoves()
+				return resp, err
+			}
+			err := runAdmin(a, cmd.Context(), "RebalanceSlots", call, &allotv1.RebalanceSlotsRequest{}, func(resp *allotv1.RebalanceSlotsResponse) error {
 				if len(resp.GetMoves()) == 0 {
 					_, err := fmt.Fprintln(a.stdout, "The slots are even already.")
 					return err
@@ -130,8 +145,24 @@ and lists them. It is refused while a move is in flight. --timeout (default
 				}
 				return nil
 			})
+			return abortedErr(err, moves)
 		},
 	}
+}
+
+// abortedErr turns a successful call whose moves include an aborted one
+// into exit code 1, naming the first aborted move on stderr, so that a
+// script running a move or a rebalance sees that it did not finish.
+func abortedErr(err error, moves []*allotv1.SlotMove) error {
+	if err != nil {
+		return err
+	}
+	for _, m := range moves {
+		if m != nil && !m.GetCommitted() {
+			return &codeError{code: exitError, err: fmt.Errorf("move %d of slots %s aborted: %s", m.GetId(), m.GetSlots(), m.GetReason())}
+		}
+	}
+	return nil
 }
 
 // printMove prints one ended move.

@@ -72,6 +72,15 @@ func checkGolden(t *testing.T, name, got string) {
 	}
 }
 
+// goldenFails are the golden cases that exit non-zero, with their stderr:
+// a rebalance whose canned answer holds an aborted move exits 1.
+var goldenFails = map[string]struct {
+	code   int
+	stderr string
+}{
+	"groups_rebalance": {exitError, "allotctl: move 5 of slots 512-767 aborted: target refused the import: the leased keys exceed the arena\n"},
+}
+
 // goldenCases are the commands whose table and JSON output the fake
 // server's canned answers pin.
 var goldenCases = []struct {
@@ -115,11 +124,12 @@ func TestGoldenFake(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				args := append([]string{"--addr", addr, "-o", format}, tc.args...)
 				r := runCLI(t, args...)
-				if r.code != exitOK {
-					t.Fatalf("allotctl %s: exit %d, stderr %q", strings.Join(tc.args, " "), r.code, r.stderr)
+				want := goldenFails[tc.name]
+				if r.code != want.code {
+					t.Fatalf("allotctl %s: exit %d, want %d; stderr %q", strings.Join(tc.args, " "), r.code, want.code, r.stderr)
 				}
-				if r.stderr != "" {
-					t.Errorf("unexpected stderr %q", r.stderr)
+				if r.stderr != want.stderr {
+					t.Errorf("stderr %q, want %q", r.stderr, want.stderr)
 				}
 				checkGolden(t, "fake_"+name, r.stdout)
 			})
