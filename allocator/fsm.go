@@ -86,6 +86,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if state.IsSlotEntry(l.Data) {
 		return f.applySlots(l)
 	}
+	if state.IsUpstreamEntry(l.Data) {
+		return f.applyUpstream(l)
+	}
 	compact := state.IsCompactEntry(l.Data)
 	cmd := compactAcquire
 	if !compact {

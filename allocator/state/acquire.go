@@ -312,6 +312,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	}
 
 	lim := rule.Limit
+	pool := c.poolFor(rule, h, ka.domain, ents)
 	idx := c.slotFor(h, lim, now)
 	st := c.tab.at(idx).st
 	leased := c.tab.at(idx).link != 0
@@ -346,6 +347,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		lim.GiveBack(&st, now, r)
 		held -= r
 		credited = r
+		if pool != nil {
+			pool.avail += r
+		}
 	}
 	held = min(held, ka.held)
 	// (2) charged: tokens admitted without a lease.
@@ -360,6 +364,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	if ka.outageCharged > 0 {
 		lim.TakeUpTo(&st, now, ka.outageCharged)
 	}
+	if pool != nil {
+		pool.take(ka.charged + ka.outageCharged)
+	}
 	// (3) want: size, cap at the fair share and the window's allowance,
 	// take what the bucket has.
 	capacity := capacityOf(lim, c.cfg.RefreshInterval)
@@ -369,7 +376,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	}
 	need := min(capacity, held+want)
 	var granted, used int64
-	contended := false
+	contended, poolShort := false, false
 	demand := roundDemand(ka.demand)
 	if want > 0 {
 		var agentCap int64
@@ -393,9 +400,16 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		// Without this, a second agent on a slow key (10 a day, burst 10)
 		// got one token a window out of a bucket holding four.
 		left = max(left, 0) + max(0, avail-max(refill, reserved))
-		if ask := min(want, agentCap-held, left); ask > 0 {
+		ask := min(want, agentCap-held, left)
+		if pool != nil && ask > pool.avail {
+			ask, poolShort = pool.avail, true
+		}
+		if ask > 0 {
 			granted = lim.TakeUpTo(&st, now, ask)
 			held += granted
+			if pool != nil {
+				pool.avail -= granted
+			}
 		}
 	}
 	c.tab.mut(c, idx).st = st
@@ -417,6 +431,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		ttl, refresh := c.leaseTiming(contended, held, ka.demand)
 		if retry > 0 {
 			refresh = min(retry, ttl)
+		}
+		if poolShort {
+			refresh = min(refresh, poolRefresh)
 		}
 		nl := lease{agent: ag.num, need: need, held: held, win: old.win, grantedAt: old.grantedAt,
 			expiry: now + int64(ttl), demand: demand, ext: old.ext}

@@ -41,17 +41,25 @@ import (
 // version 3 followed by the slots' modes (slots.go) — uvarint runs, runs ×
 // (uvarint first slot, uvarint last slot, byte mode), the slots not served
 // in slot order — and is written only by a State that does not serve every
-// slot, so a cluster of one group writes version 3. Restore reads
-// versions 2 to 4: a version-2 lease has granted nothing in the current
-// window, and its demand is truncated as a lease stores it (roundDemand).
+// slot, so a cluster of one group writes version 3. Version 5 is version
+// 3 followed by a byte (1: version 4's slot modes follow, 0: they do not)
+// and the regional ledger (upstream.go) as one length-prefixed blob; it is
+// written only by a regional cluster's State that holds a ledger. Restore
+// reads versions 2 to 5: a version-2 lease has granted nothing in the
+// current window, and its demand is truncated as a lease stores it
+// (roundDemand).
 const (
 	snapMagic     = "ALLOTSNP"
 	snapEnd       = "ALLOTEND"
 	snapVersion   = 3
 	snapVersionV2 = 2 // still restored
 	snapVersionV4 = 4 // version 3 and the slots' modes
-	snapTrailer   = 4 + 8 + len(snapEnd)
-	snapFlushSize = 64 << 10
+	// snapVersionLedger is version 3, a flag byte (1: the slots' modes
+	// follow, as in version 4), then the regional ledger (upstream.go). A
+	// state with a ledger is written as version 5.
+	snapVersionLedger = 5
+	snapTrailer       = 4 + 8 + len(snapEnd)
+	snapFlushSize     = 64 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -89,6 +97,7 @@ type view struct {
 	nextAgent         uint32
 	sweepSeg          uint32
 	modes             *slotModes
+	ledger            []byte // the regional ledger, encoded (nil: none)
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -114,6 +123,7 @@ func (s *State) Snapshot() (Snapshot, error) {
 		nextAgent:    c.nextAgent,
 		sweepSeg:     c.sweepSeg,
 		modes:        c.modes,
+		ledger:       c.encodeLedger(),
 	}
 	for i := range v.pages {
 		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
@@ -149,7 +159,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	if v.modes != nil {
+	if v.ledger != nil {
+		e.uvarint(snapVersionLedger)
+	} else if v.modes != nil {
 		e.uvarint(snapVersionV4)
 	} else {
 		e.uvarint(snapVersion)
@@ -265,6 +277,13 @@ func (sn *snapshot) Persist(w io.Writer) error {
 			}
 		}
 	}
+	if v.ledger != nil {
+		if v.modes != nil {
+			e.byte(1)
+		} else {
+			e.byte(0)
+		}
+	}
 	if v.modes != nil {
 		runs := v.modes.runs()
 		e.uvarint(uint64(len(runs)))
@@ -273,6 +292,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 			e.uvarint(uint64(r.Last))
 			e.byte(byte(r.mode))
 		}
+	}
+	if v.ledger != nil {
+		e.bytes(v.ledger)
 	}
 	return e.finish()
 }
@@ -368,8 +390,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 {
-		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionV4)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionLedger)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -499,8 +521,27 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	if err := c.restoreLeased(d, version); err != nil {
 		return nil, err
 	}
-	if version >= snapVersionV4 {
+	hasModes := version == snapVersionV4
+	if version == snapVersionLedger {
+		switch d.byte() {
+		case 0:
+		case 1:
+			hasModes = true
+		default:
+			d.fail("slot modes flag")
+		}
+	}
+	if hasModes {
 		if err := c.restoreModes(d); err != nil {
+			return nil, err
+		}
+	}
+	if version == snapVersionLedger {
+		b := d.bytes()
+		if d.err != nil {
+			return nil, d.err
+		}
+		if err := c.decodeLedger(b); err != nil {
 			return nil, err
 		}
 	}

@@ -60,6 +60,10 @@ type Config struct {
 	// agents the grants as applied. Read them with allotv1.GrantsOf.
 	// Replicas of one cluster share the setting.
 	PackedGrants bool
+	// Regional: this cluster is a region of a global cluster, and sub-grants
+	// its keys under scope: global rules only from what it holds of them
+	// (upstream.go). Every replica must use the same value.
+	Regional bool
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -188,6 +192,11 @@ type core struct {
 	// modes is each slot's mode (slots.go); nil: every slot served.
 	// Replaced, never mutated, so snapshots may share it.
 	modes *slotModes
+
+	// The regional ledger (upstream.go): pools by key hash, and the last
+	// upstream call.
+	pools map[uint64]*pool
+	up    upLedger
 
 	// gen is the copy-on-write generation: records and chunks stamped with
 	// an older generation are shared with a live snapshot.

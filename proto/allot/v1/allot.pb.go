@@ -1882,6 +1882,12 @@ type InspectKeyResponse struct {
 	NowUnixMs     int64                  `protobuf:"varint,13,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"`
 	Slot          uint32                 `protobuf:"varint,14,opt,name=slot,proto3" json:"slot,omitempty"`   // the key's slot (0-1023)
 	Group         uint32                 `protobuf:"varint,15,opt,name=group,proto3" json:"group,omitempty"` // the data group that owns the slot
+	// A scope: global key on a regional cluster: what the region holds of it
+	// (pool) and the global cluster's view of the key (global; absent when
+	// the global cluster did not answer).
+	Pool          *GlobalKeyHeld      `protobuf:"bytes,16,opt,name=pool,proto3" json:"pool,omitempty"`
+	Global        *InspectKeyResponse `protobuf:"bytes,17,opt,name=global,proto3" json:"global,omitempty"`
+	GlobalError   string              `protobuf:"bytes,18,opt,name=global_error,json=globalError,proto3" json:"global_error,omitempty"` // why global is absent
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2019,6 +2025,27 @@ func (x *InspectKeyResponse) GetGroup() uint32 {
 		return x.Group
 	}
 	return 0
+}
+
+func (x *InspectKeyResponse) GetPool() *GlobalKeyHeld {
+	if x != nil {
+		return x.Pool
+	}
+	return nil
+}
+
+func (x *InspectKeyResponse) GetGlobal() *InspectKeyResponse {
+	if x != nil {
+		return x.Global
+	}
+	return nil
+}
+
+func (x *InspectKeyResponse) GetGlobalError() string {
+	if x != nil {
+		return x.GlobalError
+	}
+	return ""
 }
 
 type ListAgentsRequest struct {
@@ -2752,6 +2779,8 @@ type ClusterStatusResponse struct {
 	Groups            []*GroupStatus         `protobuf:"bytes,14,rep,name=groups,proto3" json:"groups,omitempty"` // every group, meta group 0 first; absent in a single-group cluster
 	TopologyVersion   uint64                 `protobuf:"varint,15,opt,name=topology_version,json=topologyVersion,proto3" json:"topology_version,omitempty"`
 	ClusterId         string                 `protobuf:"bytes,16,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"` // the cluster's id (a cluster with several groups)
+	Region            string                 `protobuf:"bytes,17,opt,name=region,proto3" json:"region,omitempty"`                        // -region ("" on a global or standalone cluster)
+	Upstream          *UpstreamStatus        `protobuf:"bytes,18,opt,name=upstream,proto3" json:"upstream,omitempty"`                    // a regional cluster's global upstream (absent otherwise)
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -2898,6 +2927,223 @@ func (x *ClusterStatusResponse) GetClusterId() string {
 	return ""
 }
 
+func (x *ClusterStatusResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ClusterStatusResponse) GetUpstream() *UpstreamStatus {
+	if x != nil {
+		return x.Upstream
+	}
+	return nil
+}
+
+// UpstreamStatus is a regional cluster's link to its global cluster, as
+// its leader sees it.
+type UpstreamStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addrs         []string               `protobuf:"bytes,1,rep,name=addrs,proto3" json:"addrs,omitempty"`                                   // -global-allocators ("" none: global keys get their fallback)
+	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`                                   // connected | cut_off | connecting | none | not_leader
+	SinceUnixMs   int64                  `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // when state last changed
+	AgentId       string                 `protobuf:"bytes,4,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`                // the region's agent id at the global cluster
+	Keys          []*GlobalKeyHeld       `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty"`                                     // global keys the region holds
+	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`                                   // the last upstream error
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpstreamStatus) Reset() {
+	*x = UpstreamStatus{}
+	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpstreamStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpstreamStatus) ProtoMessage() {}
+
+func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpstreamStatus.ProtoReflect.Descriptor instead.
+func (*UpstreamStatus) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *UpstreamStatus) GetAddrs() []string {
+	if x != nil {
+		return x.Addrs
+	}
+	return nil
+}
+
+func (x *UpstreamStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *UpstreamStatus) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *UpstreamStatus) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *UpstreamStatus) GetKeys() []*GlobalKeyHeld {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *UpstreamStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// GlobalKeyHeld is what a region holds of one scope: global key.
+type GlobalKeyHeld struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Available     int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`                            // tokens held and not sub-granted to gateways
+	Demand        float64                `protobuf:"fixed64,3,opt,name=demand,proto3" json:"demand,omitempty"`                                 // tokens/s, the sum its gateways report
+	Share         float64                `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`                                   // tokens/s the global cluster granted recently (the fair share)
+	FallbackRate  float64                `protobuf:"fixed64,5,opt,name=fallback_rate,json=fallbackRate,proto3" json:"fallback_rate,omitempty"` // tokens/s the region admits when cut off and spent
+	Received      int64                  `protobuf:"varint,6,opt,name=received,proto3" json:"received,omitempty"`                              // tokens granted by the global cluster, in total
+	Returned      int64                  `protobuf:"varint,7,opt,name=returned,proto3" json:"returned,omitempty"`                              // tokens handed back upstream, in total
+	Minted        int64                  `protobuf:"varint,8,opt,name=minted,proto3" json:"minted,omitempty"`                                  // fallback tokens minted while cut off, in total
+	CutOff        bool                   `protobuf:"varint,9,opt,name=cut_off,json=cutOff,proto3" json:"cut_off,omitempty"`
+	RuleMismatch  bool                   `protobuf:"varint,10,opt,name=rule_mismatch,json=ruleMismatch,proto3" json:"rule_mismatch,omitempty"` // the region's rule differs from the global cluster's
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GlobalKeyHeld) Reset() {
+	*x = GlobalKeyHeld{}
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GlobalKeyHeld) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GlobalKeyHeld) ProtoMessage() {}
+
+func (x *GlobalKeyHeld) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GlobalKeyHeld.ProtoReflect.Descriptor instead.
+func (*GlobalKeyHeld) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *GlobalKeyHeld) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GlobalKeyHeld) GetAvailable() int64 {
+	if x != nil {
+		return x.Available
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetDemand() float64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetFallbackRate() float64 {
+	if x != nil {
+		return x.FallbackRate
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetReceived() int64 {
+	if x != nil {
+		return x.Received
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetMinted() int64 {
+	if x != nil {
+		return x.Minted
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetCutOff() bool {
+	if x != nil {
+		return x.CutOff
+	}
+	return false
+}
+
+func (x *GlobalKeyHeld) GetRuleMismatch() bool {
+	if x != nil {
+		return x.RuleMismatch
+	}
+	return false
+}
+
 type GroupStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // 0 is the meta group
@@ -2914,7 +3160,7 @@ type GroupStatus struct {
 
 func (x *GroupStatus) Reset() {
 	*x = GroupStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3172,7 @@ func (x *GroupStatus) String() string {
 func (*GroupStatus) ProtoMessage() {}
 
 func (x *GroupStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2939,7 +3185,7 @@ func (x *GroupStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupStatus.ProtoReflect.Descriptor instead.
 func (*GroupStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{34}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GroupStatus) GetId() uint32 {
@@ -3014,7 +3260,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3272,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3285,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -3085,7 +3331,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3097,7 +3343,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3110,7 +3356,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
 }
 
 type RemoveServerRequest struct {
@@ -3126,7 +3372,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3384,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3397,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -3176,7 +3422,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3188,7 +3434,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3201,7 +3447,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
 }
 
 type TransferLeadershipRequest struct {
@@ -3214,7 +3460,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3226,7 +3472,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3239,7 +3485,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -3265,7 +3511,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3523,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3536,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -3310,7 +3556,7 @@ type MoveSlotsRequest struct {
 
 func (x *MoveSlotsRequest) Reset() {
 	*x = MoveSlotsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3568,7 @@ func (x *MoveSlotsRequest) String() string {
 func (*MoveSlotsRequest) ProtoMessage() {}
 
 func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3581,7 @@ func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveSlotsRequest.ProtoReflect.Descriptor instead.
 func (*MoveSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MoveSlotsRequest) GetSlots() string {
@@ -3370,7 +3616,7 @@ type SlotMove struct {
 
 func (x *SlotMove) Reset() {
 	*x = SlotMove{}
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3628,7 @@ func (x *SlotMove) String() string {
 func (*SlotMove) ProtoMessage() {}
 
 func (x *SlotMove) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3641,7 @@ func (x *SlotMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotMove.ProtoReflect.Descriptor instead.
 func (*SlotMove) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SlotMove) GetId() uint64 {
@@ -3470,7 +3716,7 @@ type MoveSlotsResponse struct {
 
 func (x *MoveSlotsResponse) Reset() {
 	*x = MoveSlotsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3482,7 +3728,7 @@ func (x *MoveSlotsResponse) String() string {
 func (*MoveSlotsResponse) ProtoMessage() {}
 
 func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3495,7 +3741,7 @@ func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveSlotsResponse.ProtoReflect.Descriptor instead.
 func (*MoveSlotsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MoveSlotsResponse) GetMove() *SlotMove {
@@ -3513,7 +3759,7 @@ type RebalanceSlotsRequest struct {
 
 func (x *RebalanceSlotsRequest) Reset() {
 	*x = RebalanceSlotsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3771,7 @@ func (x *RebalanceSlotsRequest) String() string {
 func (*RebalanceSlotsRequest) ProtoMessage() {}
 
 func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3784,7 @@ func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceSlotsRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
 }
 
 type RebalanceSlotsResponse struct {
@@ -3550,7 +3796,7 @@ type RebalanceSlotsResponse struct {
 
 func (x *RebalanceSlotsResponse) Reset() {
 	*x = RebalanceSlotsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3808,7 @@ func (x *RebalanceSlotsResponse) String() string {
 func (*RebalanceSlotsResponse) ProtoMessage() {}
 
 func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3821,7 @@ func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceSlotsResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceSlotsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RebalanceSlotsResponse) GetMoves() []*SlotMove {
@@ -3593,7 +3839,7 @@ type AddGroupRequest struct {
 
 func (x *AddGroupRequest) Reset() {
 	*x = AddGroupRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3605,7 +3851,7 @@ func (x *AddGroupRequest) String() string {
 func (*AddGroupRequest) ProtoMessage() {}
 
 func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3618,7 +3864,7 @@ func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddGroupRequest.ProtoReflect.Descriptor instead.
 func (*AddGroupRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
 }
 
 type AddGroupResponse struct {
@@ -3632,7 +3878,7 @@ type AddGroupResponse struct {
 
 func (x *AddGroupResponse) Reset() {
 	*x = AddGroupResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3644,7 +3890,7 @@ func (x *AddGroupResponse) String() string {
 func (*AddGroupResponse) ProtoMessage() {}
 
 func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3657,7 +3903,7 @@ func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddGroupResponse.ProtoReflect.Descriptor instead.
 func (*AddGroupResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AddGroupResponse) GetId() uint32 {
@@ -3691,7 +3937,7 @@ type ApplySlotEntryRequest struct {
 
 func (x *ApplySlotEntryRequest) Reset() {
 	*x = ApplySlotEntryRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3703,7 +3949,7 @@ func (x *ApplySlotEntryRequest) String() string {
 func (*ApplySlotEntryRequest) ProtoMessage() {}
 
 func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3716,7 +3962,7 @@ func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryRequest.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ApplySlotEntryRequest) GetGroup() uint32 {
@@ -3744,7 +3990,7 @@ type ApplySlotEntryResponse struct {
 
 func (x *ApplySlotEntryResponse) Reset() {
 	*x = ApplySlotEntryResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3756,7 +4002,7 @@ func (x *ApplySlotEntryResponse) String() string {
 func (*ApplySlotEntryResponse) ProtoMessage() {}
 
 func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3769,7 +4015,7 @@ func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryResponse.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ApplySlotEntryResponse) GetIndex() uint64 {
@@ -3817,7 +4063,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3829,7 +4075,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3842,7 +4088,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Command) GetNowUnixNanos() int64 {
@@ -3995,7 +4241,7 @@ type MetaCommand struct {
 
 func (x *MetaCommand) Reset() {
 	*x = MetaCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4007,7 +4253,7 @@ func (x *MetaCommand) String() string {
 func (*MetaCommand) ProtoMessage() {}
 
 func (x *MetaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4020,7 +4266,7 @@ func (x *MetaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCommand.ProtoReflect.Descriptor instead.
 func (*MetaCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *MetaCommand) GetOp() MetaOp {
@@ -4096,7 +4342,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4354,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4367,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -4150,7 +4396,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[53]
+	mi := &file_allot_v1_allot_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4162,7 +4408,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[53]
+	mi := &file_allot_v1_allot_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4175,7 +4421,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -4203,7 +4449,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	mi := &file_allot_v1_allot_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4215,7 +4461,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	mi := &file_allot_v1_allot_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4228,7 +4474,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -4388,7 +4634,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x11InspectKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12)\n" +
-	"\aentries\x18\x03 \x03(\v2\x0f.allot.v1.EntryR\aentries\"\xc6\x03\n" +
+	"\aentries\x18\x03 \x03(\v2\x0f.allot.v1.EntryR\aentries\"\xcc\x04\n" +
 	"\x12InspectKeyResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\bR\amatched\x12%\n" +
@@ -4408,7 +4654,10 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06shards\x18\f \x01(\x05R\x06shards\x12\x1e\n" +
 	"\vnow_unix_ms\x18\r \x01(\x03R\tnowUnixMs\x12\x12\n" +
 	"\x04slot\x18\x0e \x01(\rR\x04slot\x12\x14\n" +
-	"\x05group\x18\x0f \x01(\rR\x05group\"\x13\n" +
+	"\x05group\x18\x0f \x01(\rR\x05group\x12+\n" +
+	"\x04pool\x18\x10 \x01(\v2\x17.allot.v1.GlobalKeyHeldR\x04pool\x124\n" +
+	"\x06global\x18\x11 \x01(\v2\x1c.allot.v1.InspectKeyResponseR\x06global\x12!\n" +
+	"\fglobal_error\x18\x12 \x01(\tR\vglobalError\"\x13\n" +
 	"\x11ListAgentsRequest\"\xe2\x01\n" +
 	"\tAgentInfo\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12/\n" +
@@ -4460,7 +4709,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\x12\x12\n" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x1a\n" +
-	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\xa5\x04\n" +
+	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\xf3\x04\n" +
 	"\x15ClusterStatusResponse\x12*\n" +
 	"\amembers\x18\x01 \x03(\v2\x10.allot.v1.MemberR\amembers\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x17\n" +
@@ -4479,7 +4728,28 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06groups\x18\x0e \x03(\v2\x15.allot.v1.GroupStatusR\x06groups\x12)\n" +
 	"\x10topology_version\x18\x0f \x01(\x04R\x0ftopologyVersion\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x10 \x01(\tR\tclusterId\"\xdc\x01\n" +
+	"cluster_id\x18\x10 \x01(\tR\tclusterId\x12\x16\n" +
+	"\x06region\x18\x11 \x01(\tR\x06region\x124\n" +
+	"\bupstream\x18\x12 \x01(\v2\x18.allot.v1.UpstreamStatusR\bupstream\"\xbe\x01\n" +
+	"\x0eUpstreamStatus\x12\x14\n" +
+	"\x05addrs\x18\x01 \x03(\tR\x05addrs\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\x19\n" +
+	"\bagent_id\x18\x04 \x01(\tR\aagentId\x12+\n" +
+	"\x04keys\x18\x05 \x03(\v2\x17.allot.v1.GlobalKeyHeldR\x04keys\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xa0\x02\n" +
+	"\rGlobalKeyHeld\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1c\n" +
+	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x16\n" +
+	"\x06demand\x18\x03 \x01(\x01R\x06demand\x12\x14\n" +
+	"\x05share\x18\x04 \x01(\x01R\x05share\x12#\n" +
+	"\rfallback_rate\x18\x05 \x01(\x01R\ffallbackRate\x12\x1a\n" +
+	"\breceived\x18\x06 \x01(\x03R\breceived\x12\x1a\n" +
+	"\breturned\x18\a \x01(\x03R\breturned\x12\x16\n" +
+	"\x06minted\x18\b \x01(\x03R\x06minted\x12\x17\n" +
+	"\acut_off\x18\t \x01(\bR\x06cutOff\x12#\n" +
+	"\rrule_mismatch\x18\n" +
+	" \x01(\bR\fruleMismatch\"\xdc\x01\n" +
 	"\vGroupStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x18\n" +
@@ -4629,7 +4899,7 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
@@ -4668,27 +4938,29 @@ var file_allot_v1_allot_proto_goTypes = []any{
 	(*ClusterStatusRequest)(nil),       // 34: allot.v1.ClusterStatusRequest
 	(*Member)(nil),                     // 35: allot.v1.Member
 	(*ClusterStatusResponse)(nil),      // 36: allot.v1.ClusterStatusResponse
-	(*GroupStatus)(nil),                // 37: allot.v1.GroupStatus
-	(*AddVoterRequest)(nil),            // 38: allot.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 39: allot.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),        // 40: allot.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 41: allot.v1.RemoveServerResponse
-	(*TransferLeadershipRequest)(nil),  // 42: allot.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 43: allot.v1.TransferLeadershipResponse
-	(*MoveSlotsRequest)(nil),           // 44: allot.v1.MoveSlotsRequest
-	(*SlotMove)(nil),                   // 45: allot.v1.SlotMove
-	(*MoveSlotsResponse)(nil),          // 46: allot.v1.MoveSlotsResponse
-	(*RebalanceSlotsRequest)(nil),      // 47: allot.v1.RebalanceSlotsRequest
-	(*RebalanceSlotsResponse)(nil),     // 48: allot.v1.RebalanceSlotsResponse
-	(*AddGroupRequest)(nil),            // 49: allot.v1.AddGroupRequest
-	(*AddGroupResponse)(nil),           // 50: allot.v1.AddGroupResponse
-	(*ApplySlotEntryRequest)(nil),      // 51: allot.v1.ApplySlotEntryRequest
-	(*ApplySlotEntryResponse)(nil),     // 52: allot.v1.ApplySlotEntryResponse
-	(*Command)(nil),                    // 53: allot.v1.Command
-	(*MetaCommand)(nil),                // 54: allot.v1.MetaCommand
-	(*AcquireBatch)(nil),               // 55: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 56: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 57: allot.v1.MemberCommand
+	(*UpstreamStatus)(nil),             // 37: allot.v1.UpstreamStatus
+	(*GlobalKeyHeld)(nil),              // 38: allot.v1.GlobalKeyHeld
+	(*GroupStatus)(nil),                // 39: allot.v1.GroupStatus
+	(*AddVoterRequest)(nil),            // 40: allot.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 41: allot.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),        // 42: allot.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 43: allot.v1.RemoveServerResponse
+	(*TransferLeadershipRequest)(nil),  // 44: allot.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 45: allot.v1.TransferLeadershipResponse
+	(*MoveSlotsRequest)(nil),           // 46: allot.v1.MoveSlotsRequest
+	(*SlotMove)(nil),                   // 47: allot.v1.SlotMove
+	(*MoveSlotsResponse)(nil),          // 48: allot.v1.MoveSlotsResponse
+	(*RebalanceSlotsRequest)(nil),      // 49: allot.v1.RebalanceSlotsRequest
+	(*RebalanceSlotsResponse)(nil),     // 50: allot.v1.RebalanceSlotsResponse
+	(*AddGroupRequest)(nil),            // 51: allot.v1.AddGroupRequest
+	(*AddGroupResponse)(nil),           // 52: allot.v1.AddGroupResponse
+	(*ApplySlotEntryRequest)(nil),      // 53: allot.v1.ApplySlotEntryRequest
+	(*ApplySlotEntryResponse)(nil),     // 54: allot.v1.ApplySlotEntryResponse
+	(*Command)(nil),                    // 55: allot.v1.Command
+	(*MetaCommand)(nil),                // 56: allot.v1.MetaCommand
+	(*AcquireBatch)(nil),               // 57: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 58: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 59: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
@@ -4708,68 +4980,72 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 14: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
 	5,  // 15: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
 	21, // 16: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
-	26, // 17: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
-	29, // 18: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
-	4,  // 19: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
-	1,  // 20: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
-	5,  // 21: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
-	1,  // 22: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
-	32, // 23: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
-	35, // 24: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
-	37, // 25: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
-	45, // 26: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
-	45, // 27: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
-	55, // 28: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	12, // 29: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	17, // 30: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	56, // 31: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	57, // 32: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	31, // 33: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	54, // 34: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
-	2,  // 35: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
-	6,  // 36: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	35, // 37: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	6,  // 38: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	12, // 39: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	14, // 40: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	17, // 41: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	19, // 42: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	20, // 43: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	23, // 44: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	25, // 45: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	28, // 46: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	31, // 47: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	34, // 48: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	38, // 49: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	40, // 50: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	42, // 51: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	44, // 52: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
-	47, // 53: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
-	51, // 54: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
-	49, // 55: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
-	8,  // 56: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	13, // 57: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	16, // 58: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	18, // 59: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	16, // 60: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	22, // 61: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	24, // 62: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	27, // 63: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	30, // 64: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	33, // 65: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	36, // 66: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	39, // 67: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	41, // 68: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	43, // 69: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	46, // 70: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
-	48, // 71: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
-	52, // 72: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
-	50, // 73: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
-	56, // [56:74] is the sub-list for method output_type
-	38, // [38:56] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	38, // 17: allot.v1.InspectKeyResponse.pool:type_name -> allot.v1.GlobalKeyHeld
+	24, // 18: allot.v1.InspectKeyResponse.global:type_name -> allot.v1.InspectKeyResponse
+	26, // 19: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
+	29, // 20: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
+	4,  // 21: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
+	1,  // 22: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
+	5,  // 23: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
+	1,  // 24: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
+	32, // 25: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
+	35, // 26: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
+	39, // 27: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
+	37, // 28: allot.v1.ClusterStatusResponse.upstream:type_name -> allot.v1.UpstreamStatus
+	38, // 29: allot.v1.UpstreamStatus.keys:type_name -> allot.v1.GlobalKeyHeld
+	47, // 30: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
+	47, // 31: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
+	57, // 32: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	12, // 33: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	17, // 34: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	58, // 35: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	59, // 36: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	31, // 37: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	56, // 38: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	2,  // 39: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
+	6,  // 40: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	35, // 41: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	6,  // 42: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	12, // 43: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	14, // 44: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	17, // 45: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	19, // 46: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	20, // 47: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	23, // 48: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	25, // 49: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	28, // 50: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	31, // 51: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	34, // 52: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	40, // 53: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	42, // 54: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	44, // 55: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	46, // 56: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
+	49, // 57: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
+	53, // 58: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
+	51, // 59: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
+	8,  // 60: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	13, // 61: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 62: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	18, // 63: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	16, // 64: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	22, // 65: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	24, // 66: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	27, // 67: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	30, // 68: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	33, // 69: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	36, // 70: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	41, // 71: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	43, // 72: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	45, // 73: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	48, // 74: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
+	50, // 75: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
+	54, // 76: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
+	52, // 77: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
+	60, // [60:78] is the sub-list for method output_type
+	42, // [42:60] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
@@ -4777,7 +5053,7 @@ func file_allot_v1_allot_proto_init() {
 	if File_allot_v1_allot_proto != nil {
 		return
 	}
-	file_allot_v1_allot_proto_msgTypes[50].OneofWrappers = []any{
+	file_allot_v1_allot_proto_msgTypes[52].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),
 		(*Command_PutRules)(nil),
@@ -4792,7 +5068,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

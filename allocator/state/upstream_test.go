@@ -1,0 +1,161 @@
+package state
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/allot/allot/pkg/rules"
+)
+
+const globalRules = `domain: test
+scope: global
+descriptors:
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+  - key: r
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100, scope: regional}
+`
+
+func newRegionalState(t *testing.T) *State {
+	t.Helper()
+	cfg := testConfig()
+	cfg.Regional = true
+	s := New(cfg)
+	putRules(t, s, t0, globalRules)
+	return s
+}
+
+func applyUp(t *testing.T, s *State, data []byte) bool {
+	t.Helper()
+	res, err := s.ApplyUpstream(data)
+	if err != nil {
+		t.Fatalf("ApplyUpstream: %v", err)
+	}
+	return res.Applied
+}
+
+// A regional cluster sub-grants a global key only from what it holds: a
+// gateway gets nothing before a grant, at most the pool after one, and a
+// return goes back to the pool. A regional key is untouched.
+func TestRegionalPoolBoundsSubGrants(t *testing.T) {
+	s := newRegionalState(t)
+	g := mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 50, 0, 0, 0)).Grants[0]
+	if g.Granted != 0 {
+		t.Fatalf("step 1: granted %d from an empty pool, want 0", g.Granted)
+	}
+	if g.RefreshAfterMs > poolRefresh.Milliseconds() {
+		t.Fatalf("step 1: refresh after %d ms, want ≤ %v", g.RefreshAfterMs, poolRefresh)
+	}
+	if r := mustAcquire(t, s, at(0), "gw1", 2, ka("r", "x", 50, 0, 0, 0)).Grants[0]; r.Granted != 50 {
+		t.Fatalf("step 2: regional key granted %d, want 50", r.Granted)
+	}
+	pools := s.Pools(at(0))
+	if len(pools) != 1 || pools[0].Key != string(rules.AppendKey(nil, s.Rules().Match("test", []rules.Entry{{Key: "g", Value: "x"}}), "test", []rules.Entry{{Key: "g", Value: "x"}})) {
+		t.Fatalf("step 3: pools %+v, want one for g=x", pools)
+	}
+	h := pools[0].Hash
+	if pools[0].Demand != 50 {
+		t.Fatalf("step 3: demand %v, want 50", pools[0].Demand)
+	}
+	seq, req := s.PendingUpstream()
+	if seq != 0 || req != nil {
+		t.Fatalf("step 4: pending %d %q, want none", seq, req)
+	}
+	if !applyUp(t, s, AppendUpstreamSend(nil, at(time.Millisecond), 1, []byte("call-1"), []UpstreamReturn{{Hash: h}})) {
+		t.Fatal("step 5: send not applied")
+	}
+	// A grant answering another call changes nothing.
+	if applyUp(t, s, AppendUpstreamGrant(nil, at(2*time.Millisecond), 2, []UpstreamGrant{{Hash: h, Granted: 30}})) {
+		t.Fatal("step 6: a grant for call 2 applied while call 1 is pending")
+	}
+	if seq, req := s.PendingUpstream(); seq != 1 || string(req) != "call-1" {
+		t.Fatalf("step 7: pending %d %q, want 1 call-1", seq, req)
+	}
+	if !applyUp(t, s, AppendUpstreamGrant(nil, at(3*time.Millisecond), 1, []UpstreamGrant{{Hash: h, Granted: 30, Share: 25}})) {
+		t.Fatal("step 8: grant not applied")
+	}
+	// Repeated: counted once.
+	if applyUp(t, s, AppendUpstreamGrant(nil, at(3*time.Millisecond), 1, []UpstreamGrant{{Hash: h, Granted: 30}})) {
+		t.Fatal("step 9: a repeated grant applied")
+	}
+	g = mustAcquire(t, s, at(4*time.Millisecond), "gw1", 3, ka("g", "x", 50, 0, 0, 0)).Grants[0]
+	if g.Granted != 30 {
+		t.Fatalf("step 10: granted %d, want the pool's 30", g.Granted)
+	}
+	g = mustAcquire(t, s, at(5*time.Millisecond), "gw2", 1, ka("g", "x", 50, 0, 0, 0)).Grants[0]
+	if g.Granted != 0 {
+		t.Fatalf("step 11: second gateway granted %d from a spent pool, want 0", g.Granted)
+	}
+	// gw1 keeps 10 and hands 20 back: they return to the pool.
+	mustAcquire(t, s, at(6*time.Millisecond), "gw1", 4, ka("g", "x", 0, 10, 20, 0))
+	if p, _ := s.PoolOf(h, at(6*time.Millisecond)); p.Available != 20 || p.Received != 30 || p.Share != 25 {
+		t.Fatalf("step 12: pool %+v, want 20 available of 30 received, share 25", p)
+	}
+	// A mint adds fallback tokens, owed upstream until a send reports them.
+	applyUp(t, s, AppendUpstreamMint(nil, at(7*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 5}}))
+	applyUp(t, s, AppendUpstreamSend(nil, at(8*time.Millisecond), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 100, Charged: 5}}))
+	if p, _ := s.PoolOf(h, at(8*time.Millisecond)); p.Available != 0 || p.Returned != 25 || p.Owed != 0 || p.Minted != 5 {
+		t.Fatalf("step 13: pool %+v, want 0 available, 25 returned (capped), 0 owed, 5 minted", p)
+	}
+	// A send that is not newer than the last is from a deposed leader.
+	if applyUp(t, s, AppendUpstreamSend(nil, at(9*time.Millisecond), 2, []byte("old"), nil)) {
+		t.Fatal("step 14: a send with an old sequence applied")
+	}
+}
+
+// The ledger survives a snapshot, byte for byte; a state without one is
+// written in the previous format version.
+func TestRegionalLedgerSnapshot(t *testing.T) {
+	plain := newTestState(t)
+	if b := persist(t, plain); b[len(snapMagic)] != snapVersion {
+		t.Fatalf("a state without a ledger is written as version %d, want %d", b[len(snapMagic)], snapVersion)
+	}
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 50, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	applyUp(t, s, AppendUpstreamSend(nil, at(1), 7, []byte("call-7"), nil))
+	applyUp(t, s, AppendUpstreamGrant(nil, at(2), 7, []UpstreamGrant{{Hash: h, Granted: 40, Share: 12.5}}))
+	applyUp(t, s, AppendUpstreamSend(nil, at(3), 8, []byte("call-8"), nil))
+	b := persist(t, s)
+	if b[len(snapMagic)] != snapVersionLedger {
+		t.Fatalf("version %d, want %d", b[len(snapMagic)], snapVersionLedger)
+	}
+	cfg := testConfig()
+	cfg.Regional = true
+	r := New(cfg)
+	if err := r.Restore(bytes.NewReader(b)); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if !bytes.Equal(persist(t, r), b) {
+		t.Fatal("restored state persists to other bytes")
+	}
+	if seq, req := r.PendingUpstream(); seq != 8 || string(req) != "call-8" {
+		t.Fatalf("pending %d %q, want 8 call-8", seq, req)
+	}
+	if p, _ := r.PoolOf(h, at(3)); p.Available != 40 || p.Share != 12.5 || len(p.Entries) != 1 {
+		t.Fatalf("pool %+v after restore", p)
+	}
+}
+
+func FuzzApplyUpstream(f *testing.F) {
+	f.Add(AppendUpstreamSend(nil, t0, 1, []byte("r"), []UpstreamReturn{{Hash: 1, Returned: 2, Charged: 3}}))
+	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3}}))
+	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 2}}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg := testConfig()
+		cfg.Regional = true
+		s := New(cfg)
+		putRules(t, s, t0, globalRules)
+		mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 50, 0, 0, 0))
+		before := persist(t, s)
+		if _, err := s.ApplyUpstream(data); err != nil && !bytes.Equal(persist(t, s), before) {
+			t.Fatalf("a failed entry changed the state")
+		}
+		for _, p := range s.Pools(at(0)) {
+			if p.Available < 0 || p.Owed < 0 {
+				t.Fatalf("pool %+v", p)
+			}
+		}
+	})
+}
