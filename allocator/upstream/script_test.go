@@ -23,6 +23,9 @@ import (
 //	sub t= want=                                  → tokens sub-granted to a gateway
 //	subret t= n=                                  a gateway hands tokens back
 //	release t=                                    → the final call
+//	resume avail= share= owed=                    a new leader's start from the regional state
+//	sync t= avail=                                the regional state's balance, read back
+//	mint t=                                       → fallback tokens minted for the regional state
 //
 // Every command but key prints the key's status after it.
 func TestScripts(t *testing.T) {
@@ -105,6 +108,14 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 		res = "ok"
 	case "release":
 		res = fmtRequest(k.Release(now))
+	case "resume":
+		k.Resume(i("avail"), f("share"), i("owed"))
+		res = "ok"
+	case "sync":
+		k.Sync(now, i("avail"))
+		res = "ok"
+	case "mint":
+		res = fmt.Sprintf("minted %d", k.Mint(now))
 	default:
 		t.Fatalf("unknown command %q", cmd)
 	}

@@ -600,3 +600,56 @@ func (k *Key) Status() Status {
 		InFlight: k.inflight, Counters: k.c,
 	}
 }
+
+// Resume sets what a key built by a new regional leader starts from: the
+// lease balance the regional state records (avail), the fair share it
+// recorded at the last grant (share, tokens/s) and the fallback tokens
+// minted and not yet reported upstream (owed). The key is not connected:
+// its first Tick makes a call.
+func (k *Key) Resume(avail int64, share float64, owed int64) {
+	k.avail = max(avail, 0)
+	if share >= 0 && !math.IsInf(share, 0) {
+		k.share = min(share, k.rule.Rate)
+	}
+	k.fbOwed = max(owed, 0)
+}
+
+// Sync sets the lease balance to avail, what the regional state records
+// as held and not sub-granted. The regional state machine sub-grants to
+// gateways and takes their returns itself; the regional leader reads the
+// balance back before each Tick. A drop counts as sub-granted (and in the
+// flow a fall of demand is read from), a rise as returned.
+func (k *Key) Sync(now, avail int64) {
+	k.advance(now)
+	avail = max(avail, 0)
+	switch d := k.avail - avail; {
+	case d > 0:
+		k.out += d
+		k.c.SubGranted += d
+		k.flowNow += d
+	case d < 0:
+		back := min(-d, k.out)
+		k.out -= back
+		k.c.SubReturned += back
+	}
+	k.avail = avail
+	k.advance(now)
+}
+
+// Mint takes the fallback tokens accrued while the region is cut off and
+// its lease is spent, for the regional state to sub-grant; they are
+// reported upstream as outage_charged once a call is answered again. It
+// returns 0 unless the key is cut off and holds nothing.
+func (k *Key) Mint(now int64) int64 {
+	k.advance(now)
+	if !k.cut || k.avail > 0 {
+		return 0
+	}
+	n := int64(k.fb)
+	k.fb -= float64(n)
+	k.fbOwed += n
+	k.c.Minted += n
+	k.avail += n // the regional state holds them now; Sync counts them as they go
+	k.advance(now)
+	return n
+}
