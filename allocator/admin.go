@@ -155,9 +155,13 @@ func (a *adminService) InspectKey(ctx context.Context, req *allotv1.InspectKeyRe
 	if err != nil {
 		return nil, a.s.status(err)
 	}
+	a.s.region.inspect(ctx, req, resp)
 	if !showKeys(ctx, a.s.guard.authOn) {
 		resp.Key = redactKey(resp.GetKey())
 		redactLeases(resp.GetLeases())
+		if resp.Pool != nil {
+			resp.Pool.Key = redactKey(resp.Pool.GetKey())
+		}
 	}
 	return resp, nil
 }
@@ -251,7 +255,7 @@ func ValidateCheck(req *allotv1.CheckRequest) error {
 }
 
 // ClusterStatus reports the answering node's view of Raft and the state.
-func (a *adminService) ClusterStatus(context.Context, *allotv1.ClusterStatusRequest) (*allotv1.ClusterStatusResponse, error) {
+func (a *adminService) ClusterStatus(ctx context.Context, _ *allotv1.ClusterStatusRequest) (*allotv1.ClusterStatusResponse, error) {
 	s := a.s
 	r := s.node.raft
 	stats := r.Stats()
@@ -281,6 +285,7 @@ func (a *adminService) ClusterStatus(context.Context, *allotv1.ClusterStatusRequ
 	}
 	resp.Members = members
 	s.groupsStatus(resp)
+	s.region.status(resp, !showKeys(ctx, s.guard.authOn))
 	return resp, nil
 }
 

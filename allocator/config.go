@@ -78,6 +78,10 @@ type Config struct {
 	// RulesXDS makes the leader take the rules from an xDS server
 	// (XDSConfig; off by default).
 	RulesXDS XDSConfig
+	// Region makes this cluster a region of a global cluster (RegionConfig;
+	// off by default: the cluster owns every budget, scope: global ones
+	// included, as the global cluster does).
+	Region RegionConfig
 
 	// Raft timeouts. The defaults (500/500/250 ms) halve hashicorp/raft's
 	// own (1000/1000/500 ms) and give a failover of about a second
@@ -460,6 +464,7 @@ func (c Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateSecurity()...)
+	errs = append(errs, c.Region.validate(c)...)
 	return errors.Join(errs...)
 }
 
@@ -513,6 +518,7 @@ func (c Config) stateConfig() state.Config {
 	sc.RefreshInterval = c.RefreshInterval
 	sc.AgentTTL = c.AgentTTL
 	sc.PackedGrants = true // answers go to agents packed (service.go: answer)
+	sc.Regional = c.Region.Name != ""
 	return sc
 }
 

@@ -98,6 +98,7 @@ func (s *Server) leaderDuties(ctx context.Context) {
 		}()
 		defer func() { <-xdsDone }()
 	}
+	defer s.runRegion(ctx)()
 	t := time.NewTicker(s.cfg.ExpireInterval)
 	defer t.Stop()
 	var lastSweep time.Time

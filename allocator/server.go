@@ -69,6 +69,8 @@ type Server struct {
 
 	lastStamp atomic.Int64 // the latest time stamped into a command
 
+	region *regional // a regional cluster's link to its global cluster (nil otherwise)
+
 	// Readiness (ready.go): catchUpTarget is the commit index this node
 	// must apply before it first serves (0: not learned yet); caughtUp
 	// latches once it has; barrierTerm is the term in which this node, as
@@ -221,6 +223,9 @@ func New(cfg Config) (*Server, error) {
 		s.goFunc(s.joinLoop)
 	}
 	if err = s.checkAddresses(); err != nil {
+		return nil, err
+	}
+	if err = s.setupRegion(); err != nil {
 		return nil, err
 	}
 	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", s.node.bound, "http", s.httpAddr,

@@ -142,7 +142,11 @@ func parse(args []string) (*options, error) {
 		rulesXDSNode  = fs.String("rules-xds-node-id", "", "node id sent to the -rules-xds server (default: allot)")
 		logFlags      cliflags.Log
 		tlsFlags      cliflags.TLS
+		region        = fs.String("region", "", "make this cluster the region NAME of a global cluster: scope: global keys are leased from -global-allocators and sub-granted from what the region holds (docs/regions.md)")
+		globalAllocs  stringList
+		upstreamRTT   = fs.Duration("upstream-rtt", 0, "round trip to the global cluster, part of a regional leader's low watermark (default 150ms)")
 	)
+	fs.Var(&globalAllocs, "global-allocators", "gRPC addresses HOST:PORT,... of the global cluster's allocators (with -region; repeatable)")
 	logFlags.Register(fs)
 	tlsFlags.Register(fs, cliflags.TLSUsage{
 		Cert: "PEM certificate of this node (with -tls-key): serve gRPC over TLS",
@@ -193,6 +197,8 @@ func parse(args []string) (*options, error) {
 	cfg.LegacyAcquireEntries = *legacyEntries
 	cfg.Logger = logger
 	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode}
+	cfg.Region = allocator.RegionConfig{Name: *region, GlobalAllocators: globalAllocs}
+	cfg.Region.Upstream.RTT = *upstreamRTT
 	for _, path := range ruleFiles {
 		src, err := os.ReadFile(path)
 		if err != nil {

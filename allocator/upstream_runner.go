@@ -1,0 +1,499 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/allocator/state"
+	"github.com/allot/allot/allocator/upstream"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// regional is a regional cluster's link to its global cluster
+// (Config.Region). Its runner (run) works while this node leads: every
+// Tick it reads the regional ledger (the pools of the global keys the
+// region's gateways use, with their demand), drives each key's policy
+// (allocator/upstream), commits what the policy decides through Raft and
+// makes the upstream calls. It is owned by the leader's duties: started
+// after the term's Barrier, stopped when leadership ends.
+type regional struct {
+	s     *Server
+	name  string
+	agent string // the region's agent id at the global cluster
+	cfg   upstream.Config
+	addrs []string
+
+	calls  *prometheus.CounterVec // result
+	tokens *prometheus.CounterVec // kind: received, returned, minted
+	fbKeys prometheus.Gauge       // global keys served from their fallback share now
+
+	mu      sync.Mutex // guards the fields below
+	goodIdx int        // the global allocator that answered last
+	state   string     // connected | cut_off | connecting | none | not_leader | cycle
+	since time.Time
+	err   string
+	keys  map[uint64]keyView // by key hash, as of the runner's last Tick
+}
+
+// keyView is what the runner knows of a key beyond the ledger.
+type keyView struct {
+	share, fallback float64
+	cutOff          bool
+	mismatch        bool
+}
+
+// regKey is one global key at the runner.
+type regKey struct {
+	k        *upstream.Key
+	global   *allotv1.Limit // the global cluster's limit, once it answered
+	mismatch bool
+	warned   bool
+}
+
+// newRegional returns the region's link (nil for a cluster that is not a
+// region) with its metrics registered.
+func (s *Server) newRegional() (*regional, error) {
+	r := s.cfg.Region
+	if r.Name == "" {
+		return nil, nil
+	}
+	g := &regional{
+		s: s, name: r.Name, agent: "region:" + r.Name, cfg: r.Upstream, addrs: r.GlobalAllocators,
+		state: "not_leader", since: time.Now(), keys: map[uint64]keyView{},
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Name: "upstream_calls_total",
+			Help: "Calls of this regional leader to the global cluster, by result (ok, error, cycle)."}, []string{"result"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Name: "upstream_tokens_total",
+			Help: "Tokens of global keys: received from the global cluster, returned to it, minted at the fallback share while cut off or without an upstream."},
+			[]string{"kind"}),
+		fbKeys: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metricsNamespace, Name: "upstream_fallback_keys",
+			Help: "Global keys this regional leader serves from their fallback share (cut off from the global cluster, or no -global-allocators)."}),
+	}
+	if len(g.addrs) == 0 {
+		g.state = "none"
+	}
+	if err := s.register(g.calls, g.tokens, g.fbKeys); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *regional) setState(st string, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st != g.state {
+		g.state, g.since = st, time.Now()
+	}
+	if err != nil {
+		g.err = err.Error()
+	}
+}
+
+// run is the runner of one term; it returns when ctx ends.
+func (g *regional) run(ctx context.Context) {
+	s := g.s
+	keys := map[uint64]*regKey{}
+	upstreamOK := len(g.addrs) > 0
+	if upstreamOK {
+		g.setState("connecting", nil)
+		if err := g.verify(ctx); err != nil {
+			if errors.Is(err, errCycle) {
+				s.log.Error("refusing to lease from the global allocators", "err", err)
+				g.calls.WithLabelValues("cycle").Inc()
+				g.setState("cycle", err)
+				upstreamOK = false
+			}
+		}
+	} else {
+		s.log.Warn("region has no -global-allocators: scope: global keys are served from their fallback share",
+			"region", g.name)
+	}
+	if upstreamOK {
+		g.recover(ctx)
+	}
+	defer g.setState("not_leader", nil)
+	cfg := g.cfg
+	tick := cfg.Tick
+	if tick <= 0 {
+		tick = upstream.DefaultConfig().Tick
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.tick(ctx, keys, upstreamOK)
+		}
+	}
+}
+
+// verify checks, once per term, that an answering global allocator is
+// neither a region nor this cluster. Unreachable ones are not an error.
+func (g *regional) verify(ctx context.Context) error {
+	for _, addr := range g.addrs {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := g.s.upstreamStatus(cctx, addr)
+		cancel()
+		if err != nil {
+			continue
+		}
+		return g.s.cycleError(addr, st)
+	}
+	return nil
+}
+
+// recover makes the previous leader's unanswered call again, with its
+// request id: the global cluster answers a repeated id with the answer it
+// recorded, so a grant the previous leader never committed reaches the
+// pools once. A call that fails again is given up (what it may have been
+// granted is not admitted: the safe side).
+func (g *regional) recover(ctx context.Context) {
+	s := g.s
+	seq, raw := s.st.PendingUpstream()
+	if raw == nil {
+		return
+	}
+	req := new(allotv1.AcquireRequest)
+	if err := proto.Unmarshal(raw, req); err != nil {
+		s.log.Error("pending upstream call does not decode; given up", "seq", seq, "err", err)
+		return
+	}
+	resp, err := g.acquire(ctx, req)
+	if err != nil {
+		s.log.Warn("previous leader's upstream call not answered; given up", "seq", seq, "err", err)
+		return
+	}
+	set := s.st.Rules()
+	var grants []state.UpstreamGrant
+	for i, k := range req.GetKeys() {
+		if i >= len(resp.GetGrants()) {
+			break
+		}
+		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: resp.Grants[i].GetGranted(), Share: -1})
+	}
+	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil {
+		s.log.Warn("recovered upstream grant not committed", "seq", seq, "err", err)
+		return
+	}
+	s.log.Info("previous leader's upstream call recovered", "seq", seq, "keys", len(grants))
+}
+
+// keyHashOf returns the regional key hash of a key of an upstream call.
+func keyHashOf(set *rules.Set, k *allotv1.KeyAcquire) uint64 {
+	ents := make([]rules.Entry, len(k.GetEntries()))
+	for i, e := range k.GetEntries() {
+		ents[i] = rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	return rules.KeyHash(set.Match(k.GetDomain(), ents), k.GetDomain(), ents)
+}
+
+// due is a key with an upstream call to make.
+type due struct {
+	p   state.Pool
+	rk  *regKey
+	req upstream.Request
+}
+
+// tick evaluates every global key once.
+func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK bool) {
+	s := g.s
+	now := time.Now().UnixNano()
+	set := s.st.Rules()
+	pools := s.st.Pools(now)
+	var calls []due
+	var mints []state.UpstreamMint
+	views := make(map[uint64]keyView, len(pools))
+	fallbackKeys := 0
+	for _, p := range pools {
+		rule := set.Match(p.Domain, p.Entries)
+		if rule == nil || rule.Scope != rules.ScopeGlobal || rule.Backend != rules.BackendLease {
+			continue // no longer global: its pool is not refilled
+		}
+		ur := upstream.RuleOf(rule, g.name)
+		rk := keys[p.Hash]
+		if rk != nil && rk.global != nil && rk.global.GetWindowSeconds() > 0 {
+			// The global cluster's limit applies.
+			ur.Rate = float64(rk.global.GetRequestsPerUnit()) / float64(rk.global.GetWindowSeconds())
+			ur.Burst = rk.global.GetBurst()
+		}
+		if rk == nil {
+			k, err := upstream.NewKey(g.cfg, ur)
+			if err != nil {
+				s.log.Warn("global key skipped", "err", err)
+				continue
+			}
+			share := p.Share
+			if !upstreamOK && rule.GlobalFallback == rules.FallbackFairShare {
+				// Without an upstream there is no share to fall to: the
+				// region admits up to the rule's rate, as a regional rule.
+				share = ur.Rate
+			}
+			k.Resume(p.Available, share, p.Owed)
+			rk = &regKey{k: k}
+			keys[p.Hash] = rk
+		} else if err := rk.k.SetRule(ur); err != nil {
+			s.log.Warn("global key's rule not applied", "err", err)
+		}
+		k := rk.k
+		k.Sync(now, p.Available)
+		if r, ok := k.Tick(now, p.Demand); ok {
+			if upstreamOK {
+				calls = append(calls, due{p: p, rk: rk, req: r})
+			} else {
+				_ = k.Failed(now, r.ID)
+				if !rk.warned {
+					rk.warned = true
+					s.log.Warn("global key served from its fallback share: no global upstream",
+						"key", redactKey(p.Key), "fallback", rule.GlobalFallback.String(),
+						"tokens_per_second", k.Status().FallbackRt)
+				}
+			}
+		}
+		if n := k.Mint(now); n > 0 {
+			mints = append(mints, state.UpstreamMint{Hash: p.Hash, Minted: n})
+			g.tokens.WithLabelValues("minted").Add(float64(n))
+		}
+		st := k.Status()
+		if st.CutOff || !upstreamOK {
+			fallbackKeys++
+		}
+		views[p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, cutOff: st.CutOff || !upstreamOK, mismatch: rk.mismatch}
+	}
+	g.fbKeys.Set(float64(fallbackKeys))
+	if len(mints) > 0 {
+		if err := g.commit(state.AppendUpstreamMint(nil, s.stamp(), mints)); err != nil && ctx.Err() == nil {
+			s.log.Warn("fallback mint not committed", "err", err)
+		}
+	}
+	if len(calls) > 0 {
+		g.call(ctx, calls, views)
+	}
+	g.mu.Lock()
+	g.keys = views
+	g.mu.Unlock()
+}
+
+// call makes one upstream Acquire for the keys due: it commits the send
+// (the request id and what it hands back), calls, and commits the grant.
+func (g *regional) call(ctx context.Context, calls []due, views map[uint64]keyView) {
+	s := g.s
+	seq, _ := s.st.PendingUpstream()
+	seq++
+	req := &allotv1.AcquireRequest{AgentId: g.agent, RequestId: seq, Keys: make([]*allotv1.KeyAcquire, len(calls))}
+	returns := make([]state.UpstreamReturn, len(calls))
+	for i, c := range calls {
+		ka := &allotv1.KeyAcquire{Domain: c.p.Domain, Entries: make([]*allotv1.Entry, len(c.p.Entries)),
+			Want: c.req.Want, Held: c.req.Held, Returned: c.req.Returned, Demand: c.req.Demand, OutageCharged: c.req.OutageCharged}
+		for j, e := range c.p.Entries {
+			ka.Entries[j] = &allotv1.Entry{Key: e.Key, Value: e.Value}
+		}
+		req.Keys[i] = ka
+		returns[i] = state.UpstreamReturn{Hash: c.p.Hash, Returned: c.req.Returned, Charged: c.req.OutageCharged}
+	}
+	fail := func(err error) {
+		now := time.Now().UnixNano()
+		for _, c := range calls {
+			_ = c.rk.k.Failed(now, c.req.ID)
+			v := views[c.p.Hash]
+			v.cutOff = true
+			views[c.p.Hash] = v
+		}
+		g.calls.WithLabelValues("error").Inc()
+		if ctx.Err() == nil {
+			g.setState("cut_off", err)
+		}
+	}
+	raw, err := proto.Marshal(req)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if err := g.commit(state.AppendUpstreamSend(nil, s.stamp(), seq, raw, returns)); err != nil {
+		fail(err)
+		return
+	}
+	for _, r := range returns {
+		g.tokens.WithLabelValues("returned").Add(float64(r.Returned))
+	}
+	resp, err := g.acquire(ctx, req)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if len(resp.GetGrants()) != len(calls) {
+		fail(fmt.Errorf("allocator: the global cluster answered %d grants for %d keys", len(resp.GetGrants()), len(calls)))
+		return
+	}
+	now := time.Now().UnixNano()
+	grants := make([]state.UpstreamGrant, len(calls))
+	for i, c := range calls {
+		gr := resp.Grants[i]
+		g.checkLimit(c, gr.GetLimit(), gr.GetStatus())
+		_ = c.rk.k.Granted(now, upstream.Grant{ID: c.req.ID, Granted: gr.GetGranted(),
+			RefreshAfter: time.Duration(gr.GetRefreshAfterMs()) * time.Millisecond})
+		st := c.rk.k.Status()
+		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: st.Share}
+		views[c.p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, mismatch: c.rk.mismatch}
+		g.tokens.WithLabelValues("received").Add(float64(gr.GetGranted()))
+	}
+	g.calls.WithLabelValues("ok").Inc()
+	g.setState("connected", nil)
+	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil && ctx.Err() == nil {
+		// The next leader makes the call again (recover).
+		s.log.Warn("upstream grant not committed", "seq", seq, "err", err)
+	}
+}
+
+// checkLimit notes a global key whose rule differs between the region and
+// the global cluster (the global cluster's limit applies).
+func (g *regional) checkLimit(c due, l *allotv1.Limit, st allotv1.KeyStatus) {
+	rk := c.rk
+	if st == allotv1.KeyStatus_KEY_STATUS_NO_RULE || st == allotv1.KeyStatus_KEY_STATUS_NOT_LEASED ||
+		st == allotv1.KeyStatus_KEY_STATUS_UNLIMITED {
+		if !rk.mismatch {
+			g.s.log.Warn("the global cluster does not lease this global key", "key", redactKey(c.p.Key), "status", st.String())
+		}
+		rk.mismatch = true
+		return
+	}
+	if l == nil {
+		return
+	}
+	rule := g.s.st.Rules().Match(c.p.Domain, c.p.Entries)
+	same := rule != nil && uint64(rule.RequestsPerUnit) == uint64(l.GetRequestsPerUnit()) &&
+		int64(math.Round(rule.Window.Seconds())) == l.GetWindowSeconds() && rule.Burst == l.GetBurst()
+	if !same && !rk.mismatch {
+		g.s.log.Warn("global key's rule differs from the global cluster's; the global limit applies",
+			"key", redactKey(c.p.Key), "global_requests_per_unit", l.GetRequestsPerUnit(),
+			"global_window_seconds", l.GetWindowSeconds(), "global_burst", l.GetBurst())
+	}
+	rk.mismatch, rk.global = !same, l
+}
+
+// acquire sends req to the global cluster: to the allocator that answered
+// last, then to the others, within the policy's CallTimeout. Followers
+// forward to their leader; a repeated request id is answered with the
+// recorded answer, so trying another address is safe.
+func (g *regional) acquire(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+	timeout := g.cfg.CallTimeout
+	if timeout <= 0 {
+		timeout = upstream.DefaultConfig().CallTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var errs []error
+	for i := range g.addrs {
+		addr := g.addrs[(g.good()+i)%len(g.addrs)]
+		cc, err := g.s.fwd.conn(addr)
+		if err == nil {
+			var resp *allotv1.AcquireResponse
+			resp, err = allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
+			if err == nil {
+				g.setGood((g.good() + i) % len(g.addrs))
+				return resp, nil
+			}
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// good is the index of the global allocator that answered last (guarded
+// by mu).
+func (g *regional) good() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.goodIdx
+}
+
+func (g *regional) setGood(i int) {
+	g.mu.Lock()
+	g.goodIdx = i
+	g.mu.Unlock()
+}
+
+// commit proposes an upstream entry; a grant that no longer answers the
+// pending send is not an error (the ledger ignored it).
+func (g *regional) commit(data []byte) error {
+	_, err := g.s.proposeData(data)
+	return err
+}
+
+// status fills a ClusterStatus answer: the region, its upstream and the
+// global keys it holds (from the ledger, with the runner's view on the
+// leader).
+func (g *regional) status(resp *allotv1.ClusterStatusResponse, redact bool) {
+	if g == nil {
+		return
+	}
+	resp.Region = g.name
+	g.mu.Lock()
+	u := &allotv1.UpstreamStatus{Addrs: g.addrs, State: g.state, SinceUnixMs: g.since.UnixMilli(), AgentId: g.agent, Error: g.err}
+	views := g.keys
+	g.mu.Unlock()
+	for _, p := range g.s.st.Pools(time.Now().UnixNano()) {
+		k := g.held(p, views[p.Hash])
+		if redact {
+			k.Key = redactKey(k.Key)
+		}
+		u.Keys = append(u.Keys, k)
+	}
+	resp.Upstream = u
+}
+
+func (g *regional) held(p state.Pool, v keyView) *allotv1.GlobalKeyHeld {
+	return &allotv1.GlobalKeyHeld{Key: p.Key, Available: p.Available, Demand: p.Demand, Share: v.share,
+		FallbackRate: v.fallback, Received: p.Received, Returned: p.Returned, Minted: p.Minted,
+		CutOff: v.cutOff, RuleMismatch: v.mismatch}
+}
+
+// inspect adds both levels to an InspectKey answer for a global key on a
+// region: what the region holds, and the global cluster's view of the key
+// (its bucket and each region's lease).
+func (g *regional) inspect(ctx context.Context, req *allotv1.InspectKeyRequest, resp *allotv1.InspectKeyResponse) {
+	if g == nil || resp.GetKey() == "" {
+		return
+	}
+	h := xxhash.Sum64String(resp.GetKey())
+	p, ok := g.s.st.PoolOf(h, time.Now().UnixNano())
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	v := g.keys[h]
+	g.mu.Unlock()
+	resp.Pool = g.held(p, v)
+	if len(g.addrs) == 0 {
+		resp.GlobalError = "no -global-allocators"
+		return
+	}
+	var errs []error
+	for _, addr := range g.addrs {
+		cc, err := g.s.fwd.conn(addr)
+		if err == nil {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			var gr *allotv1.InspectKeyResponse
+			gr, err = allotv1.NewAdminClient(cc).InspectKey(g.s.withJoinToken(cctx), req)
+			cancel()
+			if err == nil {
+				resp.Global = gr
+				return
+			}
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+	}
+	resp.GlobalError = errors.Join(errs...).Error()
+}
