@@ -89,7 +89,8 @@ var errCycle = errors.New("allocator: cycle in the allocator chain")
 
 // checkUpstream refuses a cycle at startup: each reachable global
 // allocator must be a global cluster (no -region) and must not count this
-// node among its members. An allocator that does not answer within a
+// node among its members (by advertised gRPC or Raft address: node ids are
+// only unique within a cluster). An allocator that does not answer within a
 // second is checked again by the leader's runner when it first answers.
 func (s *Server) checkUpstream() error {
 	r := s.cfg.Region
@@ -127,7 +128,7 @@ func (s *Server) cycleError(addr string, st *allotv1.ClusterStatusResponse) erro
 			errCycle, addr, st.GetRegion())
 	}
 	for _, m := range st.GetMembers() {
-		if m.GetId() == s.cfg.NodeID || m.GetGrpcAddr() == s.advGRPC {
+		if m.GetGrpcAddr() == s.advGRPC || m.GetRaftAddr() == string(s.node.addr) {
 			return fmt.Errorf("%w: -global-allocators %s is this cluster (member %s)", errCycle, addr, m.GetId())
 		}
 	}

@@ -293,7 +293,7 @@ func (g *regional) call(ctx context.Context, calls []due, views map[uint64]keyVi
 	returns := make([]state.UpstreamReturn, len(calls))
 	for i, c := range calls {
 		ka := &allotv1.KeyAcquire{Domain: c.p.Domain, Entries: make([]*allotv1.Entry, len(c.p.Entries)),
-			Want: c.req.Want, Held: c.req.Held, Returned: c.req.Returned, Demand: c.req.Demand, OutageCharged: c.req.OutageCharged}
+			Want: min(c.req.Want+c.p.Debt, upstream.MaxWant), Held: c.req.Held, Returned: c.req.Returned, Demand: c.req.Demand, OutageCharged: c.req.OutageCharged}
 		for j, e := range c.p.Entries {
 			ka.Entries[j] = &allotv1.Entry{Key: e.Key, Value: e.Value}
 		}
@@ -457,7 +457,7 @@ func (g *regional) status(resp *allotv1.ClusterStatusResponse, redact bool) {
 func (g *regional) held(p state.Pool, v keyView) *allotv1.GlobalKeyHeld {
 	return &allotv1.GlobalKeyHeld{Key: p.Key, Available: p.Available, Demand: p.Demand, Share: v.share,
 		FallbackRate: v.fallback, Received: p.Received, Returned: p.Returned, Minted: p.Minted,
-		CutOff: v.cutOff, RuleMismatch: v.mismatch}
+		CutOff: v.cutOff, RuleMismatch: v.mismatch, Debt: p.Debt}
 }
 
 // inspect adds both levels to an InspectKey answer for a global key on a

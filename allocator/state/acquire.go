@@ -348,7 +348,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		held -= r
 		credited = r
 		if pool != nil {
-			pool.avail += r
+			pool.credit(r)
 		}
 	}
 	held = min(held, ka.held)
@@ -365,7 +365,8 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		lim.TakeUpTo(&st, now, ka.outageCharged)
 	}
 	if pool != nil {
-		pool.take(ka.charged + ka.outageCharged)
+		pool.charge(ka.charged)
+		pool.take(ka.outageCharged)
 	}
 	// (3) want: size, cap at the fair share and the window's allowance,
 	// take what the bucket has.
@@ -424,6 +425,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	if want > 0 && granted == 0 && p.Remaining < 1 {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
 		retry = max(p.RetryAfter, time.Millisecond)
+		g.RetryAfterMs = ms(retry)
+	} else if want > 0 && granted == 0 && poolShort {
+		g.Status, retry = poolExhausted()
 		g.RetryAfterMs = ms(retry)
 	}
 

@@ -33,7 +33,11 @@ import (
 //
 // Invariant: the tokens a region sub-grants from a pool, less those
 // returned to it, never exceed what the pool received from the global
-// cluster plus what it minted, less what it handed back.
+// cluster plus what it minted, less what it handed back. Tokens gateways
+// admit from their own fallback buckets and charge are taken from the
+// pool too, into debt when it holds too few; a debt is paid first out of
+// what the pool receives next, so over any span the region admits what
+// it received and minted plus its debt at the end of the span.
 //
 // Upstream entries are compact log entries of their own:
 //
@@ -56,6 +60,13 @@ const (
 // this, when the regional leader's next refill (or mint) may have landed.
 const poolRefresh = 100 * time.Millisecond
 
+// poolExhausted is the answer to a want a spent pool cut to nothing: the
+// key is exhausted in this region until the regional leader's next refill
+// (or mint), so the gateway denies rather than deciding on its own.
+func poolExhausted() (allotv1.KeyStatus, time.Duration) {
+	return allotv1.KeyStatus_KEY_STATUS_EXHAUSTED, poolRefresh
+}
+
 // pool is what a region holds of one global key.
 type pool struct {
 	key    string // canonical
@@ -67,6 +78,31 @@ type pool struct {
 	received, returned, minted int64
 	// owed: minted tokens not yet reported upstream as outage_charged.
 	owed int64
+	// debt: tokens gateways admitted from their fallback buckets and
+	// charged beyond what the pool held; paid first out of what the pool
+	// receives next.
+	debt int64
+}
+
+// credit adds n tokens to the pool, paying its debt first.
+func (p *pool) credit(n int64) {
+	if n <= 0 {
+		return
+	}
+	paid := min(n, p.debt)
+	p.debt -= paid
+	p.avail = sat(p.avail, n-paid)
+}
+
+// charge takes n tokens gateways admitted without a lease; what the pool
+// does not hold becomes its debt.
+func (p *pool) charge(n int64) {
+	if n <= 0 {
+		return
+	}
+	t := min(n, p.avail)
+	p.avail -= t
+	p.debt = sat(p.debt, n-t)
 }
 
 // upLedger is the region's upstream call record.
@@ -238,7 +274,7 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 		c.up.pending = ""
 		for _, k := range keys {
 			if p := c.pools[k.hash]; p != nil && k.a > 0 {
-				p.avail = sat(p.avail, k.a)
+				p.credit(k.a)
 				p.received = sat(p.received, k.a)
 				if k.fshare >= 0 && !math.IsInf(k.fshare, 0) {
 					p.share = k.fshare
@@ -248,7 +284,7 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 	case opMint:
 		for _, k := range keys {
 			if p := c.pools[k.hash]; p != nil && k.a > 0 {
-				p.avail = sat(p.avail, k.a)
+				p.credit(k.a)
 				p.minted = sat(p.minted, k.a)
 				p.owed = sat(p.owed, k.a)
 			}
@@ -285,8 +321,9 @@ func (c *core) poolFor(rule *rules.Rule, h uint64, domain string, ents []rules.E
 	return p
 }
 
-// take removes up to n tokens from the pool (tokens a gateway admitted
-// without a lease, charged against what the region holds).
+// take removes up to n tokens from the pool (tokens a gateway's fallback
+// admitted while the regional cluster was unreachable: paid from what the
+// pool holds, never into debt, as the key's bucket pays them).
 func (p *pool) take(n int64) {
 	p.avail -= min(max(n, 0), p.avail)
 }
@@ -307,6 +344,9 @@ type Pool struct {
 	Received, Returned, Minted int64
 	// Owed: minted tokens not yet reported upstream.
 	Owed int64
+	// Debt: tokens gateways admitted from their fallback beyond what the
+	// pool held, paid out of what it receives next.
+	Debt int64
 }
 
 // Pools returns the region's pools in key hash order (none unless
@@ -320,7 +360,7 @@ func (s *State) Pools(now int64) []Pool {
 	for h, p := range c.pools {
 		out = append(out, Pool{Hash: h, Key: p.key, Domain: p.domain, Entries: p.ents, Available: p.avail,
 			Demand: c.demandOf(&e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
-			Minted: p.minted, Owed: p.owed})
+			Minted: p.minted, Owed: p.owed, Debt: p.debt})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Hash < out[j].Hash })
 	return out
@@ -338,7 +378,7 @@ func (s *State) PoolOf(h uint64, now int64) (Pool, bool) {
 	var e entry
 	return Pool{Hash: h, Key: p.key, Domain: p.domain, Entries: p.ents, Available: p.avail,
 		Demand: c.demandOf(&e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
-		Minted: p.minted, Owed: p.owed}, true
+		Minted: p.minted, Owed: p.owed, Debt: p.debt}, true
 }
 
 // demandOf sums the demand of the key's unexpired leases (read lock held).
@@ -392,7 +432,7 @@ func (c *core) encodeLedger() []byte {
 			b = appendStr(b, e.Key)
 			b = appendStr(b, e.Value)
 		}
-		for _, v := range [...]int64{p.avail, p.received, p.returned, p.minted, p.owed} {
+		for _, v := range [...]int64{p.avail, p.received, p.returned, p.minted, p.owed, p.debt} {
 			b = binary.AppendVarint(b, v)
 		}
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(p.share))
@@ -422,12 +462,12 @@ func (c *core) decodeLedger(b []byte) error {
 		for j := range p.ents {
 			p.ents[j] = rules.Entry{Key: d.Str(), Value: d.Str()}
 		}
-		p.avail, p.received, p.returned, p.minted, p.owed = d.Varint(), d.Varint(), d.Varint(), d.Varint(), d.Varint()
+		p.avail, p.received, p.returned, p.minted, p.owed, p.debt = d.Varint(), d.Varint(), d.Varint(), d.Varint(), d.Varint(), d.Varint()
 		p.share = math.Float64frombits(d.Fixed64())
 		if d.Err != nil {
 			return corrupt("regional ledger pool")
 		}
-		if (i > 0 && h <= prev) || p.avail < 0 || p.owed < 0 {
+		if (i > 0 && h <= prev) || p.avail < 0 || p.owed < 0 || p.debt < 0 || (p.debt > 0 && p.avail > 0) {
 			return corrupt("regional ledger pool %016x", h)
 		}
 		prev = h

@@ -3040,6 +3040,7 @@ type GlobalKeyHeld struct {
 	Minted        int64                  `protobuf:"varint,8,opt,name=minted,proto3" json:"minted,omitempty"`                                  // fallback tokens minted while cut off, in total
 	CutOff        bool                   `protobuf:"varint,9,opt,name=cut_off,json=cutOff,proto3" json:"cut_off,omitempty"`
 	RuleMismatch  bool                   `protobuf:"varint,10,opt,name=rule_mismatch,json=ruleMismatch,proto3" json:"rule_mismatch,omitempty"` // the region's rule differs from the global cluster's
+	Debt          int64                  `protobuf:"varint,11,opt,name=debt,proto3" json:"debt,omitempty"`                                     // tokens gateways' fallbacks admitted beyond what the region held, paid from its next grants
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3142,6 +3143,13 @@ func (x *GlobalKeyHeld) GetRuleMismatch() bool {
 		return x.RuleMismatch
 	}
 	return false
+}
+
+func (x *GlobalKeyHeld) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
 }
 
 type GroupStatus struct {
@@ -4737,7 +4745,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\x19\n" +
 	"\bagent_id\x18\x04 \x01(\tR\aagentId\x12+\n" +
 	"\x04keys\x18\x05 \x03(\v2\x17.allot.v1.GlobalKeyHeldR\x04keys\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xa0\x02\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xb4\x02\n" +
 	"\rGlobalKeyHeld\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x16\n" +
@@ -4749,7 +4757,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06minted\x18\b \x01(\x03R\x06minted\x12\x17\n" +
 	"\acut_off\x18\t \x01(\bR\x06cutOff\x12#\n" +
 	"\rrule_mismatch\x18\n" +
-	" \x01(\bR\fruleMismatch\"\xdc\x01\n" +
+	" \x01(\bR\fruleMismatch\x12\x12\n" +
+	"\x04debt\x18\v \x01(\x03R\x04debt\"\xdc\x01\n" +
 	"\vGroupStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x18\n" +

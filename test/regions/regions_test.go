@@ -1,0 +1,352 @@
+// Package regions tests one limit across regions on real processes: a
+// global allocator cluster, regional allocator clusters leasing its
+// scope: global keys over links with cross-region latency
+// (internal/faultnet), and agents in every region.
+package regions
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/internal/faultnet"
+	"github.com/allot/allot/internal/testproc"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	testproc.RemoveBuilds()
+	os.Exit(code)
+}
+
+// The global key: R = 100/s, B = 100, one budget across every region.
+const (
+	rate  = 100.0
+	burst = 100
+)
+
+const globalRules = `domain: reg
+scope: global
+descriptors:
+  - key: k
+    rate_limit: {name: shared, unit: second, requests_per_unit: 100, burst: 100}
+`
+
+// oneWay is the cross-region latency each way (an RTT of 120 ms).
+const oneWay = 60 * time.Millisecond
+
+// world is a global cluster, regions and their agents.
+type world struct {
+	t       *testing.T
+	dir     string
+	bins    testproc.Binaries
+	global  *testproc.Cluster
+	regions []*region
+	rules   *rules.Set
+}
+
+// region is one regional cluster behind its cross-region link.
+type region struct {
+	name   string
+	link   *faultnet.Proxy // the region's link to the global cluster
+	c      *testproc.Cluster
+	agents []*agent.Agent
+}
+
+func newWorld(t *testing.T, nRegions, regionSize, agentsPerRegion int) *world {
+	t.Helper()
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	w := &world{t: t, dir: t.TempDir(), bins: testproc.Build(t)}
+	file := testproc.WriteFile(t, w.dir, "reg.yaml", globalRules)
+	set, err := rules.Compile(1, []rules.File{{Name: "reg.yaml", Source: []byte(globalRules)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rules = set
+	for _, d := range []string{"global", "r0", "r1", "r2"} {
+		if err := os.MkdirAll(w.dir+"/"+d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.global = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/global", Size: 1,
+		Rules: []string{file}, Args: testproc.FastLeaseArgs})
+	for i := range nRegions {
+		r := &region{name: fmt.Sprintf("r%d", i)}
+		var links []string
+		for _, addr := range w.global.GRPCAddrs() {
+			p, err := faultnet.Listen(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			p.Delay(faultnet.ToTarget, oneWay)
+			p.Delay(faultnet.ToClient, oneWay)
+			links = append(links, p.Addr())
+			r.link = p
+		}
+		args := append([]string{"-region", r.name, "-upstream-rtt", (2 * oneWay).String()}, testproc.FastLeaseArgs...)
+		for _, l := range links {
+			args = append(args, "-global-allocators", l)
+		}
+		r.c = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/" + r.name,
+			Size: regionSize, Rules: []string{file}, Args: args})
+		for j := range agentsPerRegion {
+			a, err := agent.New(agent.Config{ID: fmt.Sprintf("%s-a%d", r.name, j), Allocators: r.c.GRPCAddrs(), Rules: set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = a.Close(ctx)
+			})
+			r.agents = append(r.agents, a)
+		}
+		w.regions = append(w.regions, r)
+	}
+	return w
+}
+
+// tally counts one region's decisions per 100 ms slot from the start.
+type tally struct {
+	mu                sync.Mutex // guards admitted and offered
+	admitted, offered []int
+	errs              atomic.Int64
+	start             time.Time
+	slot              time.Duration
+}
+
+func newTally(start time.Time) *tally { return &tally{start: start, slot: 100 * time.Millisecond} }
+
+func (t *tally) add(at time.Time, ok bool) {
+	i := int(at.Sub(t.start) / t.slot)
+	if i < 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.offered) <= i {
+		t.offered = append(t.offered, 0)
+		t.admitted = append(t.admitted, 0)
+	}
+	t.offered[i]++
+	if ok {
+		t.admitted[i]++
+	}
+}
+
+// sum returns what was admitted and offered in slots [from, to).
+func (t *tally) sum(from, to int) (admitted, offered int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := max(from, 0); i < min(to, len(t.offered)); i++ {
+		admitted += t.admitted[i]
+		offered += t.offered[i]
+	}
+	return admitted, offered
+}
+
+func (t *tally) slots() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.offered)
+}
+
+// load offers rate(now) requests/s of the global key in region r, spread
+// over its agents, until ctx ends; it counts them in tl.
+func load(ctx context.Context, wg *sync.WaitGroup, r *region, tl *tally, rateOf func(time.Time) float64) {
+	desc := []agent.Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "one"}}}}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		next := time.Now()
+		n := 0
+		for ctx.Err() == nil {
+			rt := rateOf(next)
+			if rt <= 0 {
+				next = next.Add(10 * time.Millisecond)
+			} else {
+				a := r.agents[n%len(r.agents)]
+				n++
+				d, err := a.Check(ctx, "reg", desc, 1)
+				if err != nil {
+					if ctx.Err() == nil {
+						tl.errs.Add(1)
+					}
+				} else {
+					tl.add(time.Now(), d.Allowed)
+				}
+				next = next.Add(time.Duration(float64(time.Second) / rt))
+			}
+			if d := time.Until(next); d > 0 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(d):
+				}
+			} else if d < -time.Second {
+				next = time.Now() // fell behind: do not burst to catch up
+			}
+		}
+	}()
+}
+
+// waitHolding waits until every region's leader holds the global key.
+func (w *world) waitHolding(within time.Duration) {
+	w.t.Helper()
+	for _, r := range w.regions {
+		testproc.Eventually(w.t, within, r.name+" holding the global key", func() bool {
+			st := regionStatus(w.t, r)
+			if st == nil || st.GetUpstream().GetState() != "connected" {
+				return false
+			}
+			for _, k := range st.GetUpstream().GetKeys() {
+				if k.GetReceived() > 0 {
+					return true
+				}
+			}
+			return false
+		})
+	}
+}
+
+// regionStatus is the ClusterStatus of the region's leader (nil when none
+// answers).
+func regionStatus(t *testing.T, r *region) *allotv1.ClusterStatusResponse {
+	for _, n := range r.c.Running() {
+		st, err := n.Status(t)
+		if err == nil && st.GetState() == "leader" {
+			return st
+		}
+	}
+	return nil
+}
+
+// TestAcrossRegions: three regions of one allocator each lease one global
+// key (R = 100/s, B = 100) over links with 60 ms of latency each way.
+//
+//   - Exact across regions: from the start, the total admitted by every
+//     region is at most B + R·t at every instant t; and in every window of
+//     1 s after the first grants, at most B + R·t plus the lead the regions
+//     hold (docs/regions.md).
+//   - Partition: one region cut off from the global cluster for 6 s
+//     admits at most its fallback share S (its share at the last grant)
+//     over the cut, plus what it held; the other two keep at least their
+//     share of R.
+func TestAcrossRegions(t *testing.T) {
+	w := newWorld(t, 3, 1, 2)
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	tallies := make([]*tally, len(w.regions))
+	for i, r := range w.regions {
+		tallies[i] = newTally(start)
+		load(ctx, &wg, r, tallies[i], func(time.Time) float64 { return 60 }) // 180/s offered against R = 100/s
+	}
+	w.waitHolding(30 * time.Second)
+	// Let the regions settle on their shares, then measure.
+	settle := time.Now()
+	testproc.Eventually(t, 20*time.Second, "4 s of contended load", func() bool { return time.Since(settle) > 4*time.Second })
+
+	// The share region 0 was granted at its last grant, and what it holds.
+	cut := w.regions[0]
+	st := regionStatus(t, cut)
+	if st == nil || len(st.GetUpstream().GetKeys()) != 1 {
+		t.Fatalf("region %s: no status with one global key: %v", cut.name, st)
+	}
+	share := st.GetUpstream().GetKeys()[0].GetShare()
+	t.Logf("before the cut: %s share %.1f/s, holds %d", cut.name, share, st.GetUpstream().GetKeys()[0].GetAvailable())
+	cutAt := time.Now()
+	cut.link.Partition()
+	testproc.Eventually(t, 20*time.Second, "6 s cut off", func() bool { return time.Since(cutAt) > 6*time.Second })
+	stCut := regionStatus(t, cut)
+	cut.link.Heal()
+	healAt := time.Now()
+	testproc.Eventually(t, 20*time.Second, "3 s after the heal", func() bool { return time.Since(healAt) > 3*time.Second })
+	cancel()
+	wg.Wait()
+	end := tallies[0].slots()
+	for i, r := range w.regions {
+		st := regionStatus(t, r)
+		k := st.GetUpstream().GetKeys()[0]
+		a, o := tallies[i].sum(0, end)
+		t.Logf("%s: admitted %d of %d; received %d, minted %d, returned %d, available %d, debt %d", r.name, a, o,
+			k.GetReceived(), k.GetMinted(), k.GetReturned(), k.GetAvailable(), k.GetDebt())
+	}
+
+	for i, tl := range tallies {
+		if n := tl.errs.Load(); n != 0 {
+			t.Errorf("region %d: %d errors at the agents", i, n)
+		}
+	}
+	slot := 100 * time.Millisecond
+	at := func(t time.Time) int { return int(t.Sub(start) / slot) }
+	total := func(from, to int) (adm, off int) {
+		for _, tl := range tallies {
+			a, o := tl.sum(from, to)
+			adm += a
+			off += o
+		}
+		return adm, off
+	}
+	// The partition's own over-admission: region 0 admits from its fallback
+	// share while the global cluster goes on granting R to the others.
+	fb := stCut.GetUpstream().GetKeys()[0]
+	if !fb.GetCutOff() {
+		t.Errorf("%s not reported cut off during the partition: %+v", cut.name, fb)
+	}
+	cutSecs := healAt.Sub(cutAt).Seconds()
+	extra := fb.GetFallbackRate() * (cutSecs + 0.5) // the share, over the cut and the detection
+	// Exact from the start: every prefix [0, t].
+	for to := 1; to <= end; to++ {
+		adm, _ := total(0, to)
+		secs := float64(to) * slot.Seconds()
+		if bound := burst + rate*secs + extra; float64(adm) > bound {
+			t.Errorf("admitted %d in the first %.1f s across regions, bound B + R·t + S·cut = %.0f", adm, secs, bound)
+		}
+	}
+	// Every 1 s window: B + R·t plus the lead (each region holds at most a
+	// horizon plus its low watermark of its demand, 60/s × 1.3 s, and its
+	// agents a refresh interval, 60/s × 0.2 s).
+	lead := 3 * 60 * 1.5
+	worst := 0.0
+	for from := at(settle); from+10 <= end; from++ {
+		adm, _ := total(from, from+10)
+		if float64(adm) > burst+rate+lead+extra {
+			t.Errorf("admitted %d in the 1 s window from %.1f s, bound %.0f", adm, float64(from)/10, burst+rate+lead+extra)
+		}
+		worst = max(worst, float64(adm))
+	}
+	// The cut region: within what it held, its share over the cut, and the
+	// lead; the others keep at least their share of R (R/3 each).
+	adm, off := tallies[0].sum(at(cutAt), at(healAt))
+	cutBound := fb.GetFallbackRate()*cutSecs + 60*1.5 + 1
+	t.Logf("partition %.1f s: %s admitted %d of %d offered (bound %.0f: share %.1f/s at the last grant %.1f/s)",
+		cutSecs, cut.name, adm, off, cutBound, fb.GetFallbackRate(), share)
+	if float64(adm) > cutBound {
+		t.Errorf("%s admitted %d while cut off, bound %.0f", cut.name, adm, cutBound)
+	}
+	for i := 1; i < len(tallies); i++ {
+		a, o := tallies[i].sum(at(cutAt)+10, at(healAt)) // from a second after the cut
+		secs := cutSecs - 1
+		t.Logf("partition: region %d admitted %d of %d (%.1f/s)", i, a, o, float64(a)/secs)
+		if float64(a)/secs < 0.8*rate/3 {
+			t.Errorf("region %d admitted %.1f/s during the partition, want at least 0.8 × R/3 = %.1f/s", i, float64(a)/secs, 0.8*rate/3)
+		}
+	}
+	allAdm, allOff := total(0, end)
+	t.Logf("whole run %.1f s: admitted %d of %d; worst 1 s window after settling %.0f (R = %.0f/s, B = %d)",
+		float64(end)*slot.Seconds(), allAdm, allOff, worst, rate, burst)
+}
