@@ -39,9 +39,9 @@ type regional struct {
 	mu      sync.Mutex // guards the fields below
 	goodIdx int        // the global allocator that answered last
 	state   string     // connected | cut_off | connecting | none | not_leader | cycle
-	since time.Time
-	err   string
-	keys  map[uint64]keyView // by key hash, as of the runner's last Tick
+	since   time.Time
+	err     string
+	keys    map[uint64]keyView // by key hash, as of the runner's last Tick
 }
 
 // keyView is what the runner knows of a key beyond the ledger.
@@ -120,19 +120,42 @@ func (g *regional) run(ctx context.Context) {
 		g.recover(ctx)
 	}
 	defer g.setState("not_leader", nil)
-	cfg := g.cfg
-	tick := cfg.Tick
+	tick := g.cfg.Tick
 	if tick <= 0 {
 		tick = upstream.DefaultConfig().Tick
 	}
 	t := time.NewTicker(tick)
 	defer t.Stop()
+	// One upstream call in flight at a time, in a goroutine owned by this
+	// loop: the Ticks go on meanwhile (a cut-off region mints its share
+	// while its calls time out).
+	results := make(chan callResult, 1)
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	inflight := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case res := <-results:
+			inflight = false
+			g.finish(ctx, res)
 		case <-t.C:
-			g.tick(ctx, keys, upstreamOK)
+			due := g.tick(ctx, keys, upstreamOK, !inflight)
+			if len(due) == 0 {
+				continue
+			}
+			c, ok := g.send(due)
+			if !ok {
+				continue
+			}
+			inflight = true
+			calls.Add(1)
+			go func() {
+				defer calls.Done()
+				c.resp, c.err = g.acquire(ctx, c.req)
+				results <- c // buffered for the one call in flight
+			}()
 		}
 	}
 }
@@ -204,8 +227,9 @@ type due struct {
 	req upstream.Request
 }
 
-// tick evaluates every global key once.
-func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK bool) {
+// tick evaluates every global key once and returns the keys with an
+// upstream call to make (none unless canCall: a call is in flight).
+func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK, canCall bool) []due {
 	s := g.s
 	now := time.Now().UnixNano()
 	set := s.st.Rules()
@@ -246,7 +270,9 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 		}
 		k := rk.k
 		k.Sync(now, p.Available)
-		if r, ok := k.Tick(now, p.Demand); ok {
+		if !canCall {
+			// Left for the Tick after the answer.
+		} else if r, ok := k.Tick(now, p.Demand); ok {
 			if upstreamOK {
 				calls = append(calls, due{p: p, rk: rk, req: r})
 			} else {
@@ -275,17 +301,24 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			s.log.Warn("fallback mint not committed", "err", err)
 		}
 	}
-	if len(calls) > 0 {
-		g.call(ctx, calls, views)
-	}
 	g.mu.Lock()
 	g.keys = views
 	g.mu.Unlock()
+	return calls
 }
 
-// call makes one upstream Acquire for the keys due: it commits the send
-// (the request id and what it hands back), calls, and commits the grant.
-func (g *regional) call(ctx context.Context, calls []due, views map[uint64]keyView) {
+// callResult is an upstream call and its outcome.
+type callResult struct {
+	seq  uint64
+	due  []due
+	req  *allotv1.AcquireRequest
+	resp *allotv1.AcquireResponse
+	err  error
+}
+
+// send commits the send of an upstream Acquire for the keys due (its
+// request id and what it hands back) and returns the call to make.
+func (g *regional) send(calls []due) (callResult, bool) {
 	s := g.s
 	seq, _ := s.st.PendingUpstream()
 	seq++
@@ -293,64 +326,78 @@ func (g *regional) call(ctx context.Context, calls []due, views map[uint64]keyVi
 	returns := make([]state.UpstreamReturn, len(calls))
 	for i, c := range calls {
 		ka := &allotv1.KeyAcquire{Domain: c.p.Domain, Entries: make([]*allotv1.Entry, len(c.p.Entries)),
-			Want: min(c.req.Want+c.p.Debt, upstream.MaxWant), Held: c.req.Held, Returned: c.req.Returned, Demand: c.req.Demand, OutageCharged: c.req.OutageCharged}
+			Want: min(c.req.Want+c.p.Debt, upstream.MaxWant), Held: c.req.Held, Returned: c.req.Returned,
+			Demand: c.req.Demand, OutageCharged: c.req.OutageCharged}
 		for j, e := range c.p.Entries {
 			ka.Entries[j] = &allotv1.Entry{Key: e.Key, Value: e.Value}
 		}
 		req.Keys[i] = ka
 		returns[i] = state.UpstreamReturn{Hash: c.p.Hash, Returned: c.req.Returned, Charged: c.req.OutageCharged}
 	}
-	fail := func(err error) {
-		now := time.Now().UnixNano()
-		for _, c := range calls {
-			_ = c.rk.k.Failed(now, c.req.ID)
-			v := views[c.p.Hash]
-			v.cutOff = true
-			views[c.p.Hash] = v
-		}
-		g.calls.WithLabelValues("error").Inc()
-		if ctx.Err() == nil {
-			g.setState("cut_off", err)
-		}
-	}
+	res := callResult{seq: seq, due: calls, req: req}
 	raw, err := proto.Marshal(req)
-	if err != nil {
-		fail(err)
-		return
+	if err == nil {
+		err = g.commit(state.AppendUpstreamSend(nil, s.stamp(), seq, raw, returns))
 	}
-	if err := g.commit(state.AppendUpstreamSend(nil, s.stamp(), seq, raw, returns)); err != nil {
-		fail(err)
-		return
+	if err != nil {
+		res.err = err
+		g.failed(res)
+		return res, false
 	}
 	for _, r := range returns {
 		g.tokens.WithLabelValues("returned").Add(float64(r.Returned))
 	}
-	resp, err := g.acquire(ctx, req)
-	if err != nil {
-		fail(err)
-		return
+	return res, true
+}
+
+// failed ends a call that was not answered: its keys are cut off.
+func (g *regional) failed(res callResult) {
+	now := time.Now().UnixNano()
+	for _, c := range res.due {
+		_ = c.rk.k.Failed(now, c.req.ID)
 	}
-	if len(resp.GetGrants()) != len(calls) {
-		fail(fmt.Errorf("allocator: the global cluster answered %d grants for %d keys", len(resp.GetGrants()), len(calls)))
+	g.calls.WithLabelValues("error").Inc()
+	g.setState("cut_off", res.err)
+	g.mu.Lock()
+	for _, c := range res.due {
+		v := g.keys[c.p.Hash]
+		v.cutOff = true
+		g.keys[c.p.Hash] = v
+	}
+	g.mu.Unlock()
+}
+
+// finish applies an upstream call's outcome: the grant goes into the
+// ledger (which takes it only if it still answers the pending send), then
+// into each key's policy.
+func (g *regional) finish(ctx context.Context, res callResult) {
+	s := g.s
+	if res.err == nil && len(res.resp.GetGrants()) != len(res.due) {
+		res.err = fmt.Errorf("allocator: the global cluster answered %d grants for %d keys", len(res.resp.GetGrants()), len(res.due))
+	}
+	if res.err != nil {
+		if ctx.Err() == nil {
+			g.failed(res)
+		}
 		return
 	}
 	now := time.Now().UnixNano()
-	grants := make([]state.UpstreamGrant, len(calls))
-	for i, c := range calls {
-		gr := resp.Grants[i]
+	grants := make([]state.UpstreamGrant, len(res.due))
+	for i, c := range res.due {
+		gr := res.resp.Grants[i]
 		g.checkLimit(c, gr.GetLimit(), gr.GetStatus())
+		// A reply after the key's CallTimeout is stale to the policy; the
+		// ledger still takes the grant, and the next Sync reads it.
 		_ = c.rk.k.Granted(now, upstream.Grant{ID: c.req.ID, Granted: gr.GetGranted(),
 			RefreshAfter: time.Duration(gr.GetRefreshAfterMs()) * time.Millisecond})
-		st := c.rk.k.Status()
-		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: st.Share}
-		views[c.p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, mismatch: c.rk.mismatch}
+		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: c.rk.k.Status().Share}
 		g.tokens.WithLabelValues("received").Add(float64(gr.GetGranted()))
 	}
 	g.calls.WithLabelValues("ok").Inc()
 	g.setState("connected", nil)
-	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil && ctx.Err() == nil {
+	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), res.seq, grants)); err != nil && ctx.Err() == nil {
 		// The next leader makes the call again (recover).
-		s.log.Warn("upstream grant not committed", "seq", seq, "err", err)
+		s.log.Warn("upstream grant not committed", "seq", res.seq, "err", err)
 	}
 }
 

@@ -199,6 +199,10 @@ type Key struct {
 	fbAt    int64   // the last fallback mint (valid when minting)
 	minting bool
 	fbOwed  int64 // fallback tokens sub-granted, to report as outage_charged
+	// minted: Mint handed fallback tokens to the regional state since the
+	// region was cut off; the share then accrues continuously (the lease
+	// balance holds what was minted and not yet spent, not lease tokens).
+	minted bool
 
 	demand float64 // the demand the last Tick used (after a fall, the fallen rate)
 	// reports is a ring of the demand reported and the tokens sub-granted,
@@ -263,7 +267,7 @@ func (k *Key) advance(now int64) {
 		now = k.now
 	}
 	k.now = now
-	minting := k.cut && k.avail == 0
+	minting := k.cut && (k.avail == 0 || k.minted)
 	if minting && k.minting {
 		if dt := float64(now-k.fbAt) / 1e9; dt > 0 {
 			k.fb = min(k.fb+k.fallbackRate()*dt, k.fallbackCap())
@@ -448,7 +452,7 @@ func (k *Key) Granted(now int64, g Grant) error {
 	k.inflight = false
 	k.avail += g.Granted
 	k.c.Received += g.Granted
-	k.connected, k.cut, k.minting, k.fb = true, false, false, 0
+	k.connected, k.cut, k.minting, k.fb, k.minted = true, false, false, 0, false
 	refresh := g.RefreshAfter
 	if refresh <= 0 {
 		refresh = k.cfg.Horizon
@@ -640,12 +644,22 @@ func (k *Key) Sync(now, avail int64) {
 // its lease is spent, for the regional state to sub-grant; they are
 // reported upstream as outage_charged once a call is answered again. It
 // returns 0 unless the key is cut off and holds nothing.
+//
+// Once it has minted, the share accrues continuously until a call is
+// answered again, and what it hands out keeps the minted tokens the
+// regional state holds unspent within one Tick of the share: the region
+// admits its share as a rate, however its gateways' asks fall between
+// Ticks.
 func (k *Key) Mint(now int64) int64 {
 	k.advance(now)
-	if !k.cut || k.avail > 0 {
+	if !k.cut || (k.avail > 0 && !k.minted) {
 		return 0
 	}
-	n := int64(k.fb)
+	n := min(int64(k.fb), int64(k.fallbackCap())-k.avail)
+	if n <= 0 {
+		return 0
+	}
+	k.minted = true
 	k.fb -= float64(n)
 	k.fbOwed += n
 	k.c.Minted += n
