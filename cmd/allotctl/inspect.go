@@ -34,7 +34,11 @@ the allocator: --redis ADDR reads that promotion marker from Redis too
 (--redis-key-prefix must match the gateway's redis.key_prefix).
 
 A key the allocator holds no state for is reported as not tracked: its
-bucket is full.`,
+bucket is full.
+
+A scope: global key inspected on a regional cluster shows both levels: the
+region's gateways' leases and what the region holds, then the global
+cluster's bucket and each region's lease on it.`,
 		Example: `  allotctl inspect 'public-api:tier=free,route=/v1/search,api_key=k_1'
   allotctl inspect --domain public-api -d tier=free -d route=/v1/search -d api_key=k_1
   allotctl inspect --domain public-api -d api_key=k_live_abc123 -o yaml
@@ -63,6 +67,9 @@ bucket is full.`,
 			}
 			return runAdmin(a, cmd.Context(), "InspectKey", allotv1.AdminClient.InspectKey, req, func(r *allotv1.InspectKeyResponse) error {
 				if err := a.printInspect(r); err != nil {
+					return err
+				}
+				if err := a.printLevels(r); err != nil {
 					return err
 				}
 				if redisAddr == "" || r.GetLimit().GetBackend() != "redis" {

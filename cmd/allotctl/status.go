@@ -21,7 +21,9 @@ rules version, and the number of live agents, tracked keys and leases. In a
 cluster with several Raft groups it also lists the groups: each one's
 leader, voters, owned slot ranges, tracked keys and the answering node's
 applied index and role in it (group 0 is the meta group, which owns no
-slots).`,
+slots). On a regional cluster (allocator -region) it also shows the global
+upstream, the connection state (from the leader) and the global keys the
+region holds.`,
 		Example: `  allotctl status
   allotctl --addr 10.0.0.6:7420 status -o json`,
 		Args: cobra.NoArgs,
@@ -72,19 +74,21 @@ func (a *app) printStatus(r *allotv1.ClusterStatusResponse) error {
 	} else {
 		fmt.Fprintln(a.stdout, "(* = the node that answered)")
 	}
-	if len(r.GetGroups()) == 0 {
-		return nil
-	}
-	fmt.Fprintf(a.stdout, "\nGroups (cluster %s, slot map version %d):\n", r.GetClusterId(), r.GetTopologyVersion())
-	t = newTable(a.stdout, "GROUP", "LEADER", "MEMBERS", "SLOTS", "KEYS", "APPLIED", "STATE")
-	for _, g := range r.GetGroups() {
-		id := strconv.FormatUint(uint64(g.GetId()), 10)
-		slots := orDash(g.GetSlots())
-		if g.GetId() == 0 {
-			id, slots = "0 (meta)", "-"
+	if len(r.GetGroups()) > 0 {
+		fmt.Fprintf(a.stdout, "\nGroups (cluster %s, slot map version %d):\n", r.GetClusterId(), r.GetTopologyVersion())
+		t = newTable(a.stdout, "GROUP", "LEADER", "MEMBERS", "SLOTS", "KEYS", "APPLIED", "STATE")
+		for _, g := range r.GetGroups() {
+			id := strconv.FormatUint(uint64(g.GetId()), 10)
+			slots := orDash(g.GetSlots())
+			if g.GetId() == 0 {
+				id, slots = "0 (meta)", "-"
+			}
+			t.row(id, orDash(g.GetLeaderId()), orDash(strings.Join(g.GetMembers(), ",")), slots,
+				strconv.FormatUint(g.GetKeys(), 10), strconv.FormatUint(g.GetAppliedIndex(), 10), g.GetState())
 		}
-		t.row(id, orDash(g.GetLeaderId()), orDash(strings.Join(g.GetMembers(), ",")), slots,
-			strconv.FormatUint(g.GetKeys(), 10), strconv.FormatUint(g.GetAppliedIndex(), 10), g.GetState())
+		if err := t.flush(); err != nil {
+			return err
+		}
 	}
-	return t.flush()
+	return a.printUpstream(r)
 }
