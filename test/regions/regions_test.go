@@ -59,12 +59,14 @@ type world struct {
 // region is one regional cluster behind its cross-region link.
 type region struct {
 	name   string
-	link   *faultnet.Proxy // the region's link to the global cluster
+	links  []*faultnet.Proxy // the region's links to the global cluster's nodes
 	c      *testproc.Cluster
 	agents []*agent.Agent
 }
 
-func newWorld(t *testing.T, nRegions, regionSize, agentsPerRegion int) *world {
+// newWorld starts a global cluster of globalSize nodes and one region of
+// each size in regionSizes, each with agentsPerRegion agents.
+func newWorld(t *testing.T, globalSize int, regionSizes []int, agentsPerRegion int) *world {
 	t.Helper()
 	before := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
@@ -80,9 +82,9 @@ func newWorld(t *testing.T, nRegions, regionSize, agentsPerRegion int) *world {
 			t.Fatal(err)
 		}
 	}
-	w.global = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/global", Size: 1,
+	w.global = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/global", Size: globalSize,
 		Rules: []string{file}, Args: testproc.FastLeaseArgs})
-	for i := range nRegions {
+	for i, regionSize := range regionSizes {
 		r := &region{name: fmt.Sprintf("r%d", i)}
 		var links []string
 		for _, addr := range w.global.GRPCAddrs() {
@@ -94,7 +96,7 @@ func newWorld(t *testing.T, nRegions, regionSize, agentsPerRegion int) *world {
 			p.Delay(faultnet.ToTarget, oneWay)
 			p.Delay(faultnet.ToClient, oneWay)
 			links = append(links, p.Addr())
-			r.link = p
+			r.links = append(r.links, p)
 		}
 		args := append([]string{"-region", r.name, "-upstream-rtt", (2 * oneWay).String()}, testproc.FastLeaseArgs...)
 		for _, l := range links {
@@ -117,6 +119,19 @@ func newWorld(t *testing.T, nRegions, regionSize, agentsPerRegion int) *world {
 		w.regions = append(w.regions, r)
 	}
 	return w
+}
+
+// partition cuts the region off from the global cluster; heal ends it.
+func (r *region) partition() {
+	for _, l := range r.links {
+		l.Partition()
+	}
+}
+
+func (r *region) heal() {
+	for _, l := range r.links {
+		l.Heal()
+	}
 }
 
 // tally counts one region's decisions per 100 ms slot from the start.
@@ -245,7 +260,7 @@ func regionStatus(t *testing.T, r *region) *allotv1.ClusterStatusResponse {
 //     over the cut, plus what it held; the other two keep at least their
 //     share of R.
 func TestAcrossRegions(t *testing.T) {
-	w := newWorld(t, 3, 1, 2)
+	w := newWorld(t, 1, []int{1, 1, 1}, 2)
 	start := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -269,10 +284,10 @@ func TestAcrossRegions(t *testing.T) {
 	share := st.GetUpstream().GetKeys()[0].GetShare()
 	t.Logf("before the cut: %s share %.1f/s, holds %d", cut.name, share, st.GetUpstream().GetKeys()[0].GetAvailable())
 	cutAt := time.Now()
-	cut.link.Partition()
+	cut.partition()
 	testproc.Eventually(t, 20*time.Second, "6 s cut off", func() bool { return time.Since(cutAt) > 6*time.Second })
 	stCut := regionStatus(t, cut)
-	cut.link.Heal()
+	cut.heal()
 	healAt := time.Now()
 	testproc.Eventually(t, 20*time.Second, "3 s after the heal", func() bool { return time.Since(healAt) > 3*time.Second })
 	cancel()
@@ -349,4 +364,100 @@ func TestAcrossRegions(t *testing.T) {
 	allAdm, allOff := total(0, end)
 	t.Logf("whole run %.1f s: admitted %d of %d; worst 1 s window after settling %.0f (R = %.0f/s, B = %d)",
 		float64(end)*slot.Seconds(), allAdm, allOff, worst, rate, burst)
+}
+
+// TestRegionFailover: a global cluster of three allocators and a region
+// of three lease one global key; a kill -9 of the region's leader, then of
+// the global leader, gives no error at the agents, every region keeps
+// admitting in every second, what the region holds survives its failover
+// (the regional ledger is replicated), and the total admitted from the
+// start stays within B + R·t plus the agents' fallback bursts (each agent
+// decides from its fallback bucket, R/N with burst ⌈B/N⌉, while its
+// allocator fails over).
+func TestRegionFailover(t *testing.T) {
+	w := newWorld(t, 3, []int{3, 1}, 2)
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	tallies := make([]*tally, len(w.regions))
+	for i, r := range w.regions {
+		tallies[i] = newTally(start)
+		load(ctx, &wg, r, tallies[i], func(time.Time) float64 { return 70 }) // 140/s against R = 100/s
+	}
+	w.waitHolding(30 * time.Second)
+	r0 := w.regions[0]
+	before := regionStatus(t, r0).GetUpstream().GetKeys()[0]
+
+	// The region's leader.
+	leader := r0.c.Leader(t, 10*time.Second)
+	killAt := time.Now()
+	leader.Proc.Kill()
+	testproc.Eventually(t, 20*time.Second, "a new leader in "+r0.name+" holding the global key", func() bool {
+		st := regionStatus(t, r0)
+		return st != nil && st.GetNodeId() != leader.ID && st.GetUpstream().GetState() == "connected"
+	})
+	after := regionStatus(t, r0).GetUpstream().GetKeys()[0]
+	t.Logf("%s leader %s killed; the new leader took over within %v: received %d before, %d after",
+		r0.name, leader.ID, time.Since(killAt).Round(10*time.Millisecond), before.GetReceived(), after.GetReceived())
+	if after.GetReceived() < before.GetReceived() || after.GetMinted() < before.GetMinted() {
+		t.Errorf("the regional failover lost part of the ledger: before %+v, after %+v", before, after)
+	}
+
+	// The global leader.
+	settle := time.Now()
+	testproc.Eventually(t, 20*time.Second, "2 s more of load", func() bool { return time.Since(settle) > 2*time.Second })
+	gl := w.global.Leader(t, 10*time.Second)
+	received := make([]int64, len(w.regions))
+	for i, r := range w.regions {
+		received[i] = regionStatus(t, r).GetUpstream().GetKeys()[0].GetReceived()
+	}
+	gKillAt := time.Now()
+	gl.Proc.Kill()
+	testproc.Eventually(t, 30*time.Second, "every region granted again after the global leader's kill", func() bool {
+		for i, r := range w.regions {
+			st := regionStatus(t, r)
+			if st == nil || len(st.GetUpstream().GetKeys()) == 0 || st.GetUpstream().GetKeys()[0].GetReceived() <= received[i] {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("global leader %s killed; every region granted again within %v", gl.ID, time.Since(gKillAt).Round(10*time.Millisecond))
+	testproc.Eventually(t, 20*time.Second, "3 s after the global leader's kill", func() bool { return time.Since(gKillAt) > 3*time.Second })
+	cancel()
+	wg.Wait()
+
+	slot := 100 * time.Millisecond
+	end := tallies[0].slots()
+	for i, tl := range tallies {
+		if n := tl.errs.Load(); n != 0 {
+			t.Errorf("region %d: %d errors at the agents", i, n)
+		}
+		for from := int(killAt.Sub(start) / slot); from+10 <= end; from += 10 {
+			if a, _ := tl.sum(from, from+10); a == 0 {
+				t.Errorf("region %d admitted nothing in the second from %.1f s", i, float64(from)/10)
+			}
+		}
+	}
+	// Agents' fallback bursts: ⌈B/N⌉ each, N the live agents in their region.
+	agents := 0
+	for _, r := range w.regions {
+		agents += len(r.agents)
+	}
+	slack := float64(agents) * burst / 2
+	adm := 0
+	for to := 1; to <= end; to++ {
+		adm = 0
+		for _, tl := range tallies {
+			a, _ := tl.sum(0, to)
+			adm += a
+		}
+		secs := float64(to) * slot.Seconds()
+		if bound := burst + rate*secs + slack; float64(adm) > bound {
+			t.Errorf("admitted %d in the first %.1f s across regions, bound B + R·t + fallback bursts = %.0f", adm, secs, bound)
+			break
+		}
+	}
+	t.Logf("whole run %.1f s: admitted %d (B + R·t = %.0f)", float64(end)*slot.Seconds(), adm, burst+rate*float64(end)*slot.Seconds())
 }
