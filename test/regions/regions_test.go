@@ -43,6 +43,14 @@ descriptors:
     rate_limit: {name: shared, unit: second, requests_per_unit: 100, burst: 100}
 `
 
+// splitRules is the static split of the same budget over three regions:
+// a regional rule of R/3 in each.
+const splitRules = `domain: split
+descriptors:
+  - key: k
+    rate_limit: {name: split, unit: second, requests_per_unit: 33, burst: 33}
+`
+
 // oneWay is the cross-region latency each way (an RTT of 120 ms).
 const oneWay = 60 * time.Millisecond
 
@@ -72,7 +80,8 @@ func newWorld(t *testing.T, globalSize int, regionSizes []int, agentsPerRegion i
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 	w := &world{t: t, dir: t.TempDir(), bins: testproc.Build(t)}
 	file := testproc.WriteFile(t, w.dir, "reg.yaml", globalRules)
-	set, err := rules.Compile(1, []rules.File{{Name: "reg.yaml", Source: []byte(globalRules)}})
+	split := testproc.WriteFile(t, w.dir, "split.yaml", splitRules)
+	set, err := rules.Compile(1, []rules.File{{Name: "reg.yaml", Source: []byte(globalRules)}, {Name: "split.yaml", Source: []byte(splitRules)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +92,7 @@ func newWorld(t *testing.T, globalSize int, regionSizes []int, agentsPerRegion i
 		}
 	}
 	w.global = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/global", Size: globalSize,
-		Rules: []string{file}, Args: testproc.FastLeaseArgs})
+		Rules: []string{file, split}, Args: testproc.FastLeaseArgs})
 	for i, regionSize := range regionSizes {
 		r := &region{name: fmt.Sprintf("r%d", i)}
 		var links []string
@@ -103,7 +112,7 @@ func newWorld(t *testing.T, globalSize int, regionSizes []int, agentsPerRegion i
 			args = append(args, "-global-allocators", l)
 		}
 		r.c = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/" + r.name,
-			Size: regionSize, Rules: []string{file}, Args: args})
+			Size: regionSize, Rules: []string{file, split}, Args: args})
 		for j := range agentsPerRegion {
 			a, err := agent.New(agent.Config{ID: fmt.Sprintf("%s-a%d", r.name, j), Allocators: r.c.GRPCAddrs(), Rules: set})
 			if err != nil {
@@ -182,6 +191,11 @@ func (t *tally) slots() int {
 // load offers rate(now) requests/s of the global key in region r, spread
 // over its agents, until ctx ends; it counts them in tl.
 func load(ctx context.Context, wg *sync.WaitGroup, r *region, tl *tally, rateOf func(time.Time) float64) {
+	loadDomain(ctx, wg, r, "reg", tl, rateOf)
+}
+
+// loadDomain is load on domain's key k=one.
+func loadDomain(ctx context.Context, wg *sync.WaitGroup, r *region, domain string, tl *tally, rateOf func(time.Time) float64) {
 	desc := []agent.Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "one"}}}}
 	wg.Add(1)
 	go func() {
@@ -195,7 +209,7 @@ func load(ctx context.Context, wg *sync.WaitGroup, r *region, tl *tally, rateOf 
 			} else {
 				a := r.agents[n%len(r.agents)]
 				n++
-				d, err := a.Check(ctx, "reg", desc, 1)
+				d, err := a.Check(ctx, domain, desc, 1)
 				if err != nil {
 					if ctx.Err() == nil {
 						tl.errs.Add(1)
@@ -460,4 +474,68 @@ func TestRegionFailover(t *testing.T) {
 		}
 	}
 	t.Logf("whole run %.1f s: admitted %d (B + R·t = %.0f)", float64(end)*slot.Seconds(), adm, burst+rate*float64(end)*slot.Seconds())
+}
+
+// TestDemandMoves: 80 requests/s of one global key (R = 100/s), 70% of
+// them in one region, the hot spot moving to the next region every phase;
+// the same arrivals go to a static split of the budget (a regional rule of
+// R/3 in each region), side by side. Every request is within the global
+// quota, so each reject is a false reject: at most 1% across regions
+// (the first second of load, before any region holds the key, excluded),
+// while the static split false-rejects the hot region's excess.
+func TestDemandMoves(t *testing.T) {
+	const (
+		total = 80.0
+		hot   = 0.7
+		phase = 10 * time.Second
+		warm  = 3 * time.Second
+	)
+	w := newWorld(t, 1, []int{1, 1, 1}, 2)
+	start := time.Now().Add(warm)
+	n := float64(len(w.regions))
+	rateOf := func(i int) func(time.Time) float64 {
+		return func(at time.Time) float64 {
+			if at.Before(start) {
+				return total / n
+			}
+			if int(at.Sub(start)/phase)%len(w.regions) == i {
+				return total * hot
+			}
+			return total * (1 - hot) / (n - 1)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	global := make([]*tally, len(w.regions))
+	split := make([]*tally, len(w.regions))
+	for i, r := range w.regions {
+		global[i], split[i] = newTally(start), newTally(start)
+		loadDomain(ctx, &wg, r, "reg", global[i], rateOf(i))
+		loadDomain(ctx, &wg, r, "split", split[i], rateOf(i))
+	}
+	end := start.Add(time.Duration(len(w.regions)) * phase)
+	testproc.Eventually(t, 3*time.Duration(len(w.regions))*phase+30*time.Second, "every phase", func() bool { return time.Now().After(end) })
+	cancel()
+	wg.Wait()
+	count := func(ts []*tally) (rejected, offered int) {
+		for _, tl := range ts {
+			a, o := tl.sum(0, int(end.Sub(start)/tl.slot))
+			rejected += o - a
+			offered += o
+		}
+		return rejected, offered
+	}
+	gr, gOff := count(global)
+	sr, sOff := count(split)
+	for i := range w.regions {
+		if global[i].errs.Load()+split[i].errs.Load() != 0 {
+			t.Errorf("region %d: errors at the agents", i)
+		}
+	}
+	t.Logf("demand moving every %v, 70%% in one region: global key false-rejected %d of %d (%.2f%%); static split %d of %d (%.2f%%)",
+		phase, gr, gOff, 100*float64(gr)/float64(gOff), sr, sOff, 100*float64(sr)/float64(sOff))
+	if float64(gr) > 0.01*float64(gOff) {
+		t.Errorf("the global key false-rejected %.2f%% of in-quota requests, want ≤ 1%%", 100*float64(gr)/float64(gOff))
+	}
 }
