@@ -214,6 +214,9 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 				return unauthenticated("%s needs an agent certificate", method)
 			}
 			return nil
+		case id.Role == tlsconfig.RoleAllocator && isRegionAgent(agentID):
+			// A regional cluster's leader leasing global keys (regions.md).
+			return nil
 		case id.Role != tlsconfig.RoleAgent:
 			return denied("%s may not call %s: only agents lease tokens", id, method)
 		case !tlsconfig.AgentIDMatches(agentID, id.Name):

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"time"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -39,6 +40,14 @@ type RegionConfig struct {
 }
 
 var regionName = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
+
+// regionAgentPrefix starts the agent id a regional leader leases with.
+const regionAgentPrefix = "region:"
+
+// isRegionAgent reports whether agentID is a region's (region:NAME).
+func isRegionAgent(agentID string) bool {
+	return strings.HasPrefix(agentID, regionAgentPrefix) && regionName.MatchString(agentID[len(regionAgentPrefix):])
+}
 
 func (r RegionConfig) validate(c Config) []error {
 	var errs []error

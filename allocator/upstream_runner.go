@@ -67,7 +67,7 @@ func (s *Server) newRegional() (*regional, error) {
 		return nil, nil
 	}
 	g := &regional{
-		s: s, name: r.Name, agent: "region:" + r.Name, cfg: r.Upstream, addrs: r.GlobalAllocators,
+		s: s, name: r.Name, agent: regionAgentPrefix + r.Name, cfg: r.Upstream, addrs: r.GlobalAllocators,
 		state: "not_leader", since: time.Now(), keys: map[uint64]keyView{},
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Name: "upstream_calls_total",
 			Help: "Calls of this regional leader to the global cluster, by result (ok, error, cycle)."}, []string{"result"}),

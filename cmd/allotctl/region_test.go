@@ -17,7 +17,7 @@ func TestRegionOutput(t *testing.T) {
 	st := &allotv1.ClusterStatusResponse{Region: "eu-west", Upstream: &allotv1.UpstreamStatus{
 		Addrs: []string{"10.1.0.5:7420", "10.1.0.6:7420"}, State: "cut_off", AgentId: "region:eu-west",
 		Error: "10.1.0.5:7420: context deadline exceeded",
-		Keys: []*allotv1.GlobalKeyHeld{held}}}
+		Keys:  []*allotv1.GlobalKeyHeld{held}}}
 	if err := a.printUpstream(st); err != nil {
 		t.Fatal(err)
 	}
