@@ -1,0 +1,109 @@
+package regions
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/allot/allot/agent"
+	"github.com/allot/allot/internal/testproc"
+	"github.com/allot/allot/pkg/rules"
+)
+
+// staticRules: the global key falls to half its rate in every region.
+const staticRules = `domain: reg
+scope: global
+global_fallback: static
+static_fraction: 0.5
+descriptors:
+  - key: k
+    rate_limit: {name: shared, unit: second, requests_per_unit: 100, burst: 100}
+`
+
+// A region with no -global-allocators answers a scope: global key with
+// the rule's fallback (static: half of R), never an error, with a log
+// line and a metric; a region pointed at another region (a cycle) is
+// refused at startup.
+func TestRegionWithoutUpstreamAndCycle(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	dir := t.TempDir()
+	bins := testproc.Build(t)
+	file := testproc.WriteFile(t, dir, "reg.yaml", staticRules)
+	set, err := rules.Compile(1, []rules.File{{Name: "reg.yaml", Source: []byte(staticRules)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testproc.StartCluster(t, testproc.ClusterConfig{Bin: bins.Allocator, Dir: dir, Size: 1, Rules: []string{file},
+		Args: append([]string{"-region", "lonely"}, testproc.FastLeaseArgs...)})
+	a, err := agent.New(agent.Config{ID: "lonely-a0", Allocators: c.GRPCAddrs(), Rules: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Close(ctx)
+	})
+	r := &region{name: "lonely", c: c, agents: []*agent.Agent{a}}
+	start := time.Now()
+	tl := newTally(start)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	load(ctx, &wg, r, tl, func(time.Time) float64 { return 100 })
+	testproc.Eventually(t, 20*time.Second, "8 s of load", func() bool { return time.Since(start) > 8*time.Second })
+	cancel()
+	wg.Wait()
+	if n := tl.errs.Load(); n != 0 {
+		t.Errorf("%d errors at the agent", n)
+	}
+	// From 3 s on (the fallback bucket's first burst spent): about R/2.
+	adm, off := tl.sum(30, 80)
+	t.Logf("no upstream, static 0.5: admitted %d of %d over 5 s (%.1f/s)", adm, off, float64(adm)/5)
+	if got := float64(adm) / 5; got > 0.5*rate+5 || got < 0.5*rate*0.7 {
+		t.Errorf("admitted %.1f/s without an upstream, want about static_fraction × R = %.0f/s", got, 0.5*rate)
+	}
+	n := c.Nodes[0]
+	m, err := testproc.Scrape("http://" + n.HTTP + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Get("allot_allocator_upstream_fallback_keys"); got != 1 {
+		t.Errorf("allot_allocator_upstream_fallback_keys = %v, want 1", got)
+	}
+	if out := n.Proc.Output(); !strings.Contains(out, "global key served from its fallback share: no global upstream") {
+		t.Errorf("no log line for the global key without an upstream:\n%s", testproc.Tail(out, 20))
+	}
+	st, err := n.Status(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetRegion() != "lonely" || st.GetUpstream().GetState() != "none" {
+		t.Errorf("status region %q upstream %v, want lonely, none", st.GetRegion(), st.GetUpstream())
+	}
+
+	// A cycle: a region whose global allocator is a region.
+	addrs := testproc.FreeAddrs(t, 3)
+	p := testproc.NewProc("cycle", dir, bins.Allocator, "-node-id", "c0", "-data-dir", dir+"/cycle", "-grpc-addr", addrs[0],
+		"-raft-addr", addrs[1], "-http-addr", addrs[2], "-bootstrap", "-region", "loop", "-global-allocators", n.GRPC)
+	if err := p.Run(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("an allocator pointed at a region did not exit")
+	}
+	if out := p.Output(); p.ExitErr() == nil || !strings.Contains(out, "cycle in the allocator chain") ||
+		!strings.Contains(out, fmt.Sprintf("%s is a regional cluster (region %q)", n.GRPC, "lonely")) {
+		t.Errorf("exit %v, want a refusal naming the cycle:\n%s", p.ExitErr(), testproc.Tail(out, 10))
+	}
+}
+
