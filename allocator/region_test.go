@@ -1,0 +1,50 @@
+package allocator
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The region flags: bad names, an upstream without a region, the node's
+// own address as its global allocator, a bad address and a bad policy
+// setting are refused with an error naming the flag.
+func TestRegionConfigValidate(t *testing.T) {
+	good := DefaultConfig()
+	good.NodeID, good.DataDir, good.GRPCAddr = "a", "/tmp/x", "127.0.0.1:7420"
+	good.Region = RegionConfig{Name: "eu-west", GlobalAllocators: []string{"10.0.0.1:7420", "10.0.0.2:7420"}}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("a regional config is invalid: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		mut  func(*Config)
+		want string
+	}{
+		"bad name":          {func(c *Config) { c.Region.Name = "EU West" }, `-region "EU West"`},
+		"upstream, no name": {func(c *Config) { c.Region.Name = "" }, "-global-allocators needs -region"},
+		"own address":       {func(c *Config) { c.Region.GlobalAllocators = []string{"127.0.0.1:7420"} }, "this node's own gRPC address"},
+		"own wildcard":      {func(c *Config) { c.GRPCAddr = "127.0.0.1:7421"; c.AdvertiseGRPCAddr = "alloc-1:7420"; c.Region.GlobalAllocators = []string{"alloc-1:7420"} }, "own gRPC address"},
+		"no port":           {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1"} }, `-global-allocators "10.0.0.1"`},
+		"twice":             {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1:1", "10.0.0.1:1"} }, "twice"},
+		"negative rtt":      {func(c *Config) { c.Region.Upstream.RTT = -time.Second }, "RTT"},
+	} {
+		c := good
+		c.Region.GlobalAllocators = append([]string(nil), good.Region.GlobalAllocators...)
+		tc.mut(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate() = %v, want an error with %q", name, err, tc.want)
+		}
+	}
+	if c := good; !c.stateConfig().Regional {
+		t.Error("a region's state config is not regional")
+	}
+}
+
+func TestIsRegionAgent(t *testing.T) {
+	for id, want := range map[string]bool{"region:eu": true, "region:": false, "region:EU": false, "eu": false, "gw-region:eu": false} {
+		if got := isRegionAgent(id); got != want {
+			t.Errorf("isRegionAgent(%q) = %v, want %v", id, got, want)
+		}
+	}
+}
