@@ -1,12 +1,7 @@
 package allocator
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/hashicorp/raft"
-
-	"github.com/allot/allot/allocator/state"
 )
 
 // applyUpstream applies an upstream entry of the regional ledger. One that
@@ -15,11 +10,7 @@ import (
 func (f *fsm) applyUpstream(l *raft.Log) any {
 	res, err := f.st.ApplyUpstream(l.Data)
 	if err != nil {
-		hint := ""
-		if errors.Is(err, state.ErrUnknownCommand) {
-			hint = "; upgrade this node"
-		}
-		panic(fmt.Sprintf("allocator: raft log entry %d (term %d): %v%s", l.Index, l.Term, err, hint))
+		stop(l, err)
 	}
 	return res
 }

@@ -41,16 +41,7 @@ func TestRegionWithoutUpstreamAndCycle(t *testing.T) {
 	}
 	c := testproc.StartCluster(t, testproc.ClusterConfig{Bin: bins.Allocator, Dir: dir, Size: 1, Rules: []string{file},
 		Args: append([]string{"-region", "lonely"}, testproc.FastLeaseArgs...)})
-	a, err := agent.New(agent.Config{ID: "lonely-a0", Allocators: c.GRPCAddrs(), Rules: set})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = a.Close(ctx)
-	})
-	r := &region{name: "lonely", c: c, agents: []*agent.Agent{a}}
+	r := &region{name: "lonely", c: c, agents: []*agent.Agent{startAgent(t, "lonely-a0", c.GRPCAddrs(), set)}}
 	start := time.Now()
 	tl := newTally(start)
 	ctx, cancel := context.WithCancel(context.Background())

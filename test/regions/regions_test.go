@@ -114,16 +114,7 @@ func newWorld(t *testing.T, globalSize int, regionSizes []int, agentsPerRegion i
 		r.c = testproc.StartCluster(t, testproc.ClusterConfig{Bin: w.bins.Allocator, Dir: w.dir + "/" + r.name,
 			Size: regionSize, Rules: []string{file, split}, Args: args})
 		for j := range agentsPerRegion {
-			a, err := agent.New(agent.Config{ID: fmt.Sprintf("%s-a%d", r.name, j), Allocators: r.c.GRPCAddrs(), Rules: set})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = a.Close(ctx)
-			})
-			r.agents = append(r.agents, a)
+			r.agents = append(r.agents, startAgent(t, fmt.Sprintf("%s-a%d", r.name, j), r.c.GRPCAddrs(), set))
 		}
 		w.regions = append(w.regions, r)
 	}
@@ -231,6 +222,37 @@ func loadDomain(ctx context.Context, wg *sync.WaitGroup, r *region, domain strin
 	}()
 }
 
+// steadyLoad offers perRegion requests/s of the global key in every
+// region from start, and returns the regions' tallies and a stop function
+// (also run at cleanup; safe twice).
+func (w *world) steadyLoad(start time.Time, perRegion float64) ([]*tally, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	stop := func() { cancel(); wg.Wait() }
+	w.t.Cleanup(stop)
+	tallies := make([]*tally, len(w.regions))
+	for i, r := range w.regions {
+		tallies[i] = newTally(start)
+		load(ctx, &wg, r, tallies[i], func(time.Time) float64 { return perRegion })
+	}
+	return tallies, stop
+}
+
+// startAgent starts an agent of the allocators at addrs, closed at cleanup.
+func startAgent(t *testing.T, id string, addrs []string, set *rules.Set) *agent.Agent {
+	t.Helper()
+	a, err := agent.New(agent.Config{ID: id, Allocators: addrs, Rules: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Close(ctx)
+	})
+	return a
+}
+
 // waitHolding waits until every region's leader holds the global key.
 func (w *world) waitHolding(within time.Duration) {
 	w.t.Helper()
@@ -276,14 +298,7 @@ func regionStatus(t *testing.T, r *region) *allotv1.ClusterStatusResponse {
 func TestAcrossRegions(t *testing.T) {
 	w := newWorld(t, 1, []int{1, 1, 1}, 2)
 	start := time.Now()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	tallies := make([]*tally, len(w.regions))
-	for i, r := range w.regions {
-		tallies[i] = newTally(start)
-		load(ctx, &wg, r, tallies[i], func(time.Time) float64 { return 60 }) // 180/s offered against R = 100/s
-	}
+	tallies, stop := w.steadyLoad(start, 60) // 180/s offered against R = 100/s
 	w.waitHolding(30 * time.Second)
 	// Let the regions settle on their shares, then measure.
 	settle := time.Now()
@@ -304,8 +319,7 @@ func TestAcrossRegions(t *testing.T) {
 	cut.heal()
 	healAt := time.Now()
 	testproc.Eventually(t, 20*time.Second, "3 s after the heal", func() bool { return time.Since(healAt) > 3*time.Second })
-	cancel()
-	wg.Wait()
+	stop()
 	end := tallies[0].slots()
 	for i, r := range w.regions {
 		st := regionStatus(t, r)
@@ -391,14 +405,7 @@ func TestAcrossRegions(t *testing.T) {
 func TestRegionFailover(t *testing.T) {
 	w := newWorld(t, 3, []int{3, 1}, 2)
 	start := time.Now()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	tallies := make([]*tally, len(w.regions))
-	for i, r := range w.regions {
-		tallies[i] = newTally(start)
-		load(ctx, &wg, r, tallies[i], func(time.Time) float64 { return 70 }) // 140/s against R = 100/s
-	}
+	tallies, stop := w.steadyLoad(start, 70) // 140/s against R = 100/s
 	w.waitHolding(30 * time.Second)
 	r0 := w.regions[0]
 	before := regionStatus(t, r0).GetUpstream().GetKeys()[0]
@@ -439,8 +446,7 @@ func TestRegionFailover(t *testing.T) {
 	})
 	t.Logf("global leader %s killed; every region granted again within %v", gl.ID, time.Since(gKillAt).Round(10*time.Millisecond))
 	testproc.Eventually(t, 20*time.Second, "3 s after the global leader's kill", func() bool { return time.Since(gKillAt) > 3*time.Second })
-	cancel()
-	wg.Wait()
+	stop()
 
 	slot := 100 * time.Millisecond
 	end := tallies[0].slots()
