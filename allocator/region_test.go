@@ -23,10 +23,14 @@ func TestRegionConfigValidate(t *testing.T) {
 		"bad name":          {func(c *Config) { c.Region.Name = "EU West" }, `-region "EU West"`},
 		"upstream, no name": {func(c *Config) { c.Region.Name = "" }, "-global-allocators needs -region"},
 		"own address":       {func(c *Config) { c.Region.GlobalAllocators = []string{"127.0.0.1:7420"} }, "this node's own gRPC address"},
-		"own wildcard":      {func(c *Config) { c.GRPCAddr = "127.0.0.1:7421"; c.AdvertiseGRPCAddr = "alloc-1:7420"; c.Region.GlobalAllocators = []string{"alloc-1:7420"} }, "own gRPC address"},
-		"no port":           {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1"} }, `-global-allocators "10.0.0.1"`},
-		"twice":             {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1:1", "10.0.0.1:1"} }, "twice"},
-		"negative rtt":      {func(c *Config) { c.Region.Upstream.RTT = -time.Second }, "RTT"},
+		"own wildcard": {func(c *Config) {
+			c.GRPCAddr = "127.0.0.1:7421"
+			c.AdvertiseGRPCAddr = "alloc-1:7420"
+			c.Region.GlobalAllocators = []string{"alloc-1:7420"}
+		}, "own gRPC address"},
+		"no port":      {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1"} }, `-global-allocators "10.0.0.1"`},
+		"twice":        {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1:1", "10.0.0.1:1"} }, "twice"},
+		"negative rtt": {func(c *Config) { c.Region.Upstream.RTT = -time.Second }, "RTT"},
 	} {
 		c := good
 		c.Region.GlobalAllocators = append([]string(nil), good.Region.GlobalAllocators...)

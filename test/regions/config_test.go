@@ -97,4 +97,3 @@ func TestRegionWithoutUpstreamAndCycle(t *testing.T) {
 		t.Errorf("exit %v, want a refusal naming the cycle:\n%s", p.ExitErr(), testproc.Tail(out, 10))
 	}
 }
-
