@@ -2,8 +2,11 @@ package state
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 
 	"github.com/allot/allot/pkg/rules"
 )
@@ -158,4 +161,116 @@ func FuzzApplyUpstream(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The ledger's conservation law, over random histories of gateway calls
+// (wants, returns, charges, outage charges), upstream sends, grants (some
+// answering an older send), mints, expiries and snapshot round trips:
+//
+//	avail − debt + out + charged + outageTaken = received + minted − returned
+//
+// where out is what gateways were granted less what was credited back, so
+// a region never sub-grants more than it received and minted (plus what
+// its gateways' fallbacks charged into debt); avail and debt are never
+// negative and never both positive.
+func TestRegionalLedgerConservation(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		cfg := testConfig()
+		cfg.Regional = true
+		s := New(cfg)
+		putRules(rt, s, t0, globalRules)
+		now := at(0)
+		ids := map[string]uint64{}
+		recHeld := map[string]int64{} // each gateway's held, as its last answer recorded it
+		var out, charged, outageTaken int64
+		var seq uint64
+		var hash uint64
+		for i := range rapid.IntRange(1, 60).Draw(rt, "steps") {
+			now += int64(rapid.IntRange(0, 300).Draw(rt, "dt")) * int64(time.Millisecond)
+			gw := fmt.Sprintf("gw%d", rapid.IntRange(0, 2).Draw(rt, "gw"))
+			var before Pool
+			if hash != 0 {
+				before, _ = s.PoolOf(hash, now)
+			}
+			switch rapid.IntRange(0, 6).Draw(rt, "op") {
+			case 0, 1: // a gateway's call
+				k := ka("g", "x", int64(rapid.IntRange(0, 80).Draw(rt, "want")), 0,
+					int64(rapid.IntRange(0, 30).Draw(rt, "returned")), int64(rapid.IntRange(0, 5).Draw(rt, "charged")))
+				k.Held = int64(rapid.IntRange(0, 40).Draw(rt, "held"))
+				k.OutageCharged = int64(rapid.IntRange(0, 3).Draw(rt, "outage"))
+				ids[gw]++
+				resp, err := acquire(s, now, gw, ids[gw], k)
+				if err != nil {
+					rt.Fatalf("step %d: %v", i, err)
+				}
+				if hash == 0 {
+					hash = s.Pools(now)[0].Hash
+					before, _ = s.PoolOf(hash, now)
+					before.Available, before.Debt = 0, 0
+				}
+				after, _ := s.PoolOf(hash, now)
+				out += resp.Grants[0].Granted
+				charged += k.Charged
+				// What the call credited and took, read from the pool: the
+				// rest of the law checks that nothing else moved.
+				credited := after.Available - after.Debt - (before.Available - before.Debt) + resp.Grants[0].Granted + k.Charged
+				taken := int64(0)
+				if credited < 0 { // an outage charge taken from the pool
+					taken = -credited
+					credited = 0
+				}
+				if taken > k.OutageCharged || credited > k.Returned || credited > max(0, recHeld[gw]-k.Held) {
+					rt.Fatalf("step %d: the pool moved by %d credited, %d taken for returned %d of %d held (record %d), outage %d",
+						i, credited, taken, k.Returned, k.Held, recHeld[gw], k.OutageCharged)
+				}
+				recHeld[gw] = resp.Grants[0].Held
+				out -= credited
+				outageTaken += taken
+			case 2: // a send
+				if hash == 0 {
+					continue
+				}
+				seq++
+				applyUpT(rt, s, AppendUpstreamSend(nil, now, seq, []byte("r"), []UpstreamReturn{{Hash: hash,
+					Returned: int64(rapid.IntRange(0, 50).Draw(rt, "up-returned")), Charged: int64(rapid.IntRange(0, 5).Draw(rt, "up-charged"))}}))
+			case 3: // a grant, perhaps for an older send
+				if hash == 0 {
+					continue
+				}
+				id := seq - uint64(rapid.IntRange(0, 1).Draw(rt, "older"))
+				applyUpT(rt, s, AppendUpstreamGrant(nil, now, id, []UpstreamGrant{{Hash: hash, Granted: int64(rapid.IntRange(0, 100).Draw(rt, "granted"))}}))
+			case 4: // a mint
+				if hash == 0 {
+					continue
+				}
+				applyUpT(rt, s, AppendUpstreamMint(nil, now, []UpstreamMint{{Hash: hash, Minted: int64(rapid.IntRange(0, 10).Draw(rt, "minted"))}}))
+			case 5:
+				expire(s, now) // an expired lease's record holds nothing: recHeld stays an upper bound
+			case 6: // a snapshot round trip
+				r := New(cfg)
+				if err := r.Restore(bytes.NewReader(persist(rt, s))); err != nil {
+					rt.Fatalf("step %d: Restore: %v", i, err)
+				}
+				s = r
+			}
+			if hash == 0 {
+				continue
+			}
+			p, _ := s.PoolOf(hash, now)
+			if p.Available < 0 || p.Debt < 0 || (p.Available > 0 && p.Debt > 0) {
+				rt.Fatalf("step %d: pool %+v", i, p)
+			}
+			if l, r := p.Available-p.Debt+out+charged+outageTaken, p.Received+p.Minted-p.Returned; l != r {
+				rt.Fatalf("step %d: avail %d − debt %d + out %d + charged %d + outage %d = %d, received %d + minted %d − returned %d = %d",
+					i, p.Available, p.Debt, out, charged, outageTaken, l, p.Received, p.Minted, p.Returned, r)
+			}
+		}
+	})
+}
+
+func applyUpT(t tb, s *State, data []byte) {
+	t.Helper()
+	if _, err := s.ApplyUpstream(data); err != nil {
+		t.Fatalf("ApplyUpstream: %v", err)
+	}
 }
