@@ -406,11 +406,8 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 			ask, poolShort = pool.avail, true
 		}
 		if ask > 0 {
-			granted = lim.TakeUpTo(&st, now, ask)
+			granted = takeFrom(pool, lim, &st, now, ask)
 			held += granted
-			if pool != nil {
-				pool.avail -= granted
-			}
 		}
 	}
 	c.tab.mut(c, idx).st = st
@@ -419,6 +416,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	g.Status = allotv1.KeyStatus_KEY_STATUS_OK
 	g.Granted = granted
 	g.Remaining = p.Remaining
+	if pool != nil {
+		g.Remaining = min(g.Remaining, pool.avail)
+	}
 	g.ResetAfterMs = ms(p.ResetAfter)
 	g.Limit = c.limitMsgs[rule.ID]
 	var retry time.Duration

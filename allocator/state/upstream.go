@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -319,6 +320,20 @@ func (c *core) poolFor(rule *rules.Rule, h uint64, domain string, ents []rules.E
 	}
 	c.pools[h] = p
 	return p
+}
+
+// takeFrom grants up to n tokens of a key from its bucket and, when it has
+// a pool, at most what the pool holds (the region's copy of a global rule
+// still bounds the region; the global cluster's grants bound the pool).
+func takeFrom(p *pool, lim bucket.Limit, st *bucket.State, now, n int64) int64 {
+	if p != nil {
+		n = min(n, p.avail)
+	}
+	n = lim.TakeUpTo(st, now, n)
+	if p != nil {
+		p.avail -= n
+	}
+	return n
 }
 
 // take removes up to n tokens from the pool (tokens a gateway's fallback

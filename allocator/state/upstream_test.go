@@ -274,3 +274,18 @@ func applyUpT(t tb, s *State, data []byte) {
 		t.Fatalf("ApplyUpstream: %v", err)
 	}
 }
+
+// On a region, a global key reports what the pool holds as its remaining
+// tokens (when its bucket holds more), so that gateways re-base their
+// fallback buckets on the region's holdings.
+func TestRegionalPoolRemaining(t *testing.T) {
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw0", 1, ka("g", "x", 1, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	applyUp(t, s, AppendUpstreamSend(nil, at(1), 1, []byte("r"), nil))
+	applyUp(t, s, AppendUpstreamGrant(nil, at(2), 1, []UpstreamGrant{{Hash: h, Granted: 40}}))
+	g := mustAcquire(t, s, at(3), "gw1", 1, ka("g", "x", 10, 0, 0, 0)).Grants[0]
+	if p, _ := s.PoolOf(h, at(3)); g.Granted != 10 || g.Remaining != p.Available || p.Available != 30 {
+		t.Fatalf("granted %d, remaining %d, pool %d; want 10, the pool's 30", g.Granted, g.Remaining, p.Available)
+	}
+}
