@@ -208,6 +208,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 
+	if err = s.setupRegion(); err != nil {
+		return nil, err
+	}
 	if err = s.startGRPC(); err != nil {
 		return nil, err
 	}
@@ -223,9 +226,6 @@ func New(cfg Config) (*Server, error) {
 		s.goFunc(s.joinLoop)
 	}
 	if err = s.checkAddresses(); err != nil {
-		return nil, err
-	}
-	if err = s.setupRegion(); err != nil {
 		return nil, err
 	}
 	s.log.Info("allocator started", "grpc", s.grpcAddr, "raft", s.node.bound, "http", s.httpAddr,
