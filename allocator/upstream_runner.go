@@ -36,12 +36,13 @@ type regional struct {
 	tokens *prometheus.CounterVec // kind: received, returned, minted
 	fbKeys prometheus.Gauge       // global keys served from their fallback share now
 
-	mu      sync.Mutex // guards the fields below
-	goodIdx int        // the global allocator that answered last
-	state   string     // connected | cut_off | connecting | none | not_leader | cycle
-	since   time.Time
-	err     string
-	keys    map[uint64]keyView // by key hash, as of the runner's last Tick
+	mu       sync.Mutex // guards the fields below
+	goodIdx  int        // the global allocator that answered last
+	verified bool       // an upstream answered the cycle check
+	state    string     // connected | cut_off | connecting | none | not_leader | cycle
+	since    time.Time
+	err      string
+	keys     map[uint64]keyView // by key hash, as of the runner's last Tick
 }
 
 // keyView is what the runner knows of a key beyond the ledger.
@@ -102,7 +103,7 @@ func (g *regional) run(ctx context.Context) {
 	s := g.s
 	keys := map[uint64]*regKey{}
 	upstreamOK := len(g.addrs) > 0
-	if upstreamOK {
+	if upstreamOK && !g.isVerified() {
 		g.setState("connecting", nil)
 		if err := g.verify(ctx); err != nil {
 			if errors.Is(err, errCycle) {
@@ -160,8 +161,9 @@ func (g *regional) run(ctx context.Context) {
 	}
 }
 
-// verify checks, once per term, that an answering global allocator is
-// neither a region nor this cluster. Unreachable ones are not an error.
+// verify checks that an answering global allocator is neither a region
+// nor this cluster, at the start of each term until one has answered.
+// Unreachable ones are not an error.
 func (g *regional) verify(ctx context.Context) error {
 	for _, addr := range g.addrs {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -170,9 +172,21 @@ func (g *regional) verify(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		return g.s.cycleError(addr, st)
+		err = g.s.cycleError(addr, st)
+		if err == nil {
+			g.mu.Lock()
+			g.verified = true
+			g.mu.Unlock()
+		}
+		return err
 	}
 	return nil
+}
+
+func (g *regional) isVerified() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.verified
 }
 
 // recover makes the previous leader's unanswered call again, with its
