@@ -59,7 +59,7 @@ const (
 
 // poolRefresh: a gateway whose want a pool cut comes back after at most
 // this, when the regional leader's next refill (or mint) may have landed.
-const poolRefresh = 100 * time.Millisecond
+const poolRefresh = 50 * time.Millisecond
 
 // poolExhausted is the answer to a want a spent pool cut to nothing: the
 // key is exhausted in this region until the regional leader's next refill

@@ -543,5 +543,14 @@ func TestDemandMoves(t *testing.T) {
 		phase, gr, gOff, 100*float64(gr)/float64(gOff), sr, sOff, 100*float64(sr)/float64(sOff))
 	if float64(gr) > 0.01*float64(gOff) {
 		t.Errorf("the global key false-rejected %.2f%% of in-quota requests, want ≤ 1%%", 100*float64(gr)/float64(gOff))
+		// Where: rejected/offered per region and second.
+		for sec := 0; sec < int(end.Sub(start)/time.Second); sec++ {
+			line := fmt.Sprintf("second %2d:", sec)
+			for _, tl := range global {
+				a, o := tl.sum(10*sec, 10*sec+10)
+				line += fmt.Sprintf(" %3d/%3d", o-a, o)
+			}
+			t.Log(line)
+		}
 	}
 }
