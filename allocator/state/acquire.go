@@ -427,7 +427,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		retry = max(p.RetryAfter, time.Millisecond)
 		g.RetryAfterMs = ms(retry)
 	} else if want > 0 && granted == 0 && poolShort {
-		g.Status, retry = poolExhausted()
+		g.Status, retry = poolExhausted(pool)
 		g.RetryAfterMs = ms(retry)
 	}
 
@@ -437,7 +437,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 			refresh = min(retry, ttl)
 		}
 		if poolShort {
-			refresh = min(refresh, poolRefresh)
+			refresh = min(refresh, pool.retry())
 		}
 		nl := lease{agent: ag.num, need: need, held: held, win: old.win, grantedAt: old.grantedAt,
 			expiry: now + int64(ttl), demand: demand, ext: old.ext}

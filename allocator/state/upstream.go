@@ -59,13 +59,31 @@ const (
 
 // poolRefresh: a gateway whose want a pool cut comes back after at most
 // this, when the regional leader's next refill (or mint) may have landed.
-const poolRefresh = 50 * time.Millisecond
+// poolDebtRefresh replaces it while the region is cut off (it minted
+// tokens it has not reported upstream yet) and the pool is in debt: its
+// gateways' fallback buckets admitted beyond what the region held (each
+// time a gateway's denial ends before its next answer, its fallback
+// decides), and a cut-off region repays a debt only out of its fallback
+// share; a longer denial keeps those fallback admissions rare. A connected
+// region repays it from its next grant.
+const (
+	poolRefresh     = 50 * time.Millisecond
+	poolDebtRefresh = 500 * time.Millisecond
+)
 
 // poolExhausted is the answer to a want a spent pool cut to nothing: the
 // key is exhausted in this region until the regional leader's next refill
 // (or mint), so the gateway denies rather than deciding on its own.
-func poolExhausted() (allotv1.KeyStatus, time.Duration) {
-	return allotv1.KeyStatus_KEY_STATUS_EXHAUSTED, poolRefresh
+func poolExhausted(p *pool) (allotv1.KeyStatus, time.Duration) {
+	return allotv1.KeyStatus_KEY_STATUS_EXHAUSTED, p.retry()
+}
+
+// retry is how long a gateway whose want the pool cut waits.
+func (p *pool) retry() time.Duration {
+	if p.debt > 0 && p.owed > 0 {
+		return poolDebtRefresh
+	}
+	return poolRefresh
 }
 
 // pool is what a region holds of one global key.

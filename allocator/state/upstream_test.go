@@ -9,6 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 const globalRules = `domain: test
@@ -287,5 +288,29 @@ func TestRegionalPoolRemaining(t *testing.T) {
 	g := mustAcquire(t, s, at(3), "gw1", 1, ka("g", "x", 10, 0, 0, 0)).Grants[0]
 	if p, _ := s.PoolOf(h, at(3)); g.Granted != 10 || g.Remaining != p.Available || p.Available != 30 {
 		t.Fatalf("granted %d, remaining %d, pool %d; want 10, the pool's 30", g.Granted, g.Remaining, p.Available)
+	}
+}
+
+// A gateway whose want a spent pool cut waits 50 ms, or 500 ms while the
+// region is cut off (it minted tokens not yet reported) and its pool is in
+// debt (its gateways' fallback buckets admitted beyond what it held).
+func TestRegionalPoolRetry(t *testing.T) {
+	s := newRegionalState(t)
+	g := mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 10, 0, 0, 0)).Grants[0]
+	if g.Status != allotv1.KeyStatus_KEY_STATUS_EXHAUSTED || g.RetryAfterMs != poolRefresh.Milliseconds() {
+		t.Fatalf("step 1: %v retry %d ms, want EXHAUSTED after %v", g.Status, g.RetryAfterMs, poolRefresh)
+	}
+	h := s.Pools(at(0))[0].Hash
+	// A gateway's fallback admitted 5: the pool owes them.
+	mustAcquire(t, s, at(time.Millisecond), "gw1", 2, ka("g", "x", 0, 0, 0, 5))
+	g = mustAcquire(t, s, at(2*time.Millisecond), "gw1", 3, ka("g", "x", 10, 0, 0, 0)).Grants[0]
+	if g.RetryAfterMs != poolRefresh.Milliseconds() {
+		t.Fatalf("step 2: connected and in debt: retry %d ms, want %v", g.RetryAfterMs, poolRefresh)
+	}
+	// Cut off: a mint of 2 pays part of the debt.
+	applyUp(t, s, AppendUpstreamMint(nil, at(3*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 2}}))
+	g = mustAcquire(t, s, at(4*time.Millisecond), "gw1", 4, ka("g", "x", 10, 0, 0, 0)).Grants[0]
+	if g.RetryAfterMs != poolDebtRefresh.Milliseconds() {
+		t.Fatalf("step 3: cut off and in debt: retry %d ms, want %v", g.RetryAfterMs, poolDebtRefresh)
 	}
 }
