@@ -427,7 +427,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		retry = max(p.RetryAfter, time.Millisecond)
 		g.RetryAfterMs = ms(retry)
 	} else if want > 0 && granted == 0 && poolShort {
-		g.Status, retry = poolExhausted(pool)
+		g.Status, retry = poolExhausted(pool, capacity)
 		g.RetryAfterMs = ms(retry)
 	}
 
@@ -437,7 +437,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 			refresh = min(retry, ttl)
 		}
 		if poolShort {
-			refresh = min(refresh, pool.retry())
+			refresh = min(refresh, pool.retry(capacity))
 		}
 		nl := lease{agent: ag.num, need: need, held: held, win: old.win, grantedAt: old.grantedAt,
 			expiry: now + int64(ttl), demand: demand, ext: old.ext}

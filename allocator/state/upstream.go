@@ -74,13 +74,16 @@ const (
 // poolExhausted is the answer to a want a spent pool cut to nothing: the
 // key is exhausted in this region until the regional leader's next refill
 // (or mint), so the gateway denies rather than deciding on its own.
-func poolExhausted(p *pool) (allotv1.KeyStatus, time.Duration) {
-	return allotv1.KeyStatus_KEY_STATUS_EXHAUSTED, p.retry()
+func poolExhausted(p *pool, capacity int64) (allotv1.KeyStatus, time.Duration) {
+	return allotv1.KeyStatus_KEY_STATUS_EXHAUSTED, p.retry(capacity)
 }
 
-// retry is how long a gateway whose want the pool cut waits.
-func (p *pool) retry() time.Duration {
-	if p.debt > 0 && p.owed > 0 {
+// retry is how long a gateway whose want the pool cut waits: the long
+// wait once the debt of a cut-off region exceeds a tenth of the key's
+// capacity per refresh interval (a debt of a few tokens is the ordinary
+// rounding of gateways' asks, not a run of fallback admissions).
+func (p *pool) retry(capacity int64) time.Duration {
+	if p.owed > 0 && p.debt > max(capacity/10, 1) {
 		return poolDebtRefresh
 	}
 	return poolRefresh

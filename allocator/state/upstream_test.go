@@ -292,8 +292,9 @@ func TestRegionalPoolRemaining(t *testing.T) {
 }
 
 // A gateway whose want a spent pool cut waits 50 ms, or 500 ms while the
-// region is cut off (it minted tokens not yet reported) and its pool is in
-// debt (its gateways' fallback buckets admitted beyond what it held).
+// region is cut off (it minted tokens not yet reported) and its pool's
+// debt (what its gateways' fallback buckets admitted beyond what it held)
+// exceeds a tenth of the key's capacity per refresh interval.
 func TestRegionalPoolRetry(t *testing.T) {
 	s := newRegionalState(t)
 	g := mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 10, 0, 0, 0)).Grants[0]
@@ -301,8 +302,9 @@ func TestRegionalPoolRetry(t *testing.T) {
 		t.Fatalf("step 1: %v retry %d ms, want EXHAUSTED after %v", g.Status, g.RetryAfterMs, poolRefresh)
 	}
 	h := s.Pools(at(0))[0].Hash
-	// A gateway's fallback admitted 5: the pool owes them.
-	mustAcquire(t, s, at(time.Millisecond), "gw1", 2, ka("g", "x", 0, 0, 0, 5))
+	// Gateways' fallbacks admitted 15 (more than a tenth of the key's 100
+	// a refresh interval): the pool owes them.
+	mustAcquire(t, s, at(time.Millisecond), "gw1", 2, ka("g", "x", 0, 0, 0, 15))
 	g = mustAcquire(t, s, at(2*time.Millisecond), "gw1", 3, ka("g", "x", 10, 0, 0, 0)).Grants[0]
 	if g.RetryAfterMs != poolRefresh.Milliseconds() {
 		t.Fatalf("step 2: connected and in debt: retry %d ms, want %v", g.RetryAfterMs, poolRefresh)
