@@ -210,13 +210,18 @@ func (g *regional) recover(ctx context.Context) {
 		s.log.Warn("previous leader's upstream call not answered; given up", "seq", seq, "err", err)
 		return
 	}
+	gs, err := allotv1.GrantsOf(resp)
+	if err != nil {
+		s.log.Warn("previous leader's upstream call answered with grants that do not decode; given up", "seq", seq, "err", err)
+		return
+	}
 	set := s.st.Rules()
 	var grants []state.UpstreamGrant
 	for i, k := range req.GetKeys() {
-		if i >= len(resp.GetGrants()) {
+		if i >= len(gs) {
 			break
 		}
-		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: resp.Grants[i].GetGranted(), Share: -1})
+		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: -1})
 	}
 	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil {
 		s.log.Warn("recovered upstream grant not committed", "seq", seq, "err", err)
@@ -386,8 +391,12 @@ func (g *regional) failed(res callResult) {
 // into each key's policy.
 func (g *regional) finish(ctx context.Context, res callResult) {
 	s := g.s
-	if res.err == nil && len(res.resp.GetGrants()) != len(res.due) {
-		res.err = fmt.Errorf("allocator: the global cluster answered %d grants for %d keys", len(res.resp.GetGrants()), len(res.due))
+	var gs []*allotv1.KeyGrant
+	if res.err == nil {
+		gs, res.err = allotv1.GrantsOf(res.resp)
+	}
+	if res.err == nil && len(gs) != len(res.due) {
+		res.err = fmt.Errorf("allocator: the global cluster answered %d grants for %d keys", len(gs), len(res.due))
 	}
 	if res.err != nil {
 		if ctx.Err() == nil {
@@ -398,7 +407,7 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 	now := time.Now().UnixNano()
 	grants := make([]state.UpstreamGrant, len(res.due))
 	for i, c := range res.due {
-		gr := res.resp.Grants[i]
+		gr := gs[i]
 		g.checkLimit(c, gr.GetLimit(), gr.GetStatus())
 		// A reply after the key's CallTimeout is stale to the policy; the
 		// ledger still takes the grant, and the next Sync reads it.
