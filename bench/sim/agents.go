@@ -42,8 +42,14 @@ type rpc struct {
 	rel     *allotv1.ReleaseRequest
 	reply   chan rpcResult
 	sent    int64
-	hop     int64 // forwarding delay (a follower relayed it to the leader)
 	settled bool
+
+	// Split over several groups (cluster.scatter): parts not yet answered,
+	// and the answer being put together.
+	pending int
+	grants  []*allotv1.KeyGrant
+	merged  *allotv1.AcquireResponse
+	relSum  *allotv1.ReleaseResponse
 }
 
 type rpcResult struct {

@@ -6,147 +6,180 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allot/allot/allocator/state"
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// cluster models a 3-node allocator cluster around the real replicated
-// state (allocator/state): every grant is computed by state.Apply
-// on commands stamped with virtual time, exactly as the FSM applies them.
-// What is modelled rather than run: Raft (a commit latency per log entry,
-// leader election as an unavailability window; since grants exist only once
-// committed and every replica holds the same state, one State stands for
-// all replicas), the leader's batcher (one entry in flight, everything that
-// queued meanwhile goes into the next entry, as allocator/batcher.go does),
-// follower forwarding (one extra hop), the periodic Expire command, the
-// WatchRules streams (see watch), and the leader's CPU (see cpuModel): an
-// entry occupies the leader for the CPU it costs the real allocator, so a
-// group offered more than it can apply queues calls, and past the real
-// batcher's queue bound refuses them as overloaded.
+// cluster models a 3-node allocator cluster hosting one or more Raft groups
+// (raftGroup), each around the real replicated state (allocator/state):
+// every grant is computed by state.Apply on commands stamped with virtual
+// time, exactly as the FSM applies them. Keys map to groups by their slot
+// (pkg/slots: the low bits of the canonical key's hash), the slots spread
+// evenly over the groups and the groups' leaders over the nodes.
+//
+// What is modelled rather than run: Raft (see raftGroup), the leader's
+// batcher and CPU (see raftGroup and cpuModel), the front door of every
+// node (allocator/guard.go: at most maxInflight calls served at once and a
+// token bucket of calls per agent, the excess refused ResourceExhausted at
+// once), follower forwarding (one extra hop), the periodic Expire command
+// and the WatchRules streams (see watch).
+//
+// Routing. With one group an agent calls its current node, which forwards
+// to the leader if it is a follower. With several, an agent's Acquire is
+// split by group and each part goes straight to its group's leader, all at
+// once, as an agent that routes by slot sends one Acquire per group per
+// tick; the agent sees one answer, when every part has answered, or the
+// first part's error (it then retries the whole call with the same request
+// id, and the groups that applied their part answer from their record).
 type cluster struct {
-	w  *world
-	st *state.State
+	w      *world
+	groups []*raftGroup
+	slots  slots.Map
 
-	alive  [3]bool
-	leader int    // -1 while an election runs
-	term   uint64 // bumped when the leader dies: its in-flight answers are lost
+	alive [3]bool
 
-	commit   logNormal // Raft commit latency of one entry
-	maxKeys  int       // keys per Acquire entry (allocator MaxBatchKeys)
-	maxQueue int       // Acquire calls that may wait (allocator MaxQueuedAcquires)
-	queue    []*rpc    // Acquire calls waiting for the next entry
-	inflight bool
-	cpu      cpuModel
-	cpuFree  int64 // virtual time the leader's CPU is next free
+	commit     logNormal // Raft commit latency of one entry
+	maxKeys    int       // keys per Acquire entry (allocator MaxBatchKeys)
+	maxQueue   int       // Acquire calls that may wait (allocator MaxQueuedAcquires)
+	maxBatches int       // entries in Raft at once (allocator MaxInflightBatches)
+	linger     int64     // least time between two entries (allocator BatchLinger)
+
+	// The guard of each node.
+	maxInflight int            // calls a node serves at once (allocator MaxInflight)
+	inflight    [3]int         // calls each node is serving
+	agentLimit  bucket.Limit   // calls per agent per node (allocator AgentRate, AgentBurst)
+	agentCalls  []bucket.State // per agent and node
 
 	killedAt   int64 // the last leader kill
-	recoveryAt int64 // the first Acquire answered by a new leader after it
+	recoveryAt int64 // the first Acquire answered by group 0's new leader after it
 
 	ruleSet *allotv1.RuleSet // the committed rules, for WatchRules
 	watches []*watch         // one per lease agent
 
-	// Counters.
-	calls       int64 // calls sent by agents (Acquire and Release, retries included)
-	entries     int64 // Raft entries committed (Acquire batches, Release, PutRules)
-	acquireRPCs int64 // Acquire calls answered by the state (replays of lost answers included)
-	keyAcquires int64 // keys in those calls
-	releaseRPCs int64
+	// Counters of the cluster as a whole; each group keeps its own.
+	calls       int64 // calls sent to the nodes (Acquire parts and Release, retries included)
 	unavailable int64 // calls answered Unavailable (no leader)
-	refused     int64 // Acquire calls refused as overloaded (queue full)
-	leaderCPU   int64 // ns of leader CPU the committed Acquire entries cost
-	groupCPU    int64 // the same summed over the three replicas
-	demandCPU   int64 // ns of leader CPU the Acquire calls that reached it would cost (refused ones included), and the entries' own
-	replays     int64 // Acquire calls that repeated the agent's last request id (answered from the record)
+	throttled   int64 // calls the guard refused (a node's in-flight cap, an agent's call rate)
 
-	lastID map[string]uint64 // per agent, the last Acquire request id applied
+	ents []rules.Entry // scratch for key hashes
 }
 
 // counters is a copy of the cluster's counters (to subtract the warm-up).
 type counters struct {
-	calls, entries, acquireRPCs, keyAcquires, releaseRPCs, unavailable, refused, leaderCPU, groupCPU, demandCPU int64
+	calls, entries, acquireRPCs, keyAcquires, releaseRPCs, unavailable, refused, throttled, leaderCPU, groupCPU, demandCPU int64
 }
 
 func (c *cluster) counters() counters {
-	return counters{c.calls, c.entries, c.acquireRPCs, c.keyAcquires, c.releaseRPCs, c.unavailable, c.refused, c.leaderCPU, c.groupCPU, c.demandCPU}
+	n := counters{calls: c.calls, unavailable: c.unavailable, throttled: c.throttled}
+	for _, g := range c.groups {
+		n.entries += g.entries
+		n.acquireRPCs += g.acquireRPCs
+		n.keyAcquires += g.keyAcquires
+		n.releaseRPCs += g.releaseRPCs
+		n.refused += g.refused
+		n.leaderCPU += g.leaderCPU
+		n.groupCPU += g.groupCPU
+		n.demandCPU += g.demandCPU
+	}
+	return n
 }
 
 func (a counters) minus(b counters) counters {
 	return counters{a.calls - b.calls, a.entries - b.entries, a.acquireRPCs - b.acquireRPCs,
 		a.keyAcquires - b.keyAcquires, a.releaseRPCs - b.releaseRPCs, a.unavailable - b.unavailable,
-		a.refused - b.refused, a.leaderCPU - b.leaderCPU, a.groupCPU - b.groupCPU, a.demandCPU - b.demandCPU}
+		a.refused - b.refused, a.throttled - b.throttled, a.leaderCPU - b.leaderCPU, a.groupCPU - b.groupCPU, a.demandCPU - b.demandCPU}
 }
 
-// cpuModel is the CPU one Acquire entry costs the real allocator, per
-// entry and per key, on the leader and summed over the three replicas,
-// as bench/acquire measures it (docs/performance.md, the summary's
-// allocator CPU row): three cmd/allocator processes and the load client on one
-// 2-core machine, -target all (two calls in three forwarded). The
-// per-entry part is the Raft entry's own cost (log append with fsync,
-// replication); the per-key part the call's (gRPC, forwarding, the state
-// machine).
-type cpuModel struct {
-	leaderEntry, leaderKey time.Duration
-	groupEntry, groupKey   time.Duration
-	// cores is the CPU the leader can spend: one core (the replicas and
-	// the clients share the machine's others).
-	cores float64
-}
+// The allocator's defaults (allocator/config.go) that bound what one node
+// and one group take on.
+var (
+	maxQueuedAcquires  = 4096 // MaxQueuedAcquires
+	maxInflightCalls   = 1024 // MaxInflight
+	maxInflightBatches = 2    // MaxInflightBatches
+	batchLinger        = 4 * time.Millisecond
+	agentRate          = 200 // AgentRate, calls/s per agent and node
+	agentBurst         = 400 // AgentBurst
+)
 
-// maxQueuedAcquires is the allocator's default MaxQueuedAcquires.
-var maxQueuedAcquires = 4096
-
-// measuredCPU is fitted to bench/acquire -mode grants on this tree at
-// 20,000 and 60,000 key-grants/s offered (the runs that kept up: 128 to
-// 1,225 keys per entry; bench/acquire/results/capacity-*): the leader's
-// CPU per key-grant went from 9.9 µs at 128 keys per entry to 3.8 µs at
-// 1,225, the three replicas' from 24.1 to 9.7 µs, at load average 16-22
-// on the 2 cores (other work contending for them inflates CPU per key).
-var measuredCPU = cpuModel{
-	leaderEntry: 870 * time.Microsecond, leaderKey: 3100 * time.Nanosecond,
-	groupEntry: 2060 * time.Microsecond, groupKey: 8000 * time.Nanosecond,
-	cores: 1,
-}
-
-// entry returns what an entry of keys keys costs the leader and the group.
-func (m cpuModel) entry(keys int) (leader, group int64) {
-	k := int64(keys)
-	return int64(m.leaderEntry) + k*int64(m.leaderKey), int64(m.groupEntry) + k*int64(m.groupKey)
-}
-
-func newCluster(w *world, cfg state.Config) *cluster {
-	return &cluster{
-		w:        w,
-		st:       state.New(cfg),
-		alive:    [3]bool{true, true, true},
-		leader:   0,
-		commit:   newLogNormal(5*time.Millisecond, 20*time.Millisecond),
-		maxKeys:  20000,
-		maxQueue: maxQueuedAcquires,
-		cpu:      measuredCPU,
+func newCluster(w *world, cfg state.Config, groups int) (*cluster, error) {
+	groups = max(groups, 1)
+	ids := make([]slots.GroupID, groups)
+	for i := range ids {
+		ids[i] = slots.GroupID(i)
 	}
+	m, err := slots.Even(1, ids)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	lim, err := bucket.NewLimit(bucket.TokenBucket, int64(agentRate), time.Second, int64(agentBurst))
+	if err != nil {
+		return nil, fmt.Errorf("sim: agent rate: %w", err)
+	}
+	c := &cluster{
+		w:           w,
+		slots:       m,
+		alive:       [3]bool{true, true, true},
+		commit:      newLogNormal(5*time.Millisecond, 20*time.Millisecond),
+		maxKeys:     20000,
+		maxQueue:    maxQueuedAcquires,
+		maxBatches:  maxInflightBatches,
+		linger:      int64(batchLinger),
+		maxInflight: maxInflightCalls,
+		agentLimit:  lim,
+		agentCalls:  make([]bucket.State, 3*w.cfg.agents),
+	}
+	for i := range groups {
+		c.groups = append(c.groups, &raftGroup{c: c, id: i, st: state.New(cfg), leader: i % 3})
+	}
+	return c, nil
 }
 
-// bootstrap applies the initial rules (as the bootstrap node does) and
-// starts the leader's Expire ticker.
+// leader is the node that leads group 0 (the meta group: rules), -1 while
+// it has none.
+func (c *cluster) leader() int { return c.groups[0].leader }
+
+// bootstrap applies the initial rules to every group (as the bootstrap
+// node does) and starts the leaders' Expire ticker.
 func (c *cluster) bootstrap(files []*allotv1.RuleFile) error {
-	res := c.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_PutRules{
-		PutRules: &allotv1.PutRulesRequest{Files: files, ReplaceAll: true}}})
-	if err, ok := res.(error); ok {
-		return fmt.Errorf("sim: bootstrap rules: %w", err)
+	for _, g := range c.groups {
+		res := g.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_PutRules{
+			PutRules: &allotv1.PutRulesRequest{Files: files, ReplaceAll: true}}})
+		if err, ok := res.(error); ok {
+			return fmt.Errorf("sim: bootstrap rules: %w", err)
+		}
 	}
-	c.ruleSet = c.st.RuleSet()
+	c.ruleSet = c.groups[0].st.RuleSet()
 	c.w.eng.after(time.Second, c.expireTick)
 	return nil
 }
 
 func (c *cluster) expireTick() {
-	if c.leader >= 0 {
-		c.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}})
+	for _, g := range c.groups {
+		if g.leader >= 0 {
+			g.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}})
+		}
 	}
 	c.w.eng.after(time.Second, c.expireTick)
+}
+
+// groupOf is the group that owns k's slot.
+func (c *cluster) groupOf(k *allotv1.KeyAcquire) int {
+	if len(c.groups) == 1 {
+		return 0
+	}
+	c.ents = c.ents[:0]
+	for _, e := range k.Entries {
+		c.ents = append(c.ents, rules.Entry{Key: e.Key, Value: e.Value})
+	}
+	return int(c.slots.OwnerOf(rules.KeyHash(nil, k.Domain, c.ents)))
 }
 
 // call is an agent's RPC leaving its refill goroutine at the current
@@ -157,11 +190,15 @@ func (c *cluster) call(r *rpc) {
 		w.settle(r, rpcResult{err: status.Error(codes.Unavailable, "sim: shut down")})
 		return
 	}
-	c.calls++
 	r.sent = w.eng.now
 	w.eng.atFunc(r.sent+int64(w.cfg.callTimeout), func() {
 		w.settle(r, rpcResult{err: context.DeadlineExceeded})
 	})
+	if len(c.groups) > 1 {
+		c.scatter(r)
+		return
+	}
+	c.calls++
 	d, ok := w.net.send(r.an.idx, w.eng.now)
 	if !ok {
 		return
@@ -169,27 +206,62 @@ func (c *cluster) call(r *rpc) {
 	w.eng.after(time.Duration(d), func() { c.arrive(r) })
 }
 
+// admit is a node's guard: it reports the refusal of a call from agent, or
+// nil and counts the call in flight (done releases it).
+func (c *cluster) admit(node, agent int) error {
+	res := c.agentLimit.AllowN(&c.agentCalls[3*agent+node], c.w.eng.now, 1)
+	if !res.Allowed {
+		c.throttled++
+		return exhausted("sim: agent over its call rate", res.RetryAfter)
+	}
+	if c.inflight[node] >= c.maxInflight {
+		c.throttled++
+		return exhausted("sim: overloaded: calls in flight", 100*time.Millisecond)
+	}
+	c.inflight[node]++
+	return nil
+}
+
+func (c *cluster) done(node int) { c.inflight[node]-- }
+
+// exhausted is a ResourceExhausted status with a RetryInfo delay, as the
+// allocator refuses a call it is too busy for.
+func exhausted(msg string, retry time.Duration) error {
+	st := status.New(codes.ResourceExhausted, msg)
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(max(retry, time.Millisecond))}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
 func (c *cluster) arrive(r *rpc) {
 	if !c.alive[r.node] {
 		return // a dead node is a black hole: the agent times out
 	}
-	if c.leader < 0 {
+	if err := c.admit(r.node, r.an.idx); err != nil {
+		c.reply(r, rpcResult{err: err}, 0)
+		return
+	}
+	g := c.groups[0]
+	if g.leader < 0 {
 		c.unavailable++
+		c.done(r.node)
 		c.reply(r, rpcResult{err: status.Error(codes.Unavailable, "sim: no leader")}, 0)
 		return
 	}
-	if r.node == c.leader {
-		c.atLeader(r, 0)
+	if r.node == g.leader {
+		c.atLeader(g, r, 0)
 		return
 	}
 	hop := c.w.net.forward()
 	c.w.eng.after(time.Duration(hop), func() {
-		if c.leader < 0 {
+		if g.leader < 0 {
 			c.unavailable++
+			c.done(r.node)
 			c.reply(r, rpcResult{err: status.Error(codes.Unavailable, "sim: leader lost")}, hop)
 			return
 		}
-		c.atLeader(r, hop)
+		c.atLeader(g, r, hop)
 	})
 }
 
@@ -204,106 +276,149 @@ func (c *cluster) reply(r *rpc, res rpcResult, extra int64) {
 	w.eng.after(time.Duration(d+extra), func() { w.settle(r, res) })
 }
 
-func (c *cluster) atLeader(r *rpc, hop int64) {
-	r.hop = hop
+func (c *cluster) atLeader(g *raftGroup, r *rpc, hop int64) {
+	node := r.node
+	answer := func(res rpcResult) {
+		c.done(node)
+		c.reply(r, res, hop)
+	}
 	if r.rel != nil {
-		// Release goes through raft.Apply on its own, not the batcher.
-		term := c.term
-		c.w.eng.after(time.Duration(c.commit.sample(c.w.rng)), func() {
-			c.entries++
-			c.releaseRPCs++
-			res := c.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_Release{Release: r.rel}})
-			if term != c.term {
-				return
-			}
-			switch v := res.(type) {
-			case error:
-				c.reply(r, rpcResult{err: grpcError(v)}, hop)
-			case *allotv1.ReleaseResponse:
-				c.reply(r, rpcResult{rel: v}, hop)
-			}
-		})
+		g.release(r.rel, answer)
 		return
 	}
-	c.demandCPU += int64(len(r.acq.Keys)) * int64(c.cpu.leaderKey)
-	if len(c.queue) >= c.maxQueue {
-		c.refused++
-		c.reply(r, rpcResult{err: status.Error(codes.ResourceExhausted, "sim: acquire queue full")}, hop)
-		return
-	}
-	c.queue = append(c.queue, r)
-	if !c.inflight {
-		c.formEntry()
-	}
+	g.submit(r.acq, answer)
 }
 
-// formEntry drains the queue into one AcquireBatch entry stamped with the
-// leader's clock and commits it after a sampled Raft latency.
-func (c *cluster) formEntry() {
-	n, keys := 0, 0
-	for n < len(c.queue) && (n == 0 || keys+len(c.queue[n].acq.Keys) <= c.maxKeys) {
-		keys += len(c.queue[n].acq.Keys)
-		n++
+// scatter sends each group's part of an agent's call to that group's
+// leader; gather puts the answers together.
+func (c *cluster) scatter(r *rpc) {
+	w := c.w
+	var keys []*allotv1.KeyAcquire
+	if r.acq != nil {
+		keys = r.acq.Keys
+	} else {
+		keys = r.rel.Keys
 	}
-	calls := append([]*rpc(nil), c.queue[:n]...)
-	c.queue = append(c.queue[:0], c.queue[n:]...)
-	batch := &allotv1.AcquireBatch{Requests: make([]*allotv1.AcquireRequest, n)}
-	for i, r := range calls {
-		batch.Requests[i] = r.acq
+	idx := make([][]int, len(c.groups))
+	for i, k := range keys {
+		g := c.groupOf(k)
+		idx[g] = append(idx[g], i)
 	}
-	stamp, term := c.w.eng.now, c.term
-	c.inflight = true
-	// The entry commits after the Raft latency, or once the leader's CPU
-	// has worked through it, whichever is later.
-	lead, group := c.cpu.entry(keys)
-	c.leaderCPU += lead
-	c.groupCPU += group
-	c.demandCPU += int64(c.cpu.leaderEntry)
-	c.cpuFree = max(c.cpuFree, c.w.eng.now) + int64(float64(lead)/c.cpu.cores)
-	done := max(c.w.eng.now+c.commit.sample(c.w.rng), c.cpuFree)
-	c.w.eng.atFunc(done, func() { c.commitEntry(batch, calls, stamp, term) })
-}
-
-func (c *cluster) commitEntry(batch *allotv1.AcquireBatch, calls []*rpc, stamp int64, term uint64) {
-	// A committed entry is applied even if its leader died meanwhile: the
-	// new leader holds it too. Only its answers are lost.
-	c.entries++
-	res := c.st.Apply(&allotv1.Command{NowUnixNanos: stamp, Cmd: &allotv1.Command_Acquire{Acquire: batch}})
-	br, _ := res.(*state.AcquireBatchResult)
-	for i, r := range calls {
-		if br == nil {
-			break
-		}
-		if c.lastID == nil {
-			c.lastID = make(map[string]uint64)
-		}
-		if id, ok := c.lastID[r.acq.AgentId]; ok && id == r.acq.RequestId {
-			c.replays++
-		}
-		c.lastID[r.acq.AgentId] = r.acq.RequestId
-		if br.Errs[i] == nil {
-			c.acquireRPCs++
-			c.keyAcquires += int64(len(r.acq.Keys))
-		}
-		if term != c.term {
+	if len(keys) == 0 {
+		idx[0] = []int{} // a call with no keys goes to group 0
+	}
+	if r.acq != nil {
+		r.grants = make([]*allotv1.KeyGrant, len(keys))
+		r.merged = &allotv1.AcquireResponse{}
+	} else {
+		r.merged = &allotv1.AcquireResponse{}
+		r.relSum = &allotv1.ReleaseResponse{}
+	}
+	for gi, ix := range idx {
+		if ix == nil && !(r.rel != nil && r.rel.All) {
 			continue
 		}
-		if br.Errs[i] != nil {
-			c.reply(r, rpcResult{err: grpcError(br.Errs[i])}, r.hop)
-		} else {
-			c.reply(r, rpcResult{acq: br.Responses[i]}, r.hop)
+		p := &part{r: r, g: c.groups[gi], idx: ix}
+		sub := make([]*allotv1.KeyAcquire, len(ix))
+		for j, i := range ix {
+			sub[j] = keys[i]
 		}
+		if r.acq != nil {
+			p.acq = &allotv1.AcquireRequest{AgentId: r.acq.AgentId, RequestId: r.acq.RequestId, Keys: sub,
+				RulesVersion: r.acq.RulesVersion, FallbackKeys: r.acq.FallbackKeys}
+		} else {
+			p.rel = &allotv1.ReleaseRequest{AgentId: r.rel.AgentId, RequestId: r.rel.RequestId, Keys: sub, All: r.rel.All}
+		}
+		r.pending++
+		c.calls++
+		d, ok := w.net.send(r.an.idx, w.eng.now)
+		if !ok {
+			continue
+		}
+		w.eng.after(time.Duration(d), func() { c.arrivePart(p) })
 	}
-	if term != c.term {
+}
+
+// part is one group's share of an agent's call.
+type part struct {
+	r   *rpc
+	g   *raftGroup
+	idx []int // positions of its keys in the agent's call
+	acq *allotv1.AcquireRequest
+	rel *allotv1.ReleaseRequest
+}
+
+// arrivePart: the part reaches its group's leader (the node the agent
+// routes it to).
+func (c *cluster) arrivePart(p *part) {
+	g := p.g
+	node := g.leader
+	answer := func(res rpcResult) {
+		d, ok := c.w.net.reply(p.r.an.idx, c.w.eng.now)
+		if !ok {
+			return
+		}
+		c.w.eng.after(time.Duration(d), func() { c.gather(p, res) })
+	}
+	if node < 0 {
+		c.unavailable++
+		answer(rpcResult{err: status.Error(codes.Unavailable, "sim: no leader")})
 		return
 	}
-	if c.killedAt != 0 && c.recoveryAt == 0 && len(calls) > 0 {
-		c.recoveryAt = c.w.eng.now
+	if !c.alive[node] {
+		return
 	}
-	c.inflight = false
-	if len(c.queue) > 0 {
-		c.formEntry()
+	if err := c.admit(node, p.r.an.idx); err != nil {
+		answer(rpcResult{err: err})
+		return
 	}
+	done := func(res rpcResult) {
+		c.done(node)
+		answer(res)
+	}
+	if p.rel != nil {
+		g.release(p.rel, done)
+		return
+	}
+	g.submit(p.acq, done)
+}
+
+func (c *cluster) gather(p *part, res rpcResult) {
+	r := p.r
+	if r.settled {
+		return
+	}
+	if res.err != nil {
+		c.w.settle(r, res)
+		return
+	}
+	if r.acq != nil {
+		grants, err := allotv1.GrantsOf(res.acq)
+		if err != nil || len(grants) != len(p.idx) {
+			c.w.fail(fmt.Errorf("sim: group %d answered %d grants for %d keys: %v", p.g.id, len(grants), len(p.idx), err))
+			return
+		}
+		for j, i := range p.idx {
+			r.grants[i] = grants[j]
+		}
+		m := r.merged
+		m.LiveAgents = max(m.LiveAgents, res.acq.LiveAgents)
+		m.RulesVersion = max(m.RulesVersion, res.acq.RulesVersion)
+		m.NowUnixMs = max(m.NowUnixMs, res.acq.NowUnixMs)
+	} else {
+		r.relSum.Returned += res.rel.Returned
+		r.relSum.LeasesEnded += res.rel.LeasesEnded
+	}
+	r.pending--
+	if r.pending > 0 {
+		return
+	}
+	if r.acq != nil {
+		r.merged.Grants = r.grants
+		c.w.settle(r, rpcResult{acq: r.merged})
+		return
+	}
+	c.w.settle(r, rpcResult{rel: r.relSum})
 }
 
 // grpcError maps state errors to gRPC codes as allocator/errors.go does.
@@ -317,58 +432,55 @@ func grpcError(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// killLeader stops the leader abruptly. The survivors elect a new leader
-// after elect; the dead node stays down (a black hole) until restart.
+// killLeader stops group 0's leader node abruptly: every group it led
+// elects a new leader among the survivors after elect; the dead node stays
+// down (a black hole) until restart.
 func (c *cluster) killLeader(elect time.Duration) {
-	old := c.leader
+	old := c.leader()
 	if old < 0 {
 		return
 	}
 	c.alive[old] = false
-	c.leader = -1
 	c.killedAt, c.recoveryAt = c.w.eng.now, 0
-	c.cpuFree = 0 // the next leader starts idle
-	c.term++
-	c.queue = nil
-	c.inflight = false
+	c.inflight[old] = 0
+	for _, g := range c.groups {
+		if g.leader == old {
+			g.lose(elect)
+		}
+	}
 	for _, wt := range c.watches {
 		if wt.node == old && wt.up {
 			wt.broken()
 		}
 	}
-	c.w.eng.after(elect, func() {
-		for i := 1; i <= 3; i++ {
-			if n := (old + i) % 3; c.alive[n] {
-				c.leader = n
-				return
-			}
-		}
-	})
 }
 
 // restart brings a stopped node back as a follower.
 func (c *cluster) restart(node int) { c.alive[node] = true }
 
-// putRules commits a PutRules entry after one Raft latency, then pushes the
-// new set to every WatchRules stream. done, if set, gets the version.
+// putRules commits a PutRules entry after one Raft latency (every group
+// applies it then), then pushes the new set to every WatchRules stream.
+// done, if set, gets the version.
 func (c *cluster) putRules(files []*allotv1.RuleFile, done func(version uint64, err error)) {
-	if c.leader < 0 {
+	if c.leader() < 0 {
 		if done != nil {
 			done(0, errors.New("sim: no leader"))
 		}
 		return
 	}
 	c.w.eng.after(time.Duration(c.commit.sample(c.w.rng)), func() {
-		c.entries++
-		res := c.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_PutRules{
-			PutRules: &allotv1.PutRulesRequest{Files: files}}})
-		if err, ok := res.(error); ok {
-			if done != nil {
-				done(0, err)
+		for _, g := range c.groups {
+			g.entries++
+			res := g.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_PutRules{
+				PutRules: &allotv1.PutRulesRequest{Files: files}}})
+			if err, ok := res.(error); ok {
+				if done != nil {
+					done(0, err)
+				}
+				return
 			}
-			return
 		}
-		c.ruleSet = c.st.RuleSet()
+		c.ruleSet = c.groups[0].st.RuleSet()
 		for _, wt := range c.watches {
 			wt.push()
 		}
@@ -416,7 +528,7 @@ func (wt *watch) deliver() {
 		return
 	}
 	d := c.w.net.oneWay.sample(c.w.rng)
-	if wt.node != c.leader {
+	if wt.node != c.leader() {
 		d += c.w.net.forward() // a follower applies the entry one hop after the leader
 	}
 	c.w.eng.after(time.Duration(d), func() {

@@ -7,9 +7,19 @@
 // bound the design promises next to the measured value; the exit status is
 // 1 when a bound is broken. Same seed, same output.
 //
+// The allocator is one or more Raft groups over the slot space (pkg/slots),
+// each a server with finite CPU: an entry and each of its keys cost the
+// CPU docs/performance.md measured (-raft-entry-cpu, -raft-key-cpu,
+// -leader-share, -leader-cores override it), a group whose leader is
+// behind queues its calls, and past the batcher's queue bound, a node's
+// in-flight cap or an agent's call rate it refuses them ResourceExhausted,
+// as the real allocator does. The fleet scenarios report every group's
+// load and fail when one cannot carry it.
+//
 //	go run ./bench/sim -quick                 # make sim: every scenario, scaled down
 //	go run ./bench/sim -scale full            # the reference sizing (200 gateways, 5M keys)
 //	go run ./bench/sim -scenarios failover,hot-key -seed 7
+//	go run ./bench/sim -quick -scenarios fleet-10x -groups-10x 4   # ten times the fleet (minutes)
 package main
 
 import (
@@ -24,23 +34,28 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/allot/allot/pkg/slots"
 )
 
-// scenario is one named simulation.
+// scenario is one named simulation. An optIn scenario runs only when
+// -scenarios names it (it takes minutes even at the quick scale).
 type scenario struct {
-	name string
-	run  func(sc scale, seed uint64) (*result, error)
+	name  string
+	run   func(sc scale, seed uint64) (*result, error)
+	optIn bool
 }
 
 var scenarios = []scenario{
-	{"fleet", runFleet},
-	{"failover", runFailover},
-	{"unreachable", runUnreachable},
-	{"hot-key", runHotKey},
-	{"churn", runChurn},
-	{"rule-change", runRuleChange},
-	{"retry-storm", runRetryStorm},
-	{"regions", runRegions},
+	{"fleet", runFleet, false},
+	{"fleet-10x", runFleet10x, true},
+	{"failover", runFailover, false},
+	{"unreachable", runUnreachable, false},
+	{"hot-key", runHotKey, false},
+	{"churn", runChurn, false},
+	{"rule-change", runRuleChange, false},
+	{"retry-storm", runRetryStorm, false},
+	{"regions", runRegions, false},
 }
 
 func main() {
@@ -53,13 +68,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	quick := fs.Bool("quick", false, "shorthand for -scale quick (what `make sim` runs)")
 	scaleName := fs.String("scale", "quick", "tiny, quick or full (the reference sizing: 200 gateways, 5M keys)")
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same output")
-	only := fs.String("scenarios", "", "comma-separated scenarios to run (default all): "+names())
+	only := fs.String("scenarios", "", "comma-separated scenarios to run (default all but fleet-10x): "+names())
 	plots := fs.String("plots", "bench/sim/out", "directory for PNG plots (\"\" = none)")
 	md := fs.String("md", "", "also write the results as Markdown to this file")
 	imgDir := fs.String("md-img", "img", "image directory the Markdown links to")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	verbose := fs.Bool("v", false, "report progress (virtual time) on stderr")
 	parallel := fs.Int("parallel", runtime.NumCPU(), "scenarios run at once (each is single-threaded)")
+	groups := fs.Int("groups", 0, "allocator Raft groups of the fleet scenario (0: the scale's)")
+	groups10 := fs.Int("groups-10x", 0, "allocator Raft groups of the fleet-10x scenario (0: the scale's)")
+	fs.DurationVar(&measuredCPU.entry, "raft-entry-cpu", measuredCPU.entry, "allocator CPU per Raft entry, summed over the 3 replicas (docs/performance.md)")
+	fs.DurationVar(&measuredCPU.key, "raft-key-cpu", measuredCPU.key, "allocator CPU per key-grant, summed over the 3 replicas (docs/performance.md)")
+	fs.Float64Var(&measuredCPU.leaderShare, "leader-share", measuredCPU.leaderShare, "the leader's share of a group's CPU")
+	fs.Float64Var(&measuredCPU.cores, "leader-cores", measuredCPU.cores, "cores a group's leader can spend")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -71,9 +92,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sim: unknown scale %q (tiny, quick, full)\n", *scaleName)
 		return 2
 	}
+	if *groups < 0 || *groups > slots.Count || *groups10 < 0 || *groups10 > slots.Count {
+		fmt.Fprintf(stderr, "sim: -groups and -groups-10x must be 1 to %d\n", slots.Count)
+		return 2
+	}
+	if measuredCPU.entry < 0 || measuredCPU.key < 0 || measuredCPU.leaderShare <= 0 || measuredCPU.leaderShare > 1 || measuredCPU.cores <= 0 {
+		fmt.Fprintln(stderr, "sim: -raft-entry-cpu and -raft-key-cpu must not be negative, -leader-share must be in (0, 1], -leader-cores above 0")
+		return 2
+	}
+	if *groups > 0 {
+		sc.groups = *groups
+	}
+	if *groups10 > 0 {
+		sc.groups10 = *groups10
+	}
 	var pick []scenario
 	for _, s := range scenarios {
-		if *only == "" || slices.Contains(strings.Split(*only, ","), s.name) {
+		if *only == "" && !s.optIn || slices.Contains(strings.Split(*only, ","), s.name) {
 			pick = append(pick, s)
 		}
 	}

@@ -14,6 +14,12 @@ type scale struct {
 	peakFrom, peakTo time.Duration
 	fleet            time.Duration // measured time after the warm-up
 	warmup           time.Duration
+	groups           int // allocator Raft groups the fleet runs on
+
+	// The 10× fleet: ten times the fleet's agents, keys and rates, on
+	// groups10 groups, measured for fleet10.
+	groups10 int
+	fleet10  time.Duration
 
 	chaos     time.Duration // measured time of the chaos scenarios
 	hotRate   float64       // the hot key's offered rate
@@ -29,20 +35,23 @@ type scale struct {
 var scales = map[string]scale{
 	"tiny": {
 		name: "tiny", agents: 4,
-		keys: 2000, base: 2000, peak: 2000, fleet: 4 * time.Second, warmup: time.Second,
+		keys: 2000, base: 2000, peak: 2000, fleet: 4 * time.Second, warmup: time.Second, groups: 1,
+		groups10: 2, fleet10: time.Second,
 		chaos: 12 * time.Second, hotRate: 6000, hotAgents: 4, clients: 300,
 		regionGateways: 3, regionRate: 1200,
 	},
 	"quick": {
 		name: "quick", agents: 20,
-		keys: 100_000, base: 100_000, peak: 100_000, fleet: 20 * time.Second, warmup: 5 * time.Second,
+		keys: 100_000, base: 100_000, peak: 100_000, fleet: 20 * time.Second, warmup: 5 * time.Second, groups: 1,
+		groups10: 4, fleet10: 5 * time.Second,
 		chaos: 25 * time.Second, hotRate: 120_000, hotAgents: 200, clients: 2000,
 		regionGateways: 20, regionRate: 6000,
 	},
 	"full": {
 		name: "full", agents: 200,
 		keys: 5_000_000, base: 300_000, peak: 1_000_000, peakFrom: 25 * time.Second, peakTo: 35 * time.Second,
-		fleet: 55 * time.Second, warmup: 5 * time.Second,
+		fleet: 55 * time.Second, warmup: 5 * time.Second, groups: 4,
+		groups10: 40, fleet10: 55 * time.Second,
 		chaos: 30 * time.Second, hotRate: 150_000, hotAgents: 200, clients: 20_000,
 		regionGateways: 67, regionRate: 20_000,
 	},

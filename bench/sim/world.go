@@ -92,6 +92,7 @@ type worldConfig struct {
 
 	refill, callTimeout, probeBackoff time.Duration
 	state                             state.Config
+	raftGroups                        int // allocator Raft groups (0: one)
 }
 
 func (c *worldConfig) defaults() {
@@ -225,7 +226,11 @@ func (w *world) group(key int) *group {
 
 // startLease bootstraps the cluster and starts the lease agents.
 func (w *world) startLease() error {
-	w.cl = newCluster(w, w.cfg.state)
+	cl, err := newCluster(w, w.cfg.state, w.cfg.raftGroups)
+	if err != nil {
+		return err
+	}
+	w.cl = cl
 	if err := w.cl.bootstrap([]*allotv1.RuleFile{rulesFile(w.cfg.groups)}); err != nil {
 		return err
 	}
