@@ -55,6 +55,7 @@ type cluster struct {
 	// The guard of each node.
 	maxInflight int            // calls a node serves at once (allocator MaxInflight)
 	inflight    [3]int         // calls each node is serving
+	incarnation [3]int         // bumped when a node dies: its calls in flight are gone
 	agentLimit  bucket.Limit   // calls per agent per node (allocator AgentRate, AgentBurst)
 	agentCalls  []bucket.State // per agent and node
 
@@ -206,23 +207,31 @@ func (c *cluster) call(r *rpc) {
 	w.eng.after(time.Duration(d), func() { c.arrive(r) })
 }
 
-// admit is a node's guard: it reports the refusal of a call from agent, or
-// nil and counts the call in flight (done releases it).
-func (c *cluster) admit(node, agent int) error {
+// admit is a node's guard for a call from agent whose deadline is at
+// deadline: it returns the refusal, or counts the call in flight until
+// its answer (the returned done) or its deadline, whichever is first (the
+// agent's cancellation ends the handler), and returns nil.
+func (c *cluster) admit(node, agent int, deadline int64) (done func(), err error) {
 	res := c.agentLimit.AllowN(&c.agentCalls[3*agent+node], c.w.eng.now, 1)
 	if !res.Allowed {
 		c.throttled++
-		return exhausted("sim: agent over its call rate", res.RetryAfter)
+		return nil, exhausted("sim: agent over its call rate", res.RetryAfter)
 	}
 	if c.inflight[node] >= c.maxInflight {
 		c.throttled++
-		return exhausted("sim: overloaded: calls in flight", 100*time.Millisecond)
+		return nil, exhausted("sim: overloaded: calls in flight", 100*time.Millisecond)
 	}
 	c.inflight[node]++
-	return nil
+	inc, freed := c.incarnation[node], false
+	done = func() {
+		if !freed && inc == c.incarnation[node] {
+			c.inflight[node]--
+		}
+		freed = true
+	}
+	c.w.eng.atFunc(deadline, done)
+	return done, nil
 }
-
-func (c *cluster) done(node int) { c.inflight[node]-- }
 
 // exhausted is a ResourceExhausted status with a RetryInfo delay, as the
 // allocator refuses a call it is too busy for.
@@ -238,30 +247,31 @@ func (c *cluster) arrive(r *rpc) {
 	if !c.alive[r.node] {
 		return // a dead node is a black hole: the agent times out
 	}
-	if err := c.admit(r.node, r.an.idx); err != nil {
+	done, err := c.admit(r.node, r.an.idx, r.sent+int64(c.w.cfg.callTimeout))
+	if err != nil {
 		c.reply(r, rpcResult{err: err}, 0)
 		return
 	}
 	g := c.groups[0]
 	if g.leader < 0 {
 		c.unavailable++
-		c.done(r.node)
+		done()
 		c.reply(r, rpcResult{err: status.Error(codes.Unavailable, "sim: no leader")}, 0)
 		return
 	}
 	if r.node == g.leader {
-		c.atLeader(g, r, 0)
+		c.atLeader(g, r, 0, done)
 		return
 	}
 	hop := c.w.net.forward()
 	c.w.eng.after(time.Duration(hop), func() {
 		if g.leader < 0 {
 			c.unavailable++
-			c.done(r.node)
+			done()
 			c.reply(r, rpcResult{err: status.Error(codes.Unavailable, "sim: leader lost")}, hop)
 			return
 		}
-		c.atLeader(g, r, hop)
+		c.atLeader(g, r, hop, done)
 	})
 }
 
@@ -276,10 +286,9 @@ func (c *cluster) reply(r *rpc, res rpcResult, extra int64) {
 	w.eng.after(time.Duration(d+extra), func() { w.settle(r, res) })
 }
 
-func (c *cluster) atLeader(g *raftGroup, r *rpc, hop int64) {
-	node := r.node
+func (c *cluster) atLeader(g *raftGroup, r *rpc, hop int64, done func()) {
 	answer := func(res rpcResult) {
-		c.done(node)
+		done()
 		c.reply(r, res, hop)
 	}
 	if r.rel != nil {
@@ -368,12 +377,13 @@ func (c *cluster) arrivePart(p *part) {
 	if !c.alive[node] {
 		return
 	}
-	if err := c.admit(node, p.r.an.idx); err != nil {
+	free, err := c.admit(node, p.r.an.idx, p.r.sent+int64(c.w.cfg.callTimeout))
+	if err != nil {
 		answer(rpcResult{err: err})
 		return
 	}
 	done := func(res rpcResult) {
-		c.done(node)
+		free()
 		answer(res)
 	}
 	if p.rel != nil {
@@ -443,6 +453,7 @@ func (c *cluster) killLeader(elect time.Duration) {
 	c.alive[old] = false
 	c.killedAt, c.recoveryAt = c.w.eng.now, 0
 	c.inflight[old] = 0
+	c.incarnation[old]++
 	for _, g := range c.groups {
 		if g.leader == old {
 			g.lose(elect)

@@ -327,3 +327,42 @@ func TestGroupsSplitBySlot(t *testing.T) {
 		}
 	}
 }
+
+// TestGuardRefuses: a node at its in-flight cap, or an agent over its call
+// rate, is refused ResourceExhausted at once and nothing is applied, as
+// allocator/guard.go does.
+func TestGuardRefuses(t *testing.T) {
+	savedInflight, savedRate, savedBurst := maxInflightCalls, agentRate, agentBurst
+	defer func() { maxInflightCalls, agentRate, agentBurst = savedInflight, savedRate, savedBurst }()
+	for _, tc := range []struct {
+		name                  string
+		inflight, rate, burst int
+		noneApplied           bool
+	}{
+		{"in-flight cap 0", 0, 200, 400, true},
+		{"1 call/s per agent", 1024, 1, 1, false},
+	} {
+		maxInflightCalls, agentRate, agentBurst = tc.inflight, tc.rate, tc.burst
+		g := &group{name: "k", quota: 100, unit: time.Second, burst: 100}
+		w, err := newWorld(worldConfig{seed: 1, agents: 2, keys: 50, groups: []*group{g}, lease: true, raftGroups: 2, duration: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		arr := &arrivals{w: w, rng: newRand(1, "t"), rate: constant(500), key: func() int { return w.rng.IntN(50) }, route: &spread{rng: newRand(1, "r"), n: 2}}
+		arr.start()
+		if err := w.run(); err != nil {
+			t.Fatal(err)
+		}
+		m := w.cl.counters()
+		w.shutdown()
+		if m.throttled == 0 {
+			t.Errorf("%s: no call refused (%d calls)", tc.name, m.calls)
+		}
+		if tc.noneApplied && m.acquireRPCs != 0 {
+			t.Errorf("%s: %d Acquire calls applied past the guard", tc.name, m.acquireRPCs)
+		}
+		if !tc.noneApplied && m.acquireRPCs == 0 {
+			t.Errorf("%s: no call got through at 1 call/s", tc.name)
+		}
+	}
+}
