@@ -265,6 +265,7 @@ func TestSpreadKeyManyAgents(t *testing.T) {
 // twice.
 func TestFleetGroups(t *testing.T) {
 	sc := scales["tiny"]
+	sc.fleet = 2 * time.Second
 	var texts []string
 	for range 2 {
 		res, err := simulateFleet("fleet", "three groups", sc, 3, false, 1)
