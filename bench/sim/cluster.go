@@ -320,7 +320,6 @@ func (c *cluster) scatter(r *rpc) {
 		r.grants = make([]*allotv1.KeyGrant, len(keys))
 		r.merged = &allotv1.AcquireResponse{}
 	} else {
-		r.merged = &allotv1.AcquireResponse{}
 		r.relSum = &allotv1.ReleaseResponse{}
 	}
 	for gi, ix := range idx {
