@@ -413,7 +413,9 @@ func (c *cluster) gather(p *part, res rpcResult) {
 		m := r.merged
 		m.LiveAgents = max(m.LiveAgents, res.acq.LiveAgents)
 		m.RulesVersion = max(m.RulesVersion, res.acq.RulesVersion)
-		m.NowUnixMs = max(m.NowUnixMs, res.acq.NowUnixMs)
+		if m.NowUnixMs == 0 || res.acq.NowUnixMs < m.NowUnixMs {
+			m.NowUnixMs = res.acq.NowUnixMs // the earliest commit, as the allocator answers a split call
+		}
 	} else {
 		r.relSum.Returned += res.rel.Returned
 		r.relSum.LeasesEnded += res.rel.LeasesEnded
