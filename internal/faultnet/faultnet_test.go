@@ -129,9 +129,14 @@ func TestForwardAndStats(t *testing.T) {
 			t.Fatalf("round trip %d: got %d bytes, %v; want %d bytes", i, len(got), err, len(msg))
 		}
 	}
-	// The counters move just after each write: wait for the last one.
+	// The counters move just after each write, so the echo's answer can
+	// reach the client before the bytes toward the target are counted: wait
+	// for both.
 	want := int64(len("a\nhello\n") + 100_001)
-	waitFor(t, 5*time.Second, "the byte counters", func() bool { return p.Stats().Forwarded[ToClient] == want })
+	waitFor(t, 5*time.Second, "the byte counters", func() bool {
+		st := p.Stats()
+		return st.Forwarded[ToClient] == want && st.Forwarded[ToTarget] == want
+	})
 	if st := p.Stats(); st.Accepted != 1 || st.Active != 1 || st.Forwarded[ToTarget] != want {
 		t.Errorf("stats %+v, want 1 accepted, 1 active, %d bytes each way", st, want)
 	}
