@@ -24,19 +24,7 @@ import (
 // loopback, drives lease takers through them, SIGKILLs the leader, restarts
 // it with the same flags and data dir, and checks invariants (a)–(d).
 func TestClusterProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process cluster: skipped with -short")
-	}
-	dir := t.TempDir()
-	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
-		t.Fatal(err)
-	}
-	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
-	c := testproc.StartCluster(t, testproc.ClusterConfig{
-		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: 3, Rules: []string{rulesPath},
-		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
-			"-agent-ttl", "3s", "-expire-interval", "200ms"},
-	})
+	c := startProcessCluster(t)
 	procs := c.Nodes
 	_, admin := dial(t, procs[0].GRPC)
 	waitFor(t, 20*time.Second, "3 members with addresses", func() bool {
@@ -252,4 +240,26 @@ func grantsEqual(a, b *allotv1.AcquireResponse) bool {
 		}
 	}
 	return true
+}
+
+// startProcessCluster builds cmd/allocator and starts a 3-node cluster of
+// real processes on loopback with short lease, agent and expiry timings;
+// bootArgs are added to the bootstrapping node's flags (e.g. -groups N).
+// It skips under -short.
+func startProcessCluster(t *testing.T, bootArgs ...string) *testproc.Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-process cluster: skipped with -short")
+	}
+	dir := t.TempDir()
+	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+		t.Fatal(err)
+	}
+	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
+	return testproc.StartCluster(t, testproc.ClusterConfig{
+		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: 3, Rules: []string{rulesPath},
+		BootstrapArgs: bootArgs,
+		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
+			"-agent-ttl", "3s", "-expire-interval", "200ms"},
+	})
 }

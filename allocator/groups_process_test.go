@@ -3,7 +3,6 @@ package allocator
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -22,20 +21,7 @@ import (
 // budget in any window (invariants (a) and (d), per group: each key lives
 // in one group).
 func TestGroupsProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process cluster: skipped with -short")
-	}
-	dir := t.TempDir()
-	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
-		t.Fatal(err)
-	}
-	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
-	c := testproc.StartCluster(t, testproc.ClusterConfig{
-		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: 3, Rules: []string{rulesPath},
-		BootstrapArgs: []string{"-groups", "4"},
-		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
-			"-agent-ttl", "3s", "-expire-interval", "200ms"},
-	})
+	c := startProcessCluster(t, "-groups", "4")
 	procs := c.Nodes
 	_, admin := dial(t, procs[0].GRPC)
 	status := func(ad allotv1.AdminClient) *allotv1.ClusterStatusResponse {

@@ -3,7 +3,6 @@ package allocator
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,20 +27,7 @@ import (
 // out, a third data group is added to the running cluster and given its
 // share, and a node restarted afterwards hosts it again.
 func TestGroupsMoveProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process cluster: skipped with -short")
-	}
-	dir := t.TempDir()
-	if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
-		t.Fatal(err)
-	}
-	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
-	c := testproc.StartCluster(t, testproc.ClusterConfig{
-		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: 3, Rules: []string{rulesPath},
-		BootstrapArgs: []string{"-groups", "2"},
-		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
-			"-agent-ttl", "3s", "-expire-interval", "200ms"},
-	})
+	c := startProcessCluster(t, "-groups", "2")
 	procs := c.Nodes
 	alloc, admin := dial(t, procs[1].GRPC)
 	status1 := func() *allotv1.ClusterStatusResponse {

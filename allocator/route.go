@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -483,17 +482,7 @@ func (s *Server) watchRouted(req *allotv1.WatchRulesRequest, stream grpc.ServerS
 // acquireGroups is Acquire in a cluster with several groups, with the
 // same metrics.
 func (a *allocatorService) acquireGroups(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
-	s := a.s
 	start := time.Now()
-	resp, path, err := s.acquireRouted(ctx, req)
-	if err != nil {
-		if errors.Is(err, errOverloaded) {
-			s.metrics.rejected.WithLabelValues("queue_full").Inc()
-		}
-		s.metrics.acquireCalls.WithLabelValues("error").Inc()
-		return nil, s.status(err)
-	}
-	s.metrics.acquireCalls.WithLabelValues("ok").Inc()
-	s.metrics.acquireLatency.WithLabelValues(path).Observe(time.Since(start).Seconds())
-	return resp, nil
+	resp, path, err := a.s.acquireRouted(ctx, req)
+	return a.s.acquireAnswered(resp, err, path, start)
 }

@@ -51,6 +51,12 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 			resp = r
 			return err
 		})
+	return s.acquireAnswered(resp, err, path, start)
+}
+
+// acquireAnswered counts an Acquire's outcome (and its latency, by the
+// path it took, when it succeeded) and turns an error into its status.
+func (s *Server) acquireAnswered(resp *allotv1.AcquireResponse, err error, path string, start time.Time) (*allotv1.AcquireResponse, error) {
 	if err != nil {
 		if errors.Is(err, errOverloaded) {
 			s.metrics.rejected.WithLabelValues("queue_full").Inc()
