@@ -385,19 +385,7 @@ func (s *Server) releaseOnGroup(ctx context.Context, id slots.GroupID, req *allo
 	if err != nil {
 		return nil, err
 	}
-	var resp *allotv1.ReleaseResponse
-	err = s.onRaftLeader(ctx, g.node.raft, true,
-		func(ctx context.Context) error {
-			r, err := s.applyRelease(g.node.raft, req)
-			resp = r
-			return err
-		},
-		func(ctx context.Context, cc *grpc.ClientConn) error {
-			r, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
-			resp = r
-			return err
-		})
-	return resp, err
+	return s.releaseOn(ctx, g.node.raft, req)
 }
 
 // applyRelease commits a Release in the Raft group r.

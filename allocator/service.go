@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -122,22 +123,29 @@ func (a *allocatorService) Release(ctx context.Context, req *allotv1.ReleaseRequ
 		resp, err := s.releaseRouted(ctx, req)
 		return resp, s.status(err)
 	}
-	var resp *allotv1.ReleaseResponse
-	err := s.onLeader(ctx, true,
-		func(ctx context.Context) error {
-			r, err := s.applyRelease(s.node.raft, req)
-			resp = r
-			return err
-		},
-		func(ctx context.Context, cc *grpc.ClientConn) error {
-			r, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
-			resp = r
-			return err
-		})
+	resp, err := s.releaseOn(ctx, s.node.raft, req)
 	if err != nil {
 		return nil, s.status(err)
 	}
 	return resp, nil
+}
+
+// releaseOn applies a Release in the Raft group r, on this node when it
+// leads r, else forwarded to r's leader.
+func (s *Server) releaseOn(ctx context.Context, r *raft.Raft, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
+	var resp *allotv1.ReleaseResponse
+	err := s.onRaftLeader(ctx, r, true,
+		func(ctx context.Context) error {
+			out, err := s.applyRelease(r, req)
+			resp = out
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			out, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
+			resp = out
+			return err
+		})
+	return resp, err
 }
 
 // WatchRules streams the current rule set at once if it is newer than
