@@ -127,7 +127,11 @@ func (s *Server) upstreamStatus(ctx context.Context, addr string) (*allotv1.Clus
 	if err != nil {
 		return nil, err
 	}
-	return allotv1.NewAdminClient(cc).ClusterStatus(s.withJoinToken(ctx), &allotv1.ClusterStatusRequest{})
+	st, err := allotv1.NewAdminClient(cc).ClusterStatus(s.withJoinToken(ctx), &allotv1.ClusterStatusRequest{})
+	if err != nil {
+		return nil, s.explainRefusal(s.baseCtx, addr, err)
+	}
+	return st, nil
 }
 
 // cycleError reports a global allocator that is a region or this cluster.

@@ -32,9 +32,10 @@ type regional struct {
 	cfg   upstream.Config
 	addrs []string
 
-	calls  *prometheus.CounterVec // result
-	tokens *prometheus.CounterVec // kind: received, returned, minted
-	fbKeys prometheus.Gauge       // global keys served from their fallback share now
+	calls   *prometheus.CounterVec // result
+	tokens  *prometheus.CounterVec // kind: received, returned, minted
+	fbKeys  prometheus.Gauge       // global keys served from their fallback share now
+	refused refusals               // global allocators refusing this node's certificate
 
 	mu       sync.Mutex // guards the fields below
 	goodIdx  int        // the global allocator that answered last
@@ -89,12 +90,17 @@ func (s *Server) newRegional() (*regional, error) {
 
 func (g *regional) setState(st string, err error) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	cut := st == "cut_off" && st != g.state && err != nil
 	if st != g.state {
 		g.state, g.since = st, time.Now()
 	}
 	if err != nil {
 		g.err = err.Error()
+	}
+	g.mu.Unlock()
+	if cut {
+		g.s.log.Warn("cut off from the global cluster: global keys are served from what the region holds, then from their fallback share",
+			"region", g.name, "err", err)
 	}
 }
 
@@ -454,14 +460,15 @@ func (g *regional) checkLimit(c due, l *allotv1.Limit, st allotv1.KeyStatus) {
 // last, then to the others, within the policy's CallTimeout. Followers
 // forward to their leader; a repeated request id is answered with the
 // recorded answer, so trying another address is safe.
-func (g *regional) acquire(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
+func (g *regional) acquire(term context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
 	timeout := g.cfg.CallTimeout
 	if timeout <= 0 {
 		timeout = upstream.DefaultConfig().CallTimeout
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(term, timeout)
 	defer cancel()
 	var errs []error
+	var tried []string
 	for i := range g.addrs {
 		addr := g.addrs[(g.good()+i)%len(g.addrs)]
 		cc, err := g.s.fwd.conn(addr)
@@ -470,13 +477,19 @@ func (g *regional) acquire(ctx context.Context, req *allotv1.AcquireRequest) (*a
 			resp, err = allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
 			if err == nil {
 				g.setGood((g.good() + i) % len(g.addrs))
+				g.refused.ok(addr)
 				return resp, nil
 			}
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		errs, tried = append(errs, err), append(tried, addr)
 		if ctx.Err() != nil {
 			break
 		}
+	}
+	// Every address failed: name a refusal of this node's certificate
+	// (tlsrefusal.go) only now, so that probing delays no other address.
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("%s: %w", tried[i], g.refused.explain(term, g.s, tried[i], err))
 	}
 	return nil, errors.Join(errs...)
 }
