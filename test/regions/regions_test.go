@@ -1,7 +1,9 @@
 // Package regions tests one limit across regions on real processes: a
 // global allocator cluster, regional allocator clusters leasing its
 // scope: global keys over links with cross-region latency
-// (internal/faultnet), and agents in every region.
+// (internal/faultnet), and in every region gateway processes (cmd/gateway)
+// driven over HTTP, or in-process agents; one test runs the allocators
+// over mutual TLS.
 package regions
 
 import (
@@ -375,11 +377,11 @@ func regionStatus(t *testing.T, r *region) *allotv1.ClusterStatusResponse {
 	return nil
 }
 
-// issueWorld is the setup of the regions tests: a global cluster of three
+// fullWorld is the setup of the regions tests: a global cluster of three
 // allocators, three regions (one of three allocators, two of one) behind
 // links with 60 ms of latency each way, and two gateway processes in every
 // region, driven over HTTP.
-func issueWorld(t *testing.T) *world {
+func fullWorld(t *testing.T) *world {
 	return newWorld(t, worldConfig{global: 3, regions: []int{3, 1, 1}, gateways: 2})
 }
 
@@ -399,7 +401,7 @@ func issueWorld(t *testing.T) *world {
 //   - No answer other than 200 or 429 at any gateway.
 func TestAcrossRegions(t *testing.T) {
 	const perRegion = 60.0
-	w := issueWorld(t)
+	w := fullWorld(t)
 	start := time.Now()
 	load := w.gatewayLoad(start, perRegion)
 	w.waitHolding(30 * time.Second)
@@ -523,7 +525,7 @@ func (w *world) checkNoErrors(tallies []*tally) {
 	}
 }
 
-// TestRegionFailover: the issue's setup under 30 requests/s in each region
+// TestRegionFailover: fullWorld under 30 requests/s in each region
 // (0.9 R in all, so that each region holds a lead of its demand); a kill -9
 // of the leader of the region of three, then of the global leader, gives
 // no error at the gateways (no answer but 200 or 429, no limiter error in
@@ -540,7 +542,7 @@ func (w *world) checkNoErrors(tallies []*tally) {
 // admitted meanwhile, so it may admit nothing for a second; TestAcrossRegions
 // covers the oversubscribed key.
 func TestRegionFailover(t *testing.T) {
-	w := issueWorld(t)
+	w := fullWorld(t)
 	start := time.Now()
 	load := w.gatewayLoad(start, 30)
 	w.waitHolding(30 * time.Second)
