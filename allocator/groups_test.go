@@ -186,30 +186,7 @@ func TestGroupsConfig(t *testing.T) {
 // (its retry unpacked gets the same grants), and the answer keeps the
 // topology the caller lacks.
 func TestGroupsPackedKeys(t *testing.T) {
-	addrs := testproc.FreeAddrs(t, 2)
-	cfg := DefaultConfig()
-	cfg.NodeID, cfg.DataDir = "n0", t.TempDir()
-	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = addrs[0], addrs[1], ""
-	cfg.Bootstrap, cfg.Groups = true, 2
-	cfg.InitialRules = testRuleFiles()
-	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 250*time.Millisecond, 250*time.Millisecond, 125*time.Millisecond
-	cfg.Logger = testLogger(t, slog.LevelWarn)
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Shutdown(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := s.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := startOneNodeGroups(t, 2)
 	alloc, _ := dial(t, s.GRPCAddr())
 	var keys []*allotv1.KeyAcquire
 	for i := range 16 { // over both groups' slots

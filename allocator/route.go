@@ -468,9 +468,13 @@ func (s *Server) watchRouted(req *allotv1.WatchRulesRequest, stream grpc.ServerS
 }
 
 // acquireGroups is Acquire in a cluster with several groups, with the
-// same metrics.
+// same metrics: a call addressed to a group this node hosts goes whole to
+// that group (acquireAddressed), any other is routed key by key.
 func (a *allocatorService) acquireGroups(ctx context.Context, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, error) {
 	start := time.Now()
-	resp, path, err := a.s.acquireRouted(ctx, req)
+	resp, path, ok, err := a.s.acquireAddressed(ctx, req)
+	if !ok {
+		resp, path, err = a.s.acquireRouted(ctx, req)
+	}
 	return a.s.acquireAnswered(resp, err, path, start)
 }

@@ -34,25 +34,39 @@ func (a *allocatorService) Acquire(ctx context.Context, req *allotv1.AcquireRequ
 	if s.multi() {
 		return a.acquireGroups(ctx, req)
 	}
-	var resp *allotv1.AcquireResponse
 	start := time.Now()
-	var path string // the last attempt's: local or forwarded
-	err := s.onLeader(ctx, true,
+	resp, path, err := s.acquireOn(ctx, s.node.raft, s.batcher, nil, req)
+	return s.acquireAnswered(resp, err, path, start)
+}
+
+// acquireOn serves req whole on the leader of the Raft group r: through
+// b, r's batcher on this node, when this node leads r (once ready, if set,
+// allows), else forwarded to r's leader. It returns the answer, its grants
+// packed if req asks for that, and the path the last attempt took: local
+// or forwarded.
+func (s *Server) acquireOn(ctx context.Context, r *raft.Raft, b *batcher, ready func(context.Context) error,
+	req *allotv1.AcquireRequest,
+) (resp *allotv1.AcquireResponse, path string, err error) {
+	err = s.onRaftLeader(ctx, r, true,
 		func(ctx context.Context) error {
 			path = "local"
-			r, err := s.batcher.submit(ctx, req)
+			if ready != nil {
+				if err := ready(ctx); err != nil {
+					return err
+				}
+			}
+			out, err := b.submit(ctx, req)
 			if err == nil {
-				resp, err = answer(r, s.cfg.NodeID, req.GetPackedGrants())
+				resp, err = answer(out, s.cfg.NodeID, req.GetPackedGrants())
 			}
 			return err
 		},
-		func(ctx context.Context, cc *grpc.ClientConn) error {
+		func(ctx context.Context, cc *grpc.ClientConn) (err error) {
 			path = "forwarded"
-			r, err := allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
-			resp = r
+			resp, err = allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
 			return err
 		})
-	return s.acquireAnswered(resp, err, path, start)
+	return resp, path, err
 }
 
 // acquireAnswered counts an Acquire's outcome (and its latency, by the

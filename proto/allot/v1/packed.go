@@ -118,6 +118,50 @@ func GrantsOf(r *AcquireResponse) ([]*KeyGrant, error) {
 	return r.GetGrants(), nil
 }
 
+// HasStatus reports whether any of r's grants, packed or not, has status
+// st, without unpacking them (packed grants that do not decode report
+// false as far as they do not).
+func HasStatus(r *AcquireResponse, st KeyStatus) bool {
+	p := r.GetPackedGrants()
+	if len(p) == 0 {
+		for _, g := range r.GetGrants() {
+			if g.GetStatus() == st {
+				return true
+			}
+		}
+		return false
+	}
+	next := func() (uint64, bool) {
+		v, k := binary.Uvarint(p)
+		if k <= 0 {
+			return 0, false
+		}
+		p = p[k:]
+		return v, true
+	}
+	n, ok := next()
+	for i := uint64(0); ok && i < n; i++ {
+		var s, klen uint64
+		if s, ok = next(); !ok {
+			return false
+		}
+		if KeyStatus(s) == st {
+			return true
+		}
+		if klen, ok = next(); !ok || klen > uint64(len(p)) {
+			return false
+		}
+		p = p[klen:]
+		// The seven int64 fields, agents and the limit index.
+		for range 9 {
+			if _, ok = next(); !ok {
+				return false
+			}
+		}
+	}
+	return false
+}
+
 // Packed keys: AcquireRequest.packed_keys carries an Acquire's keys as one
 // byte string instead of one KeyAcquire message per key, so that the
 // allocator neither parses a message nor validates a string per key, and

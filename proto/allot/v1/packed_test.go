@@ -3,6 +3,7 @@ package allotv1
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -77,6 +78,32 @@ func TestGrantsOf(t *testing.T) {
 	}
 }
 
+// TestHasStatus: HasStatus finds a status among packed grants exactly when
+// one of the grants has it, and reads grants sent as messages the same.
+func TestHasStatus(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		l := &Limit{Burst: 1}
+		grants := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) *KeyGrant {
+			g := &KeyGrant{Status: KeyStatus(rapid.Int32Range(0, 8).Draw(t, "status")), Key: rapid.String().Draw(t, "key"),
+				Granted: rapid.Int64().Draw(t, "granted"), Held: rapid.Int64().Draw(t, "held"), Agents: rapid.Uint32().Draw(t, "agents")}
+			if rapid.Bool().Draw(t, "limit") {
+				g.Limit = l
+			}
+			return g
+		}), 0, 20).Draw(t, "grants")
+		st := KeyStatus(rapid.Int32Range(0, 8).Draw(t, "want"))
+		want := slices.ContainsFunc(grants, func(g *KeyGrant) bool { return g.GetStatus() == st })
+		packed := &AcquireResponse{}
+		packed.PackedGrants, packed.Limits = AppendPackedGrants(nil, nil, grants)
+		if got := HasStatus(packed, st); got != want {
+			t.Fatalf("HasStatus(packed, %v) = %v, want %v", st, got, want)
+		}
+		if got := HasStatus(&AcquireResponse{Grants: grants}, st); got != want {
+			t.Fatalf("HasStatus(messages, %v) = %v, want %v", st, got, want)
+		}
+	})
+}
+
 // TestUnpackGrantsRejects: malformed packed grants give an error, never a
 // panic or a partial answer.
 func TestUnpackGrantsRejects(t *testing.T) {
@@ -109,8 +136,12 @@ func FuzzUnpackGrants(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		lims := []*Limit{l}
 		got, err := UnpackGrants(data, lims)
+		moved := HasStatus(&AcquireResponse{PackedGrants: data}, KeyStatus_KEY_STATUS_MOVED) // never panics
 		if err != nil {
 			return
+		}
+		if want := slices.ContainsFunc(got, func(g *KeyGrant) bool { return g.GetStatus() == KeyStatus_KEY_STATUS_MOVED }); moved != want {
+			t.Fatalf("HasStatus(MOVED) = %v on grants %v", moved, got)
 		}
 		again, table := AppendPackedGrants(nil, nil, got)
 		back, err := UnpackGrants(again, table)
