@@ -37,6 +37,15 @@
 // Clients follow the leader as agents do (-target follow): a client starts
 // on any node and moves to the address in a forwarded answer's leader
 // header, so after the first call the leader serves every call.
+//
+// With -groups N the cluster is bootstrapped with N data groups
+// (allocator -bootstrap -groups N). The load learns the topology from the
+// rule watch stream and from Acquire answers, as agents do, splits each
+// call's keys by the group that owns their slot and sends one Acquire per
+// group (AcquireRequest.group) straight to that group's leader. It reports
+// each group's achieved key-grants/s and latency besides the totals, and
+// names the data groups each node leads beside its CPU (the CPU of a node
+// is that of every group replica it hosts).
 package main
 
 import (
@@ -66,6 +75,7 @@ import (
 
 	"github.com/allot/allot/internal/proccpu"
 	"github.com/allot/allot/internal/testproc"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -107,6 +117,7 @@ type options struct {
 	idle         time.Duration
 	fsyncProbe   time.Duration
 	cprofile     string
+	groups       int
 }
 
 func main() {
@@ -136,6 +147,7 @@ func main() {
 	flag.StringVar(&o.args, "allocator-args", "", "extra space-separated flags for every allocator")
 	flag.StringVar(&o.cprofile, "client-cpuprofile", "", "write a CPU profile of this load client, taken over the throughput phase, to this file")
 	flag.DurationVar(&o.fsyncProbe, "fsync-probe", 0, "every this often during the throughput phase, write 4 KB to a file in the data directory and fsync it, and report the fsync latency (0: off)")
+	flag.IntVar(&o.groups, "groups", 1, "data groups the cluster is bootstrapped with (allocator -groups); more than 1: each call's keys go split by the group that owns their slot, one Acquire per group, straight to that group's leader, as agents send them")
 	flag.BoolVar(&o.gctrace, "gctrace", false, "run the allocators with GODEBUG=gctrace=1 and report their GC pauses in the throughput phase")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -159,6 +171,12 @@ func run(o options) error {
 	}
 	if o.target != "all" && o.target != "leader" && o.target != "follow" {
 		return fmt.Errorf("-target %q: want all, leader or follow", o.target)
+	}
+	if o.groups < 1 {
+		return errors.New("-groups must be at least 1")
+	}
+	if o.groups > 1 && o.target == "leader" {
+		return errors.New("-target leader names one leader: with -groups use follow or all")
 	}
 	if o.mode != "grants" && o.mode != "fleet" {
 		return fmt.Errorf("-mode %q: want grants or fleet", o.mode)
@@ -221,6 +239,9 @@ func run(o options) error {
 		}
 		if i == 0 {
 			n.Proc.Args = append(n.Proc.Args, "-bootstrap", "-rules", rulesPath)
+			if o.groups > 1 {
+				n.Proc.Args = append(n.Proc.Args, "-groups", strconv.Itoa(o.groups))
+			}
 		} else {
 			n.Proc.Args = append(n.Proc.Args, "-join", nodes[0].GRPC)
 		}
@@ -268,12 +289,17 @@ func run(o options) error {
 	if err := waitMembers(admin, 3, 30*time.Second); err != nil {
 		return err
 	}
+	if o.groups > 1 {
+		if err := waitGroups(admin, o.groups, 60*time.Second); err != nil {
+			return err
+		}
+	}
 	inflight := "the allocators' default"
 	if o.inflight > 0 {
 		inflight = strconv.Itoa(o.inflight)
 	}
-	fmt.Printf("3 allocators up (dir %s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q\n",
-		dir, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env)
+	fmt.Printf("3 allocators up (dir %s), %d group(s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q\n",
+		dir, o.groups, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env)
 	if o.mode == "fleet" {
 		fmt.Printf("fleet shape: %.0f%% of each call's keys are first uses of cold keys (charged 1, no lease) over %d keys, the rest renewals of %d hot keys\n",
 			100*o.coldFraction, o.keyspace, o.hotKeys)
@@ -293,12 +319,37 @@ func run(o options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
+	if o.groups > 1 {
+		if lg.slotOf, lg.keySlot, err = keySlots(rulesPath, o.keyspace); err != nil {
+			return err
+		}
+		lg.watch(ctx, &wg)
+		if err := lg.waitTopology(30 * time.Second); err != nil {
+			return err
+		}
+	}
 	lg.start(ctx, &wg)
 
 	// Warm up, then measure.
 	time.Sleep(2 * time.Second)
 	lg.reset()
-	fmt.Printf("measuring: leader %s (pid %d)\n", nodes[leader].ID, nodes[leader].Proc.Pid())
+	role, leaders, err := roles(admin, nodes, o.groups, leader)
+	if err != nil {
+		return err
+	}
+	if o.groups > 1 {
+		// The node that leads the most data groups stands for "the leader"
+		// in the profiles and the idle report.
+		leader = leaders[0]
+		for _, i := range leaders {
+			if len(role[i]) > len(role[leader]) {
+				leader = i
+			}
+		}
+		fmt.Printf("measuring: %d data groups; %s\n", o.groups, describeRoles(nodes, role))
+	} else {
+		fmt.Printf("measuring: leader %s (pid %d)\n", nodes[leader].ID, nodes[leader].Proc.Pid())
+	}
 	m0, err := scrapeAll(nodes)
 	if err != nil {
 		return err
@@ -325,14 +376,14 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	keysOK := lg.report(elapsed, m0[leader], m1[leader])
+	keysOK := lg.report(elapsed, m0, m1)
 	unit := "key-grant"
 	if o.mode == "fleet" {
 		unit = "key-update"
 	}
-	cpuReport(nodes, leader, cpu0, cpu1, keysOK, unit)
+	cpuReport(nodes, role, cpu0, cpu1, keysOK, unit)
 	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
-	breakdown(nodes, leader, m0, m1)
+	breakdown(nodes, leaders, m0, m1)
 	if err := probe.report(); err != nil {
 		return err
 	}
@@ -342,7 +393,7 @@ func run(o options) error {
 	if o.idle > 0 {
 		cancel()
 		wg.Wait()
-		if err := idleReport(nodes, leader, o.idle, token, o.idleProfile); err != nil {
+		if err := idleReport(nodes, leader, role, o.idle, token, o.idleProfile); err != nil {
 			return err
 		}
 		ctx, cancel = context.WithCancel(context.Background())
@@ -417,6 +468,14 @@ type load struct {
 	// cold counts the fleet mode's first uses, so each cold key is new
 	// until the key space wraps.
 	cold atomic.Int64
+	// With -groups: the slot of each grants-mode key (keySlot) and of any
+	// key (slotOf), the newest topology (topoMu serialises its writers),
+	// and the node each group's calls go to, by group id.
+	keySlot   []slots.Slot
+	slotOf    func(i int) slots.Slot
+	topo      atomic.Pointer[topology]
+	topoMu    sync.Mutex
+	groupNode []atomic.Int32
 
 	mu sync.Mutex // guards the fields below
 	// hist is the round trip of the attempt that succeeded, from its
@@ -444,6 +503,7 @@ type load struct {
 	killAt   time.Time
 	killed   string
 	recovery time.Duration // -1 until the first grant after killAt
+	perGroup map[slots.GroupID]*groupStats
 }
 
 // call is one Acquire in flight.
@@ -459,11 +519,13 @@ type agentID struct {
 
 func newLoad(o options, conns []*grpc.ClientConn) *load {
 	l := &load{o: o, conns: conns, recovery: -1,
-		sem:      make(chan struct{}, o.maxInflight),
-		inflight: map[*call]struct{}{},
-		hist:     hdrhistogram.New(1, 600_000_000, 3),
-		intended: hdrhistogram.New(1, 600_000_000, 3),
-		lag:      hdrhistogram.New(1, 600_000_000, 3)}
+		sem:       make(chan struct{}, o.maxInflight),
+		inflight:  map[*call]struct{}{},
+		perGroup:  map[slots.GroupID]*groupStats{},
+		groupNode: make([]atomic.Int32, o.groups+1),
+		hist:      hdrhistogram.New(1, 600_000_000, 3),
+		intended:  hdrhistogram.New(1, 600_000_000, 3),
+		lag:       hdrhistogram.New(1, 600_000_000, 3)}
 	l.pinned.Store(-1)
 	if o.mode == "grants" {
 		l.keys = make([]*allotv1.KeyAcquire, o.keyspace)
@@ -536,41 +598,69 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 			return
 		}
 		var keys []*allotv1.KeyAcquire
-		keys, keyN = l.keysFor(keyN)
+		var sl []slots.Slot
+		keys, sl, keyN = l.keysFor(keyN)
 		ag := getAgent()
-		ag.req++
-		req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: keys, PackedGrants: l.o.packed}
-		if l.o.packedKeys {
-			req.PackedKeys, req.Keys = allotv1.AppendPackedKeys(nil, keys), nil
+		// One call per group that owns some of the keys, each with its
+		// own request id (a group sees each agent's ids increase).
+		parts := []part{{keys: keys}}
+		var topoVersion uint64
+		if t := l.topo.Load(); t != nil {
+			parts, topoVersion = split(t, keys, sl), t.version
 		}
-		target := node
-		switch l.o.target {
-		case "all":
-			node = (node + 1) % len(clients)
-		case "follow":
-			target = int(follow.Load())
+		var sent sync.WaitGroup
+		var failed atomic.Bool
+		for _, p := range parts {
+			ag.req++
+			req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: p.keys, PackedGrants: l.o.packed,
+				Group: uint32(p.group), TopologyVersion: topoVersion}
+			if l.o.packedKeys {
+				req.PackedKeys, req.Keys = allotv1.AppendPackedKeys(nil, p.keys), nil
+			}
+			fw := &follow
+			if p.group != 0 {
+				fw = &l.groupNode[p.group]
+			}
+			target := node
+			switch l.o.target {
+			case "all":
+				node = (node + 1) % len(clients)
+			case "follow":
+				target = int(fw.Load())
+			}
+			sent.Go(func() {
+				if !l.send(ctx, clients, target, req, intended, fw) {
+					failed.Store(true)
+				}
+			})
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			defer func() { <-l.sem }()
-			if l.send(ctx, clients, target, req, intended, &follow) {
+			sent.Wait()
+			if !failed.Load() {
 				putAgent(ag)
 			}
-		}()
+		})
 	}
 }
 
 // keysFor returns the keys of the next call, starting after keyN in the
-// key space, and the new keyN.
-func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, int) {
+// key space, their slots (with -groups) and the new keyN.
+func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, []slots.Slot, int) {
 	keys := make([]*allotv1.KeyAcquire, l.o.keysPerCall)
+	var sl []slots.Slot
+	if l.slotOf != nil {
+		sl = make([]slots.Slot, len(keys))
+	}
 	if l.o.mode == "grants" {
 		for k := range keys {
 			keyN = (keyN + 1) % l.o.keyspace
 			keys[k] = l.keys[keyN]
+			if sl != nil {
+				sl[k] = l.keySlot[keyN]
+			}
 		}
-		return keys, keyN
+		return keys, sl, keyN
 	}
 	// fleet: renewals of hot keys (a lease: want, demand) and charges
 	// of first uses of cold keys (no lease wanted: one token admitted
@@ -581,13 +671,19 @@ func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, int) {
 			i := l.o.hotKeys + int(l.cold.Add(1)%int64(l.o.keyspace))
 			keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(i)}},
 				Charged: 1}
+			if sl != nil {
+				sl[k] = l.slotOf(i)
+			}
 			continue
 		}
 		keyN = (keyN + 1) % l.o.hotKeys
 		keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(keyN)}},
 			Want: 5, Demand: 5, Held: 2, Charged: 3}
+		if sl != nil {
+			sl[k] = l.slotOf(keyN)
+		}
 	}
-	return keys, keyN
+	return keys, sl, keyN
 }
 
 // send sends req until it succeeds (retrying the same request id, which
@@ -623,7 +719,8 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 		cancel()
 		if err == nil {
 			now := time.Now()
-			l.record(now, now.Sub(t0), now.Sub(intended), resp)
+			l.noteTopology(resp.GetTopology())
+			l.record(now, now.Sub(t0), now.Sub(intended), slots.GroupID(req.GetGroup()), resp)
 			if v := md.Get(allotv1.LeaderAddrHeader); len(v) > 0 && l.o.target == "follow" {
 				if i := slices.Index(l.addrs, v[0]); i >= 0 {
 					follow.Store(int32(i))
@@ -650,7 +747,7 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 	return false
 }
 
-func (l *load) record(now time.Time, lat, fromIntended time.Duration, resp *allotv1.AcquireResponse) {
+func (l *load) record(now time.Time, lat, fromIntended time.Duration, group slots.GroupID, resp *allotv1.AcquireResponse) {
 	var ok, granted int64
 	// Grants that do not decode count as no key answered OK.
 	grants, _ := allotv1.GrantsOf(resp)
@@ -667,8 +764,12 @@ func (l *load) record(now time.Time, lat, fromIntended time.Duration, resp *allo
 	l.noteWorst(now.Add(-fromIntended), fromIntended)
 	l.calls++
 	l.keysOK += ok
+	gs := l.groupStat(group)
+	gs.calls++
 	if in := now.Add(-fromIntended); !in.Before(l.from) && in.Before(l.from.Add(l.o.duration)) {
 		l.ownOK += ok
+		gs.ownOK += ok
+		_ = gs.intended.RecordValue(fromIntended.Microseconds())
 	}
 	l.granted += granted
 	if !l.killAt.IsZero() && l.recovery < 0 && resp.GetLeaderId() != l.killed {
@@ -700,6 +801,7 @@ func (l *load) reset() {
 	l.from = time.Now()
 	l.worst = l.worst[:0]
 	l.calls, l.keysOK, l.ownOK, l.granted, l.errs = 0, 0, 0, 0, 0
+	clear(l.perGroup)
 }
 
 func (l *load) markKill(victim string) time.Time {
@@ -725,7 +827,7 @@ func (l *load) waitRecovery(killAt time.Time, timeout time.Duration) (time.Durat
 	return 0, fmt.Errorf("no grant within %v of the kill", timeout)
 }
 
-func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK int64) {
+func (l *load) report(elapsed time.Duration, nodes0, nodes1 []map[string]float64) (keysOK int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	// Calls still in flight at the end count with their age so far (a
@@ -740,9 +842,7 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 		}
 	}
 	secs := elapsed.Seconds()
-	us := func(v int64) string {
-		return (time.Duration(v) * time.Microsecond).Round(10 * time.Microsecond).String()
-	}
+	us := fmtUs
 	offered := float64(l.o.rate)
 	fmt.Printf("throughput: offered %.0f key-grants/s, achieved %.0f key-grants/s (%.1f%%; keys answered OK of the calls intended in the window), answered in the window %.0f key-grants/s (a backlog from before included; %.0f tokens/s granted), %.0f calls/s, %d failed calls, %d calls unanswered at the end, over %v\n",
 		offered, float64(l.ownOK)/secs, 100*float64(l.ownOK)/secs/offered, float64(l.keysOK)/secs, float64(l.granted)/secs, float64(l.calls)/secs,
@@ -763,13 +863,25 @@ func (l *load) report(elapsed time.Duration, m0, m1 map[string]float64) (keysOK 
 		worst = append(worst, fmtMs(d))
 	}
 	fmt.Printf("worst latency from the intended send, per second of the window (ms): %s\n", strings.Join(worst, " "))
-	entries := m1[`allot_allocator_batch_keys_count`] - m0[`allot_allocator_batch_keys_count`]
-	keys := m1[`allot_allocator_batch_keys_sum`] - m0[`allot_allocator_batch_keys_sum`]
-	reqs := m1[`allot_allocator_batch_requests_sum`] - m0[`allot_allocator_batch_requests_sum`]
-	applyN := m1[`allot_allocator_raft_apply_seconds_count`] - m0[`allot_allocator_raft_apply_seconds_count`]
-	applyS := m1[`allot_allocator_raft_apply_seconds_sum`] - m0[`allot_allocator_raft_apply_seconds_sum`]
+	if l.o.groups > 1 {
+		l.reportGroups(secs)
+	}
+	// Only a group's leader batches and applies: summed over the nodes,
+	// these count every group's entries.
+	delta := func(metric string) float64 {
+		var d float64
+		for i := range nodes1 {
+			d += nodes1[i][metric] - nodes0[i][metric]
+		}
+		return d
+	}
+	entries := delta(`allot_allocator_batch_keys_count`)
+	keys := delta(`allot_allocator_batch_keys_sum`)
+	reqs := delta(`allot_allocator_batch_requests_sum`)
+	applyN := delta(`allot_allocator_raft_apply_seconds_count`)
+	applyS := delta(`allot_allocator_raft_apply_seconds_sum`)
 	if entries > 0 {
-		fmt.Printf("raft: %.0f acquire entries/s, %.0f keys/entry, %.1f calls/entry, mean commit %.2f ms (leader's raft.Apply → applied)\n",
+		fmt.Printf("raft: %.0f acquire entries/s, %.0f keys/entry, %.1f calls/entry, mean commit %.2f ms (leader's raft.Apply → applied; every group's)\n",
 			entries/secs, keys/entries, reqs/entries, 1000*applyS/max(applyN, 1))
 	}
 	return l.keysOK
@@ -887,9 +999,10 @@ func sampleCPU(nodes []*node) cpuSample {
 	return s
 }
 
-// cpuReport prints the CPU each node and this process used between s0
-// and s1, in cores and in µs per key (keys answered OK; none: cores only).
-func cpuReport(nodes []*node, leader int, s0, s1 cpuSample, keys int64, unit string) {
+// cpuReport prints the CPU each node (its role) and this process used
+// between s0 and s1, in cores and in µs per key (keys answered OK; none:
+// cores only).
+func cpuReport(nodes []*node, role []string, s0, s1 cpuSample, keys int64, unit string) {
 	secs := s1.at.Sub(s0.at).Seconds()
 	var total time.Duration
 	per := func(d time.Duration) string {
@@ -902,11 +1015,7 @@ func cpuReport(nodes []*node, leader int, s0, s1 cpuSample, keys int64, unit str
 	for i, n := range nodes {
 		d := s1.nodes[i] - s0.nodes[i]
 		total += d
-		role := "follower"
-		if i == leader {
-			role = "leader"
-		}
-		fmt.Printf(" %s (%s) %.3f cores%s;", n.ID, role, d.Seconds()/secs, per(d))
+		fmt.Printf(" %s (%s) %.3f cores%s;", n.ID, role[i], d.Seconds()/secs, per(d))
 	}
 	fmt.Printf(" allocators %.3f cores%s; load client %.3f cores\n", total.Seconds()/secs, per(total), (s1.self-s0.self).Seconds()/secs)
 }
@@ -914,7 +1023,7 @@ func cpuReport(nodes []*node, leader int, s0, s1 cpuSample, keys int64, unit str
 // idleReport measures the allocators' CPU with no traffic over d, after
 // the calls in flight have drained, with the tracked keys and leases at
 // its start and end.
-func idleReport(nodes []*node, leader int, d time.Duration, token, profile string) error {
+func idleReport(nodes []*node, leader int, role []string, d time.Duration, token, profile string) error {
 	time.Sleep(2 * time.Second) // the last batches commit and apply everywhere
 	m0, err := scrapeAll(nodes)
 	if err != nil {
@@ -962,7 +1071,7 @@ func idleReport(nodes []*node, leader int, d time.Duration, token, profile strin
 	fmt.Printf("idle: the leader applied %.0f Expire entries (%.1f/s) taking %v in its FSM\n", expN, expN/d.Seconds(),
 		time.Duration((m1[leader][fmt.Sprintf(exp, "sum")]-m0[leader][fmt.Sprintf(exp, "sum")])*float64(time.Second)).Round(time.Microsecond))
 	fmt.Print("idle ")
-	cpuReport(nodes, leader, s0, s1, 0, "")
+	cpuReport(nodes, role, s0, s1, 0, "")
 	fmt.Printf("idle cpu by tenths of the window (leader/allocators, %% of a core): %s\n", strings.Join(tenths, " "))
 	fmt.Printf("idle load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	return nil
@@ -971,11 +1080,12 @@ func idleReport(nodes []*node, leader int, d time.Duration, token, profile strin
 // breakdown prints the p50/p99 of each stage of an Acquire over the
 // measurement window, from the nodes' histograms (bucket counts at the end
 // minus at the start; the quantile interpolates within a bucket, whose
-// bounds are 25% apart).
-func breakdown(nodes []*node, leader int, m0, m1 []map[string]float64) {
+// bounds are 25% apart). With several groups, leaders are the nodes that
+// lead a data group and the leader stages sum over them.
+func breakdown(nodes []*node, leaders []int, m0, m1 []map[string]float64) {
 	var followers []int
 	for i := range nodes {
-		if i != leader {
+		if !slices.Contains(leaders, i) {
 			followers = append(followers, i)
 		}
 	}
@@ -985,12 +1095,12 @@ func breakdown(nodes []*node, leader int, m0, m1 []map[string]float64) {
 	}{
 		{"follower: Acquire handler, forwarded ", "allot_allocator_acquire_seconds", `path="forwarded"`, followers},
 		{"follower: forward hop to the leader  ", "allot_allocator_forward_seconds", "", followers},
-		{"leader:   Acquire handler, local     ", "allot_allocator_acquire_seconds", `path="local"`, []int{leader}},
-		{"leader:   queued in the batcher      ", "allot_allocator_batch_queue_seconds", "", []int{leader}},
-		{"leader:   raft.Apply → applied       ", "allot_allocator_raft_apply_seconds", "", []int{leader}},
-		{"leader:   append → FSM (commit)      ", "allot_allocator_raft_commit_seconds", "", []int{leader}},
-		{"leader:   FSM apply, Acquire entry   ", "allot_allocator_fsm_apply_seconds", `type="acquire"`, []int{leader}},
-		{"leader:   FSM apply, Expire entry    ", "allot_allocator_fsm_apply_seconds", `type="expire"`, []int{leader}},
+		{"leader:   Acquire handler, local     ", "allot_allocator_acquire_seconds", `path="local"`, leaders},
+		{"leader:   queued in the batcher      ", "allot_allocator_batch_queue_seconds", "", leaders},
+		{"leader:   raft.Apply → applied       ", "allot_allocator_raft_apply_seconds", "", leaders},
+		{"leader:   append → FSM (commit)      ", "allot_allocator_raft_commit_seconds", "", leaders},
+		{"leader:   FSM apply, Acquire entry   ", "allot_allocator_fsm_apply_seconds", `type="acquire"`, leaders},
+		{"leader:   FSM apply, Expire entry    ", "allot_allocator_fsm_apply_seconds", `type="expire"`, leaders},
 		{"follower: append → FSM               ", "allot_allocator_raft_commit_seconds", "", followers},
 	}
 	var changes float64
@@ -1016,6 +1126,11 @@ func fmtMs(d time.Duration) string {
 		return strconv.FormatFloat(ms, 'f', 1, 64)
 	}
 	return strconv.FormatFloat(ms, 'f', 0, 64)
+}
+
+// fmtUs is v µs, to 10 µs.
+func fmtUs(v int64) string {
+	return (time.Duration(v) * time.Microsecond).Round(10 * time.Microsecond).String()
 }
 
 func fmtSec(s float64) string {
