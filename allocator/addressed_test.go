@@ -3,9 +3,9 @@ package allocator
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
