@@ -279,3 +279,47 @@ func describeRoles(nodes []*node, role []string) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+// noteRecovered records a grant from a leader other than the killed one
+// for group g since the kill; the recovery time is set once every group
+// the killed node led has had one (with one group: at the first) (l.mu
+// held).
+func (l *load) noteRecovered(g slots.GroupID) {
+	if len(l.unrecovered) == 0 {
+		l.recovery = time.Since(l.killAt)
+		return
+	}
+	if l.unrecovered[g] {
+		delete(l.unrecovered, g)
+		if len(l.unrecovered) == 0 {
+			l.recovery = time.Since(l.killAt)
+		}
+	}
+}
+
+// busiestLeader returns the node that leads the most data groups and the
+// groups it leads.
+func busiestLeader(admin allotv1.AdminClient, nodes []*node) (int, []slots.GroupID, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := admin.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+	if err != nil {
+		return 0, nil, err
+	}
+	best, bestLed := -1, []slots.GroupID(nil)
+	for i, n := range nodes {
+		var led []slots.GroupID
+		for _, g := range st.GetGroups() {
+			if g.GetId() != 0 && g.GetLeaderId() == n.ID {
+				led = append(led, slots.GroupID(g.GetId()))
+			}
+		}
+		if len(led) > len(bestLed) {
+			best, bestLed = i, led
+		}
+	}
+	if best < 0 {
+		return 0, nil, errors.New("no node leads a data group")
+	}
+	return best, bestLed, nil
+}

@@ -45,7 +45,9 @@
 // group (AcquireRequest.group) straight to that group's leader. It reports
 // each group's achieved key-grants/s and latency besides the totals, and
 // names the data groups each node leads beside its CPU (the CPU of a node
-// is that of every group replica it hosts).
+// is that of every group replica it hosts). A failover kills the node that
+// leads the most data groups and times the kill to the first grant from a
+// new leader of every group it led.
 package main
 
 import (
@@ -401,11 +403,17 @@ func run(o options) error {
 		lg.start(ctx, &wg)
 	}
 
-	// Failovers: kill the leader, time the next grant from a new leader,
-	// restart the killed node, let it catch up.
+	// Failovers: kill the leader (with groups, the node that leads the
+	// most data groups), time the next grant from a new leader (of every
+	// group it led), restart the killed node, let it catch up.
 	var recov, elections []time.Duration
 	for i := range o.failovers {
-		leader, err = leaderIndex(admin, nodes)
+		var led []slots.GroupID
+		if o.groups > 1 {
+			leader, led, err = busiestLeader(admin, nodes)
+		} else {
+			leader, err = leaderIndex(admin, nodes)
+		}
 		if err != nil {
 			return err
 		}
@@ -414,17 +422,21 @@ func run(o options) error {
 			lg.pin(-1)
 		}
 		survivor := allotv1.NewAdminClient(conns[(leader+1)%3])
-		killAt := lg.markKill(victim.ID)
+		killAt := lg.markKill(victim.ID, led)
 		victim.Proc.Kill()
-		elected := waitNewLeader(survivor, victim.ID, killAt, 30*time.Second)
+		elected := waitNewLeader(survivor, victim.ID, led, killAt, 30*time.Second)
 		d, err := lg.waitRecovery(killAt, 30*time.Second)
 		if err != nil {
 			return fmt.Errorf("failover %d: %w", i+1, err)
 		}
 		recov = append(recov, d)
 		elections = append(elections, elected)
-		fmt.Printf("failover %d: killed leader %s; new leader known to a survivor after %v, first grant from it after %v\n",
-			i+1, victim.ID, elected.Round(time.Millisecond), d.Round(time.Millisecond))
+		what := "leader " + victim.ID
+		if len(led) > 0 {
+			what = fmt.Sprintf("%s, leader of data groups %v", victim.ID, led)
+		}
+		fmt.Printf("failover %d: killed %s; new leader known to a survivor after %v, first grant from it after %v\n",
+			i+1, what, elected.Round(time.Millisecond), d.Round(time.Millisecond))
 		if err := victim.Proc.Run(); err != nil {
 			return err
 		}
@@ -444,8 +456,12 @@ func run(o options) error {
 	if len(recov) > 0 {
 		slices.Sort(recov)
 		slices.Sort(elections)
-		fmt.Printf("failover: n=%d median %v max %v (kill → first grant committed by the new leader); election alone: median %v max %v\n",
-			len(recov), recov[len(recov)/2].Round(time.Millisecond), recov[len(recov)-1].Round(time.Millisecond),
+		by := "the new leader"
+		if o.groups > 1 {
+			by = "a new leader in every data group the killed node led"
+		}
+		fmt.Printf("failover: n=%d median %v max %v (kill → first grant committed by %s); election alone: median %v max %v\n",
+			len(recov), recov[len(recov)/2].Round(time.Millisecond), recov[len(recov)-1].Round(time.Millisecond), by,
 			elections[len(elections)/2].Round(time.Millisecond), elections[len(elections)-1].Round(time.Millisecond))
 	}
 	return nil
@@ -503,7 +519,11 @@ type load struct {
 	killAt   time.Time
 	killed   string
 	recovery time.Duration // -1 until the first grant after killAt
-	perGroup map[slots.GroupID]*groupStats
+	// unrecovered: with groups, the groups killed led that have had no
+	// grant from another leader since killAt (recovery is set when the
+	// last one has).
+	unrecovered map[slots.GroupID]bool
+	perGroup    map[slots.GroupID]*groupStats
 }
 
 // call is one Acquire in flight.
@@ -773,7 +793,7 @@ func (l *load) record(now time.Time, lat, fromIntended time.Duration, group slot
 	}
 	l.granted += granted
 	if !l.killAt.IsZero() && l.recovery < 0 && resp.GetLeaderId() != l.killed {
-		l.recovery = time.Since(l.killAt)
+		l.noteRecovered(group)
 	}
 }
 
@@ -804,12 +824,18 @@ func (l *load) reset() {
 	clear(l.perGroup)
 }
 
-func (l *load) markKill(victim string) time.Time {
+// markKill records the kill of victim, the leader of the data groups led
+// (none: the single group's leader).
+func (l *load) markKill(victim string, led []slots.GroupID) time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.killAt = time.Now()
 	l.killed = victim
 	l.recovery = -1
+	l.unrecovered = map[slots.GroupID]bool{}
+	for _, g := range led {
+		l.unrecovered[g] = true
+	}
 	return l.killAt
 }
 
@@ -1365,13 +1391,20 @@ func leaderIndex(admin allotv1.AdminClient, nodes []*node) (int, error) {
 }
 
 // waitNewLeader polls a surviving node until it names a leader other than
-// victim, and returns the time since killAt (-1 on timeout).
-func waitNewLeader(admin allotv1.AdminClient, victim string, killAt time.Time, timeout time.Duration) time.Duration {
+// victim (of every data group in led, if any), and returns the time since
+// killAt (-1 on timeout).
+func waitNewLeader(admin allotv1.AdminClient, victim string, led []slots.GroupID, killAt time.Time, timeout time.Duration) time.Duration {
 	for time.Since(killAt) < timeout {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		st, err := admin.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
 		cancel()
-		if err == nil && st.GetLeaderId() != "" && st.GetLeaderId() != victim {
+		ok := err == nil && st.GetLeaderId() != "" && st.GetLeaderId() != victim
+		if ok && len(led) > 0 {
+			ok = !slices.ContainsFunc(st.GetGroups(), func(g *allotv1.GroupStatus) bool {
+				return slices.Contains(led, slots.GroupID(g.GetId())) && (g.GetLeaderId() == "" || g.GetLeaderId() == victim)
+			})
+		}
+		if ok {
 			return time.Since(killAt)
 		}
 		time.Sleep(2 * time.Millisecond)
