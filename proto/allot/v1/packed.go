@@ -119,8 +119,8 @@ func GrantsOf(r *AcquireResponse) ([]*KeyGrant, error) {
 }
 
 // HasStatus reports whether any of r's grants, packed or not, has status
-// st, without unpacking them (packed grants that do not decode report
-// false as far as they do not).
+// st, without unpacking them. Packed grants are read only as far as they
+// decode: a grant past a malformed one is not seen.
 func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 	p := r.GetPackedGrants()
 	if len(p) == 0 {
@@ -145,7 +145,7 @@ func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 		if s, ok = next(); !ok {
 			return false
 		}
-		if KeyStatus(s) == st {
+		if st >= 0 && s == uint64(st) {
 			return true
 		}
 		if klen, ok = next(); !ok || klen > uint64(len(p)) {
