@@ -311,8 +311,8 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		return 0, ended
 	}
 
-	lim := rule.Limit
 	pool := c.poolFor(rule, h, ka.domain, ents)
+	lim, limMsg := c.limitIn(rule, pool)
 	idx := c.slotFor(h, lim, now)
 	st := c.tab.at(idx).st
 	leased := c.tab.at(idx).link != 0
@@ -420,7 +420,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		g.Remaining = min(g.Remaining, pool.avail)
 	}
 	g.ResetAfterMs = ms(p.ResetAfter)
-	g.Limit = c.limitMsgs[rule.ID]
+	g.Limit = limMsg
 	var retry time.Duration
 	if want > 0 && granted == 0 && p.Remaining < 1 {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED
