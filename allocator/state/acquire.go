@@ -313,7 +313,16 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 
 	pool := c.poolFor(rule, h, ka.domain, ents)
 	lim, limMsg := c.limitIn(rule, pool)
+	fresh := pool != nil && c.limitChanged(h, lim)
 	idx := c.slotFor(h, lim, now)
+	if fresh {
+		// A pool's key whose limit in force changed (the region's copy
+		// to the global cluster's limit, or the global one changed)
+		// starts full under the new one rather than carrying its balance
+		// over: what the region sub-grants is bounded by the pool, which
+		// holds only what the global cluster granted from its own bucket.
+		c.tab.mut(c, idx).st = bucket.State{}
+	}
 	st := c.tab.at(idx).st
 	leased := c.tab.at(idx).link != 0
 	if leased {

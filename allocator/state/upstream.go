@@ -199,6 +199,13 @@ func (c *core) limitIn(rule *rules.Rule, p *pool) (bucket.Limit, *allotv1.Limit)
 	return p.lim, p.msg
 }
 
+// limitChanged reports whether the tracked key h is under another limit
+// than l.
+func (c *core) limitChanged(h uint64, l bucket.Limit) bool {
+	i := c.tab.find(h)
+	return i >= 0 && c.lims.ents[c.tab.at(i).lim].key != keyOf(l)
+}
+
 // Msg returns the region's rule's message base with g's rate, window,
 // burst and algorithm.
 func (g *GlobalLimit) Msg(base *allotv1.Limit) *allotv1.Limit {

@@ -146,6 +146,7 @@ func FuzzApplyUpstream(f *testing.F) {
 	f.Add(AppendUpstreamSend(nil, t0, 1, []byte("r"), []UpstreamReturn{{Hash: 1, Returned: 2, Charged: 3}}))
 	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3}}))
 	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 2}}))
+	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3, Limit: &GlobalLimit{RequestsPerUnit: 5, Unit: rules.UnitSecond, Burst: 5}}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg := testConfig()
 		cfg.Regional = true
