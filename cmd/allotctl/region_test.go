@@ -43,4 +43,11 @@ func TestRegionOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkGolden(t, "region", out.String())
+	// -o json: the mismatched key with both limits.
+	js, err := protoJSON(&allotv1.GlobalKeyHeld{Key: held.Key, RuleMismatch: true, Limit: held.Limit,
+		RegionLimit: held.RegionLimit, GlobalRulesVersion: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGolden(t, "region_mismatch.json", string(js))
 }
