@@ -299,6 +299,9 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 		}
 		k := rk.k
 		k.Sync(now, p.Available)
+		// The pool cut a gateway's want: the region is short of tokens,
+		// and what it sub-grants is no reading of its demand.
+		k.Short(p.ShortAt)
 		if !canCall {
 			// Left for the Tick after the answer.
 		} else if r, ok := k.Tick(now, p.Demand); ok {

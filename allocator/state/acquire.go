@@ -413,6 +413,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		ask := min(want, agentCap-held, left)
 		if pool != nil && ask > pool.avail {
 			ask, poolShort = pool.avail, true
+			pool.shortAt = now
 		}
 		if ask > 0 {
 			granted = takeFrom(pool, lim, &st, now, ask)

@@ -115,6 +115,12 @@ type pool struct {
 	// charged beyond what the pool held; paid first out of what the pool
 	// receives next.
 	debt int64
+	// shortAt: the time of the last command whose want the pool cut (0:
+	// none since this state was built). A hint for the regional leader's
+	// policy (a region short of tokens sub-grants less than its demand,
+	// which is no fall of demand); it changes no answer and is not in
+	// snapshots.
+	shortAt int64
 	// global: the global cluster's limit of the key as its last recorded
 	// answer carried it (nil until one did). It is the limit in force in
 	// the region (limitIn): lim is it compiled, valid when limOK.
@@ -555,6 +561,9 @@ type Pool struct {
 	// Debt: tokens gateways admitted from their fallback beyond what the
 	// pool held, paid out of what it receives next.
 	Debt int64
+	// ShortAt: when the pool last cut a gateway's want (Unix ns; 0: not
+	// since this node's state was built or restored).
+	ShortAt int64
 	// Global: the global cluster's limit of the key as its last recorded
 	// answer carried it (nil until one did); the limit in force in the
 	// region from then on.
@@ -593,7 +602,7 @@ func (s *State) PoolOf(h uint64, now int64) (Pool, bool) {
 func (p *pool) view(c *core, e *entry, h uint64, now int64) Pool {
 	return Pool{Hash: h, Key: p.key, Domain: p.domain, Entries: p.ents, Available: p.avail,
 		Demand: c.demandOf(e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
-		Minted: p.minted, Owed: p.owed, Debt: p.debt, Global: p.global}
+		Minted: p.minted, Owed: p.owed, Debt: p.debt, Global: p.global, ShortAt: p.shortAt}
 }
 
 // demandOf sums the demand of the key's unexpired leases (read lock held).
