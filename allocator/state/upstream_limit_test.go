@@ -144,7 +144,7 @@ func TestRegionalGlobalLimitBound(t *testing.T) {
 		seq := uint64(0)
 		var since int64 // when the limit was recorded
 		var granted, received int64
-		for i := range rapid.IntRange(1, 80).Draw(rt, "steps") {
+		for i := range rapid.IntRange(1, 50).Draw(rt, "steps") {
 			now += int64(rapid.IntRange(0, 400).Draw(rt, "dt")) * int64(time.Millisecond)
 			switch rapid.IntRange(0, 4).Draw(rt, "op") {
 			case 0: // a grant, carrying the limit
