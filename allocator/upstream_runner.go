@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/allocator/upstream"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/rules/rulespb"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -43,22 +43,24 @@ type regional struct {
 	state    string     // connected | cut_off | connecting | none | not_leader | cycle
 	since    time.Time
 	err      string
-	keys     map[uint64]keyView // by key hash, as of the runner's last Tick
+	keys     map[uint64]keyView           // by key hash, as of the runner's last Tick
+	warned   map[uint64]state.GlobalLimit // the mismatch last logged, by key hash
 }
 
 // keyView is what the runner knows of a key beyond the ledger.
 type keyView struct {
 	share, fallback float64
 	cutOff          bool
-	mismatch        bool
+	// notLeased: how the global cluster answered a key it does not lease
+	// (KEY_STATUS_NO_RULE, _NOT_LEASED, _UNLIMITED); "" when it leases it.
+	notLeased string
 }
 
 // regKey is one global key at the runner.
 type regKey struct {
-	k        *upstream.Key
-	global   *allotv1.Limit // the global cluster's limit, once it answered
-	mismatch bool
-	warned   bool
+	k         *upstream.Key
+	notLeased string // as keyView.notLeased
+	warned    bool   // the no-upstream warning was logged
 }
 
 // newRegional returns the region's link (nil for a cluster that is not a
@@ -227,7 +229,8 @@ func (g *regional) recover(ctx context.Context) {
 		if i >= len(gs) {
 			break
 		}
-		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: -1})
+		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: -1,
+			Limit: globalLimitOf(gs[i], resp.GetRulesVersion())})
 	}
 	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil {
 		s.log.Warn("recovered upstream grant not committed", "seq", seq, "err", err)
@@ -269,12 +272,13 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			continue // no longer global: its pool is not refilled
 		}
 		ur := upstream.RuleOf(rule, g.name)
-		rk := keys[p.Hash]
-		if rk != nil && rk.global != nil && rk.global.GetWindowSeconds() > 0 {
-			// The global cluster's limit applies.
-			ur.Rate = float64(rk.global.GetRequestsPerUnit()) / float64(rk.global.GetWindowSeconds())
-			ur.Burst = rk.global.GetBurst()
+		if gl := p.Global; gl != nil {
+			// The global cluster's limit applies: it sizes the fallback
+			// share (static_fraction of its rate) as it sizes the pool.
+			ur.Rate, ur.Burst = float64(gl.RequestsPerUnit)/gl.Unit.Duration().Seconds(), gl.Burst
+			g.noteMismatch(p, rule)
 		}
+		rk := keys[p.Hash]
 		if rk == nil {
 			k, err := upstream.NewKey(g.cfg, ur)
 			if err != nil {
@@ -295,6 +299,9 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 		}
 		k := rk.k
 		k.Sync(now, p.Available)
+		// The pool cut a gateway's want: the region is short of tokens,
+		// and what it sub-grants is no reading of its demand.
+		k.Short(p.ShortAt)
 		if !canCall {
 			// Left for the Tick after the answer.
 		} else if r, ok := k.Tick(now, p.Demand); ok {
@@ -318,7 +325,7 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 		if st.CutOff || !upstreamOK {
 			fallbackKeys++
 		}
-		views[p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, cutOff: st.CutOff || !upstreamOK, mismatch: rk.mismatch}
+		views[p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, cutOff: st.CutOff || !upstreamOK, notLeased: rk.notLeased}
 	}
 	g.fbKeys.Set(float64(fallbackKeys))
 	if len(mints) > 0 {
@@ -414,12 +421,13 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 	grants := make([]state.UpstreamGrant, len(res.due))
 	for i, c := range res.due {
 		gr := gs[i]
-		g.checkLimit(c, gr.GetLimit(), gr.GetStatus())
+		g.checkLeased(c, gr.GetStatus())
 		// A reply after the key's CallTimeout is stale to the policy; the
 		// ledger still takes the grant, and the next Sync reads it.
 		_ = c.rk.k.Granted(now, upstream.Grant{ID: c.req.ID, Granted: gr.GetGranted(),
 			RefreshAfter: time.Duration(gr.GetRefreshAfterMs()) * time.Millisecond})
-		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: c.rk.k.Status().Share}
+		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: c.rk.k.Status().Share,
+			Limit: globalLimitOf(gr, res.resp.GetRulesVersion())}
 		g.tokens.WithLabelValues("received").Add(float64(gr.GetGranted()))
 	}
 	g.calls.WithLabelValues("ok").Inc()
@@ -430,30 +438,62 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 	}
 }
 
-// checkLimit notes a global key whose rule differs between the region and
-// the global cluster (the global cluster's limit applies).
-func (g *regional) checkLimit(c due, l *allotv1.Limit, st allotv1.KeyStatus) {
+// globalLimitOf is the global cluster's limit of a key as its grant
+// carries it, for the ledger (nil: the grant carries none the region can
+// apply, or the global cluster does not lease the key).
+func globalLimitOf(gr *allotv1.KeyGrant, rulesVersion uint64) *state.GlobalLimit {
+	switch gr.GetStatus() {
+	case allotv1.KeyStatus_KEY_STATUS_OK, allotv1.KeyStatus_KEY_STATUS_EXHAUSTED:
+	default:
+		return nil
+	}
+	l, ok := state.GlobalLimitOf(gr.GetLimit(), rulesVersion)
+	if !ok {
+		return nil
+	}
+	return &l
+}
+
+// checkLeased notes a global key the global cluster does not lease (no
+// rule there, unlimited, or another backend): the region receives
+// nothing for it.
+func (g *regional) checkLeased(c due, st allotv1.KeyStatus) {
 	rk := c.rk
-	if st == allotv1.KeyStatus_KEY_STATUS_NO_RULE || st == allotv1.KeyStatus_KEY_STATUS_NOT_LEASED ||
-		st == allotv1.KeyStatus_KEY_STATUS_UNLIMITED {
-		if !rk.mismatch {
-			g.s.log.Warn("the global cluster does not lease this global key", "key", redactKey(c.p.Key), "status", st.String())
+	switch st {
+	case allotv1.KeyStatus_KEY_STATUS_NO_RULE, allotv1.KeyStatus_KEY_STATUS_NOT_LEASED, allotv1.KeyStatus_KEY_STATUS_UNLIMITED:
+		if rk.notLeased == "" {
+			g.s.log.Warn("the global cluster does not lease this global key; the region receives nothing for it",
+				"key", redactKey(c.p.Key), "status", st.String())
 		}
-		rk.mismatch = true
+		rk.notLeased = st.String()
+	default:
+		rk.notLeased = ""
+	}
+}
+
+// noteMismatch logs, once per global limit, a global key whose rule in
+// the region differs from the global cluster's (whose limit applies).
+func (g *regional) noteMismatch(p state.Pool, rule *rules.Rule) {
+	if p.Global.Same(rule) {
 		return
 	}
-	if l == nil {
+	g.mu.Lock()
+	last, seen := g.warned[p.Hash]
+	if !seen || last != *p.Global {
+		if g.warned == nil {
+			g.warned = map[uint64]state.GlobalLimit{}
+		}
+		g.warned[p.Hash] = *p.Global
+	}
+	g.mu.Unlock()
+	if seen && last == *p.Global {
 		return
 	}
-	rule := g.s.st.Rules().Match(c.p.Domain, c.p.Entries)
-	same := rule != nil && uint64(rule.RequestsPerUnit) == uint64(l.GetRequestsPerUnit()) &&
-		int64(math.Round(rule.Window.Seconds())) == l.GetWindowSeconds() && rule.Burst == l.GetBurst()
-	if !same && !rk.mismatch {
-		g.s.log.Warn("global key's rule differs from the global cluster's; the global limit applies",
-			"key", redactKey(c.p.Key), "global_requests_per_unit", l.GetRequestsPerUnit(),
-			"global_window_seconds", l.GetWindowSeconds(), "global_burst", l.GetBurst())
-	}
-	rk.mismatch, rk.global = !same, l
+	gl := p.Global
+	g.s.log.Warn("global key's rule in this region differs from the global cluster's; the global cluster's limit applies",
+		"key", redactKey(p.Key), "region_requests_per_unit", rule.RequestsPerUnit, "region_unit", rule.Unit.String(),
+		"region_burst", rule.Burst, "global_requests_per_unit", gl.RequestsPerUnit, "global_unit", gl.Unit.String(),
+		"global_burst", gl.Burst, "global_rules_version", gl.RulesVersion)
 }
 
 // acquire sends req to the global cluster: to the allocator that answered
@@ -527,8 +567,9 @@ func (g *regional) status(resp *allotv1.ClusterStatusResponse, redact bool) {
 	u := &allotv1.UpstreamStatus{Addrs: g.addrs, State: g.state, SinceUnixMs: g.since.UnixMilli(), AgentId: g.agent, Error: g.err}
 	views := g.keys
 	g.mu.Unlock()
+	set := g.s.st.Rules()
 	for _, p := range g.s.st.Pools(time.Now().UnixNano()) {
-		k := g.held(p, views[p.Hash])
+		k := g.held(set, p, views[p.Hash])
 		if redact {
 			k.Key = redactKey(k.Key)
 		}
@@ -537,10 +578,25 @@ func (g *regional) status(resp *allotv1.ClusterStatusResponse, redact bool) {
 	resp.Upstream = u
 }
 
-func (g *regional) held(p state.Pool, v keyView) *allotv1.GlobalKeyHeld {
-	return &allotv1.GlobalKeyHeld{Key: p.Key, Available: p.Available, Demand: p.Demand, Share: v.share,
+// held is a pool as GlobalKeyHeld: with the region's copy of the rule
+// (set's), the limit in force (the global cluster's, once recorded) and
+// whether they differ.
+func (g *regional) held(set *rules.Set, p state.Pool, v keyView) *allotv1.GlobalKeyHeld {
+	k := &allotv1.GlobalKeyHeld{Key: p.Key, Available: p.Available, Demand: p.Demand, Share: v.share,
 		FallbackRate: v.fallback, Received: p.Received, Returned: p.Returned, Minted: p.Minted,
-		CutOff: v.cutOff, RuleMismatch: v.mismatch, Debt: p.Debt}
+		CutOff: v.cutOff, Debt: p.Debt, GlobalStatus: v.notLeased, RuleMismatch: v.notLeased != ""}
+	rule := set.Match(p.Domain, p.Entries)
+	base := rulespb.Limit(rule)
+	k.RegionLimit = base
+	if p.Global != nil {
+		if base == nil {
+			base = &allotv1.Limit{}
+		}
+		k.Limit = p.Global.Msg(base)
+		k.GlobalRulesVersion = p.Global.RulesVersion
+		k.RuleMismatch = k.RuleMismatch || !p.Global.Same(rule)
+	}
+	return k
 }
 
 // inspect adds both levels to an InspectKey answer for a global key on a
@@ -558,7 +614,7 @@ func (g *regional) inspect(ctx context.Context, req *allotv1.InspectKeyRequest, 
 	g.mu.Lock()
 	v := g.keys[h]
 	g.mu.Unlock()
-	resp.Pool = g.held(p, v)
+	resp.Pool = g.held(g.s.st.Rules(), p, v)
 	if len(g.addrs) == 0 {
 		resp.GlobalError = "no -global-allocators"
 		return

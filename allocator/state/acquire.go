@@ -311,9 +311,18 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		return 0, ended
 	}
 
-	lim := rule.Limit
 	pool := c.poolFor(rule, h, ka.domain, ents)
+	lim, limMsg := c.limitIn(rule, pool)
+	fresh := pool != nil && c.limitChanged(h, lim)
 	idx := c.slotFor(h, lim, now)
+	if fresh {
+		// A pool's key whose limit in force changed (the region's copy
+		// to the global cluster's limit, or the global one changed)
+		// starts full under the new one rather than carrying its balance
+		// over: what the region sub-grants is bounded by the pool, which
+		// holds only what the global cluster granted from its own bucket.
+		c.tab.mut(c, idx).st = bucket.State{}
+	}
 	st := c.tab.at(idx).st
 	leased := c.tab.at(idx).link != 0
 	if leased {
@@ -404,6 +413,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		ask := min(want, agentCap-held, left)
 		if pool != nil && ask > pool.avail {
 			ask, poolShort = pool.avail, true
+			pool.shortAt = now
 		}
 		if ask > 0 {
 			granted = takeFrom(pool, lim, &st, now, ask)
@@ -420,7 +430,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		g.Remaining = min(g.Remaining, pool.avail)
 	}
 	g.ResetAfterMs = ms(p.ResetAfter)
-	g.Limit = c.limitMsgs[rule.ID]
+	g.Limit = limMsg
 	var retry time.Duration
 	if want > 0 && granted == 0 && p.Remaining < 1 {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_EXHAUSTED

@@ -220,14 +220,19 @@ func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*all
 		return resp, nil
 	}
 	h := rules.KeyHash(rule, domain, entries)
+	lim := rule.Limit
+	if pl := c.pools[h]; pl != nil && pl.limOK && c.cfg.Regional && rule.Scope == rules.ScopeGlobal {
+		// The limit in force: the global cluster's (limitIn).
+		lim, resp.Limit = pl.lim, pl.global.Msg(resp.Limit)
+	}
 	var st bucket.State
 	if i := c.tab.find(h); i >= 0 {
 		resp.Tracked = true
-		if sl := c.tab.at(i); sl.lim == c.lims.lookup(rule.Limit) {
+		if sl := c.tab.at(i); sl.lim == c.lims.lookup(lim) {
 			st = sl.st
 		}
 	}
-	p := rule.Limit.Peek(st, nowNanos)
+	p := lim.Peek(st, nowNanos)
 	resp.Tokens = p.Remaining
 	resp.FullInMs = ms(p.ResetAfter)
 	var e entry

@@ -44,8 +44,10 @@ import (
 // slot, so a cluster of one group writes version 3. Version 5 is version
 // 3 followed by a byte (1: version 4's slot modes follow, 0: they do not)
 // and the regional ledger (upstream.go) as one length-prefixed blob; it is
-// written only by a regional cluster's State that holds a ledger. Restore
-// reads versions 2 to 5: a version-2 lease has granted nothing in the
+// written only by a regional cluster's State that holds a ledger. Version
+// 6 is version 5 with the ledger in its format 2 (each pool followed by
+// the global cluster's limit of its key, upstream.go), written once a pool
+// has recorded one. Restore reads versions 2 to 6: a version-2 lease has granted nothing in the
 // current window, and its demand is truncated as a lease stores it
 // (roundDemand).
 const (
@@ -58,6 +60,8 @@ const (
 	// follow, as in version 4), then the regional ledger (upstream.go). A
 	// state with a ledger is written as version 5.
 	snapVersionLedger = 5
+	// snapVersionLimits is version 5 with the ledger in format 2.
+	snapVersionLimits = 6
 	snapTrailer       = 4 + 8 + len(snapEnd)
 	snapFlushSize     = 64 << 10
 )
@@ -98,6 +102,7 @@ type view struct {
 	sweepSeg          uint32
 	modes             *slotModes
 	ledger            []byte // the regional ledger, encoded (nil: none)
+	ledgerLimits      bool   // ledger is in format 2
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -123,8 +128,8 @@ func (s *State) Snapshot() (Snapshot, error) {
 		nextAgent:    c.nextAgent,
 		sweepSeg:     c.sweepSeg,
 		modes:        c.modes,
-		ledger:       c.encodeLedger(),
 	}
+	v.ledger, v.ledgerLimits = c.encodeLedger()
 	for i := range v.pages {
 		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
 	}
@@ -159,7 +164,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	if v.ledger != nil {
+	if v.ledgerLimits {
+		e.uvarint(snapVersionLimits)
+	} else if v.ledger != nil {
 		e.uvarint(snapVersionLedger)
 	} else if v.modes != nil {
 		e.uvarint(snapVersionV4)
@@ -390,8 +397,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger {
-		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionLedger)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionLimits)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -522,7 +529,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		return nil, err
 	}
 	hasModes := version == snapVersionV4
-	if version == snapVersionLedger {
+	ledger := version == snapVersionLedger || version == snapVersionLimits
+	if ledger {
 		switch d.byte() {
 		case 0:
 		case 1:
@@ -536,12 +544,12 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 			return nil, err
 		}
 	}
-	if version == snapVersionLedger {
+	if ledger {
 		b := d.bytes()
 		if d.err != nil {
 			return nil, d.err
 		}
-		if err := c.decodeLedger(b); err != nil {
+		if err := c.decodeLedger(b, version == snapVersionLimits); err != nil {
 			return nil, err
 		}
 	}

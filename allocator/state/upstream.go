@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -42,15 +44,24 @@ import (
 //
 // Upstream entries are compact log entries of their own:
 //
-//	entry  0x01, version (1), uvarint now (Unix ns), op, op's fields
+//	entry  0x01, version (1 or 2), uvarint now (Unix ns), op, op's fields
 //	send   op 1: uvarint seq, str request (an encoded AcquireRequest),
 //	       uvarint n, n × (fixed64 key hash, varint returned, varint charged)
 //	grant  op 2: uvarint seq, uvarint n, n × (fixed64 key hash, varint granted,
-//	       fixed64 share as float64 bits)
+//	       fixed64 share as float64 bits[, global limit])
 //	mint   op 3: uvarint n, n × (fixed64 key hash, varint minted)
+//	global limit (version 2 grants only): byte 0 (none) or 1, then byte
+//	       unit, byte algorithm, uvarint requests_per_unit, varint burst,
+//	       uvarint the global cluster's rules version
+//
+// Grants are written as version 2 (they carry the global cluster's limit
+// of each key); sends and mints as version 1. A node that reads version 1
+// only stops at a version-2 grant with an "upgrade this node" error, so a
+// regional cluster is upgraded followers first.
 const (
-	upstreamMarker  = 0x01
-	upstreamVersion = 1
+	upstreamMarker    = 0x01
+	upstreamVersion   = 1
+	upstreamVersionV2 = 2 // grants carry the global limit
 
 	opSend  = 1
 	opGrant = 2
@@ -104,6 +115,110 @@ type pool struct {
 	// charged beyond what the pool held; paid first out of what the pool
 	// receives next.
 	debt int64
+	// shortAt: the time of the last command whose want the pool cut (0:
+	// none since this state was built). A hint for the regional leader's
+	// policy (a region short of tokens sub-grants less than its demand,
+	// which is no fall of demand); it changes no answer and is not in
+	// snapshots.
+	shortAt int64
+	// global: the global cluster's limit of the key as its last recorded
+	// answer carried it (nil until one did). It is the limit in force in
+	// the region (limitIn): lim is it compiled, valid when limOK.
+	global *GlobalLimit
+	lim    bucket.Limit
+	limOK  bool
+	// msg: the wire Limit of the limit in force for msgRule (the region's
+	// rule the message's name and path come from); built on the write
+	// path only.
+	msg     *allotv1.Limit
+	msgRule *rules.Rule
+}
+
+// GlobalLimit is the global cluster's limit of a global key, as its answer
+// to the region carried it.
+type GlobalLimit struct {
+	RequestsPerUnit uint32
+	Unit            rules.Unit
+	Burst           int64
+	Algorithm       bucket.Algorithm
+	RulesVersion    uint64 // the global cluster's rules version at that answer
+}
+
+// GlobalLimitOf returns the global limit a grant's Limit message carries,
+// with the answer's rules version; false when it carries none this binary
+// can apply (no message, unlimited, an unknown unit or algorithm).
+func GlobalLimitOf(l *allotv1.Limit, rulesVersion uint64) (GlobalLimit, bool) {
+	if l == nil || l.GetUnlimited() {
+		return GlobalLimit{}, false
+	}
+	u, err := rules.ParseUnit(l.GetUnit())
+	if err != nil {
+		return GlobalLimit{}, false
+	}
+	alg := bucket.TokenBucket
+	if l.GetAlgorithm() != "" {
+		if alg, err = bucket.ParseAlgorithm(l.GetAlgorithm()); err != nil {
+			return GlobalLimit{}, false
+		}
+	}
+	g := GlobalLimit{RequestsPerUnit: l.GetRequestsPerUnit(), Unit: u, Burst: l.GetBurst(), Algorithm: alg, RulesVersion: rulesVersion}
+	if _, err := g.limit(); err != nil {
+		return GlobalLimit{}, false
+	}
+	return g, true
+}
+
+// limit compiles g.
+func (g GlobalLimit) limit() (bucket.Limit, error) {
+	return bucket.NewLimit(g.Algorithm, int64(g.RequestsPerUnit), g.Unit.Duration(), g.Burst)
+}
+
+// Same reports whether r (the region's copy of the rule) has g's rate,
+// window, burst and algorithm.
+func (g GlobalLimit) Same(r *rules.Rule) bool {
+	return r != nil && !r.Unlimited && r.RequestsPerUnit == g.RequestsPerUnit && r.Window == g.Unit.Duration() &&
+		(r.DenyAll && g.RequestsPerUnit == 0 || r.Burst == g.Burst && r.Algorithm == g.Algorithm)
+}
+
+// setGlobal records the global cluster's limit of the key (nil: none).
+func (p *pool) setGlobal(g *GlobalLimit) {
+	p.global, p.limOK, p.msg, p.msgRule = g, false, nil, nil
+	if g != nil {
+		l, err := g.limit()
+		p.lim, p.limOK = l, err == nil
+	}
+}
+
+// limitIn returns the limit in force for a key under rule with pool p
+// (nil: none) and its wire message: on a regional cluster the global
+// cluster's limit of a scope: global key, once an answer recorded it, in
+// both directions (a region's copy tighter than the global one does not
+// bound the region, a looser one does not widen it); otherwise the rule's.
+// Called on the write path (it caches the message in the pool).
+func (c *core) limitIn(rule *rules.Rule, p *pool) (bucket.Limit, *allotv1.Limit) {
+	if p == nil || !p.limOK {
+		return rule.Limit, c.limitMsgs[rule.ID]
+	}
+	if p.msgRule != rule || p.msg == nil {
+		p.msg, p.msgRule = p.global.Msg(c.limitMsgs[rule.ID]), rule
+	}
+	return p.lim, p.msg
+}
+
+// limitChanged reports whether the tracked key h is under another limit
+// than l.
+func (c *core) limitChanged(h uint64, l bucket.Limit) bool {
+	i := c.tab.find(h)
+	return i >= 0 && c.lims.ents[c.tab.at(i).lim].key != keyOf(l)
+}
+
+// Msg returns the region's rule's message base with g's rate, window,
+// burst and algorithm.
+func (g *GlobalLimit) Msg(base *allotv1.Limit) *allotv1.Limit {
+	m := proto.Clone(base).(*allotv1.Limit)
+	m.RequestsPerUnit, m.Unit, m.WindowSeconds = g.RequestsPerUnit, g.Unit.String(), g.Unit.Seconds()
+	m.Burst, m.Algorithm = g.Burst, g.Algorithm.String()
+	return m
 }
 
 // credit adds n tokens to the pool, paying its debt first.
@@ -149,6 +264,9 @@ type UpstreamGrant struct {
 	Hash    uint64
 	Granted int64
 	Share   float64 // tokens/s, the fair share at this grant
+	// Limit: the global cluster's limit of the key as the answer carried
+	// it (nil: the answer carried none; what the pool recorded stays).
+	Limit *GlobalLimit
 }
 
 // UpstreamMint is fallback tokens minted for one key while cut off.
@@ -158,7 +276,11 @@ type UpstreamMint struct {
 }
 
 func appendUpHeader(dst []byte, now int64, op byte) []byte {
-	dst = append(dst, upstreamMarker, upstreamVersion)
+	v := byte(upstreamVersion)
+	if op == opGrant {
+		v = upstreamVersionV2
+	}
+	dst = append(dst, upstreamMarker, v)
 	dst = binary.AppendUvarint(dst, uint64(now))
 	return append(dst, op)
 }
@@ -188,8 +310,51 @@ func AppendUpstreamGrant(dst []byte, now int64, seq uint64, keys []UpstreamGrant
 		dst = binary.LittleEndian.AppendUint64(dst, k.Hash)
 		dst = binary.AppendVarint(dst, k.Granted)
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(k.Share))
+		dst = appendGlobalLimit(dst, k.Limit)
 	}
 	return dst
+}
+
+// appendGlobalLimit appends a global limit (a grant's, a pool's in the
+// ledger): byte 0 for none, or 1 and its fields.
+func appendGlobalLimit(dst []byte, g *GlobalLimit) []byte {
+	if g == nil {
+		return append(dst, 0)
+	}
+	dst = append(dst, 1, byte(g.Unit), byte(g.Algorithm))
+	dst = binary.AppendUvarint(dst, uint64(g.RequestsPerUnit))
+	dst = binary.AppendVarint(dst, g.Burst)
+	return binary.AppendUvarint(dst, g.RulesVersion)
+}
+
+// readGlobalLimit reads what appendGlobalLimit wrote. A limit that does
+// not compile is an error of d's.
+func readGlobalLimit(d *allotv1.Reader) *GlobalLimit {
+	switch d.Byte() {
+	case 0:
+		return nil
+	case 1:
+	default:
+		d.Fail()
+		return nil
+	}
+	g := &GlobalLimit{Unit: rules.Unit(d.Byte()), Algorithm: bucket.Algorithm(d.Byte())}
+	rpu := d.Uvarint()
+	g.Burst = d.Varint()
+	g.RulesVersion = d.Uvarint()
+	if d.Err != nil {
+		return nil
+	}
+	g.RequestsPerUnit = uint32(rpu)
+	if rpu > math.MaxUint32 || g.Unit.Seconds() == 0 {
+		d.Fail()
+		return nil
+	}
+	if _, err := g.limit(); err != nil {
+		d.Fail()
+		return nil
+	}
+	return g
 }
 
 // AppendUpstreamMint appends a mint entry.
@@ -227,15 +392,17 @@ type upKey struct {
 	hash   uint64
 	a, b   int64
 	fshare float64
+	glim   *GlobalLimit
 }
 
 func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 	if len(s) < 3 || s[0] != upstreamMarker {
 		return UpstreamResult{}, fmt.Errorf("%w: no marker", errUpstream)
 	}
-	if s[1] != upstreamVersion {
+	if s[1] != upstreamVersion && s[1] != upstreamVersionV2 {
 		return UpstreamResult{}, fmt.Errorf("%w: upstream entry version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
+	v2 := s[1] == upstreamVersionV2
 	d := &allotv1.Reader{S: s, P: 2, Base: errUpstream}
 	now := max(int64(d.Uvarint()), c.now)
 	op := d.Byte()
@@ -262,6 +429,9 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 		case opGrant:
 			k.a = d.Varint()
 			k.fshare = math.Float64frombits(d.Fixed64())
+			if v2 {
+				k.glim = readGlobalLimit(d)
+			}
 		case opMint:
 			k.a = d.Varint()
 		default:
@@ -295,7 +465,14 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 		}
 		c.up.pending = ""
 		for _, k := range keys {
-			if p := c.pools[k.hash]; p != nil && k.a > 0 {
+			p := c.pools[k.hash]
+			if p == nil {
+				continue
+			}
+			if k.glim != nil {
+				p.setGlobal(k.glim)
+			}
+			if k.a > 0 {
 				p.credit(k.a)
 				p.received = sat(p.received, k.a)
 				if k.fshare >= 0 && !math.IsInf(k.fshare, 0) {
@@ -344,8 +521,9 @@ func (c *core) poolFor(rule *rules.Rule, h uint64, domain string, ents []rules.E
 }
 
 // takeFrom grants up to n tokens of a key from its bucket and, when it has
-// a pool, at most what the pool holds (the region's copy of a global rule
-// still bounds the region; the global cluster's grants bound the pool).
+// a pool, at most what the pool holds. The bucket is under the limit in
+// force (limitIn): once the global cluster's answer recorded its limit,
+// that limit, so the pool (what the global cluster granted) decides.
 func takeFrom(p *pool, lim bucket.Limit, st *bucket.State, now, n int64) int64 {
 	if p != nil {
 		n = min(n, p.avail)
@@ -383,6 +561,13 @@ type Pool struct {
 	// Debt: tokens gateways admitted from their fallback beyond what the
 	// pool held, paid out of what it receives next.
 	Debt int64
+	// ShortAt: when the pool last cut a gateway's want (Unix ns; 0: not
+	// since this node's state was built or restored).
+	ShortAt int64
+	// Global: the global cluster's limit of the key as its last recorded
+	// answer carried it (nil until one did); the limit in force in the
+	// region from then on.
+	Global *GlobalLimit
 }
 
 // Pools returns the region's pools in key hash order (none unless
@@ -394,9 +579,7 @@ func (s *State) Pools(now int64) []Pool {
 	out := make([]Pool, 0, len(c.pools))
 	var e entry
 	for h, p := range c.pools {
-		out = append(out, Pool{Hash: h, Key: p.key, Domain: p.domain, Entries: p.ents, Available: p.avail,
-			Demand: c.demandOf(&e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
-			Minted: p.minted, Owed: p.owed, Debt: p.debt})
+		out = append(out, p.view(c, &e, h, now))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Hash < out[j].Hash })
 	return out
@@ -412,9 +595,14 @@ func (s *State) PoolOf(h uint64, now int64) (Pool, bool) {
 		return Pool{}, false
 	}
 	var e entry
+	return p.view(c, &e, h, now), true
+}
+
+// view is p as a Pool (read lock held).
+func (p *pool) view(c *core, e *entry, h uint64, now int64) Pool {
 	return Pool{Hash: h, Key: p.key, Domain: p.domain, Entries: p.ents, Available: p.avail,
-		Demand: c.demandOf(&e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
-		Minted: p.minted, Owed: p.owed, Debt: p.debt}, true
+		Demand: c.demandOf(e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
+		Minted: p.minted, Owed: p.owed, Debt: p.debt, Global: p.global, ShortAt: p.shortAt}
 }
 
 // demandOf sums the demand of the key's unexpired leases (read lock held).
@@ -445,10 +633,16 @@ func (s *State) PendingUpstream() (seq uint64, req []byte) {
 }
 
 // encodeLedger encodes the regional ledger for a snapshot, in key hash
-// order (nil when there is none).
-func (c *core) encodeLedger() []byte {
+// order (nil when there is none), and whether it is in format 2: each
+// pool followed by its global limit (appendGlobalLimit). Format 1, with
+// no limits, is written while no pool has recorded one.
+func (c *core) encodeLedger() ([]byte, bool) {
 	if len(c.pools) == 0 && c.up.seq == 0 {
-		return nil
+		return nil, false
+	}
+	limits := false
+	for _, p := range c.pools {
+		limits = limits || p.global != nil
 	}
 	hs := make([]uint64, 0, len(c.pools))
 	for h := range c.pools {
@@ -472,12 +666,16 @@ func (c *core) encodeLedger() []byte {
 			b = binary.AppendVarint(b, v)
 		}
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(p.share))
+		if limits {
+			b = appendGlobalLimit(b, p.global)
+		}
 	}
-	return b
+	return b, limits
 }
 
-// decodeLedger restores the regional ledger from a snapshot.
-func (c *core) decodeLedger(b []byte) error {
+// decodeLedger restores the regional ledger from a snapshot, in format 2
+// (each pool with its global limit) when limits.
+func (c *core) decodeLedger(b []byte, limits bool) error {
 	d := &allotv1.Reader{S: string(b), Base: ErrCorruptSnapshot}
 	c.up.seq = d.Uvarint()
 	c.up.pending = d.Str()
@@ -500,6 +698,9 @@ func (c *core) decodeLedger(b []byte) error {
 		}
 		p.avail, p.received, p.returned, p.minted, p.owed, p.debt = d.Varint(), d.Varint(), d.Varint(), d.Varint(), d.Varint(), d.Varint()
 		p.share = math.Float64frombits(d.Fixed64())
+		if limits {
+			p.setGlobal(readGlobalLimit(d))
+		}
 		if d.Err != nil {
 			return corrupt("regional ledger pool")
 		}

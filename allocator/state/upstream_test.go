@@ -91,6 +91,9 @@ func TestRegionalPoolBoundsSubGrants(t *testing.T) {
 	if g.Granted != 0 {
 		t.Fatalf("step 11: second gateway granted %d from a spent pool, want 0", g.Granted)
 	}
+	if p, _ := s.PoolOf(h, at(5*time.Millisecond)); p.ShortAt != at(5*time.Millisecond) {
+		t.Fatalf("step 11: the pool's last cut want at %d, want %d (the spent pool cut gw2's)", p.ShortAt, at(5*time.Millisecond))
+	}
 	// gw1 keeps 10 and hands 20 back: they return to the pool.
 	mustAcquire(t, s, at(6*time.Millisecond), "gw1", 4, ka("g", "x", 0, 10, 20, 0))
 	if p, _ := s.PoolOf(h, at(6*time.Millisecond)); p.Available != 20 || p.Received != 30 || p.Share != 25 {
@@ -146,6 +149,7 @@ func FuzzApplyUpstream(f *testing.F) {
 	f.Add(AppendUpstreamSend(nil, t0, 1, []byte("r"), []UpstreamReturn{{Hash: 1, Returned: 2, Charged: 3}}))
 	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3}}))
 	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 2}}))
+	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3, Limit: &GlobalLimit{RequestsPerUnit: 5, Unit: rules.UnitSecond, Burst: 5}}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg := testConfig()
 		cfg.Regional = true

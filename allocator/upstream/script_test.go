@@ -101,6 +101,9 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 		}
 	case "cap":
 		res = fmt.Sprintf("capped at %d", k.Cap(now, i("want")))
+	case "short":
+		k.Short(now)
+		res = "ok"
 	case "sub":
 		res = fmt.Sprintf("sub-granted %d", k.SubGrant(now, i("want")))
 	case "subret":

@@ -533,6 +533,15 @@ func (k *Key) Cap(now, want int64) int64 {
 	return max(want, 0)
 }
 
+// Short records that the region cut a gateway's want for want of tokens
+// at at (Unix ns; a regional state that caps wants itself records when it
+// last did, and the leader passes it on before each Tick). Like a want Cap
+// cuts, it marks the region as short of tokens, so that what it
+// sub-grants meanwhile is not read as a fall of demand (see Tick).
+func (k *Key) Short(at int64) {
+	k.shortAt = max(k.shortAt, at)
+}
+
 // SubGrant hands up to want tokens to a gateway of the region and returns
 // how many: from the lease while it holds any, then, when the region is
 // cut off and its lease is spent, from its fallback share. Never more than

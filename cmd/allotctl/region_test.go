@@ -12,12 +12,23 @@ import (
 func TestRegionOutput(t *testing.T) {
 	var out bytes.Buffer
 	a := &app{stdout: &out}
+	lim := func(rpu uint32, burst int64) *allotv1.Limit {
+		return &allotv1.Limit{Name: "shared", RequestsPerUnit: rpu, Unit: "second", WindowSeconds: 1, Burst: burst,
+			Algorithm: "token_bucket", Backend: "lease"}
+	}
+	// A region whose copy is tighter (30/s) than the global cluster's
+	// (100/s); a key the global cluster does not lease; a key that agrees.
 	held := &allotv1.GlobalKeyHeld{Key: "reg:k=one", Available: 12, Demand: 60, Share: 33.3, FallbackRate: 33.3,
-		Received: 1200, Returned: 20, Minted: 160, CutOff: true, RuleMismatch: true}
+		Received: 1200, Returned: 20, Minted: 160, CutOff: true, RuleMismatch: true,
+		Limit: lim(100, 100), RegionLimit: lim(30, 30), GlobalRulesVersion: 7}
+	notLeased := &allotv1.GlobalKeyHeld{Key: "reg:k=two", RuleMismatch: true, RegionLimit: lim(50, 50),
+		GlobalStatus: "KEY_STATUS_NO_RULE"}
+	same := &allotv1.GlobalKeyHeld{Key: "reg:k=three", Available: 3, Received: 40, Limit: lim(100, 100),
+		RegionLimit: lim(100, 100), GlobalRulesVersion: 7}
 	st := &allotv1.ClusterStatusResponse{Region: "eu-west", Upstream: &allotv1.UpstreamStatus{
 		Addrs: []string{"10.1.0.5:7420", "10.1.0.6:7420"}, State: "cut_off", AgentId: "region:eu-west",
 		Error: "10.1.0.5:7420: context deadline exceeded",
-		Keys:  []*allotv1.GlobalKeyHeld{held}}}
+		Keys:  []*allotv1.GlobalKeyHeld{held, notLeased, same}}}
 	if err := a.printUpstream(st); err != nil {
 		t.Fatal(err)
 	}
@@ -32,4 +43,11 @@ func TestRegionOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkGolden(t, "region", out.String())
+	// -o json: the mismatched key with both limits.
+	js, err := protoJSON(&allotv1.GlobalKeyHeld{Key: held.Key, RuleMismatch: true, Limit: held.Limit,
+		RegionLimit: held.RegionLimit, GlobalRulesVersion: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGolden(t, "region_mismatch.json", string(js))
 }

@@ -3029,20 +3029,29 @@ func (x *UpstreamStatus) GetError() string {
 
 // GlobalKeyHeld is what a region holds of one scope: global key.
 type GlobalKeyHeld struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Available     int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`                            // tokens held and not sub-granted to gateways
-	Demand        float64                `protobuf:"fixed64,3,opt,name=demand,proto3" json:"demand,omitempty"`                                 // tokens/s, the sum its gateways report
-	Share         float64                `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`                                   // tokens/s the global cluster granted recently (the fair share)
-	FallbackRate  float64                `protobuf:"fixed64,5,opt,name=fallback_rate,json=fallbackRate,proto3" json:"fallback_rate,omitempty"` // tokens/s the region admits when cut off and spent
-	Received      int64                  `protobuf:"varint,6,opt,name=received,proto3" json:"received,omitempty"`                              // tokens granted by the global cluster, in total
-	Returned      int64                  `protobuf:"varint,7,opt,name=returned,proto3" json:"returned,omitempty"`                              // tokens handed back upstream, in total
-	Minted        int64                  `protobuf:"varint,8,opt,name=minted,proto3" json:"minted,omitempty"`                                  // fallback tokens minted while cut off, in total
-	CutOff        bool                   `protobuf:"varint,9,opt,name=cut_off,json=cutOff,proto3" json:"cut_off,omitempty"`
-	RuleMismatch  bool                   `protobuf:"varint,10,opt,name=rule_mismatch,json=ruleMismatch,proto3" json:"rule_mismatch,omitempty"` // the region's rule differs from the global cluster's
-	Debt          int64                  `protobuf:"varint,11,opt,name=debt,proto3" json:"debt,omitempty"`                                     // tokens gateways' fallbacks admitted beyond what the region held, paid from its next grants
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Key          string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Available    int64                  `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`                            // tokens held and not sub-granted to gateways
+	Demand       float64                `protobuf:"fixed64,3,opt,name=demand,proto3" json:"demand,omitempty"`                                 // tokens/s, the sum its gateways report
+	Share        float64                `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`                                   // tokens/s the global cluster granted recently (the fair share)
+	FallbackRate float64                `protobuf:"fixed64,5,opt,name=fallback_rate,json=fallbackRate,proto3" json:"fallback_rate,omitempty"` // tokens/s the region admits when cut off and spent
+	Received     int64                  `protobuf:"varint,6,opt,name=received,proto3" json:"received,omitempty"`                              // tokens granted by the global cluster, in total
+	Returned     int64                  `protobuf:"varint,7,opt,name=returned,proto3" json:"returned,omitempty"`                              // tokens handed back upstream, in total
+	Minted       int64                  `protobuf:"varint,8,opt,name=minted,proto3" json:"minted,omitempty"`                                  // fallback tokens minted while cut off, in total
+	CutOff       bool                   `protobuf:"varint,9,opt,name=cut_off,json=cutOff,proto3" json:"cut_off,omitempty"`
+	RuleMismatch bool                   `protobuf:"varint,10,opt,name=rule_mismatch,json=ruleMismatch,proto3" json:"rule_mismatch,omitempty"` // the region's rule differs from the global cluster's
+	Debt         int64                  `protobuf:"varint,11,opt,name=debt,proto3" json:"debt,omitempty"`                                     // tokens gateways' fallbacks admitted beyond what the region held, paid from its next grants
+	// limit: the limit in force in the region, the global cluster's as its
+	// last recorded answer carried it (absent until one did: the region's
+	// copy applies until then); region_limit: the region's copy of the rule.
+	// rule_mismatch is set when they differ, or when the global cluster does
+	// not lease the key (global_status says how it answered).
+	Limit              *Limit `protobuf:"bytes,12,opt,name=limit,proto3" json:"limit,omitempty"`
+	RegionLimit        *Limit `protobuf:"bytes,13,opt,name=region_limit,json=regionLimit,proto3" json:"region_limit,omitempty"`
+	GlobalRulesVersion uint64 `protobuf:"varint,14,opt,name=global_rules_version,json=globalRulesVersion,proto3" json:"global_rules_version,omitempty"` // the global cluster's rules version at that answer
+	GlobalStatus       string `protobuf:"bytes,15,opt,name=global_status,json=globalStatus,proto3" json:"global_status,omitempty"`                      // a KeyStatus name, set when the global cluster does not lease the key
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GlobalKeyHeld) Reset() {
@@ -3150,6 +3159,34 @@ func (x *GlobalKeyHeld) GetDebt() int64 {
 		return x.Debt
 	}
 	return 0
+}
+
+func (x *GlobalKeyHeld) GetLimit() *Limit {
+	if x != nil {
+		return x.Limit
+	}
+	return nil
+}
+
+func (x *GlobalKeyHeld) GetRegionLimit() *Limit {
+	if x != nil {
+		return x.RegionLimit
+	}
+	return nil
+}
+
+func (x *GlobalKeyHeld) GetGlobalRulesVersion() uint64 {
+	if x != nil {
+		return x.GlobalRulesVersion
+	}
+	return 0
+}
+
+func (x *GlobalKeyHeld) GetGlobalStatus() string {
+	if x != nil {
+		return x.GlobalStatus
+	}
+	return ""
 }
 
 type GroupStatus struct {
@@ -4745,7 +4782,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\x12\x19\n" +
 	"\bagent_id\x18\x04 \x01(\tR\aagentId\x12+\n" +
 	"\x04keys\x18\x05 \x03(\v2\x17.allot.v1.GlobalKeyHeldR\x04keys\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xb4\x02\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xe6\x03\n" +
 	"\rGlobalKeyHeld\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\x03R\tavailable\x12\x16\n" +
@@ -4758,7 +4795,11 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\acut_off\x18\t \x01(\bR\x06cutOff\x12#\n" +
 	"\rrule_mismatch\x18\n" +
 	" \x01(\bR\fruleMismatch\x12\x12\n" +
-	"\x04debt\x18\v \x01(\x03R\x04debt\"\xdc\x01\n" +
+	"\x04debt\x18\v \x01(\x03R\x04debt\x12%\n" +
+	"\x05limit\x18\f \x01(\v2\x0f.allot.v1.LimitR\x05limit\x122\n" +
+	"\fregion_limit\x18\r \x01(\v2\x0f.allot.v1.LimitR\vregionLimit\x120\n" +
+	"\x14global_rules_version\x18\x0e \x01(\x04R\x12globalRulesVersion\x12#\n" +
+	"\rglobal_status\x18\x0f \x01(\tR\fglobalStatus\"\xdc\x01\n" +
 	"\vGroupStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x18\n" +
@@ -5002,59 +5043,61 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	39, // 27: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
 	37, // 28: allot.v1.ClusterStatusResponse.upstream:type_name -> allot.v1.UpstreamStatus
 	38, // 29: allot.v1.UpstreamStatus.keys:type_name -> allot.v1.GlobalKeyHeld
-	47, // 30: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
-	47, // 31: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
-	57, // 32: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	12, // 33: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	17, // 34: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	58, // 35: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	59, // 36: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	31, // 37: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	56, // 38: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
-	2,  // 39: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
-	6,  // 40: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	35, // 41: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	6,  // 42: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	12, // 43: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	14, // 44: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	17, // 45: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	19, // 46: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	20, // 47: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	23, // 48: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	25, // 49: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	28, // 50: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	31, // 51: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	34, // 52: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	40, // 53: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	42, // 54: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	44, // 55: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	46, // 56: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
-	49, // 57: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
-	53, // 58: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
-	51, // 59: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
-	8,  // 60: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	13, // 61: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	16, // 62: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	18, // 63: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	16, // 64: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	22, // 65: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	24, // 66: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	27, // 67: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	30, // 68: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	33, // 69: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	36, // 70: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	41, // 71: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	43, // 72: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	45, // 73: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	48, // 74: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
-	50, // 75: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
-	54, // 76: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
-	52, // 77: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
-	60, // [60:78] is the sub-list for method output_type
-	42, // [42:60] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	5,  // 30: allot.v1.GlobalKeyHeld.limit:type_name -> allot.v1.Limit
+	5,  // 31: allot.v1.GlobalKeyHeld.region_limit:type_name -> allot.v1.Limit
+	47, // 32: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
+	47, // 33: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
+	57, // 34: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	12, // 35: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	17, // 36: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	58, // 37: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	59, // 38: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	31, // 39: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	56, // 40: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	2,  // 41: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
+	6,  // 42: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	35, // 43: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	6,  // 44: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	12, // 45: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	14, // 46: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	17, // 47: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	19, // 48: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	20, // 49: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	23, // 50: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	25, // 51: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	28, // 52: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	31, // 53: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	34, // 54: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	40, // 55: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	42, // 56: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	44, // 57: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	46, // 58: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
+	49, // 59: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
+	53, // 60: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
+	51, // 61: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
+	8,  // 62: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	13, // 63: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	16, // 64: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	18, // 65: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	16, // 66: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	22, // 67: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	24, // 68: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	27, // 69: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	30, // 70: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	33, // 71: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	36, // 72: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	41, // 73: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	43, // 74: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	45, // 75: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	48, // 76: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
+	50, // 77: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
+	54, // 78: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
+	52, // 79: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
+	62, // [62:80] is the sub-list for method output_type
+	44, // [44:62] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
