@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/allot/allot/internal/testproc"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 	"github.com/allot/allot/test/linearizability"
 )
@@ -93,6 +95,11 @@ type env struct {
 	breakers *breakerWatch
 	// rules files for the bootstrap node.
 	rules []string
+	// groups is the cluster's number of data groups (-groups; 1: a
+	// single-group cluster).
+	groups int
+	// owner is the slot map of a cluster with groups.
+	owner slots.Map
 }
 
 type envConfig struct {
@@ -103,11 +110,15 @@ type envConfig struct {
 	slowRules bool
 	// faultRules replaces the gateways' rule (domain "fault") when set.
 	faultRules string
+	// groups > 1 bootstraps the cluster with -groups: the load's keys and
+	// the linearizability clients' keys then cover every data group, and
+	// the histories are checked group by group.
+	groups int
 }
 
 func newEnv(t *testing.T, cfg envConfig) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), bins: testproc.Build(t)}
+	e := &env{t: t, dir: t.TempDir(), bins: testproc.Build(t), groups: max(cfg.groups, 1)}
 	e.rules = []string{
 		testproc.WriteFile(t, e.dir, "fault.yaml", cmp.Or(cfg.faultRules, faultRules)),
 		testproc.WriteFile(t, e.dir, "lin.yaml", linRules),
@@ -119,12 +130,20 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	if bin == "" {
 		bin = e.bins.Allocator
 	}
+	var boot []string
+	if e.groups > 1 {
+		boot = []string{"-groups", strconv.Itoa(e.groups)}
+	}
 	e.c = testproc.StartCluster(t, testproc.ClusterConfig{
 		Bin: bin, Dir: e.dir, Rules: e.rules,
-		Args:      append(append([]string{}, testproc.FastLeaseArgs...), cfg.args...),
-		DataDir:   cfg.dataDir,
-		Advertise: cfg.advertise,
+		Args:          append(append([]string{}, testproc.FastLeaseArgs...), cfg.args...),
+		BootstrapArgs: boot,
+		DataDir:       cfg.dataDir,
+		Advertise:     cfg.advertise,
 	})
+	if e.groups > 1 {
+		e.waitSpread(30 * time.Second)
+	}
 	e.up = testproc.StartUpstream(t)
 	return e
 }
@@ -139,10 +158,16 @@ func (e *env) gateway(name string, allocators []string) *testproc.Gateway {
 }
 
 // startLoad sends rate requests/s over the gateways and nKeys fresh API
-// keys, and stops it at cleanup (Stop is safe twice).
+// keys, and stops it at cleanup (Stop is safe twice). With groups, the
+// keys are spread evenly over the data groups (nKeys a multiple of them).
 func (e *env) startLoad(rate float64, nKeys int) {
-	for i := range nKeys {
-		e.keys = append(e.keys, fmt.Sprintf("%s-k%d", strings.ToLower(e.t.Name()), i))
+	prefix := strings.ToLower(e.t.Name()) + "-k"
+	if e.groups > 1 {
+		e.keys = append(e.keys, e.keysPerGroup("fault:api_key=", prefix, nKeys/e.groups)...)
+	} else {
+		for i := range nKeys {
+			e.keys = append(e.keys, fmt.Sprintf("%s%d", prefix, i))
+		}
 	}
 	proxies := make([]string, len(e.gws))
 	for i, g := range e.gws {
@@ -423,6 +448,8 @@ type linRun struct {
 
 // startLin starts n clients (plus extra, preconfigured ones) on one fresh
 // key of the lin domain, each calling every node (rotating on failure).
+// With groups, n clients on one key of each data group (linKey); an extra
+// client keeps the key it was given.
 func (e *env) startLin(n int, extra ...*linearizability.Client) *linRun {
 	t := e.t
 	l := &linRun{t: t, rec: &linearizability.Recorder{}}
@@ -430,16 +457,23 @@ func (e *env) startLin(n int, extra ...*linearizability.Client) *linRun {
 	l.cancel = cancel
 	l.finish, l.fcancel = context.WithCancel(context.Background())
 	nodes := e.linNodes()
-	value := strings.ToLower(t.Name())
 	clients := append([]*linearizability.Client(nil), extra...)
-	for i := range n {
-		clients = append(clients, &linearizability.Client{Agent: fmt.Sprintf("lin-%d", i), Seed: uint64(time.Now().UnixNano())})
+	for i := range n * e.groups {
+		c := &linearizability.Client{Agent: fmt.Sprintf("lin-%d", i), Seed: uint64(time.Now().UnixNano())}
+		if e.groups > 1 {
+			c.Key, c.Entries = e.linKey(1 + i%e.groups)
+		}
+		clients = append(clients, c)
 	}
-	for i, c := range clients {
-		c.Index = i
-		c.Key = "lin:k=" + value
+	perKey := map[string]int{} // a client's index counts the clients of its key
+	for _, c := range clients {
 		c.Domain = "lin"
-		c.Entries = []*allotv1.Entry{{Key: "k", Value: value}}
+		if c.Key == "" {
+			value := strings.ToLower(t.Name())
+			c.Key, c.Entries = "lin:k="+value, []*allotv1.Entry{{Key: "k", Value: value}}
+		}
+		c.Index = perKey[c.Key]
+		perKey[c.Key]++
 		if c.Nodes == nil {
 			c.Nodes = nodes
 		}
@@ -487,8 +521,24 @@ func (l *linRun) stop() []linearizability.Op {
 }
 
 // checkLin checks the history; on a violation it writes porcupine's
-// visualization next to the logs.
+// visualization next to the logs. With groups, the history is split by
+// the group that owns each op's key and every group's history is checked
+// on its own: each must be linearizable and none may be thin.
 func (e *env) checkLin(ops []linearizability.Op) {
+	e.t.Helper()
+	if e.groups <= 1 {
+		e.checkLinHistory(ops, "")
+		return
+	}
+	byGroup := e.splitByGroup(ops)
+	for g := 1; g <= e.groups; g++ {
+		e.checkLinHistory(byGroup[g], fmt.Sprintf("group %d: ", g))
+	}
+}
+
+// checkLinHistory checks one history (one group's, with groups); label
+// starts its messages.
+func (e *env) checkLinHistory(ops []linearizability.Op, label string) {
 	t := e.t
 	t.Helper()
 	var granted, returned int64
@@ -500,21 +550,21 @@ func (e *env) checkLin(ops []linearizability.Op) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("linearizability: %d ops (%d tokens granted, %d credited by releases) on %d key(s): %v",
-		res.Ops, granted, returned, res.Keys, res.Outcome)
+	t.Logf("%slinearizability: %d ops (%d tokens granted, %d credited by releases) on %d key(s): %v",
+		label, res.Ops, granted, returned, res.Keys, res.Outcome)
 	if len(ops) < 50 || granted == 0 {
-		t.Errorf("linearizability history too thin: %d ops, %d granted", len(ops), granted)
+		t.Errorf("%slinearizability history too thin: %d ops, %d granted", label, len(ops), granted)
 	}
 	switch res.Outcome {
 	case porcupine.Ok:
 	case porcupine.Illegal:
-		path := filepath.Join(e.dir, "linearizability.html")
+		path := filepath.Join(e.dir, strings.NewReplacer(" ", "", ":", "-").Replace(label)+"linearizability.html")
 		if err := porcupine.VisualizePath(linearizability.Model(linParams), res.Info, path); err == nil {
 			t.Logf("visualization: %s", path)
 		}
-		t.Errorf("history is not linearizable:\n%s", res.Explain)
+		t.Errorf("%shistory is not linearizable:\n%s", label, res.Explain)
 	default:
-		t.Errorf("linearizability check inconclusive: %v", res.Outcome)
+		t.Errorf("%slinearizability check inconclusive: %v", label, res.Outcome)
 	}
 }
 
@@ -535,6 +585,23 @@ func firstGrantAfter(ops []linearizability.Op, at time.Time, old string) time.Du
 		return -1
 	}
 	return time.Duration(best-atMs) * time.Millisecond
+}
+
+// logFirstGrants logs how long after at the first grant by a leader other
+// than old came (firstGrantAfter), in each group of led with groups.
+func (e *env) logFirstGrants(ops []linearizability.Op, at time.Time, old string, led []int, who, after string) {
+	if e.groups <= 1 {
+		if fg := firstGrantAfter(ops, at, old); fg >= 0 {
+			e.t.Logf("first grant by %s %v after %s", who, fg, after)
+		}
+		return
+	}
+	by := e.splitByGroup(ops)
+	for _, g := range led {
+		if fg := firstGrantAfter(by[g], at, old); fg >= 0 {
+			e.t.Logf("group %d: first grant by %s %v after %s", g, who, fg, after)
+		}
+	}
 }
 
 // sortedKeys is for stable logs.

@@ -2,6 +2,7 @@ package fault
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"sync/atomic"
 	"testing"
@@ -67,12 +68,17 @@ func raftSender(r io.Reader) (string, error) {
 // whole Acquire/Release history is linearizable. After the heal the node
 // catches up. The isolation lasts 3 s past the election (30 s with
 // ALLOT_SOAK=1).
-func TestAllocatorIsolated(t *testing.T) {
+func TestAllocatorIsolated(t *testing.T) { runIsolated(t, 1) }
+
+// runIsolated isolates the leader with groups data groups (with groups:
+// the node that leads the most data groups, the probe on a key of a group
+// it leads).
+func runIsolated(t *testing.T, groups int) {
 	checkLeaks(t)
 	// A proxy in front of every node's Raft port; the nodes know each other
 	// only by the proxies' addresses.
 	var proxies []*faultnet.Proxy
-	e := newEnv(t, envConfig{advertise: func(i int, raftBind string) string {
+	e := newEnv(t, envConfig{groups: groups, advertise: func(i int, raftBind string) string {
 		p, err := faultnet.New(faultnet.Config{Target: raftBind, Identify: raftSender})
 		if err != nil {
 			t.Fatal(err)
@@ -82,6 +88,10 @@ func TestAllocatorIsolated(t *testing.T) {
 		return p.Addr()
 	}})
 	lead := e.c.Leader(t, 10*time.Second)
+	var led []int
+	if groups > 1 {
+		lead, led = e.leaderOfMost(e.waitGroupLeaders(10 * time.Second))
+	}
 	for i, n := range e.c.Nodes {
 		if n == lead {
 			continue
@@ -96,13 +106,27 @@ func TestAllocatorIsolated(t *testing.T) {
 	var pin atomic.Int64
 	pin.Store(-1)
 	probe := &linearizability.Client{Agent: "probe", Seed: 1, Pin: func() int { return int(pin.Load()) }}
+	if groups > 1 {
+		// A key of a group the isolated node will lead: of another group,
+		// it would forward the probe's calls to that group's leader over
+		// gRPC, which the isolation leaves alone.
+		probe.Key, probe.Entries = e.linKey(led[0])
+	}
 	lin := e.startLin(4, probe)
 	e.startLoad(200, 4)
 	e.waitLeasing()
 	e.runFor(2 * time.Second)
 
 	n := e.liveAgents()
-	lead = e.c.Leader(t, 10*time.Second)
+	if groups > 1 {
+		v := e.waitGroupLeaders(10 * time.Second)
+		if v.leader[led[0]] != lead.ID {
+			t.Fatalf("group %d's leadership moved from %s to %s before the isolation", led[0], lead.ID, v.leader[led[0]])
+		}
+		led = v.ledByNode(lead.ID)
+	} else {
+		lead = e.c.Leader(t, 10*time.Second)
+	}
 	x := indexOf(e.c, lead)
 	okBefore := e.sample(mCallsOK)
 	pin.Store(int64(x))
@@ -113,23 +137,33 @@ func TestAllocatorIsolated(t *testing.T) {
 	}
 	proxies[x].Partition()
 	isolated := time.Now()
-	t.Logf("isolated the leader %s from its peers (%d live agents)", lead.ID, n)
+	t.Logf("isolated the leader %s (of data groups %v) from its peers (%d live agents)", lead.ID, led, n)
 
 	// Poll both sides: the old leader stepping down (its leader lease) and
-	// the majority electing a new one.
+	// the majority electing a new one. With groups: in every group.
 	var newLeader string
+	var newGroups groupsView
 	var steppedDown, elected time.Duration
 	testproc.Eventually(t, recoveryBound, "a new leader on the majority side and the old one stepping down", func() bool {
 		if steppedDown == 0 {
-			if st, err := lead.Status(t); err == nil && st.GetState() != "leader" {
+			if st, err := lead.Status(t); err == nil && st.GetState() != "leader" && (groups <= 1 || e.leadsNone(lead, led)) {
 				steppedDown = time.Since(isolated)
 			}
 		}
 		if elected == 0 {
 			for _, f := range e.c.Followers(lead.ID) {
-				if st, err := f.Status(t); err == nil && st.GetLeaderId() != "" && st.GetLeaderId() != lead.ID {
-					newLeader, elected = st.GetLeaderId(), time.Since(isolated)
+				st, err := f.Status(t)
+				if err != nil || st.GetLeaderId() == "" || st.GetLeaderId() == lead.ID {
+					continue
 				}
+				if groups > 1 {
+					v, err := e.groupsOf(f)
+					if err != nil || !v.ledElsewhere(lead.ID) {
+						continue
+					}
+					newGroups = v
+				}
+				newLeader, elected = st.GetLeaderId(), time.Since(isolated)
 			}
 		}
 		return steppedDown > 0 && elected > 0
@@ -161,6 +195,19 @@ func TestAllocatorIsolated(t *testing.T) {
 		s, err := lead.Status(t)
 		return err == nil && s.GetAppliedIndex() >= target && s.GetLeaderId() != ""
 	})
+	if groups > 1 {
+		// … in every data group, with the log of the group's new leader.
+		for g := 1; g <= groups; g++ {
+			v, err := e.groupsOf(e.c.ByID(newGroups.leader[g]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			testproc.Eventually(t, 20*time.Second, fmt.Sprintf("%s catching up in group %d", lead.ID, g), func() bool {
+				w, err := e.groupsOf(lead)
+				return err == nil && w.applied[g] >= v.commit[g] && w.leader[g] != ""
+			})
+		}
+	}
 	rejoin := time.Since(healed)
 	t.Logf("%s caught up %v after the heal", lead.ID, rejoin)
 	for i, p := range proxies {
@@ -191,15 +238,16 @@ func TestAllocatorIsolated(t *testing.T) {
 		t.Errorf("the probe pinned to the isolated node never waited on it")
 	}
 	rep := &report{
-		fault:    "leader cut off from its peers (Raft proxies, both ways)",
+		fault:    isolatedFault(groups),
 		bound:    "minority grants nothing; B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N",
 		recovery: rec,
 	}
 	e.checkLoad(rep, n)
-	if fg := firstGrantAfter(ops, isolated, lead.ID); fg >= 0 {
-		t.Logf("first grant by the majority's leader %v after the isolation", fg)
-	}
+	e.logFirstGrants(ops, isolated, lead.ID, led, "the majority's leader", "the isolation")
 	e.checkLin(ops)
+	if groups > 1 {
+		e.checkLeasesEnd(ops)
+	}
 	rep.log(t)
 }
 
@@ -210,4 +258,11 @@ func indexOf(c *testproc.Cluster, n *testproc.Node) int {
 		}
 	}
 	return -1
+}
+
+func isolatedFault(groups int) string {
+	if groups > 1 {
+		return "the node leading the most data groups cut off from its peers (Raft proxies, both ways)" + groupsNote(groups)
+	}
+	return "leader cut off from its peers (Raft proxies, both ways)"
 }

@@ -16,15 +16,17 @@ const recoveryBound = 10 * time.Second
 // admission within the bound, the gateways lease again within
 // recoveryBound, the killed node rejoins, and the Acquire/Release history
 // is linearizable.
-func TestLeaderKill(t *testing.T) { runKill(t, true) }
+func TestLeaderKill(t *testing.T) { runKill(t, true, 1) }
 
 // TestFollowerKill: the same with a follower: the agents rotate to another
 // node; no breaker should open at all.
-func TestFollowerKill(t *testing.T) { runKill(t, false) }
+func TestFollowerKill(t *testing.T) { runKill(t, false, 1) }
 
-func runKill(t *testing.T, leader bool) {
+// runKill kills the leader (with groups: the node that leads the most
+// data groups) or a follower, with groups data groups.
+func runKill(t *testing.T, leader bool, groups int) {
 	checkLeaks(t)
-	e := newEnv(t, envConfig{})
+	e := newEnv(t, envConfig{groups: groups})
 	e.gateway("gw-a", e.c.GRPCAddrs())
 	e.gateway("gw-b", e.c.GRPCAddrs())
 	lin := e.startLin(4)
@@ -34,13 +36,17 @@ func runKill(t *testing.T, leader bool) {
 
 	n := e.liveAgents()
 	lead := e.c.Leader(t, 10*time.Second)
+	var led []int
+	if groups > 1 {
+		lead, led = e.leaderOfMost(e.waitGroupLeaders(10 * time.Second))
+	}
 	victim := lead
 	if !leader {
 		victim = e.c.Followers(lead.ID)[0]
 	}
 	okBefore := e.sample(mCallsOK)
 	openBefore := e.sample(mToOpen)
-	t.Logf("killing %s (leader %s) with %d live agents", victim.ID, lead.ID, n)
+	t.Logf("killing %s (leader %s, of data groups %v) with %d live agents", victim.ID, lead.ID, led, n)
 	killed := time.Now()
 	victim.Proc.Kill()
 
@@ -48,12 +54,20 @@ func runKill(t *testing.T, leader bool) {
 	if leader {
 		e.c.Leader(t, recoveryBound) // a new one
 	}
+	if groups > 1 {
+		e.waitGroupLeaders(recoveryBound)
+		t.Logf("every data group led by a live node %v after the kill", time.Since(killed))
+	}
 	t.Logf("gateways leasing again %v after the kill", rec)
 	e.runFor(2 * time.Second)
 
 	// The killed node restarts on its data dir and catches up.
 	victim.Proc.Start(t)
 	e.c.WaitReady(t, 30*time.Second)
+	if groups > 1 {
+		// …and leads data groups again.
+		e.waitSpread(30 * time.Second)
+	}
 	e.runFor(2 * time.Second)
 
 	ops := lin.stop()
@@ -64,10 +78,11 @@ func runKill(t *testing.T, leader bool) {
 	rep := &report{recovery: rec}
 	if leader {
 		rep.fault = "kill -9 of the leader (3 nodes)"
-		rep.bound = "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N"
-		if fg := firstGrantAfter(ops, killed, victim.ID); fg >= 0 {
-			t.Logf("first grant by the new leader %v after the kill", fg)
+		if groups > 1 {
+			rep.fault = "kill -9 of the node leading the most data groups (3 nodes)" + groupsNote(groups)
 		}
+		rep.bound = "B+R·T + B + per breaker opening ⌈B/N⌉ + R·T_open/N"
+		e.logFirstGrants(ops, killed, victim.ID, led, "the new leader", "the kill")
 	} else {
 		rep.fault = "kill -9 of a follower"
 		rep.bound = "B+R·T + B + per breaker opening ⌈B/N⌉+R·T_open/N (none expected: agents rotate)"
@@ -81,5 +96,8 @@ func runKill(t *testing.T, leader bool) {
 	}
 	e.checkLoad(rep, n)
 	e.checkLin(ops)
+	if groups > 1 {
+		e.checkLeasesEnd(ops)
+	}
 	rep.log(t)
 }

@@ -19,17 +19,25 @@ import (
 // Regression: the refill was handed out again on recovery, on top of what
 // the fallback buckets admitted meanwhile (+1 burst and more; 222 admitted
 // in the first second at R = B = 100).
-func TestFullClusterOutageNoSecondBurst(t *testing.T) {
+func TestFullClusterOutageNoSecondBurst(t *testing.T) { runOutage(t, 1) }
+
+// runOutage runs the outage with groups data groups: two keys, or one in
+// every data group.
+func runOutage(t *testing.T, groups int) {
 	checkLeaks(t)
 	const rate, burst = 20.0, 100
-	e := newEnv(t, envConfig{faultRules: `domain: fault
+	e := newEnv(t, envConfig{groups: groups, faultRules: `domain: fault
 descriptors:
   - key: api_key
     rate_limit: {name: per_key, unit: second, requests_per_unit: 20, burst: 100}
 `})
 	e.gateway("gw-a", e.c.GRPCAddrs())
 	const perKey = 2.5 * rate
-	e.startLoad(2*perKey, 2)
+	nKeys := 2
+	if groups > 1 {
+		nKeys = groups
+	}
+	e.startLoad(float64(nKeys)*perKey, nKeys)
 	e.waitLeasing()
 	e.runFor(2 * time.Second)
 
