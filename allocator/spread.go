@@ -114,8 +114,15 @@ func voterIDs(r *raft.Raft) ([]string, error) {
 	return out, nil
 }
 
-// liveVoters returns this node and the meta group's voters whose gRPC
-// health service answers within a short time.
+// liveVoters returns this node and the meta group's voters that can take
+// a group's leadership now: their gRPC health service answers within a
+// short time, and their own status shows them following this node in the
+// meta group over Raft (inRaftContact). A node whose gRPC port answers
+// while its Raft traffic is cut (a partition of the Raft port alone)
+// must not be handed a leadership: hashicorp/raft refuses every write of
+// the group while a transfer is in progress ("leadership transfer in
+// progress"), and a transfer to an unreachable node stays in progress up
+// to the transport's timeout, again at every spread check.
 func (s *Server) liveVoters() []string {
 	voters, err := voterIDs(s.node.raft)
 	if err != nil {
@@ -136,12 +143,26 @@ func (s *Server) liveVoters() []string {
 		}
 		ctx, cancel := context.WithTimeout(s.baseCtx, 300*time.Millisecond)
 		resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
+		var st *allotv1.ClusterStatusResponse
 		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			st, err = allotv1.NewAdminClient(cc).ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+		}
+		cancel()
+		if err == nil && inRaftContact(st, s.cfg.NodeID, s.cfg.HeartbeatTimeout) {
 			live = append(live, id)
 		}
 	}
 	return live
+}
+
+// inRaftContact reports whether a voter's own status st shows it in Raft
+// contact with leader, the meta group's leader: it follows leader and
+// last heard from it within maxContact. The data groups share the node's
+// Raft address with the meta group, so a node cut off from the meta
+// group's leader is cut off from the data groups' leaders too.
+func inRaftContact(st *allotv1.ClusterStatusResponse, leader string, maxContact time.Duration) bool {
+	return st != nil && st.GetState() == "follower" && st.GetLeaderId() == leader &&
+		st.GetLastContactMs() <= maxContact.Milliseconds()
 }
 
 // transferGroup asks the leader of tr.Group (this node, or another
