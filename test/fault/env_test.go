@@ -444,6 +444,7 @@ type linRun struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	errs    []error
+	stopped time.Time // when stop returned
 }
 
 // startLin starts n clients (plus extra, preconfigured ones) on one fresh
@@ -514,6 +515,7 @@ func (l *linRun) stop() []linearizability.Op {
 		<-done
 	}
 	l.fcancel()
+	l.stopped = time.Now()
 	for _, err := range l.errs {
 		l.t.Errorf("linearizability client: %v", err)
 	}

@@ -234,43 +234,58 @@ func (e *env) splitByGroup(ops []linearizability.Op) map[int][]linearizability.O
 
 // checkLeasesEnd checks invariant (c) in every data group: once the
 // linearizability clients have stopped, the leases the allocator records
-// for them end within the longest lease TTL (4 s, FastLeaseArgs) plus
-// two expiry intervals and a commit; it logs how many each group held.
-func (e *env) checkLeasesEnd(ops []linearizability.Op) {
+// in the lin domain end within the longest lease TTL (4 s, FastLeaseArgs)
+// plus two expiry intervals and a commit; it logs how many tokens each
+// group held, and the leases left when they do not end.
+func (e *env) checkLeasesEnd(l *linRun) {
 	t := e.t
 	t.Helper()
-	agents := map[string]bool{}
-	for _, op := range ops {
-		agents[op.Agent] = true
-	}
-	held := func() (map[int]int64, error) {
-		out := map[int]int64{}
+	leases := func() ([]*allotv1.Lease, error) {
 		n := e.c.Running()[0]
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		ctx = metadata.AppendToOutgoingContext(ctx, "x-allot-show-keys", "1")
-		for a := range agents {
-			resp, err := n.Admin(t).ListLeases(ctx, &allotv1.ListLeasesRequest{AgentId: a, PageSize: 1000})
+		var out []*allotv1.Lease
+		req := &allotv1.ListLeasesRequest{Domain: "lin", PageSize: 1000}
+		for {
+			resp, err := n.Admin(t).ListLeases(ctx, req)
 			if err != nil {
 				return nil, err
 			}
-			for _, l := range resp.GetLeases() {
-				out[e.groupOfKey(l.GetKey())] += l.GetTokens()
+			out = append(out, resp.GetLeases()...)
+			if resp.GetNextPageToken() == "" {
+				return out, nil
 			}
+			req.PageToken = resp.GetNextPageToken()
 		}
-		return out, nil
 	}
-	stopped := time.Now()
-	at, err := held()
+	stopped := l.stopped
+	at, err := leases()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("leases of the stopped linearizability clients, tokens by group: %v", at)
+	byGroup := map[int]int64{}
+	for _, l := range at {
+		byGroup[e.groupOfKey(l.GetKey())] += l.GetTokens()
+	}
+	t.Logf("leases of the stopped linearizability clients, tokens by group: %v", byGroup)
 	const within = 4*time.Second + 2*200*time.Millisecond + time.Second
-	testproc.Eventually(t, 3*within, "every group ending the stopped clients' leases", func() bool {
-		h, err := held()
-		return err == nil && len(h) == 0
-	})
+	var left []*allotv1.Lease
+	deadline := time.Now().Add(3 * within)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
+		if left, err = leases(); err == nil && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, l := range left {
+				t.Logf("left: group %d: %s %s %d tokens, granted at %d, expires in %d ms",
+					e.groupOfKey(l.GetKey()), l.GetAgentId(), l.GetKey(), l.GetTokens(), l.GetGrantedUnixMs(), l.GetExpiresInMs())
+			}
+			t.Fatalf("%d leases of the stopped clients left %v after they stopped (err %v)", len(left), time.Since(stopped), err)
+		}
+	}
 	if took := time.Since(stopped); took > within {
 		t.Errorf("the stopped clients' leases ended %v after they stopped, want ≤ %v", took, within)
 	}
@@ -307,4 +322,22 @@ func groupsNote(groups int) string {
 		return fmt.Sprintf(", -groups %d", groups)
 	}
 	return ""
+}
+
+// logBetween returns the lines of an allocator's log (text format) stamped
+// within [from, to].
+func logBetween(log string, from, to time.Time) []string {
+	var out []string
+	for line := range strings.Lines(log) {
+		stamp, ok := strings.CutPrefix(line, "time=")
+		if !ok {
+			continue
+		}
+		stamp, _, _ = strings.Cut(stamp, " ")
+		at, err := time.Parse(time.RFC3339Nano, stamp)
+		if err == nil && !at.Before(from) && !at.After(to) {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
 }

@@ -97,7 +97,7 @@ func runKill(t *testing.T, leader bool, groups int) {
 	e.checkLoad(rep, n)
 	e.checkLin(ops)
 	if groups > 1 {
-		e.checkLeasesEnd(ops)
+		e.checkLeasesEnd(lin)
 	}
 	rep.log(t)
 }
