@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/allot/allot/allocator/raftmux"
 	"github.com/allot/allot/internal/faultnet"
 	"github.com/allot/allot/internal/testproc"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 	"github.com/allot/allot/test/linearizability"
 )
 
@@ -120,10 +122,20 @@ func runIsolated(t *testing.T, groups int) {
 
 	n := e.liveAgents()
 	if groups > 1 {
-		v := e.waitGroupLeaders(10 * time.Second)
-		if v.leader[led[0]] != lead.ID {
-			t.Fatalf("group %d's leadership moved from %s to %s before the isolation", led[0], lead.ID, v.leader[led[0]])
-		}
+		// The probe's group must still be led by the node to isolate (an
+		// election on a loaded machine may have moved it): hand it back.
+		var v groupsView
+		testproc.Eventually(t, 20*time.Second, fmt.Sprintf("%s leading group %d", lead.ID, led[0]), func() bool {
+			v = e.waitGroupLeaders(10 * time.Second)
+			if v.leader[led[0]] == lead.ID {
+				return true
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := e.c.Running()[0].Admin(t).TransferLeadership(ctx, &allotv1.TransferLeadershipRequest{Id: lead.ID, Group: uint32(led[0])})
+			t.Logf("group %d led by %s, not %s: handing it back: %v", led[0], v.leader[led[0]], lead.ID, err)
+			return false
+		})
 		led = v.ledByNode(lead.ID)
 	} else {
 		lead = e.c.Leader(t, 10*time.Second)
