@@ -81,7 +81,18 @@ func runIsolated(t *testing.T, groups int) {
 	// A proxy in front of every node's Raft port; the nodes know each other
 	// only by the proxies' addresses.
 	var proxies []*faultnet.Proxy
-	e := newEnv(t, envConfig{groups: groups, advertise: func(i int, raftBind string) string {
+	var args []string
+	if groups > 1 {
+		// The probe pinned to the isolated node is silent from the
+		// isolation to the heal, longer with groups (every group elects,
+		// then the leaders are spread again). An allocator answers a retry
+		// from its record only while it remembers the agent: past the agent
+		// TTL (6 s, FastLeaseArgs) the probe's retry of a call the majority
+		// had committed was applied anew, a second time, outside what the
+		// model allows (seen in 2 of 37 runs).
+		args = []string{"-agent-ttl", "30s"}
+	}
+	e := newEnv(t, envConfig{groups: groups, args: args, advertise: func(i int, raftBind string) string {
 		p, err := faultnet.New(faultnet.Config{Target: raftBind, Identify: raftSender})
 		if err != nil {
 			t.Fatal(err)
