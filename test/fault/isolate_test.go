@@ -89,7 +89,7 @@ func runIsolated(t *testing.T, groups int) {
 		// from its record only while it remembers the agent: past the agent
 		// TTL (6 s, FastLeaseArgs) the probe's retry of a call the majority
 		// had committed was applied anew, a second time, outside what the
-		// model allows (seen in 2 of 37 runs).
+		// model allows (seen twice in about 50 runs).
 		args = []string{"-agent-ttl", "30s"}
 	}
 	e := newEnv(t, envConfig{groups: groups, args: args, advertise: func(i int, raftBind string) string {
