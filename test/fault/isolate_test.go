@@ -88,8 +88,8 @@ func runIsolated(t *testing.T, groups int) {
 		// then the leaders are spread again). An allocator answers a retry
 		// from its record only while it remembers the agent: past the agent
 		// TTL (6 s, FastLeaseArgs) the probe's retry of a call the majority
-		// had committed was applied anew, a second time, outside what the
-		// model allows (seen twice in about 50 runs).
+		// committed is applied anew, a second time, which the model does not
+		// allow (docs/architecture.md, invariant (b)).
 		args = []string{"-agent-ttl", "30s"}
 	}
 	e := newEnv(t, envConfig{groups: groups, args: args, advertise: func(i int, raftBind string) string {
