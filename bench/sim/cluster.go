@@ -66,7 +66,8 @@ type cluster struct {
 	watches []*watch         // one per lease agent
 
 	// Counters of the cluster as a whole; each group keeps its own.
-	calls       int64 // calls sent to the nodes (Acquire parts and Release, retries included)
+	rounds      int64 // calls the agents made (Acquire and Release, retries included), however many groups each went to
+	calls       int64 // calls sent to the nodes: an agent's call is one per group it has keys in (with one group, rounds)
 	unavailable int64 // calls answered Unavailable (no leader)
 	throttled   int64 // calls the guard refused (a node's in-flight cap, an agent's call rate)
 
@@ -75,11 +76,11 @@ type cluster struct {
 
 // counters is a copy of the cluster's counters (to subtract the warm-up).
 type counters struct {
-	calls, entries, acquireRPCs, keyAcquires, releaseRPCs, unavailable, refused, throttled, leaderCPU, groupCPU, demandCPU int64
+	rounds, calls, entries, acquireRPCs, keyAcquires, releaseRPCs, unavailable, refused, throttled, leaderCPU, groupCPU, demandCPU int64
 }
 
 func (c *cluster) counters() counters {
-	n := counters{calls: c.calls, unavailable: c.unavailable, throttled: c.throttled}
+	n := counters{rounds: c.rounds, calls: c.calls, unavailable: c.unavailable, throttled: c.throttled}
 	for _, g := range c.groups {
 		n.entries += g.entries
 		n.acquireRPCs += g.acquireRPCs
@@ -94,7 +95,7 @@ func (c *cluster) counters() counters {
 }
 
 func (a counters) minus(b counters) counters {
-	return counters{a.calls - b.calls, a.entries - b.entries, a.acquireRPCs - b.acquireRPCs,
+	return counters{a.rounds - b.rounds, a.calls - b.calls, a.entries - b.entries, a.acquireRPCs - b.acquireRPCs,
 		a.keyAcquires - b.keyAcquires, a.releaseRPCs - b.releaseRPCs, a.unavailable - b.unavailable,
 		a.refused - b.refused, a.throttled - b.throttled, a.leaderCPU - b.leaderCPU, a.groupCPU - b.groupCPU, a.demandCPU - b.demandCPU}
 }
@@ -192,6 +193,7 @@ func (c *cluster) call(r *rpc) {
 		return
 	}
 	r.sent = w.eng.now
+	c.rounds++
 	w.eng.atFunc(r.sent+int64(w.cfg.callTimeout), func() {
 		w.settle(r, rpcResult{err: context.DeadlineExceeded})
 	})

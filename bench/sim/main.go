@@ -73,10 +73,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	md := fs.String("md", "", "also write the results as Markdown to this file")
 	imgDir := fs.String("md-img", "img", "image directory the Markdown links to")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	memProfile := fs.String("memprofile", "", "write a heap profile to this file when the first scenario's run ends (before its world is freed)")
 	verbose := fs.Bool("v", false, "report progress (virtual time) on stderr")
 	parallel := fs.Int("parallel", runtime.NumCPU(), "scenarios run at once (each is single-threaded)")
 	groups := fs.Int("groups", 0, "allocator Raft groups of the fleet scenario (0: the scale's)")
 	groups10 := fs.Int("groups-10x", 0, "allocator Raft groups of the fleet-10x scenario (0: the scale's)")
+	rate := fs.Int("agent-rate", agentRate, "the allocator's -agent-rate: calls per second per agent and node (burst the larger of 400 and the rate)")
+	sample10 := fs.Int("sample-10x", -1, "groups of fleet-10x whose keys are simulated, the rest drawn and dropped (0: all; -1: the scale's)")
+	duration10 := fs.Duration("duration-10x", 0, "measured time of fleet-10x (0: the scale's)")
 	fs.DurationVar(&measuredCPU.entry, "raft-entry-cpu", measuredCPU.entry, "allocator CPU per Raft entry, summed over the 3 replicas (docs/performance.md)")
 	fs.DurationVar(&measuredCPU.key, "raft-key-cpu", measuredCPU.key, "allocator CPU per key-grant, summed over the 3 replicas (docs/performance.md)")
 	fs.Float64Var(&measuredCPU.leaderShare, "leader-share", measuredCPU.leaderShare, "the leader's share of a group's CPU")
@@ -105,6 +109,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *groups10 > 0 {
 		sc.groups10 = *groups10
+	}
+	if *sample10 >= 0 {
+		sc.sample10 = *sample10
+	}
+	if *rate <= 0 {
+		fmt.Fprintln(stderr, "sim: -agent-rate must be above 0")
+		return 2
+	}
+	agentRate, agentBurst = *rate, max(agentBurst, *rate)
+	if *duration10 < 0 {
+		fmt.Fprintln(stderr, "sim: -duration-10x must not be negative")
+		return 2
+	}
+	if *duration10 > 0 {
+		sc.fleet10 = *duration10
 	}
 	var pick []scenario
 	for _, s := range scenarios {
@@ -143,6 +162,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		var once sync.Once
+		runEnded = func() {
+			once.Do(func() {
+				f, err := os.Create(*memProfile)
+				if err == nil {
+					runtime.GC()
+					err = pprof.WriteHeapProfile(f)
+					if cerr := f.Close(); err == nil {
+						err = cerr
+					}
+				}
+				if err != nil {
+					fmt.Fprintf(stderr, "sim: -memprofile: %v\n", err)
+				}
+			})
+		}
 	}
 	fmt.Fprintf(stdout, "allot fleet simulation: scale %s, seed %d\n", sc.name, *seed)
 	type outcome struct {

@@ -37,7 +37,7 @@ type bound struct {
 	measured float64
 	limit    float64
 	atLeast  bool
-	unit     string // "%" (values are fractions), "s", "x", "tokens", "cores", ""
+	unit     string // "%" (values are fractions), "s", "x", "tokens", "cores", "/s", ""
 	// target: a performance target rather than a guarantee the
 	// design derives from its invariants (the tests assert the latter).
 	target bool
@@ -64,6 +64,8 @@ func fmtUnit(v float64, unit string) string {
 		return count(int64(math.Round(v)))
 	case "cores":
 		return fmt.Sprintf("%.2f cores", v)
+	case "/s":
+		return fmt.Sprintf("%.0f/s", v)
 	}
 	return fmt.Sprintf("%.4g", v)
 }

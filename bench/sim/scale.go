@@ -15,11 +15,15 @@ type scale struct {
 	fleet            time.Duration // measured time after the warm-up
 	warmup           time.Duration
 	groups           int // allocator Raft groups the fleet runs on
+	sample           int // groups whose keys are simulated (0: all; see sampleGroups)
 
 	// The 10× fleet: ten times the fleet's agents, keys and rates, on
-	// groups10 groups, measured for fleet10.
-	groups10 int
-	fleet10  time.Duration
+	// groups10 groups of which sample10 are simulated (0: all), measured
+	// for fleet10, its peak (if peak10 > 0) peak10 long from peak10From
+	// after the warm-up.
+	groups10, sample10 int
+	fleet10            time.Duration
+	peak10From, peak10 time.Duration
 
 	chaos     time.Duration // measured time of the chaos scenarios
 	hotRate   float64       // the hot key's offered rate
@@ -51,7 +55,7 @@ var scales = map[string]scale{
 		name: "full", agents: 200,
 		keys: 5_000_000, base: 300_000, peak: 1_000_000, peakFrom: 25 * time.Second, peakTo: 35 * time.Second,
 		fleet: 55 * time.Second, warmup: 5 * time.Second, groups: 4,
-		groups10: 40, fleet10: 55 * time.Second,
+		groups10: 40, sample10: 4, fleet10: 15 * time.Second, peak10From: 5 * time.Second, peak10: 5 * time.Second,
 		chaos: 30 * time.Second, hotRate: 150_000, hotAgents: 200, clients: 20_000,
 		regionGateways: 67, regionRate: 20_000,
 	},

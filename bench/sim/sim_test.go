@@ -203,6 +203,72 @@ func TestRunFlags(t *testing.T) {
 	if code := run([]string{"-scenarios", "nope"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "no scenario") {
 		t.Fatalf("bad scenario: exit %d, %q", code, errb.String())
 	}
+	for _, args := range [][]string{{"-duration-10x", "-1s"}, {"-agent-rate", "0"}} {
+		errb.Reset()
+		if code := run(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), args[0]) {
+			t.Errorf("%v: exit %d, %q", args, code, errb.String())
+		}
+	}
+}
+
+// TestFleetSample: a fleet sampled by slot simulates the keys of the
+// groups sampleGroups picks, the hottest key's among them, says so, holds
+// its bounds, and one seed prints the same bytes twice.
+func TestFleetSample(t *testing.T) {
+	g := &group{name: "k", quota: 100, unit: time.Second, burst: 100}
+	w, err := newWorld(worldConfig{seed: 1, agents: 2, keys: 200, groups: []*group{g}, lease: true, raftGroups: 4, duration: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := sampleGroups(w, 2)
+	n := 0
+	for _, ok := range in {
+		if ok {
+			n++
+		}
+	}
+	if n != 2 || !in[w.groupOfKey(0)] {
+		t.Errorf("sampleGroups(2) = %v: want 2 groups, key 0's (%d) among them", in, w.groupOfKey(0))
+	}
+	if all := sampleGroups(w, 0); slices.Contains(all, false) {
+		t.Errorf("sampleGroups(0) = %v: want every group", all)
+	}
+	w.shutdown()
+
+	sc := scales["tiny"]
+	sc.fleet, sc.sample = 2*time.Second, 2
+	text := fleetTwice(t, sc, 4)
+	for _, want := range []string{"sampled by slot", "4 (2 simulated)"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the output does not say %q:\n%s", want, text)
+		}
+	}
+}
+
+// fleetTwice runs the fleet of sc on groups groups twice with seed 1,
+// checks that the bounds hold and that both runs print the same bytes, and
+// returns the text.
+func fleetTwice(t *testing.T, sc scale, groups int) string {
+	t.Helper()
+	var texts []string
+	for range 2 {
+		res, err := simulateFleet("fleet", "groups", sc, groups, false, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bd := range res.bounds {
+			if !bd.ok() && !bd.target {
+				t.Errorf("bound broken: %s: measured %s, limit %s", bd.what, bd.fmtVal(bd.measured), bd.fmtVal(bd.limit))
+			}
+		}
+		var buf bytes.Buffer
+		res.writeText(&buf)
+		texts = append(texts, buf.String())
+	}
+	if texts[0] != texts[1] {
+		t.Fatalf("seed 1 twice gave different output:\n%s\n---\n%s", texts[0], texts[1])
+	}
+	return texts[0]
 }
 
 func TestMain(m *testing.M) {
@@ -266,26 +332,8 @@ func TestSpreadKeyManyAgents(t *testing.T) {
 func TestFleetGroups(t *testing.T) {
 	sc := scales["tiny"]
 	sc.fleet = 2 * time.Second
-	var texts []string
-	for range 2 {
-		res, err := simulateFleet("fleet", "three groups", sc, 3, false, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, bd := range res.bounds {
-			if !bd.ok() && !bd.target {
-				t.Errorf("bound broken: %s: measured %s, limit %s", bd.what, bd.fmtVal(bd.measured), bd.fmtVal(bd.limit))
-			}
-		}
-		var buf bytes.Buffer
-		res.writeText(&buf)
-		texts = append(texts, buf.String())
-	}
-	if texts[0] != texts[1] {
-		t.Fatalf("seed 1 twice gave different output:\n%s\n---\n%s", texts[0], texts[1])
-	}
-	if !strings.Contains(texts[0], "\n  3       ") {
-		t.Errorf("the allocator table does not show 3 groups:\n%s", texts[0])
+	if text := fleetTwice(t, sc, 3); !strings.Contains(text, "\n  3       ") {
+		t.Errorf("the allocator table does not show 3 groups:\n%s", text)
 	}
 }
 

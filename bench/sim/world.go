@@ -289,9 +289,17 @@ func (w *world) arrive(key, ag int) {
 	}
 }
 
+// runEnded, when set (-memprofile), is called when a world's run has
+// reached its end, before its results are computed and its state freed. It
+// must be safe for concurrent use.
+var runEnded func()
+
 // run advances the simulation to its end.
 func (w *world) run() error {
 	w.eng.run(w.end)
+	if runEnded != nil {
+		runEnded()
+	}
 	for _, s := range w.systems {
 		s.rec.finish()
 	}
