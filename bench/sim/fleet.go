@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/allot/allot/pkg/rules"
@@ -38,8 +39,9 @@ func runFleet10x(sc scale, seed uint64) (*result, error) {
 }
 
 // sampleGroups returns the groups whose keys a fleet run on cl simulates:
-// all of them, or (sample > 0) the first sample groups to own a key in
-// popularity order, so that the hottest keys' groups are among them.
+// all of them, or (sample > 0) the group that owns the hottest key and
+// then the highest-numbered others: groups whose load is the long tail's,
+// as most groups' is.
 func sampleGroups(w *world, sample int) []bool {
 	in := make([]bool, len(w.cl.groups))
 	if sample <= 0 || sample >= len(in) {
@@ -48,13 +50,25 @@ func sampleGroups(w *world, sample int) []bool {
 		}
 		return in
 	}
-	for k, n := 0, 0; n < sample && k < w.cfg.keys; k++ {
-		if g := w.groupOfKey(k); !in[g] {
+	in[w.groupOfKey(0)] = true
+	for g, n := len(in)-1, 1; n < sample; g-- {
+		if !in[g] {
 			in[g] = true
 			n++
 		}
 	}
 	return in
+}
+
+// groupList names the groups in.
+func groupList(in []bool) string {
+	var ids []string
+	for g, ok := range in {
+		if ok {
+			ids = append(ids, fmt.Sprint(g))
+		}
+	}
+	return strings.Join(ids, " and ")
 }
 
 // groupOfKey is the allocator group that owns key's slot.
@@ -136,8 +150,8 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 		res.what = append(res.what, fmt.Sprintf("%s of warm-up, then %s measured; every request is simulated (%s arrivals).",
 			sc.warmup, sc.fleet, count(arr.n)))
 	} else {
-		res.what = append(res.what, fmt.Sprintf("%s of warm-up, then %s measured; sampled by slot: every request on the keys of %d of the %d groups (the first %d to own a key in popularity order, the hottest keys' groups among them) is simulated, %s of the %s arrivals (%.1f%%), from every agent; the other groups get no calls. Per group the figures are exact; fleet-wide ones are the sample's, scaled by %d/%d where marked.",
-			sc.warmup, sc.fleet, sims, len(simulated), sims, count(kept), count(arr.n), 100*share, len(simulated), sims))
+		res.what = append(res.what, fmt.Sprintf("%s of warm-up, then %s measured; sampled by slot: every request on the keys of %d of the %d groups (%s: the hottest key's, then the highest-numbered) is simulated, %s of the %s arrivals (%.1f%%), from every agent; the other groups get no calls. Each simulated group's figures are exact; the totals are the simulated groups'.",
+			sc.warmup, sc.fleet, sims, len(simulated), groupList(simulated), count(kept), count(arr.n), 100*share))
 	}
 	// rounds is the Acquire and Release calls the agents made in the
 	// measured period. A sample's agents call only the simulated groups,
@@ -185,14 +199,6 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 		}
 	}
 	perEntry := ratioF(m.keyAcquires, m.entries)
-	// fleet scales a sample's total to the whole fleet.
-	scaled := func(v float64, f func(float64) string) string {
-		if sims == len(simulated) {
-			return f(v)
-		}
-		return fmt.Sprintf("%s (×%d/%d: %s)", f(v), len(simulated), sims, f(v*float64(len(simulated))/float64(sims)))
-	}
-	fleet := func(v float64) string { return scaled(v, func(x float64) string { return count(int64(x)) }) }
 	groupsCell := fmt.Sprint(len(w.cl.groups))
 	if sims < len(simulated) {
 		groupsCell += fmt.Sprintf(" (%d simulated)", sims)
@@ -203,13 +209,13 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 			"one group's capacity (key-grants/s)", "CPU over 3 replicas (cores)", "calls refused: queue full / guard"},
 		rows: [][]string{{
 			groupsCell, fmt.Sprintf("%.0f", rounds/secs), fmt.Sprintf("%.0f", float64(m.calls)/secs/ng), fmt.Sprintf("%.1f", ratioF(m.keyAcquires, m.acquireRPCs)),
-			fleet(float64(m.keyAcquires) / secs),
+			count(int64(float64(m.keyAcquires) / secs)),
 			fmt.Sprintf("%.0f", float64(m.entries)/secs/ng), fmt.Sprintf("%.0f", perEntry),
-			fleet(float64(leases)) + " / " + fleet(float64(keys)),
+			count(int64(leases)) + " / " + count(int64(keys)),
 			fmt.Sprintf("%.2f / %.2f", float64(m.leaderCPU)/1e9/secs/ng, float64(m.demandCPU)/1e9/secs/ng),
 			fmt.Sprintf("%.2f (group %d)", peak, busiest),
 			count(int64(measuredCPU.capacity(max(perEntry, 1)))),
-			scaled(float64(m.groupCPU)/1e9/secs, func(x float64) string { return fmt.Sprintf("%.2f", x) }),
+			fmt.Sprintf("%.2f", float64(m.groupCPU)/1e9/secs),
 			count(m.refused) + " / " + count(m.throttled),
 		}}})
 

@@ -55,7 +55,7 @@ var scales = map[string]scale{
 		name: "full", agents: 200,
 		keys: 5_000_000, base: 300_000, peak: 1_000_000, peakFrom: 25 * time.Second, peakTo: 35 * time.Second,
 		fleet: 55 * time.Second, warmup: 5 * time.Second, groups: 4,
-		groups10: 96, sample10: 2, fleet10: 10 * time.Second, peak10From: 5 * time.Second, peak10: 5 * time.Second,
+		groups10: 128, sample10: 2, fleet10: 10 * time.Second, peak10From: 5 * time.Second, peak10: 5 * time.Second,
 		chaos: 30 * time.Second, hotRate: 150_000, hotAgents: 200, clients: 20_000,
 		regionGateways: 67, regionRate: 20_000,
 	},
