@@ -12,8 +12,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -137,11 +139,11 @@ func (a *adminService) ListLeases(ctx context.Context, req *allotv1.ListLeasesRe
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	resp, err := a.s.listLeases(req, time.Now().UnixNano())
+	resp, err := a.s.listLeases(ctx, req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
 	}
-	if !showKeys(ctx, a.s.guard.authOn) {
+	if redactAnswer(ctx, a.s.guard.authOn) {
 		redactLeases(resp.GetLeases())
 	}
 	return resp, nil
@@ -151,12 +153,12 @@ func (a *adminService) InspectKey(ctx context.Context, req *allotv1.InspectKeyRe
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	resp, err := a.s.inspectKey(req, time.Now().UnixNano())
+	resp, err := a.s.inspectKey(ctx, req, time.Now().UnixNano())
 	if err != nil {
 		return nil, a.s.status(err)
 	}
 	a.s.region.inspect(ctx, req, resp)
-	if !showKeys(ctx, a.s.guard.authOn) {
+	if redactAnswer(ctx, a.s.guard.authOn) {
 		resp.Key = redactKey(resp.GetKey())
 		redactLeases(resp.GetLeases())
 		if resp.Pool != nil {
@@ -166,19 +168,26 @@ func (a *adminService) InspectKey(ctx context.Context, req *allotv1.InspectKeyRe
 	return resp, nil
 }
 
-func (a *adminService) ListAgents(ctx context.Context, _ *allotv1.ListAgentsRequest) (*allotv1.ListAgentsResponse, error) {
+func (a *adminService) ListAgents(ctx context.Context, req *allotv1.ListAgentsRequest) (*allotv1.ListAgentsResponse, error) {
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	return a.s.listAgents(time.Now().UnixNano()), nil
+	resp, err := a.s.listAgents(ctx, req, time.Now().UnixNano())
+	if err != nil {
+		return nil, a.s.status(err)
+	}
+	return resp, nil
 }
 
 func (a *adminService) TopKeys(ctx context.Context, req *allotv1.TopKeysRequest) (*allotv1.TopKeysResponse, error) {
 	if err := a.s.waitServable(ctx); err != nil {
 		return nil, err
 	}
-	resp := a.s.topKeys(req, time.Now().UnixNano())
-	if !showKeys(ctx, a.s.guard.authOn) {
+	resp, err := a.s.topKeys(ctx, req, time.Now().UnixNano())
+	if err != nil {
+		return nil, a.s.status(err)
+	}
+	if redactAnswer(ctx, a.s.guard.authOn) {
 		for _, k := range resp.GetKeys() {
 			k.Key = redactKey(k.GetKey())
 		}
@@ -192,29 +201,41 @@ func (a *adminService) Check(ctx context.Context, req *allotv1.CheckRequest) (*a
 	if err := ValidateCheck(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	r, err := s.checkRaft(req)
-	if err != nil {
-		return nil, err
-	}
 	var resp *allotv1.CheckResponse
-	err = s.onRaftLeader(ctx, r, false,
-		func(ctx context.Context) error {
-			res, err := s.applyOn(r, &allotv1.Command{Cmd: &allotv1.Command_Check{Check: req}})
-			if err != nil {
-				return err
-			}
-			r, ok := res.(*allotv1.CheckResponse)
-			if !ok {
-				return fmt.Errorf("allocator: check applied with unexpected result %T", res)
-			}
-			resp = r
-			return nil
-		},
-		func(ctx context.Context, cc *grpc.ClientConn) error {
-			r, err := allotv1.NewAdminClient(cc).Check(ctx, req)
-			resp = r
+	check := func(r *raft.Raft) error {
+		res, err := s.applyOn(r, &allotv1.Command{Cmd: &allotv1.Command_Check{Check: req}})
+		if err != nil {
 			return err
-		})
+		}
+		out, ok := res.(*allotv1.CheckResponse)
+		if !ok {
+			return fmt.Errorf("allocator: check applied with unexpected result %T", res)
+		}
+		resp = out
+		return nil
+	}
+	remote := func(ctx context.Context, cc *grpc.ClientConn) error {
+		r, err := allotv1.NewAdminClient(cc).Check(ctx, req)
+		resp = r
+		return err
+	}
+	var err error
+	if s.multi() {
+		// Served by the data group that owns the keys, on its leader.
+		id, gerr := s.checkGroup(req)
+		if gerr != nil {
+			return nil, gerr
+		}
+		req = proto.CloneOf(req)
+		req.Group = uint32(id)
+		err = s.onGroup(ctx, id, false, func(ctx context.Context, g *dataGroup) error { return check(g.node.raft) }, remote)
+	} else {
+		r, rerr := s.groupRaft(req.GetGroup())
+		if rerr != nil {
+			return nil, rerr
+		}
+		err = s.onRaftLeader(ctx, r, false, func(ctx context.Context) error { return check(r) }, remote)
+	}
 	if err != nil {
 		return nil, s.status(err)
 	}
@@ -478,24 +499,32 @@ func (s *Server) forgetMember(id string) error {
 // one) and waits, within the call's deadline, until a new leader is known.
 func (a *adminService) TransferLeadership(ctx context.Context, req *allotv1.TransferLeadershipRequest) (*allotv1.TransferLeadershipResponse, error) {
 	s := a.s
-	r, err := s.groupRaft(req.GetGroup())
-	if err != nil {
-		return nil, err
-	}
 	var resp *allotv1.TransferLeadershipResponse
-	err = s.onRaftLeader(ctx, r, false,
-		func(ctx context.Context) error {
-			id, err := s.transferLeadership(ctx, r, req.GetId())
-			if err == nil {
-				resp = &allotv1.TransferLeadershipResponse{LeaderId: id}
-			}
-			return err
-		},
-		func(ctx context.Context, cc *grpc.ClientConn) error {
-			r, err := allotv1.NewAdminClient(cc).TransferLeadership(ctx, req)
-			resp = r
-			return err
-		})
+	local := func(ctx context.Context, r *raft.Raft) error {
+		id, err := s.transferLeadership(ctx, r, req.GetId())
+		if err == nil {
+			resp = &allotv1.TransferLeadershipResponse{LeaderId: id}
+		}
+		return err
+	}
+	remote := func(ctx context.Context, cc *grpc.ClientConn) error {
+		r, err := allotv1.NewAdminClient(cc).TransferLeadership(ctx, req)
+		resp = r
+		return err
+	}
+	var err error
+	if s.multi() && req.GetGroup() != 0 {
+		// A data group: on its leader, forwarded by a node that hosts no
+		// replica of it.
+		err = s.onGroup(ctx, slots.GroupID(req.GetGroup()), false,
+			func(ctx context.Context, g *dataGroup) error { return local(ctx, g.node.raft) }, remote)
+	} else {
+		r, rerr := s.groupRaft(req.GetGroup())
+		if rerr != nil {
+			return nil, rerr
+		}
+		err = s.onRaftLeader(ctx, r, false, func(ctx context.Context) error { return local(ctx, r) }, remote)
+	}
 	if err != nil {
 		return nil, s.status(err)
 	}

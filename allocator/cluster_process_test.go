@@ -248,6 +248,12 @@ func grantsEqual(a, b *allotv1.AcquireResponse) bool {
 // It skips under -short.
 func startProcessCluster(t *testing.T, bootArgs ...string) *testproc.Cluster {
 	t.Helper()
+	return startProcessClusterOf(t, 3, bootArgs...)
+}
+
+// startProcessClusterOf is startProcessCluster with size nodes.
+func startProcessClusterOf(t *testing.T, size int, bootArgs ...string) *testproc.Cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("multi-process cluster: skipped with -short")
 	}
@@ -257,7 +263,7 @@ func startProcessCluster(t *testing.T, bootArgs ...string) *testproc.Cluster {
 	}
 	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
 	return testproc.StartCluster(t, testproc.ClusterConfig{
-		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: 3, Rules: []string{rulesPath},
+		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: size, Rules: []string{rulesPath},
 		BootstrapArgs: bootArgs,
 		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
 			"-agent-ttl", "3s", "-expire-interval", "200ms"},

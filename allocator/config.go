@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/allot/allot/allocator/meta"
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/slots"
@@ -70,6 +71,14 @@ type Config struct {
 	// a Raft group under DataDir/groups/<id>/ (docs/groups.md). Only with
 	// Bootstrap: a joining node takes the cluster's groups.
 	Groups int
+	// GroupReplicas is how many nodes host each data group of a cluster
+	// with several groups (0, the default: every node hosts every group).
+	// A node that joins becomes a member of the data groups that have
+	// fewer members, and a group added later gets that many, on the nodes
+	// that host the fewest; the other nodes forward the group's calls to
+	// its leader. Recorded in the meta state at bootstrap: only with
+	// Groups > 1.
+	GroupReplicas int
 
 	// InitialRules are applied by a leader that finds the replicated rule set
 	// empty (normally once, right after bootstrap). They are compiled by New,
@@ -409,6 +418,10 @@ func (c Config) Validate() error {
 		bad("Groups and Join are mutually exclusive: a joining node takes the cluster's groups")
 	case c.Groups > 1 && !c.Bootstrap:
 		bad("Groups needs Bootstrap: the groups are set when a cluster is bootstrapped")
+	case meta.CheckReplicas(c.GroupReplicas) != nil:
+		bad("GroupReplicas %d: want 0 (every node) to 15", c.GroupReplicas)
+	case c.GroupReplicas > 0 && c.Groups < 2:
+		bad("GroupReplicas needs Groups > 1: a single-group cluster has no data groups")
 	case c.Groups > 1 && c.transport != nil:
 		bad("Groups needs the TCP Raft transport")
 	}

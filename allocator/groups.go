@@ -61,6 +61,14 @@ type groupSet struct {
 	topoCh chan struct{} // closed (and replaced) when the topology may have changed
 
 	observations chan raft.Observation // leader changes of every group
+
+	// joinMu serializes the membership changes a meta leader makes when a
+	// node joins or is removed: each reads the members, then records new
+	// ones.
+	joinMu sync.Mutex
+
+	remote   remoteLeaders          // leaders of the groups this node hosts no replica of
+	forwards *prometheus.CounterVec // calls forwarded for those groups, by group
 }
 
 // dataGroup is one data group's replica on this node.
@@ -141,10 +149,10 @@ func (s *Server) prepareGroups() (Config, error) {
 			if len(st.GetGroups()) == 0 {
 				return cfg, nil // a single-group cluster
 			}
+			// It hosts the meta group from the start, and each data group
+			// once the meta state names it a member (hostLoop).
 			clusterID = st.GetClusterId()
-			for _, g := range st.GetGroups() {
-				groups = append(groups, slots.GroupID(g.GetId()))
-			}
+			groups = []slots.GroupID{0}
 		default:
 			return cfg, nil
 		}
@@ -194,6 +202,7 @@ func (s *Server) prepareGroups() (Config, error) {
 		data:         make(map[slots.GroupID]*dataGroup),
 		topoCh:       make(chan struct{}),
 		observations: make(chan raft.Observation, 64),
+		forwards:     newGroupForwards(),
 	}
 	if cfg.Bootstrap && cfg.Groups > 1 {
 		s.grp.bootstrapData = cfg.Groups
@@ -245,11 +254,14 @@ func (s *Server) openDataGroups() error {
 		if id == 0 {
 			continue
 		}
-		if err := s.openDataGroup(id, nil); err != nil {
+		if err := s.openDataGroup(id, s.grp.bootstrapData > 0, nil); err != nil {
 			return err
 		}
 	}
 	if err := s.register(&groupCollector{s: s}); err != nil {
+		return err
+	}
+	if err := s.register(s.grp.forwards); err != nil {
 		return err
 	}
 	s.goFunc(s.observeLeaders)
@@ -280,9 +292,12 @@ func (s *Server) observeLeaders() {
 }
 
 // openDataGroup opens data group id's replica and starts its batcher and
-// leader loop. A bootstrapping node bootstraps it with itself as its one
-// voter; a group added to a running cluster is bootstrapped with peers.
-func (s *Server) openDataGroup(id slots.GroupID, peers []raft.Server) error {
+// leader loop. With boot, a new replica is bootstrapped: with peers as its
+// voters (a group added to a running cluster, on each of its founders),
+// or with this node as its one voter (peers nil: a bootstrapping node's
+// groups). Without, it waits to be added to the group by its leader (a
+// node that joins a running group).
+func (s *Server) openDataGroup(id slots.GroupID, boot bool, peers []raft.Server) error {
 	dir, err := s.grp.layout.OpenGroup(id)
 	if err != nil {
 		return fmt.Errorf("allocator: %w", err)
@@ -301,7 +316,7 @@ func (s *Server) openDataGroup(id slots.GroupID, peers []raft.Server) error {
 	}
 	cfg := s.cfg
 	cfg.DataDir = dir
-	cfg.Bootstrap = s.grp.bootstrapData > 0 || len(peers) > 0
+	cfg.Bootstrap = boot
 	cfg.bootPeers = peers
 	if g.node, err = openNode(cfg, g.fsm, newHCLogAdapter(log, "raft"), stream, s.mux.BoundAddr()); err != nil {
 		_ = stream.Close()

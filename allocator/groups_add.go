@@ -19,12 +19,16 @@ import (
 )
 
 // A data group is added to a running cluster in the meta state
-// (Admin.AddGroup: AddGroup with the meta group's voters as members, no
-// slots). Every member then hosts it (hostLoop): it creates the group's
-// directory, opens its Raft instance bootstrapped with every member as a
-// voter (each member bootstraps the same configuration, so the group
-// elects a leader however the members start), and records it in
-// hostedFile. Slots come to it by moves (slots move, groups rebalance).
+// (Admin.AddGroup: AddGroup with members placed by meta.PlaceGroup among
+// the meta group's voters, no slots). Every member then hosts it
+// (hostLoop): it creates the group's directory, opens its Raft instance
+// bootstrapped with the founders as voters (each founder bootstraps the
+// same configuration, so the group elects a leader however the members
+// start), and records it in hostedFile. Slots come to it by moves (slots
+// move, groups rebalance). A node that joins the cluster later becomes a
+// member of the groups meta.GroupsToJoin names (addVoterToGroups): the
+// meta state records it first, its hostLoop opens the group without a
+// configuration, and the group's leader then adds it as a voter.
 
 // hostInterval is how often a node checks, besides on every topology
 // change, whether the meta state names it a member of a group it does
@@ -68,12 +72,17 @@ func (s *Server) hostNewGroups() error {
 			return nil
 		default:
 		}
-		peers := make([]raft.Server, 0, len(g.Members))
-		for _, id := range g.Members {
-			if addrs[id] == "" {
-				return fmt.Errorf("group %d: no Raft address recorded for member %s", g.ID, id)
+		// A founder bootstraps the group's configuration (every founder
+		// the same); a member added later waits for the leader to add it.
+		boot := slices.Contains(g.Founders, s.cfg.NodeID)
+		var peers []raft.Server
+		if boot {
+			for _, id := range g.Founders {
+				if addrs[id] == "" {
+					return fmt.Errorf("group %d: no Raft address recorded for member %s", g.ID, id)
+				}
+				peers = append(peers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(addrs[id])})
 			}
-			peers = append(peers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(addrs[id])})
 		}
 		if _, err := s.grp.layout.OpenGroup(g.ID); errors.Is(err, groupdir.ErrMissingGroup) {
 			if _, err := s.grp.layout.CreateGroup(g.ID); err != nil {
@@ -82,7 +91,7 @@ func (s *Server) hostNewGroups() error {
 		} else if err != nil {
 			return fmt.Errorf("allocator: %w", err)
 		}
-		if err := s.openDataGroup(g.ID, peers); err != nil {
+		if err := s.openDataGroup(g.ID, boot, peers); err != nil {
 			return err
 		}
 		hosted, _, err := readHosted(s.cfg.DataDir)
@@ -100,8 +109,10 @@ func (s *Server) hostNewGroups() error {
 	return nil
 }
 
-// AddGroup adds a data group on the meta group's leader, with the meta
-// group's voters as members, and answers once the group has a leader.
+// AddGroup adds a data group on the meta group's leader, with members
+// placed among the meta group's voters (all of them, or GroupReplicas
+// of those that host the fewest groups), and answers once the group has
+// a leader.
 func (a *adminService) AddGroup(ctx context.Context, req *allotv1.AddGroupRequest) (*allotv1.AddGroupResponse, error) {
 	s := a.s
 	if !s.multi() {
@@ -110,10 +121,12 @@ func (a *adminService) AddGroup(ctx context.Context, req *allotv1.AddGroupReques
 	var resp *allotv1.AddGroupResponse
 	err := s.onRaftLeader(ctx, s.node.raft, false,
 		func(ctx context.Context) error {
-			members, err := voterIDs(s.node.raft)
+			voters, err := voterIDs(s.node.raft)
 			if err != nil {
 				return err
 			}
+			var members []string
+			s.grp.meta.view(func(st *meta.State) { members = st.PlaceGroup(voters) })
 			res, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
 				Op: allotv1.MetaOp_META_OP_ADD_GROUP, Members: members,
 			}}})
@@ -125,7 +138,7 @@ func (a *adminService) AddGroup(ctx context.Context, req *allotv1.AddGroupReques
 				return fmt.Errorf("allocator: AddGroup answered %T", res)
 			}
 			s.notifyTopology()
-			leader, err := s.waitGroupLeader(ctx, id)
+			leader, err := s.waitGroupLeader(ctx, id, members)
 			resp = &allotv1.AddGroupResponse{Id: uint32(id), Members: members, LeaderId: leader}
 			return err
 		},
@@ -140,13 +153,19 @@ func (a *adminService) AddGroup(ctx context.Context, req *allotv1.AddGroupReques
 	return resp, nil
 }
 
-// waitGroupLeader waits until this node hosts data group id and knows its
-// leader, and returns the leader's id.
-func (s *Server) waitGroupLeader(ctx context.Context, id slots.GroupID) (string, error) {
+// waitGroupLeader waits until data group id has a leader, and returns
+// the leader's id: known to this node's replica when it is a member, else
+// to the group's members.
+func (s *Server) waitGroupLeader(ctx context.Context, id slots.GroupID, members []string) (string, error) {
 	for {
 		if g := s.dataGroup(id); g != nil {
 			if _, leader := g.node.raft.LeaderWithID(); leader != "" {
 				return string(leader), nil
+			}
+		} else if !slices.Contains(members, s.cfg.NodeID) {
+			s.learnLeaders([]meta.Group{{ID: id, Members: members}})
+			if h := s.grp.remote.get(id); h.id != "" {
+				return h.id, nil
 			}
 		}
 		select {

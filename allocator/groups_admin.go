@@ -11,6 +11,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/allocator/meta"
@@ -20,11 +22,29 @@ import (
 )
 
 // The Admin reads of a cluster with several groups are served from this
-// node's replicas of every data group, merged.
+// node's replicas of the data groups, merged; a group this node hosts no
+// replica of is read on its leader (readGroup), with the call's group
+// set. A call forwarded here by another node is answered unredacted: the
+// node that took the caller's call redacts the merged answer.
+
+// readGroups returns the data groups of the meta state, in id order.
+func (s *Server) readGroups() ([]slots.GroupID, error) {
+	var ids []slots.GroupID
+	ok := false
+	s.grp.meta.view(func(st *meta.State) {
+		if ok = st.Bootstrapped(); ok {
+			ids = st.DataGroups()
+		}
+	})
+	if !ok {
+		return nil, errNoGroups
+	}
+	return ids, nil
+}
 
 // inspectKey names the key's slot and group and reads the key from the
-// replica of that group.
-func (s *Server) inspectKey(req *allotv1.InspectKeyRequest, now int64) (*allotv1.InspectKeyResponse, error) {
+// replica of that group: this node's, or the group leader's.
+func (s *Server) inspectKey(ctx context.Context, req *allotv1.InspectKeyRequest, now int64) (*allotv1.InspectKeyResponse, error) {
 	resp, err := s.st.InspectKey(req, now)
 	if err != nil || resp.GetKey() == "" {
 		return resp, err
@@ -36,22 +56,55 @@ func (s *Server) inspectKey(req *allotv1.InspectKeyRequest, now int64) (*allotv1
 	}
 	var owner slots.GroupID
 	s.grp.meta.view(func(st *meta.State) { m := st.SlotMap(); owner = m.Owner(sl) })
-	g, err := s.hostedGroup(owner)
+	err = s.readGroup(ctx, owner,
+		func(g *dataGroup) error {
+			resp, err = g.st.InspectKey(req, now)
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			resp, err = allotv1.NewAdminClient(cc).InspectKey(ctx, req)
+			return err
+		})
 	if err != nil {
-		return nil, err
-	}
-	if resp, err = g.st.InspectKey(req, now); err != nil {
 		return nil, err
 	}
 	resp.Slot, resp.Group = uint32(sl), uint32(owner)
 	return resp, nil
 }
 
+// leasesIn lists the leases of data group id (req.Group set), on this
+// node's replica or the group leader's. Its page token is the group's
+// own.
+func (s *Server) leasesIn(ctx context.Context, id slots.GroupID, req *allotv1.ListLeasesRequest, now int64) (*allotv1.ListLeasesResponse, error) {
+	var out *allotv1.ListLeasesResponse
+	err := s.readGroup(ctx, id,
+		func(g *dataGroup) error {
+			var err error
+			out, err = g.st.ListLeases(req, now)
+			return err
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) error {
+			sub := proto.CloneOf(req)
+			sub.Group = uint32(id)
+			var err error
+			out, err = allotv1.NewAdminClient(cc).ListLeases(ctx, sub)
+			if status.Code(err) == codes.NotFound {
+				return fmt.Errorf("%w: %q", state.ErrUnknownAgent, req.GetAgentId())
+			}
+			return err
+		})
+	return out, err
+}
+
 // listLeases pages through the leases of every data group in id order.
-// Its page token is "<group>/<the group's own token>".
-func (s *Server) listLeases(req *allotv1.ListLeasesRequest, now int64) (*allotv1.ListLeasesResponse, error) {
+// Its page token is "<group>/<the group's own token>" (the group's own
+// token when the call names a group).
+func (s *Server) listLeases(ctx context.Context, req *allotv1.ListLeasesRequest, now int64) (*allotv1.ListLeasesResponse, error) {
 	if !s.multi() {
 		return s.st.ListLeases(req, now)
+	}
+	if id := req.GetGroup(); id != 0 {
+		return s.leasesIn(ctx, slots.GroupID(id), req, now)
 	}
 	size := int(req.GetPageSize())
 	if size <= 0 {
@@ -67,20 +120,23 @@ func (s *Server) listLeases(req *allotv1.ListLeasesRequest, now int64) (*allotv1
 		}
 		from, tok = g, inner
 	}
+	groups, err := s.readGroups()
+	if err != nil {
+		return nil, err
+	}
 	out := &allotv1.ListLeasesResponse{}
 	unknown := 0
-	groups := s.dataGroups()
-	for i, g := range groups {
-		if g.id < from {
+	for i, id := range groups {
+		if id < from {
 			continue
 		}
-		sub := proto.Clone(req).(*allotv1.ListLeasesRequest)
+		sub := proto.CloneOf(req)
 		sub.PageSize = int32(size - len(out.Leases))
 		sub.PageToken = ""
-		if g.id == from {
+		if id == from {
 			sub.PageToken = tok
 		}
-		r, err := g.st.ListLeases(sub, now)
+		r, err := s.leasesIn(ctx, id, sub, now)
 		if errors.Is(err, state.ErrUnknownAgent) {
 			unknown++
 			continue
@@ -91,11 +147,11 @@ func (s *Server) listLeases(req *allotv1.ListLeasesRequest, now int64) (*allotv1
 		out.Leases = append(out.Leases, r.GetLeases()...)
 		out.NowUnixMs = r.GetNowUnixMs()
 		if r.GetNextPageToken() != "" {
-			out.NextPageToken = strconv.FormatUint(uint64(g.id), 10) + "/" + r.GetNextPageToken()
+			out.NextPageToken = strconv.FormatUint(uint64(id), 10) + "/" + r.GetNextPageToken()
 			return out, nil
 		}
 		if len(out.Leases) >= size && i+1 < len(groups) {
-			out.NextPageToken = strconv.FormatUint(uint64(groups[i+1].id), 10) + "/"
+			out.NextPageToken = strconv.FormatUint(uint64(groups[i+1]), 10) + "/"
 			return out, nil
 		}
 	}
@@ -105,39 +161,87 @@ func (s *Server) listLeases(req *allotv1.ListLeasesRequest, now int64) (*allotv1
 	return out, nil
 }
 
+// eachGroup calls read with each data group's answer to a read (or only
+// group's, when not 0), taken from this node's replica or the group
+// leader's.
+func eachGroup[R any](s *Server, ctx context.Context, group uint32,
+	local func(g *dataGroup) R,
+	remote func(ctx context.Context, cc *grpc.ClientConn, id slots.GroupID) (R, error),
+	read func(R),
+) error {
+	groups := []slots.GroupID{slots.GroupID(group)}
+	if group == 0 {
+		var err error
+		if groups, err = s.readGroups(); err != nil {
+			return err
+		}
+	}
+	for _, id := range groups {
+		var r R
+		err := s.readGroup(ctx, id,
+			func(g *dataGroup) error { r = local(g); return nil },
+			func(ctx context.Context, cc *grpc.ClientConn) error {
+				var err error
+				r, err = remote(ctx, cc, id)
+				return err
+			})
+		if err != nil {
+			return err
+		}
+		read(r)
+	}
+	return nil
+}
+
 // listAgents merges the agents every data group has seen.
-func (s *Server) listAgents(now int64) *allotv1.ListAgentsResponse {
+func (s *Server) listAgents(ctx context.Context, req *allotv1.ListAgentsRequest, now int64) (*allotv1.ListAgentsResponse, error) {
 	if !s.multi() {
-		return s.st.ListAgents(now)
+		return s.st.ListAgents(now), nil
 	}
 	out := &allotv1.ListAgentsResponse{}
 	seen := map[string]*allotv1.AgentInfo{}
-	for _, g := range s.dataGroups() {
-		r := g.st.ListAgents(now)
-		out.NowUnixMs = r.GetNowUnixMs()
-		for _, a := range r.GetAgents() {
-			if prev := seen[a.GetAgentId()]; prev == nil {
-				seen[a.GetAgentId()] = a
-				out.Agents = append(out.Agents, a)
-			} else if a.GetLastContactUnixMs() > prev.GetLastContactUnixMs() {
-				prev.LastContactUnixMs = a.GetLastContactUnixMs()
+	err := eachGroup(s, ctx, req.GetGroup(),
+		func(g *dataGroup) *allotv1.ListAgentsResponse { return g.st.ListAgents(now) },
+		func(ctx context.Context, cc *grpc.ClientConn, id slots.GroupID) (*allotv1.ListAgentsResponse, error) {
+			return allotv1.NewAdminClient(cc).ListAgents(ctx, &allotv1.ListAgentsRequest{Group: uint32(id)})
+		},
+		func(r *allotv1.ListAgentsResponse) {
+			out.NowUnixMs = r.GetNowUnixMs()
+			for _, a := range r.GetAgents() {
+				if prev := seen[a.GetAgentId()]; prev == nil {
+					seen[a.GetAgentId()] = a
+					out.Agents = append(out.Agents, a)
+				} else if a.GetLastContactUnixMs() > prev.GetLastContactUnixMs() {
+					prev.LastContactUnixMs = a.GetLastContactUnixMs()
+				}
 			}
-		}
+		})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out.Agents, func(a, b *allotv1.AgentInfo) int { return cmp.Compare(a.GetAgentId(), b.GetAgentId()) })
-	return out
+	return out, nil
 }
 
 // topKeys merges every data group's top keys (a key lives in one group).
-func (s *Server) topKeys(req *allotv1.TopKeysRequest, now int64) *allotv1.TopKeysResponse {
+func (s *Server) topKeys(ctx context.Context, req *allotv1.TopKeysRequest, now int64) (*allotv1.TopKeysResponse, error) {
 	if !s.multi() {
-		return s.st.TopKeys(req, now)
+		return s.st.TopKeys(req, now), nil
 	}
 	out := &allotv1.TopKeysResponse{}
-	for _, g := range s.dataGroups() {
-		r := g.st.TopKeys(req, now)
-		out.Keys = append(out.Keys, r.GetKeys()...)
-		out.NowUnixMs = r.GetNowUnixMs()
+	err := eachGroup(s, ctx, req.GetGroup(),
+		func(g *dataGroup) *allotv1.TopKeysResponse { return g.st.TopKeys(req, now) },
+		func(ctx context.Context, cc *grpc.ClientConn, id slots.GroupID) (*allotv1.TopKeysResponse, error) {
+			sub := proto.CloneOf(req)
+			sub.Group = uint32(id)
+			return allotv1.NewAdminClient(cc).TopKeys(ctx, sub)
+		},
+		func(r *allotv1.TopKeysResponse) {
+			out.Keys = append(out.Keys, r.GetKeys()...)
+			out.NowUnixMs = r.GetNowUnixMs()
+		})
+	if err != nil {
+		return nil, err
 	}
 	byDeny := req.GetOrder() == "deny"
 	slices.SortStableFunc(out.Keys, func(a, b *allotv1.KeyRate) int {
@@ -153,7 +257,7 @@ func (s *Server) topKeys(req *allotv1.TopKeysRequest, now int64) *allotv1.TopKey
 	if len(out.Keys) > limit {
 		out.Keys = out.Keys[:limit]
 	}
-	return out
+	return out, nil
 }
 
 // groupsStatus adds the groups of a cluster with several groups to a
@@ -215,8 +319,11 @@ func (s *Server) groupsStatus(resp *allotv1.ClusterStatusResponse) {
 	}
 }
 
-// addVoterToGroups adds a node that joined the meta group to every data
-// group, and records it as a member of each (meta leader).
+// addVoterToGroups records a node that joined the meta group as one of
+// its members, and makes it a member of the data groups
+// meta.GroupsToJoin names (meta leader): recorded in the meta state
+// first, so that the node opens its replica (hostLoop), then added as a
+// voter by the group's leader. A retry finishes what a failed call began.
 func (s *Server) addVoterToGroups(req *allotv1.AddVoterRequest) error {
 	if !s.multi() {
 		return nil
@@ -225,28 +332,37 @@ func (s *Server) addVoterToGroups(req *allotv1.AddVoterRequest) error {
 	// other nodes, which this node's own calls may reach.
 	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
 	defer cancel()
+	s.grp.joinMu.Lock()
+	defer s.grp.joinMu.Unlock()
 	var groups []meta.Group
+	var join []slots.GroupID
 	var ok bool
-	s.grp.meta.view(func(st *meta.State) { groups, ok = st.Groups(), st.Bootstrapped() })
+	s.grp.meta.view(func(st *meta.State) {
+		if ok = st.Bootstrapped(); ok {
+			groups, join = st.Groups(), st.GroupsToJoin(req.GetId())
+		}
+	})
 	if !ok {
 		return errNoGroups // the joining node retries
 	}
 	for _, g := range groups {
-		if g.ID != 0 {
-			sub := proto.Clone(req).(*allotv1.AddVoterRequest)
-			sub.Group = uint32(g.ID)
-			if _, err := s.addGroupVoter(ctx, sub); err != nil {
-				return fmt.Errorf("allocator: add voter %s to group %d: %w", req.GetId(), g.ID, err)
+		member := slices.Contains(g.Members, req.GetId())
+		if !member && (g.ID == 0 || slices.Contains(join, g.ID)) {
+			_, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
+				Op: allotv1.MetaOp_META_OP_SET_MEMBERS, Group: uint32(g.ID), Members: append(slices.Clone(g.Members), req.GetId()),
+			}}})
+			if err != nil {
+				return err
 			}
+			member = true
 		}
-		if slices.Contains(g.Members, req.GetId()) {
+		if g.ID == 0 || !member {
 			continue
 		}
-		_, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
-			Op: allotv1.MetaOp_META_OP_SET_MEMBERS, Group: uint32(g.ID), Members: append(slices.Clone(g.Members), req.GetId()),
-		}}})
-		if err != nil {
-			return err
+		sub := proto.Clone(req).(*allotv1.AddVoterRequest)
+		sub.Group = uint32(g.ID)
+		if _, err := s.addGroupVoter(ctx, sub); err != nil {
+			return fmt.Errorf("allocator: add voter %s to group %d: %w", req.GetId(), g.ID, err)
 		}
 	}
 	return nil
@@ -254,20 +370,17 @@ func (s *Server) addVoterToGroups(req *allotv1.AddVoterRequest) error {
 
 // addGroupVoter adds a voter to data group req.Group, on its leader.
 func (s *Server) addGroupVoter(ctx context.Context, req *allotv1.AddVoterRequest) (*allotv1.AddVoterResponse, error) {
-	r, err := s.groupRaft(req.GetGroup())
-	if err != nil {
-		return nil, err
-	}
-	err = s.onRaftLeader(ctx, r, true,
-		func(ctx context.Context) error {
-			return r.AddVoter(raft.ServerID(req.GetId()), raft.ServerAddress(req.GetRaftAddr()), 0, s.cfg.ApplyTimeout).Error()
+	id := slots.GroupID(req.GetGroup())
+	err := s.onGroup(ctx, id, true,
+		func(ctx context.Context, g *dataGroup) error {
+			return g.node.raft.AddVoter(raft.ServerID(req.GetId()), raft.ServerAddress(req.GetRaftAddr()), 0, s.cfg.ApplyTimeout).Error()
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
 			_, err := allotv1.NewAdminClient(cc).AddVoter(ctx, req)
 			return err
 		})
 	if err != nil {
-		return nil, toStatus(err, s.hintFor(r))
+		return nil, toStatus(err, s.groupHint(id))
 	}
 	return &allotv1.AddVoterResponse{}, nil
 }
@@ -280,6 +393,8 @@ func (s *Server) removeFromGroups(id string) error {
 	}
 	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
 	defer cancel()
+	s.grp.joinMu.Lock()
+	defer s.grp.joinMu.Unlock()
 	var groups []meta.Group
 	s.grp.meta.view(func(st *meta.State) { groups = st.Groups() })
 	for _, g := range groups {
@@ -304,20 +419,17 @@ func (s *Server) removeFromGroups(id string) error {
 // removeGroupServer removes a server from data group req.Group, on its
 // leader (a leader that removes itself steps down).
 func (s *Server) removeGroupServer(ctx context.Context, req *allotv1.RemoveServerRequest) (*allotv1.RemoveServerResponse, error) {
-	r, err := s.groupRaft(req.GetGroup())
-	if err != nil {
-		return nil, err
-	}
-	err = s.onRaftLeader(ctx, r, true,
-		func(ctx context.Context) error {
-			return r.RemoveServer(raft.ServerID(req.GetId()), 0, s.cfg.ApplyTimeout).Error()
+	id := slots.GroupID(req.GetGroup())
+	err := s.onGroup(ctx, id, true,
+		func(ctx context.Context, g *dataGroup) error {
+			return g.node.raft.RemoveServer(raft.ServerID(req.GetId()), 0, s.cfg.ApplyTimeout).Error()
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
 			_, err := allotv1.NewAdminClient(cc).RemoveServer(ctx, req)
 			return err
 		})
 	if err != nil {
-		return nil, toStatus(err, s.hintFor(r))
+		return nil, toStatus(err, s.groupHint(id))
 	}
 	return &allotv1.RemoveServerResponse{}, nil
 }

@@ -86,7 +86,13 @@ func (m *metaFSM) Apply(l *raft.Log) any {
 func applyMeta(st *meta.State, c *allotv1.MetaCommand, nowMs int64) any {
 	switch c.GetOp() {
 	case allotv1.MetaOp_META_OP_BOOTSTRAP:
-		return st.BootstrapData(c.GetClusterId(), int(c.GetDataGroups()), c.GetMembers())
+		if err := meta.CheckReplicas(int(c.GetReplicas())); err != nil {
+			return err
+		}
+		if err := st.BootstrapData(c.GetClusterId(), int(c.GetDataGroups()), c.GetMembers()); err != nil {
+			return err
+		}
+		return st.SetReplicas(int(c.GetReplicas()))
 	case allotv1.MetaOp_META_OP_ADD_GROUP:
 		id, err := st.AddGroup(c.GetMembers())
 		if err != nil {

@@ -84,6 +84,10 @@ func (s *Server) driveMoves(ctx context.Context) error {
 		if err := s.verifyMetaLeader(); err != nil {
 			return err
 		}
+		if s.dataGroup(m.From) == nil || s.dataGroup(m.To) == nil {
+			// The driver reads the source's replica and the target's.
+			return s.handMoveDriver(ctx, m)
+		}
 		if err := s.moveStep(ctx, m); err != nil {
 			return fmt.Errorf("%s: %w", m, err)
 		}
@@ -160,6 +164,36 @@ func (s *Server) moveStep(ctx context.Context, m meta.Move) error {
 		return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_COMMIT, MoveId: m.ID})
 	}
 	return fmt.Errorf("unknown phase %v", m.Phase)
+}
+
+// moveHosts returns the nodes that host both groups of a move (the meta
+// state's members), which may drive it.
+func (s *Server) moveHosts(from, to slots.GroupID) []string {
+	var a, b meta.Group
+	s.grp.meta.view(func(st *meta.State) { a, _ = st.Group(from); b, _ = st.Group(to) })
+	var out []string
+	for _, m := range a.Members {
+		if slices.Contains(b.Members, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// handMoveDriver hands the meta group's leadership to a live node that
+// hosts both groups of move m: the driver exports from its replica of the
+// source and checks its replica of the target.
+func (s *Server) handMoveDriver(ctx context.Context, m meta.Move) error {
+	hosts := s.moveHosts(m.From, m.To)
+	live := s.liveVoters()
+	for _, h := range hosts {
+		if h != s.cfg.NodeID && slices.Contains(live, h) {
+			s.log.Info("meta group leadership handed to a node that hosts both groups of a move", "move", m.String(), "to", h)
+			_, err := s.transferLeadership(ctx, s.node.raft, h)
+			return err
+		}
+	}
+	return fmt.Errorf("%s: no live node hosts both group %d and group %d (members: %v)", m, m.From, m.To, hosts)
 }
 
 // verifyMetaLeader confirms with a quorum that this node still leads the
@@ -320,13 +354,9 @@ func (s *Server) applySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntry
 	if _, err := state.DecodeSlotEntry(req.GetEntry()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "allocator: %v", err)
 	}
-	g, err := s.hostedGroup(slots.GroupID(req.GetGroup()))
-	if err != nil {
-		return nil, err
-	}
 	var resp *allotv1.ApplySlotEntryResponse
-	err = s.onRaftLeader(ctx, g.node.raft, false,
-		func(context.Context) error {
+	err := s.onGroup(ctx, slots.GroupID(req.GetGroup()), false,
+		func(_ context.Context, g *dataGroup) error {
 			f := g.node.raft.Apply(req.GetEntry(), s.cfg.ApplyTimeout)
 			if err := f.Error(); err != nil {
 				return err
@@ -438,6 +468,13 @@ func (a *adminService) RebalanceSlots(ctx context.Context, req *allotv1.Rebalanc
 // runMove records a move of r to group to and waits until the driver has
 // ended it.
 func (s *Server) runMove(ctx context.Context, r slots.Range, to slots.GroupID) (*allotv1.SlotMove, error) {
+	var from slots.GroupID
+	exists := false
+	s.grp.meta.view(func(st *meta.State) { sm := st.SlotMap(); from = sm.Owner(r.First); _, exists = st.Group(to) })
+	if exists && from != to && len(s.moveHosts(from, to)) == 0 {
+		return nil, fmt.Errorf("%w: move slots %s from group %d to group %d: no node hosts both groups, and the move is driven from a replica of each",
+			meta.ErrBusy, r, from, to)
+	}
 	res, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
 		Op: allotv1.MetaOp_META_OP_BEGIN_MOVE, Slots: r.String(), Group: uint32(to),
 	}}})

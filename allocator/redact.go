@@ -36,6 +36,23 @@ func showKeys(ctx context.Context, authOn bool) bool {
 	return ok && p.acting().Is(tlsconfig.RoleAdmin)
 }
 
+// redactAnswer reports whether the keys of a read's answer are redacted:
+// unless the call may see raw keys (showKeys), or another node forwarded
+// it (a read of a group that node hosts no replica of; with
+// authentication on, a node with the allocator certificate), which
+// redacts the answer it merges for its caller.
+func redactAnswer(ctx context.Context, authOn bool) bool {
+	if showKeys(ctx, authOn) {
+		return false
+	}
+	if !authOn {
+		// Every caller may ask for raw keys (showKeys).
+		return !isForwarded(ctx)
+	}
+	p, ok := principalFrom(ctx)
+	return !ok || !p.forwarded
+}
+
 // redactLeases redacts the keys of leases in place.
 func redactLeases(leases []*allotv1.Lease) {
 	for _, l := range leases {

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -84,9 +85,9 @@ func (s *Server) topology() *allotv1.Topology {
 	t := &allotv1.Topology{Version: m.Version()}
 	for _, id := range ids {
 		gr := &allotv1.GroupRoute{Id: uint32(id), Slots: slots.FormatRanges(m.RangesOf(id))}
+		h := s.groupHint(id)
+		gr.LeaderId, gr.LeaderAddr = h.id, h.addr
 		if g := s.dataGroup(id); g != nil {
-			h := s.hintFor(g.node.raft)
-			gr.LeaderId, gr.LeaderAddr = h.id, h.addr
 			gr.RulesVersion = rulesVersionOf(g.st)
 		}
 		t.Groups = append(t.Groups, gr)
@@ -112,7 +113,7 @@ func (s *Server) groupRaft(id uint32) (*raft.Raft, error) {
 
 // hostedGroup returns this node's replica of data group id, or an
 // Unavailable error: a node that hosts no replica of a group never serves
-// its keys.
+// its keys (the callers that can forward, do: onGroup).
 func (s *Server) hostedGroup(id slots.GroupID) (*dataGroup, error) {
 	if g := s.dataGroup(id); g != nil {
 		return g, nil
@@ -289,17 +290,13 @@ func (s *Server) acquireRouted(ctx context.Context, req *allotv1.AcquireRequest)
 }
 
 // acquireOnGroup serves p on its group's leader: this node's batcher when
-// it leads the group, else the leader's, through a forwarded call. It
+// it leads the group, else the leader's, through a forwarded call (from a
+// follower, or from a node that hosts no replica of the group). It
 // returns the path taken.
 func (s *Server) acquireOnGroup(ctx context.Context, p *acquirePart) string {
-	g, err := s.hostedGroup(p.group)
-	if err != nil {
-		p.err = err
-		return "local"
-	}
 	path := "local"
-	p.err = s.onRaftLeader(ctx, g.node.raft, true,
-		func(ctx context.Context) error {
+	p.err = s.onGroup(ctx, p.group, true,
+		func(ctx context.Context, g *dataGroup) error {
 			path = "local"
 			if err := s.waitRulesIn(ctx, g, s.rulesVersion()); err != nil {
 				return err
@@ -380,12 +377,23 @@ func (s *Server) releaseRouted(ctx context.Context, req *allotv1.ReleaseRequest)
 	return out, nil
 }
 
+// releaseOnGroup applies req in data group id, on its leader (forwarded
+// from a node that hosts no replica of the group).
 func (s *Server) releaseOnGroup(ctx context.Context, id slots.GroupID, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
-	g, err := s.hostedGroup(id)
-	if err != nil {
-		return nil, err
+	if g := s.dataGroup(id); g != nil {
+		resp, err := s.releaseOn(ctx, g.node.raft, req)
+		if errors.Is(err, errForwardedNotLeader) || errors.Is(err, errNoLeader) {
+			return nil, toStatus(err, s.hintFor(g.node.raft))
+		}
+		return resp, err
 	}
-	return s.releaseOn(ctx, g.node.raft, req)
+	var resp *allotv1.ReleaseResponse
+	err := s.onRemoteGroup(ctx, id, true, func(ctx context.Context, cc *grpc.ClientConn) error {
+		out, err := allotv1.NewAllocatorClient(cc).Release(ctx, req)
+		resp = out
+		return err
+	})
+	return resp, err
 }
 
 // applyRelease commits a Release in the Raft group r.
@@ -401,36 +409,32 @@ func (s *Server) applyRelease(r *raft.Raft, req *allotv1.ReleaseRequest) (*allot
 	return resp, nil
 }
 
-// checkRaft returns the Raft group that serves a Check: the only group,
-// the group it is addressed to, or the data group that owns its keys. A
-// check whose keys are in several groups is refused: a check-and-take is
-// atomic only within one group.
-func (s *Server) checkRaft(req *allotv1.CheckRequest) (*raft.Raft, error) {
-	if !s.multi() || req.GetGroup() != 0 {
-		return s.groupRaft(req.GetGroup())
+// checkGroup returns the data group that serves a Check in a cluster
+// with several groups: the one it is addressed to, or the one that owns
+// its keys. A check whose keys are in several groups is refused: a
+// check-and-take is atomic only within one group.
+func (s *Server) checkGroup(req *allotv1.CheckRequest) (slots.GroupID, error) {
+	if req.GetGroup() != 0 {
+		return slots.GroupID(req.GetGroup()), nil
 	}
 	rt := s.router()
 	if !rt.ok {
-		return nil, errNoGroups
+		return 0, errNoGroups
 	}
 	var owner slots.GroupID
 	for i, d := range req.GetDescriptors() {
 		h, _, _ := rt.keyOf(req.GetDomain(), d.GetEntries())
 		g, between := rt.owner(h)
 		if between {
-			return nil, status.Errorf(codes.Unavailable, "allocator: check: descriptor %d's key is between groups (a slot move); retry", i)
+			return 0, status.Errorf(codes.Unavailable, "allocator: check: descriptor %d's key is between groups (a slot move); retry", i)
 		}
 		if i > 0 && g != owner {
-			return nil, status.Errorf(codes.FailedPrecondition,
+			return 0, status.Errorf(codes.FailedPrecondition,
 				"allocator: check: the descriptors' keys are in groups %d and %d; a check-and-take spans one group: check them separately", owner, g)
 		}
 		owner = g
 	}
-	g, err := s.hostedGroup(owner)
-	if err != nil {
-		return nil, err
-	}
-	return g.node.raft, nil
+	return owner, nil
 }
 
 // watchRouted is WatchRules in a cluster with several groups: each

@@ -66,7 +66,7 @@ func (s *Server) metaBootstrapped() bool {
 func (s *Server) bootstrapMeta() error {
 	_, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
 		Op: allotv1.MetaOp_META_OP_BOOTSTRAP, ClusterId: s.grp.layout.ClusterID,
-		DataGroups: uint32(s.grp.bootstrapData), Members: []string{s.cfg.NodeID},
+		DataGroups: uint32(s.grp.bootstrapData), Members: []string{s.cfg.NodeID}, Replicas: uint32(s.cfg.GroupReplicas),
 	}}})
 	if err == nil {
 		s.log.Info("groups recorded", "data_groups", s.grp.bootstrapData)
@@ -79,7 +79,20 @@ func (s *Server) bootstrapMeta() error {
 func (s *Server) spreadLeaders() {
 	var groups []meta.Group
 	leaders := map[slots.GroupID]string{}
-	for _, g := range s.dataGroups() {
+	var all []meta.Group
+	s.grp.meta.view(func(st *meta.State) { all = st.Groups() })
+	var remote []meta.Group
+	for _, mg := range all {
+		if mg.ID == 0 {
+			continue
+		}
+		g := s.dataGroup(mg.ID)
+		if g == nil {
+			// A group this node hosts no replica of: its members as the
+			// meta state names them, its leader as they report it.
+			remote = append(remote, mg)
+			continue
+		}
 		voters, err := voterIDs(g.node.raft)
 		if err != nil {
 			return
@@ -89,6 +102,15 @@ func (s *Server) spreadLeaders() {
 			leaders[g.id] = string(id)
 		}
 	}
+	if len(remote) > 0 {
+		s.learnLeaders(remote)
+		for _, g := range remote {
+			groups = append(groups, g)
+			if h := s.grp.remote.get(g.ID); h.id != "" {
+				leaders[g.ID] = h.id
+			}
+		}
+	}
 	live := s.liveVoters()
 	for _, tr := range meta.PlanLeaders(groups, leaders, live) {
 		if err := s.transferGroup(tr); err != nil {
@@ -96,6 +118,53 @@ func (s *Server) spreadLeaders() {
 			return
 		}
 		s.log.Info("group leadership moved to spread the leaders", "group", tr.Group, "from", tr.From, "to", tr.To)
+	}
+}
+
+// learnLeaders asks the members of groups (which this node hosts no
+// replica of) who leads them, through Admin.ClusterStatus, one call per
+// member at most, and records what they answer.
+func (s *Server) learnLeaders(groups []meta.Group) {
+	addrs := map[string]string{}
+	for _, m := range s.st.Members() {
+		addrs[m.GetId()] = m.GetGrpcAddr()
+	}
+	asked := map[string]bool{}
+	for _, g := range groups {
+		for _, m := range g.Members {
+			if asked[m] || addrs[m] == "" || m == s.cfg.NodeID {
+				continue
+			}
+			asked[m] = true
+			cc, err := s.fwd.conn(addrs[m])
+			if err != nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(s.baseCtx, 300*time.Millisecond)
+			st, err := allotv1.NewAdminClient(cc).ClusterStatus(s.withJoinToken(ctx), &allotv1.ClusterStatusRequest{})
+			cancel()
+			if err != nil {
+				continue
+			}
+			known := true
+			for _, gs := range st.GetGroups() {
+				if gs.GetState() == "none" || gs.GetId() == 0 {
+					continue // that member hosts no replica of it either
+				}
+				if l := gs.GetLeaderId(); l != "" && addrs[l] != "" && s.dataGroup(slots.GroupID(gs.GetId())) == nil {
+					if s.grp.remote.set(slots.GroupID(gs.GetId()), leaderHint{id: l, addr: addrs[l]}) {
+						s.notifyTopology()
+					}
+				}
+			}
+			for _, o := range groups {
+				known = known && s.grp.remote.get(o.ID).id != ""
+			}
+			if known {
+				return
+			}
+			break // the next group's members
+		}
 	}
 }
 
@@ -168,15 +237,11 @@ func inRaftContact(st *allotv1.ClusterStatusResponse, leader string, maxContact 
 // transferGroup asks the leader of tr.Group (this node, or another
 // through Admin.TransferLeadership) to hand it to tr.To.
 func (s *Server) transferGroup(tr meta.Transfer) error {
-	g := s.dataGroup(tr.Group)
-	if g == nil {
-		return errNoLeader
-	}
 	ctx, cancel := context.WithTimeout(s.baseCtx, 5*time.Second)
 	defer cancel()
 	req := &allotv1.TransferLeadershipRequest{Id: tr.To, Group: uint32(tr.Group)}
-	return s.onRaftLeader(ctx, g.node.raft, false,
-		func(ctx context.Context) error {
+	return s.onGroup(ctx, tr.Group, false,
+		func(ctx context.Context, g *dataGroup) error {
 			_, err := s.transferLeadership(ctx, g.node.raft, tr.To)
 			return err
 		},

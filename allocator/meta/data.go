@@ -1,7 +1,9 @@
 package meta
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/allot/allot/pkg/slots"
 )
@@ -33,5 +35,46 @@ func (s *State) DataGroups() []slots.GroupID {
 			out = append(out, g.ID)
 		}
 	}
+	return out
+}
+
+// GroupsToJoin returns the data groups a node that joins the cluster
+// becomes a member of: every one it is not a member of that has fewer
+// than Replicas members (every one with Replicas 0), in id order.
+func (s *State) GroupsToJoin(node string) []slots.GroupID {
+	var out []slots.GroupID
+	for _, id := range s.DataGroups() {
+		g := s.groups[id]
+		if id == 0 || slices.Contains(g.Members, node) || (s.replicas > 0 && len(g.Members) >= s.replicas) {
+			continue
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+// PlaceGroup returns the members of a new data group among nodes: all of
+// them with Replicas 0, else the Replicas nodes that are members of the
+// fewest data groups (ties to the lower id), sorted.
+func (s *State) PlaceGroup(nodes []string) []string {
+	nodes = slices.Clone(nodes)
+	if s.replicas == 0 || len(nodes) <= s.replicas {
+		slices.Sort(nodes)
+		return nodes
+	}
+	load := make(map[string]int, len(nodes))
+	for _, id := range s.DataGroups() {
+		for _, m := range s.groups[id].Members {
+			load[m]++
+		}
+	}
+	slices.SortFunc(nodes, func(a, b string) int {
+		if c := cmp.Compare(load[a], load[b]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	out := nodes[:s.replicas]
+	slices.Sort(out)
 	return out
 }

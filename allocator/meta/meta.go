@@ -54,6 +54,10 @@ type Group struct {
 	ID slots.GroupID `json:"id"`
 	// Members are the node ids that host a replica, sorted.
 	Members []string `json:"members"`
+	// Founders are the members the group was created with (sorted): each
+	// of them bootstraps the group's Raft configuration with them as its
+	// voters. A member added later joins the running group instead.
+	Founders []string `json:"founders,omitempty"`
 }
 
 // Move is a move of slots in flight.
@@ -94,7 +98,39 @@ type State struct {
 	moves     map[uint64]*Move
 	nextMove  uint64
 	finished  []Finished
+	// replicas is how many members a data group has at most (0: every
+	// voter of the meta group).
+	replicas int
 }
+
+// Replicas is how many members each data group has at most: a node that
+// joins becomes a member of the data groups that have fewer, and a new
+// group gets that many. 0 means every node hosts every group.
+func (s *State) Replicas() int { return s.replicas }
+
+// CheckReplicas refuses a Replicas value out of range.
+func CheckReplicas(n int) error {
+	if n < 0 || n > maxReplicas {
+		return fmt.Errorf("%w: %d replicas: want 0 (every node) to %d", ErrInvalid, n, maxReplicas)
+	}
+	return nil
+}
+
+// SetReplicas sets Replicas (a bootstrap option, CheckReplicas).
+func (s *State) SetReplicas(n int) error {
+	if err := s.ready(); err != nil {
+		return err
+	}
+	if err := CheckReplicas(n); err != nil {
+		return err
+	}
+	s.replicas = n
+	return nil
+}
+
+// maxReplicas bounds Replicas: a Raft group of more voters than this
+// commits slowly and gains nothing.
+const maxReplicas = 15
 
 // ClusterID is the id given at Bootstrap ("" before).
 func (s *State) ClusterID() string { return s.clusterID }
@@ -110,8 +146,7 @@ func (s *State) Groups() []Group {
 	ids := slices.Sorted(maps.Keys(s.groups))
 	out := make([]Group, len(ids))
 	for i, id := range ids {
-		g := s.groups[id]
-		out[i] = Group{ID: g.ID, Members: slices.Clone(g.Members)}
+		out[i] = s.groups[id].clone()
 	}
 	return out
 }
@@ -122,7 +157,11 @@ func (s *State) Group(id slots.GroupID) (Group, bool) {
 	if !ok {
 		return Group{}, false
 	}
-	return Group{ID: g.ID, Members: slices.Clone(g.Members)}, true
+	return g.clone(), true
+}
+
+func (g *Group) clone() Group {
+	return Group{ID: g.ID, Members: slices.Clone(g.Members), Founders: slices.Clone(g.Founders)}
 }
 
 // Moves returns the moves in flight, in id order (copies).
@@ -196,7 +235,7 @@ func (s *State) bootstrap(clusterID string, n, first int, members []string) erro
 	groups := make(map[slots.GroupID]*Group, n)
 	for i := range ids {
 		ids[i] = slots.GroupID(i)
-		groups[ids[i]] = &Group{ID: ids[i], Members: slices.Clone(ms)}
+		groups[ids[i]] = &Group{ID: ids[i], Members: slices.Clone(ms), Founders: slices.Clone(ms)}
 	}
 	m, err := slots.Even(1, ids[first:])
 	if err != nil {
@@ -234,7 +273,7 @@ func (s *State) AddGroup(members []string) (slots.GroupID, error) {
 		return 0, fmt.Errorf("%w: group ids exhausted", ErrInvalid)
 	}
 	id := s.nextGroup
-	s.groups[id] = &Group{ID: id, Members: ms}
+	s.groups[id] = &Group{ID: id, Members: ms, Founders: slices.Clone(ms)}
 	s.nextGroup++
 	return id, nil
 }
@@ -489,6 +528,9 @@ func (s *State) Validate() error {
 	}
 	if len(s.finished) > MaxFinished {
 		return fmt.Errorf("%w: %d finished moves", ErrInvalid, len(s.finished))
+	}
+	if err := CheckReplicas(s.replicas); err != nil {
+		return err
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ type snapshot struct {
 	Moves          []Move        `json:"moves"`
 	NextMove       uint64        `json:"next_move"`
 	Finished       []Finished    `json:"finished"`
+	Replicas       int           `json:"replicas,omitempty"`
 }
 
 // Snapshot encodes the State. The encoding is deterministic: equal States
@@ -36,6 +37,7 @@ func (s *State) Snapshot() ([]byte, error) {
 		Moves:          s.Moves(),
 		NextMove:       s.nextMove,
 		Finished:       s.Finished(),
+		Replicas:       s.replicas,
 	}
 	if !s.Bootstrapped() {
 		snap.SlotMapVersion, snap.SlotMap = 0, ""
@@ -72,12 +74,13 @@ func (s *State) Restore(b []byte) error {
 			moves:     make(map[uint64]*Move, len(snap.Moves)),
 			nextMove:  snap.NextMove,
 			finished:  snap.Finished,
+			replicas:  snap.Replicas,
 		}
 		for _, g := range snap.Groups {
 			if _, dup := next.groups[g.ID]; dup {
 				return fmt.Errorf("meta: restore: group %d twice", g.ID)
 			}
-			next.groups[g.ID] = &Group{ID: g.ID, Members: g.Members}
+			next.groups[g.ID] = &Group{ID: g.ID, Members: g.Members, Founders: g.Founders}
 		}
 		for _, m := range snap.Moves {
 			if _, dup := next.moves[m.ID]; dup {
@@ -97,13 +100,13 @@ func (s *State) Restore(b []byte) error {
 
 // Equal reports whether two States hold the same state.
 func (s *State) Equal(o *State) bool {
-	if s.clusterID != o.clusterID || s.nextGroup != o.nextGroup || s.nextMove != o.nextMove ||
+	if s.clusterID != o.clusterID || s.nextGroup != o.nextGroup || s.nextMove != o.nextMove || s.replicas != o.replicas ||
 		s.slotMap != o.slotMap || len(s.groups) != len(o.groups) || len(s.moves) != len(o.moves) {
 		return false
 	}
 	for id, g := range s.groups {
 		h, ok := o.groups[id]
-		if !ok || !slices.Equal(g.Members, h.Members) {
+		if !ok || !slices.Equal(g.Members, h.Members) || !slices.Equal(g.Founders, h.Founders) {
 			return false
 		}
 	}

@@ -103,6 +103,7 @@ func parse(args []string) (*options, error) {
 		bootstrap     = fs.Bool("bootstrap", false, "bootstrap a new one-node cluster (ignored when the data dir has state)")
 		join          = fs.String("join", "", "gRPC address HOST:PORT of any member to join (ignored when the data dir has state)")
 		groups        = fs.Int("groups", 1, "with -bootstrap: the number of data groups (Raft groups that share the key slots); 1 is a single-group cluster (docs/groups.md)")
+		groupReplicas = fs.Int("group-replicas", 0, "with -bootstrap -groups N: how many nodes host each data group; 0 is every node (docs/groups.md)")
 		heartbeat     = fs.Duration("heartbeat-timeout", def.HeartbeatTimeout, "Raft heartbeat timeout")
 		election      = fs.Duration("election-timeout", def.ElectionTimeout, "Raft election timeout")
 		leaderLease   = fs.Duration("leader-lease-timeout", def.LeaderLeaseTimeout, "Raft leader lease timeout")
@@ -183,12 +184,21 @@ func parse(args []string) (*options, error) {
 	if *groups < 1 {
 		return nil, fmt.Errorf("-groups %d: want at least 1 (1 is a single-group cluster)", *groups)
 	}
-	groupsSet := false
-	fs.Visit(func(f *flag.Flag) { groupsSet = groupsSet || f.Name == "groups" })
+	groupsSet, replicasSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		groupsSet = groupsSet || f.Name == "groups"
+		replicasSet = replicasSet || f.Name == "group-replicas"
+	})
 	if groupsSet && *join != "" {
 		return nil, errors.New("-groups with -join: a joining node takes the cluster's groups; give -groups only with -bootstrap")
 	}
-	cfg.Groups = *groups
+	if replicasSet && (*groups < 2 || !*bootstrap) {
+		return nil, errors.New("-group-replicas needs -bootstrap -groups N (N > 1): it is recorded when a cluster with several groups is bootstrapped")
+	}
+	if *groupReplicas < 0 {
+		return nil, fmt.Errorf("-group-replicas %d: want 0 (every node) or more", *groupReplicas)
+	}
+	cfg.Groups, cfg.GroupReplicas = *groups, *groupReplicas
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
 	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery

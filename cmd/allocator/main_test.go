@@ -285,6 +285,9 @@ func TestParseGroupsFlags(t *testing.T) {
 	if o.cfg.Groups != 4 || !o.cfg.Bootstrap {
 		t.Errorf("Groups %d, Bootstrap %v; want 4, true", o.cfg.Groups, o.cfg.Bootstrap)
 	}
+	if o, err := parse(append(base, "-bootstrap", "-groups", "4", "-group-replicas", "3")); err != nil || o.cfg.GroupReplicas != 3 {
+		t.Errorf("-group-replicas 3: %v, %v; want GroupReplicas 3", o, err)
+	}
 	if o, err := parse(base); err != nil || o.cfg.Groups != 1 {
 		t.Errorf("default: Groups %v, %v; want 1", o, err)
 	}
@@ -296,6 +299,9 @@ func TestParseGroupsFlags(t *testing.T) {
 		{[]string{"-groups", "2", "-join", "127.0.0.1:7420"}, "-groups with -join"},
 		{[]string{"-groups", "1", "-join", "127.0.0.1:7420"}, "-groups with -join"},
 		{[]string{"-groups", "3"}, "Groups needs Bootstrap"},
+		{[]string{"-bootstrap", "-group-replicas", "2"}, "-group-replicas needs -bootstrap -groups N"},
+		{[]string{"-join", "127.0.0.1:7420", "-group-replicas", "2"}, "-group-replicas needs -bootstrap -groups N"},
+		{[]string{"-bootstrap", "-groups", "2", "-group-replicas", "-1"}, "-group-replicas -1"},
 	} {
 		_, err := parse(append(base, c.args...))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -1570,12 +1570,16 @@ func (x *GetRulesRequest) GetLinearizable() bool {
 }
 
 type ListLeasesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"` // canonical budget key
-	AgentId       string                 `protobuf:"bytes,2,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
-	Domain        string                 `protobuf:"bytes,3,opt,name=domain,proto3" json:"domain,omitempty"`
-	PageSize      int32                  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"` // default 100, at most 1000
-	PageToken     string                 `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Key       string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"` // canonical budget key
+	AgentId   string                 `protobuf:"bytes,2,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	Domain    string                 `protobuf:"bytes,3,opt,name=domain,proto3" json:"domain,omitempty"`
+	PageSize  int32                  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"` // default 100, at most 1000
+	PageToken string                 `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// group: in a cluster with several groups, only data group group's
+	// keys (0: every group's, merged). A node that hosts no replica of the
+	// group forwards the call to the group's leader.
+	Group         uint32 `protobuf:"varint,6,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1647,13 @@ func (x *ListLeasesRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListLeasesRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type Lease struct {
@@ -2049,7 +2060,11 @@ func (x *InspectKeyResponse) GetGlobalError() string {
 }
 
 type ListAgentsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group: in a cluster with several groups, only data group group's
+	// agents (0: every group's, merged). A node that hosts no replica of the
+	// group forwards the call to the group's leader.
+	Group         uint32 `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2082,6 +2097,13 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
 	return file_allot_v1_allot_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListAgentsRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type AgentInfo struct {
@@ -2221,10 +2243,14 @@ func (x *ListAgentsResponse) GetNowUnixMs() int64 {
 }
 
 type TopKeysRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Limit         int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`  // default 20
-	Domain        string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"` // optional filter
-	Order         string                 `protobuf:"bytes,3,opt,name=order,proto3" json:"order,omitempty"`   // "grant" (default) or "deny"
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Limit  int32                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`  // default 20
+	Domain string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"` // optional filter
+	Order  string                 `protobuf:"bytes,3,opt,name=order,proto3" json:"order,omitempty"`   // "grant" (default) or "deny"
+	// group: in a cluster with several groups, only data group group's
+	// keys (0: every group's, merged). A node that hosts no replica of the
+	// group forwards the call to the group's leader.
+	Group         uint32 `protobuf:"varint,4,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2278,6 +2304,13 @@ func (x *TopKeysRequest) GetOrder() string {
 		return x.Order
 	}
 	return ""
+}
+
+func (x *TopKeysRequest) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
 }
 
 type KeyRate struct {
@@ -4280,6 +4313,7 @@ type MetaCommand struct {
 	MoveId        uint64                 `protobuf:"varint,7,opt,name=move_id,json=moveId,proto3" json:"move_id,omitempty"`             // FROZE, TRANSFERRED, COMMIT, ABORT
 	Index         uint64                 `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`                             // FROZE, TRANSFERRED: the reporting group's log index
 	Reason        string                 `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`                            // ABORT
+	Replicas      uint32                 `protobuf:"varint,10,opt,name=replicas,proto3" json:"replicas,omitempty"`                      // BOOTSTRAP: members of each data group at most (0: every node)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4375,6 +4409,13 @@ func (x *MetaCommand) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *MetaCommand) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
 }
 
 // AcquireBatch carries many agents' Acquire calls in one log entry.
@@ -4655,14 +4696,15 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x18\n" +
 	"\adomains\x18\x02 \x03(\tR\adomains\"5\n" +
 	"\x0fGetRulesRequest\x12\"\n" +
-	"\flinearizable\x18\x01 \x01(\bR\flinearizable\"\x94\x01\n" +
+	"\flinearizable\x18\x01 \x01(\bR\flinearizable\"\xaa\x01\n" +
 	"\x11ListLeasesRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
 	"\bagent_id\x18\x02 \x01(\tR\aagentId\x12\x16\n" +
 	"\x06domain\x18\x03 \x01(\tR\x06domain\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\"\xdc\x01\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05group\x18\x06 \x01(\rR\x05group\"\xdc\x01\n" +
 	"\x05Lease\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x19\n" +
@@ -4702,8 +4744,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05group\x18\x0f \x01(\rR\x05group\x12+\n" +
 	"\x04pool\x18\x10 \x01(\v2\x17.allot.v1.GlobalKeyHeldR\x04pool\x124\n" +
 	"\x06global\x18\x11 \x01(\v2\x1c.allot.v1.InspectKeyResponseR\x06global\x12!\n" +
-	"\fglobal_error\x18\x12 \x01(\tR\vglobalError\"\x13\n" +
-	"\x11ListAgentsRequest\"\xe2\x01\n" +
+	"\fglobal_error\x18\x12 \x01(\tR\vglobalError\")\n" +
+	"\x11ListAgentsRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\rR\x05group\"\xe2\x01\n" +
 	"\tAgentInfo\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12/\n" +
 	"\x14last_contact_unix_ms\x18\x02 \x01(\x03R\x11lastContactUnixMs\x12\x1b\n" +
@@ -4714,11 +4757,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x0flast_request_id\x18\x06 \x01(\x04R\rlastRequestId\"a\n" +
 	"\x12ListAgentsResponse\x12+\n" +
 	"\x06agents\x18\x01 \x03(\v2\x13.allot.v1.AgentInfoR\x06agents\x12\x1e\n" +
-	"\vnow_unix_ms\x18\x02 \x01(\x03R\tnowUnixMs\"T\n" +
+	"\vnow_unix_ms\x18\x02 \x01(\x03R\tnowUnixMs\"j\n" +
 	"\x0eTopKeysRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x05R\x05limit\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x14\n" +
-	"\x05order\x18\x03 \x01(\tR\x05order\"\x9b\x01\n" +
+	"\x05order\x18\x03 \x01(\tR\x05order\x12\x14\n" +
+	"\x05group\x18\x04 \x01(\rR\x05group\"\x9b\x01\n" +
 	"\aKeyRate\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
 	"\n" +
@@ -4866,7 +4910,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06member\x18\x0e \x01(\v2\x17.allot.v1.MemberCommandH\x00R\x06member\x12.\n" +
 	"\x05check\x18\x0f \x01(\v2\x16.allot.v1.CheckRequestH\x00R\x05check\x12+\n" +
 	"\x04meta\x18\x10 \x01(\v2\x15.allot.v1.MetaCommandH\x00R\x04metaB\x05\n" +
-	"\x03cmd\"\xfc\x01\n" +
+	"\x03cmd\"\x98\x02\n" +
 	"\vMetaCommand\x12 \n" +
 	"\x02op\x18\x01 \x01(\x0e2\x10.allot.v1.MetaOpR\x02op\x12\x1d\n" +
 	"\n" +
@@ -4878,7 +4922,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05slots\x18\x06 \x01(\tR\x05slots\x12\x17\n" +
 	"\amove_id\x18\a \x01(\x04R\x06moveId\x12\x14\n" +
 	"\x05index\x18\b \x01(\x04R\x05index\x12\x16\n" +
-	"\x06reason\x18\t \x01(\tR\x06reason\"D\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12\x1a\n" +
+	"\breplicas\x18\n" +
+	" \x01(\rR\breplicas\"D\n" +
 	"\fAcquireBatch\x124\n" +
 	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"O\n" +
 	"\rExpireCommand\x12\x1f\n" +
