@@ -31,7 +31,13 @@ import (
 //	source group  SlotDrop             the source frees the keys
 //
 // Every step is idempotent and the phase lives in the meta state, so a new
-// meta leader resumes where the last one stopped. A move whose freeze or
+// meta leader resumes where the last one stopped. The meta steps are
+// entries in the meta group's own log (a deposed leader cannot commit
+// them, and Commit of a move that ended is a no-op); each entry in a data
+// group carries the meta term of the leader that proposed it (its fence),
+// and a data group refuses an entry of an older term than one it applied,
+// so a deposed leader's entries still in flight cannot act on slots a
+// newer leader has since moved. A move whose freeze or
 // import is refused is aborted (before Transferred only) and the source
 // thaws its slots. Slots a group holds frozen while no move in flight
 // takes them from it are settled by the map: dropped when another group
@@ -71,7 +77,10 @@ func (s *Server) moveLoop() {
 // driveMoves settles frozen slots no move takes, then advances each move
 // in flight, oldest first, until it ends or a step fails.
 func (s *Server) driveMoves(ctx context.Context) error {
-	if err := s.settleFrozen(ctx); err != nil {
+	// The fence of every slot entry proposed: the meta term in which this
+	// node leads and read the meta state.
+	fence := s.barrierTerm.Load()
+	if err := s.settleFrozen(ctx, fence); err != nil {
 		return err
 	}
 	for {
@@ -81,28 +90,29 @@ func (s *Server) driveMoves(ctx context.Context) error {
 			return nil
 		}
 		m := moves[0]
-		if err := s.verifyMetaLeader(); err != nil {
+		if err := s.verifyMetaLeader(fence); err != nil {
 			return err
 		}
 		if s.dataGroup(m.From) == nil || s.dataGroup(m.To) == nil {
 			// The driver reads the source's replica and the target's.
 			return s.handMoveDriver(ctx, m)
 		}
-		if err := s.moveStep(ctx, m); err != nil {
+		if err := s.moveStep(ctx, fence, m); err != nil {
 			return fmt.Errorf("%s: %w", m, err)
 		}
-		if err := s.settleFrozen(ctx); err != nil {
+		if err := s.settleFrozen(ctx, fence); err != nil {
 			return err
 		}
 	}
 }
 
-// moveStep advances move m by one phase.
-func (s *Server) moveStep(ctx context.Context, m meta.Move) error {
+// moveStep advances move m by one phase, its slot entries fenced by the
+// meta term fence.
+func (s *Server) moveStep(ctx context.Context, fence uint64, m meta.Move) error {
 	rs := []slots.Range{m.Range}
 	switch m.Phase {
 	case meta.PhaseFreezing:
-		res, err := s.proposeSlot(ctx, m.From, state.SlotFreeze, rs, nil)
+		res, err := s.proposeSlot(ctx, fence, m.From, state.SlotFreeze, rs, nil)
 		if err != nil {
 			return err
 		}
@@ -138,14 +148,14 @@ func (s *Server) moveStep(ctx context.Context, m meta.Move) error {
 		// The target has served no key of the slots (calls for them went
 		// to the source): it disowns them so that the import may fill them.
 		// Refused when it did already, or imported them already.
-		if _, err := s.proposeSlot(ctx, m.To, state.SlotDisown, rs, nil); err != nil {
+		if _, err := s.proposeSlot(ctx, fence, m.To, state.SlotDisown, rs, nil); err != nil {
 			return err
 		}
 		var owned []slots.Range
 		s.grp.meta.view(func(st *meta.State) { sm := st.SlotMap(); owned = sm.RangesOf(m.To) })
 		owned = append(owned, m.Range)
 		slices.SortFunc(owned, func(a, b slots.Range) int { return cmp.Compare(a.First, b.First) })
-		res, err := s.proposeSlot(ctx, m.To, state.SlotImport, owned, export)
+		res, err := s.proposeSlot(ctx, fence, m.To, state.SlotImport, owned, export)
 		if err != nil {
 			return err
 		}
@@ -197,12 +207,17 @@ func (s *Server) handMoveDriver(ctx context.Context, m meta.Move) error {
 }
 
 // verifyMetaLeader confirms with a quorum that this node still leads the
-// meta group, so that the meta state it read is the latest committed one
-// (a deposed leader whose replica lags would otherwise act on an old
-// phase of a move).
-func (s *Server) verifyMetaLeader() error {
+// meta group, in term fence, so that the meta state it read is the latest
+// committed one (a deposed leader whose replica lags would otherwise act
+// on an old phase of a move). A leader deposed after this check may still
+// have entries in flight: the fence in each slot entry makes the data
+// group refuse them once a later meta leader's entry applied.
+func (s *Server) verifyMetaLeader(fence uint64) error {
 	if err := s.node.raft.VerifyLeader().Error(); err != nil {
 		return fmt.Errorf("meta group leadership: %w", err)
+	}
+	if t := s.node.raft.CurrentTerm(); t != fence {
+		return fmt.Errorf("meta group leadership: term %d, the moves were read in term %d", t, fence)
 	}
 	return nil
 }
@@ -224,8 +239,8 @@ func (s *Server) metaCmd(c *allotv1.MetaCommand) error {
 // owns them (the move was aborted). It reads this node's replicas, which
 // may lag: both entries are harmless when they apply to slots already
 // settled.
-func (s *Server) settleFrozen(ctx context.Context) error {
-	if err := s.verifyMetaLeader(); err != nil {
+func (s *Server) settleFrozen(ctx context.Context, fence uint64) error {
+	if err := s.verifyMetaLeader(fence); err != nil {
 		return err
 	}
 	var moves []meta.Move
@@ -253,7 +268,7 @@ func (s *Server) settleFrozen(ctx context.Context) error {
 			if len(p.rs) == 0 {
 				continue
 			}
-			res, err := s.proposeSlot(ctx, g.id, p.op, p.rs, nil)
+			res, err := s.proposeSlot(ctx, fence, g.id, p.op, p.rs, nil)
 			if err != nil {
 				return err
 			}
@@ -333,9 +348,11 @@ func (s *Server) waitApplied(ctx context.Context, r *raft.Raft, index uint64) er
 	return nil
 }
 
-// proposeSlot proposes a slot entry in data group id, on its leader.
-func (s *Server) proposeSlot(ctx context.Context, id slots.GroupID, op state.SlotOp, rs []slots.Range, payload []byte) (*allotv1.ApplySlotEntryResponse, error) {
-	req := &allotv1.ApplySlotEntryRequest{Group: uint32(id), Entry: state.AppendSlotEntry(nil, op, s.stamp(), rs, payload)}
+// proposeSlot proposes a slot entry in data group id, on its leader,
+// fenced by the meta term fence: the group refuses it once it has applied
+// an entry of a later meta leader (state.AppendFencedSlotEntry).
+func (s *Server) proposeSlot(ctx context.Context, fence uint64, id slots.GroupID, op state.SlotOp, rs []slots.Range, payload []byte) (*allotv1.ApplySlotEntryResponse, error) {
+	req := &allotv1.ApplySlotEntryRequest{Group: uint32(id), Entry: state.AppendFencedSlotEntry(nil, op, fence, s.stamp(), rs, payload)}
 	ctx, cancel := context.WithTimeout(ctx, 2*s.cfg.ApplyTimeout)
 	defer cancel()
 	resp, err := s.applySlotEntry(ctx, req)

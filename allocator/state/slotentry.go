@@ -15,12 +15,22 @@ import (
 //	        uvarint ranges, ranges × (uvarint first, uvarint last),
 //	        uvarint payload length, payload
 //
+// A fenced entry has the second byte 0x41 and a uvarint fence after the
+// op byte: the meta group's term in which its leader proposed it. A
+// group applies a slot entry only if its fence is at least the highest
+// fence it has applied (an entry of the kind 0x40 has fence 0); a lower
+// one is refused, so the entries of a meta leader that was deposed while
+// they were in flight cannot act on the slots once a newer meta leader
+// has (a second drop of slots that were frozen again since, say). The
+// refusal, like every one, changes nothing; an entry that passes the
+// fence raises it even when its operation is refused.
+//
 // Like a compact Acquire entry it starts with 0x00, which never starts a
-// protobuf Command; its second byte, 0x40, is not a compact Acquire
-// version, so a binary that does not know slot entries stops on one
-// (ApplyCompact: ErrUnknownCommand) instead of skipping it. The payload is
-// the export for SlotImport (whose ranges are then the slots the group owns
-// once the move commits) and empty otherwise.
+// protobuf Command; its second byte, 0x40 or 0x41, is not a compact
+// Acquire version, so a binary that does not know slot entries stops on
+// one (ApplyCompact: ErrUnknownCommand) instead of skipping it. The payload
+// is the export for SlotImport (whose ranges are then the slots the group
+// owns once the move commits) and empty otherwise.
 
 // SlotOp is a slot operation.
 type SlotOp uint8
@@ -50,7 +60,10 @@ func (op SlotOp) String() string {
 	return fmt.Sprintf("slot op %d", uint8(op))
 }
 
-const slotEntryKind = 0x40
+const (
+	slotEntryKind       = 0x40
+	fencedSlotEntryKind = 0x41
+)
 
 // errSlotEntry: a slot entry does not decode.
 var errSlotEntry = errors.New("state: slot entry does not decode")
@@ -58,13 +71,24 @@ var errSlotEntry = errors.New("state: slot entry does not decode")
 // IsSlotEntry reports whether a log entry's data is a slot entry. Check
 // it before IsCompactEntry: both start with 0x00.
 func IsSlotEntry(data []byte) bool {
-	return len(data) > 1 && data[0] == compactMarker && data[1] == slotEntryKind
+	return len(data) > 1 && data[0] == compactMarker && (data[1] == slotEntryKind || data[1] == fencedSlotEntryKind)
 }
 
 // AppendSlotEntry appends the slot entry of op on rs, stamped now, to dst.
 // payload is SlotImport's export (nil otherwise).
 func AppendSlotEntry(dst []byte, op SlotOp, now int64, rs []slots.Range, payload []byte) []byte {
-	dst = append(dst, compactMarker, slotEntryKind, byte(op))
+	return AppendFencedSlotEntry(dst, op, 0, now, rs, payload)
+}
+
+// AppendFencedSlotEntry is AppendSlotEntry with a fence (the proposing
+// meta leader's term; 0: none).
+func AppendFencedSlotEntry(dst []byte, op SlotOp, fence uint64, now int64, rs []slots.Range, payload []byte) []byte {
+	if fence == 0 {
+		dst = append(dst, compactMarker, slotEntryKind, byte(op))
+	} else {
+		dst = append(dst, compactMarker, fencedSlotEntryKind, byte(op))
+		dst = binary.AppendUvarint(dst, fence)
+	}
 	dst = binary.AppendUvarint(dst, uint64(max(now, 0)))
 	dst = binary.AppendUvarint(dst, uint64(len(rs)))
 	for _, r := range rs {
@@ -78,6 +102,7 @@ func AppendSlotEntry(dst []byte, op SlotOp, now int64, rs []slots.Range, payload
 // SlotEntry is a decoded slot entry.
 type SlotEntry struct {
 	Op      SlotOp
+	Fence   uint64 // 0: none
 	Now     int64
 	Ranges  []slots.Range
 	Payload []byte // aliases the entry
@@ -90,6 +115,11 @@ func DecodeSlotEntry(data []byte) (SlotEntry, error) {
 	}
 	se := SlotEntry{Op: SlotOp(data[2])}
 	d := &dec{b: data[3:]}
+	if data[1] == fencedSlotEntryKind {
+		if se.Fence = d.uvarintMax(1<<63-1, "fence"); se.Fence == 0 && d.err == nil {
+			return SlotEntry{}, fmt.Errorf("%w: a fenced entry with fence 0", errSlotEntry)
+		}
+	}
 	se.Now = int64(d.uvarintMax(1<<63-1, "time"))
 	n := d.count("ranges")
 	for i := 0; i < n && d.err == nil; i++ {
@@ -133,6 +163,12 @@ func (s *State) ApplySlotEntry(data []byte) (SlotResult, error) {
 	c := s.st
 	c.cow = s.live > 0
 	res := SlotResult{Op: se.Op}
+	if se.Fence < c.slotFence {
+		res.Err = fmt.Errorf("%w: %s proposed by a meta leader of term %d, after one of term %d acted on this group's slots",
+			ErrSlotRefused, se.Op, se.Fence, c.slotFence)
+		return res, nil
+	}
+	c.slotFence = se.Fence
 	switch se.Op {
 	case SlotFreeze:
 		res.Err = c.freeze(se.Ranges)

@@ -47,7 +47,11 @@ import (
 // written only by a regional cluster's State that holds a ledger. Version
 // 6 is version 5 with the ledger in its format 2 (each pool followed by
 // the global cluster's limit of its key, upstream.go), written once a pool
-// has recorded one. Restore reads versions 2 to 6: a version-2 lease has granted nothing in the
+// has recorded one. Version 7 is version 3 followed by a flags byte
+// (1: version 4's slot modes follow, 2: the regional ledger follows as in
+// version 5, 4: that ledger is in format 2), those, and the slot fence
+// (slotentry.go) as a uvarint; it is written only by a State that has
+// applied a fenced slot entry. Restore reads versions 2 to 7: a version-2 lease has granted nothing in the
 // current window, and its demand is truncated as a lease stores it
 // (roundDemand).
 const (
@@ -62,8 +66,14 @@ const (
 	snapVersionLedger = 5
 	// snapVersionLimits is version 5 with the ledger in format 2.
 	snapVersionLimits = 6
-	snapTrailer       = 4 + 8 + len(snapEnd)
-	snapFlushSize     = 64 << 10
+	// snapVersionFence is version 3, a flags byte (snapFlag*), what the
+	// flags name, then the slot fence.
+	snapVersionFence = 7
+	snapFlagModes    = 1
+	snapFlagLedger   = 2
+	snapFlagLimits   = 4
+	snapTrailer      = 4 + 8 + len(snapEnd)
+	snapFlushSize    = 64 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -103,6 +113,7 @@ type view struct {
 	modes             *slotModes
 	ledger            []byte // the regional ledger, encoded (nil: none)
 	ledgerLimits      bool   // ledger is in format 2
+	slotFence         uint64
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -128,6 +139,7 @@ func (s *State) Snapshot() (Snapshot, error) {
 		nextAgent:    c.nextAgent,
 		sweepSeg:     c.sweepSeg,
 		modes:        c.modes,
+		slotFence:    c.slotFence,
 	}
 	v.ledger, v.ledgerLimits = c.encodeLedger()
 	for i := range v.pages {
@@ -164,7 +176,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	if v.ledgerLimits {
+	if v.slotFence > 0 {
+		e.uvarint(snapVersionFence)
+	} else if v.ledgerLimits {
 		e.uvarint(snapVersionLimits)
 	} else if v.ledger != nil {
 		e.uvarint(snapVersionLedger)
@@ -284,7 +298,20 @@ func (sn *snapshot) Persist(w io.Writer) error {
 			}
 		}
 	}
-	if v.ledger != nil {
+	switch {
+	case v.slotFence > 0:
+		var flags byte
+		if v.modes != nil {
+			flags |= snapFlagModes
+		}
+		if v.ledger != nil {
+			flags |= snapFlagLedger
+		}
+		if v.ledgerLimits {
+			flags |= snapFlagLimits
+		}
+		e.byte(flags)
+	case v.ledger != nil:
 		if v.modes != nil {
 			e.byte(1)
 		} else {
@@ -302,6 +329,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	if v.ledger != nil {
 		e.bytes(v.ledger)
+	}
+	if v.slotFence > 0 {
+		e.uvarint(v.slotFence)
 	}
 	return e.finish()
 }
@@ -397,8 +427,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits {
-		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionLimits)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionFence)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -530,7 +560,9 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	hasModes := version == snapVersionV4
 	ledger := version == snapVersionLedger || version == snapVersionLimits
-	if ledger {
+	limits := version == snapVersionLimits
+	switch version {
+	case snapVersionLedger, snapVersionLimits:
 		switch d.byte() {
 		case 0:
 		case 1:
@@ -538,6 +570,12 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		default:
 			d.fail("slot modes flag")
 		}
+	case snapVersionFence:
+		flags := d.byte()
+		if flags&^(snapFlagModes|snapFlagLedger|snapFlagLimits) != 0 || (flags&snapFlagLimits != 0 && flags&snapFlagLedger == 0) {
+			d.fail("snapshot flags")
+		}
+		hasModes, ledger, limits = flags&snapFlagModes != 0, flags&snapFlagLedger != 0, flags&snapFlagLimits != 0
 	}
 	if hasModes {
 		if err := c.restoreModes(d); err != nil {
@@ -549,8 +587,16 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		if d.err != nil {
 			return nil, d.err
 		}
-		if err := c.decodeLedger(b, version == snapVersionLimits); err != nil {
+		if err := c.decodeLedger(b, limits); err != nil {
 			return nil, err
+		}
+	}
+	if version == snapVersionFence {
+		if c.slotFence = d.uvarintMax(1<<63-1, "slot fence"); c.slotFence == 0 && d.err == nil {
+			d.fail("slot fence")
+		}
+		if d.err != nil {
+			return nil, d.err
 		}
 	}
 	if len(d.b) != 0 {

@@ -192,6 +192,9 @@ type core struct {
 	// modes is each slot's mode (slots.go); nil: every slot served.
 	// Replaced, never mutated, so snapshots may share it.
 	modes *slotModes
+	// slotFence is the highest fence of the slot entries applied
+	// (slotentry.go); 0: none.
+	slotFence uint64
 
 	// The regional ledger (upstream.go): pools by key hash, and the last
 	// upstream call.
