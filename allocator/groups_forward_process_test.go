@@ -230,6 +230,12 @@ func TestGroupsForwardProcesses(t *testing.T) {
 	testproc.Eventually(t, 30*time.Second, victim.ID+" /readyz", victim.Ready)
 	waitFor(t, 30*time.Second, "each member leading 2 data groups after the restart", func() bool { return spread(members[0]) })
 
+	// A move during elections of the meta group and of the source group:
+	// the meta leader is killed once every node answers the moving key
+	// MOVED (the source froze it, the target does not serve it yet); the
+	// new meta leader finishes the move, with the key's lease carried.
+	moveDuringElection(ctx, t, c, byGroup[1])
+
 	// A group added to the grown cluster goes to the outsider and the two
 	// members of lowest id (each hosts 6 groups; the outsider none).
 	ag, err := admin.AddGroup(ctx, &allotv1.AddGroupRequest{})
@@ -251,4 +257,87 @@ func memberIDsOf(ns []*testproc.Node) []string {
 		out[i] = n.ID
 	}
 	return out
+}
+
+// moveDuringElection moves the slot of key user=k from group 1 to group 2
+// and kills -9 the meta group's leader mid-move (after the freeze, before
+// the commit); then restarts it. The move commits under the next leader,
+// and the key keeps its lease in group 2.
+func moveDuringElection(ctx context.Context, t *testing.T, c *testproc.Cluster, k string) {
+	t.Helper()
+	sl := slots.OfKey("test:user=" + k)
+	leader := c.Leader(t, 10*time.Second)
+	var probe *testproc.Node
+	for _, n := range c.Nodes {
+		if n != leader {
+			probe = n
+			break
+		}
+	}
+	alloc := probe.Allocator(t)
+	r, err := unthrottled(func() (*allotv1.AcquireResponse, error) {
+		return alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "mover", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", k, 7)}})
+	})
+	if err != nil || r.GetGrants()[0].GetGranted() != 7 {
+		t.Fatalf("Acquire before the move: %v, %v", r, err)
+	}
+	version := r.GetTopology().GetVersion()
+	if version == 0 {
+		st, err := probe.Status(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		version = st.GetTopologyVersion()
+	}
+	moveErr := make(chan error, 1)
+	go func() {
+		_, err := leader.Admin(t).MoveSlots(ctx, &allotv1.MoveSlotsRequest{Slots: slots.Range{First: sl, Last: sl}.String(), To: 2})
+		moveErr <- err
+	}()
+	// Every node answers the key MOVED from the meta group's Froze on.
+	id := uint64(2)
+	waitFor(t, 20*time.Second, "the moving key answered MOVED", func() bool {
+		select {
+		case err := <-moveErr:
+			t.Fatalf("the move ended before the probe saw it in flight: %v", err)
+		default:
+		}
+		id++
+		r, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "probe", RequestId: id, Keys: []*allotv1.KeyAcquire{key("user", k, 1)}})
+		return err == nil && r.GetGrants()[0].GetStatus() == allotv1.KeyStatus_KEY_STATUS_MOVED
+	})
+	leader.Proc.Kill()
+	t.Logf("killed the meta leader %s mid-move (MoveSlots answered %v)", leader.ID, <-moveErr)
+	waitFor(t, 30*time.Second, "the move committed by the next meta leader", func() bool {
+		st, err := probe.Status(t)
+		if err != nil || st.GetTopologyVersion() <= version {
+			return false
+		}
+		for _, g := range st.GetGroups() {
+			if g.GetId() == 2 && slotIn(g.GetSlots(), sl) {
+				return true
+			}
+		}
+		return false
+	})
+	ins, err := probe.Admin(t).InspectKey(ctx, &allotv1.InspectKeyRequest{Domain: "test", Entries: []*allotv1.Entry{{Key: "user", Value: k}}})
+	if err != nil || ins.GetGroup() != 2 || !slices.ContainsFunc(ins.GetLeases(), func(l *allotv1.Lease) bool { return l.GetAgentId() == "mover" }) {
+		t.Errorf("the moved key after the election: %v, %v; want it in group 2 with agent mover's lease", ins, err)
+	}
+	waitFor(t, 10*time.Second, "the moved key served by group 2", func() bool {
+		id++
+		r, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "mover", RequestId: id, Keys: []*allotv1.KeyAcquire{key("user", k, 1)}})
+		return err == nil && r.GetGrants()[0].GetStatus() == allotv1.KeyStatus_KEY_STATUS_OK
+	})
+	leader.Proc.Start(t)
+	testproc.Eventually(t, 30*time.Second, leader.ID+" /readyz", leader.Ready)
+}
+
+// slotIn reports whether slot sl is in the ranges "A-B,C,..." rs.
+func slotIn(rs string, sl slots.Slot) bool {
+	ranges, err := slots.ParseRanges(rs)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(ranges, func(r slots.Range) bool { return r.Contains(sl) })
 }
