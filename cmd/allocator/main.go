@@ -3,7 +3,8 @@
 // Start the first node with -bootstrap (and -rules for the initial rule
 // set), the others with -join pointing at any member's gRPC address.
 // -bootstrap -groups N starts a cluster whose key slots are spread over N
-// Raft groups (docs/groups.md); the nodes that join take its groups.
+// Raft groups (docs/groups.md); the nodes that join take its groups, each
+// hosted by every node or, with -group-replicas R, by R of them.
 // Restarting a node with the same -node-id and -data-dir resumes it;
 // -bootstrap is then ignored, and -join only serves to re-register the
 // node if it comes back at other addresses. A node whose IP may change
