@@ -111,16 +111,6 @@ func (s *Server) groupRaft(id uint32) (*raft.Raft, error) {
 	return g.node.raft, nil
 }
 
-// hostedGroup returns this node's replica of data group id, or an
-// Unavailable error: a node that hosts no replica of a group never serves
-// its keys (the callers that can forward, do: onGroup).
-func (s *Server) hostedGroup(id slots.GroupID) (*dataGroup, error) {
-	if g := s.dataGroup(id); g != nil {
-		return g, nil
-	}
-	return nil, status.Errorf(codes.Unavailable, "allocator: group %d: node %s hosts no replica of it", id, s.cfg.NodeID)
-}
-
 // waitRulesIn waits, for at most ForwardWait, until data group g has
 // applied the meta group's rules version: a group serves a key only under
 // the rules version the cluster has.
