@@ -43,7 +43,7 @@ func (s *Server) acquireAddressed(ctx context.Context, req *allotv1.AcquireReque
 		return s.waitRulesIn(ctx, g, s.rulesVersion())
 	}, req)
 	if err != nil {
-		return nil, path, true, err
+		return nil, path, true, s.groupLeaderErr(err, g)
 	}
 	if resp.GetTopology() == nil && (req.GetTopologyVersion() < rt.m.Version() || allotv1.HasStatus(resp, allotv1.KeyStatus_KEY_STATUS_MOVED)) {
 		resp.Topology = s.topology()

@@ -115,8 +115,15 @@ func (s *Server) onGroup(ctx context.Context, id slots.GroupID, idempotent bool,
 		return s.onRemoteGroup(ctx, id, idempotent, remote)
 	}
 	err := s.onRaftLeader(ctx, g.node.raft, idempotent, func(ctx context.Context) error { return local(ctx, g) }, remote)
+	return s.groupLeaderErr(err, g)
+}
+
+// groupLeaderErr gives an error that names no leader (this node does not
+// lead data group g) the group's leader hint, so that a node that
+// forwarded the call here, or an agent, tries that leader next (the
+// service's own mapping would name the meta group's leader).
+func (s *Server) groupLeaderErr(err error, g *dataGroup) error {
 	if errors.Is(err, errForwardedNotLeader) || errors.Is(err, errNoLeader) {
-		// A node that forwarded here tries the group's leader next.
 		return toStatus(err, s.hintFor(g.node.raft))
 	}
 	return err

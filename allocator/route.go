@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -372,10 +371,7 @@ func (s *Server) releaseRouted(ctx context.Context, req *allotv1.ReleaseRequest)
 func (s *Server) releaseOnGroup(ctx context.Context, id slots.GroupID, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
 	if g := s.dataGroup(id); g != nil {
 		resp, err := s.releaseOn(ctx, g.node.raft, req)
-		if errors.Is(err, errForwardedNotLeader) || errors.Is(err, errNoLeader) {
-			return nil, toStatus(err, s.hintFor(g.node.raft))
-		}
-		return resp, err
+		return resp, s.groupLeaderErr(err, g)
 	}
 	var resp *allotv1.ReleaseResponse
 	err := s.onRemoteGroup(ctx, id, true, func(ctx context.Context, cc *grpc.ClientConn) error {
