@@ -352,7 +352,7 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 	apply := func(cmd *allotv1.Command) (any, error) { return s.applyOn(r, cmd) }
 	t := time.NewTicker(s.cfg.ExpireInterval)
 	defer t.Stop()
-	var lastSweep time.Time
+	var sw sweeper
 	for {
 		changed := s.rulesChanged()
 		if err := s.syncRules(g, apply); err != nil && ctx.Err() == nil {
@@ -363,7 +363,7 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 			return
 		case <-changed:
 		case now := <-t.C:
-			s.expireOnce(ctx, g.st, apply, now, &lastSweep)
+			s.expireOnce(ctx, g.st, apply, now, &sw)
 		}
 	}
 }
