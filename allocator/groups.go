@@ -350,7 +350,7 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 	g.barrierTerm.Store(term)
 	s.advanceStamp(g.st.Stats().LastApplied)
 	apply := func(cmd *allotv1.Command) (any, error) { return s.applyOn(r, cmd) }
-	t := time.NewTicker(s.cfg.ExpireInterval)
+	t := time.NewTimer(s.cfg.ExpireInterval)
 	defer t.Stop()
 	var sw sweeper
 	for {
@@ -364,6 +364,7 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 		case <-changed:
 		case now := <-t.C:
 			s.expireOnce(ctx, g.st, apply, now, &sw)
+			t.Reset(s.expireWait(g.st, &sw))
 		}
 	}
 }

@@ -99,7 +99,7 @@ func (s *Server) leaderDuties(ctx context.Context) {
 		defer func() { <-xdsDone }()
 	}
 	defer s.runRegion(ctx)()
-	t := time.NewTicker(s.cfg.ExpireInterval)
+	t := time.NewTimer(s.cfg.ExpireInterval)
 	defer t.Stop()
 	var sw sweeper
 	for {
@@ -108,8 +108,24 @@ func (s *Server) leaderDuties(ctx context.Context) {
 			return
 		case now := <-t.C:
 			s.expireOnce(ctx, s.st, s.apply, now, &sw)
+			t.Reset(s.expireWait(s.st, &sw))
 		}
 	}
+}
+
+// expireWait is how long the leader of st waits before its next look at
+// expiry: until a lease or agent falls due or the next sweep segment is to
+// be read, and at least ExpireInterval, so that an idle group wakes about
+// once a SweepInterval instead of every ExpireInterval. It waits no longer
+// than LeaseTTL either (a lease granted meanwhile is due no earlier).
+func (s *Server) expireWait(st *state.State, sw *sweeper) time.Duration {
+	now := time.Now()
+	next := sw.last.Add(s.cfg.SweepInterval)
+	budget := expireBudget(s.cfg.ExpireMaxEntries, st.Stats().ExpireBacklog)
+	if due := st.NextDue(budget); due < next.UnixNano() {
+		next = time.Unix(0, due)
+	}
+	return min(max(next.Sub(now), s.cfg.ExpireInterval), s.cfg.LeaseTTL)
 }
 
 // sweeper is a group leader's sweep cadence: when it last looked at a

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"math"
 	"math/bits"
 	"sort"
 
@@ -173,6 +174,38 @@ func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
 		}
 	}
 	return true
+}
+
+// NextDue returns the earliest time (Unix nanoseconds) at which ExpireIdle
+// with the given MaxEntries can turn false without a command applied in
+// between: the start of the earliest second the expiry wheel holds leases
+// for (its end with a budget, which takes whole past seconds only), an
+// agent's TTL, or the last applied time while a compaction is under way;
+// math.MaxInt64 when nothing is due. A command applied later (a grant, a
+// call from an agent) makes nothing due sooner than the lease TTL or the
+// agent TTL after its own time.
+func (s *State) NextDue(maxEntries uint32) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	if c.old != nil {
+		return c.now
+	}
+	next := int64(math.MaxInt64)
+	if len(c.wheel.secs) > 0 {
+		sec := c.wheel.secs[0]
+		if maxEntries > 0 {
+			sec++
+		}
+		next = sec * 1e9
+		if sec > math.MaxInt64/int64(1e9) {
+			next = math.MaxInt64
+		}
+	}
+	for _, a := range c.agents {
+		next = min(next, a.lastContact+int64(c.cfg.AgentTTL))
+	}
+	return next
 }
 
 // SweepIdle reports whether a sweep at now that passes over skip segments

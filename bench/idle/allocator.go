@@ -123,7 +123,7 @@ func runAllocator(o allocOptions) error {
 		nodes[leader].ID, o.keys, time.Since(start).Round(time.Millisecond), keysPerCall, minTTL, o.args, o.env)
 
 	time.Sleep(3 * time.Second)
-	if err := idleWindow(nodes, leader, o.window, "leases held", "", ""); err != nil {
+	if err := idleWindow(nodes, o.window, "leases held", "", ""); err != nil {
 		return err
 	}
 	// Every lease ends within its TTL (the loading agents are forgotten
@@ -133,11 +133,7 @@ func runAllocator(o allocOptions) error {
 		return err
 	}
 	time.Sleep(o.settle)
-	if l, err := findLeader(nodes); err == nil && l != leader {
-		fmt.Printf("leadership moved to %s\n", nodes[l].ID)
-		leader = l
-	}
-	return idleWindow(nodes, leader, o.window, "leases ended", o.profile, token)
+	return idleWindow(nodes, o.window, "leases ended", o.profile, token)
 }
 
 // loadKeys leases keys t=0 … t=n-1 through Acquire calls from
@@ -218,9 +214,13 @@ func acquireAll(ctx context.Context, c allotv1.AllocatorClient, req *allotv1.Acq
 
 // idleWindow reads every node's CPU over d with no traffic and prints it
 // per node with its resident memory, and the leader's keys and leases at
-// the start and end. With profile set it also saves a CPU profile of the
-// leader over the window.
-func idleWindow(nodes []*testproc.Node, leader int, d time.Duration, what, profile, token string) error {
+// the start and end (and whether leadership moved in the window). With
+// profile set it also saves a CPU profile of the leader over the window.
+func idleWindow(nodes []*testproc.Node, d time.Duration, what, profile, token string) error {
+	leader, err := findLeader(nodes)
+	if err != nil {
+		return err
+	}
 	m0, err := testproc.Scrape("http://" + nodes[leader].HTTP + "/metrics")
 	if err != nil {
 		return err
@@ -261,6 +261,9 @@ func idleWindow(nodes []*testproc.Node, leader int, d time.Duration, what, profi
 	m1, err := testproc.Scrape("http://" + nodes[leader].HTTP + "/metrics")
 	if err != nil {
 		return err
+	}
+	if l, err := findLeader(nodes); err != nil || l != leader {
+		fmt.Printf("leadership moved in the window (now: %v, %v)\n", l, err)
 	}
 	fmt.Printf("idle allocators, %s, over %v: %s; three nodes %.2f%%; leader tracks %.0f→%.0f keys, %.0f→%.0f leases, %.0f→%.0f agents; load %s → %s\n",
 		what, d, strings.Join(parts, "; "), 100*total.Seconds()/secs,
