@@ -233,9 +233,9 @@ type Config struct {
 	// ReadyMaxLag: a follower that has been behind the commit index the
 	// leader sent it, or has not heard from the leader, for longer than
 	// this is not ready (/readyz 503; default 5 s, negative: no bound).
-	// The leader sends its commit index every Raft CommitTimeout (50 ms)
-	// with or without entries, so a follower in step, idle or not, stays
-	// well within it. The lag is bounded by the age of the newest applied
+	// The leader sends its commit index at least every Raft commit timeout
+	// (0.5-1 s, node.go) with or without entries, so a follower in step,
+	// idle or not, stays well within it. The lag is bounded by the age of the newest applied
 	// entry, which the leader stamps: the clocks of the two hosts must
 	// agree to within a fraction of it. The bound in effect is at least
 	// three ExpireIntervals.

@@ -365,9 +365,9 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 	g.barrierTerm.Store(term)
 	s.advanceStamp(g.st.Stats().LastApplied)
 	apply := func(cmd *allotv1.Command) (any, error) { return s.applyOn(r, cmd) }
-	t := time.NewTicker(s.cfg.ExpireInterval)
+	t := time.NewTimer(s.cfg.ExpireInterval)
 	defer t.Stop()
-	var lastSweep time.Time
+	var sw sweeper
 	for {
 		changed := s.rulesChanged()
 		if err := s.syncRules(g, apply); err != nil && ctx.Err() == nil {
@@ -378,7 +378,8 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 			return
 		case <-changed:
 		case now := <-t.C:
-			s.expireOnce(ctx, g.st, apply, now, &lastSweep)
+			s.expireOnce(ctx, g.st, apply, now, &sw)
+			t.Reset(s.expireWait(g.st, &sw))
 		}
 	}
 }

@@ -70,8 +70,8 @@ func (d *duties) stop() {
 // leaderDuties runs while this node leads: it waits for the FSM to catch up
 // (a Barrier), registers this node's addresses, applies the initial rules
 // to an empty rule set, and then commits an ExpireCommand every
-// ExpireInterval when a lease or agent is due (with the idle-key sweep at
-// most every SweepInterval).
+// ExpireInterval when a lease or agent is due (with the idle-key sweep,
+// when it has keys to drop, at most every SweepInterval).
 func (s *Server) leaderDuties(ctx context.Context) {
 	// Each step retries until it succeeds or leadership ends. Until the
 	// Barrier, this node's FSM may lag its own log: it is not ready and
@@ -99,30 +99,64 @@ func (s *Server) leaderDuties(ctx context.Context) {
 		defer func() { <-xdsDone }()
 	}
 	defer s.runRegion(ctx)()
-	t := time.NewTicker(s.cfg.ExpireInterval)
+	t := time.NewTimer(s.cfg.ExpireInterval)
 	defer t.Stop()
-	var lastSweep time.Time
+	var sw sweeper
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			s.expireOnce(ctx, s.st, s.apply, now, &lastSweep)
+			s.expireOnce(ctx, s.st, s.apply, now, &sw)
+			t.Reset(s.expireWait(s.st, &sw))
 		}
 	}
 }
 
+// expireWait is how long the leader of st waits before its next look at
+// expiry: until a lease or agent falls due or the next sweep segment is to
+// be read, and at least ExpireInterval, so that an idle group wakes about
+// once a SweepInterval instead of every ExpireInterval. It waits no longer
+// than LeaseTTL either (a lease granted meanwhile is due no earlier).
+func (s *Server) expireWait(st *state.State, sw *sweeper) time.Duration {
+	now := time.Now()
+	next := sw.last.Add(s.cfg.SweepInterval)
+	budget := expireBudget(s.cfg.ExpireMaxEntries, st.Stats().ExpireBacklog)
+	if due := st.NextDue(budget); due < next.UnixNano() {
+		next = time.Unix(0, due)
+	}
+	return min(max(next.Sub(now), s.cfg.ExpireInterval), s.cfg.LeaseTTL)
+}
+
+// sweeper is a group leader's sweep cadence: when it last looked at a
+// sweep segment, and how many segments past the replicated cursor it has
+// found nothing to drop in since its last committed sweep.
+type sweeper struct {
+	last time.Time
+	skip uint32
+}
+
 // expireOnce commits an ExpireCommand through apply when a lease or agent
-// of st is due at now, or a sweep is (at most every SweepInterval, since
-// *lastSweep).
-func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*allotv1.Command) (any, error), now time.Time, lastSweep *time.Time) {
-	sweep := now.Sub(*lastSweep) >= s.cfg.SweepInterval
+// of st is due at now, or a sweep is. Every SweepInterval it looks at the
+// next sweep segment: only when a sweep there would drop a key (or the
+// arena or table wants compacting) does the Expire carry the sweep, so a
+// group with no traffic commits nothing however many keys it tracks, and
+// reads one segment (1/SweepSegments of its keys) a SweepInterval.
+func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*allotv1.Command) (any, error), now time.Time, sw *sweeper) {
+	sweep := false
+	if now.Sub(sw.last) >= s.cfg.SweepInterval {
+		sw.last = now
+		if sweep = !st.SweepIdle(now.UnixNano(), sw.skip); !sweep {
+			sw.skip = (sw.skip + 1) % uint32(st.Config().SweepSegments)
+		}
+	}
 	stats := st.Stats()
-	cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, stats.ExpireBacklog), SkipSweep: !sweep}
-	// Nothing due: no entry, unless a sweep is due and there are
-	// keys to sweep. An idle group commits one Expire a
-	// SweepInterval while it tracks keys, none once it tracks none.
-	if (!sweep || stats.Keys == 0) && st.ExpireIdle(now.UnixNano(), cmd.MaxEntries) {
+	cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, stats.ExpireBacklog),
+		SkipSweep: !sweep}
+	if sweep {
+		cmd.SweepSkip = sw.skip
+	}
+	if !sweep && st.ExpireIdle(now.UnixNano(), cmd.MaxEntries) {
 		return
 	}
 	if _, err := apply(&allotv1.Command{Cmd: &allotv1.Command_Expire{Expire: cmd}}); err != nil {
@@ -132,7 +166,7 @@ func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*al
 		return
 	}
 	if sweep {
-		*lastSweep = now
+		sw.skip = 0
 	}
 }
 

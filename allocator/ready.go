@@ -92,8 +92,8 @@ func (s *Server) readiness() readiness {
 // fills rd.LagMillis.
 //
 // The lag needs no traffic: the leader sends every follower its commit
-// index at least every raft CommitTimeout, with or without entries, and a
-// heartbeat more often. A follower whose state machine has applied up to
+// index at least every raft commit timeout (commitTimeout), with or
+// without entries, and a heartbeat more often. A follower whose state machine has applied up to
 // that commit index is caught up (lag 0) however old its newest entry is.
 // One that is behind has been so since the first readiness check that saw
 // it behind (s.behindSince, cleared by a check that sees it caught up), and

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"math"
 	"math/bits"
 	"sort"
 
@@ -56,18 +57,33 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	if cmd.GetSkipSweep() {
 		return
 	}
-	c.sweep(now)
+	c.sweep(now, cmd.GetSweepSkip())
 	c.maybeCompact()
 }
 
 // sweepStripes is the number of hash ranges one sweep segment is made of.
 const sweepStripes = 256
 
-// sweep drops the full, lease-less keys of one segment of the hash space
-// and advances the segment cursor. Such a key is indistinguishable from an
-// untracked one (a zero State is a full bucket), so dropping it changes no
-// future decision; the segment order is fixed, so every replica drops the
-// same keys.
+// sweep passes over skip segments of the hash space (segments the leader
+// found nothing to drop in), drops the full, lease-less keys of the next
+// one and advances the segment cursor past it. Such a key is
+// indistinguishable from an untracked one (a zero State is a full
+// bucket), so dropping it changes no future decision; the segment order
+// is fixed and skip is in the command, so every replica drops the same
+// keys.
+func (c *core) sweep(now int64, skip uint32) {
+	segs := uint64(c.cfg.SweepSegments)
+	seg := (uint64(c.sweepSeg) + uint64(skip)) % segs
+	c.sweepSeg = uint32((seg + 1) % segs)
+	c.segmentRanges(seg, func(lo, hiLast uint64) bool {
+		c.sweepRange(lo, hiLast, now, true)
+		return true
+	})
+	c.tab.maybeShrink(c)
+}
+
+// segmentRanges calls f with each hash range [lo, hiLast] that segment seg
+// is made of, in hash order, until f returns false.
 //
 // A segment is not one contiguous range: the hash space is cut into
 // SweepSegments·256 stripes, and stripe m belongs to the segment whose
@@ -78,26 +94,27 @@ const sweepStripes = 256
 // of many thousand slots, every insert shifting them). Neighbouring stripes
 // are swept half a pass apart, which keeps the density even at the scale
 // of a cluster.
-func (c *core) sweep(now int64) {
+func (c *core) segmentRanges(seg uint64, f func(lo, hiLast uint64) bool) {
 	segs := uint64(c.cfg.SweepSegments)
-	seg := uint64(c.sweepSeg) % segs
-	c.sweepSeg = uint32((seg + 1) % segs)
 	if segs == 1 {
-		c.sweepRange(0, ^uint64(0), now)
-	} else {
-		b := log2(int(segs))
-		r := bits.Reverse64(seg) >> (64 - b)
-		shift := uint(64 - b - log2(sweepStripes))
-		for j := range uint64(sweepStripes) {
-			lo := (j<<b | r) << shift
-			c.sweepRange(lo, lo+(1<<shift-1), now)
+		f(0, ^uint64(0))
+		return
+	}
+	b := log2(int(segs))
+	r := bits.Reverse64(seg) >> (64 - b)
+	shift := uint(64 - b - log2(sweepStripes))
+	for j := range uint64(sweepStripes) {
+		lo := (j<<b | r) << shift
+		if !f(lo, lo+(1<<shift-1)) {
+			return
 		}
 	}
-	c.tab.maybeShrink(c)
 }
 
-// sweepRange drops the idle, lease-less keys with hashes in [lo, hiLast].
-func (c *core) sweepRange(lo, hiLast uint64, now int64) {
+// sweepRange visits the keys with hashes in [lo, hiLast] and, with drop,
+// drops the idle, lease-less ones. It reports whether it met such a key
+// (without drop it stops at the first).
+func (c *core) sweepRange(lo, hiLast uint64, now int64, drop bool) (met bool) {
 	t := &c.tab
 	endHome := t.home(hiLast)
 	for i := t.lowerBound(lo); i < t.size; {
@@ -113,6 +130,10 @@ func (c *core) sweepRange(lo, hiLast uint64, now int64) {
 			break
 		}
 		if s.link == 0 && idle(c.lims.get(s.lim), s.st, now) && !c.frozen(s.hash) {
+			if !drop {
+				return true
+			}
+			met = true
 			lim := s.lim
 			t.remove(c, i)
 			c.lims.unref(lim)
@@ -120,6 +141,7 @@ func (c *core) sweepRange(lo, hiLast uint64, now int64) {
 		}
 		i++
 	}
+	return met
 }
 
 // idle reports whether st behaves like the zero State from now on: as many
@@ -152,4 +174,59 @@ func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
 		}
 	}
 	return true
+}
+
+// NextDue returns the earliest time (Unix nanoseconds) at which ExpireIdle
+// with the given MaxEntries can turn false without a command applied in
+// between: the start of the earliest second the expiry wheel holds leases
+// for (its end with a budget, which takes whole past seconds only), an
+// agent's TTL, or the last applied time while a compaction is under way;
+// math.MaxInt64 when nothing is due. A command applied later (a grant, a
+// call from an agent) makes nothing due sooner than the lease TTL or the
+// agent TTL after its own time.
+func (s *State) NextDue(maxEntries uint32) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	if c.old != nil {
+		return c.now
+	}
+	next := int64(math.MaxInt64)
+	if len(c.wheel.secs) > 0 {
+		sec := c.wheel.secs[0]
+		if maxEntries > 0 {
+			sec++
+		}
+		next = sec * 1e9
+		if sec > math.MaxInt64/int64(1e9) {
+			next = math.MaxInt64
+		}
+	}
+	for _, a := range c.agents {
+		next = min(next, a.lastContact+int64(c.cfg.AgentTTL))
+	}
+	return next
+}
+
+// SweepIdle reports whether a sweep at now that passes over skip segments
+// (ExpireCommand.sweep_skip) would drop no key, and no arena compaction or
+// table shrink is due: the leader need not commit it, and checks the next
+// segment at its next sweep instead. It reads one segment (1/SweepSegments
+// of the keys) under the read lock, and stops at the first key to drop.
+func (s *State) SweepIdle(now int64, skip uint32) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	a, t := &c.ar, &c.tab
+	if c.old != nil || c.compactAlways || a.idle*2 > a.live && len(a.pages) > 8 ||
+		t.capa > minTableCap && t.n*fitLoadDen*2 <= t.capa*fitLoadNum {
+		return false
+	}
+	seg := (uint64(c.sweepSeg) + uint64(skip)) % uint64(c.cfg.SweepSegments)
+	found := false
+	c.segmentRanges(seg, func(lo, hiLast uint64) bool {
+		found = c.sweepRange(lo, hiLast, now, false)
+		return !found
+	})
+	return !found
 }

@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -129,4 +130,32 @@ func TestPropertyExpireIdle(t *testing.T) {
 			t.Fatalf("ExpireIdle false after an unbounded Expire ended everything (%+v)", s.Stats())
 		}
 	})
+}
+
+// NextDue names the instant an Expire first has work: the end of a due
+// lease's second (a second later with a budget) or an agent's TTL, and
+// none for a state with neither.
+func TestNextDue(t *testing.T) {
+	s := newTestState(t)
+	if got := s.NextDue(0); got != math.MaxInt64 {
+		t.Fatalf("empty state: NextDue = %d, want none", got)
+	}
+	mustAcquire(t, s, at(0), "a", 1, ka("tb", "x", 5, 0, 0, 0))
+	for _, budget := range []uint32{0, 4096} {
+		due := s.NextDue(budget)
+		if due <= at(0) || due > at(testConfig().MaxLeaseTTL+2*time.Second) {
+			t.Fatalf("budget %d: NextDue %v after the grant, want within the lease TTL and 2 s", budget, time.Duration(due-at(0)))
+		}
+		if !s.ExpireIdle(due-1, budget) {
+			t.Fatalf("budget %d: an Expire has work at %d, before NextDue %d", budget, due-1, due)
+		}
+		if s.ExpireIdle(due, budget) {
+			t.Fatalf("budget %d: no work at NextDue %d", budget, due)
+		}
+	}
+	// Once the lease has ended, the agent's TTL is what is due next.
+	expire(s, at(testConfig().MaxLeaseTTL+2*time.Second))
+	if got, want := s.NextDue(0), at(testConfig().AgentTTL); got != want {
+		t.Fatalf("after the lease: NextDue = %v, want the agent TTL %v", time.Duration(got-at(0)), testConfig().AgentTTL)
+	}
 }

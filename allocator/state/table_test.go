@@ -283,3 +283,56 @@ func TestSweepKeepsDensityEven(t *testing.T) {
 	}
 	mustConsistent(t, s)
 }
+
+// The leader commits a sweep only for a segment with a key to drop
+// (SweepIdle), and passes over the others with sweep_skip: one pass of the
+// hash space drops every idle key with at most one sweep per such key, a
+// pass that finds none commits nothing, and a replica that applies the same
+// commands (without looking) ends with the same state.
+func TestSweepSkipsSegmentsWithNothingToDrop(t *testing.T) {
+	cfg := testConfig()
+	cfg.SweepSegments = 64
+	s, replica := New(cfg), New(cfg)
+	var keys []*allotv1.KeyAcquire
+	for i := range 10 {
+		keys = append(keys, ka("tb", fmt.Sprint("k", i), 0, 0, 0, 1))
+	}
+	for _, st := range []*State{s, replica} {
+		putRules(t, st, at(0), testRules)
+		mustAcquire(t, st, at(0), "a", 1, keys...)
+		mustAcquire(t, st, at(0), "a", 2, ka("slow", "held", 1, 0, 0, 0), ka("slow", "debt", 0, 0, 0, 5))
+	}
+	// pass runs one pass of the leader's sweep cadence at now, applying
+	// each sweep to both states, and returns the sweeps it committed.
+	pass := func(now int64) (sweeps int) {
+		var skip uint32
+		for range cfg.SweepSegments {
+			if s.SweepIdle(now, skip) {
+				skip = (skip + 1) % uint32(cfg.SweepSegments)
+				continue
+			}
+			cmd := &allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{SweepSkip: skip}}}
+			s.Apply(cmd)
+			replica.Apply(cmd)
+			skip = 0
+			sweeps++
+		}
+		return sweeps
+	}
+	// 50 ms later the tb keys are still refilling: nothing to drop.
+	if n := pass(at(50 * time.Millisecond)); n != 0 || s.Stats().Keys != 12 {
+		t.Fatalf("early pass: %d sweeps, %d keys; want 0 sweeps, 12 keys", n, s.Stats().Keys)
+	}
+	// After 1 s the tb keys are full: one pass drops all ten.
+	n := pass(at(time.Second))
+	if n < 1 || n > 10 || s.Stats().Keys != 2 {
+		t.Fatalf("pass at 1 s: %d sweeps, %d keys; want 1-10 sweeps, 2 keys", n, s.Stats().Keys)
+	}
+	if n := pass(at(2 * time.Second)); n != 0 {
+		t.Fatalf("a pass with nothing to drop committed %d sweeps", n)
+	}
+	mustConsistent(t, s)
+	if !bytes.Equal(persist(t, s), persist(t, replica)) {
+		t.Fatal("the replica's snapshot differs")
+	}
+}

@@ -15,6 +15,19 @@
 //
 // Checks are far cheaper than the refill loop's work per key, so the
 // difference such runs show is the loop's.
+//
+// With -allocator-keys it measures idle allocators instead: a cluster of
+// three cmd/allocator processes with their default flags is given that
+// many keys through Acquire (a lease each), and each process's CPU is
+// read from /proc/<pid>/stat over -window twice, while the leases are
+// held and after they (and the loading agents) have ended, with its
+// resident memory:
+//
+//	go run ./bench/idle -allocator-keys 1000000 -window 30s
+//
+// -cpuprofile then profiles the leader over the second window, and
+// -allocator-args / -allocator-env pass flags and environment to the
+// three nodes.
 package main
 
 import (
@@ -48,29 +61,31 @@ func main() {
 	window := flag.Duration("window", 30*time.Second, "idle window measured")
 	settle := flag.Duration("settle", 10*time.Second, "time after the last check before the window starts")
 	bin := flag.String("allocator-bin", "", "allocator binary (default: go build ./cmd/allocator)")
-	profile := flag.String("cpuprofile", "", "write a CPU profile of the idle window to this file")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the idle window to this file (with -allocator-keys: of the leader, over the window after the leases ended)")
 	active := flag.Int("active", 0, "keys (of -keys) checked during the window, round robin")
 	rate := flag.Int("rate", 0, "checks per second during the window, spread over -active keys")
+	allocKeys := flag.Int("allocator-keys", 0, "measure three idle allocators holding this many keys instead of an agent (0: the agent)")
+	allocArgs := flag.String("allocator-args", "", "with -allocator-keys: extra space-separated flags for every allocator")
+	allocEnv := flag.String("allocator-env", "", "with -allocator-keys: comma-separated NAME=VALUE pairs added to the allocators' environment")
 	flag.Parse()
+	if *allocKeys > 0 {
+		o := allocOptions{keys: *allocKeys, window: *window, settle: *settle, bin: *bin, profile: *profile, args: *allocArgs, env: *allocEnv}
+		if err := runAllocator(o); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if err := run(*keys, *window, *settle, *bin, *profile, *active, *rate); err != nil {
 		log.Fatal(err)
 	}
 }
 
 func run(keys int, window, settle time.Duration, bin, profile string, active, rate int) error {
-	dir, err := os.MkdirTemp("", "allot-idle-")
+	dir, bin, rulesPath, err := setup(bin, rulesYAML)
+	if dir != "" {
+		defer os.RemoveAll(dir)
+	}
 	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	if bin == "" {
-		bin = filepath.Join(dir, "allocator")
-		if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
-			return err
-		}
-	}
-	rulesPath := filepath.Join(dir, "rules.yaml")
-	if err := os.WriteFile(rulesPath, []byte(rulesYAML), 0o600); err != nil {
 		return err
 	}
 	addrs, err := testproc.FreeLoopbackAddrs(3)
@@ -153,6 +168,23 @@ func run(keys int, window, settle time.Duration, bin, profile string, active, ra
 	fmt.Printf("%d keys, %d active at %d checks/s: %.2f%% of a core over %v (load %s)\n", keys, active, rate,
 		100*(c1-c0).Seconds()/t1.Sub(t0).Seconds(), window, loadavg())
 	return nil
+}
+
+// setup makes a temporary directory (the caller removes it) holding the
+// rules file and, unless bin names one, a fresh build of cmd/allocator;
+// it returns the directory, the binary and the rules file.
+func setup(bin, rules string) (dir, allocator, rulesPath string, err error) {
+	if dir, err = os.MkdirTemp("", "allot-idle-"); err != nil {
+		return "", "", "", err
+	}
+	if bin == "" {
+		bin = filepath.Join(dir, "allocator")
+		if err := testproc.GoBuild(dir, false, "github.com/allot/allot/cmd/allocator"); err != nil {
+			return dir, "", "", err
+		}
+	}
+	rulesPath = filepath.Join(dir, "rules.yaml")
+	return dir, bin, rulesPath, os.WriteFile(rulesPath, []byte(rules), 0o600)
 }
 
 // cpu is this process's user+system time, from /proc/self/stat.

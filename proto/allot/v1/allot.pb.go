@@ -4475,7 +4475,13 @@ type ExpireCommand struct {
 	MaxEntries uint32 `protobuf:"varint,1,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
 	// Skip the sweep of idle keys and the incremental compaction (the leader
 	// sweeps on a slower cadence than it expires).
-	SkipSweep     bool `protobuf:"varint,2,opt,name=skip_sweep,json=skipSweep,proto3" json:"skip_sweep,omitempty"`
+	SkipSweep bool `protobuf:"varint,2,opt,name=skip_sweep,json=skipSweep,proto3" json:"skip_sweep,omitempty"`
+	// The sweep passes over this many segments from its cursor before it
+	// sweeps one: segments in which the leader found no key to drop, so that
+	// it commits a sweep only where there is work. A replica that does not
+	// know the field sweeps the cursor's segment instead; which idle keys a
+	// replica still holds never changes a decision.
+	SweepSkip     uint32 `protobuf:"varint,3,opt,name=sweep_skip,json=sweepSkip,proto3" json:"sweep_skip,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4522,6 +4528,13 @@ func (x *ExpireCommand) GetSkipSweep() bool {
 		return x.SkipSweep
 	}
 	return false
+}
+
+func (x *ExpireCommand) GetSweepSkip() uint32 {
+	if x != nil {
+		return x.SweepSkip
+	}
+	return 0
 }
 
 // MemberCommand records a node's advertised addresses (or its removal).
@@ -4926,12 +4939,14 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\breplicas\x18\n" +
 	" \x01(\rR\breplicas\"D\n" +
 	"\fAcquireBatch\x124\n" +
-	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"O\n" +
+	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"n\n" +
 	"\rExpireCommand\x12\x1f\n" +
 	"\vmax_entries\x18\x01 \x01(\rR\n" +
 	"maxEntries\x12\x1d\n" +
 	"\n" +
-	"skip_sweep\x18\x02 \x01(\bR\tskipSweep\"Q\n" +
+	"skip_sweep\x18\x02 \x01(\bR\tskipSweep\x12\x1d\n" +
+	"\n" +
+	"sweep_skip\x18\x03 \x01(\rR\tsweepSkip\"Q\n" +
 	"\rMemberCommand\x12(\n" +
 	"\x06member\x18\x01 \x01(\v2\x10.allot.v1.MemberR\x06member\x12\x16\n" +
 	"\x06remove\x18\x02 \x01(\bR\x06remove*\xb7\x01\n" +
