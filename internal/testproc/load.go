@@ -17,15 +17,22 @@ type Request struct {
 	Code         int
 }
 
-// Load sends GET / to gateways at a fixed total rate, spread round-robin
-// over the gateways and the API keys, from a pool of workers; it records
-// every request. A tick finding every worker busy is counted in Skipped
-// rather than queued, so the offered rate never bursts after a stall.
+// Load sends GET / to gateways at a fixed total rate (or one that follows
+// RateAt), spread round-robin over the gateways and the API keys, from a
+// pool of workers; it records every request. A tick finding every worker
+// busy is counted in Skipped rather than queued, so the offered rate never
+// bursts after a stall.
 type Load struct {
 	Proxies []string // gateway proxy addresses
 	Keys    []string // API key values (header X-API-Key)
 	Rate    float64  // requests per second, in total
-	Workers int      // default 32
+	// RateAt, when set, replaces Rate: the rate at each instant, open-loop
+	// (the next arrival is 1/RateAt(t) after the one at t, whatever the
+	// answers). A rate ≤ 0 sends nothing until it rises (polled every
+	// 10 ms). Two Loads with the same RateAt, started together, offer the
+	// same arrivals.
+	RateAt  func(time.Time) float64
+	Workers int // default 32
 	Timeout time.Duration
 
 	mu      sync.Mutex // guards results
@@ -64,23 +71,37 @@ func (l *Load) Start() {
 	go func() {
 		defer l.wg.Done()
 		defer close(jobs)
-		interval := time.Duration(float64(time.Second) / l.Rate)
-		t := time.NewTicker(interval)
-		defer t.Stop()
+		rateAt := l.RateAt
+		if rateAt == nil {
+			rateAt = func(time.Time) float64 { return l.Rate }
+		}
 		g, k := len(l.Proxies), len(l.Keys)
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		next := time.Now()
 		for i := 0; ; {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-timer.C:
 			}
-			r := Request{Gateway: i % g, Key: (i / g) % k}
-			select {
-			case jobs <- r:
-				i++
-			default:
-				l.skipped.Add(1)
+			if rt := rateAt(next); rt <= 0 {
+				next = next.Add(10 * time.Millisecond)
+			} else {
+				r := Request{Gateway: i % g, Key: (i / g) % k}
+				select {
+				case jobs <- r:
+					i++
+				default:
+					l.skipped.Add(1)
+				}
+				next = next.Add(time.Duration(float64(time.Second) / rt))
 			}
+			d := time.Until(next)
+			if d < -time.Second {
+				next, d = time.Now(), 0 // fell behind: do not burst to catch up
+			}
+			timer.Reset(max(d, 0))
 		}
 	}()
 }
