@@ -19,9 +19,9 @@ type Request struct {
 
 // Load sends GET / to gateways at a fixed total rate (or one that follows
 // RateAt), spread round-robin over the gateways and the API keys, from a
-// pool of workers; it records every request. A tick finding every worker
-// busy is counted in Skipped rather than queued, so the offered rate never
-// bursts after a stall.
+// pool of workers; it records every request. An arrival finding every
+// worker busy is counted in Skipped rather than queued, so the offered
+// rate never bursts after the gateways stall.
 type Load struct {
 	Proxies []string // gateway proxy addresses
 	Keys    []string // API key values (header X-API-Key)
@@ -29,7 +29,9 @@ type Load struct {
 	// RateAt, when set, replaces Rate: the rate at each instant, open-loop
 	// (the next arrival is 1/RateAt(t) after the one at t, whatever the
 	// answers). A rate ≤ 0 sends nothing until it rises (polled every
-	// 10 ms). Two Loads with the same RateAt, started together, offer the
+	// 10 ms). Arrivals the sender is late for go at once while it is less
+	// than a second behind; further behind, the schedule restarts from
+	// now. Two Loads with the same RateAt, started together, offer the
 	// same arrivals.
 	RateAt  func(time.Time) float64
 	Workers int // default 32
@@ -71,30 +73,41 @@ func (l *Load) Start() {
 	go func() {
 		defer l.wg.Done()
 		defer close(jobs)
-		rateAt := l.RateAt
-		if rateAt == nil {
-			rateAt = func(time.Time) float64 { return l.Rate }
-		}
 		g, k := len(l.Proxies), len(l.Keys)
+		i := 0
+		send := func() {
+			select {
+			case jobs <- Request{Gateway: i % g, Key: (i / g) % k}:
+				i++
+			default:
+				l.skipped.Add(1)
+			}
+		}
+		if l.RateAt == nil {
+			t := time.NewTicker(time.Duration(float64(time.Second) / l.Rate))
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					send()
+				}
+			}
+		}
 		timer := time.NewTimer(0)
 		defer timer.Stop()
 		next := time.Now()
-		for i := 0; ; {
+		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-timer.C:
 			}
-			if rt := rateAt(next); rt <= 0 {
+			if rt := l.RateAt(next); rt <= 0 {
 				next = next.Add(10 * time.Millisecond)
 			} else {
-				r := Request{Gateway: i % g, Key: (i / g) % k}
-				select {
-				case jobs <- r:
-					i++
-				default:
-					l.skipped.Add(1)
-				}
+				send()
 				next = next.Add(time.Duration(float64(time.Second) / rt))
 			}
 			d := time.Until(next)
