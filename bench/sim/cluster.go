@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -18,18 +19,25 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// cluster models a 3-node allocator cluster hosting one or more Raft groups
-// (raftGroup), each around the real replicated state (allocator/state):
-// every grant is computed by state.Apply on commands stamped with virtual
-// time, exactly as the FSM applies them. Keys map to groups by their slot
-// (pkg/slots: the low bits of the canonical key's hash), the slots spread
-// evenly over the groups and the groups' leaders over the nodes.
+// cluster models an allocator cluster of nodes nodes (3 unless -nodes
+// says otherwise) hosting one or more Raft groups (raftGroup), each around
+// the real replicated state (allocator/state): every grant is computed by
+// state.Apply on commands stamped with virtual time, exactly as the FSM
+// applies them. Keys map to groups by their slot (pkg/slots: the low bits
+// of the canonical key's hash), the slots spread evenly over the groups.
+//
+// Leaders. Group i is led by node i mod nodes, so each node leads ⌊G/N⌋ or
+// ⌈G/N⌉ of G groups: the even spread the allocator's meta group keeps by
+// leadership transfers (allocator/spread.go, meta.PlanLeaders, which plans
+// no transfer for it). Each leader has its own cores (cpuModel.cores), so a
+// node leading k groups spends up to k leaders' cores.
 //
 // What is modelled rather than run: Raft (see raftGroup), the leader's
 // batcher and CPU (see raftGroup and cpuModel), the front door of every
-// node (allocator/guard.go: at most maxInflight calls served at once and a
-// token bucket of calls per agent, the excess refused ResourceExhausted at
-// once), follower forwarding (one extra hop), the periodic Expire command
+// node (allocator/guard.go, one per node's gRPC server, shared by every
+// group the node hosts: at most maxInflight calls served at once and a
+// token bucket of calls per agent, keyed by the agent, not by group; the
+// excess refused ResourceExhausted at once), follower forwarding (one extra hop), the periodic Expire command
 // and the WatchRules streams (see watch).
 //
 // Routing. With one group an agent calls its current node, which forwards
@@ -44,7 +52,8 @@ type cluster struct {
 	groups []*raftGroup
 	slots  slots.Map
 
-	alive [3]bool
+	nodes int
+	alive []bool
 
 	commit     logNormal // Raft commit latency of one entry
 	maxKeys    int       // keys per Acquire entry (allocator MaxBatchKeys)
@@ -54,10 +63,12 @@ type cluster struct {
 
 	// The guard of each node.
 	maxInflight int            // calls a node serves at once (allocator MaxInflight)
-	inflight    [3]int         // calls each node is serving
-	incarnation [3]int         // bumped when a node dies: its calls in flight are gone
+	inflight    []int          // calls each node is serving
+	incarnation []int          // bumped when a node dies: its calls in flight are gone
 	agentLimit  bucket.Limit   // calls per agent per node (allocator AgentRate, AgentBurst)
-	agentCalls  []bucket.State // per agent and node
+	agentCalls  []bucket.State // per agent and node: agentCalls[nodes*agent+node]
+	node        []nodeCounters // per node
+	nodeAt      []nodeCounters // node at the start of the measured period
 
 	killedAt   int64 // the last leader kill
 	recoveryAt int64 // the first Acquire answered by group 0's new leader after it
@@ -72,6 +83,14 @@ type cluster struct {
 	throttled   int64 // calls the guard refused (a node's in-flight cap, an agent's call rate)
 
 	ents []rules.Entry // scratch for key hashes
+}
+
+// nodeCounters are one node's guard counters.
+type nodeCounters struct {
+	calls       int64 // calls that reached the node's guard
+	rateRefused int64 // refused for the agent's call rate
+	fullRefused int64 // refused at the in-flight cap
+	peak        int   // most calls in flight at once
 }
 
 // counters is a copy of the cluster's counters (to subtract the warm-up).
@@ -111,8 +130,42 @@ var (
 	agentBurst         = 400 // AgentBurst
 )
 
-func newCluster(w *world, cfg state.Config, groups int) (*cluster, error) {
-	groups = max(groups, 1)
+// markNodes starts the measured period of the nodes' counters.
+func (c *cluster) markNodes() {
+	c.nodeAt = slices.Clone(c.node)
+	for i := range c.node {
+		c.node[i].peak = c.inflight[i]
+	}
+}
+
+// nodeMeasured is node n's counters since markNodes (peak: the most calls
+// in flight since).
+func (c *cluster) nodeMeasured(n int) nodeCounters {
+	nc := c.node[n]
+	if c.nodeAt != nil {
+		at := c.nodeAt[n]
+		nc.calls -= at.calls
+		nc.rateRefused -= at.rateRefused
+		nc.fullRefused -= at.fullRefused
+	}
+	return nc
+}
+
+// ledBy returns the groups node n leads, in id order.
+func (c *cluster) ledBy(n int) []int {
+	var out []int
+	for _, g := range c.groups {
+		if g.leader == n {
+			out = append(out, g.id)
+		}
+	}
+	return out
+}
+
+// newCluster returns a cluster of nodes nodes (at least 1) and groups
+// groups (at least 1).
+func newCluster(w *world, cfg state.Config, groups, nodes int) (*cluster, error) {
+	groups, nodes = max(groups, 1), max(nodes, 1)
 	ids := make([]slots.GroupID, groups)
 	for i := range ids {
 		ids[i] = slots.GroupID(i)
@@ -128,7 +181,11 @@ func newCluster(w *world, cfg state.Config, groups int) (*cluster, error) {
 	c := &cluster{
 		w:           w,
 		slots:       m,
-		alive:       [3]bool{true, true, true},
+		nodes:       nodes,
+		alive:       make([]bool, nodes),
+		inflight:    make([]int, nodes),
+		incarnation: make([]int, nodes),
+		node:        make([]nodeCounters, nodes),
 		commit:      newLogNormal(5*time.Millisecond, 20*time.Millisecond),
 		maxKeys:     20000,
 		maxQueue:    maxQueuedAcquires,
@@ -136,10 +193,13 @@ func newCluster(w *world, cfg state.Config, groups int) (*cluster, error) {
 		linger:      int64(batchLinger),
 		maxInflight: maxInflightCalls,
 		agentLimit:  lim,
-		agentCalls:  make([]bucket.State, 3*w.cfg.agents),
+		agentCalls:  make([]bucket.State, nodes*w.cfg.agents),
+	}
+	for n := range c.alive {
+		c.alive[n] = true
 	}
 	for i := range groups {
-		c.groups = append(c.groups, &raftGroup{c: c, id: i, st: state.New(cfg), leader: i % 3})
+		c.groups = append(c.groups, &raftGroup{c: c, id: i, st: state.New(cfg), leader: i % nodes})
 	}
 	return c, nil
 }
@@ -214,16 +274,21 @@ func (c *cluster) call(r *rpc) {
 // its answer (the returned done) or its deadline, whichever is first (the
 // agent's cancellation ends the handler), and returns nil.
 func (c *cluster) admit(node, agent int, deadline int64) (done func(), err error) {
-	res := c.agentLimit.AllowN(&c.agentCalls[3*agent+node], c.w.eng.now, 1)
+	nc := &c.node[node]
+	nc.calls++
+	res := c.agentLimit.AllowN(&c.agentCalls[c.nodes*agent+node], c.w.eng.now, 1)
 	if !res.Allowed {
 		c.throttled++
+		nc.rateRefused++
 		return nil, exhausted("sim: agent over its call rate", res.RetryAfter)
 	}
 	if c.inflight[node] >= c.maxInflight {
 		c.throttled++
+		nc.fullRefused++
 		return nil, exhausted("sim: overloaded: calls in flight", 100*time.Millisecond)
 	}
 	c.inflight[node]++
+	nc.peak = max(nc.peak, c.inflight[node])
 	inc, freed := c.incarnation[node], false
 	done = func() {
 		if !freed && inc == c.incarnation[node] {
@@ -568,7 +633,7 @@ func (wt *watch) retry() {
 	c := wt.c
 	d := wt.backoff/2 + time.Duration(c.w.rng.Int64N(int64(wt.backoff/2)+1))
 	c.w.eng.after(d, func() {
-		wt.node = (wt.node + 1) % 3
+		wt.node = (wt.node + 1) % c.nodes
 		if wt.reachable() {
 			wt.up = true
 			wt.backoff = c.w.cfg.probeBackoff

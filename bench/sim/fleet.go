@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,16 +34,20 @@ func runFleet10x(sc scale, seed uint64) (*result, error) {
 	big.peak *= 10
 	big.fleet = sc.fleet10
 	big.sample = sc.sample10
+	big.nodes = sc.nodes10
 	if sc.peak10 > 0 {
 		big.peakFrom, big.peakTo = sc.peak10From, sc.peak10From+sc.peak10
 	}
 	return simulateFleet("fleet-10x", "the fleet ten times over: the allocator's groups", big, sc.groups10, false, seed)
 }
 
-// sampleGroups returns the groups whose keys a fleet run on cl simulates:
-// all of them, or (sample > 0) the group that owns the hottest key and
-// then the highest-numbered others: groups whose load is the long tail's,
-// as most groups' is.
+// sampleGroups returns the groups whose keys a fleet run on w's cluster
+// simulates: all of them, or (sample > 0) the group that owns the hottest
+// key, then the other groups its leader leads, highest-numbered first (so
+// that once sample reaches the groups one node leads, the busiest node's
+// guard and leaders see every call they would in the whole fleet), then
+// the highest-numbered others: groups whose load is the long tail's, as
+// most groups' is.
 func sampleGroups(w *world, sample int) []bool {
 	in := make([]bool, len(w.cl.groups))
 	if sample <= 0 || sample >= len(in) {
@@ -50,8 +56,17 @@ func sampleGroups(w *world, sample int) []bool {
 		}
 		return in
 	}
-	in[w.groupOfKey(0)] = true
-	for g, n := len(in)-1, 1; n < sample; g-- {
+	hot := w.groupOfKey(0)
+	in[hot] = true
+	n := 1
+	mine := w.cl.ledBy(w.cl.groups[hot].leader)
+	for i := len(mine) - 1; i >= 0 && n < sample; i-- {
+		if g := mine[i]; !in[g] {
+			in[g] = true
+			n++
+		}
+	}
+	for g := len(in) - 1; n < sample; g-- {
 		if !in[g] {
 			in[g] = true
 			n++
@@ -90,7 +105,7 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 	}
 	cfg := worldConfig{
 		name: name, seed: seed, agents: sc.agents, keys: sc.keys, groups: []*group{g},
-		lease: true, redis: baselines, baselines: baselines, raftGroups: groups,
+		lease: true, redis: baselines, baselines: baselines, raftGroups: groups, nodes: sc.nodes,
 		warmup: sc.warmup, duration: sc.fleet, track: []int{0, near},
 	}
 	w, err := newWorld(cfg)
@@ -142,7 +157,7 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 	res.what = []string{
 		fmt.Sprintf("%d agents, %s keys (Zipf s=1.1), %s on average (%s), spread uniformly over the agents;",
 			sc.agents, count(int64(sc.keys)), rate(meanRate), profDesc(sc)),
-		fmt.Sprintf("the allocator: %d Raft group(s) over the 1024 slots (pkg/slots), their leaders spread over 3 nodes; %s;", groups, measuredCPU),
+		fmt.Sprintf("the allocator: %d Raft group(s) over the 1024 slots (pkg/slots), their leaders spread over %d nodes; %s;", groups, w.cl.nodes, measuredCPU),
 		fmt.Sprintf("one rule: every key %d/s, burst %d (R chosen so that %.1f%% of the traffic is over its key's limit);",
 			quota, quota, 2.0),
 	}
@@ -150,8 +165,8 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 		res.what = append(res.what, fmt.Sprintf("%s of warm-up, then %s measured; every request is simulated (%s arrivals).",
 			sc.warmup, sc.fleet, count(arr.n)))
 	} else {
-		res.what = append(res.what, fmt.Sprintf("%s of warm-up, then %s measured; sampled by slot: every request on the keys of %d of the %d groups (%s: the hottest key's, then the highest-numbered) is simulated, %s of the %s arrivals (%.1f%%), from every agent; the other groups get no calls. Each simulated group's figures are exact; the totals are the simulated groups'.",
-			sc.warmup, sc.fleet, sims, len(simulated), groupList(simulated), count(kept), count(arr.n), 100*share))
+		res.what = append(res.what, fmt.Sprintf("%s of warm-up, then %s measured; sampled by slot: every request on the keys of %d of the %d groups (%s: the hottest key's, then the others its leader leads, then the highest-numbered) is simulated, %s of the %s arrivals (%.1f%%), from every agent; the other groups get no calls. Each simulated group's figures are exact; the totals are the simulated groups'; %s.",
+			sc.warmup, sc.fleet, sims, len(simulated), groupList(simulated), count(kept), count(arr.n), 100*share, nodeCoverage(w.cl, simulated)))
 	}
 	// rounds is the Acquire and Release calls the agents made in the
 	// measured period. A sample's agents call only the simulated groups,
@@ -219,12 +234,16 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 			count(m.refused) + " / " + count(m.throttled),
 		}}})
 
+	if sims < len(simulated) || w.cl.nodes != 3 {
+		res.tables = append(res.tables, nodeTable(w, simulated))
+	}
+
 	// The guard limits each agent's calls to a node, and an agent calls
 	// every group it has keys in at a tick: a node leading more groups
 	// takes more of an agent's calls. In a sample the other groups get no
 	// calls, so the bound is the measured calls per group and agent
-	// times the groups the busiest node leads (leaders i mod 3).
-	perNode := (len(w.cl.groups) + 2) / 3
+	// times the groups the busiest node leads (leaders i mod nodes).
+	perNode := (len(w.cl.groups) + w.cl.nodes - 1) / w.cl.nodes
 	perAgentNode := float64(m.calls) / secs / ng / float64(sc.agents) * float64(perNode)
 	lr := lease.rec
 	res.bounds = []bound{
@@ -236,7 +255,7 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 			measured: rounds / (float64(lr.admitted) / share), limit: 0.05},
 		{system: "allot leases", what: fmt.Sprintf("every allocator group carries its load (%d groups): the leader CPU its calls and entries demand in the busiest second of the busiest group, at the measured cost per entry and per key", len(w.cl.groups)),
 			promise: "the leader's cores", measured: peak, limit: measuredCPU.cores, unit: "cores"},
-		{system: "allot leases", what: fmt.Sprintf("an agent's calls to one node (%d groups, at most %d led by one of the 3 nodes): its calls per group and second, times the groups one node leads", len(w.cl.groups), perNode),
+		{system: "allot leases", what: fmt.Sprintf("an agent's calls to one node (%d groups, at most %d led by one of the %d nodes): its calls per group and second, times the groups one node leads", len(w.cl.groups), perNode, w.cl.nodes),
 			promise: "the guard's calls per agent and node (-agent-rate)", measured: perAgentNode, limit: float64(agentRate), unit: "/s"},
 		{system: "allot leases", what: "Acquire calls refused as overloaded (a group's queue full, a node's in-flight cap, an agent's call rate)", promise: "none",
 			measured: float64(m.refused + m.throttled), limit: 0},
@@ -259,6 +278,78 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 	plot.lines = append(plot.lines, flatLine("limit R", 0, (sc.warmup+sc.fleet).Seconds(), limit))
 	res.plots = append(res.plots, plot)
 	return res, nil
+}
+
+// nodeCoverage says which nodes a sample sees every call of: those whose
+// led groups are all simulated, the hottest key's group's leader first.
+func nodeCoverage(c *cluster, in []bool) string {
+	hot := -1
+	for g, ok := range in {
+		if ok {
+			hot = c.groups[g].leader
+			break
+		}
+	}
+	if hot < 0 {
+		return "no node is simulated"
+	}
+	var sim, all int
+	for _, g := range c.ledBy(hot) {
+		all++
+		if in[g] {
+			sim++
+		}
+	}
+	if sim == all {
+		return fmt.Sprintf("node %d leads %d group(s), all simulated, the hottest key's among them: its guard and its leaders get every call the whole fleet sends them", hot, all)
+	}
+	return fmt.Sprintf("node %d leads %d groups, %d of them simulated: its guard sees only their calls, and the guard's bound counts the rest from the calls per group", hot, all, sim)
+}
+
+// nodeTable reports the guard of the busiest nodes (at most 4, by calls
+// during the measured period) among those leading a simulated group.
+func nodeTable(w *world, in []bool) table {
+	c := w.cl
+	secs := w.seconds()
+	var nodes []int
+	for n := range c.nodes {
+		for _, g := range c.ledBy(n) {
+			if in[g] {
+				nodes = append(nodes, n)
+				break
+			}
+		}
+	}
+	slices.SortStableFunc(nodes, func(a, b int) int { return cmp.Compare(c.nodeMeasured(b).calls, c.nodeMeasured(a).calls) })
+	t := table{title: fmt.Sprintf("The busiest allocator nodes during the measured period (%d nodes; each node's guard: %d calls in flight, %d calls/s per agent, burst %d)", c.nodes, c.maxInflight, agentRate, agentBurst),
+		header: []string{"node", "groups it leads (simulated)", "calls/s to it", "an agent's calls/s to it (mean)", "most calls in flight", "refused: agent rate / in-flight cap", "its leaders' busiest second (cores; one core a leader)"}}
+	for _, n := range nodes[:min(len(nodes), 4)] {
+		led := c.ledBy(n)
+		var ids []string
+		var bins []int64
+		for _, g := range led {
+			if !in[g] {
+				continue
+			}
+			ids = append(ids, fmt.Sprint(g))
+			for s, v := range c.groups[g].demandBins {
+				for len(bins) <= s {
+					bins = append(bins, 0)
+				}
+				bins[s] += v
+			}
+		}
+		var peak int64
+		for s := int((w.measureFrom - epoch) / int64(time.Second)); s < int((w.end-epoch)/int64(time.Second)) && s < len(bins); s++ {
+			peak = max(peak, bins[s])
+		}
+		nc := c.nodeMeasured(n)
+		t.add(fmt.Sprint(n), fmt.Sprintf("%d (%s)", len(led), strings.Join(ids, ", ")),
+			fmt.Sprintf("%.0f", float64(nc.calls)/secs), fmt.Sprintf("%.1f", float64(nc.calls)/secs/float64(w.cfg.agents)),
+			count(int64(nc.peak)), count(nc.rateRefused)+" / "+count(nc.fullRefused),
+			fmt.Sprintf("%.2f of %d", float64(peak)/1e9, len(led)))
+	}
+	return t
 }
 
 func profDesc(sc scale) string {

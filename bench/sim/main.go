@@ -20,16 +20,24 @@
 //	go run ./bench/sim -scale full            # the reference sizing (200 gateways, 5M keys)
 //	go run ./bench/sim -scenarios failover,hot-key -seed 7
 //	go run ./bench/sim -quick -scenarios fleet-10x -groups-10x 4   # ten times the fleet (minutes)
-//	go run ./bench/sim -scale full -scenarios fleet-10x -groups-10x 128 -sample-10x 2 -duration-10x 10s
-//	    # 2,000 gateways, 50M keys, 10M req/s at peak on 128 groups, the keys of 2 of them simulated
+//	go run ./bench/sim -scale full -scenarios fleet-10x -groups-10x 64 -nodes-10x 32 -sample-10x 2 -duration-10x 10s
+//	    # 2,000 gateways, 50M keys, 10M req/s at peak on 64 groups led by 32 nodes, the keys of 2 of them simulated
 //
 // A fleet-10x run may be sampled by slot (-sample-10x m): every arrival of
 // the whole fleet is drawn, and those on the keys of m of its groups are
 // simulated, from every agent; the rest are dropped. A group's load, CPU
 // and calls are then exact for the groups simulated, since no key is
-// served by two groups; what the sample cannot see is each agent's calls
-// to the other groups, which the guard's bound counts from the calls per
-// group it measured.
+// served by two groups. The sample takes the hottest key's group, then
+// the other groups its leader leads: with a sample of at least the groups
+// one node leads (⌈groups/nodes⌉), that node's guard (calls in flight,
+// each agent's call rate) and leaders see every call the whole fleet sends
+// them. What the sample cannot see is each agent's calls to the groups
+// not simulated, which the guard's bound counts from the calls per group
+// it measured.
+//
+// -nodes and -nodes-10x set the allocator's node count (default 3): group
+// i is led by node i mod nodes, the even spread the allocator keeps, and
+// every node has its own guard with the allocator's defaults.
 package main
 
 import (
@@ -88,6 +96,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	parallel := fs.Int("parallel", runtime.NumCPU(), "scenarios run at once (each is single-threaded)")
 	groups := fs.Int("groups", 0, "allocator Raft groups of the fleet scenario (0: the scale's)")
 	groups10 := fs.Int("groups-10x", 0, "allocator Raft groups of the fleet-10x scenario (0: the scale's)")
+	nodes := fs.Int("nodes", 3, "allocator nodes of the fleet scenario: the groups' leaders spread evenly over them, each node with its own guard")
+	nodes10 := fs.Int("nodes-10x", 3, "allocator nodes of the fleet-10x scenario")
 	rate := fs.Int("agent-rate", agentRate, "the allocator's -agent-rate: calls per second per agent and node (burst the larger of 400 and the rate)")
 	sample10 := fs.Int("sample-10x", -1, "groups of fleet-10x whose keys are simulated, the rest drawn and dropped (0: all; -1: the scale's)")
 	duration10 := fs.Duration("duration-10x", 0, "measured time of fleet-10x (0: the scale's)")
@@ -110,6 +120,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sim: -groups and -groups-10x must be 1 to %d\n", slots.Count)
 		return 2
 	}
+	if *nodes < 3 || *nodes > maxNodes || *nodes10 < 3 || *nodes10 > maxNodes {
+		fmt.Fprintf(stderr, "sim: -nodes and -nodes-10x must be 3 to %d (the CPU model is of groups of 3 replicas)\n", maxNodes)
+		return 2
+	}
+	sc.nodes, sc.nodes10 = *nodes, *nodes10
 	if measuredCPU.entry < 0 || measuredCPU.key < 0 || measuredCPU.leaderShare <= 0 || measuredCPU.leaderShare > 1 || measuredCPU.cores <= 0 {
 		fmt.Fprintln(stderr, "sim: -raft-entry-cpu and -raft-key-cpu must not be negative, -leader-share must be in (0, 1], -leader-cores above 0")
 		return 2
@@ -252,6 +267,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout, "\nsim: every bound holds")
 	return 0
 }
+
+// maxNodes bounds -nodes: every node has a guard bucket per agent.
+const maxNodes = 1024
 
 func names() string {
 	var n []string

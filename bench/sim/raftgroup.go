@@ -266,8 +266,8 @@ func (g *raftGroup) lose(elect time.Duration) {
 	g.queue = nil
 	g.inflight = 0
 	c.w.eng.after(elect, func() {
-		for i := 1; i <= 3; i++ {
-			if n := (old + i) % 3; c.alive[n] {
+		for i := 1; i <= c.nodes; i++ {
+			if n := (old + i) % c.nodes; c.alive[n] {
 				g.leader = n
 				return
 			}

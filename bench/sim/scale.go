@@ -15,13 +15,16 @@ type scale struct {
 	fleet            time.Duration // measured time after the warm-up
 	warmup           time.Duration
 	groups           int // allocator Raft groups the fleet runs on
+	nodes            int // allocator nodes the groups' leaders spread over (0: 3)
 	sample           int // groups whose keys are simulated (0: all; see sampleGroups)
 
 	// The 10× fleet: ten times the fleet's agents, keys and rates, on
-	// groups10 groups of which sample10 are simulated (0: all), measured
+	// groups10 groups led by nodes10 nodes, of which sample10 groups are
+	// simulated (0: all), measured
 	// for fleet10, its peak (if peak10 > 0) peak10 long from peak10From
 	// after the warm-up.
 	groups10, sample10 int
+	nodes10            int // allocator nodes of the 10× fleet (0: 3)
 	fleet10            time.Duration
 	peak10From, peak10 time.Duration
 

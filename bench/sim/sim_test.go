@@ -3,14 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/allot/allot/allocator/meta"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -203,7 +208,7 @@ func TestRunFlags(t *testing.T) {
 	if code := run([]string{"-scenarios", "nope"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "no scenario") {
 		t.Fatalf("bad scenario: exit %d, %q", code, errb.String())
 	}
-	for _, args := range [][]string{{"-duration-10x", "-1s"}, {"-agent-rate", "0"}} {
+	for _, args := range [][]string{{"-duration-10x", "-1s"}, {"-agent-rate", "0"}, {"-nodes", "2"}, {"-nodes-10x", "1025"}} {
 		errb.Reset()
 		if code := run(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), args[0]) {
 			t.Errorf("%v: exit %d, %q", args, code, errb.String())
@@ -413,5 +418,102 @@ func TestGuardRefuses(t *testing.T) {
 		if !tc.noneApplied && m.acquireRPCs == 0 {
 			t.Errorf("%s: no call got through at 1 call/s", tc.name)
 		}
+	}
+}
+
+// TestNodesLeadersAndGuard: with G groups on N nodes each node leads
+// ⌊G/N⌋ or ⌈G/N⌉ of them, a spread meta.PlanLeaders (what the allocator's
+// meta leader runs) leaves as it is; each node has its own guard, whose
+// per-agent bucket counts the agent's calls to that node whatever group
+// they are for, and whose in-flight cap counts that node's calls alone;
+// and a sample of ⌈G/N⌉ groups covers every group the hottest key's
+// leader leads.
+func TestNodesLeadersAndGuard(t *testing.T) {
+	savedInflight := maxInflightCalls
+	defer func() { maxInflightCalls = savedInflight }()
+	maxInflightCalls = 3
+	g := &group{name: "k", quota: 100, unit: time.Second, burst: 100}
+	const groups, nodes = 11, 4
+	w, err := newWorld(worldConfig{seed: 1, agents: 2, keys: 200, groups: []*group{g}, lease: true, raftGroups: groups, nodes: nodes, duration: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.shutdown()
+	c := w.cl
+
+	ids := make([]string, nodes)
+	for n := range ids {
+		ids[n] = fmt.Sprintf("node-%d", n)
+	}
+	var mg []meta.Group
+	leaders := map[slots.GroupID]string{}
+	for _, rg := range c.groups {
+		mg = append(mg, meta.Group{ID: slots.GroupID(rg.id), Members: ids})
+		leaders[slots.GroupID(rg.id)] = ids[rg.leader]
+	}
+	for n := range nodes {
+		if led := len(c.ledBy(n)); led < groups/nodes || led > (groups+nodes-1)/nodes {
+			t.Errorf("node %d leads %d of %d groups: want %d or %d", n, led, groups, groups/nodes, (groups+nodes-1)/nodes)
+		}
+	}
+	if plan := meta.PlanLeaders(mg, leaders, ids); len(plan) != 0 {
+		t.Errorf("meta.PlanLeaders moves %v: the sim's leaders are not the allocator's spread", plan)
+	}
+
+	// Agent 0's burst on node 0, whichever of node 0's groups the calls
+	// are for: one bucket per agent and node. Calls answered at once
+	// (done) so that the in-flight cap stays out of it.
+	deadline := w.eng.now + int64(time.Second)
+	for i := range agentBurst {
+		done, err := c.admit(0, 0, deadline)
+		if err != nil {
+			t.Fatalf("call %d of agent 0 to node 0 refused within its burst: %v", i, err)
+		}
+		done()
+	}
+	if _, err := c.admit(0, 0, deadline); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("call %d of agent 0 to node 0: %v, want ResourceExhausted (agent rate)", agentBurst+1, err)
+	}
+	if done, err := c.admit(1, 0, deadline); err != nil {
+		t.Fatalf("agent 0 refused by node 1 for its calls to node 0: %v", err)
+	} else {
+		done()
+	}
+	if done, err := c.admit(0, 1, deadline); err != nil {
+		t.Fatalf("agent 1 refused by node 0 for agent 0's calls: %v", err)
+	} else {
+		done()
+	}
+
+	// Node 2's in-flight cap (3 here) counts node 2's calls only.
+	for i := range maxInflightCalls {
+		if _, err := c.admit(2, i%2, deadline); err != nil {
+			t.Fatalf("call %d in flight on node 2 refused: %v", i, err)
+		}
+	}
+	if _, err := c.admit(2, 1, deadline); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("call past node 2's in-flight cap: %v, want ResourceExhausted", err)
+	}
+	if done, err := c.admit(3, 1, deadline); err != nil {
+		t.Fatalf("node 3 refused a call for node 2's calls in flight: %v", err)
+	} else {
+		done()
+	}
+	if nc := c.node[0]; nc.rateRefused != 1 || nc.fullRefused != 0 {
+		t.Errorf("node 0 counted %+v: want 1 refusal for the agent rate", nc)
+	}
+	if nc := c.node[2]; nc.fullRefused != 1 || nc.peak != maxInflightCalls {
+		t.Errorf("node 2 counted %+v: want 1 refusal at the cap, peak %d", nc, maxInflightCalls)
+	}
+
+	hot := c.groups[w.groupOfKey(0)].leader
+	in := sampleGroups(w, (groups+nodes-1)/nodes)
+	for _, gid := range c.ledBy(hot) {
+		if !in[gid] {
+			t.Errorf("sampleGroups(%d) = %v leaves out group %d of node %d, which leads the hottest key's group", (groups+nodes-1)/nodes, in, gid, hot)
+		}
+	}
+	if s := nodeCoverage(c, in); !strings.Contains(s, "all simulated") {
+		t.Errorf("nodeCoverage = %q: want the hottest key's node covered", s)
 	}
 }

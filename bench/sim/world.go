@@ -93,6 +93,7 @@ type worldConfig struct {
 	refill, callTimeout, probeBackoff time.Duration
 	state                             state.Config
 	raftGroups                        int // allocator Raft groups (0: one)
+	nodes                             int // allocator nodes (0: 3)
 }
 
 func (c *worldConfig) defaults() {
@@ -197,6 +198,7 @@ func newWorld(cfg worldConfig) (*world, error) {
 	w.eng.atFunc(w.measureFrom, func() {
 		if w.cl != nil {
 			w.atMeasure = w.cl.counters()
+			w.cl.markNodes()
 		}
 		if w.redis != nil {
 			w.redisAt = [2]int64{w.redis.ops, w.redis.calls}
@@ -226,7 +228,11 @@ func (w *world) group(key int) *group {
 
 // startLease bootstraps the cluster and starts the lease agents.
 func (w *world) startLease() error {
-	cl, err := newCluster(w, w.cfg.state, w.cfg.raftGroups)
+	nodes := w.cfg.nodes
+	if nodes == 0 {
+		nodes = 3
+	}
+	cl, err := newCluster(w, w.cfg.state, w.cfg.raftGroups, nodes)
 	if err != nil {
 		return err
 	}
@@ -240,8 +246,8 @@ func (w *world) startLease() error {
 		w.leaseAgents = append(w.leaseAgents, an)
 		acfg := agent.DefaultConfig()
 		acfg.ID = fmt.Sprintf("agent-%03d", i)
-		for n := range 3 {
-			acfg.Clients = append(acfg.Clients, &simClient{an: an, node: (i + n) % 3})
+		for n := range nodes {
+			acfg.Clients = append(acfg.Clients, &simClient{an: an, node: (i + n) % nodes})
 		}
 		acfg.Now = func() int64 { return w.eng.now }
 		acfg.Rand = newRand(w.cfg.seed, acfg.ID)
@@ -257,7 +263,7 @@ func (w *world) startLease() error {
 		if err := a.ApplyRuleSet(w.cl.ruleSet); err != nil {
 			return fmt.Errorf("sim: agent %d: initial rules: %w", i, err)
 		}
-		wt := &watch{c: w.cl, an: an, node: i % 3, up: true, known: w.cl.ruleSet.Version,
+		wt := &watch{c: w.cl, an: an, node: i % nodes, up: true, known: w.cl.ruleSet.Version,
 			applied: map[uint64]int64{w.cl.ruleSet.Version: w.eng.now}}
 		w.cl.watches = append(w.cl.watches, wt)
 		w.eng.at(w.eng.now+phase.Int64N(int64(w.cfg.refill)), an, 0)
