@@ -20,8 +20,8 @@
 //	go run ./bench/sim -scale full            # the reference sizing (200 gateways, 5M keys)
 //	go run ./bench/sim -scenarios failover,hot-key -seed 7
 //	go run ./bench/sim -quick -scenarios fleet-10x -groups-10x 4   # ten times the fleet (minutes)
-//	go run ./bench/sim -scale full -scenarios fleet-10x -groups-10x 64 -nodes-10x 32 -sample-10x 2 -duration-10x 10s
-//	    # 2,000 gateways, 50M keys, 10M req/s at peak on 64 groups led by 32 nodes, the keys of 2 of them simulated
+//	go run ./bench/sim -scale full -scenarios fleet-10x -groups-10x 256 -nodes-10x 256 -sample-10x 2 -duration-10x 10s
+//	    # 2,000 gateways, 50M keys, 10M req/s at peak on 256 groups led by 256 nodes, the keys of 2 of them simulated
 //
 // A fleet-10x run may be sampled by slot (-sample-10x m): every arrival of
 // the whole fleet is drawn, and those on the keys of m of its groups are
