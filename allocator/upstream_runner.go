@@ -322,7 +322,9 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			g.tokens.WithLabelValues("minted").Add(float64(n))
 		}
 		st := k.Status()
-		if st.CutOff || !upstreamOK {
+		// A key whose call is overdue is served from its fallback share
+		// once spent, as a cut-off one is; the region is not cut off.
+		if st.CutOff || st.Overdue || !upstreamOK {
 			fallbackKeys++
 		}
 		views[p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, cutOff: st.CutOff || !upstreamOK, notLeased: rk.notLeased}

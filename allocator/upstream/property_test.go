@@ -51,9 +51,14 @@ type reply struct {
 //   - each region accepts at most what the global bucket granted it (no
 //     grant counted twice), so across regions the total held ≤ what the
 //     global bucket granted, which is ≤ B + R·t;
-//   - over-admission in a partition is bounded: the fallback tokens a
-//     region sub-granted are at most its fallback rate integrated over the
-//     time it was cut off, plus one tick of it and one token.
+//   - over-admission in a partition, or while a call is overdue, is
+//     bounded: the fallback tokens a region sub-granted are at most its
+//     fallback rate integrated over the time it was cut off or its call
+//     overdue, plus one tick of it and one token;
+//   - every fallback token sub-granted is reported upstream as
+//     outage_charged or still owed: an overdue call that is answered
+//     after all leaves its region's mints to be charged, as a partition
+//     does.
 func TestPropertyInvariants(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const rate, burst = 1000.0, 500
@@ -68,7 +73,8 @@ func TestPropertyInvariants(t *testing.T) {
 		g := &globalModel{lim: lim, granted: make([]int64, n)}
 		keys := make([]*Key, n)
 		cut := make([]bool, n)
-		allowance := make([]float64, n) // ∫ fallback rate over time cut off, tokens
+		allowance := make([]float64, n) // ∫ fallback rate over time cut off or overdue, tokens
+		charged := make([]int64, n)     // outage_charged in the calls made
 		maxCapRate := 0.0
 		for i := range keys {
 			r := Rule{Rate: rate, Burst: burst}
@@ -86,7 +92,7 @@ func TestPropertyInvariants(t *testing.T) {
 			// passes while it is cut off.
 			dt := time.Duration(rapid.Int64Range(0, int64(300*time.Millisecond)).Draw(t, "dt"))
 			for i, k := range keys {
-				if s := k.Status(); s.CutOff {
+				if s := k.Status(); s.CutOff || s.Overdue {
 					allowance[i] += s.FallbackRt * dt.Seconds()
 					maxCapRate = max(maxCapRate, s.FallbackRt)
 				}
@@ -96,7 +102,9 @@ func TestPropertyInvariants(t *testing.T) {
 			k := keys[i]
 			switch rapid.IntRange(0, 7).Draw(t, "action") {
 			case 0, 1: // tick: a call reaches the global cluster unless partitioned
-				if r, ok := k.Tick(now, rapid.Float64Range(0, 3000).Draw(t, "demand")); ok && !cut[i] {
+				r, ok := k.Tick(now, rapid.Float64Range(0, 3000).Draw(t, "demand"))
+				charged[i] += r.OutageCharged
+				if ok && !cut[i] {
 					pending = append(pending, reply{i, g.serve(now, i, r)})
 				}
 			case 2: // an answer arrives: any pending one, perhaps twice
@@ -154,8 +162,11 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 				sumHeld += held
 				if bound := allowance[r] + maxCapRate*cfg.Tick.Seconds() + 1; float64(s.Minted) > bound+1e-6 {
-					t.Fatalf("step %d region %d: minted %d > %.3f (fallback rate over the time cut off, plus one tick and one token)",
+					t.Fatalf("step %d region %d: minted %d > %.3f (fallback rate over the time cut off or overdue, plus one tick and one token)",
 						step, r, s.Minted, bound)
+				}
+				if charged[r]+k.fbOwed != s.Minted {
+					t.Fatalf("step %d region %d: minted %d, reported as outage_charged %d, owed %d", step, r, s.Minted, charged[r], k.fbOwed)
 				}
 			}
 			if limit := float64(burst) + rate*tSec; float64(g.taken) > limit+1e-6 || float64(sumHeld) > float64(g.taken)+1e-6 {

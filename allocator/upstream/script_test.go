@@ -14,7 +14,7 @@ import (
 // -rewrite rewrites the answers). Times (t=) are durations since the
 // script's start; the key's clock never runs backwards.
 //
-//	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [backoff=1s] [window=4s] rate=<tokens/s> [burst=] [static=<fraction>]
+//	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [overdue=250ms] [backoff=1s] [window=4s] rate=<tokens/s> [burst=] [static=<fraction>]
 //	                                              a new key (static: global_fallback static)
 //	tick t= demand=<tokens/s>                     → the call made, or "no call"
 //	grant t= id= n=<tokens> [refresh=<dur>]       the global cluster answers
@@ -68,7 +68,7 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 	now := epoch + int64(d("t"))
 	if cmd == "key" {
 		cfg := Config{RTT: d("rtt"), Tick: d("tick"), Horizon: d("horizon"), CallTimeout: d("timeout"),
-			RetryBackoff: d("backoff"), ShareWindow: d("window")}
+			OverdueMin: d("overdue"), RetryBackoff: d("backoff"), ShareWindow: d("window")}
 		r := Rule{Rate: f("rate"), Burst: i("burst")}
 		if _, ok := args["static"]; ok {
 			r.Fallback, r.Fraction = rules.FallbackStatic, f("static")
@@ -149,6 +149,9 @@ func fmtStatus(s Status) string {
 	}
 	if s.InFlight {
 		state += ", call in flight"
+	}
+	if s.Overdue {
+		state += ", overdue"
 	}
 	return fmt.Sprintf("  avail=%d owed=%d fallback=%d demand=%.4g/s share=%.4g/s falls-to=%.4g/s [%s] received=%d returned=%d minted=%d",
 		s.Available, s.Owed, s.Fallback, s.Demand, s.Share, s.FallbackRt, state, s.Received, s.Returned, s.Minted)

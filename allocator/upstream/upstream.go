@@ -33,6 +33,13 @@ const (
 	FallMinTokens = 40
 )
 
+// OverdueFactor: a call in flight for this many measured round trips (and
+// at least Config.OverdueMin) is overdue. Answers vary with the global
+// cluster's commit latency by well under a round trip; a call three round
+// trips old is waiting on something else: a global leader that is gone,
+// whose follower retries for the next one, or a link that is down.
+const OverdueFactor = 3
+
 // maxGrants bounds the grants remembered for the fair share (ShareWindow of
 // refills at most every Tick; older ones fall out first, which only lowers
 // the share).
@@ -56,6 +63,13 @@ type Config struct {
 	// CallTimeout: an upstream call unanswered after this has failed and
 	// the region counts as cut off. Default 1 s.
 	CallTimeout time.Duration
+	// OverdueMin is the least time after which a call in flight counts as
+	// overdue (see Key.OverdueAfter). Default 250 ms: an answer takes the
+	// round trip plus a Raft commit at the global cluster (two fsyncs,
+	// tens of ms at p99 on a busy disk) and, from a global follower, a
+	// forward to its leader, so a call a few short round trips old (a
+	// region next to its global cluster) is no sign of trouble yet.
+	OverdueMin time.Duration
 	// RetryBackoff is the wait after a failed call before the next one.
 	// Default 1 s.
 	RetryBackoff time.Duration
@@ -78,6 +92,7 @@ func DefaultConfig() Config {
 		Tick:         100 * time.Millisecond,
 		Horizon:      time.Second,
 		CallTimeout:  time.Second,
+		OverdueMin:   250 * time.Millisecond,
 		RetryBackoff: time.Second,
 		ShareWindow:  4 * time.Second,
 		DemandTau:    time.Second,
@@ -91,7 +106,7 @@ func (c Config) Validate() error {
 		name string
 		d    time.Duration
 	}{{"RTT", c.RTT}, {"Tick", c.Tick}, {"Horizon", c.Horizon}, {"CallTimeout", c.CallTimeout},
-		{"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}, {"DemandTau", c.DemandTau}, {"FallWindow", c.FallWindow}} {
+		{"OverdueMin", c.OverdueMin}, {"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}, {"DemandTau", c.DemandTau}, {"FallWindow", c.FallWindow}} {
 		if f.d < 0 || f.d > time.Hour {
 			return fmt.Errorf("upstream: %s must be between 0 and 1h, got %v", f.name, f.d)
 		}
@@ -102,7 +117,7 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	for _, p := range []struct{ v, def *time.Duration }{{&c.RTT, &d.RTT}, {&c.Tick, &d.Tick}, {&c.Horizon, &d.Horizon},
-		{&c.CallTimeout, &d.CallTimeout}, {&c.RetryBackoff, &d.RetryBackoff}, {&c.ShareWindow, &d.ShareWindow},
+		{&c.CallTimeout, &d.CallTimeout}, {&c.OverdueMin, &d.OverdueMin}, {&c.RetryBackoff, &d.RetryBackoff}, {&c.ShareWindow, &d.ShareWindow},
 		{&c.DemandTau, &d.DemandTau}, {&c.FallWindow, &d.FallWindow}} {
 		if *p.v == 0 {
 			*p.v = *p.def
@@ -184,6 +199,7 @@ type Key struct {
 	sent      Request // the call in flight
 	sentAt    int64
 	refreshAt int64 // the server-directed refresh (0: none yet)
+	srtt      int64 // the smoothed round trip of answered calls, ns (0: none measured yet)
 	retryAt   int64 // when cut off: no call before this
 
 	connected bool  // the last call was answered (false before the first)
@@ -267,7 +283,7 @@ func (k *Key) advance(now int64) {
 		now = k.now
 	}
 	k.now = now
-	minting := k.cut && (k.avail == 0 || k.minted)
+	minting := k.fallingBack(now) && (k.avail == 0 || k.minted)
 	if minting && k.minting {
 		if dt := float64(now-k.fbAt) / 1e9; dt > 0 {
 			k.fb = min(k.fb+k.fallbackRate()*dt, k.fallbackCap())
@@ -277,6 +293,33 @@ func (k *Key) advance(now int64) {
 		k.fbAt = now
 	}
 	k.minting = minting
+}
+
+// fallingBack reports whether the key serves from its fallback share once
+// its lease is spent: the region is cut off, or its call in flight is
+// overdue. A region whose call is overdue is as good as cut off for what
+// it admits meanwhile: it holds nothing ahead, and the answer, if it comes,
+// comes late. What it mints meanwhile is reported upstream as
+// outage_charged, as a cut-off region's is, once a call is answered again.
+func (k *Key) fallingBack(now int64) bool {
+	return k.cut || k.overdue(now)
+}
+
+// overdue reports whether the call in flight is past OverdueAfter at now.
+func (k *Key) overdue(now int64) bool {
+	return k.inflight && now-k.sentAt >= int64(k.OverdueAfter())
+}
+
+// OverdueAfter is how long a call may be in flight before it is overdue:
+// OverdueFactor round trips, measured (a smoothed mean of the answered
+// calls, weight 1/8 to the newest) or, before the first answer, the
+// configured RTT; at least OverdueMin and at most CallTimeout.
+func (k *Key) OverdueAfter() time.Duration {
+	rtt := time.Duration(k.srtt)
+	if rtt == 0 {
+		rtt = k.cfg.RTT
+	}
+	return min(max(OverdueFactor*rtt, k.cfg.OverdueMin), k.cfg.CallTimeout)
 }
 
 // fallbackRate is the share the region falls to when cut off, tokens/s.
@@ -450,6 +493,13 @@ func (k *Key) Granted(now int64, g Grant) error {
 		return ErrStale
 	}
 	k.inflight = false
+	if rtt := now - k.sentAt; rtt > 0 {
+		if k.srtt == 0 {
+			k.srtt = rtt
+		} else {
+			k.srtt += (rtt - k.srtt) / 8
+		}
+	}
 	k.avail += g.Granted
 	k.c.Received += g.Granted
 	k.connected, k.cut, k.minting, k.fb, k.minted = true, false, false, 0, false
@@ -514,8 +564,8 @@ func (k *Key) fail(now int64) {
 }
 
 // Cap returns what a gateway asking for want may be granted at now: want,
-// at most the lease balance and, when the region is cut off, the fallback
-// tokens accrued. The regional leader caps each gateway's want with it
+// at most the lease balance and, when the region is cut off or its call
+// is overdue, the fallback tokens accrued. The regional leader caps each gateway's want with it
 // before the gateway's Acquire is committed, so that its regional grant
 // policy sizes grants from what the region holds. A want it cuts marks the
 // region as short of tokens (a region short of tokens sub-grants less than
@@ -523,7 +573,7 @@ func (k *Key) fail(now int64) {
 func (k *Key) Cap(now, want int64) int64 {
 	k.advance(now)
 	n := k.avail
-	if k.cut {
+	if k.fallingBack(now) {
 		n += int64(k.fb)
 	}
 	if want > n {
@@ -544,7 +594,8 @@ func (k *Key) Short(at int64) {
 
 // SubGrant hands up to want tokens to a gateway of the region and returns
 // how many: from the lease while it holds any, then, when the region is
-// cut off and its lease is spent, from its fallback share. Never more than
+// cut off or its call is overdue and its lease is spent, from its fallback
+// share. Never more than
 // the key holds.
 func (k *Key) SubGrant(now, want int64) int64 {
 	k.advance(now)
@@ -556,7 +607,7 @@ func (k *Key) SubGrant(now, want int64) int64 {
 	k.out += n
 	k.c.SubGranted += n
 	k.flowNow += n
-	if n < want && k.cut {
+	if n < want && k.fallingBack(now) {
 		k.advance(now) // the lease may have just run dry: start minting
 		f := min(want-n, int64(k.fb))
 		k.fb -= float64(f)
@@ -602,6 +653,11 @@ type Status struct {
 	CutOff     bool    // the last call failed; no call answered since
 	CutSince   int64   // when the region was cut off (when CutOff)
 	InFlight   bool
+	// Overdue: the call in flight is past OverdueAfter; the key falls
+	// back as when cut off.
+	Overdue bool
+	// RTT: the smoothed round trip of answered calls (0: none yet).
+	RTT time.Duration
 	Counters
 }
 
@@ -610,7 +666,7 @@ func (k *Key) Status() Status {
 	return Status{
 		Available: k.avail, Owed: k.out, Fallback: int64(k.fb), Share: k.share, FallbackRt: k.fallbackRate(),
 		Demand: k.demand, Connected: k.connected && !k.cut, CutOff: k.cut, CutSince: k.cutAt,
-		InFlight: k.inflight, Counters: k.c,
+		InFlight: k.inflight, Overdue: k.overdue(k.now), RTT: time.Duration(k.srtt), Counters: k.c,
 	}
 }
 
@@ -649,10 +705,11 @@ func (k *Key) Sync(now, avail int64) {
 	k.advance(now)
 }
 
-// Mint takes the fallback tokens accrued while the region is cut off and
-// its lease is spent, for the regional state to sub-grant; they are
-// reported upstream as outage_charged once a call is answered again. It
-// returns 0 unless the key is cut off and holds nothing.
+// Mint takes the fallback tokens accrued while the region is cut off, or
+// its call in flight is overdue (see OverdueAfter), and its lease is
+// spent, for the regional state to sub-grant; they are reported upstream
+// as outage_charged with the next call after one is answered. It returns
+// 0 unless the key is cut off or overdue and holds nothing.
 //
 // Once it has minted, the share accrues continuously until a call is
 // answered again, and what it hands out keeps the minted tokens the
@@ -661,7 +718,7 @@ func (k *Key) Sync(now, avail int64) {
 // Ticks.
 func (k *Key) Mint(now int64) int64 {
 	k.advance(now)
-	if !k.cut || (k.avail > 0 && !k.minted) {
+	if !k.fallingBack(now) || (k.avail > 0 && !k.minted) {
 		return 0
 	}
 	n := min(int64(k.fb), int64(k.fallbackCap())-k.avail)
