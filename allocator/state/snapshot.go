@@ -51,7 +51,11 @@ import (
 // (1: version 4's slot modes follow, 2: the regional ledger follows as in
 // version 5, 4: that ledger is in format 2), those, and the slot fence
 // (slotentry.go) as a uvarint; it is written only by a State that has
-// applied a fenced slot entry. Restore reads versions 2 to 7: a version-2 lease has granted nothing in the
+// applied a fenced slot entry. Version 8 is version 7 whose flags may
+// also hold 8: the ledger's pools may hold tokens and a debt at once (a
+// mint that kept part of itself from the debt, upstream.go), and whose
+// slot fence may be 0; it is written only while a pool does. Restore
+// reads versions 2 to 8: a version-2 lease has granted nothing in the
 // current window, and its demand is truncated as a lease stores it
 // (roundDemand).
 const (
@@ -72,6 +76,10 @@ const (
 	snapFlagModes    = 1
 	snapFlagLedger   = 2
 	snapFlagLimits   = 4
+	// snapVersionKeep is version 7 with snapFlagKeep allowed and the slot
+	// fence 0 allowed.
+	snapVersionKeep = 8
+	snapFlagKeep    = 8
 	snapTrailer      = 4 + 8 + len(snapEnd)
 	snapFlushSize    = 64 << 10
 )
@@ -113,6 +121,7 @@ type view struct {
 	modes             *slotModes
 	ledger            []byte // the regional ledger, encoded (nil: none)
 	ledgerLimits      bool   // ledger is in format 2
+	ledgerKeep        bool   // a pool holds tokens and a debt at once (format 2)
 	slotFence         uint64
 }
 
@@ -141,7 +150,7 @@ func (s *State) Snapshot() (Snapshot, error) {
 		modes:        c.modes,
 		slotFence:    c.slotFence,
 	}
-	v.ledger, v.ledgerLimits = c.encodeLedger()
+	v.ledger, v.ledgerLimits, v.ledgerKeep = c.encodeLedger()
 	for i := range v.pages {
 		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
 	}
@@ -176,7 +185,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	if v.slotFence > 0 {
+	if v.ledgerKeep {
+		e.uvarint(snapVersionKeep)
+	} else if v.slotFence > 0 {
 		e.uvarint(snapVersionFence)
 	} else if v.ledgerLimits {
 		e.uvarint(snapVersionLimits)
@@ -299,8 +310,11 @@ func (sn *snapshot) Persist(w io.Writer) error {
 		}
 	}
 	switch {
-	case v.slotFence > 0:
+	case v.slotFence > 0 || v.ledgerKeep:
 		var flags byte
+		if v.ledgerKeep {
+			flags |= snapFlagKeep
+		}
 		if v.modes != nil {
 			flags |= snapFlagModes
 		}
@@ -330,7 +344,7 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	if v.ledger != nil {
 		e.bytes(v.ledger)
 	}
-	if v.slotFence > 0 {
+	if v.slotFence > 0 || v.ledgerKeep {
 		e.uvarint(v.slotFence)
 	}
 	return e.finish()
@@ -427,8 +441,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence {
-		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionFence)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence && version != snapVersionKeep {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionKeep)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -561,6 +575,7 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	hasModes := version == snapVersionV4
 	ledger := version == snapVersionLedger || version == snapVersionLimits
 	limits := version == snapVersionLimits
+	keep := false
 	switch version {
 	case snapVersionLedger, snapVersionLimits:
 		switch d.byte() {
@@ -570,12 +585,18 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		default:
 			d.fail("slot modes flag")
 		}
-	case snapVersionFence:
+	case snapVersionFence, snapVersionKeep:
 		flags := d.byte()
-		if flags&^(snapFlagModes|snapFlagLedger|snapFlagLimits) != 0 || (flags&snapFlagLimits != 0 && flags&snapFlagLedger == 0) {
+		known := byte(snapFlagModes | snapFlagLedger | snapFlagLimits)
+		if version == snapVersionKeep {
+			known |= snapFlagKeep
+		}
+		if flags&^known != 0 || (flags&snapFlagLimits != 0 && flags&snapFlagLedger == 0) ||
+			(flags&snapFlagKeep != 0 && flags&snapFlagLimits == 0) {
 			d.fail("snapshot flags")
 		}
 		hasModes, ledger, limits = flags&snapFlagModes != 0, flags&snapFlagLedger != 0, flags&snapFlagLimits != 0
+		keep = flags&snapFlagKeep != 0
 	}
 	if hasModes {
 		if err := c.restoreModes(d); err != nil {
@@ -587,12 +608,12 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		if d.err != nil {
 			return nil, d.err
 		}
-		if err := c.decodeLedger(b, limits); err != nil {
+		if err := c.decodeLedger(b, limits, keep); err != nil {
 			return nil, err
 		}
 	}
-	if version == snapVersionFence {
-		if c.slotFence = d.uvarintMax(1<<63-1, "slot fence"); c.slotFence == 0 && d.err == nil {
+	if version == snapVersionFence || version == snapVersionKeep {
+		if c.slotFence = d.uvarintMax(1<<63-1, "slot fence"); c.slotFence == 0 && version == snapVersionFence && d.err == nil {
 			d.fail("slot fence")
 		}
 		if d.err != nil {

@@ -39,8 +39,10 @@ import (
 // cluster plus what it minted, less what it handed back. Tokens gateways
 // admit from their own fallback buckets and charge are taken from the
 // pool too, into debt when it holds too few; a debt is paid first out of
-// what the pool receives next, so over any span the region admits what
-// it received and minted plus its debt at the end of the span.
+// what the pool receives next (a mint may keep part of what it mints for
+// the gateways, see UpstreamMint.Keep, and pay the debt with the rest), so
+// over any span the region admits what it received and minted plus its
+// debt at the end of the span.
 //
 // Upstream entries are compact log entries of their own:
 //
@@ -49,19 +51,20 @@ import (
 //	       uvarint n, n × (fixed64 key hash, varint returned, varint charged)
 //	grant  op 2: uvarint seq, uvarint n, n × (fixed64 key hash, varint granted,
 //	       fixed64 share as float64 bits[, global limit])
-//	mint   op 3: uvarint n, n × (fixed64 key hash, varint minted)
+//	mint   op 3: uvarint n, n × (fixed64 key hash, varint minted[, varint keep])
 //	global limit (version 2 grants only): byte 0 (none) or 1, then byte
 //	       unit, byte algorithm, uvarint requests_per_unit, varint burst,
 //	       uvarint the global cluster's rules version
 //
 // Grants are written as version 2 (they carry the global cluster's limit
-// of each key); sends and mints as version 1. A node that reads version 1
-// only stops at a version-2 grant with an "upgrade this node" error, so a
-// regional cluster is upgraded followers first.
+// of each key); sends as version 1; mints as version 1 unless a key keeps
+// part of its mint from the debt (then version 2, with keep). A node that
+// reads version 1 only stops at a version-2 entry with an "upgrade this
+// node" error, so a regional cluster is upgraded followers first.
 const (
 	upstreamMarker    = 0x01
 	upstreamVersion   = 1
-	upstreamVersionV2 = 2 // grants carry the global limit
+	upstreamVersionV2 = 2 // grants carry the global limit; mints what they keep
 
 	opSend  = 1
 	opGrant = 2
@@ -223,10 +226,19 @@ func (g *GlobalLimit) Msg(base *allotv1.Limit) *allotv1.Limit {
 
 // credit adds n tokens to the pool, paying its debt first.
 func (p *pool) credit(n int64) {
+	p.creditKeeping(n, 0)
+}
+
+// creditKeeping adds n tokens to the pool: keep of them (at most n) are
+// held for the gateways whatever the pool owes, the rest pays its debt
+// first. A pool then holds tokens and a debt at once; the debt is paid
+// out of what it receives next.
+func (p *pool) creditKeeping(n, keep int64) {
 	if n <= 0 {
 		return
 	}
-	paid := min(n, p.debt)
+	keep = min(max(keep, 0), n)
+	paid := min(n-keep, p.debt)
 	p.debt -= paid
 	p.avail = sat(p.avail, n-paid)
 }
@@ -269,10 +281,15 @@ type UpstreamGrant struct {
 	Limit *GlobalLimit
 }
 
-// UpstreamMint is fallback tokens minted for one key while cut off.
+// UpstreamMint is fallback tokens minted for one key while cut off (or
+// while its call is overdue).
 type UpstreamMint struct {
 	Hash   uint64
 	Minted int64
+	// Keep: of Minted, the tokens held for the gateways even while the
+	// pool is in debt (0: all of it pays the debt first). See
+	// upstream.Keep.
+	Keep int64
 }
 
 func appendUpHeader(dst []byte, now int64, op byte) []byte {
@@ -280,6 +297,10 @@ func appendUpHeader(dst []byte, now int64, op byte) []byte {
 	if op == opGrant {
 		v = upstreamVersionV2
 	}
+	return appendUpHeaderV(dst, now, op, v)
+}
+
+func appendUpHeaderV(dst []byte, now int64, op, v byte) []byte {
 	dst = append(dst, upstreamMarker, v)
 	dst = binary.AppendUvarint(dst, uint64(now))
 	return append(dst, op)
@@ -358,12 +379,22 @@ func readGlobalLimit(d *allotv1.Reader) *GlobalLimit {
 }
 
 // AppendUpstreamMint appends a mint entry.
+// It is written as version 1 unless a key keeps part of its mint.
 func AppendUpstreamMint(dst []byte, now int64, keys []UpstreamMint) []byte {
-	dst = appendUpHeader(dst, now, opMint)
+	v := byte(upstreamVersion)
+	for _, k := range keys {
+		if k.Keep != 0 {
+			v = upstreamVersionV2
+		}
+	}
+	dst = appendUpHeaderV(dst, now, opMint, v)
 	dst = binary.AppendUvarint(dst, uint64(len(keys)))
 	for _, k := range keys {
 		dst = binary.LittleEndian.AppendUint64(dst, k.Hash)
 		dst = binary.AppendVarint(dst, k.Minted)
+		if v == upstreamVersionV2 {
+			dst = binary.AppendVarint(dst, k.Keep)
+		}
 	}
 	return dst
 }
@@ -434,6 +465,9 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 			}
 		case opMint:
 			k.a = d.Varint()
+			if v2 {
+				k.b = d.Varint()
+			}
 		default:
 			return UpstreamResult{}, fmt.Errorf("%w: unknown op %d", errUpstream, op)
 		}
@@ -483,7 +517,7 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 	case opMint:
 		for _, k := range keys {
 			if p := c.pools[k.hash]; p != nil && k.a > 0 {
-				p.credit(k.a)
+				p.creditKeeping(k.a, k.b)
 				p.minted = sat(p.minted, k.a)
 				p.owed = sat(p.owed, k.a)
 			}
@@ -633,17 +667,20 @@ func (s *State) PendingUpstream() (seq uint64, req []byte) {
 }
 
 // encodeLedger encodes the regional ledger for a snapshot, in key hash
-// order (nil when there is none), and whether it is in format 2: each
-// pool followed by its global limit (appendGlobalLimit). Format 1, with
-// no limits, is written while no pool has recorded one.
-func (c *core) encodeLedger() ([]byte, bool) {
+// order (nil when there is none), whether it is in format 2: each pool
+// followed by its global limit (appendGlobalLimit), and whether a pool
+// holds tokens and a debt at once (then it is in format 2). Format 1,
+// with no limits, is written while no pool has recorded one.
+func (c *core) encodeLedger() ([]byte, bool, bool) {
 	if len(c.pools) == 0 && c.up.seq == 0 {
-		return nil, false
+		return nil, false, false
 	}
-	limits := false
+	limits, keep := false, false
 	for _, p := range c.pools {
 		limits = limits || p.global != nil
+		keep = keep || (p.avail > 0 && p.debt > 0)
 	}
+	limits = limits || keep
 	hs := make([]uint64, 0, len(c.pools))
 	for h := range c.pools {
 		hs = append(hs, h)
@@ -670,12 +707,13 @@ func (c *core) encodeLedger() ([]byte, bool) {
 			b = appendGlobalLimit(b, p.global)
 		}
 	}
-	return b, limits
+	return b, limits, keep
 }
 
 // decodeLedger restores the regional ledger from a snapshot, in format 2
-// (each pool with its global limit) when limits.
-func (c *core) decodeLedger(b []byte, limits bool) error {
+// (each pool with its global limit) when limits; a pool may hold tokens
+// and a debt at once only when keep.
+func (c *core) decodeLedger(b []byte, limits, keep bool) error {
 	d := &allotv1.Reader{S: string(b), Base: ErrCorruptSnapshot}
 	c.up.seq = d.Uvarint()
 	c.up.pending = d.Str()
@@ -704,7 +742,7 @@ func (c *core) decodeLedger(b []byte, limits bool) error {
 		if d.Err != nil {
 			return corrupt("regional ledger pool")
 		}
-		if (i > 0 && h <= prev) || p.avail < 0 || p.owed < 0 || p.debt < 0 || (p.debt > 0 && p.avail > 0) {
+		if (i > 0 && h <= prev) || p.avail < 0 || p.owed < 0 || p.debt < 0 || (!keep && p.debt > 0 && p.avail > 0) {
 			return corrupt("regional ledger pool %016x", h)
 		}
 		prev = h

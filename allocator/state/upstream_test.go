@@ -149,6 +149,7 @@ func FuzzApplyUpstream(f *testing.F) {
 	f.Add(AppendUpstreamSend(nil, t0, 1, []byte("r"), []UpstreamReturn{{Hash: 1, Returned: 2, Charged: 3}}))
 	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3}}))
 	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 2}}))
+	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 4, Keep: 2}}))
 	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3, Limit: &GlobalLimit{RequestsPerUnit: 5, Unit: rules.UnitSecond, Burst: 5}}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg := testConfig()
@@ -177,7 +178,8 @@ func FuzzApplyUpstream(f *testing.F) {
 // where out is what gateways were granted less what was credited back, so
 // a region never sub-grants more than it received and minted (plus what
 // its gateways' fallbacks charged into debt); avail and debt are never
-// negative and never both positive.
+// negative, and both positive only once a mint kept part of itself from
+// the debt.
 func TestRegionalLedgerConservation(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		cfg := testConfig()
@@ -190,6 +192,7 @@ func TestRegionalLedgerConservation(t *testing.T) {
 		var out, charged, outageTaken int64
 		var seq uint64
 		var hash uint64
+		kept := false // a mint kept part of itself from the debt
 		for i := range rapid.IntRange(1, 60).Draw(rt, "steps") {
 			now += int64(rapid.IntRange(0, 300).Draw(rt, "dt")) * int64(time.Millisecond)
 			gw := fmt.Sprintf("gw%d", rapid.IntRange(0, 2).Draw(rt, "gw"))
@@ -248,7 +251,9 @@ func TestRegionalLedgerConservation(t *testing.T) {
 				if hash == 0 {
 					continue
 				}
-				applyUpT(rt, s, AppendUpstreamMint(nil, now, []UpstreamMint{{Hash: hash, Minted: int64(rapid.IntRange(0, 10).Draw(rt, "minted"))}}))
+				m := UpstreamMint{Hash: hash, Minted: int64(rapid.IntRange(0, 10).Draw(rt, "minted")), Keep: int64(rapid.IntRange(0, 10).Draw(rt, "keep"))}
+				kept = kept || (m.Keep > 0 && m.Minted > 0 && before.Debt > 0)
+				applyUpT(rt, s, AppendUpstreamMint(nil, now, []UpstreamMint{m}))
 			case 5:
 				expire(s, now) // an expired lease's record holds nothing: recHeld stays an upper bound
 			case 6: // a snapshot round trip
@@ -262,7 +267,7 @@ func TestRegionalLedgerConservation(t *testing.T) {
 				continue
 			}
 			p, _ := s.PoolOf(hash, now)
-			if p.Available < 0 || p.Debt < 0 || (p.Available > 0 && p.Debt > 0) {
+			if p.Available < 0 || p.Debt < 0 || (!kept && p.Available > 0 && p.Debt > 0) {
 				rt.Fatalf("step %d: pool %+v", i, p)
 			}
 			if l, r := p.Available-p.Debt+out+charged+outageTaken, p.Received+p.Minted-p.Returned; l != r {
@@ -318,5 +323,69 @@ func TestRegionalPoolRetry(t *testing.T) {
 	g = mustAcquire(t, s, at(4*time.Millisecond), "gw1", 4, ka("g", "x", 10, 0, 0, 0)).Grants[0]
 	if g.RetryAfterMs != poolDebtRefresh.Milliseconds() {
 		t.Fatalf("step 3: cut off and in debt: retry %d ms, want %v", g.RetryAfterMs, poolDebtRefresh)
+	}
+}
+
+// A mint that keeps part of itself from the debt: the kept tokens are held
+// for the gateways while the rest pays the debt (a pool then holds tokens
+// and a debt at once, which snapshots write as format version 7); a mint
+// that keeps nothing pays the debt first, as a version-1 entry.
+func TestRegionalMintKeep(t *testing.T) {
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 10, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	// Gateways' fallbacks admitted 15 beyond what the pool held.
+	mustAcquire(t, s, at(time.Millisecond), "gw1", 2, ka("g", "x", 0, 0, 0, 15))
+	if p, _ := s.PoolOf(h, at(time.Millisecond)); p.Debt != 15 || p.Available != 0 {
+		t.Fatalf("step 1: pool %+v, want a debt of 15", p)
+	}
+	plain := AppendUpstreamMint(nil, at(2*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 2}})
+	if plain[1] != upstreamVersion {
+		t.Fatalf("step 2: a mint keeping nothing is version %d, want %d", plain[1], upstreamVersion)
+	}
+	applyUp(t, s, plain)
+	if p, _ := s.PoolOf(h, at(2*time.Millisecond)); p.Debt != 13 || p.Available != 0 || p.Minted != 2 || p.Owed != 2 {
+		t.Fatalf("step 2: pool %+v, want the mint of 2 paying the debt to 13", p)
+	}
+	keep := AppendUpstreamMint(nil, at(3*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 4, Keep: 2}})
+	if keep[1] != upstreamVersionV2 {
+		t.Fatalf("step 3: a mint keeping tokens is version %d, want %d", keep[1], upstreamVersionV2)
+	}
+	applyUp(t, s, keep)
+	if p, _ := s.PoolOf(h, at(3*time.Millisecond)); p.Debt != 11 || p.Available != 2 || p.Minted != 6 || p.Owed != 6 {
+		t.Fatalf("step 3: pool %+v, want 2 held, a debt of 11, 6 minted and owed", p)
+	}
+	// The kept tokens go to a gateway.
+	if g := mustAcquire(t, s, at(4*time.Millisecond), "gw1", 3, ka("g", "x", 10, 0, 0, 0)).Grants[0]; g.Granted != 2 {
+		t.Fatalf("step 4: granted %d, want the 2 kept", g.Granted)
+	}
+	// Keep is at most what is minted.
+	applyUp(t, s, AppendUpstreamMint(nil, at(5*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 3, Keep: 9}}))
+	if p, _ := s.PoolOf(h, at(5*time.Millisecond)); p.Debt != 11 || p.Available != 3 {
+		t.Fatalf("step 5: pool %+v, want 3 held, the debt still 11", p)
+	}
+	// A snapshot of a pool holding tokens and a debt is version 7 and
+	// restores byte for byte.
+	b := persist(t, s)
+	if b[len(snapMagic)] != snapVersionKeep {
+		t.Fatalf("step 6: version %d, want %d", b[len(snapMagic)], snapVersionKeep)
+	}
+	cfg := testConfig()
+	cfg.Regional = true
+	r := New(cfg)
+	if err := r.Restore(bytes.NewReader(b)); err != nil {
+		t.Fatalf("step 6: Restore: %v", err)
+	}
+	if !bytes.Equal(persist(t, r), b) {
+		t.Fatal("step 6: restored state persists to other bytes")
+	}
+	if p, _ := r.PoolOf(h, at(5*time.Millisecond)); p.Debt != 11 || p.Available != 3 {
+		t.Fatalf("step 6: pool %+v after restore", p)
+	}
+	// A grant pays the debt first.
+	applyUp(t, r, AppendUpstreamSend(nil, at(6*time.Millisecond), 1, []byte("r"), nil))
+	applyUp(t, r, AppendUpstreamGrant(nil, at(7*time.Millisecond), 1, []UpstreamGrant{{Hash: h, Granted: 20}}))
+	if p, _ := r.PoolOf(h, at(7*time.Millisecond)); p.Debt != 0 || p.Available != 12 {
+		t.Fatalf("step 7: pool %+v, want the grant of 20 paying the debt of 11: 12 held", p)
 	}
 }

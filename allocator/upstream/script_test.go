@@ -25,7 +25,8 @@ import (
 //	release t=                                    → the final call
 //	resume avail= share= owed=                    a new leader's start from the regional state
 //	sync t= avail=                                the regional state's balance, read back
-//	mint t=                                       → fallback tokens minted for the regional state
+//	mint t= [debt=]                               → fallback tokens minted for the regional state
+//	                                              (and, with the pool's debt, how many it keeps from it)
 //
 // Every command but key prints the key's status after it.
 func TestScripts(t *testing.T) {
@@ -118,7 +119,11 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 		k.Sync(now, i("avail"))
 		res = "ok"
 	case "mint":
-		res = fmt.Sprintf("minted %d", k.Mint(now))
+		n := k.Mint(now)
+		res = fmt.Sprintf("minted %d", n)
+		if _, ok := args["debt"]; ok {
+			res += fmt.Sprintf(", keeps %d from the debt of %d", Keep(n, i("debt")), i("debt"))
+		}
 	default:
 		t.Fatalf("unknown command %q", cmd)
 	}

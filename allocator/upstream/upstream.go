@@ -705,6 +705,25 @@ func (k *Key) Sync(now, avail int64) {
 	k.advance(now)
 }
 
+// Keep is how many of minted fallback tokens a region holds for its
+// gateways while its pool owes debt (what its gateways' fallback buckets
+// admitted beyond what it held): half of them, rounded up; the rest pays
+// the debt, and what is left of the debt is paid out of the next grants.
+// A pool that paid its debt with the whole share would admit nothing for
+// debt/share seconds, at the moment its region is already short (cut off,
+// or its call overdue). What the region admits stays within its bound, its
+// share over the time plus what its gateways' fallback buckets admitted:
+// the order of repayment moves no token.
+func Keep(minted, debt int64) int64 {
+	if minted <= 0 {
+		return 0
+	}
+	if debt <= 0 {
+		return 0 // nothing owed: all of it goes to the gateways anyway
+	}
+	return (minted + 1) / 2
+}
+
 // Mint takes the fallback tokens accrued while the region is cut off, or
 // its call in flight is overdue (see OverdueAfter), and its lease is
 // spent, for the regional state to sub-grant; they are reported upstream

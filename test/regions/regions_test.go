@@ -577,7 +577,7 @@ func TestRegionFailover(t *testing.T) {
 	for i, r := range w.regions {
 		k := regionStatus(t, r).GetUpstream().GetKeys()[0]
 		received[i] = k.GetReceived()
-		t.Logf("before the global leader's kill: %s share %.1f/s, fallback %.1f/s, holds %d", r.name, k.GetShare(), k.GetFallbackRate(), k.GetAvailable())
+		t.Logf("before the global leader's kill: %s share %.1f/s, fallback %.1f/s, holds %d, debt %d", r.name, k.GetShare(), k.GetFallbackRate(), k.GetAvailable(), k.GetDebt())
 	}
 	gKillAt := time.Now()
 	gl.Proc.Kill()
