@@ -220,19 +220,7 @@ func TestRegionalGlobalLimitFormats(t *testing.T) {
 	if p, _ := s.PoolOf(h, at(3)); p.Global == nil || *p.Global != *globalPerSecond(100, 50) || p.Received != 15 {
 		t.Fatalf("pool %+v, want the limit kept and 15 received", p)
 	}
-	b := persist(t, s)
-	if b[len(snapMagic)] != snapVersionLimits {
-		t.Fatalf("version %d, want %d", b[len(snapMagic)], snapVersionLimits)
-	}
-	cfg := testConfig()
-	cfg.Regional = true
-	r := New(cfg)
-	if err := r.Restore(bytes.NewReader(b)); err != nil {
-		t.Fatalf("Restore: %v", err)
-	}
-	if !bytes.Equal(persist(t, r), b) {
-		t.Fatal("restored state persists to other bytes")
-	}
+	r := ledgerRoundTrip(t, s, snapVersionLimits)
 	if p, _ := r.PoolOf(h, at(3)); p.Global == nil || *p.Global != *globalPerSecond(100, 50) {
 		t.Fatalf("restored pool's limit %+v", p.Global)
 	}

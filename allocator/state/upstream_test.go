@@ -124,19 +124,7 @@ func TestRegionalLedgerSnapshot(t *testing.T) {
 	applyUp(t, s, AppendUpstreamSend(nil, at(1), 7, []byte("call-7"), nil))
 	applyUp(t, s, AppendUpstreamGrant(nil, at(2), 7, []UpstreamGrant{{Hash: h, Granted: 40, Share: 12.5}}))
 	applyUp(t, s, AppendUpstreamSend(nil, at(3), 8, []byte("call-8"), nil))
-	b := persist(t, s)
-	if b[len(snapMagic)] != snapVersionLedger {
-		t.Fatalf("version %d, want %d", b[len(snapMagic)], snapVersionLedger)
-	}
-	cfg := testConfig()
-	cfg.Regional = true
-	r := New(cfg)
-	if err := r.Restore(bytes.NewReader(b)); err != nil {
-		t.Fatalf("Restore: %v", err)
-	}
-	if !bytes.Equal(persist(t, r), b) {
-		t.Fatal("restored state persists to other bytes")
-	}
+	r := ledgerRoundTrip(t, s, snapVersionLedger)
 	if seq, req := r.PendingUpstream(); seq != 8 || string(req) != "call-8" {
 		t.Fatalf("pending %d %q, want 8 call-8", seq, req)
 	}
@@ -366,19 +354,7 @@ func TestRegionalMintKeep(t *testing.T) {
 	}
 	// A snapshot of a pool holding tokens and a debt is version 7 and
 	// restores byte for byte.
-	b := persist(t, s)
-	if b[len(snapMagic)] != snapVersionKeep {
-		t.Fatalf("step 6: version %d, want %d", b[len(snapMagic)], snapVersionKeep)
-	}
-	cfg := testConfig()
-	cfg.Regional = true
-	r := New(cfg)
-	if err := r.Restore(bytes.NewReader(b)); err != nil {
-		t.Fatalf("step 6: Restore: %v", err)
-	}
-	if !bytes.Equal(persist(t, r), b) {
-		t.Fatal("step 6: restored state persists to other bytes")
-	}
+	r := ledgerRoundTrip(t, s, snapVersionKeep)
 	if p, _ := r.PoolOf(h, at(5*time.Millisecond)); p.Debt != 11 || p.Available != 3 {
 		t.Fatalf("step 6: pool %+v after restore", p)
 	}
@@ -388,4 +364,25 @@ func TestRegionalMintKeep(t *testing.T) {
 	if p, _ := r.PoolOf(h, at(7*time.Millisecond)); p.Debt != 0 || p.Available != 12 {
 		t.Fatalf("step 7: pool %+v, want the grant of 20 paying the debt of 11: 12 held", p)
 	}
+}
+
+// ledgerRoundTrip persists s, checks that the snapshot is in format version,
+// restores it into a regional State and checks that the restored state
+// persists to the same bytes.
+func ledgerRoundTrip(t *testing.T, s *State, version byte) *State {
+	t.Helper()
+	b := persist(t, s)
+	if b[len(snapMagic)] != version {
+		t.Fatalf("snapshot version %d, want %d", b[len(snapMagic)], version)
+	}
+	cfg := testConfig()
+	cfg.Regional = true
+	r := New(cfg)
+	if err := r.Restore(bytes.NewReader(b)); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if !bytes.Equal(persist(t, r), b) {
+		t.Fatal("restored state persists to other bytes")
+	}
+	return r
 }

@@ -6,8 +6,9 @@
 // holds. It refills ahead of need, with the cross-region round trip in its
 // low watermark, so no request and no regional refill waits on the
 // cross-region hop; it hands back what demand no longer needs; and when it
-// is cut off from the global cluster it spends what it holds, then falls to
-// a bounded share of the rule's rate: its share at the last grant
+// is cut off from the global cluster (or its call is overdue) it spends
+// what it holds, then falls to a bounded share of the rule's rate: its
+// share at the last grant
 // (global_fallback: fair_share, the default) or a static fraction of the
 // rate (global_fallback: static).
 //
@@ -24,6 +25,9 @@
 //   - each upstream grant is counted once, however replies are lost,
 //     repeated or reordered, so across regions the total held is at most
 //     what the global bucket granted;
-//   - a region cut off admits beyond its lease at most its fallback share
-//     of the rate for as long as it is cut off and its lease is spent.
+//   - a region cut off, or whose call in flight is overdue (three measured
+//     round trips; see Key.OverdueAfter), admits beyond its lease at most
+//     its fallback share of the rate for as long as it is so and its
+//     lease is spent, and reports every token it minted as
+//     outage_charged.
 package upstream
