@@ -318,7 +318,7 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			}
 		}
 		if n := k.Mint(now); n > 0 {
-			mints = append(mints, state.UpstreamMint{Hash: p.Hash, Minted: n, Keep: upstream.Keep(n, p.Debt)})
+			mints = append(mints, state.UpstreamMint{Hash: p.Hash, Minted: n, Keep: k.Keep(now, n, p.Debt)})
 			g.tokens.WithLabelValues("minted").Add(float64(n))
 		}
 		st := k.Status()

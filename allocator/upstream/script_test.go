@@ -122,7 +122,7 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 		n := k.Mint(now)
 		res = fmt.Sprintf("minted %d", n)
 		if _, ok := args["debt"]; ok {
-			res += fmt.Sprintf(", keeps %d from the debt of %d", Keep(n, i("debt")), i("debt"))
+			res += fmt.Sprintf(", keeps %d from the debt of %d", k.Keep(now, n, i("debt")), i("debt"))
 		}
 	default:
 		t.Fatalf("unknown command %q", cmd)
