@@ -288,7 +288,7 @@ type UpstreamMint struct {
 	Minted int64
 	// Keep: of Minted, the tokens held for the gateways even while the
 	// pool is in debt (0: all of it pays the debt first). See
-	// upstream.Keep.
+	// upstream.Key.Keep.
 	Keep int64
 }
 

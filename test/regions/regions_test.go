@@ -543,8 +543,9 @@ func (w *world) checkNoErrors(tallies []*tally) {
 // share, as if cut off, rather than admitting nothing until the call's
 // timeout. The region of three still owes what its gateways' fallbacks
 // admitted during its own failover (a debt of 30-60 tokens at a share of
-// ~20/s); it keeps half of each mint for its gateways and repays the debt
-// with the rest, rather than admitting nothing while it repays.
+// ~20/s); while its call is overdue it keeps half of each mint for its
+// gateways and repays the debt with the rest, rather than admitting
+// nothing while it repays.
 func TestRegionFailover(t *testing.T) {
 	w := fullWorld(t)
 	start := time.Now()
