@@ -378,6 +378,20 @@ func regionStatus(t *testing.T, r *region) *allotv1.ClusterStatusResponse {
 	return nil
 }
 
+// heldKey is the global key as r's leader reports it, waiting up to 10 s
+// for a leader that answers (an election may be under way).
+func heldKey(t *testing.T, r *region) *allotv1.GlobalKeyHeld {
+	t.Helper()
+	var k *allotv1.GlobalKeyHeld
+	testproc.Eventually(t, 10*time.Second, r.name+"'s leader reporting the global key", func() bool {
+		if keys := regionStatus(t, r).GetUpstream().GetKeys(); len(keys) > 0 {
+			k = keys[0]
+		}
+		return k != nil
+	})
+	return k
+}
+
 // fullWorld is the setup of the regions tests: a global cluster of three
 // allocators, three regions (one of three allocators, two of one) behind
 // links with 60 ms of latency each way, and two gateway processes in every
@@ -556,7 +570,7 @@ func TestRegionFailover(t *testing.T) {
 	settled := time.Now()
 	testproc.Eventually(t, 20*time.Second, "4 s of contended load", func() bool { return time.Since(settled) > 4*time.Second })
 	r0 := w.regions[0]
-	before := regionStatus(t, r0).GetUpstream().GetKeys()[0]
+	before := heldKey(t, r0)
 
 	// The region's leader.
 	leader := r0.c.Leader(t, 10*time.Second)
@@ -566,7 +580,7 @@ func TestRegionFailover(t *testing.T) {
 		st := regionStatus(t, r0)
 		return st != nil && st.GetNodeId() != leader.ID && st.GetUpstream().GetState() == "connected"
 	})
-	after := regionStatus(t, r0).GetUpstream().GetKeys()[0]
+	after := heldKey(t, r0)
 	t.Logf("%s leader %s killed; the new leader took over within %v: received %d before, %d after",
 		r0.name, leader.ID, time.Since(killAt).Round(10*time.Millisecond), before.GetReceived(), after.GetReceived())
 	if after.GetReceived() < before.GetReceived() || after.GetMinted() < before.GetMinted() {
@@ -579,7 +593,7 @@ func TestRegionFailover(t *testing.T) {
 	gl := w.global.Leader(t, 10*time.Second)
 	received := make([]int64, len(w.regions))
 	for i, r := range w.regions {
-		k := regionStatus(t, r).GetUpstream().GetKeys()[0]
+		k := heldKey(t, r)
 		received[i] = k.GetReceived()
 		t.Logf("before the global leader's kill: %s share %.1f/s, fallback %.1f/s, holds %d, debt %d", r.name, k.GetShare(), k.GetFallbackRate(), k.GetAvailable(), k.GetDebt())
 	}
