@@ -318,7 +318,7 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			}
 		}
 		if n := k.Mint(now); n > 0 {
-			mints = append(mints, state.UpstreamMint{Hash: p.Hash, Minted: n, Keep: k.Keep(now, n, p.Debt)})
+			mints = append(mints, state.UpstreamMint{Hash: p.Hash, Minted: n, Keep: keep(k, now, n, p.Debt, upstreamOK)})
 			g.tokens.WithLabelValues("minted").Add(float64(n))
 		}
 		st := k.Status()
@@ -339,6 +339,17 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 	g.keys = views
 	g.mu.Unlock()
 	return calls
+}
+
+// keep is what a mint of n keeps from the pool's debt for the gateways
+// (upstream.Key.Keep). A region without an upstream pays its gateways'
+// fallback admissions with all it mints: it has no grant to pay a debt
+// out of later.
+func keep(k *upstream.Key, now, n, debt int64, upstreamOK bool) int64 {
+	if !upstreamOK {
+		return 0
+	}
+	return k.Keep(now, n, debt)
 }
 
 // callResult is an upstream call and its outcome.

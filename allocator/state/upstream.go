@@ -95,9 +95,12 @@ func poolExhausted(p *pool, capacity int64) (allotv1.KeyStatus, time.Duration) {
 // retry is how long a gateway whose want the pool cut waits: the long
 // wait once the debt of a cut-off region exceeds a tenth of the key's
 // capacity per refresh interval (a debt of a few tokens is the ordinary
-// rounding of gateways' asks, not a run of fallback admissions).
+// rounding of gateways' asks, not a run of fallback admissions), unless
+// the region's last mint kept part of itself for the gateways: its pool
+// then receives tokens for them every tick, and a gateway away for 500 ms
+// would leave them unspent.
 func (p *pool) retry(capacity int64) time.Duration {
-	if p.owed > 0 && p.debt > max(capacity/10, 1) {
+	if p.owed > 0 && p.debt > max(capacity/10, 1) && !p.keeping {
 		return poolDebtRefresh
 	}
 	return poolRefresh
@@ -124,6 +127,11 @@ type pool struct {
 	// which is no fall of demand); it changes no answer and is not in
 	// snapshots.
 	shortAt int64
+	// keeping: the last mint kept part of itself from the debt for the
+	// gateways (no grant since). A hint for the retry of a cut want, like
+	// shortAt not in snapshots: a restored pool waits the long wait until
+	// the next mint.
+	keeping bool
 	// global: the global cluster's limit of the key as its last recorded
 	// answer carried it (nil until one did). It is the limit in force in
 	// the region (limitIn): lim is it compiled, valid when limOK.
@@ -503,6 +511,7 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 			if p == nil {
 				continue
 			}
+			p.keeping = false
 			if k.glim != nil {
 				p.setGlobal(k.glim)
 			}
@@ -518,6 +527,7 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 		for _, k := range keys {
 			if p := c.pools[k.hash]; p != nil && k.a > 0 {
 				p.creditKeeping(k.a, k.b)
+				p.keeping = k.b > 0
 				p.minted = sat(p.minted, k.a)
 				p.owed = sat(p.owed, k.a)
 			}

@@ -343,9 +343,14 @@ func TestRegionalMintKeep(t *testing.T) {
 	if p, _ := s.PoolOf(h, at(3*time.Millisecond)); p.Debt != 11 || p.Available != 2 || p.Minted != 6 || p.Owed != 6 {
 		t.Fatalf("step 3: pool %+v, want 2 held, a debt of 11, 6 minted and owed", p)
 	}
-	// The kept tokens go to a gateway.
+	// The kept tokens go to a gateway; the next want, cut to nothing,
+	// comes back after 50 ms (more is kept for it at the next mint), not
+	// the 500 ms of a cut-off pool in debt that pays it with all it mints.
 	if g := mustAcquire(t, s, at(4*time.Millisecond), "gw1", 3, ka("g", "x", 10, 0, 0, 0)).Grants[0]; g.Granted != 2 {
 		t.Fatalf("step 4: granted %d, want the 2 kept", g.Granted)
+	}
+	if g := mustAcquire(t, s, at(4*time.Millisecond), "gw2", 1, ka("g", "x", 10, 0, 0, 0)).Grants[0]; g.RetryAfterMs != poolRefresh.Milliseconds() {
+		t.Fatalf("step 4: retry %d ms while the mints keep, want %v", g.RetryAfterMs, poolRefresh)
 	}
 	// Keep is at most what is minted.
 	applyUp(t, s, AppendUpstreamMint(nil, at(5*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 3, Keep: 9}}))

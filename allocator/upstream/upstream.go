@@ -707,20 +707,18 @@ func (k *Key) Sync(now, avail int64) {
 
 // Keep is how many of minted fallback tokens, minted at now, a region
 // holds for its gateways while its pool owes debt (what its gateways'
-// fallback buckets admitted beyond what it held): while its call is
-// overdue (not yet cut off), half of them, rounded up; the rest pays the
-// debt, and what is left of the debt is paid out of the next grants. A
-// region that paid its debt with the whole share would admit nothing for
-// debt/share seconds while its call is overdue, at the moment its region
-// is already short (the global leader failing over, say). What the
-// region admits stays within its bound, its share over the time plus what
-// its gateways' fallback buckets admitted: the order of repayment moves no
-// token. A region cut off pays the debt with all it mints: its gateways
-// then wait 500 ms after a denial (see the regional ledger), so that
-// their fallback admissions stay rare, and tokens kept for them would sit
-// in the pool meanwhile.
+// fallback buckets admitted beyond what it held): while it is cut off or
+// its call is overdue, half of them, rounded up; the rest pays the debt,
+// and what is left of the debt is paid out of the next grants. A region
+// that paid its debt with the whole share would admit nothing for
+// debt/share seconds at the moment it is already short (the global leader
+// failing over, say). What the region admits stays within its bound, its
+// share over the time plus what its gateways' fallback buckets admitted:
+// the order of repayment moves no token. While its mints keep, the
+// regional ledger has its gateways come back after 50 ms, not 500, so
+// that what is kept for them is spent.
 func (k *Key) Keep(now, minted, debt int64) int64 {
-	if minted <= 0 || debt <= 0 || k.cut || !k.overdue(max(now, k.now)) {
+	if minted <= 0 || debt <= 0 || !k.fallingBack(max(now, k.now)) {
 		return 0
 	}
 	return (minted + 1) / 2
