@@ -426,24 +426,20 @@ func TestAcrossRegions(t *testing.T) {
 
 	// The share region 0 was granted at its last grant, and what it holds.
 	cut := w.regions[0]
-	st := regionStatus(t, cut)
-	if st == nil || len(st.GetUpstream().GetKeys()) != 1 {
-		t.Fatalf("region %s: no status with one global key: %v", cut.name, st)
-	}
-	share := st.GetUpstream().GetKeys()[0].GetShare()
-	t.Logf("before the cut: %s share %.1f/s, holds %d", cut.name, share, st.GetUpstream().GetKeys()[0].GetAvailable())
+	k0 := heldKey(t, cut)
+	share := k0.GetShare()
+	t.Logf("before the cut: %s share %.1f/s, holds %d", cut.name, share, k0.GetAvailable())
 	cutAt := time.Now()
 	cut.partition()
 	testproc.Eventually(t, 30*time.Second, "10 s cut off", func() bool { return time.Since(cutAt) > 10*time.Second })
-	stCut := regionStatus(t, cut)
+	fb := heldKey(t, cut)
 	cut.heal()
 	healAt := time.Now()
 	testproc.Eventually(t, 20*time.Second, "3 s after the heal", func() bool { return time.Since(healAt) > 3*time.Second })
 	tallies := load.tallies(t)
 	end := tallies[0].slots()
 	for i, r := range w.regions {
-		st := regionStatus(t, r)
-		k := st.GetUpstream().GetKeys()[0]
+		k := heldKey(t, r)
 		a, o := tallies[i].sum(0, end)
 		t.Logf("%s: admitted %d of %d; received %d, minted %d, returned %d, available %d, debt %d", r.name, a, o,
 			k.GetReceived(), k.GetMinted(), k.GetReturned(), k.GetAvailable(), k.GetDebt())
@@ -462,7 +458,6 @@ func TestAcrossRegions(t *testing.T) {
 	}
 	// The partition's own over-admission: region 0 admits from its fallback
 	// share while the global cluster goes on granting R to the others.
-	fb := stCut.GetUpstream().GetKeys()[0]
 	if !fb.GetCutOff() {
 		t.Errorf("%s not reported cut off during the partition: %+v", cut.name, fb)
 	}
