@@ -80,8 +80,8 @@ const (
 	// fence 0 allowed.
 	snapVersionKeep = 8
 	snapFlagKeep    = 8
-	snapTrailer      = 4 + 8 + len(snapEnd)
-	snapFlushSize    = 64 << 10
+	snapTrailer     = 4 + 8 + len(snapEnd)
+	snapFlushSize   = 64 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
