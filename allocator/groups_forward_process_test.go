@@ -322,8 +322,15 @@ func moveDuringElection(ctx context.Context, t *testing.T, c *testproc.Cluster, 
 	})
 	// The probe reads its own replica of group 2, which applies the import
 	// once the group's leader (maybe the killed node) is replaced.
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last InspectKey of the moved key through %s: %s", probe.ID, last)
+		}
+	}()
 	waitFor(t, 10*time.Second, "the moved key in group 2 with agent mover's lease", func() bool {
 		ins, err := probe.Admin(t).InspectKey(ctx, &allotv1.InspectKeyRequest{Domain: "test", Entries: []*allotv1.Entry{{Key: "user", Value: k}}})
+		last = fmt.Sprintf("%v, %v", ins, err)
 		return err == nil && ins.GetGroup() == 2 && slices.ContainsFunc(ins.GetLeases(), func(l *allotv1.Lease) bool { return l.GetAgentId() == "mover" })
 	})
 

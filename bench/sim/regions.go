@@ -70,8 +70,8 @@ type regionNode struct {
 	st  *state.State
 	key *upstream.Key
 
-	cutTime    time.Duration // time the key was cut off (sampled at the leader's ticks)
-	maxFallRt  float64       // the highest fallback rate seen while cut off, tokens/s
+	cutTime    time.Duration // time the key was cut off or its call overdue, when it mints (sampled at the leader's ticks)
+	maxFallRt  float64       // the highest fallback rate seen while cut off or overdue, tokens/s
 	shareAtCut float64       // the fallback rate when the cut was first seen
 	calls      int64
 }
@@ -201,7 +201,7 @@ func (t *regionTicker) fire(int64) {
 		n.calls++
 		rw.upstreamCall(n, req)
 	}
-	if s := n.key.Status(); s.CutOff {
+	if s := n.key.Status(); s.CutOff || s.Overdue {
 		if n.cutTime == 0 {
 			n.shareAtCut = s.FallbackRt
 		}
@@ -421,7 +421,7 @@ func (run *regionRun) systemsTable(title string) table {
 // bounds on fallback tokens they imply: over the run, and in any window.
 func (run *regionRun) leaseTable(title string) (t table, net, minted, mintBound, windowBound float64) {
 	t = table{title: title,
-		header: []string{"region", "upstream calls", "received", "returned", "sub-granted (net)", "fallback tokens", "time cut off", "fallback rate at the cut"}}
+		header: []string{"region", "upstream calls", "received", "returned", "sub-granted (net)", "fallback tokens", "time cut off or overdue", "fallback rate at the cut"}}
 	for _, n := range run.rw.regions {
 		s := n.key.Status()
 		t.add(strconv.Itoa(n.idx), count(n.calls), count(s.Received), count(s.Returned), count(s.SubGranted-s.SubReturned),
@@ -444,7 +444,7 @@ func (run *regionRun) strictBounds(label string, net, minted, mintBound float64)
 			measured: float64(run.admittedAll), limit: net + minted, unit: "tokens"},
 		{system: name, what: "lease tokens held by the regions (net of returns)", promise: "the global bucket: ≤ B + R·t",
 			measured: net, limit: float64(g.burst) + g.rate()*time.Duration(run.w.end-epoch).Seconds(), unit: "tokens"},
-		{system: name, what: "fallback tokens while cut off", promise: "≤ fallback rate × time cut off + one tick of it + 1, per region",
+		{system: name, what: "fallback tokens while cut off or overdue", promise: "≤ fallback rate × time cut off or overdue + one tick of it + 1, per region",
 			measured: minted, limit: mintBound, unit: "tokens"},
 	}
 }
