@@ -254,6 +254,15 @@ func startProcessCluster(t *testing.T, bootArgs ...string) *testproc.Cluster {
 // startProcessClusterOf is startProcessCluster with size nodes.
 func startProcessClusterOf(t *testing.T, size int, bootArgs ...string) *testproc.Cluster {
 	t.Helper()
+	return startProcessClusterArgs(t, size, []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
+		"-agent-ttl", "3s", "-expire-interval", "200ms"}, bootArgs...)
+}
+
+// startProcessClusterArgs starts size allocator processes, every node
+// with args (the lease policy flags must be the same on all), node 0 also
+// with bootArgs.
+func startProcessClusterArgs(t *testing.T, size int, args []string, bootArgs ...string) *testproc.Cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("multi-process cluster: skipped with -short")
 	}
@@ -265,7 +274,6 @@ func startProcessClusterOf(t *testing.T, size int, bootArgs ...string) *testproc
 	return testproc.StartCluster(t, testproc.ClusterConfig{
 		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: size, Rules: []string{rulesPath},
 		BootstrapArgs: bootArgs,
-		Args: []string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
-			"-agent-ttl", "3s", "-expire-interval", "200ms"},
+		Args:          args,
 	})
 }

@@ -21,8 +21,14 @@ import (
 // through a forward to the group's leader (its per-group forward counter
 // grows, and it has no replica to answer from). A group added to the
 // grown cluster is placed on the three nodes that host the fewest groups.
+//
+// Leases last up to 30 s here (the other process tests: 2 s): the lease
+// carried by the move under a meta leader's kill must outlive the MOVED
+// answers, the election and the move's commit on a loaded machine, or it
+// ends by expiry at the target before the test can see it carried.
 func TestGroupsForwardProcesses(t *testing.T) {
-	c := startProcessClusterOf(t, 4, "-groups", "6", "-group-replicas", "3")
+	c := startProcessClusterArgs(t, 4, []string{"-lease-ttl", "5s", "-max-lease-ttl", "30s", "-refresh-interval", "200ms",
+		"-agent-ttl", "1m", "-expire-interval", "200ms"}, "-groups", "6", "-group-replicas", "3")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	status := func(n *testproc.Node) *allotv1.ClusterStatusResponse {
