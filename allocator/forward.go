@@ -147,15 +147,8 @@ func (s *Server) onRaftLeader(ctx context.Context, r *raft.Raft, idempotent bool
 		if time.Now().Add(wait).After(deadline) {
 			return lastErr
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-s.done:
-			t.Stop()
-			return errShutdown
+		if err := s.pause(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(wait*2, 100*time.Millisecond)
 	}
@@ -191,4 +184,19 @@ func (s *Server) forward(ctx context.Context, h leaderHint, remote func(context.
 		_ = grpc.SetHeader(ctx, metadata.Pairs(allotv1.LeaderAddrHeader, h.addr))
 	}
 	return err
+}
+
+// pause waits d, or until ctx ends (its error) or the server shuts down
+// (errShutdown).
+func (s *Server) pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
+		return errShutdown
+	}
 }

@@ -206,15 +206,8 @@ func (s *Server) onRemoteGroup(ctx context.Context, id slots.GroupID, idempotent
 		if time.Now().Add(wait).After(deadline) {
 			return err
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-s.done:
-			t.Stop()
-			return errShutdown
+		if err := s.pause(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(wait*2, 100*time.Millisecond)
 	}
