@@ -112,16 +112,40 @@ func TestGroupsProcesses(t *testing.T) {
 		t.Fatalf("topology in a MOVED answer = %v", topo)
 	}
 
-	// The watch stream names every data group's leader.
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	ws, err := alloc.WatchRules(wctx, &allotv1.WatchRulesRequest{AgentId: "watcher"})
-	if err != nil {
-		t.Fatal(err)
+	// The watch stream names every data group's leader, slots and rules
+	// version. A follower's replicas learn the commit index of a burst's
+	// last entries up to a second later (the Raft commit timeout), so a
+	// stream opened while the groups settle may start without them: the
+	// first message of a stream opened within 10 s must have them all.
+	var rs *allotv1.RuleSet
+	complete := func(rs *allotv1.RuleSet) bool {
+		if rs.GetVersion() != 1 || len(rs.GetTopology().GetGroups()) != 4 {
+			return false
+		}
+		for _, g := range rs.GetTopology().GetGroups() {
+			if g.GetLeaderAddr() == "" || g.GetSlots() == "" || g.GetRulesVersion() != 1 {
+				return false
+			}
+		}
+		return true
 	}
-	rs, err := ws.Recv()
-	wcancel()
-	if err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ws, err := alloc.WatchRules(wctx, &allotv1.WatchRulesRequest{AgentId: "watcher"})
+		if err != nil {
+			wcancel()
+			t.Fatal(err)
+		}
+		rs, err = ws.Recv()
+		wcancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if complete(rs) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if rs.GetVersion() != 1 || len(rs.GetTopology().GetGroups()) != 4 {
 		t.Fatalf("first watch message: version %d, topology %v", rs.GetVersion(), rs.GetTopology())
