@@ -21,12 +21,8 @@ import (
 //     granted again once the global cluster is back.
 func TestGlobalClusterDown(t *testing.T) {
 	const perRegion = 60.0
-	w := fullWorld(t)
-	start := time.Now()
-	load := w.gatewayLoad(start, perRegion)
-	w.waitHolding(30 * time.Second)
-	settle := time.Now()
-	testproc.Eventually(t, 20*time.Second, "4 s of contended load", func() bool { return time.Since(settle) > 4*time.Second })
+	w, load, _ := loadedFullWorld(t, perRegion)
+	start := load.start
 
 	downAt := time.Now()
 	for _, n := range w.global.Nodes {

@@ -400,6 +400,20 @@ func fullWorld(t *testing.T) *world {
 	return newWorld(t, worldConfig{global: 3, regions: []int{3, 1, 1}, gateways: 2})
 }
 
+// loadedFullWorld starts fullWorld with every region's gateways loaded at
+// perRegion requests/s, waits for every region to hold the global key, and
+// lets the regions settle on their shares for 4 s of contended load. It
+// returns the instant every region held the key, where settling began.
+func loadedFullWorld(t *testing.T, perRegion float64) (*world, *gatewayLoad, time.Time) {
+	t.Helper()
+	w := fullWorld(t)
+	load := w.gatewayLoad(time.Now(), perRegion)
+	w.waitHolding(30 * time.Second)
+	settle := time.Now()
+	testproc.Eventually(t, 20*time.Second, "4 s of contended load", func() bool { return time.Since(settle) > 4*time.Second })
+	return w, load, settle
+}
+
 // TestAcrossRegions: three regions lease one global key (R = 100/s,
 // B = 100) from a global cluster of three, their gateways loaded with
 // 60 requests/s each (180/s in all).
@@ -416,13 +430,8 @@ func fullWorld(t *testing.T) *world {
 //   - No answer other than 200 or 429 at any gateway.
 func TestAcrossRegions(t *testing.T) {
 	const perRegion = 60.0
-	w := fullWorld(t)
-	start := time.Now()
-	load := w.gatewayLoad(start, perRegion)
-	w.waitHolding(30 * time.Second)
-	// Let the regions settle on their shares, then measure.
-	settle := time.Now()
-	testproc.Eventually(t, 20*time.Second, "4 s of contended load", func() bool { return time.Since(settle) > 4*time.Second })
+	w, load, settle := loadedFullWorld(t, perRegion)
+	start := load.start
 
 	// The share region 0 was granted at its last grant, and what it holds.
 	cut := w.regions[0]
@@ -560,14 +569,10 @@ func (w *world) checkNoErrors(tallies []*tally) {
 // gateways and repays the debt with the rest, rather than admitting
 // nothing while it repays.
 func TestRegionFailover(t *testing.T) {
-	w := fullWorld(t)
-	start := time.Now()
-	load := w.gatewayLoad(start, 50)
-	w.waitHolding(30 * time.Second)
-	// Let the regions settle on their shares: the share a region falls to
-	// while the global cluster fails over is what it was granted lately.
-	settled := time.Now()
-	testproc.Eventually(t, 20*time.Second, "4 s of contended load", func() bool { return time.Since(settled) > 4*time.Second })
+	// The regions settle on their shares first: the share a region falls
+	// to while the global cluster fails over is what it was granted lately.
+	w, load, _ := loadedFullWorld(t, 50)
+	start := load.start
 	r0 := w.regions[0]
 	before := heldKey(t, r0)
 
