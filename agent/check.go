@@ -562,7 +562,16 @@ func (a *Agent) spendBalance(ks *keyState, n int64) (left int64, ok bool) {
 // the tokens. It decides as decide and check do for that case (an allowed
 // status from the lease, counted the same way) without their general
 // bookkeeping, filling *dec field by field; ok is false, with nothing
-// changed, when the request is not that case, and check goes on as usual.
+// changed (but a dropped key's lastUse), when the request is not that
+// case, and check goes on as usual.
+//
+// It takes no shard lock. The refill loop drops a key (shard.remove) by
+// setting dropped and then reading the key's counters again, keeping the
+// key when they changed; this path changes the counters (balance, spent,
+// lastUse) and then reads dropped, giving the tokens back and leaving the
+// request to the slow path when it is set. With sequentially consistent
+// atomics one of the two sees the other, so, as under the lock, no spend
+// stays on a key that has left the table.
 func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *Descriptor, hits uint32, t0 int64) (ok bool) {
 	r, ks := me.rules[0], me.keys[0]
 	n := hitsFor(d, hits)
@@ -570,29 +579,41 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		return false
 	}
 	now := a.now()
-	sh := a.keys.shard(ks.hash)
-	sh.mu.RLock()
-	// As decide: dropped is final under the read lock; a key decided
-	// locally until now goes the slow way (decideLease resets it).
-	if ks.dropped.Load() || ks.local.Load() || now >= ks.expiry.Load() {
-		sh.mu.RUnlock()
+	// A key decided locally until now goes the slow way (decideLease
+	// resets it). A dropped key is found below, after the spend.
+	if ks.local.Load() || now >= ks.expiry.Load() {
 		return false
 	}
-	left, ok := a.spendBalance(ks, n)
-	if !ok {
-		sh.mu.RUnlock()
+	var left int64
+	for {
+		b := ks.balance.Load()
+		if b < n {
+			return false
+		}
+		if ks.balance.CompareAndSwap(b, b-n) {
+			left = b - n
+			break
+		}
+	}
+	ks.spent.Add(n)
+	if ks.lastUse.Load() != now {
+		ks.lastUse.Store(now)
+	}
+	if ks.dropped.Load() {
+		// Dropped, or being dropped (shard.remove): undo, as refund does.
+		ks.balance.Add(n)
+		ks.spent.Add(-n)
 		return false
+	}
+	if left < ks.lowWater.Load() {
+		a.enqueue(ks)
 	}
 	// As leaseStatus.
 	remaining := ks.remaining.Load() + left
 	resetAfter := until(ks.resetAt.Load(), now)
-	if ks.lastUse.Load() != now {
-		ks.lastUse.Store(now)
-	}
 	if ks.dormant.Load() {
 		a.wake(ks) // after every change above: see due.go
 	}
-	sh.mu.RUnlock()
 	hint := uintptr(unsafe.Pointer(dec))
 	if ri := a.met.ruleIndexFor(set); !a.met.leaseCheck(hint, ri, r) {
 		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})

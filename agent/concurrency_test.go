@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -120,4 +122,147 @@ func TestConcurrentBooksBalance(t *testing.T) {
 			b.granted, b.returned, b.charged, got, admitted.Load())
 	}
 	t.Logf("admitted %d: granted %d, returned %d, charged %d", admitted.Load(), b.granted, b.returned, b.charged)
+}
+
+// TestFastPathRacesDrop: checks on the memo's lock-free fast path for a
+// leased key race shard.remove dropping that key. Once remove reports the
+// key dropped, its counters never change again (a spend that raced the
+// drop was either seen by remove, which then kept the key, or given back
+// and decided on the key that replaced it), and every admitted token is
+// on one of the two keys: none lost, none counted twice.
+func TestFastPathRacesDrop(t *testing.T) {
+	s := newStepped(t)
+	never := func(*keyState) bool { return false }
+	for i := range 8 {
+		d := desc("tier", "free", "route", "/x", "user", fmt.Sprint("u", i))
+		check(t, s.Agent, d)
+		old := keyOf(t, s.Agent, d)
+		old.Demand.Rate = 1e6
+		s.step()
+		check(t, s.Agent, d) // the memo holds the key, which holds a lease
+		if old.balance.Load() < 1000 || old.expiry.Load() <= s.clock.now() {
+			t.Fatalf("key %d: balance %d, want a live lease", i, old.balance.Load())
+		}
+		balance0, spent0 := old.balance.Load(), old.spent.Load()
+		const g = 4
+		var done [g]atomic.Int64 // checks made by each goroutine
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for j := range g {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					got, err := s.Agent.Check(context.Background(), "test", []Descriptor{d}, 1)
+					if err != nil || !got.Allowed {
+						t.Errorf("check: %+v %v", got, err)
+						return
+					}
+					done[j].Add(1)
+				}
+			})
+		}
+		waitFor(t, 10*time.Second, "checks on the fast path", func() bool { return old.spent.Load() > spent0+100 })
+		sh := s.keys.shard(old.hash)
+		waitFor(t, 10*time.Second, "the key dropped", func() bool { return sh.remove(old, never) })
+		// Every check in flight at the drop has ended once each goroutine
+		// has made two more.
+		var atDrop [g]int64
+		for j := range done {
+			atDrop[j] = done[j].Load()
+		}
+		waitFor(t, 10*time.Second, "checks after the drop", func() bool {
+			for j := range done {
+				if done[j].Load() < atDrop[j]+2 {
+					return false
+				}
+			}
+			return true
+		})
+		balance, spent := old.balance.Load(), old.spent.Load()
+		waitFor(t, 10*time.Second, "more checks on the new key", func() bool {
+			for j := range done {
+				if done[j].Load() < atDrop[j]+100 {
+					return false
+				}
+			}
+			return true
+		})
+		close(stop)
+		wg.Wait()
+		if old.balance.Load() != balance || old.spent.Load() != spent {
+			t.Fatalf("key %d changed after the drop: balance %d → %d, spent %d → %d",
+				i, balance, old.balance.Load(), spent, old.spent.Load())
+		}
+		if balance0-balance != spent-spent0 {
+			t.Fatalf("key %d: the balance went down by %d, spent went up by %d", i, balance0-balance, spent-spent0)
+		}
+		var admitted int64
+		for j := range done {
+			admitted += done[j].Load()
+		}
+		nk := keyOf(t, s.Agent, d)
+		if got := spent - spent0 + nk.spent.Load(); got != admitted {
+			t.Fatalf("key %d: spent %d on the dropped key + %d on the new one, admitted %d",
+				i, spent-spent0, nk.spent.Load(), admitted)
+		}
+	}
+}
+
+// TestFastPathDropInterleavings runs the memo's fast path inside
+// shard.remove's keep, at the two points where it can meet the drop: a
+// spend after remove's first read of the counters makes remove keep the
+// key; a spend after the key is marked dropped is given back, and the key
+// leaves the table as it was.
+func TestFastPathDropInterleavings(t *testing.T) {
+	s := newStepped(t)
+	hit := func(d Descriptor) bool {
+		set := s.rules.Load()
+		var buf [memoBufLen]byte
+		ident, ok := appendIdent(buf[:0], "test", []Descriptor{d})
+		me := s.memo.get(maphash.Bytes(s.memo.seed, ident), set, ident)
+		if !ok || me == nil {
+			t.Fatalf("%v: not in the memo", d.Entries)
+		}
+		var dec Decision
+		return s.checkLeasedHit(&dec, me, set, &d, 1, 0)
+	}
+	for i, spendAt := range []int{1, 2} { // keep's first call (before dropped is set) or second (after)
+		d := desc("tier", "free", "route", "/x", "user", fmt.Sprint("u", i))
+		check(t, s.Agent, d)
+		ks := keyOf(t, s.Agent, d)
+		ks.Demand.Rate = 1e6
+		s.step()
+		check(t, s.Agent, d)
+		if !hit(d) {
+			t.Fatalf("spend at %d: the fast path did not decide on the leased key", spendAt)
+		}
+		balance, spent := ks.balance.Load(), ks.spent.Load()
+		calls, hitOK := 0, false
+		removed := s.keys.shard(ks.hash).remove(ks, func(*keyState) bool {
+			if calls++; calls == spendAt {
+				hitOK = hit(d)
+			}
+			return false
+		})
+		switch spendAt {
+		case 1:
+			if removed || ks.dropped.Load() || !hitOK || keyOf(t, s.Agent, d) != ks {
+				t.Fatalf("spend before the drop: removed %v, dropped %v, spent %v: want the key kept", removed, ks.dropped.Load(), hitOK)
+			}
+			if ks.balance.Load() != balance-1 || ks.spent.Load() != spent+1 {
+				t.Fatalf("spend before the drop: balance %d → %d, spent %d → %d", balance, ks.balance.Load(), spent, ks.spent.Load())
+			}
+		case 2:
+			if !removed || !ks.dropped.Load() || hitOK || keyOf(t, s.Agent, d) != nil {
+				t.Fatalf("spend after the drop: removed %v, dropped %v, spent %v: want the key dropped, the spend refused", removed, ks.dropped.Load(), hitOK)
+			}
+			if ks.balance.Load() != balance || ks.spent.Load() != spent {
+				t.Fatalf("spend after the drop: balance %d → %d, spent %d → %d", balance, ks.balance.Load(), spent, ks.spent.Load())
+			}
+		}
+	}
 }

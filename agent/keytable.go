@@ -22,7 +22,9 @@ const numShards = 256 // power of two
 // A check holds its shard's read lock while it decides on the key, and the
 // refill loop removes an idle key only under the write lock, after checking
 // under that lock that nothing is owed: so no check ever charges a key that
-// has already been dropped.
+// has already been dropped. The request memo's fast path for a leased key
+// takes no lock; remove and it see each other through the key's atomics
+// (see remove).
 type keyTable struct {
 	shards [numShards]shard
 	seed   maphash.Seed
@@ -274,13 +276,25 @@ func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.
 
 // remove unlinks ks if keep(ks) is false under the write lock. It reports
 // whether ks was removed.
+//
+// The memo's fast path (Agent.checkLeasedHit) spends from a key without
+// the lock: it changes the key's counters and then reads dropped. So
+// remove sets dropped and then reads the counters again: if a check
+// changed them meanwhile (or keep changed its mind), the key stays and
+// dropped is cleared; a check that saw dropped set has given its tokens
+// back and decides under the read lock, which waits for this one.
 func (sh *shard) remove(ks *keyState, keep func(*keyState) bool) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	o := ks.obs()
 	if keep(ks) {
 		return false
 	}
 	ks.dropped.Store(true)
+	if !ks.unchanged(&o) || keep(ks) {
+		ks.dropped.Store(false)
+		return false
+	}
 	var prev *keyState
 	for cur := sh.m[ks.hash]; cur != nil; prev, cur = cur, cur.next {
 		if cur != ks {

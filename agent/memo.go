@@ -20,8 +20,10 @@ import (
 // not validated again), and,
 // for each key, the key is still in the table. The last is checked under the
 // key's shard read lock (keyState.dropped is set under the write lock before
-// a key leaves the table), so a check through the memo decides only on keys
-// the refill loop can still see, as a check through the table does.
+// a key leaves the table), or, on the fast path for a leased key
+// (Agent.checkLeasedHit), read again after the spend, which shard.remove
+// sees or undoes; so a check through the memo decides only on keys the
+// refill loop can still see, as a check through the table does.
 //
 // Entries are written on a miss whose request fits the stack buffer, into an
 // empty slot or one of an older rule set, over the request's own entry, or

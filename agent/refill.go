@@ -154,6 +154,9 @@ func (a *Agent) drainPending(now int64) {
 		select {
 		case ks := <-a.pending:
 			ks.queued.Store(false)
+			if ks.dropped.Load() {
+				continue // a check's hand-over that raced with the drop: nothing to ask for
+			}
 			if o := ks.obs(); a.rf.core.Queued(&ks.Key, &o, now) {
 				a.rf.awaken(ks)
 				a.rf.pick = append(a.rf.pick, ks)
