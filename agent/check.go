@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
 	"sync"
 	"time"
 	"unsafe"
@@ -154,10 +153,9 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 	var me *memoEntry
 	memoable := false
 	if a.memo != nil && set != nil {
-		ident, memoable = appendIdent(identBuf[:0], domain, descs)
+		ident, mh, memoable = appendIdent(identBuf[:0], a.memo.seed, domain, descs)
 	}
 	if memoable {
-		mh = maphash.Bytes(a.memo.seed, ident)
 		me = a.memo.get(mh, set, ident)
 	}
 	if me == nil {

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -222,8 +221,8 @@ func TestFastPathDropInterleavings(t *testing.T) {
 	hit := func(d Descriptor) bool {
 		set := s.rules.Load()
 		var buf [memoBufLen]byte
-		ident, ok := appendIdent(buf[:0], "test", []Descriptor{d})
-		me := s.memo.get(maphash.Bytes(s.memo.seed, ident), set, ident)
+		ident, h, ok := appendIdent(buf[:0], s.memo.seed, "test", []Descriptor{d})
+		me := s.memo.get(h, set, ident)
 		if !ok || me == nil {
 			t.Fatalf("%v: not in the memo", d.Entries)
 		}

@@ -1,9 +1,11 @@
 package agent
 
 import (
-	"hash/maphash"
+	"encoding/binary"
+	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/allot/allot/pkg/rules"
 )
@@ -34,7 +36,7 @@ import (
 // BenchmarkCheckStatuses3). The table holds at most memoSlots entries, and
 // through them at most that many dropped key states and old rule sets.
 type memo struct {
-	seed  maphash.Seed
+	seed  uint64
 	slots [memoSlots]memoSlot
 }
 
@@ -64,7 +66,7 @@ type memoEntry struct {
 	keys  [stackDescs]*keyState // nil: decided by the slow path (no rule, unlimited, the Redis backend)
 }
 
-func newMemo() *memo { return &memo{seed: maphash.MakeSeed()} }
+func newMemo() *memo { return &memo{seed: rand.Uint64() | 1} }
 
 // appendIdent encodes domain and descs injectively into dst: each string
 // preceded by its length in one byte, each descriptor by its entry count.
@@ -74,38 +76,89 @@ func newMemo() *memo { return &memo{seed: maphash.MakeSeed()} }
 // (TestIdentInjective decodes it back); check relies on it to skip
 // validation on a hit. dst must have capacity memoBufLen: the strings are
 // copied in one pass, without a size pass before.
-func appendIdent(dst []byte, domain string, descs []Descriptor) ([]byte, bool) {
-	if len(descs) > stackDescs || cap(dst)-len(dst) < memoBufLen {
-		return dst, false
+//
+// h is the identity's hash under seed, computed from the words the copy
+// loads: hashing the buffer afterwards would read it while its stores are
+// still in flight, which stalls the loads (store forwarding fails for a
+// wide load over narrower stores). Equal identities hash alike; the hash
+// need only spread requests over the memo's slots.
+func appendIdent(dst []byte, seed uint64, domain string, descs []Descriptor) (_ []byte, h uint64, ok bool) {
+	if len(descs) > stackDescs || cap(dst)-len(dst) < memoBufLen || len(domain) >= memoBufLen {
+		return dst, 0, false
 	}
 	buf := dst[len(dst) : len(dst)+memoBufLen]
-	n := 1 + len(domain)
-	if n > len(buf) {
-		return dst, false
-	}
-	buf[0] = byte(len(domain))
-	copy(buf[1:], domain)
+	n, h := putStr(buf, 0, seed, seed, domain)
 	for i := range descs {
 		es := descs[i].Entries
-		if n >= len(buf) {
-			return dst, false
+		if n >= memoBufLen {
+			return dst, 0, false
 		}
 		buf[n] = byte(len(es)) // bounded below: each entry takes at least 2 bytes
 		n++
+		h = bits.RotateLeft64(h, 17) ^ uint64(len(es))
 		for j := range es {
 			k, v := es[j].Key, es[j].Value
-			if n+2+len(k)+len(v) > len(buf) {
-				return dst, false
+			if n+2+len(k)+len(v) > memoBufLen {
+				return dst, 0, false
 			}
-			buf[n] = byte(len(k))
-			copy(buf[n+1:], k)
-			n += 1 + len(k)
-			buf[n] = byte(len(v))
-			copy(buf[n+1:], v)
-			n += 1 + len(v)
+			n, h = putStr(buf, n, seed, h, k)
+			n, h = putStr(buf, n, seed, h, v)
 		}
 	}
-	return dst[:len(dst)+n], true
+	return dst[:len(dst)+n], mum(h^identK1, seed^uint64(n)), true
+}
+
+// Odd constants for the identity's hash (wyhash's).
+const (
+	identK1 = 0xa0761d6478bd642f
+	identK2 = 0xe7037ed1a0b428db
+)
+
+// mum is the folded 128-bit product of a and b.
+func mum(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
+
+// putStr writes s's length and its bytes at buf[n:], folds s into the
+// hash h, and returns the offset after s and the new hash. A string of up
+// to 16 bytes is read as two words that overlap (all of it, with its
+// length) and written back the same way, inside its own bytes, rather
+// than by a call to memmove.
+func putStr(buf []byte, n int, seed, h uint64, s string) (int, uint64) {
+	l := len(s)
+	buf[n] = byte(l)
+	d := buf[n+1:]
+	p := unsafe.Slice(unsafe.StringData(s), l)
+	var a, b uint64
+	switch {
+	case l > 16:
+		copy(d, p)
+		return n + 1 + l, bits.RotateLeft64(h, 17) ^ hashLong(seed, p)
+	case l >= 8:
+		a, b = binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[l-8:])
+		binary.LittleEndian.PutUint64(d, a)
+		binary.LittleEndian.PutUint64(d[l-8:], b)
+	case l >= 4:
+		a, b = uint64(binary.LittleEndian.Uint32(p)), uint64(binary.LittleEndian.Uint32(p[l-4:]))
+		binary.LittleEndian.PutUint32(d, uint32(a))
+		binary.LittleEndian.PutUint32(d[l-4:], uint32(b))
+	case l > 0:
+		d[0], d[l>>1], d[l-1] = p[0], p[l>>1], p[l-1]
+		a = uint64(p[0])<<16 | uint64(p[l>>1])<<8 | uint64(p[l-1])
+	}
+	return n + 1 + l, bits.RotateLeft64(h, 17) ^ mum(a^seed, b^uint64(l)^identK2)
+}
+
+// hashLong hashes p, longer than 16 bytes, under seed: one product per 16
+// bytes, the last 16 overlapping the ones before.
+func hashLong(seed uint64, p []byte) uint64 {
+	h := seed ^ uint64(len(p))
+	for i := 0; i+16 < len(p); i += 16 {
+		h = mum(binary.LittleEndian.Uint64(p[i:])^h, binary.LittleEndian.Uint64(p[i+8:])^identK2)
+	}
+	t := p[len(p)-16:]
+	return mum(binary.LittleEndian.Uint64(t)^h, binary.LittleEndian.Uint64(t[8:])^identK1)
 }
 
 // get returns the entry for (h, set, ident), or nil.

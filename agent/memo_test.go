@@ -237,7 +237,7 @@ func TestIdentInjective(t *testing.T) {
 			}
 		}
 		var buf [memoBufLen]byte
-		ident, ok := appendIdent(buf[:0], domain, descs)
+		ident, _, ok := appendIdent(buf[:0], 1, domain, descs)
 		size := 1 + len(domain)
 		for _, d := range descs {
 			size++
@@ -259,6 +259,56 @@ func TestIdentInjective(t *testing.T) {
 			rt.Fatalf("decoded %q %+v, want %q %+v", gotDomain, gotDescs, domain, descs)
 		}
 	})
+}
+
+// TestIdentHash: appendIdent's hash is a function of the request's bytes
+// (not of where they are), and requests one byte apart hash apart.
+func TestIdentHash(t *testing.T) {
+	const seed = 0x9e3779b97f4a7c15
+	hash := func(domain string, descs []Descriptor) uint64 {
+		var buf [memoBufLen]byte
+		_, h, ok := appendIdent(buf[:0], seed, domain, descs)
+		if !ok {
+			t.Fatalf("not memoable: %q %+v", domain, descs)
+		}
+		return h
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		strs := rapid.SliceOfN(rapid.SliceOfN(rapid.Byte(), 0, 40), 3, 7).Draw(rt, "strings")
+		build := func(edit int) (string, []Descriptor) {
+			s := make([]string, len(strs))
+			for i, b := range strs {
+				b = append([]byte(nil), b...) // fresh memory each time
+				if i == edit {
+					b = append(b, 'x')
+				}
+				s[i] = string(b)
+			}
+			d := Descriptor{}
+			for i := 1; i+1 < len(s); i += 2 {
+				d.Entries = append(d.Entries, rules.Entry{Key: s[i], Value: s[i+1]})
+			}
+			return s[0], []Descriptor{d}
+		}
+		h := hash(build(-1))
+		if h2 := hash(build(-1)); h2 != h {
+			rt.Fatalf("the same request hashed to %x and %x", h, h2)
+		}
+		edit := rapid.IntRange(0, len(strs)-1-(len(strs)-1)%2).Draw(rt, "edit")
+		if h2 := hash(build(edit)); h2 == h {
+			rt.Fatalf("string %d one byte longer, same hash %x", edit, h)
+		}
+	})
+	// The memo's slots: distinct users of one route spread like random.
+	slots := map[uint64]bool{}
+	for i := range memoSlots {
+		var buf [memoBufLen]byte
+		_, h, _ := appendIdent(buf[:0], seed, "test", []Descriptor{deepDesc(i)})
+		slots[h&(memoSlots-1)] = true
+	}
+	if len(slots) < memoSlots/2 { // random: 63%
+		t.Fatalf("%d requests fill %d of %d slots", memoSlots, len(slots), memoSlots)
+	}
 }
 
 // BenchmarkCheckMemoMiss is a check whose request the memo does not hold
