@@ -136,7 +136,7 @@ func hitsFor(d *Descriptor, hits uint32) int64 {
 // just written field by field stalls the CPU) and stays so on an error.
 func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) ([]Status, error) {
 	var t0 int64 // nanotime of a sampled check, 0 otherwise
-	if a.met.sampleCheck() {
+	if a.met.sampleCheck(uintptr(unsafe.Pointer(dec))) {
 		t0 = time.Now().UnixNano()
 	}
 	set := a.rules.Load()

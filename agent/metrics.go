@@ -2,7 +2,6 @@ package agent
 
 import (
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -34,6 +33,7 @@ func decisionCounter(src Source, allowed bool) int {
 // cache line. No metric has a per-key label.
 type metrics struct {
 	counters *stripe.Counters // numCounters
+	sampled  [stripe.N]sampleArm
 
 	fallback       prometheus.Gauge
 	toOpen         prometheus.Counter
@@ -72,16 +72,40 @@ type metrics struct {
 	collectors     []prometheus.Collector
 }
 
-// checkSampleMask: one check in 64 is timed for allot_agent_check_seconds.
-// Timing every check would cost more than the check (time.Now is tens of
-// nanoseconds).
-const checkSampleMask = 63
+// checkSampleBits: one check in 2^6 = 64 is timed for
+// allot_agent_check_seconds. Timing every check would cost more than the
+// check (time.Now is tens of nanoseconds).
+const checkSampleBits = 6
 
-// sampleCheck reports whether this check should be timed: at random, from
-// the runtime's per-thread generator, which costs less than a shared
-// counter's atomic add.
-func (m *metrics) sampleCheck() bool {
-	return rand.Uint32()&checkSampleMask == 0
+// The checks to time are picked without a draw of their own (a call to
+// the runtime's generator costs about as much as the rest of the
+// bookkeeping): every check ends with one striped counter increment
+// (decision or leaseCheck), which returns the stripe's new count; a
+// mixing of that count, whose top bits are zero one time in 64, arms the
+// stripe (arm), and the next check on it is timed (sampleCheck). Counts
+// that arm are spread like random ones, so the timed checks do not follow
+// a pattern in the requests.
+
+// sampleArm is one stripe's flag: the next check on it is timed. Padded
+// to its own cache lines: every check reads it.
+type sampleArm struct {
+	armed atomic.Bool
+	_     [127]byte
+}
+
+// sampleCheck reports whether this check, on hint's stripe, is timed,
+// disarming the stripe.
+func (m *metrics) sampleCheck(hint uintptr) bool {
+	s := &m.sampled[stripe.Index(hint)]
+	return s.armed.Load() && s.armed.CompareAndSwap(true, false)
+}
+
+// arm arms hint's stripe one time in 64, given a count a check's counter
+// increment returned there.
+func (m *metrics) arm(hint uintptr, count uint64) {
+	if mum(count^identK1, identK2)>>(64-checkSampleBits) == 0 {
+		m.sampled[stripe.Index(hint)].armed.Store(true)
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -203,8 +227,10 @@ func (m *metrics) unregister() {
 // hint, in the methods below, is the address of a variable on the
 // checking goroutine's stack: it picks the stripe (stripe.Index).
 
+// decision counts a check's decision, the last count of a check on the
+// slow path, and arms the stripe for sampling from the count.
 func (m *metrics) decision(hint uintptr, src Source, allowed bool) {
-	m.counters.Add(hint, decisionCounter(src, allowed), 1)
+	m.arm(hint, m.counters.Add(hint, decisionCounter(src, allowed), 1))
 }
 
 func (m *metrics) shadow(hint uintptr) { m.counters.Add(hint, ctrShadow, 1) }
@@ -373,11 +399,13 @@ func (m *metrics) ruleDecision(hint uintptr, ri *ruleIndex, r *rules.Rule, st *S
 // increment (the collector adds it to both). It reports false, counting
 // nothing, when r has no counter (a reload is switching sets); the caller
 // then counts the two apart.
+//
+// It arms the stripe for sampling from the count, as decision does.
 func (m *metrics) leaseCheck(hint uintptr, ri *ruleIndex, r *rules.Rule) bool {
 	if ri == nil || r.ID >= len(ri.byID) || ri.byID[r.ID] == nil {
 		return false
 	}
-	ri.byID[r.ID].c[stripe.Index(hint)][ruleLeaseCheck].Add(1)
+	m.arm(hint, ri.byID[r.ID].c[stripe.Index(hint)][ruleLeaseCheck].Add(1))
 	return true
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // TestRuleDecisionMetrics: decisions are counted by domain, rule and result
@@ -52,6 +53,38 @@ func TestRuleDecisionMetrics(t *testing.T) {
 	for k := range got {
 		if strings.Contains(k, "nosuchdomain") {
 			t.Errorf("series %s names a domain the rules do not", k)
+		}
+	}
+}
+
+// TestCheckLatencySampled: one check in 64 is timed for
+// allot_agent_check_seconds, on the memo's fast path for a leased key and
+// on the slow path alike.
+func TestCheckLatencySampled(t *testing.T) {
+	s := newStepped(t)
+	leased := desc("tier", "free", "route", "/x", "user", "u")
+	check(t, s.Agent, leased)
+	keyOf(t, s.Agent, leased).Demand.Rate = 1e6
+	s.step()
+	if got := check(t, s.Agent, leased); got.Source != SourceLease {
+		t.Fatalf("check: %+v, want from the lease", got)
+	}
+	timed := func() uint64 {
+		var m dto.Metric
+		if err := s.met.checkSeconds.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount()
+	}
+	const n = 64 * 200
+	for _, d := range []Descriptor{leased, desc("nomatch", "x")} { // the fast path, then the slow path
+		before := timed()
+		for range n {
+			check(t, s.Agent, d)
+		}
+		// 200 expected; the binomial's standard deviation is 14.
+		if got := timed() - before; got < 140 || got > 260 {
+			t.Fatalf("%v: %d of %d checks timed, want about %d", d.Entries, got, n, n/64)
 		}
 	}
 }
