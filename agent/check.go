@@ -613,7 +613,10 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		a.wake(ks) // after every change above: see due.go
 	}
 	hint := uintptr(unsafe.Pointer(dec))
-	if ri := a.met.ruleIndexFor(set); !a.met.leaseCheck(hint, ri, r) {
+	ri := a.met.ruleIndexFor(set)
+	if c := a.met.leaseCheck(hint, ri, r); c != 0 {
+		a.met.arm(hint, c)
+	} else {
 		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})
 		a.met.decision(hint, SourceLease, true)
 	}

@@ -396,17 +396,15 @@ func (m *metrics) ruleDecision(hint uintptr, ri *ruleIndex, r *rules.Rule, st *S
 
 // leaseCheck counts a check of one descriptor allowed by rule r from the
 // lease: one allowed result of r and one allowed lease decision, in one
-// increment (the collector adds it to both). It reports false, counting
+// increment (the collector adds it to both), and returns the stripe's new
+// count, for the caller to arm sampling with. It returns 0, counting
 // nothing, when r has no counter (a reload is switching sets); the caller
 // then counts the two apart.
-//
-// It arms the stripe for sampling from the count, as decision does.
-func (m *metrics) leaseCheck(hint uintptr, ri *ruleIndex, r *rules.Rule) bool {
+func (m *metrics) leaseCheck(hint uintptr, ri *ruleIndex, r *rules.Rule) uint64 {
 	if ri == nil || r.ID >= len(ri.byID) || ri.byID[r.ID] == nil {
-		return false
+		return 0
 	}
-	m.arm(hint, ri.byID[r.ID].c[stripe.Index(hint)][ruleLeaseCheck].Add(1))
-	return true
+	return ri.byID[r.ID].c[stripe.Index(hint)][ruleLeaseCheck].Add(1)
 }
 
 // unlimitedDecision counts a descriptor no rule limits: r is nil (no match)
