@@ -386,6 +386,12 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		// Fail open: the local bucket decides, below.
 	}
 
+	if known != nil && consume && n > 0 && a.leasing(r) {
+		// The commonest case, without the shard lock (see spendLive).
+		if left, ok := a.spendLive(known, now, n); ok {
+			return leaseStatus(known, r, now, left), outcome{ks: known, taken: n, kind: takeLease}
+		}
+	}
 	var sh *shard
 	ks := known
 	if ks != nil {
@@ -562,14 +568,6 @@ func (a *Agent) spendBalance(ks *keyState, n int64) (left int64, ok bool) {
 // bookkeeping, filling *dec field by field; ok is false, with nothing
 // changed (but a dropped key's lastUse), when the request is not that
 // case, and check goes on as usual.
-//
-// It takes no shard lock. The refill loop drops a key (shard.remove) by
-// setting dropped and then reading the key's counters again, keeping the
-// key when they changed; this path changes the counters (balance, spent,
-// lastUse) and then reads dropped, giving the tokens back and leaving the
-// request to the slow path when it is set. With sequentially consistent
-// atomics one of the two sees the other, so, as under the lock, no spend
-// stays on a key that has left the table.
 func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *Descriptor, hits uint32, t0 int64) (ok bool) {
 	r, ks := me.rules[0], me.keys[0]
 	n := hitsFor(d, hits)
@@ -577,16 +575,57 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		return false
 	}
 	now := a.now()
+	left, ok := a.spendLive(ks, now, n)
+	if !ok {
+		return false
+	}
+	hint := uintptr(unsafe.Pointer(dec))
+	ri := a.met.ruleIndexFor(set)
+	if c := a.met.leaseCheck(hint, ri, r); c != 0 {
+		a.met.arm(hint, c)
+	} else {
+		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})
+		a.met.decision(hint, SourceLease, true)
+	}
+	// As leaseStatus.
+	resetAfter := until(ks.resetAt.Load(), now)
+	dec.Allowed = true
+	dec.Source = SourceLease
+	dec.Rule = r
+	dec.Policy = r.Name
+	dec.Quota = int64(r.RequestsPerUnit)
+	dec.Window = r.Window
+	dec.Remaining = ks.remaining.Load() + left
+	dec.ResetAfter = resetAfter
+	dec.NextAfter = r.Limit.NextAfter(now, resetAfter)
+	if t0 != 0 {
+		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
+	}
+	return true
+}
+
+// spendLive takes n > 0 tokens from the live lease of ks, a key the
+// request memo found, if its balance holds them, as decideLease would,
+// and returns the balance left; ok is false, with nothing changed (but a
+// dropped key's lastUse), when the key is decided locally, its lease is
+// not live, its balance is short or it has left the table.
+//
+// It takes no shard lock. The refill loop drops a key (shard.remove) by
+// setting dropped and then reading the key's counters again, keeping the
+// key when they changed; spendLive changes the counters (balance, spent,
+// lastUse) and then reads dropped, giving the tokens back when it is set.
+// With sequentially consistent atomics one of the two sees the other, so,
+// as under the lock, no spend stays on a key that has left the table.
+func (a *Agent) spendLive(ks *keyState, now, n int64) (left int64, ok bool) {
 	// A key decided locally until now goes the slow way (decideLease
 	// resets it). A dropped key is found below, after the spend.
 	if ks.local.Load() || now >= ks.expiry.Load() {
-		return false
+		return 0, false
 	}
-	var left int64
 	for {
 		b := ks.balance.Load()
 		if b < n {
-			return false
+			return 0, false
 		}
 		if ks.balance.CompareAndSwap(b, b-n) {
 			left = b - n
@@ -601,38 +640,15 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		// Dropped, or being dropped (shard.remove): undo, as refund does.
 		ks.balance.Add(n)
 		ks.spent.Add(-n)
-		return false
+		return 0, false
 	}
 	if left < ks.lowWater.Load() {
 		a.enqueue(ks)
 	}
-	// As leaseStatus.
-	remaining := ks.remaining.Load() + left
-	resetAfter := until(ks.resetAt.Load(), now)
 	if ks.dormant.Load() {
 		a.wake(ks) // after every change above: see due.go
 	}
-	hint := uintptr(unsafe.Pointer(dec))
-	ri := a.met.ruleIndexFor(set)
-	if c := a.met.leaseCheck(hint, ri, r); c != 0 {
-		a.met.arm(hint, c)
-	} else {
-		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})
-		a.met.decision(hint, SourceLease, true)
-	}
-	dec.Allowed = true
-	dec.Source = SourceLease
-	dec.Rule = r
-	dec.Policy = r.Name
-	dec.Quota = int64(r.RequestsPerUnit)
-	dec.Window = r.Window
-	dec.Remaining = remaining
-	dec.ResetAfter = resetAfter
-	dec.NextAfter = r.Limit.NextAfter(now, resetAfter)
-	if t0 != 0 {
-		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
-	}
-	return true
+	return left, true
 }
 
 // decideBucket decides from the key's own bucket: the fallback (R/N, burst

@@ -277,12 +277,12 @@ func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.
 // remove unlinks ks if keep(ks) is false under the write lock. It reports
 // whether ks was removed.
 //
-// The memo's fast path (Agent.checkLeasedHit) spends from a key without
-// the lock: it changes the key's counters and then reads dropped. So
-// remove sets dropped and then reads the counters again: if a check
-// changed them meanwhile (or keep changed its mind), the key stays and
-// dropped is cleared; a check that saw dropped set has given its tokens
-// back and decides under the read lock, which waits for this one.
+// A check through the request memo (Agent.spendLive) spends from a key
+// without the lock: it changes the key's counters and then reads
+// dropped. So remove sets dropped and then reads the counters again: if a
+// check changed them meanwhile (or keep changed its mind), the key stays
+// and dropped is cleared; a check that saw dropped set has given its
+// tokens back and decides under the read lock, which waits for this one.
 func (sh *shard) remove(ks *keyState, keep func(*keyState) bool) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -23,7 +23,7 @@ import (
 // for each key, the key is still in the table. The last is checked under the
 // key's shard read lock (keyState.dropped is set under the write lock before
 // a key leaves the table), or, on the fast path for a leased key
-// (Agent.checkLeasedHit), read again after the spend, which shard.remove
+// (Agent.spendLive), read again after the spend, which shard.remove
 // sees or undoes; so a check through the memo decides only on keys the
 // refill loop can still see, as a check through the table does.
 //
