@@ -32,7 +32,6 @@ import (
 	"math"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -50,7 +49,8 @@ import (
 )
 
 // Checker decides a request with per-descriptor statuses. *agent.Agent
-// implements it. It must not retain descs after returning.
+// implements it. It must not retain descs after returning (they are the
+// server's pooled memory).
 type Checker interface {
 	CheckStatuses(ctx context.Context, domain string, descs []agent.Descriptor, hits uint32, out []agent.Status) (agent.Decision, []agent.Status, error)
 }
@@ -109,17 +109,9 @@ func New(c Checker, opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Register registers s on g.
-func (s *Server) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(g, s) }
-
-// scratch is one call's working memory; pooled.
-type scratch struct {
-	descs    []agent.Descriptor
-	entries  []rules.Entry
-	statuses []agent.Status
-}
-
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+// Register registers s on g as envoy.service.ratelimit.v3.RateLimitService
+// (see serviceDesc).
+func (s *Server) Register(g *grpc.Server) { g.RegisterService(&serviceDesc, s) }
 
 // ShouldRateLimit implements the RLS v3 API.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -129,65 +121,52 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 
 // decide answers req, and returns the agent's decision with the response
 // (for the RateLimit fields of the JSON endpoint). Errors are gRPC status
-// errors. The gRPC method and POST /json both answer from here.
+// errors. The gRPC method, ShouldRateLimit and POST /json all answer
+// through answer.
 func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, agent.Decision, error) {
-	if req.GetDomain() == "" {
+	c := getRequest()
+	defer putRequest(c)
+	c.fromRequest(req)
+	r, dec, err := s.answer(ctx, c)
+	if err != nil {
+		return nil, dec, err
+	}
+	return &r.RateLimitResponse, dec, nil
+}
+
+// answer validates the request c holds, has the checker decide it, and
+// builds the response.
+func (s *Server) answer(ctx context.Context, c *request) (*reply, agent.Decision, error) {
+	if c.domain == "" {
 		s.byCode[outInvalid].Inc()
 		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: domain must not be empty")
 	}
-	if why, ok := strings.CutPrefix(req.GetDomain(), undecodable); ok {
+	if why, ok := strings.CutPrefix(c.domain, undecodable); ok {
 		s.byCode[outInvalid].Inc()
 		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: the request is not a valid RateLimitRequest (every string must be valid UTF-8): "+why)
 	}
-	in := req.GetDescriptors()
-	if len(in) == 0 {
+	if c.ndescs == 0 {
 		s.byCode[outInvalid].Inc()
 		return nil, agent.Decision{}, status.Error(codes.InvalidArgument, "rls: descriptors must not be empty")
 	}
-	if len(in) > agent.MaxDescriptors {
+	if c.ndescs > agent.MaxDescriptors {
 		s.byCode[outInvalid].Inc()
-		return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, at most %d", len(in), agent.MaxDescriptors)
+		return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, at most %d", c.ndescs, agent.MaxDescriptors)
 	}
-
-	sc := scratchPool.Get().(*scratch)
-	defer func() {
-		clear(sc.descs)
-		clear(sc.entries)
-		clear(sc.statuses)
-		sc.descs, sc.entries, sc.statuses = sc.descs[:0], sc.entries[:0], sc.statuses[:0]
-		scratchPool.Put(sc)
-	}()
-	total := 0
-	for i, d := range in {
-		n := len(d.GetEntries())
+	for i := range c.descs {
+		n := len(c.descs[i].Entries)
 		if n == 0 || n > agent.MaxEntries {
 			s.byCode[outInvalid].Inc()
 			return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: descriptor %d has %d entries, want 1 to %d", i, n, agent.MaxEntries)
 		}
-		if d.GetIsNegativeHits() {
+		if c.negative[i] {
 			s.byCode[outInvalid].Inc()
 			return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: descriptor %d: is_negative_hits is not supported", i)
 		}
-		total += n
-	}
-	if cap(sc.entries) < total {
-		sc.entries = make([]rules.Entry, 0, total)
-	}
-	for _, d := range in {
-		start := len(sc.entries)
-		for _, e := range d.GetEntries() {
-			sc.entries = append(sc.entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
-		}
-		ad := agent.Descriptor{Entries: sc.entries[start:len(sc.entries):len(sc.entries)]}
-		if h := d.GetHitsAddend(); h != nil {
-			ad.HitsAddendSet = true
-			ad.HitsAddend = uint32(min(h.GetValue(), math.MaxUint32))
-		}
-		sc.descs = append(sc.descs, ad)
 	}
 
-	dec, sts, err := s.checker.CheckStatuses(ctx, req.GetDomain(), sc.descs, req.GetHitsAddend(), sc.statuses[:0])
-	sc.statuses = sts
+	dec, sts, err := s.checker.CheckStatuses(ctx, c.domain, c.descs, c.hits, c.statuses[:0])
+	c.statuses = sts
 	if err != nil {
 		if errors.Is(err, agent.ErrInvalid) {
 			s.byCode[outInvalid].Inc()
@@ -197,9 +176,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		s.logger.Warn("rls: check failed", "err", err)
 		return nil, agent.Decision{}, status.Error(codes.Unavailable, "rls: "+err.Error())
 	}
-	if len(sts) != len(in) {
+	if len(sts) != len(c.descs) {
 		s.byCode[outError].Inc()
-		return nil, agent.Decision{}, status.Errorf(codes.Internal, "rls: checker returned %d statuses for %d descriptors", len(sts), len(in))
+		return nil, agent.Decision{}, status.Errorf(codes.Internal, "rls: checker returned %d statuses for %d descriptors", len(sts), len(c.descs))
 	}
 
 	resp, blk := newResponse(len(sts))
@@ -222,37 +201,43 @@ type statusBlock struct {
 	dur durationpb.Duration
 }
 
-// response1 is a response with one status in one allocation (most Envoy
+// reply is a response as answer builds it: OverallCode and Statuses, each
+// status with at most Code, CurrentLimit (a limitCache message),
+// LimitRemaining and DurationUntilReset. The server's codec marshals it
+// itself (see codec.Marshal); any other codec sees the embedded message.
+type reply struct{ rlsv3.RateLimitResponse }
+
+// reply1 is a reply with one status in one allocation (most Envoy
 // requests carry one or two descriptors).
-type response1 struct {
-	resp rlsv3.RateLimitResponse
+type reply1 struct {
+	reply
 	ptrs [1]*rlsv3.RateLimitResponse_DescriptorStatus
 	blk  [1]statusBlock
 }
 
-// response2 is response1 for two statuses.
-type response2 struct {
-	resp rlsv3.RateLimitResponse
+// reply2 is reply1 for two statuses.
+type reply2 struct {
+	reply
 	ptrs [2]*rlsv3.RateLimitResponse_DescriptorStatus
 	blk  [2]statusBlock
 }
 
-// newResponse returns an OK response with n zero statuses, in as few
+// newResponse returns an OK reply with n zero statuses, in as few
 // allocations as n allows (one for n ≤ 2, three otherwise), and the blocks
 // its statuses live in.
-func newResponse(n int) (*rlsv3.RateLimitResponse, []statusBlock) {
-	var resp *rlsv3.RateLimitResponse
+func newResponse(n int) (*reply, []statusBlock) {
+	var resp *reply
 	var ptrs []*rlsv3.RateLimitResponse_DescriptorStatus
 	var blk []statusBlock
 	switch n {
 	case 1:
-		r := new(response1)
-		resp, ptrs, blk = &r.resp, r.ptrs[:], r.blk[:]
+		r := new(reply1)
+		resp, ptrs, blk = &r.reply, r.ptrs[:], r.blk[:]
 	case 2:
-		r := new(response2)
-		resp, ptrs, blk = &r.resp, r.ptrs[:], r.blk[:]
+		r := new(reply2)
+		resp, ptrs, blk = &r.reply, r.ptrs[:], r.blk[:]
 	default:
-		resp = new(rlsv3.RateLimitResponse)
+		resp = new(reply)
 		ptrs = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
 		blk = make([]statusBlock, n)
 	}
@@ -360,13 +345,14 @@ func wrapUint32(v uint32) *wrapperspb.UInt32Value { return wrapperspb.UInt32(v) 
 //   - calls are served by a pool of long-lived goroutines (grpc spills over
 //     to a new goroutine when all are busy) rather than a goroutine per
 //     call, whose stack would be grown again on every call;
-//   - requests are decoded by requestCodec (fewer allocations; every other
-//     message, and any request it does not take, by gRPC's proto codec).
+//   - ShouldRateLimit's request and reply are decoded and encoded by codec
+//     (no message tree, fewer allocations; every other message by gRPC's
+//     proto codec).
 //
 // They apply to every service on the server (the health service too).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.NumStreamWorkers(uint32(max(64, 4*runtime.GOMAXPROCS(0)))),
-		grpc.ForceServerCodecV2(newRequestCodec()),
+		grpc.ForceServerCodecV2(newCodec()),
 	}
 }

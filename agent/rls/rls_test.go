@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/allot/allot/agent"
@@ -331,5 +332,87 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		if _, err := srv.ShouldRateLimit(ctx, req); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestServedAnyWay: the same calls get the same answers from a server
+// with ServerOptions (the codec decodes into the handler's pooled request
+// and encodes its reply), from one without them (gRPC's proto codec
+// decodes into the request's embedded message and encodes the reply's),
+// and from one with an interceptor (which sees a RateLimitRequest and a
+// RateLimitResponse).
+func TestServedAnyWay(t *testing.T) {
+	override := desc("api_key", "k9")
+	override.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}
+	negative := desc("api_key", "k9")
+	negative.IsNegativeHits = true
+	reqs := []*rlsv3.RateLimitRequest{
+		{Domain: "rls-test", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", "k9")}},
+		{Domain: "rls-test", HitsAddend: 2, Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", "k9"), desc("path", "/a"), desc("free", "x")}},
+		{Domain: "rls-test", Descriptors: []*rlcommon.RateLimitDescriptor{desc("path", "/a"), desc("team", "t")}},
+		{Domain: "rls-test", Descriptors: []*rlcommon.RateLimitDescriptor{override}},
+		{Domain: "rls-test", Descriptors: []*rlcommon.RateLimitDescriptor{desc("shadowed", "s"), desc("shadowed", "s")}},
+		{Domain: "rls-test", Descriptors: []*rlcommon.RateLimitDescriptor{negative}},
+		{Domain: "rls-test", Descriptors: []*rlcommon.RateLimitDescriptor{{}}},
+		{Domain: "rls-test"},
+		{Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", "k9")}},
+	}
+	type answer struct {
+		resp *rlsv3.RateLimitResponse
+		code codes.Code
+		msg  string
+	}
+	run := func(opts []grpc.ServerOption, seen *atomic.Int64) []answer {
+		a, srv := newTestServer(t)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer(opts...)
+		srv.Register(g)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = g.Serve(lis) }()
+		defer func() { g.Stop(); <-done; a.Close(context.Background()) }()
+		cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		c := rlsv3.NewRateLimitServiceClient(cc)
+		var out []answer
+		for _, req := range reqs {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := c.ShouldRateLimit(ctx, req)
+			cancel()
+			st := status.Convert(err)
+			out = append(out, answer{resp, st.Code(), st.Message()})
+		}
+		if seen != nil && seen.Load() != int64(len(reqs)) {
+			t.Fatalf("the interceptor saw %d RateLimitRequests and responses, want %d", seen.Load(), len(reqs))
+		}
+		return out
+	}
+	var seen atomic.Int64
+	icpt := grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		_, isReq := req.(*rlsv3.RateLimitRequest)
+		resp, err := h(ctx, req)
+		if _, isResp := resp.(*rlsv3.RateLimitResponse); isReq && (isResp || err != nil) && info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+			seen.Add(1)
+		}
+		return resp, err
+	})
+	want := run(ServerOptions(), nil)
+	for name, got := range map[string][]answer{
+		"without ServerOptions": run(nil, nil),
+		"with an interceptor":   run(append(ServerOptions(), icpt), &seen),
+	} {
+		for i := range want {
+			if got[i].code != want[i].code || got[i].msg != want[i].msg || !proto.Equal(got[i].resp, want[i].resp) {
+				t.Errorf("%s: request %d: %v %v %q, want %v %v %q", name, i, got[i].resp, got[i].code, got[i].msg, want[i].resp, want[i].code, want[i].msg)
+			}
+		}
+	}
+	if want[0].code != codes.OK || want[3].code != codes.OK || want[5].code != codes.InvalidArgument || want[8].code != codes.InvalidArgument {
+		t.Fatalf("answers %v", want)
 	}
 }
