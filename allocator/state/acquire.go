@@ -379,7 +379,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	}
 	// (3) want: size, cap at the fair share and the window's allowance,
 	// take what the bucket has.
-	capacity := capacityOf(lim, c.cfg.RefreshInterval)
+	capacity, refill := c.lims.sizes(c.tab.at(idx).lim, c.cfg.RefreshInterval) // lim's
 	want := int64(0)
 	if !release && canLease {
 		want = min(ka.want, capacity)
@@ -395,7 +395,6 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		// little the agent reports holding.
 		f := c.cfg.RefreshInterval
 		used = usedInWindow(&old, now/1e6, f)
-		refill := refillOf(lim, f)
 		allow, reserved := c.allowance(e.leases, ag.num, claimOf(want, demand, f, capacity), used, capacity, refill, now)
 		left := allow - used
 		avail := lim.Peek(st, now).Remaining

@@ -163,21 +163,28 @@ func BenchmarkExpireDue(b *testing.B) {
 // (grants packed): each op is one entry of 10 calls × 100 packed keys.
 // grants: every key a lease renewal over 100k leased keys; fleet: 85% of
 // the keys first uses of keys never seen (one token charged, no lease) and
-// the rest renewals, as bench/acquire -mode fleet sends them. allocs/op
+// the rest renewals, as bench/acquire -mode fleet sends them; shared:
+// every key a lease renewal, over 10k keys each leased by all ten agents
+// (bench/acquire's 16 clients each renew every key of its key space, so
+// its keys carry a dozen leases or more). allocs/op
 // divided by 1000 is the allocations per key; cpu-ns/key is the process's
 // CPU time (GC included) over the applies, which moves less with the
 // machine's load than the wall clock does.
 func BenchmarkApplyCompactEntry(b *testing.B) {
-	for _, mode := range []string{"grants", "fleet"} {
+	for _, mode := range []string{"grants", "fleet", "shared"} {
 		b.Run(mode, func(b *testing.B) {
 			cfg := testConfig()
 			cfg.PackedGrants = true
 			s := New(cfg)
 			putRules(b, s, t0, testRules)
-			const agents, perReq, hot = 10, 100, 100_000
+			const agents, perReq = 10, 100
+			hot, warm := 100_000, 100_000/(agents*perReq)
+			if mode == "shared" {
+				hot, warm = 10_000, 10_000/perReq
+			}
 			ids := make([]uint64, agents)
 			now := at(0)
-			next, cold := 0, 0
+			next, cold, turn := 0, 0, 0
 			keys := make([]*allotv1.KeyAcquire, perReq)
 			for i := range keys {
 				keys[i] = &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big"}}}
@@ -186,6 +193,10 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 			entry := func(fleet bool) []byte {
 				for a := range agents {
 					ids[a]++
+					if mode == "shared" {
+						// Every agent renews the entry's keys.
+						next = turn * perReq % hot
+					}
 					for k, ka := range keys {
 						if fleet && k < perReq*85/100 {
 							cold++
@@ -202,9 +213,10 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 					recs[a] = AppendAcquireRecord(recs[a][:0], req)
 				}
 				now += int64(10 * time.Millisecond)
+				turn++
 				return AppendAcquireEntry(nil, now, recs)
 			}
-			for range hot / (agents * perReq) {
+			for range warm {
 				if _, err := s.ApplyCompact(entry(false)); err != nil {
 					b.Fatal(err)
 				}

@@ -67,7 +67,12 @@ const (
 
 // lease is one agent's lease on a key, decoded.
 type lease struct {
-	agent     uint32
+	agent uint32
+	// enc is the offset of the lease's record in its entry's src block
+	// when the lease is unchanged since it was decoded from there (0: it
+	// is new or changed; a record never starts at 0). Code that changes
+	// a decoded lease builds a new lease value, whose enc is 0.
+	enc       uint32
 	need      int64 // tokens per refresh interval the agent asked to hold (fair share input)
 	held      int64 // tokens the state records the agent as holding
 	win       int64 // tokens granted in the refresh window grantedAt is in (policy.go)
@@ -99,6 +104,14 @@ type entry struct {
 	tpl         uint32
 	value       []byte // the key's values; aliases the arena: read only
 	leases      []lease
+
+	// src is the block the entry was decoded from (to the end of its
+	// page; it aliases the arena: read only) and srcBase its base then: a
+	// lease whose enc is set is still as encoded there, and encode copies
+	// it from there with its times moved to the new base rather than
+	// encoding it afresh.
+	src     []byte
+	srcBase int64
 }
 
 // entrySize returns the encoded size of an entry (before alignment).
@@ -195,34 +208,78 @@ func putU24(b []byte, v uint32) { b[0], b[1], b[2] = byte(v), byte(v>>8), byte(v
 // getI24 sign-extends a 24-bit value.
 func getI24(b []byte) int64 { return int64(int32(getU24(b)<<8) >> 8) }
 
-// decodeLeases decodes n leases of key h from b.
-func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, n int, h uint64, base int64) []lease {
+// decodeLeases decodes the n leases of key h at offset at of the entry
+// b.
+func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, at, n int, h uint64, base int64) []lease {
 	origin := floorDiv(base*1e6, lc.unit) // base, in units
-	for i := range n {
-		r := b[i*leaseBytes:]
-		l := lease{
-			agent:  binary.LittleEndian.Uint32(r),
-			demand: math.Float32frombits(getU24(r[13:]) << 8),
-		}
-		if held := getU24(r[4:]); held == leaseEscaped {
+	dst = slices.Grow(dst[:0], n)[:n]
+	b = b[:at+n*leaseBytes]
+	for i := range dst {
+		p := at + i*leaseBytes
+		r := b[p : p+leaseBytes]
+		// Three overlapping words: bytes 0-7 (agent, held, need's low
+		// byte), 8-15 (need's high bytes, win, demand), 14-21 (expiry,
+		// grant in bits 16-63).
+		w0 := binary.LittleEndian.Uint64(r)
+		w1 := binary.LittleEndian.Uint64(r[8:])
+		w2 := binary.LittleEndian.Uint64(r[14:])
+		l := &dst[i]
+		l.enc = uint32(p)
+		l.agent = uint32(w0)
+		l.demand = math.Float32frombits(uint32(w1>>40) << 8)
+		if held := uint32(w0>>32) & u24Max; held == leaseEscaped {
 			x := lc.ext[extKey{h, l.agent}]
 			l.need, l.held, l.win, l.grantedAt, l.expiry, l.ext = x.need, x.held, x.win, x.grantedAt, x.expiry, true
-		} else {
-			l.held = int64(held)
-			l.need = int64(getU24(r[7:]))
-			l.win = int64(getU24(r[10:]))
-			l.expiry = (origin + getI24(r[16:])) * lc.unit
-			switch g := getU24(r[19:]); {
-			case g == noGrant:
-			case g >= grantSecs:
-				l.grantedAt = (base/1000 - int64(g-grantSecs)) * 1000
-			default:
-				l.grantedAt = base - int64(g)
-			}
+			continue
 		}
-		dst = append(dst, l)
+		l.held = int64(uint32(w0>>32) & u24Max)
+		l.need = int64(w0>>56 | (w1&0xffff)<<8)
+		l.win = int64(w1 >> 16 & u24Max)
+		l.expiry = (origin + int64(int32(uint32(w2>>16)<<8)>>8)) * lc.unit
+		l.ext = false
+		switch g := uint32(w2 >> 40); {
+		case g == noGrant:
+			l.grantedAt = 0
+		case g >= grantSecs:
+			l.grantedAt = (base/1000 - int64(g-grantSecs)) * 1000
+		default:
+			l.grantedAt = base - int64(g)
+		}
 	}
 	return dst
+}
+
+// times returns how l's expiry and latest grant encode at base: the
+// expiry's offset from base in units, rounded up (or, if long past, 2²³
+// units before base), the grant field and the grant time it decodes to;
+// fits is false if the lease must be escaped for them.
+func (lc *leaseCodec) times(l *lease, base int64) (off, g, gAt int64, fits bool) {
+	origin := floorDiv(base*1e6, lc.unit)
+	off = floorDiv(l.expiry, lc.unit) - origin
+	if off*lc.unit+origin*lc.unit < l.expiry {
+		off++
+	}
+	off = max(off, -(expMax + 1)) // long past: still due
+	g = noGrant
+	if l.grantedAt != 0 {
+		switch dg, ds := base-l.grantedAt, base/1000-l.grantedAt/1000; {
+		case dg >= 0 && dg < grantSecs:
+			g, gAt = dg, l.grantedAt
+		case dg >= 0 && ds < noGrant-grantSecs:
+			g, gAt = grantSecs+ds, l.grantedAt/1000*1000
+		default:
+			g = -1
+		}
+	}
+	return off, g, gAt, off <= expMax && g >= 0
+}
+
+// putTimes writes a lease's expiry offset and grant field (from times)
+// and sets l's expiry and latest grant to what they decode to.
+func (lc *leaseCodec) putTimes(b []byte, l *lease, base, off, g, gAt int64) {
+	l.expiry, l.grantedAt = (floorDiv(base*1e6, lc.unit)+off)*lc.unit, gAt
+	putU24(b[16:], uint32(off)&(1<<24-1))
+	putU24(b[19:], uint32(g))
 }
 
 // encodeLease writes l (of key h) at b, escaping it if needed, and sets
@@ -236,24 +293,8 @@ func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
 	binary.LittleEndian.PutUint32(b, l.agent)
 	l.demand = roundDemand32(l.demand)
 	putU24(b[13:], math.Float32bits(l.demand)>>8)
-	origin := floorDiv(base*1e6, lc.unit)
-	off := floorDiv(l.expiry, lc.unit) - origin
-	if off*lc.unit+origin*lc.unit < l.expiry {
-		off++
-	}
-	off = max(off, -(expMax + 1)) // long past: still due
-	g, gAt := int64(noGrant), int64(0)
-	if l.grantedAt != 0 {
-		switch dg, ds := base-l.grantedAt, base/1000-l.grantedAt/1000; {
-		case dg >= 0 && dg < grantSecs:
-			g, gAt = dg, l.grantedAt
-		case dg >= 0 && ds < noGrant-grantSecs:
-			g, gAt = grantSecs+ds, l.grantedAt/1000*1000
-		default:
-			g = -1
-		}
-	}
-	fits := l.held < leaseEscaped && l.need <= u24Max && l.win <= u24Max && off <= expMax && g >= 0
+	off, g, gAt, fits := lc.times(l, base)
+	fits = fits && l.held < leaseEscaped && l.need <= u24Max && l.win <= u24Max
 	k := extKey{h, l.agent}
 	if !fits {
 		if lc.ext == nil {
@@ -270,23 +311,32 @@ func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
 		delete(lc.ext, k)
 		l.ext = false
 	}
-	l.expiry, l.grantedAt = (origin+off)*lc.unit, gAt
 	putU24(b[4:], uint32(l.held))
 	putU24(b[7:], uint32(l.need))
 	putU24(b[10:], uint32(l.win))
-	putU24(b[16:], uint32(off)&(1<<24-1))
-	putU24(b[19:], uint32(g))
+	lc.putTimes(b, l, base, off, g, gAt)
 }
 
-// encode writes e (of key h) into b (entrySize bytes), updating e.leases'
-// expiries and escape flags to what they decode to.
-func (lc *leaseCodec) encode(b []byte, e *entry, h uint64) {
-	n := len(e.leases)
-	nf, tf := uint64(min(n, fieldEsc)), uint64(min(e.tpl, fieldEsc))
+// putHeader writes e's header word and rates at b.
+func putHeader(b []byte, e *entry) {
+	nf, tf := uint64(min(len(e.leases), fieldEsc)), uint64(min(e.tpl, fieldEsc))
 	w := uint64(e.base) | uint64(e.queued)<<baseBits | nf<<50 | tf<<57
 	binary.LittleEndian.PutUint64(b, w)
 	binary.LittleEndian.PutUint32(b[8:], packRate(e.grant))
 	binary.LittleEndian.PutUint32(b[12:], packRate(e.deny))
+}
+
+// encode writes e (of key h) into b (entrySize bytes), updating e.leases'
+// expiries and escape flags to what they decode to, and makes b e's src.
+// A lease unchanged
+// since it was decoded from e.src is copied from there, its expiry and
+// grant fields moved to the new base (copyLease), which writes what
+// encodeLease would. b may be e.src's own block when the entry kept its
+// block or shrank in it: no lease then moves to a later offset, so
+// copying the leases in order reads each one before it is overwritten.
+func (lc *leaseCodec) encode(b []byte, e *entry, h uint64) {
+	n := len(e.leases)
+	putHeader(b, e)
 	p := entryFixed
 	if n >= fieldEsc {
 		p += binary.PutUvarint(b[p:], uint64(n))
@@ -296,11 +346,49 @@ func (lc *leaseCodec) encode(b []byte, e *entry, h uint64) {
 	}
 	p += binary.PutUvarint(b[p:], uint64(len(e.value)))
 	p += copy(b[p:], e.value)
+	dOrig := floorDiv(e.base*1e6, lc.unit) - floorDiv(e.srcBase*1e6, lc.unit)
+	dBase := e.base - e.srcBase
 	for i := range e.leases {
-		lc.encodeLease(b[p:], &e.leases[i], h, e.base)
+		l := &e.leases[i]
+		r := b[p : p+leaseBytes : p+leaseBytes]
 		p += leaseBytes
+		if l.enc == 0 || l.ext || dBase < 0 || !lc.copyLease(r, l, e.src, e.base, dOrig, dBase) {
+			lc.encodeLease(r, l, h, e.base)
+		}
+		l.enc = uint32(p - leaseBytes)
 	}
 	clear(b[p:])
+	e.src, e.srcBase = b, e.base
+}
+
+// copyLease writes at r the lease l, unchanged and not escaped since it
+// was encoded in src at base − dBase, as encodeLease would write it at
+// base: its expiry offset less dOrig units (clamped 2²³ units before base
+// when long past), its grant offset plus dBase ms. It reports false, and
+// writes nothing, when the grant is in seconds or reaches 2²³ ms (then
+// encodeLease rounds it).
+func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dBase int64) bool {
+	s := src[l.enc : l.enc+leaseBytes : l.enc+leaseBytes]
+	w2 := binary.LittleEndian.Uint64(s[14:])
+	g := uint32(w2 >> 40)
+	if g != noGrant {
+		if g >= grantSecs || int64(g)+dBase >= grantSecs {
+			return false
+		}
+		g += uint32(dBase)
+	}
+	off := int64(int32(uint32(w2>>16)<<8)>>8) - dOrig
+	if off < -(expMax + 1) { // long past: still due, kept 2²³ units back
+		off = -(expMax + 1)
+		l.expiry = (floorDiv(base*1e6, lc.unit) + off) * lc.unit
+	}
+	// Every load before any store: r may overlap s (encode).
+	w0, w1 := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+	w2 = w2&0xffff | uint64(uint32(off)&u24Max)<<16 | uint64(g)<<40
+	binary.LittleEndian.PutUint64(r, w0)
+	binary.LittleEndian.PutUint64(r[8:], w1)
+	binary.LittleEndian.PutUint64(r[14:], w2)
+	return true
 }
 
 // clampBase returns the base (Unix ms) for a command at now (Unix ns ≥ 0).
@@ -330,15 +418,16 @@ func floorDiv(a, b int64) int64 {
 // find returns the position of agent's lease (leases are sorted by agent
 // number) and whether it exists.
 func (e *entry) find(agent uint32) (int, bool) {
-	return slices.BinarySearchFunc(e.leases, agent, func(l lease, a uint32) int {
-		switch {
-		case l.agent < a:
-			return -1
-		case l.agent > a:
-			return 1
+	lo, hi := 0, len(e.leases)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if e.leases[m].agent < agent {
+			lo = m + 1
+		} else {
+			hi = m
 		}
-		return 0
-	})
+	}
+	return lo, lo < len(e.leases) && e.leases[lo].agent == agent
 }
 
 // rates at now, decayed from base.

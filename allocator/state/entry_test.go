@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -56,7 +57,8 @@ func decodeAt(t *rapid.T, lc *leaseCodec, b []byte, h uint64) entry {
 	if !ok || blockSize(size) != len(b) {
 		t.Fatalf("parseHeader: ok %v, size %d of a %d-byte block", ok, size, len(b))
 	}
-	d.leases = lc.decodeLeases(nil, b[at:], n, h, d.base)
+	d.leases = lc.decodeLeases(nil, b, at, n, h, d.base)
+	d.src, d.srcBase = b, d.base
 	d.value = slices.Clone(d.value)
 	return d
 }
@@ -131,6 +133,80 @@ func TestEntryCodec(t *testing.T) {
 				}
 			}
 			moved = again
+		}
+	})
+}
+
+// Encoding a decoded entry that copies its unchanged leases from the
+// block it was decoded from (their times moved to the new base) writes
+// the bytes, reports the leases and leaves the escaped leases that
+// encoding every lease afresh does: for any later base (grants crossing
+// into seconds or escaping, expiries falling long past), with a lease
+// changed, dropped or added, into a new block or over the entry's own
+// block when it kept or shrank in it.
+func TestEntryCopiedLeases(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		lc := &leaseCodec{unit: rapid.SampledFrom([]int64{1e6, 2e6, 7e6}).Draw(t, "unit")}
+		h := rapid.Uint64().Draw(t, "hash")
+		in := genEntry(t)
+		b := encodeAt(lc, &in, h)
+		e := decodeAt(t, lc, b, h)
+		// Base moves a little, a lot, or about to where a grant made at
+		// the entry's base reaches 2²³ ms.
+		e.base = min(baseMax, e.base+rapid.OneOf(rapid.Int64Range(0, 10), rapid.Int64Range(-10, 1e11),
+			rapid.Int64Range(grantSecs-2, grantSecs+2)).Draw(t, "dt"))
+		e.base = max(e.base, 0)
+		e.grant = unpackRate(packRate(rapid.Int64Range(0, 1<<40).Draw(t, "grant")))
+		e.queued = rapid.Uint8().Draw(t, "queued")
+		amount := rapid.OneOf(rapid.Int64Range(0, 1000), rapid.Int64Range(0, 1e12))
+		newLease := func(agent uint32) lease {
+			l := lease{agent: agent, need: amount.Draw(t, "need"), held: amount.Draw(t, "held"), win: amount.Draw(t, "win"),
+				demand: rapid.Float32Range(0, 1e12).Draw(t, "demand"), expiry: e.base*1e6 + rapid.Int64Range(-1e10, 1e13).Draw(t, "ttl")}
+			if rapid.Bool().Draw(t, "granted") {
+				l.grantedAt = max(1, e.base-rapid.OneOf(rapid.Int64Range(0, 3), rapid.Int64Range(0, 1e11)).Draw(t, "grantAgo"))
+			}
+			return l
+		}
+		switch rapid.IntRange(0, 3).Draw(t, "change") {
+		case 1:
+			i := rapid.IntRange(0, len(e.leases)-1).Draw(t, "i")
+			l := newLease(e.leases[i].agent)
+			l.ext = e.leases[i].ext
+			e.leases[i] = l
+		case 2:
+			if len(e.leases) > 1 {
+				e.leases = slices.Delete(e.leases, 0, 1+rapid.IntRange(0, len(e.leases)-2).Draw(t, "drop"))
+			}
+		case 3:
+			if a := e.leases[0].agent; a > 1 {
+				e.leases = slices.Insert(e.leases, 0, newLease(a-1))
+			}
+		}
+		whole := e
+		whole.leases = slices.Clone(e.leases)
+		for i := range whole.leases {
+			whole.leases[i].enc = 0
+		}
+		lcWhole := &leaseCodec{unit: lc.unit, ext: maps.Clone(lc.ext)}
+		want := encodeAt(lcWhole, &whole, h)
+
+		var got []byte
+		if len(want) <= len(b) && rapid.Bool().Draw(t, "own block") {
+			got = b[:len(want)] // as storeEntry: in place, the tail split off after
+			lc.encode(got, &e, h)
+		} else {
+			got = encodeAt(lc, &e, h)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("copying leases wrote\n%x, encoding them\n%x", got, want)
+		}
+		for i := range e.leases {
+			if e.leases[i] != whole.leases[i] {
+				t.Fatalf("lease %d: copying reported %+v, encoding %+v", i, e.leases[i], whole.leases[i])
+			}
+		}
+		if !maps.Equal(lc.ext, lcWhole.ext) {
+			t.Fatalf("escaped leases: copying %v, encoding %v", lc.ext, lcWhole.ext)
 		}
 	})
 }

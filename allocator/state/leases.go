@@ -23,7 +23,8 @@ func decodeEntry(ps *pageSets, lc *leaseCodec, link uint32, h uint64, e *entry) 
 		return false
 	}
 	e.link, e.size = link, blockSize(size)
-	e.leases = lc.decodeLeases(e.leases[:0], b[at:], n, h, e.base)
+	e.leases = lc.decodeLeases(e.leases[:0], b, at, n, h, e.base)
+	e.src, e.srcBase = b, e.base
 	return true
 }
 
@@ -120,7 +121,7 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 		return
 	}
 	size := blockSize(entrySize(len(e.leases), e.tpl, len(e.value)))
-	push := consumed
+	push, shrink := consumed, false
 	var old uint32
 	oldSize := e.size
 	in := &c.ar
@@ -133,15 +134,18 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 		c.tab.mut(c, idx).link = e.link
 	case size == e.size:
 	case size < e.size && e.size <= arenaLarge:
-		in.split(c, e.link, e.size, size)
-		e.size = size
+		shrink = true
 	default:
 		old = e.link
 		e.link, e.size, push = c.ar.alloc(c, size), size, true
 		c.tab.mut(c, idx).link = e.link
 	}
 	b := c.arenaOf(e.link).mut(c, e.link, size)
-	c.codec.encode(b, e, h) // e.value may alias the old block: release it after
+	c.codec.encode(b, e, h) // e.value and e.src may alias the old block: release it after
+	if shrink {
+		in.split(c, e.link, e.size, size) // after encode: the tail may hold leases it copies
+		e.size = size
+	}
 	m := e.minSec()
 	if push || m < oldMin {
 		e.queued = uint8(m)

@@ -23,6 +23,21 @@ type limitEnt struct {
 	lim  bucket.Limit
 	key  limitKey
 	refs uint32 // 0: free
+	// The limit's capacity and refill at the state's refresh interval
+	// (capacityRefill), once a grant has needed them (sized: set).
+	sized            bool
+	capacity, refill int64
+}
+
+// sizes returns the capacity and refill of the limit at index i at
+// refresh interval f, the one of every call (the state's).
+func (ls *limits) sizes(i uint32, f time.Duration) (capacity, refill int64) {
+	e := &ls.ents[i]
+	if !e.sized {
+		e.capacity, e.refill = capacityRefill(e.lim, f)
+		e.sized = true
+	}
+	return e.capacity, e.refill
 }
 
 type limitKey struct {

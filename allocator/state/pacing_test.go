@@ -305,3 +305,26 @@ func TestHoldingIsNotAClaim(t *testing.T) {
 		t.Fatalf("step 2: new granted %d, want 80", g)
 	}
 }
+
+// usedIn, which compares a lease's grant time with the window's bounds,
+// agrees with usedInWindow, which divides both times by the interval.
+func TestUsedInWindowBounds(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		f := time.Duration(rapid.OneOf(rapid.Int64Range(1, 10), rapid.Int64Range(1e6, 1e11),
+			rapid.SampledFrom([]int64{1e6, 2e6, 1e9})).Draw(t, "refresh"))
+		nowMs := rapid.Int64Range(-1e12, 3e12).Draw(t, "nowMs")
+		// Grants before and after now, at and next to window bounds.
+		l := lease{win: 7, grantedAt: nowMs - rapid.OneOf(rapid.Int64Range(-2, 2), rapid.Int64Range(-1e6, 1e9)).Draw(t, "ago")}
+		if rapid.Bool().Draw(t, "at a bound") {
+			w := windowOf(nowMs, f) + rapid.Int64Range(-1, 1).Draw(t, "window")
+			l.grantedAt = floorDiv(w*int64(f), 1e6) + rapid.Int64Range(-1, 1).Draw(t, "off")
+		}
+		if rapid.Bool().Draw(t, "none") {
+			l.grantedAt = 0
+		}
+		w := windowOf(nowMs, f)
+		if got, want := usedIn(&l, w*int64(f), (w+1)*int64(f)), usedInWindow(&l, nowMs, f); got != want {
+			t.Fatalf("usedIn = %d, usedInWindow = %d (grant %d, now %d ms, F %v)", got, want, l.grantedAt, nowMs, f)
+		}
+	})
+}

@@ -33,11 +33,18 @@ import (
 
 // capacityOf returns C = max(burst, ⌈quota·F/window⌉).
 func capacityOf(l bucket.Limit, refresh time.Duration) int64 {
+	c, _ := capacityRefill(l, refresh)
+	return c
+}
+
+// capacityRefill returns capacityOf and refillOf.
+func capacityRefill(l bucket.Limit, refresh time.Duration) (capacity, refill int64) {
 	burst := l.Burst()
 	if burst <= 0 {
 		burst = l.Quota()
 	}
-	return max(burst, refillOf(l, refresh))
+	refill = refillOf(l, refresh)
+	return max(burst, refill), refill
 }
 
 // refillOf returns Cᵣ = ⌈quota·F/window⌉ (at least 1), the tokens the limit
@@ -81,8 +88,14 @@ const claimLiveIntervals = 2
 // much of the refill from the gateway now carrying the traffic
 // (bench/load -workload skew).
 func claimOf(ask int64, demand float32, refresh time.Duration, capacity int64) int64 {
+	return claimPM(ask, perWindowMilli(demand, refresh), capacity)
+}
+
+// claimPM is claimOf with ⌈demand·F⌉ given in milli-tokens
+// (perWindowMilli).
+func claimPM(ask, pm, capacity int64) int64 {
 	per := int64(0)
-	if pm := perWindowMilli(demand, refresh); pm > 0 {
+	if pm > 0 {
 		per = min(ceilDiv(pm, milli), capacity)
 	}
 	return min(capacity, max(ask, per))
@@ -106,7 +119,12 @@ func perWindowMilli(demand float32, refresh time.Duration) int64 {
 	if hi >= div {
 		return maxAmount * milli
 	}
-	q, r := bits.Div64(hi, lo, div)
+	var q, r uint64
+	if hi == 0 {
+		q, r = lo/div, lo%div // by a constant: no division instruction
+	} else {
+		q, r = bits.Div64(hi, lo, div)
+	}
 	if r != 0 {
 		q++
 	}
@@ -129,7 +147,13 @@ func weightOf(whole int64, demand float32, refresh time.Duration) int64 {
 	if whole > 1 {
 		return whole * milli
 	}
-	if pm := perWindowMilli(demand, refresh); pm < milli {
+	return weightPM(whole, perWindowMilli(demand, refresh))
+}
+
+// weightPM is weightOf with the lease's ⌈demand·F⌉ given in milli-tokens
+// (perWindowMilli).
+func weightPM(whole, pm int64) int64 {
+	if whole <= 1 && pm < milli {
 		return max(pm, 1)
 	}
 	return whole * milli
@@ -161,6 +185,16 @@ func usedInWindow(l *lease, nowMs int64, refresh time.Duration) int64 {
 	return l.win
 }
 
+// usedIn is usedInWindow for the window [from, to) (Unix ns, from a
+// multiple of the refresh interval and to the next one): l's grant time
+// is compared with the window's bounds rather than divided.
+func usedIn(l *lease, from, to int64) int64 {
+	if at := l.grantedAt * 1e6; l.grantedAt == 0 || at < from || at >= to {
+		return 0
+	}
+	return l.win
+}
+
 // allowance returns the most agent may be granted in the current refresh
 // window, given its claim: C when no other live lease is on the key; else
 // Cᵣ less the others' claims when all claims fit in Cᵣ; else its max-min
@@ -177,39 +211,33 @@ func usedInWindow(l *lease, nowMs int64, refresh time.Duration) int64 {
 func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, refill, now int64) (allow, reserved int64) {
 	f := c.cfg.RefreshInterval
 	live := now - claimLiveIntervals*int64(f) + int64(c.cfg.LeaseTTL)
-	nowMs := now / 1e6
+	win := windowOf(now/1e6, f)
+	from, to := win*int64(f), (win+1)*int64(f) // the window, in ns
 	mine := claim * milli
-	others, n := int64(0), 0
+	// The others' live claims, weighed, and their window grants.
+	others := int64(0)
+	needs := c.scr.needs[:0]
 	for i := range leases {
 		l := &leases[i]
 		if l.agent == agent || l.expiry < live {
 			continue
 		}
-		others = satAdd(others, weightOf(claimOf(max(0, l.need-l.held), l.demand, f, capacity), l.demand, f))
-		n++
+		pm := perWindowMilli(l.demand, f)
+		w := weightPM(claimPM(max(0, l.need-l.held), pm, capacity), pm)
+		others = satAdd(others, w)
+		needs = append(needs, needEnt{need: w, agent: l.agent, used: usedIn(l, from, to)})
 	}
+	c.scr.needs = needs
 	switch {
-	case n == 0:
+	case len(needs) == 0:
 		return capacity, 0
 	case others+mine <= refill*milli:
-		for i := range leases {
-			l := &leases[i]
-			if l.agent == agent || l.expiry < live {
-				continue
-			}
-			w, u := weightOf(claimOf(max(0, l.need-l.held), l.demand, f, capacity), l.demand, f), usedInWindow(l, nowMs, f)
-			if servedFirst(w, u, mine, used) {
-				reserved = satAdd(reserved, max(0, w-u*milli))
+		for _, e := range needs {
+			if servedFirst(e.need, e.used, mine, used) {
+				reserved = satAdd(reserved, max(0, e.need-e.used*milli))
 			}
 		}
 		return (refill*milli - others) / milli, ceilDiv(reserved, milli)
-	}
-	needs := c.scr.needs[:0]
-	for i := range leases {
-		l := &leases[i]
-		if l.agent != agent && l.expiry >= live {
-			needs = append(needs, needEnt{need: weightOf(claimOf(max(0, l.need-l.held), l.demand, f, capacity), l.demand, f), agent: l.agent, used: usedInWindow(l, nowMs, f)})
-		}
 	}
 	needs = append(needs, needEnt{need: mine, agent: agent})
 	c.scr.needs = needs
