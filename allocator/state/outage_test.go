@@ -62,41 +62,72 @@ func TestOutageChargePaysRefill(t *testing.T) {
 // alone exceeds it (fail open admits what it admits: then nothing is
 // granted until the recovery's refill); and the key is never left in debt
 // by an outage charge, so x after recovery the bucket holds the refill of
-// x (within one token).
+// x (within one token). Tokens are whole and the bucket's arithmetic is
+// exact (pkg/bucket), so the refill of T is ⌊R·T⌋, computed in integers
+// here.
 func TestPropertyOutageCharge(t *testing.T) {
-	const rate, burst = 100, 100
 	rapid.Check(t, func(rt *rapid.T) {
-		s := newTestState(rt)
-		outage := time.Duration(rapid.Int64Range(0, 20_000).Draw(rt, "outage_ms")) * time.Millisecond
-		after := time.Duration(rapid.Int64Range(1, 2_000).Draw(rt, "after_ms")) * time.Millisecond
-		fa := rapid.Int64Range(0, 3000).Draw(rt, "fallback_a")
-		fb := rapid.Int64Range(0, 3000).Draw(rt, "fallback_b")
-		want := rapid.Int64Range(0, 200).Draw(rt, "want")
-
-		granted := mustAcquire(rt, s, at(0), "a", 1, outageKey("x", burst, 0)).GetGrants()[0].GetGranted()
-		if granted != burst {
-			rt.Fatalf("initial drain granted %d, want %d", granted, burst)
-		}
-		back := at(outage)
-		// Both agents report their outage admissions first, then ask.
-		mustAcquire(rt, s, back, "a", 2, outageKey("x", 0, fa))
-		g := mustAcquire(rt, s, back, "b", 1, outageKey("x", want, fb)).GetGrants()[0]
-		if g.GetRemaining() < 0 {
-			rt.Fatalf("remaining %d after the outage charges: debt", g.GetRemaining())
-		}
-		granted = g.GetGranted()
-		refill := min(int64(burst), int64(rate*outage.Seconds()))
-		if f := fa + fb; granted+min(f, refill) > refill {
-			rt.Fatalf("granted %d at recovery after outage admissions %d against a refill of %d", granted, f, refill)
-		}
-		// x later: the refill of x is there for the asking (no debt).
-		g = mustAcquire(rt, s, back+int64(after), "a", 3, outageKey("x", burst, 0)).GetGrants()[0]
-		if g.GetRemaining() < 0 {
-			rt.Fatalf("remaining %d %v after recovery: debt", g.GetRemaining(), after)
-		}
-		// Granted plus remaining is what the bucket held before this grant.
-		if held, least := g.GetGranted()+g.GetRemaining(), min(burst, int64(rate*after.Seconds()))-1; held < least {
-			rt.Fatalf("the bucket held %d %v after recovery, want ≥ %d: the outage charge left a debt", held, after, least)
-		}
+		checkOutageCharge(rt,
+			time.Duration(rapid.Int64Range(0, 20_000).Draw(rt, "outage_ms"))*time.Millisecond,
+			time.Duration(rapid.Int64Range(1, 2_000).Draw(rt, "after_ms"))*time.Millisecond,
+			rapid.Int64Range(0, 3000).Draw(rt, "fallback_a"),
+			rapid.Int64Range(0, 3000).Draw(rt, "fallback_b"),
+			rapid.Int64Range(0, 200).Draw(rt, "want"))
 	})
+}
+
+// TestOutageChargeCases runs TestPropertyOutageCharge's check on fixed
+// cases, on every run.
+func TestOutageChargeCases(t *testing.T) {
+	for _, c := range []struct {
+		outage, after time.Duration
+		fa, fb, want  int64
+	}{
+		// Regression (the bound computed in float64: 100·0.29 s is
+		// 28.999…, truncated to 28, while the bucket refills exactly 29
+		// tokens in 290 ms and granted them).
+		{290 * time.Millisecond, time.Millisecond, 0, 0, 29},
+		{6 * time.Second, 500 * time.Millisecond, 600, 0, 100},
+		{700 * time.Millisecond, 10 * time.Millisecond, 30, 20, 200},
+	} {
+		checkOutageCharge(t, c.outage, c.after, c.fa, c.fb, c.want)
+	}
+}
+
+// wholeRefill is what a bucket of rate tokens per second refills in d, in
+// whole tokens: ⌊rate·d⌋.
+func wholeRefill(rate int64, d time.Duration) int64 { return rate * int64(d) / int64(time.Second) }
+
+// checkOutageCharge drains the key at 0, reports outage admissions fa
+// (agent a) and fb (agent b, asking for want) after outage, and asks again
+// after more: TestPropertyOutageCharge's bounds.
+func checkOutageCharge(rt tb, outage, after time.Duration, fa, fb, want int64) {
+	rt.Helper()
+	const rate, burst = 100, 100
+	s := newTestState(rt)
+	granted := mustAcquire(rt, s, at(0), "a", 1, outageKey("x", burst, 0)).GetGrants()[0].GetGranted()
+	if granted != burst {
+		rt.Fatalf("initial drain granted %d, want %d", granted, burst)
+	}
+	back := at(outage)
+	// Both agents report their outage admissions first, then ask.
+	mustAcquire(rt, s, back, "a", 2, outageKey("x", 0, fa))
+	g := mustAcquire(rt, s, back, "b", 1, outageKey("x", want, fb)).GetGrants()[0]
+	if g.GetRemaining() < 0 {
+		rt.Fatalf("remaining %d after the outage charges: debt", g.GetRemaining())
+	}
+	granted = g.GetGranted()
+	refill := min(burst, wholeRefill(rate, outage))
+	if f := fa + fb; granted+min(f, refill) > refill {
+		rt.Fatalf("outage %v: granted %d at recovery after outage admissions %d against a refill of %d", outage, granted, f, refill)
+	}
+	// x later: the refill of x is there for the asking (no debt).
+	g = mustAcquire(rt, s, back+int64(after), "a", 3, outageKey("x", burst, 0)).GetGrants()[0]
+	if g.GetRemaining() < 0 {
+		rt.Fatalf("remaining %d %v after recovery: debt", g.GetRemaining(), after)
+	}
+	// Granted plus remaining is what the bucket held before this grant.
+	if held, least := g.GetGranted()+g.GetRemaining(), min(burst, wholeRefill(rate, after))-1; held < least {
+		rt.Fatalf("the bucket held %d %v after recovery, want ≥ %d: the outage charge left a debt", held, after, least)
+	}
 }
