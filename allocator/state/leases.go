@@ -185,11 +185,8 @@ func (c *core) expireEntry(s int64, link uint32, now int64) {
 	c.loadEntry(e, h, link)
 	if c.frozen(h) {
 		// Frozen (slots.go): its leases move as they are; look again
-		// next second.
-		next := floorDiv(now, 1e9) + 1
-		e.queued = uint8(next)
-		setQueued(c.arenaOf(link).mut(c, link, e.size), e.queued)
-		c.wheel.push(next, link)
+		// next second (thaw queues it at its earliest expiry again).
+		c.queueKey(e, link, floorDiv(now, 1e9)+1)
 		return
 	}
 	oldMin := e.minSec()
@@ -207,9 +204,16 @@ func (c *core) expireEntry(s int64, link uint32, now int64) {
 		return
 	}
 	// Nothing due yet: re-queue at the earliest expiry.
-	e.queued = uint8(oldMin)
+	c.queueKey(e, link, oldMin)
+}
+
+// queueKey queues the key whose entry e is at link in second sec of the
+// expiry wheel, and sets its queued byte, which retires the key's earlier
+// wheel entries.
+func (c *core) queueKey(e *entry, link uint32, sec int64) {
+	e.queued = uint8(sec)
 	setQueued(c.arenaOf(link).mut(c, link, e.size), e.queued)
-	c.wheel.push(oldMin, link)
+	c.wheel.push(sec, link)
 }
 
 // rebuildWheel queues every leased key afresh (after Restore or
@@ -224,9 +228,7 @@ func (c *core) rebuildWheel() {
 			continue
 		}
 		c.loadEntry(e, s.hash, s.link)
-		m := e.minSec()
-		setQueued(c.arenaOf(s.link).mut(c, s.link, e.size), uint8(m))
-		c.wheel.push(m, s.link)
+		c.queueKey(e, s.link, e.minSec())
 	}
 }
 

@@ -206,8 +206,24 @@ func (c *core) freeze(rs []slots.Range) error {
 }
 
 // thaw serves frozen slots again (a move aborted before its import).
+//
+// An Expire re-queues a frozen key a second ahead each time it meets it
+// (expireEntry), which can be past its earliest lease expiry: thaw queues
+// every leased key of rs at its earliest expiry again, as the expiry
+// wheel's invariant requires, so that a lease that fell due during the
+// freeze ends at the next Expire, as at a target that imported the key.
 func (c *core) thaw(rs []slots.Range) error {
-	return c.transition(rs, slotFrozen, slotServed, "thaw")
+	if err := c.transition(rs, slotFrozen, slotServed, "thaw"); err != nil {
+		return err
+	}
+	e := &c.scr.e
+	c.eachKeyIn(rs, func(_ int, s *slot) {
+		if s.link != 0 {
+			c.loadEntry(e, s.hash, s.link)
+			c.queueKey(e, s.link, e.minSec())
+		}
+	})
+	return nil
 }
 
 // disown marks served slots that hold no key as not this group's.

@@ -8,11 +8,14 @@ import (
 // lease: it holds, per second, the links of the leased keys whose earliest
 // lease expires in that second, 4 bytes per entry in pooled pages.
 //
-// Invariant: every leased key has a current wheel entry, one in a bucket
-// S ≤ the second of its earliest lease expiry, whose link is the key's
-// link and whose S matches the queued byte of the key's entry. So an
-// Expire at now, which takes every bucket up to now's second, meets every
-// key with a lease due. Entries are queued lazily:
+// Invariant: every leased key has a current wheel entry, whose link is the
+// key's link and whose second S matches the queued byte of the key's
+// entry; for a key in a served slot S ≤ the second of its earliest lease
+// expiry. So an Expire at now, which takes every bucket up to now's
+// second, meets every served key with a lease due. (A frozen key's leases
+// do not end: a taken entry re-queues it in the next second, and thawing
+// its slot queues it at its earliest expiry again.) Entries are queued
+// lazily:
 //
 //   - a renewal that makes the earliest expiry later queues nothing (the
 //     current entry is early, and is re-queued when it is taken);
