@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -24,6 +25,14 @@ import (
 // node), while a call that comes after a pause of linger or more goes at
 // once. A call waits at most linger beyond what it waited before.
 //
+// With fillKeys and fillWait set, a batch short of fillKeys keys also
+// waits for more calls, but only when the key rate of the last moments
+// (an exponentially decayed count of submitted keys) says they will come
+// before its first call has been queued fillWait: under a high key rate,
+// calls that would each pay an entry share one, while at a lower rate,
+// or with calls large enough on their own, nothing waits. A call waits at
+// most fillWait for it.
+//
 // The entry is a compact Acquire entry (state.AppendAcquireEntry): each
 // call's record is encoded by the caller's goroutine in submit, and the
 // batch joins them. With legacy set it is an AcquireBatch Command instead,
@@ -40,6 +49,11 @@ type batcher struct {
 	linger time.Duration
 	// last is when the loop last proposed a batch (the loop's own).
 	last time.Time
+	// fillKeys and fillWait: a batch short of fillKeys keys waits up to
+	// fillWait after its first call was queued for calls that the recent
+	// key rate says will fill it (0: never).
+	fillKeys int
+	fillWait time.Duration
 	// observe, when set, sees each committed batch: its calls and keys
 	// (metrics).
 	observe func(calls, keys int)
@@ -53,8 +67,10 @@ type batcher struct {
 	maxQueue int
 	slots    chan struct{} // one token per batch in flight
 
-	mu     sync.Mutex // guards queue and closed
+	mu     sync.Mutex // guards queue, qkeys, rate and closed
 	queue  []*pendingAcquire
+	qkeys  int // keys of the calls in queue
+	rate   keyRate
 	closed bool
 
 	wake chan struct{} // capacity 1: the queue became non-empty
@@ -114,9 +130,7 @@ func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*all
 		p.rec = state.AppendAcquireRecord(nil, req)
 		p.bytes = len(p.rec)
 	}
-	if b.queued != nil {
-		p.at = time.Now()
-	}
+	p.at = time.Now()
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -127,6 +141,8 @@ func (b *batcher) submit(ctx context.Context, req *allotv1.AcquireRequest) (*all
 		return nil, errOverloaded
 	}
 	b.queue = append(b.queue, p)
+	b.qkeys += p.keys
+	b.rate.add(p.at, p.keys)
 	b.mu.Unlock()
 	select {
 	case b.wake <- struct{}{}:
@@ -155,7 +171,7 @@ func (b *batcher) loop() {
 			case <-b.stop:
 				return
 			}
-			if !b.lingerWait() {
+			if !b.lingerWait() || !b.fill() {
 				<-b.slots
 				return
 			}
@@ -202,6 +218,77 @@ func (b *batcher) lingerWait() bool {
 	}
 }
 
+// keyRateTau is the time constant of the batcher's key rate: the rate
+// follows a change in load within a few tenths of a second.
+const keyRateTau = 100 * time.Millisecond
+
+// keyRate is an exponentially decayed count of keys: each key counts
+// e^(-age/keyRateTau), so the sum over keyRateTau is the recent rate.
+type keyRate struct {
+	sum  float64
+	last time.Time
+}
+
+func (r *keyRate) add(now time.Time, keys int) {
+	r.sum = r.decayed(now) + float64(keys)
+	r.last = now
+}
+
+func (r *keyRate) decayed(now time.Time) float64 {
+	if dt := now.Sub(r.last); dt > 0 {
+		return r.sum * math.Exp(-float64(dt)/float64(keyRateTau))
+	}
+	return r.sum
+}
+
+// perSecond returns the recent key rate at now.
+func (r *keyRate) perSecond(now time.Time) float64 {
+	return r.decayed(now) / keyRateTau.Seconds()
+}
+
+// fill waits while the queued calls hold fewer than fillKeys keys and the
+// recent key rate says the rest will arrive before the first queued call
+// has waited fillWait; a call that arrives meanwhile is counted and the
+// wait decided again. It reports false if the batcher closed meanwhile.
+func (b *batcher) fill() bool {
+	if b.fillKeys <= 0 || b.fillWait <= 0 {
+		return true
+	}
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		now := time.Now()
+		b.mu.Lock()
+		if len(b.queue) == 0 || b.qkeys >= b.fillKeys {
+			b.mu.Unlock()
+			return true
+		}
+		left := b.queue[0].at.Add(b.fillWait).Sub(now)
+		short := float64(b.fillKeys - b.qkeys)
+		rate := b.rate.perSecond(now)
+		b.mu.Unlock()
+		if left <= 0 || rate <= 0 || short/rate > left.Seconds() {
+			return true
+		}
+		if t == nil {
+			t = time.NewTimer(left)
+		} else {
+			t.Reset(left)
+		}
+		select {
+		case <-t.C:
+			return true
+		case <-b.wake:
+		case <-b.stop:
+			return false
+		}
+	}
+}
+
 // take removes the next batch from the queue: at least one call, then as
 // many as fit in maxKeys and maxBytes. Calls whose caller has gone are
 // dropped (the caller was told ctx's error and will retry).
@@ -223,6 +310,9 @@ func (b *batcher) take() []*pendingAcquire {
 		keys += p.keys
 		bytes += p.bytes
 		n++
+	}
+	for _, p := range b.queue[:n] {
+		b.qkeys -= p.keys
 	}
 	rest := copy(b.queue, b.queue[n:])
 	clear(b.queue[rest:])
@@ -309,7 +399,7 @@ func (b *batcher) close() {
 	b.wg.Wait()
 	b.mu.Lock()
 	queued := b.queue
-	b.queue = nil
+	b.queue, b.qkeys = nil, 0
 	b.mu.Unlock()
 	for _, p := range queued {
 		p.done <- acquireResult{err: errShutdown}

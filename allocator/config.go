@@ -143,6 +143,17 @@ type Config struct {
 	// quieter spell is proposed at once. It adds at most BatchLinger to a
 	// call's latency.
 	BatchLinger time.Duration
+	// BatchFillKeys and BatchFillWait join calls into fewer entries under
+	// a high key rate (defaults 2,000 keys and 6 ms; either negative: off). A batch short
+	// of BatchFillKeys keys waits for more calls, but only when the key
+	// rate of the last ~100 ms says they will come before its first call
+	// has waited BatchFillWait; at a lower rate, or with calls that hold
+	// BatchFillKeys keys on their own, nothing waits. An entry costs the
+	// three nodes about as much CPU as a few hundred keys do
+	// (docs/performance.md), so an entry below BatchFillKeys keys is mostly
+	// that cost. It adds at most BatchFillWait to a call's latency.
+	BatchFillKeys int
+	BatchFillWait time.Duration
 	// LegacyAcquireEntries makes the leader replicate Acquire batches as
 	// protobuf AcquireBatch commands instead of compact entries (see
 	// allocator/state.IsCompactEntry). Every version applies both kinds it
@@ -289,6 +300,8 @@ func DefaultConfig() Config {
 		MaxBatchBytes:      2 << 20,
 		MaxInflightBatches: 2,
 		BatchLinger:        4 * time.Millisecond,
+		BatchFillKeys:      2000,
+		BatchFillWait:      6 * time.Millisecond,
 		MaxRecvMsgSize:     4 << 20,
 		SnapshotInterval:   30 * time.Second,
 		SnapshotThreshold:  8192,
@@ -342,6 +355,8 @@ func (c Config) withDefaults() Config {
 	setInt(&c.MaxBatchBytes, d.MaxBatchBytes)
 	setInt(&c.MaxInflightBatches, d.MaxInflightBatches)
 	setDur(&c.BatchLinger, d.BatchLinger)
+	setInt(&c.BatchFillKeys, d.BatchFillKeys)
+	setDur(&c.BatchFillWait, d.BatchFillWait)
 	setInt(&c.ExpireMaxEntries, d.ExpireMaxEntries)
 	setInt(&c.MaxRecvMsgSize, d.MaxRecvMsgSize)
 	setInt(&c.MaxInflight, d.MaxInflight)
@@ -459,8 +474,8 @@ func (c Config) Validate() error {
 	if c.MaxBatchKeys < 0 || c.MaxBatchBytes < 0 || c.MaxInflightBatches < 0 || c.MaxRecvMsgSize < 0 {
 		bad("batch and message sizes must not be negative")
 	}
-	if c.BatchLinger > time.Second {
-		bad("BatchLinger must be at most 1s")
+	if c.BatchLinger > time.Second || c.BatchFillWait > time.Second {
+		bad("BatchLinger and BatchFillWait must be at most 1s")
 	}
 	if c.MaxInflightBatches > 64 {
 		bad("MaxInflightBatches must be at most 64")

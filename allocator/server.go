@@ -513,6 +513,7 @@ func (s *Server) newGroupBatcher(propose func([]byte) (any, error)) *batcher {
 	b := newBatcher(propose, s.stamp, cfg.MaxBatchKeys, cfg.MaxBatchBytes, cfg.MaxInflightBatches)
 	b.legacy = cfg.LegacyAcquireEntries
 	b.linger = max(cfg.BatchLinger, 0)
+	b.fillKeys, b.fillWait = max(cfg.BatchFillKeys, 0), max(cfg.BatchFillWait, 0)
 	b.maxQueue = cfg.MaxQueuedAcquires
 	b.observe = s.metrics.observeBatch
 	b.queued = func(d time.Duration) { s.metrics.batchQueue.Observe(d.Seconds()) }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"io"
 	"net/http"
 	"os"
@@ -246,6 +247,89 @@ func TestBatcherLinger(t *testing.T) {
 	wg.Wait()
 	if n := fr.count(); n != 2 || len(fr.batches[1]) != 3 {
 		t.Errorf("%d entries, the second of %d calls; want 2, the second of 3", n, len(fr.batches[n-1]))
+	}
+}
+
+// TestBatcherFill: a batch short of fillKeys keys waits, under a key rate
+// that fills it within fillWait, for the next call and shares its entry
+// with it; a call of fillKeys keys goes at once; close during the wait
+// fails the call with errShutdown, without proposing.
+func TestBatcherFill(t *testing.T) {
+	keys := func(n int) []*allotv1.KeyAcquire {
+		out := make([]*allotv1.KeyAcquire, n)
+		for i := range out {
+			out[i] = key("user", fmt.Sprint(i), 1)
+		}
+		return out
+	}
+	fr := &fakeRaft{}
+	b := newBatcher(fr.propose, func() int64 { return 1 }, 1000, 1<<20, 2)
+	b.fillKeys, b.fillWait = 20, time.Hour
+	b.start()
+	defer b.close()
+	// 20 keys: full on its own, so it does not wait the hour.
+	if _, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, Keys: keys(20)}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.submit(context.Background(), &allotv1.AcquireRequest{AgentId: fmt.Sprint("b", i), RequestId: 1, Keys: keys(10)}); err != nil {
+				t.Error(err)
+			}
+		}()
+		if i == 0 {
+			waitFor(t, 5*time.Second, "first short call queued", func() bool {
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				return len(b.queue) == 1
+			})
+		}
+	}
+	wg.Wait()
+	if n := fr.count(); n != 2 || len(fr.batches[1]) != 2 {
+		t.Errorf("%d entries, the last of %d calls; want 2, the last of 2", n, len(fr.batches[n-1]))
+	}
+
+	fr = &fakeRaft{}
+	b2 := newBatcher(fr.propose, func() int64 { return 1 }, 1000, 1<<20, 2)
+	b2.fillKeys, b2.fillWait = 20, time.Hour
+	b2.start()
+	errs := make(chan error, 1)
+	go func() {
+		_, err := b2.submit(context.Background(), &allotv1.AcquireRequest{AgentId: "c", RequestId: 1, Keys: keys(10)})
+		errs <- err
+	}()
+	waitFor(t, 5*time.Second, "short call queued", func() bool {
+		b2.mu.Lock()
+		defer b2.mu.Unlock()
+		return len(b2.queue) == 1
+	})
+	b2.close()
+	if err := <-errs; !errors.Is(err, errShutdown) {
+		t.Errorf("waiting call = %v, want errShutdown", err)
+	}
+	if n := fr.count(); n != 0 {
+		t.Errorf("%d entries proposed, want 0", n)
+	}
+}
+
+// TestKeyRate: the decayed count reads as the recent rate, and fades with
+// a time constant of keyRateTau.
+func TestKeyRate(t *testing.T) {
+	var r keyRate
+	t0 := time.Unix(1000, 0)
+	for i := range 1000 {
+		r.add(t0.Add(time.Duration(i)*time.Millisecond), 200) // 200,000 keys/s for 1 s
+	}
+	end := t0.Add(999 * time.Millisecond)
+	if got := r.perSecond(end); got < 190000 || got > 210000 {
+		t.Errorf("rate after 1 s at 200,000 keys/s = %.0f", got)
+	}
+	if got, want := r.perSecond(end.Add(keyRateTau)), r.perSecond(end)/math.E; math.Abs(got-want) > 1 {
+		t.Errorf("rate one time constant later = %.0f, want %.0f", got, want)
 	}
 }
 

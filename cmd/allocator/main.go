@@ -121,6 +121,8 @@ func parse(args []string) (*options, error) {
 		legacyEntries = fs.Bool("legacy-acquire-entries", false, "replicate Acquire batches as protobuf commands, which allocators older than compact entries apply (set on every node while upgrading from such a version)")
 		batchLinger   = fs.Duration("batch-linger", def.BatchLinger, "least time between two Acquire batches, so that calls close together share a Raft entry (negative: none)")
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
+		fillKeys      = fs.Int("batch-fill-keys", def.BatchFillKeys, "an Acquire batch short of this many keys waits for more calls when the recent key rate says they come within -batch-fill-wait (negative: never)")
+		fillWait      = fs.Duration("batch-fill-wait", def.BatchFillWait, "longest an Acquire call waits for its batch to fill to -batch-fill-keys (negative: never)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 
 		tlsClientAuth = fs.String("tls-client-auth", "", "client certificates: require, optional or none (default: require with -tls-ca, else none)")
@@ -205,6 +207,7 @@ func parse(args []string) (*options, error) {
 	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery
 	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
 	cfg.MaxInflightBatches, cfg.MaxBatchKeys, cfg.BatchLinger = *maxInflight, *maxBatchKeys, *batchLinger
+	cfg.BatchFillKeys, cfg.BatchFillWait = *fillKeys, *fillWait
 	cfg.LegacyAcquireEntries = *legacyEntries
 	cfg.Logger = logger
 	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode}
