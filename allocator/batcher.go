@@ -229,9 +229,13 @@ type keyRate struct {
 	last time.Time
 }
 
+// add counts keys submitted at now (a caller's clock read before the
+// lock may run a little behind the last one's).
 func (r *keyRate) add(now time.Time, keys int) {
 	r.sum = r.decayed(now) + float64(keys)
-	r.last = now
+	if now.After(r.last) {
+		r.last = now
+	}
 }
 
 func (r *keyRate) decayed(now time.Time) float64 {
