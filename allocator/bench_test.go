@@ -2,8 +2,11 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,4 +186,62 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "expire-ns/op")
 	b.ReportMetric(float64(worst.Nanoseconds()), "expire-max-ns")
 	b.ReportMetric(float64(st.Stats().ExpireBacklog), "backlog-end")
+}
+
+// BenchmarkBatcherPaced drives the batcher as bench/acquire's clients do,
+// in wall time: 16 callers each sending a call of -keys keys every 80 ms,
+// phased 5 ms apart (200 calls/s), against a Raft that takes 3 ms to
+// commit an entry, for one second per iteration. It reports the calls per
+// entry and the mean queue wait, with the default fill and with none.
+func BenchmarkBatcherPaced(b *testing.B) {
+	def := DefaultConfig()
+	for _, keys := range []int{100, 1000} {
+		for _, fill := range []bool{false, true} {
+			name := fmt.Sprintf("keys=%d/fill=%v", keys, fill)
+			b.Run(name, func(b *testing.B) {
+				var entries atomic.Int64
+				propose := func([]byte) (any, error) {
+					entries.Add(1)
+					time.Sleep(3 * time.Millisecond)
+					return nil, errors.New("bench: not applied")
+				}
+				bt := newBatcher(propose, func() int64 { return 1 }, def.MaxBatchKeys, def.MaxBatchBytes, def.MaxInflightBatches)
+				bt.linger = def.BatchLinger
+				if fill {
+					bt.fillKeys, bt.fillWait = def.BatchFillKeys, def.BatchFillWait
+				}
+				var waited atomic.Int64
+				bt.queued = func(d time.Duration) { waited.Add(int64(d)) }
+				bt.start()
+				defer bt.close()
+				ks := make([]*allotv1.KeyAcquire, keys)
+				for i := range ks {
+					ks[i] = key("user", strconv.Itoa(i), 1)
+				}
+				const callers, every = 16, 80 * time.Millisecond
+				var calls atomic.Int64
+				b.ResetTimer()
+				for range b.N {
+					start := time.Now()
+					var wg sync.WaitGroup
+					for c := range callers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							req := &allotv1.AcquireRequest{AgentId: "a" + strconv.Itoa(c), Keys: ks}
+							for at := start.Add(time.Duration(c) * every / callers); at.Before(start.Add(time.Second)); at = at.Add(every) {
+								time.Sleep(time.Until(at))
+								req.RequestId++
+								_, _ = bt.submit(context.Background(), req)
+								calls.Add(1)
+							}
+						}()
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(calls.Load())/float64(entries.Load()), "calls/entry")
+				b.ReportMetric(float64(waited.Load())/float64(calls.Load())/1e6, "queue-ms/call")
+			})
+		}
+	}
 }
