@@ -683,3 +683,44 @@ func TestLegacyEntriesUpgrade(t *testing.T) {
 		return want.Leases > 0
 	})
 }
+
+// TestLeaderHeartbeatTimeouts: the leader runs with the HeartbeatTimeout
+// whose tenth is a fifth of the leader lease (its heartbeat interval) and
+// an ElectionTimeout at least that long; followers keep the configured
+// timeouts (their election timer is the failover); a leader that hands
+// over leadership follows with the configured timeouts again, and the new
+// leader raises its own.
+func TestLeaderHeartbeatTimeouts(t *testing.T) {
+	tc := newTestCluster(t, 3, func(_ int, c *Config) { c.LeaderLeaseTimeout = c.HeartbeatTimeout })
+	hb, el := tc.cfgs[0].HeartbeatTimeout, tc.cfgs[0].ElectionTimeout
+	lead := 10 * tc.cfgs[0].LeaderLeaseTimeout / 5
+	if lead <= hb {
+		t.Fatalf("leader heartbeat timeout %v, want more than the configured %v", lead, hb)
+	}
+	check := func(leader int) {
+		t.Helper()
+		waitFor(t, 5*time.Second, "the leader's and the followers' timeouts", func() bool {
+			for i := range tc.nodes {
+				rc := tc.node(i).node.raft.ReloadableConfig()
+				wantHB, wantEl := hb, el
+				if i == leader {
+					wantHB, wantEl = lead, max(el, lead)
+				}
+				if rc.HeartbeatTimeout != wantHB || rc.ElectionTimeout != wantEl {
+					t.Logf("%s: heartbeat %v election %v, want %v %v", tc.cfgs[i].NodeID, rc.HeartbeatTimeout, rc.ElectionTimeout, wantHB, wantEl)
+					return false
+				}
+			}
+			return true
+		})
+	}
+	old := tc.leader()
+	check(old)
+	_, admin := tc.clients(old)
+	target := (old + 1) % 3
+	if _, err := admin.TransferLeadership(ctxT(t), &allotv1.TransferLeadershipRequest{Id: tc.cfgs[target].NodeID}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the new leader", func() bool { return tc.node(target).IsLeader() })
+	check(target)
+}
