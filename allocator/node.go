@@ -258,7 +258,10 @@ func heartbeatInterval(cfg Config) time.Duration {
 // uses it only to bound a leadership transfer, which sets the configured
 // timeouts back first: see followerTimeouts). A follower's election
 // timer, the failover, is always the configured HeartbeatTimeout: the
-// leader's values go back before it follows (runLeaderLoop).
+// leader's values go back before it follows (runLeaderLoop). Lowering
+// them makes raft's follower loop look at its last contact at once, so a
+// leader that stepped down for want of a quorum asks for a pre-vote then
+// rather than one heartbeat timeout later.
 func raftTimeouts(r *raft.Raft, cfg Config, leading bool) error {
 	rc := r.ReloadableConfig()
 	hb, el := cfg.HeartbeatTimeout, cfg.ElectionTimeout
