@@ -536,6 +536,7 @@ func (s *Server) transferLeadership(ctx context.Context, r *raft.Raft, target st
 	if target == s.cfg.NodeID {
 		return target, nil
 	}
+	s.followerTimeouts(r)
 	var f raft.Future
 	if target == "" {
 		f = r.LeadershipTransfer()

@@ -683,3 +683,53 @@ func TestLegacyEntriesUpgrade(t *testing.T) {
 		return want.Leases > 0
 	})
 }
+
+// TestLeaderHeartbeatTimeouts: the leader runs with the HeartbeatTimeout
+// whose tenth is a fifth of the leader lease (its heartbeat interval) and
+// an ElectionTimeout at least that long; followers keep the configured
+// timeouts (their election timer is the failover); a leader that hands
+// over leadership follows with the configured timeouts again, and the new
+// leader raises its own.
+func TestLeaderHeartbeatTimeouts(t *testing.T) {
+	// The defaults' proportions (500/500/500 ms) at the harness's speed.
+	tc := newTestCluster(t, 3, func(_ int, c *Config) { c.LeaderLeaseTimeout = c.HeartbeatTimeout })
+	hb, el := tc.cfgs[0].HeartbeatTimeout, tc.cfgs[0].ElectionTimeout
+	lead := 10 * tc.cfgs[0].LeaderLeaseTimeout / 5
+	if lead <= hb {
+		t.Fatalf("leader heartbeat timeout %v, want more than the configured %v", lead, hb)
+	}
+	check := func(leader int) {
+		t.Helper()
+		waitFor(t, 5*time.Second, "the leader's and the followers' timeouts", func() bool {
+			for i := range tc.nodes {
+				rc := tc.node(i).node.raft.ReloadableConfig()
+				wantHB, wantEl := hb, el
+				if i == leader {
+					wantHB, wantEl = lead, max(el, lead)
+				}
+				if rc.HeartbeatTimeout != wantHB || rc.ElectionTimeout != wantEl {
+					t.Logf("%s: heartbeat %v election %v, want %v %v", tc.cfgs[i].NodeID, rc.HeartbeatTimeout, rc.ElectionTimeout, wantHB, wantEl)
+					return false
+				}
+			}
+			return true
+		})
+	}
+	old := tc.leader()
+	check(old)
+	_, admin := tc.clients(old)
+	// A transfer may time out on a loaded machine (raft waits one
+	// election timeout for it); the old leader then keeps the configured
+	// timeouts until it next gains leadership, so only a new leader is
+	// checked.
+	waitFor(t, 10*time.Second, "a transfer of the leadership", func() bool {
+		_, err := admin.TransferLeadership(ctxT(t), &allotv1.TransferLeadershipRequest{})
+		if err != nil {
+			t.Logf("transfer: %v", err)
+		}
+		return err == nil
+	})
+	var now int
+	waitFor(t, 5*time.Second, "a new leader", func() bool { now = tc.leader(); return now != old })
+	check(now)
+}

@@ -92,10 +92,14 @@ type Config struct {
 	// included, as the global cluster does).
 	Region RegionConfig
 
-	// Raft timeouts. The defaults (500/500/250 ms) halve hashicorp/raft's
+	// Raft timeouts. The defaults (500/500/500 ms) halve hashicorp/raft's
 	// own (1000/1000/500 ms) and give a failover of about a second
 	// (docs/performance.md#summary). Going lower leaves little margin for
-	// disk stalls. LeaderLeaseTimeout must not exceed HeartbeatTimeout.
+	// disk stalls. LeaderLeaseTimeout must not exceed HeartbeatTimeout
+	// (default: the smaller of 500 ms and HeartbeatTimeout). A leader sends
+	// each follower a heartbeat every fifth of LeaderLeaseTimeout
+	// (randomised up to twice that), and at least every tenth of
+	// HeartbeatTimeout, raft's own rate: every 100-200 ms by default.
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
 
 	// Lease policy, passed to the state machine (every node of a cluster
@@ -286,7 +290,7 @@ func DefaultConfig() Config {
 		HTTPAddr:           "127.0.0.1:7422",
 		HeartbeatTimeout:   500 * time.Millisecond,
 		ElectionTimeout:    500 * time.Millisecond,
-		LeaderLeaseTimeout: 250 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
 		LeaseTTL:           sc.LeaseTTL,
 		MaxLeaseTTL:        sc.MaxLeaseTTL,
 		RefreshInterval:    sc.RefreshInterval,
@@ -335,7 +339,7 @@ func (c Config) withDefaults() Config {
 	}
 	setDur(&c.HeartbeatTimeout, d.HeartbeatTimeout)
 	setDur(&c.ElectionTimeout, d.ElectionTimeout)
-	setDur(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	setDur(&c.LeaderLeaseTimeout, min(d.LeaderLeaseTimeout, c.HeartbeatTimeout))
 	setDur(&c.LeaseTTL, d.LeaseTTL)
 	if c.MaxLeaseTTL == 0 {
 		c.MaxLeaseTTL = max(d.MaxLeaseTTL, c.LeaseTTL)

@@ -26,6 +26,12 @@ func (s *Server) runLeaderLoop(r *raft.Raft, log *slog.Logger, f func(ctx contex
 			return
 		case isLeader := <-r.LeaderCh():
 			s.metrics.leaderChanges.Inc()
+			// The timeouts first: a node that lost leadership follows
+			// with the configured election timer, whatever its duties
+			// take to stop.
+			if err := raftTimeouts(r, s.cfg, isLeader); err != nil {
+				log.Warn("raft timeouts not reloaded", "err", err)
+			}
 			// true twice in a row means leadership was lost and regained
 			// in between: restart the duties either way.
 			cur.stop()

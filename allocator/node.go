@@ -238,6 +238,54 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	return n, nil
 }
 
+// heartbeatInterval is how often a leader sends each follower a heartbeat
+// when it has nothing else to send (randomised up to twice that): a fifth
+// of the leader lease, so that the longest gap between two heartbeats is
+// at most 40% of the lease, and never less often than hashicorp/raft's
+// own tenth of HeartbeatTimeout. With the defaults (500 ms timeout and
+// lease) that is 100 ms, half raft's rate: an idle leader's heartbeats
+// are most of its CPU (each costs two wake-ups on the leader and one on
+// the follower), while a follower still hears from the leader at least
+// every 200 ms of its 500 ms timeout.
+func heartbeatInterval(cfg Config) time.Duration {
+	return max(cfg.LeaderLeaseTimeout/5, cfg.HeartbeatTimeout/10)
+}
+
+// raftTimeouts are the reloadable timeouts r runs with: the configured
+// ones, or while it leads, the HeartbeatTimeout whose tenth is
+// heartbeatInterval (hashicorp/raft sends heartbeats every tenth of it)
+// and an ElectionTimeout at least that long (raft requires it; a leader
+// uses it only to bound a leadership transfer, which sets the configured
+// timeouts back first: see followerTimeouts). A follower's election
+// timer, the failover, is always the configured HeartbeatTimeout: the
+// leader's values go back before it follows (runLeaderLoop). Lowering
+// them makes raft's follower loop look at its last contact at once, so a
+// leader that stepped down for want of a quorum asks for a pre-vote then
+// rather than one heartbeat timeout later.
+func raftTimeouts(r *raft.Raft, cfg Config, leading bool) error {
+	rc := r.ReloadableConfig()
+	hb, el := cfg.HeartbeatTimeout, cfg.ElectionTimeout
+	if leading {
+		hb = max(hb, 10*heartbeatInterval(cfg))
+		el = max(el, hb)
+	}
+	if rc.HeartbeatTimeout == hb && rc.ElectionTimeout == el {
+		return nil
+	}
+	rc.HeartbeatTimeout, rc.ElectionTimeout = hb, el
+	return r.ReloadConfig(rc)
+}
+
+// followerTimeouts sets the configured timeouts on r before a leadership
+// transfer, so that raft waits for the transfer no longer than the
+// configured ElectionTimeout. A leader whose transfer fails keeps them
+// (heartbeats at raft's own rate) until it next gains leadership.
+func (s *Server) followerTimeouts(r *raft.Raft) {
+	if err := raftTimeouts(r, s.cfg, false); err != nil {
+		s.log.Warn("raft timeouts not reloaded", "err", err)
+	}
+}
+
 // openBolt opens the bolt store, turning bolt's errors (and any panic while
 // reading a damaged file) into an error naming the file.
 func openBolt(path string) (s *raftboltdb.BoltStore, err error) {

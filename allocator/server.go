@@ -595,6 +595,7 @@ func (s *Server) handOver(ctx context.Context, r *raft.Raft) {
 			errc <- fmt.Errorf("no quorum: %w", err)
 			return
 		}
+		s.followerTimeouts(r)
 		errc <- r.LeadershipTransfer().Error()
 	}()
 	select {

@@ -142,7 +142,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "", "prebuilt cmd/allocator binary (default: go build it)")
 	flag.StringVar(&o.dir, "dir", "", "directory for data and logs (default: a new temp dir, removed after)")
 	flag.IntVar(&o.inflight, "max-inflight-batches", 0, "passed to the allocators (0: their default)")
-	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/250ms", "heartbeat/election/leader-lease timeouts")
+	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/500ms", "heartbeat/election/leader-lease timeouts (the allocator's defaults)")
 	flag.StringVar(&o.profile, "leader-cpuprofile", "", "write a CPU profile of the leader, taken during the throughput phase, to this file")
 	flag.StringVar(&o.fprofile, "follower-cpuprofile", "", "write a CPU profile of one follower, taken over the same window as -leader-cpuprofile, to this file")
 	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")

@@ -107,7 +107,7 @@ func parse(args []string) (*options, error) {
 		groupReplicas = fs.Int("group-replicas", 0, "with -bootstrap -groups N: how many nodes host each data group; 0 is every node (docs/groups.md)")
 		heartbeat     = fs.Duration("heartbeat-timeout", def.HeartbeatTimeout, "Raft heartbeat timeout")
 		election      = fs.Duration("election-timeout", def.ElectionTimeout, "Raft election timeout")
-		leaderLease   = fs.Duration("leader-lease-timeout", def.LeaderLeaseTimeout, "Raft leader lease timeout")
+		leaderLease   = fs.Duration("leader-lease-timeout", 0, fmt.Sprintf("Raft leader lease timeout (0: the smaller of %v and -heartbeat-timeout); the leader heartbeats every fifth of it", def.LeaderLeaseTimeout))
 		leaseTTL      = fs.Duration("lease-ttl", def.LeaseTTL, "lease lifetime of a busy key")
 		maxLeaseTTL   = fs.Duration("max-lease-ttl", def.MaxLeaseTTL, "lease lifetime bound of a cold key")
 		refresh       = fs.Duration("refresh-interval", def.RefreshInterval, "period a grant is sized for")

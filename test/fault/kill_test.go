@@ -6,7 +6,7 @@ import (
 )
 
 // recoveryBound is the stated recovery time for a node kill: a new leader
-// is elected in ~1 s with the default 500/500/250 ms Raft timeouts
+// is elected in ~1 s with the default 500/500/500 ms Raft timeouts
 // (docs/performance.md); agents probe again within their breaker's 2 s
 // maximum backoff.
 const recoveryBound = 10 * time.Second
