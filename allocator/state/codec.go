@@ -105,6 +105,10 @@ type keyArgs struct {
 	outageCharged                         int64
 	demand                                float64
 	ef, et                                int // ents' span in the decoder's entry slice
+	// Set by hashKeys (hashed): the matched rule and the key's hash.
+	rule   *rules.Rule
+	h      uint64
+	hashed bool
 }
 
 // record decodes the next record into cl, reusing cl's and ents'
