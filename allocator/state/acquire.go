@@ -137,21 +137,30 @@ func (c *core) packedGrants(cl *call, ag *agentRec, now int64, res *AcquireBatch
 
 // touchAhead is how many keys' memory touchKeys reads at once: enough
 // for their cache misses to overlap, few enough that what they bring
-// stays in the cache until the keys are applied.
-const touchAhead = 32
+// stays in the cache until the keys are applied. touchMinSlots is the
+// table capacity (8 MiB of slots) below which touchKeys reads nothing:
+// a table that small stays in the cache, and reading ahead would only
+// repeat the lookups.
+const (
+	touchAhead    = 32
+	touchMinSlots = 1 << 18
+)
 
-// hashKeys matches a call's keys to their rules and hashes them, for key
-// (ka.rule, ka.h) and touchKeys (the hashes it returns).
+// hashKeys matches a call's keys to their rules and builds and hashes
+// their canonical keys, for key (ka.rule, ka.key, ka.h) and touchKeys
+// (the hashes it returns).
 func (c *core) hashKeys(keys []keyArgs) []uint64 {
-	hs := c.scr.hashes[:0]
+	hs, kb := c.scr.hashes[:0], c.scr.hkeys[:0]
 	for i := range keys {
 		k := &keys[i]
 		k.rule = c.rules.Match(k.domain, k.ents)
-		c.scr.key = rules.AppendKey(c.scr.key[:0], k.rule, k.domain, k.ents)
-		k.h, k.hashed = xxhash.Sum64(c.scr.key), true
+		from := len(kb)
+		kb = rules.AppendKey(kb, k.rule, k.domain, k.ents)
+		k.key = kb[from:len(kb):len(kb)] // stays valid if kb moves
+		k.h, k.hashed = xxhash.Sum64(k.key), true
 		hs = append(hs, k.h)
 	}
-	c.scr.hashes = hs
+	c.scr.hashes, c.scr.hkeys = hs, kb
 	return hs
 }
 
@@ -161,7 +170,7 @@ func (c *core) hashKeys(keys []keyArgs) []uint64 {
 // another; these reads are independent, so their misses overlap. It
 // changes nothing.
 func (c *core) touchKeys(hs []uint64, i int) {
-	if i%touchAhead != 0 {
+	if i%touchAhead != 0 || c.tab.capa < touchMinSlots {
 		return
 	}
 	hs = hs[i:min(i+touchAhead, len(hs))]
@@ -322,11 +331,11 @@ func carryOver(from bucket.Limit, st bucket.State, to bucket.Limit, now int64) b
 func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, release bool) (credited int64, ended bool) {
 	ents := ka.ents
 	rule, h := ka.rule, ka.h // hashKeys' if ka.hashed
-	if !ka.hashed {
+	if ka.hashed {
+		c.scr.key = append(c.scr.key[:0], ka.key...)
+	} else {
 		rule = c.rules.Match(ka.domain, ents)
-	}
-	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.domain, ents)
-	if !ka.hashed {
+		c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.domain, ents)
 		h = xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
 	}
 	e := &c.scr.e

@@ -105,8 +105,10 @@ type keyArgs struct {
 	outageCharged                         int64
 	demand                                float64
 	ef, et                                int // ents' span in the decoder's entry slice
-	// Set by hashKeys (hashed): the matched rule and the key's hash.
+	// Set by hashKeys (hashed): the matched rule, the canonical key and
+	// its hash.
 	rule   *rules.Rule
+	key    []byte
 	h      uint64
 	hashed bool
 }

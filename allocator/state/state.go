@@ -226,6 +226,7 @@ type scratch struct {
 	limits  []*allotv1.Limit // and their limit table
 	grant   allotv1.KeyGrant // the grant being packed
 	hashes  []uint64         // a call's key hashes, for table.touch
+	hkeys   []byte           // and its canonical keys (keyArgs.key)
 }
 
 // New returns an empty State. Zero fields of cfg take their defaults; an
