@@ -116,7 +116,9 @@ func (c *core) packedGrants(cl *call, ag *agentRec, now int64, res *AcquireBatch
 	buf := binary.AppendUvarint(c.scr.packed[:0], uint64(len(cl.keys)))
 	limits := c.scr.limits[:0]
 	g := &c.scr.grant
+	hs := c.hashKeys(cl.keys)
 	for i := range cl.keys {
+		c.touchKeys(hs, i)
 		k := &cl.keys[i]
 		*g = allotv1.KeyGrant{}
 		c.key(g, ag, k, now, false)
@@ -133,6 +135,57 @@ func (c *core) packedGrants(cl *call, ag *agentRec, now int64, res *AcquireBatch
 	return resp
 }
 
+// touchAhead is how many keys' memory touchKeys reads at once: enough
+// for their cache misses to overlap, few enough that what they bring
+// stays in the cache until the keys are applied. touchMinSlots is the
+// table capacity (8 MiB of slots) below which touchKeys reads nothing:
+// a table that small stays in the cache, and reading ahead would only
+// repeat the lookups.
+const (
+	touchAhead    = 32
+	touchMinSlots = 1 << 18
+)
+
+// hashKeys matches a call's keys to their rules and builds and hashes
+// their canonical keys, for key (ka.rule, ka.key, ka.h) and touchKeys
+// (the hashes it returns).
+func (c *core) hashKeys(keys []keyArgs) []uint64 {
+	hs, kb := c.scr.hashes[:0], c.scr.hkeys[:0]
+	for i := range keys {
+		k := &keys[i]
+		k.rule = c.rules.Match(k.domain, k.ents)
+		from := len(kb)
+		kb = rules.AppendKey(kb, k.rule, k.domain, k.ents)
+		k.key = kb[from:len(kb):len(kb)] // stays valid if kb moves
+		k.h, k.hashed = xxhash.Sum64(k.key), true
+		hs = append(hs, k.h)
+	}
+	c.scr.hashes, c.scr.hkeys = hs, kb
+	return hs
+}
+
+// touchKeys reads the memory the keys of hs[i:] will use, their table
+// slots and the leased ones' entries, for the next touchAhead keys when
+// i is a multiple of it. A key's own lookups miss the cache one after
+// another; these reads are independent, so their misses overlap. It
+// changes nothing.
+func (c *core) touchKeys(hs []uint64, i int) {
+	if i%touchAhead != 0 || c.tab.capa < touchMinSlots {
+		return
+	}
+	hs = hs[i:min(i+touchAhead, len(hs))]
+	c.tab.touch(hs)
+	var x byte
+	for _, h := range hs {
+		if j, ok := c.tab.search(h); ok {
+			if l := c.tab.at(j).link; l != 0 {
+				x += c.arenaOf(l).pages[linkPage(l)][linkOff(l)]
+			}
+		}
+	}
+	c.tab.sink += uint32(x)
+}
+
 // grantMsgs applies cl's keys and returns the answer with a KeyGrant
 // message per key.
 func (c *core) grantMsgs(cl *call, ag *agentRec, now int64, res *AcquireBatchResult) *allotv1.AcquireResponse {
@@ -142,7 +195,9 @@ func (c *core) grantMsgs(cl *call, ag *agentRec, now int64, res *AcquireBatchRes
 	resp := &allotv1.AcquireResponse{Grants: make([]*allotv1.KeyGrant, len(cl.keys))}
 	ends := c.scr.ends[:0]
 	keys := c.scr.keys[:0]
+	hs := c.hashKeys(cl.keys)
 	for i := range cl.keys {
+		c.touchKeys(hs, i)
 		k := &cl.keys[i]
 		g := &grants[i]
 		resp.Grants[i] = g
@@ -275,9 +330,14 @@ func carryOver(from bucket.Limit, st bucket.State, to bucket.Limit, now int64) b
 // the tokens credited back and whether a lease ended.
 func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, release bool) (credited int64, ended bool) {
 	ents := ka.ents
-	rule := c.rules.Match(ka.domain, ents)
-	c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.domain, ents)
-	h := xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
+	rule, h := ka.rule, ka.h // hashKeys' if ka.hashed
+	if ka.hashed {
+		c.scr.key = append(c.scr.key[:0], ka.key...)
+	} else {
+		rule = c.rules.Match(ka.domain, ents)
+		c.scr.key = rules.AppendKey(c.scr.key[:0], rule, ka.domain, ents)
+		h = xxhash.Sum64(c.scr.key) // == rules.KeyHash(rule, ka.Domain, ents)
+	}
 	e := &c.scr.e
 	if !c.serves(h) {
 		g.Status = allotv1.KeyStatus_KEY_STATUS_MOVED // frozen or gone: slots.go

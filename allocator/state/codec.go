@@ -105,6 +105,12 @@ type keyArgs struct {
 	outageCharged                         int64
 	demand                                float64
 	ef, et                                int // ents' span in the decoder's entry slice
+	// Set by hashKeys (hashed): the matched rule, the canonical key and
+	// its hash.
+	rule   *rules.Rule
+	key    []byte
+	h      uint64
+	hashed bool
 }
 
 // record decodes the next record into cl, reusing cl's and ents'

@@ -225,6 +225,8 @@ type scratch struct {
 	packed  []byte           // an Acquire's packed grants, as built
 	limits  []*allotv1.Limit // and their limit table
 	grant   allotv1.KeyGrant // the grant being packed
+	hashes  []uint64         // a call's key hashes, for table.touch
+	hkeys   []byte           // and its canonical keys (keyArgs.key)
 }
 
 // New returns an empty State. Zero fields of cfg take their defaults; an
