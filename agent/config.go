@@ -85,7 +85,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now returns the current time in Unix nanoseconds. It is a test hook:
 	// nil (the default) uses a coarse clock ticked every millisecond by an
-	// owned goroutine, so no check reads the system clock.
+	// owned goroutine while checks read it often, so that a busy agent's
+	// checks do not read the system clock (see coarseClock).
 	Now func() int64
 
 	// Rand is the source of the jitter in the breaker's probe backoff and

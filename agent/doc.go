@@ -41,7 +41,9 @@
 // Config.Redis when set, else to the same local bucket.
 //
 // No check performs network I/O or waits on the refill loop; the clock is a
-// coarse atomic ticked every millisecond by an owned goroutine.
+// coarse atomic ticked every millisecond by an owned goroutine while checks
+// arrive at least 16 times a millisecond, and read by each check itself
+// (the monotonic clock) below that rate.
 //
 // # The refill loop
 //
