@@ -36,7 +36,7 @@ func (s *Server) startHTTP() {
 		ErrorLog:          newHCLogAdapter(s.log, "http").StandardLogger(nil),
 	}
 	ln := s.httpLn
-	s.goFunc(func() {
+	s.serving.Go(func() {
 		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("http server stopped", "err", err)
 		}

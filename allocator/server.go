@@ -98,7 +98,14 @@ type Server struct {
 	// stopLoops is closed once the gRPC server has drained: the leader and
 	// join loops end.
 	stopLoops chan struct{}
-	wg        sync.WaitGroup // every goroutine the Server starts
+	// wg tracks the Server's loops (goFunc): Shutdown waits for them
+	// before it shuts any Raft group down, because they propose, and
+	// hashicorp/raft may drop the future of an entry it committed but had
+	// not applied when it shuts down, leaving its waiter blocked for good.
+	wg sync.WaitGroup
+	// serving tracks the gRPC and HTTP Serve goroutines; each ends when
+	// its server is stopped.
+	serving sync.WaitGroup
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -254,6 +261,7 @@ func (s *Server) abortStart() {
 		s.batcher.close()
 	}
 	s.wg.Wait()
+	s.serving.Wait()
 	s.closeGroups()
 	s.node.close()
 	s.closeRaftListener()
@@ -262,7 +270,8 @@ func (s *Server) abortStart() {
 }
 
 // goFunc runs f in a goroutine tracked by the Server's WaitGroup; f must
-// return once s.done or s.stopLoops is closed.
+// return once s.done or s.stopLoops is closed, and may wait on Raft
+// futures meanwhile (Raft still runs until f has returned).
 func (s *Server) goFunc(f func()) {
 	s.wg.Add(1)
 	go func() {
@@ -303,7 +312,7 @@ func (s *Server) startGRPC() error {
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	ln := s.grpcLn
-	s.goFunc(func() {
+	s.serving.Go(func() {
 		if err := s.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("grpc server stopped", "err", err)
 		}
@@ -562,6 +571,12 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 		s.grpcSrv.Stop()
 	}
 	close(s.stopLoops)
+	// The loops end before any Raft group shuts down: a loop may be
+	// waiting on an ApplyFuture, which a running Raft always resolves
+	// (committed, or ErrLeadershipLost when it steps down), but which one
+	// shutting down may never resolve (its FSM goroutine can exit with
+	// the committed entry still queued; see hashicorp/raft#498).
+	s.wg.Wait()
 	s.batcher.close()
 	errs = append(errs, s.closeGroups()...)
 
@@ -578,7 +593,7 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 			s.httpSrv.Close()
 		}
 	}
-	s.wg.Wait() // the leader and join loops, the gRPC and HTTP serve loops
+	s.serving.Wait()
 	s.fwd.close()
 	s.unregisterMetrics()
 	s.log.Info("allocator stopped")
