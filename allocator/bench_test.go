@@ -160,7 +160,8 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 				now += int64(time.Second / callsPerSec)
 				f.Apply(&raft.Log{Type: raft.LogCommand, Data: entry()})
 			}
-			cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(maxEntries, st.Stats().ExpireBacklog), SkipSweep: expires%sweepEach != 0}
+			budget, _ := expirePace(maxEntries, expireEvery, st.Stats().ExpireBacklog)
+			cmd := &allotv1.ExpireCommand{MaxEntries: budget, SkipSweep: expires%sweepEach != 0}
 			expires++
 			exp, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: cmd}})
 			start := time.Now()

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -124,14 +125,16 @@ func (s *Server) leaderDuties(ctx context.Context) {
 // be read, and at least ExpireInterval, so that an idle group wakes about
 // once a SweepInterval instead of every ExpireInterval. It waits no longer
 // than LeaseTTL either (a lease granted meanwhile is due no earlier).
+// While the last Expire left a backlog, the next one follows after
+// expirePace's shorter wait instead.
 func (s *Server) expireWait(st *state.State, sw *sweeper) time.Duration {
 	now := time.Now()
 	next := sw.last.Add(s.cfg.SweepInterval)
-	budget := expireBudget(s.cfg.ExpireMaxEntries, st.Stats().ExpireBacklog)
+	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, st.Stats().ExpireBacklog)
 	if due := st.NextDue(budget); due < next.UnixNano() {
 		next = time.Unix(0, due)
 	}
-	return min(max(next.Sub(now), s.cfg.ExpireInterval), s.cfg.LeaseTTL)
+	return min(max(next.Sub(now), wait), s.cfg.LeaseTTL)
 }
 
 // sweeper is a group leader's sweep cadence: when it last looked at a
@@ -157,8 +160,8 @@ func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*al
 		}
 	}
 	stats := st.Stats()
-	cmd := &allotv1.ExpireCommand{MaxEntries: expireBudget(s.cfg.ExpireMaxEntries, stats.ExpireBacklog),
-		SkipSweep: !sweep}
+	budget, _ := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, stats.ExpireBacklog)
+	cmd := &allotv1.ExpireCommand{MaxEntries: budget, SkipSweep: !sweep}
 	if sweep {
 		cmd.SweepSkip = sw.skip
 	}
@@ -176,16 +179,43 @@ func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*al
 	}
 }
 
-// expireBudget is the MaxEntries of the next ExpireCommand: the configured
-// budget, raised to a fifth of the backlog the last Expire left, so that a
-// backlog is worked off within a few Expires (a second's expiries fall due
-// together when the second ends; a fixed budget below their rate would let
-// the backlog grow without bound). Negative base: no limit (0).
-func expireBudget(base int, backlog uint64) uint32 {
+// expireDrain is the time over which expirePace spreads a backlog, and
+// expireCatchUp the most Expires it commits per ExpireInterval while one
+// remains.
+const (
+	expireDrain   = 500 * time.Millisecond
+	expireCatchUp = 10
+)
+
+// expirePace returns the MaxEntries of the next ExpireCommand and the
+// least wait before it, given the configured budget base, ExpireInterval
+// and the backlog the last Expire left.
+//
+// A second's expiries fall due together when the second ends (the expiry
+// wheel is per second), and every Acquire entry waits behind an Expire
+// while it runs. So a backlog is not taken in a few large Expires but in
+// Expires of base entries that follow each other faster, at a pace that
+// works it off in about expireDrain (backlog/expireDrain entries a
+// second), from every ExpireInterval up to expireCatchUp times as often.
+// Only past that rate does the budget grow, in proportion to the backlog,
+// so a sustained expiry rate of any size leaves a bounded backlog. With no
+// backlog: base, every ExpireInterval. Negative base: no limit (0), every
+// ExpireInterval.
+func expirePace(base int, interval time.Duration, backlog uint64) (uint32, time.Duration) {
 	if base < 0 {
-		return 0
+		return 0, interval
 	}
-	return uint32(min(max(uint64(base), (backlog+4)/5), 1<<31))
+	if backlog == 0 || base == 0 {
+		return uint32(min(base, 1<<31)), interval
+	}
+	// The wait at which Expires of base entries take backlog/expireDrain a
+	// second, within [interval/expireCatchUp, interval].
+	wait := interval
+	if d := float64(expireDrain) * float64(base) / float64(backlog); d < float64(interval) {
+		wait = max(time.Duration(d), interval/expireCatchUp)
+	}
+	per := float64(backlog) * float64(wait) / float64(expireDrain)
+	return uint32(min(max(float64(base), math.Ceil(per)), 1<<31)), wait
 }
 
 func (s *Server) retryWhileLeader(ctx context.Context, what string, f func() error) {
