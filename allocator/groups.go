@@ -379,7 +379,7 @@ func (s *Server) groupDuties(ctx context.Context, g *dataGroup) {
 		case <-changed:
 		case now := <-t.C:
 			s.expireOnce(ctx, g.st, apply, now, &sw)
-			t.Reset(s.expireWait(g.st, &sw))
+			t.Reset(s.expireWait(g.st, &sw, now))
 		}
 	}
 }

@@ -115,7 +115,7 @@ func (s *Server) leaderDuties(ctx context.Context) {
 			return
 		case now := <-t.C:
 			s.expireOnce(ctx, s.st, s.apply, now, &sw)
-			t.Reset(s.expireWait(s.st, &sw))
+			t.Reset(s.expireWait(s.st, &sw, now))
 		}
 	}
 }
@@ -125,16 +125,17 @@ func (s *Server) leaderDuties(ctx context.Context) {
 // be read, and at least ExpireInterval, so that an idle group wakes about
 // once a SweepInterval instead of every ExpireInterval. It waits no longer
 // than LeaseTTL either (a lease granted meanwhile is due no earlier).
-// While the last Expire left a backlog, the next one follows after
-// expirePace's shorter wait instead.
-func (s *Server) expireWait(st *state.State, sw *sweeper) time.Duration {
+// While the last Expire left a backlog, the next one follows expirePace's
+// shorter wait after the look at tick, which the Expire's commit counts
+// into.
+func (s *Server) expireWait(st *state.State, sw *sweeper, tick time.Time) time.Duration {
 	now := time.Now()
 	next := sw.last.Add(s.cfg.SweepInterval)
 	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, st.Stats().ExpireBacklog)
 	if due := st.NextDue(budget); due < next.UnixNano() {
 		next = time.Unix(0, due)
 	}
-	return min(max(next.Sub(now), wait), s.cfg.LeaseTTL)
+	return min(max(next.Sub(now), tick.Add(wait).Sub(now), 0), s.cfg.LeaseTTL)
 }
 
 // sweeper is a group leader's sweep cadence: when it last looked at a
