@@ -113,7 +113,8 @@ type Config struct {
 	// ExpireInterval is how often the leader commits an ExpireCommand
 	// (default 100 ms). Each one takes at most ExpireMaxEntries leased keys
 	// with a lease due (default 4096; negative: no limit) and leaves the rest for
-	// the next, so no Expire holds the state machine for long: every
+	// the next, which follows sooner while a backlog remains (expirePace),
+	// so no Expire holds the state machine for long: every
 	// Acquire entry behind it waits (BenchmarkFSMSecondOfAcquireLoad
 	// measures the longest Expire under 20,000 key-grants/s).
 	// The idle-key sweep and compaction run with at most one Expire every
