@@ -105,7 +105,7 @@ func TestMetricsAtStart(t *testing.T) {
 	gw := testproc.StartGateway(t, bins.Gateway, dir, "gw",
 		"upstream: "+up.URL+"\nredis: {addrs: ["+redisAddr+"]}\ndomain: d\ndescriptors: [[{key: k, header: X-K}]]\n",
 		c.GRPCAddrs(), "-rls-addr", "127.0.0.1:0")
-	dev := testproc.NewProc("dev", dir, bins.Gateway, "-dev", "-listen", "127.0.0.1:0", "-rls-addr", "", "-http-addr", "127.0.0.1:0")
+	dev := testproc.NewProc("dev", dir, bins.Gateway, "-dev", "-listen", "127.0.0.1:0", "-rls-addr", "", "-http-addr", "127.0.0.1:0", "-check-addr", "127.0.0.1:0")
 	dev.Start(t)
 	devHTTP := ""
 	listening := regexp.MustCompile(`allot gateway listening: proxy=\S* rls=\S* http=(\S*)`)

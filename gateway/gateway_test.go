@@ -31,7 +31,7 @@ func testConfig(t *testing.T, upstream string) Config {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Listen, cfg.RLSAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Listen, cfg.RLSAddr, cfg.HTTPAddr, cfg.CheckAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	if cfg.Upstream, err = url.Parse(upstream); err != nil {
 		t.Fatal(err)
 	}
