@@ -13,16 +13,14 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// TestShutdownStopsLoopsBeforeRaft pins a hang of Shutdown behind the
-// leader loop (seen in TestMissingRaftDBRefused, which stops a node right
-// after it is ready, while its leader re-registers its new gRPC address).
-// Shutdown used to shut Raft down while the leader loop still waited on
-// the registration's ApplyFuture; hashicorp/raft can exit its FSM
-// goroutine with a committed entry still queued, and then never resolves
-// that future, so the loop, and Shutdown waiting for it, blocked forever.
-// Here the FSM holds the registration until Shutdown has begun: Raft must
-// still be running when the entry is let through, and Shutdown must then
-// return.
+// TestShutdownStopsLoopsBeforeRaft: Shutdown ends the server's loops before
+// it shuts Raft down. hashicorp/raft can exit its FSM goroutine with a
+// committed entry still queued and then never resolve that entry's
+// ApplyFuture, so a loop waiting on one (the leader re-registering its
+// addresses after a restart, as in TestMissingRaftDBRefused) would block
+// Shutdown forever if Raft went first. Here the FSM holds the registration
+// until Shutdown has begun: Raft must still be running when the entry is
+// let through, and Shutdown must then return.
 func TestShutdownStopsLoopsBeforeRaft(t *testing.T) {
 	tc := newTestCluster(t, 1)
 	last := tc.node(0).node.raft.LastIndex()

@@ -81,20 +81,5 @@ func TestGlobalClusterDown(t *testing.T) {
 	// Across regions, from the start: B + R·t, plus Σ S_r over the outage
 	// and its detection once it began.
 	extra := sumShare * (outSecs + 0.5)
-	for to := 1; to <= end; to++ {
-		adm := 0
-		for _, tl := range tallies {
-			a, _ := tl.sum(0, to)
-			adm += a
-		}
-		secs := float64(to) * slot.Seconds()
-		bound := burst + rate*secs
-		if to > at(downAt) {
-			bound += extra
-		}
-		if float64(adm) > bound {
-			t.Errorf("admitted %d in the first %.1f s across regions, bound %.0f", adm, secs, bound)
-			break
-		}
-	}
+	checkPrefixes(t, tallies, slot, end, at(downAt), extra)
 }

@@ -201,6 +201,35 @@ func (t *tally) add(at time.Time, ok bool) {
 }
 
 // sum returns what was admitted and offered in slots [from, to).
+// checkPrefixes checks that the regions' tallies admitted, from the start,
+// at most B + R·t in every prefix of whole slots up to end, plus extra in
+// the prefixes that end past slot after. It reports every prefix over its
+// bound and returns the largest excess (negative: the closest margin) and
+// the prefix's length in seconds.
+func checkPrefixes(t *testing.T, tallies []*tally, slot time.Duration, end, after int, extra float64) (worst, worstAt float64) {
+	t.Helper()
+	worst = -1e9
+	for to := 1; to <= end; to++ {
+		adm := 0
+		for _, tl := range tallies {
+			a, _ := tl.sum(0, to)
+			adm += a
+		}
+		secs := float64(to) * slot.Seconds()
+		bound := burst + rate*secs
+		if to > after {
+			bound += extra
+		}
+		if float64(adm) > bound {
+			t.Errorf("admitted %d in the first %.1f s across regions, bound B + R·t (+ %.0f past %.1f s) = %.0f", adm, secs, extra, float64(after)*slot.Seconds(), bound)
+		}
+		if float64(adm)-bound > worst {
+			worst, worstAt = float64(adm)-bound, secs
+		}
+	}
+	return worst, worstAt
+}
+
 func (t *tally) sum(from, to int) (admitted, offered int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -477,21 +506,7 @@ func TestAcrossRegions(t *testing.T) {
 	debt := max(fb.GetDebt(), heldKey(t, cut).GetDebt())
 	extra := fb.GetFallbackRate()*(cutSecs+0.5) + float64(debt)
 	// Exact from the start: every prefix [0, t].
-	worstPrefix, worstPrefixAt := -1e9, 0.0
-	for to := 1; to <= end; to++ {
-		adm, _ := total(0, to)
-		secs := float64(to) * slot.Seconds()
-		bound := burst + rate*secs
-		if to > at(cutAt) {
-			bound += extra
-		}
-		if float64(adm) > bound {
-			t.Errorf("admitted %d in the first %.1f s across regions, bound B + R·t (+ S·cut + debt after the cut) = %.0f", adm, secs, bound)
-		}
-		if float64(adm)-bound > worstPrefix {
-			worstPrefix, worstPrefixAt = float64(adm)-bound, secs
-		}
-	}
+	worstPrefix, worstPrefixAt := checkPrefixes(t, tallies, slot, end, at(cutAt), extra)
 	// Every 1 s window: B + R·t plus the lead (each region holds at most a
 	// horizon plus its low watermark of its demand, 60/s × 1.3 s, and its
 	// gateways a refresh interval, 60/s × 0.2 s), plus the partition's share
