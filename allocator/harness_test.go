@@ -335,13 +335,22 @@ func dial(t testing.TB, addr string) (allotv1.AllocatorClient, allotv1.AdminClie
 // passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !until(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// until polls cond every 5 ms until it holds (true) or timeout passes
+// (false).
+func until(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return true
 }
 
 func ctxT(t testing.TB) context.Context {
