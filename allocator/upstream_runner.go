@@ -372,7 +372,7 @@ func (g *regional) send(calls []due) (callResult, bool) {
 	for i, c := range calls {
 		ka := &allotv1.KeyAcquire{Domain: c.p.Domain, Entries: make([]*allotv1.Entry, len(c.p.Entries)),
 			Want: min(c.req.Want+c.p.Debt, upstream.MaxWant), Held: c.req.Held, Returned: c.req.Returned,
-			Demand: c.req.Demand, OutageCharged: c.req.OutageCharged}
+			Demand: c.req.Demand, OutageCharged: c.req.OutageCharged, WantShare: true}
 		for j, e := range c.p.Entries {
 			ka.Entries[j] = &allotv1.Entry{Key: e.Key, Value: e.Value}
 		}
@@ -438,7 +438,7 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 		// A reply after the key's CallTimeout is stale to the policy; the
 		// ledger still takes the grant, and the next Sync reads it.
 		_ = c.rk.k.Granted(now, upstream.Grant{ID: c.req.ID, Granted: gr.GetGranted(),
-			RefreshAfter: time.Duration(gr.GetRefreshAfterMs()) * time.Millisecond})
+			RefreshAfter: time.Duration(gr.GetRefreshAfterMs()) * time.Millisecond, Share: gr.GetShare(), HasShare: gr.Share != nil})
 		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: c.rk.k.Status().Share,
 			Limit: globalLimitOf(gr, res.resp.GetRulesVersion())}
 		g.tokens.WithLabelValues("received").Add(float64(gr.GetGranted()))

@@ -69,7 +69,8 @@ func (c *core) args(keys []keyArgs, ents []rules.Entry, ks []*allotv1.KeyAcquire
 			ents = append(ents, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		keys = append(keys, keyArgs{domain: k.Domain, want: k.Want, held: k.Held, returned: k.Returned,
-			charged: k.Charged, outageCharged: k.OutageCharged, denied: k.Denied, demand: k.Demand, ef: from, et: len(ents)})
+			charged: k.Charged, outageCharged: k.OutageCharged, denied: k.Denied, demand: k.Demand, wantShare: k.WantShare,
+			ef: from, et: len(ents)})
 	}
 	for i := range keys {
 		k := &keys[i]
@@ -536,6 +537,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		if retry > 0 {
 			g.RefreshAfterMs = ms(retry)
 		}
+	}
+	if ka.wantShare && !release {
+		g.Share = proto.Float64(float64(c.rateShare(e.leases, ag.num, demand, rateMilli(lim), now)) / milli)
 	}
 	if !leased {
 		return credited, ended

@@ -104,6 +104,7 @@ type keyArgs struct {
 	want, held, returned, charged, denied int64
 	outageCharged                         int64
 	demand                                float64
+	wantShare                             bool // the grant carries the agent's share (rateShare)
 	ef, et                                int // ents' span in the decoder's entry slice
 	// Set by hashKeys (hashed): the matched rule, the canonical key and
 	// its hash.
@@ -156,7 +157,7 @@ func (d *decoder) key(k *keyArgs, dc *allotv1.Dict, ents []rules.Entry) []rules.
 	from := len(ents)
 	ents = allotv1.ReadPackedKey(&d.Reader, dc, &pk, ents)
 	*k = keyArgs{domain: pk.Domain, want: pk.Want, held: pk.Held, returned: pk.Returned, charged: pk.Charged,
-		denied: pk.Denied, outageCharged: pk.OutageCharged, demand: pk.Demand, ef: from, et: len(ents)}
+		denied: pk.Denied, outageCharged: pk.OutageCharged, demand: pk.Demand, wantShare: pk.WantShare, ef: from, et: len(ents)}
 	return ents
 }
 
@@ -224,7 +225,7 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 			FallbackKeys: cl.fallback, Keys: make([]*allotv1.KeyAcquire, len(cl.keys))}
 		for i, k := range cl.keys {
 			ka := &allotv1.KeyAcquire{Domain: k.domain, Want: k.want, Held: k.held, Returned: k.returned,
-				Charged: k.charged, OutageCharged: k.outageCharged, Denied: k.denied, Demand: k.demand}
+				Charged: k.charged, OutageCharged: k.outageCharged, Denied: k.denied, Demand: k.demand, WantShare: k.wantShare}
 			for _, e := range k.ents {
 				ka.Entries = append(ka.Entries, &allotv1.Entry{Key: e.Key, Value: e.Value})
 			}

@@ -29,7 +29,11 @@ import (
 //   - grant = TakeUpTo(min(want, cap − held, allowance − granted in the
 //     window)): never more than the bucket has;
 //   - the lease TTL and refresh grow as demand falls (cold keys get long
-//     leases) and shrink under contention.
+//     leases) and shrink under contention;
+//   - a key that asks for it (want_share: a region at the global cluster)
+//     is answered its rate share: its max-min fair share of R over the
+//     demands the live leases report (rateShare), the rate a region falls
+//     to when cut off.
 
 // capacityOf returns C = max(burst, ⌈quota·F/window⌉).
 func capacityOf(l bucket.Limit, refresh time.Duration) int64 {
@@ -423,4 +427,63 @@ func demandMilli(d float64) int64 {
 		return 0
 	}
 	return int64(d * 1000)
+}
+
+// rateMilli returns l's rate R = quota/window in milli-tokens/s, rounded
+// down (0 for a limit without a rate; at most maxAmount·milli).
+func rateMilli(l bucket.Limit) int64 {
+	w, q := l.Window(), l.Quota()
+	if w <= 0 || q <= 0 {
+		return 0
+	}
+	const perSec = milli * int64(time.Second) // quota·10¹²/window ns
+	hi, lo := bits.Mul64(uint64(q), uint64(perSec))
+	if hi >= uint64(w) {
+		return maxAmount * milli
+	}
+	r, _ := bits.Div64(hi, lo, uint64(w))
+	return int64(min(r, uint64(maxAmount*milli)))
+}
+
+// rateShare returns agent's rate share of a key of rate rate (milli-
+// tokens/s): its max-min fair share of the rate over the demands the key's
+// live leases report, its own being demand (this call's report, whether or
+// not it holds a lease after the call). The agents that report a demand
+// are water-filled (waterFill, in milli-tokens/s) over the rate; what
+// remains is split evenly, rounded down, between the agents that report
+// none, so that an agent whose demand is yet to show has a rate to fall to
+// that takes nothing from the agents using the key. A lease is live as in
+// allowance: renewed within claimLiveIntervals refresh intervals, and not
+// expired. Every agent's share is computed over the same leases, so the
+// shares of the live leases at one instant sum to at most rate.
+func (c *core) rateShare(leases []lease, agent uint32, demand float32, rate, now int64) int64 {
+	live := max(now-claimLiveIntervals*int64(c.cfg.RefreshInterval)+int64(c.cfg.LeaseTTL), now+1)
+	needs := c.scr.needs[:0]
+	idle := int64(0) // agents reporting no demand
+	add := func(a uint32, d float32) {
+		if m := demandMilli(float64(d)); m > 0 {
+			needs = append(needs, needEnt{need: m, agent: a})
+		} else {
+			idle++
+		}
+	}
+	for i := range leases {
+		if l := &leases[i]; l.agent != agent && l.expiry >= live {
+			add(l.agent, l.demand)
+		}
+	}
+	add(agent, demand)
+	c.scr.needs = needs
+	waterFill(needs, rate, 1)
+	remaining, mine := rate, int64(0)
+	for _, e := range needs {
+		remaining -= e.share
+		if e.agent == agent {
+			mine = e.share
+		}
+	}
+	if demandMilli(float64(demand)) == 0 {
+		mine = remaining / idle
+	}
+	return mine
 }

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,6 +22,12 @@ type globalModel struct {
 	st      bucket.State
 	granted []int64 // per region: tokens the bucket granted it
 	taken   int64   // tokens granted less tokens credited back, all regions
+	// shares: the model answers each region its max-min fair share of the
+	// rate by the demands the regions last reported (else no share: a
+	// global cluster that predates Grant.Share).
+	shares  bool
+	rate    float64
+	demands []float64
 }
 
 func (g *globalModel) serve(now int64, region int, r Request) Grant {
@@ -33,7 +40,27 @@ func (g *globalModel) serve(now int64, region int, r Request) Grant {
 	n := g.lim.TakeUpTo(&g.st, now, r.Want)
 	g.granted[region] += n
 	g.taken += n
-	return Grant{ID: r.ID, Granted: n}
+	gr := Grant{ID: r.ID, Granted: n}
+	if g.shares {
+		g.demands[region] = r.Demand
+		gr.Share, gr.HasShare = maxMinShare(g.rate, g.demands, region), true
+	}
+	return gr
+}
+
+// maxMinShare is region's max-min fair share of rate over demands.
+func maxMinShare(rate float64, demands []float64, region int) float64 {
+	ds := slices.Clone(demands)
+	slices.Sort(ds)
+	left := rate
+	for i, d := range ds {
+		level := left / float64(len(ds)-i)
+		if d >= level {
+			return min(demands[region], level)
+		}
+		left -= d
+	}
+	return demands[region]
 }
 
 type reply struct {
@@ -58,7 +85,9 @@ type reply struct {
 //   - every fallback token sub-granted is reported upstream as
 //     outage_charged or still owed: an overdue call that is answered
 //     after all leaves its region's mints to be charged, as a partition
-//     does.
+//     does;
+//   - a region's share is at most the rule's rate, and, when the global
+//     cluster sends shares, the one the last grant it accepted carried.
 func TestPropertyInvariants(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const rate, burst = 1000.0, 500
@@ -70,7 +99,12 @@ func TestPropertyInvariants(t *testing.T) {
 		static := rapid.Bool().Draw(t, "static")
 		cfg := Config{RTT: 100 * time.Millisecond, Tick: 100 * time.Millisecond, CallTimeout: 500 * time.Millisecond,
 			RetryBackoff: 300 * time.Millisecond}
-		g := &globalModel{lim: lim, granted: make([]int64, n)}
+		g := &globalModel{lim: lim, granted: make([]int64, n), shares: rapid.Bool().Draw(t, "shares"), rate: rate,
+			demands: make([]float64, n)}
+		lastShare := make([]float64, n) // the share of the last grant accepted (-1: none yet)
+		for i := range lastShare {
+			lastShare[i] = -1
+		}
 		keys := make([]*Key, n)
 		cut := make([]bool, n)
 		allowance := make([]float64, n) // ∫ fallback rate over time cut off or overdue, tokens
@@ -114,7 +148,9 @@ func TestPropertyInvariants(t *testing.T) {
 					if !rapid.Bool().Draw(t, "repeat") {
 						pending = append(pending[:j], pending[j+1:]...)
 					}
-					_ = keys[rp.region].Granted(now, rp.g)
+					if keys[rp.region].Granted(now, rp.g) == nil && rp.g.HasShare {
+						lastShare[rp.region] = rp.g.Share
+					}
 				}
 			case 3: // an answer is lost
 				if len(pending) > 0 {
@@ -161,6 +197,9 @@ func TestPropertyInvariants(t *testing.T) {
 					t.Fatalf("step %d region %d: accepted %d > granted %d by the global bucket", step, r, s.Received, g.granted[r])
 				}
 				sumHeld += held
+				if s.Share < 0 || s.Share > rate || (lastShare[r] >= 0 && s.Share != min(lastShare[r], rate)) {
+					t.Fatalf("step %d region %d: share %v, the last grant's %v, rate %v", step, r, s.Share, lastShare[r], rate)
+				}
 				if bound := allowance[r] + maxCapRate*cfg.Tick.Seconds() + 1; float64(s.Minted) > bound+1e-6 {
 					t.Fatalf("step %d region %d: minted %d > %.3f (fallback rate over the time cut off or overdue, plus one tick and one token)",
 						step, r, s.Minted, bound)

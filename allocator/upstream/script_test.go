@@ -17,7 +17,9 @@ import (
 //	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [overdue=250ms] [backoff=1s] [window=4s] rate=<tokens/s> [burst=] [static=<fraction>]
 //	                                              a new key (static: global_fallback static)
 //	tick t= demand=<tokens/s>                     → the call made, or "no call"
-//	grant t= id= n=<tokens> [refresh=<dur>]       the global cluster answers
+//	grant t= id= n=<tokens> [refresh=<dur>] [share=<tokens/s>]
+//	                                              the global cluster answers (share: the fair
+//	                                              share it computed; none from an older one)
 //	fail t= id=                                   the call failed
 //	cap t= want=                                  → what a gateway's want is capped at
 //	sub t= want=                                  → tokens sub-granted to a gateway
@@ -92,7 +94,9 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 		}
 	case "grant":
 		res = "ok"
-		if err := k.Granted(now, Grant{ID: uint64(i("id")), Granted: i("n"), RefreshAfter: d("refresh")}); err != nil {
+		_, hasShare := args["share"]
+		g := Grant{ID: uint64(i("id")), Granted: i("n"), RefreshAfter: d("refresh"), Share: f("share"), HasShare: hasShare}
+		if err := k.Granted(now, g); err != nil {
 			res = err.Error()
 		}
 	case "fail":

@@ -40,9 +40,9 @@ const (
 // whose follower retries for the next one, or a link that is down.
 const OverdueFactor = 3
 
-// maxGrants bounds the grants remembered for the fair share (ShareWindow of
-// refills at most every Tick; older ones fall out first, which only lowers
-// the share).
+// maxGrants bounds the grants remembered for the estimated share
+// (ShareWindow of refills at most every Tick; older ones fall out first,
+// which only lowers the estimate).
 const maxGrants = 128
 
 // Config sets the policy for every global key of one regional cluster. The
@@ -73,8 +73,9 @@ type Config struct {
 	// RetryBackoff is the wait after a failed call before the next one.
 	// Default 1 s.
 	RetryBackoff time.Duration
-	// ShareWindow is the window of grants the fair share is measured over
-	// (see Key.Status: Share). Default 4 s.
+	// ShareWindow is the window of grants the fair share is estimated
+	// over when the global cluster sends none with its grant (one that
+	// predates Grant.Share; see Key.Granted). Default 4 s.
 	ShareWindow time.Duration
 	// DemandTau is the time constant of the demand EWMA each gateway
 	// reports (the agent's, 1 s by default). A fall of the region's demand
@@ -183,6 +184,12 @@ type Grant struct {
 	ID           uint64        // the Request's ID
 	Granted      int64         // new tokens for the region
 	RefreshAfter time.Duration // come back after this (0: after Horizon)
+	// Share is the region's max-min fair share of the rule's rate by the
+	// regions' reported demands, as the global cluster computed it for
+	// this answer, tokens/s (KeyGrant.share). HasShare is false when the
+	// global cluster sent none (one that predates the field).
+	Share    float64
+	HasShare bool
 }
 
 // Key is the policy of one global key at one regional leader. Create it
@@ -209,7 +216,7 @@ type Key struct {
 	grants [maxGrants]struct{ at, n int64 } // ring of recent grants
 	gHead  int                              // next slot
 	gLen   int
-	share  float64 // tokens/s: the fair share at the last grant
+	share  float64 // tokens/s: the fair share at the last grant (see Granted)
 
 	fb      float64 // fallback tokens available to sub-grant
 	fbAt    int64   // the last fallback mint (valid when minting)
@@ -485,7 +492,11 @@ func (k *Key) Release(now int64) Request {
 
 // Granted applies the global cluster's answer to the call in flight. A
 // reply to any other call is ignored with ErrStale: each grant counts
-// once.
+// once. The share the answer carries, at most the rule's rate, is the
+// fair share the key falls to when cut off (with FallbackFairShare); an
+// answer without one (from a global cluster that predates Grant.Share)
+// leaves the key to estimate it from its grants (see remember). A share
+// that is negative, NaN or infinite counts as none.
 func (k *Key) Granted(now int64, g Grant) error {
 	k.advance(now)
 	if !k.inflight || g.ID != k.sent.ID || g.Granted < 0 {
@@ -509,15 +520,21 @@ func (k *Key) Granted(now int64, g Grant) error {
 	}
 	k.refreshAt = now + int64(refresh)
 	k.remember(now, g.Granted)
+	if g.HasShare && g.Share >= 0 && !math.IsInf(g.Share, 0) {
+		k.share = min(g.Share, k.rule.Rate)
+	}
 	k.advance(now)
 	return nil
 }
 
-// remember records a grant and recomputes the fair share: what the global
-// cluster granted in the ShareWindow up to now, per second of the time
-// those grants cover (from the first of them to one Horizon after the
-// last), at most the rule's rate. In a steady state it is the rate the
-// global cluster's max-min fair share grants the region.
+// remember records a grant and estimates the fair share from the grants:
+// what the global cluster granted in the ShareWindow up to now, per second
+// of the time those grants cover (from the first of them to one Horizon
+// after the last), at most the rule's rate. In a steady state it is about
+// the rate the global cluster's max-min fair share grants the region, but
+// the regions' estimates, each of lumps of up to a Horizon of demand taken
+// at its own last grant, may sum to more than the rate: Granted replaces
+// it with the share the global cluster computed whenever one came.
 func (k *Key) remember(now, n int64) {
 	k.grants[k.gHead] = struct{ at, n int64 }{now, n}
 	k.gHead = (k.gHead + 1) % maxGrants
@@ -646,7 +663,7 @@ type Status struct {
 	Available  int64   // lease tokens held and not sub-granted
 	Owed       int64   // lease tokens sub-granted and not yet spent or returned
 	Fallback   int64   // fallback tokens available while cut off
-	Share      float64 // the fair share at the last grant, tokens/s
+	Share      float64 // the fair share at the last grant, tokens/s (see Granted)
 	FallbackRt float64 // the rate the region falls to when cut off, tokens/s
 	Demand     float64 // the demand of the last Tick
 	Connected  bool    // the last call was answered

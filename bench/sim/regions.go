@@ -220,14 +220,15 @@ func (rw *regionWorld) upstreamCall(n *regionNode, req upstream.Request) {
 		res := rw.global.Apply(&allotv1.Command{NowUnixNanos: w.eng.now, Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{
 			Requests: []*allotv1.AcquireRequest{{AgentId: "region-" + strconv.Itoa(n.idx), RequestId: req.ID, Keys: []*allotv1.KeyAcquire{{
 				Domain: domain, Entries: regionDesc, Want: req.Want, Held: req.Held, Returned: req.Returned,
-				Demand: req.Demand, OutageCharged: req.OutageCharged}}}}}}})
+				Demand: req.Demand, OutageCharged: req.OutageCharged, WantShare: true}}}}}}})
 		br, _ := res.(*state.AcquireBatchResult)
 		if br == nil || br.Errs[0] != nil {
 			rw.globalErrs++
 			return // the policy times the call out
 		}
 		kg := br.Responses[0].Grants[0]
-		g := upstream.Grant{ID: req.ID, Granted: kg.GetGranted(), RefreshAfter: time.Duration(kg.GetRefreshAfterMs()) * time.Millisecond}
+		g := upstream.Grant{ID: req.ID, Granted: kg.GetGranted(), RefreshAfter: time.Duration(kg.GetRefreshAfterMs()) * time.Millisecond,
+			Share: kg.GetShare(), HasShare: kg.Share != nil}
 		if rw.cut(n.idx, w.eng.now) {
 			return
 		}

@@ -602,6 +602,10 @@ type KeyAcquire struct {
 	// pay for the refill the key gained during the outage, and a key whose
 	// bucket is empty still refills at its rate.
 	OutageCharged int64 `protobuf:"varint,9,opt,name=outage_charged,json=outageCharged,proto3" json:"outage_charged,omitempty"`
+	// want_share asks for the agent's fair share of the key's rate
+	// (KeyGrant.share). A regional leader asks for it on every call: it is
+	// the rate the region falls to when cut off (docs/regions.md).
+	WantShare     bool `protobuf:"varint,10,opt,name=want_share,json=wantShare,proto3" json:"want_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -697,6 +701,13 @@ func (x *KeyAcquire) GetOutageCharged() int64 {
 		return x.OutageCharged
 	}
 	return 0
+}
+
+func (x *KeyAcquire) GetWantShare() bool {
+	if x != nil {
+		return x.WantShare
+	}
+	return false
 }
 
 type AcquireResponse struct {
@@ -956,8 +967,15 @@ type KeyGrant struct {
 	Limit          *Limit                 `protobuf:"bytes,9,opt,name=limit,proto3" json:"limit,omitempty"`
 	Agents         uint32                 `protobuf:"varint,10,opt,name=agents,proto3" json:"agents,omitempty"` // agents currently holding a lease on this key
 	Held           int64                  `protobuf:"varint,11,opt,name=held,proto3" json:"held,omitempty"`     // what the allocator records the agent as holding after this call
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// share: when the key asked for it (KeyAcquire.want_share), the agent's
+	// max-min fair share of the rule's rate, tokens/s, by the demands the
+	// live leases on the key reported, as of this call (docs/regions.md,
+	// Bounds). The shares of the live leases at one instant sum to at most
+	// the rate. Absent when not asked for, and from an allocator that does
+	// not know the field.
+	Share         *float64 `protobuf:"fixed64,12,opt,name=share,proto3,oneof" json:"share,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyGrant) Reset() {
@@ -1063,6 +1081,13 @@ func (x *KeyGrant) GetAgents() uint32 {
 func (x *KeyGrant) GetHeld() int64 {
 	if x != nil {
 		return x.Held
+	}
+	return 0
+}
+
+func (x *KeyGrant) GetShare() float64 {
+	if x != nil && x.Share != nil {
+		return *x.Share
 	}
 	return 0
 }
@@ -4628,7 +4653,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05group\x18\a \x01(\rR\x05group\x12)\n" +
 	"\x10topology_version\x18\b \x01(\x04R\x0ftopologyVersion\x12\x1f\n" +
 	"\vpacked_keys\x18\t \x01(\fR\n" +
-	"packedKeys\"\x84\x02\n" +
+	"packedKeys\"\xa3\x02\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
@@ -4639,7 +4664,10 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\acharged\x18\x06 \x01(\x03R\acharged\x12\x16\n" +
 	"\x06demand\x18\a \x01(\x01R\x06demand\x12\x16\n" +
 	"\x06denied\x18\b \x01(\x03R\x06denied\x12%\n" +
-	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\"\xea\x02\n" +
+	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\x12\x1d\n" +
+	"\n" +
+	"want_share\x18\n" +
+	" \x01(\bR\twantShare\"\xea\x02\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +
@@ -4661,7 +4689,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
 	"leaderAddr\x12\x14\n" +
 	"\x05slots\x18\x04 \x01(\tR\x05slots\x12#\n" +
-	"\rrules_version\x18\x05 \x01(\x04R\frulesVersion\"\xec\x02\n" +
+	"\rrules_version\x18\x05 \x01(\x04R\frulesVersion\"\x91\x03\n" +
 	"\bKeyGrant\x12+\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x13.allot.v1.KeyStatusR\x06status\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x18\n" +
@@ -4675,7 +4703,9 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05limit\x18\t \x01(\v2\x0f.allot.v1.LimitR\x05limit\x12\x16\n" +
 	"\x06agents\x18\n" +
 	" \x01(\rR\x06agents\x12\x12\n" +
-	"\x04held\x18\v \x01(\x03R\x04held\"\x9c\x01\n" +
+	"\x04held\x18\v \x01(\x03R\x04held\x12\x19\n" +
+	"\x05share\x18\f \x01(\x01H\x00R\x05share\x88\x01\x01B\b\n" +
+	"\x06_share\"\x9c\x01\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
@@ -5166,6 +5196,7 @@ func file_allot_v1_allot_proto_init() {
 	if File_allot_v1_allot_proto != nil {
 		return
 	}
+	file_allot_v1_allot_proto_msgTypes[8].OneofWrappers = []any{}
 	file_allot_v1_allot_proto_msgTypes[52].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),

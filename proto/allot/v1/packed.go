@@ -15,10 +15,20 @@ import (
 // Limit per key. A caller asks for it with AcquireRequest.packed_grants.
 //
 //	packed  uvarint count, count × grant
-//	grant   uvarint status, uvarint key length, key bytes,
+//	grant   uvarint status (with bit 32 set: the grant carries a share),
+//	        uvarint key length, key bytes,
 //	        varint granted, lease_ttl_ms, refresh_after_ms, remaining,
 //	        reset_after_ms, retry_after_ms, held (zigzag),
-//	        uvarint agents, uvarint limit (0: none; i: limits[i-1])
+//	        uvarint agents, uvarint limit (0: none; i: limits[i-1]),
+//	        then, with bit 32 of status, share (float64 bits, little endian)
+//
+// A grant carries a share only when its key asked for one
+// (KeyAcquire.want_share); a decoder that does not know bit 32 rejects
+// such a grant as not decoding rather than misreading it.
+
+// packedShare: bit 32 of a packed grant's status, set when a share
+// follows the grant's limit index.
+const packedShare = 1 << 32
 
 // errPacked: packed grants do not decode.
 var errPacked = errors.New("allotv1: packed grants do not decode")
@@ -39,7 +49,11 @@ func AppendPackedGrants(dst []byte, limits []*Limit, grants []*KeyGrant) ([]byte
 // AppendPackedGrants does after the count, with key in place of g's Key
 // (so that a caller holding the key as bytes need not make it a string).
 func AppendPackedGrant[K string | []byte](dst []byte, limits []*Limit, key K, g *KeyGrant) ([]byte, []*Limit) {
-	dst = binary.AppendUvarint(dst, uint64(g.GetStatus()))
+	status := uint64(uint32(g.GetStatus()))
+	if g.Share != nil {
+		status |= packedShare
+	}
+	dst = binary.AppendUvarint(dst, status)
 	dst = binary.AppendUvarint(dst, uint64(len(key)))
 	dst = append(dst, key...)
 	for _, v := range [...]int64{g.GetGranted(), g.GetLeaseTtlMs(), g.GetRefreshAfterMs(), g.GetRemaining(),
@@ -60,7 +74,11 @@ func AppendPackedGrant[K string | []byte](dst []byte, limits []*Limit, key K, g 
 			li = len(limits)
 		}
 	}
-	return binary.AppendUvarint(dst, uint64(li)), limits
+	dst = binary.AppendUvarint(dst, uint64(li))
+	if g.Share != nil {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(*g.Share))
+	}
+	return dst, limits
 }
 
 // UnpackGrants decodes packed grants. The grants share one allocation, and
@@ -75,10 +93,12 @@ func UnpackGrants(data []byte, limits []*Limit) ([]*KeyGrant, error) {
 	}
 	vals := make([]KeyGrant, n)
 	out := make([]*KeyGrant, n)
+	var shares []float64 // one allocation for the grants' shares, if any
 	for i := range vals {
 		g := &vals[i]
 		status := d.Uvarint()
-		if status > uint64(^uint32(0)>>1) {
+		hasShare := status&packedShare != 0
+		if status &^= packedShare; status > uint64(^uint32(0)>>1) {
 			d.Fail()
 		}
 		g.Status = KeyStatus(status)
@@ -98,6 +118,13 @@ func UnpackGrants(data []byte, limits []*Limit) ([]*KeyGrant, error) {
 			g.Limit = limits[li-1]
 		default:
 			d.Fail()
+		}
+		if hasShare {
+			if shares == nil {
+				shares = make([]float64, 0, len(vals)-i)
+			}
+			shares = append(shares, math.Float64frombits(d.Fixed64()))
+			g.Share = &shares[len(shares)-1]
 		}
 		if d.Err != nil {
 			return nil, fmt.Errorf("grant %d: %w", i, d.Err)
@@ -145,7 +172,8 @@ func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 		if s, ok = next(); !ok {
 			return false
 		}
-		if st >= 0 && s == uint64(st) {
+		hasShare := s&packedShare != 0
+		if st >= 0 && s&^packedShare == uint64(st) {
 			return true
 		}
 		if klen, ok = next(); !ok || klen > uint64(len(p)) {
@@ -157,6 +185,12 @@ func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 			if _, ok = next(); !ok {
 				return false
 			}
+		}
+		if hasShare {
+			if len(p) < 8 {
+				return false
+			}
+			p = p[8:]
 		}
 	}
 	return false
@@ -174,7 +208,9 @@ func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 //	        flags, then the fields whose flag is set, in flag order:
 //	        want, held, returned, charged, denied (zigzag varints, flags
 //	        bits 0-4), demand (float64 bits, little endian, bit 5),
-//	        outage_charged (zigzag varint, bit 6)
+//	        outage_charged (zigzag varint, bit 6); with bit 7, a second
+//	        flags byte follows the first, whose bit 0 is want_share (no
+//	        field)
 //	str     uvarint length, bytes
 //	dstr    uvarint 0 then str (a new string, appended to the dictionary
 //	        while it holds fewer than PackedDict), or uvarint i (the
@@ -194,7 +230,13 @@ const (
 	PackedDenied
 	PackedDemand
 	PackedOutage
-	packedFlags = PackedOutage<<1 - 1 // every flag
+	PackedMore // a second flags byte follows
+)
+
+// Key flags of packed keys' second flags byte.
+const (
+	PackedWantShare = 1 << iota
+	packedFlags2    = PackedWantShare<<1 - 1 // every flag
 )
 
 // AppendPackedKeys appends keys in the packed form to dst. It encodes the
@@ -228,6 +270,10 @@ func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
 		fi := len(dst)
 		dst = append(dst, 0)
 		var flags byte
+		if k.GetWantShare() {
+			flags |= PackedMore
+			dst = append(dst, PackedWantShare)
+		}
 		for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
 			if v != 0 {
 				flags |= 1 << i
@@ -287,6 +333,7 @@ type PackedKey struct {
 	Domain                                               string
 	Want, Held, Returned, Charged, Denied, OutageCharged int64
 	Demand                                               float64
+	WantShare                                            bool
 }
 
 // Dict is the dictionary of one call's packed keys: a zero Dict starts a
@@ -333,8 +380,12 @@ func ReadPackedKey[E ~struct{ Key, Value string }](d *Reader, dc *Dict, k *Packe
 		ents = append(ents, E{Key: key, Value: d.Str()})
 	}
 	flags := d.Byte()
-	if flags&^packedFlags != 0 {
-		d.Fail()
+	if flags&PackedMore != 0 {
+		flags2 := d.Byte()
+		if flags2&^packedFlags2 != 0 {
+			d.Fail()
+		}
+		k.WantShare = flags2&PackedWantShare != 0
 	}
 	for i, f := range [...]*int64{&k.Want, &k.Held, &k.Returned, &k.Charged, &k.Denied} {
 		if flags&(1<<i) != 0 {
@@ -371,7 +422,7 @@ func UnpackKeys(data []byte) ([]*KeyAcquire, error) {
 			return nil, fmt.Errorf("key %d: %w", i, d.Err)
 		}
 		ka := &KeyAcquire{Domain: k.Domain, Want: k.Want, Held: k.Held, Returned: k.Returned, Charged: k.Charged,
-			Denied: k.Denied, OutageCharged: k.OutageCharged, Demand: k.Demand}
+			Denied: k.Denied, OutageCharged: k.OutageCharged, Demand: k.Demand, WantShare: k.WantShare}
 		for _, e := range ents {
 			ka.Entries = append(ka.Entries, &Entry{Key: e.Key, Value: e.Value})
 		}

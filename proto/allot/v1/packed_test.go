@@ -29,6 +29,9 @@ func TestPackedGrantsRoundTrip(t *testing.T) {
 			if li := rapid.IntRange(-1, 1).Draw(t, "limit"); li >= 0 {
 				g.Limit = lims[li]
 			}
+			if rapid.Bool().Draw(t, "has share") {
+				g.Share = proto.Float64(rapid.Float64().Draw(t, "share"))
+			}
 			return g
 		}), 0, 50).Draw(t, "grants")
 		data, table := AppendPackedGrants(nil, nil, grants)
@@ -88,6 +91,9 @@ func TestHasStatus(t *testing.T) {
 				Granted: rapid.Int64().Draw(t, "granted"), Held: rapid.Int64().Draw(t, "held"), Agents: rapid.Uint32().Draw(t, "agents")}
 			if rapid.Bool().Draw(t, "limit") {
 				g.Limit = l
+			}
+			if rapid.Bool().Draw(t, "has share") {
+				g.Share = proto.Float64(rapid.Float64().Draw(t, "share"))
 			}
 			return g
 		}), 0, 20).Draw(t, "grants")
@@ -237,7 +243,7 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 	for i := range 40 {
 		d := "d" + strconv.Itoa(i%11) // more distinct strings than the dictionary holds
 		keys = append(keys, &KeyAcquire{Domain: d, Entries: []*Entry{{Key: "k" + strconv.Itoa(i%3), Value: strconv.Itoa(i)}, {Key: d, Value: ""}},
-			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5})
+			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5, WantShare: i%2 == 0})
 	}
 	keys = append(keys, &KeyAcquire{Domain: "z", Demand: math.Copysign(0, -1)}, &KeyAcquire{})
 	data := AppendPackedKeys(nil, keys)
@@ -257,7 +263,8 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 		"truncated":    data[:len(data)-1],
 		"trailing":     append(append([]byte(nil), data...), 0),
 		"count":        {5, 0},
-		"unknown flag": {1, 0, 1, 'd', 0, 0x80},
+		"no flags2":    {1, 0, 1, 'd', 0, 0x80},
+		"unknown flag": {1, 0, 1, 'd', 0, 0x80, 0x02},
 		"dictionary":   {1, 1},
 		"entries":      {1, 0, 1, 'd', 9},
 	} {
