@@ -11,13 +11,14 @@ import (
 // TestAnswerForms: an answer recorded with its grants packed (as the FSM
 // builds them) or as messages (recorded by an older binary, restored from
 // its snapshot) reaches the caller in the form it asked for, with the same
-// grants, the leader named and reads_packed_keys set; the recorded answer
-// is not modified.
+// grants (a region's share included), the leader named and
+// reads_packed_keys set; the recorded answer is not modified.
 func TestAnswerForms(t *testing.T) {
 	l := &allotv1.Limit{Name: "r", Burst: 10}
 	grants := []*allotv1.KeyGrant{
 		{Status: allotv1.KeyStatus_KEY_STATUS_OK, Key: "d:k=a", Granted: 3, Limit: l, Agents: 1},
 		{Status: allotv1.KeyStatus_KEY_STATUS_NO_RULE, Key: "d:k=b"},
+		{Status: allotv1.KeyStatus_KEY_STATUS_OK, Key: "d:k=c", Granted: 5, Limit: l, Agents: 3, Share: proto.Float64(33.333)},
 	}
 	p, lims := allotv1.AppendPackedGrants(nil, nil, grants)
 	for _, rec := range []*allotv1.AcquireResponse{

@@ -229,7 +229,11 @@ func (g *regional) recover(ctx context.Context) {
 		if i >= len(gs) {
 			break
 		}
-		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: -1,
+		share := -1.0 // the pool keeps the share it recorded
+		if gs[i].Share != nil {
+			share = gs[i].GetShare()
+		}
+		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: share,
 			Limit: globalLimitOf(gs[i], resp.GetRulesVersion())})
 	}
 	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil {

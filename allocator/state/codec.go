@@ -31,7 +31,10 @@ import (
 // not decode would stop every replica. Records are encoded by the caller's
 // goroutine (AppendAcquireRecord) and joined by the batcher
 // (AppendAcquireEntry). Every replica applies an entry of any version it
-// knows; a version it does not know stops it (upgrade it).
+// knows; a version it does not know stops it (upgrade it). A key that
+// asks for its share (want_share, a region's) carries a second flags byte
+// in its packed form, which a binary older than the field does not decode
+// either: it stops on such an entry (docs/regions.md, Upgrading).
 const (
 	compactMarker  = 0x00
 	compactVersion = 1
@@ -105,7 +108,7 @@ type keyArgs struct {
 	outageCharged                         int64
 	demand                                float64
 	wantShare                             bool // the grant carries the agent's share (rateShare)
-	ef, et                                int // ents' span in the decoder's entry slice
+	ef, et                                int  // ents' span in the decoder's entry slice
 	// Set by hashKeys (hashed): the matched rule, the canonical key and
 	// its hash.
 	rule   *rules.Rule

@@ -7,9 +7,9 @@
 // low watermark, so no request and no regional refill waits on the
 // cross-region hop; it hands back what demand no longer needs; and when it
 // is cut off from the global cluster (or its call is overdue) it spends
-// what it holds, then falls to a bounded share of the rule's rate: its
-// share at the last grant
-// (global_fallback: fair_share, the default) or a static fraction of the
+// what it holds, then falls to a bounded share of the rule's rate: the
+// fair share the global cluster sent with its last grant (global_fallback:
+// fair_share, the default; see Key.Granted) or a static fraction of the
 // rate (global_fallback: static).
 //
 // Key is the policy of one key. It is deterministic and single-threaded:

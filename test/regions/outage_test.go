@@ -75,6 +75,7 @@ func TestGlobalClusterDown(t *testing.T) {
 		}
 		sumShare += shares[i]
 	}
+	t.Logf("the regions' fallback shares sum to %.2f/s (R = %.0f/s)", sumShare, rate)
 	if sumShare > rate*1.01 {
 		t.Errorf("the regions' fallback shares sum to %.1f/s, over R = %.0f/s", sumShare, rate)
 	}
