@@ -557,7 +557,11 @@ func (s *Server) transferLeadership(ctx context.Context, r *raft.Raft, target st
 		f = r.LeadershipTransferToServer(raft.ServerID(target), addr)
 	}
 	if err := f.Error(); err != nil {
-		return "", fmt.Errorf("allocator: transfer leadership: %w", err)
+		// The transfer did not complete (the target did not catch up or
+		// win its election within an election timeout, or another
+		// transfer runs): this node still leads, and the call may be
+		// tried again.
+		return "", status.Errorf(codes.Unavailable, "allocator: transfer leadership: %v", err)
 	}
 	// Wait until the new leader is known here.
 	t := time.NewTicker(5 * time.Millisecond)

@@ -294,6 +294,11 @@ func (s *Server) startGRPC() error {
 		// A connection that has not finished its handshake in this time is
 		// closed (gRPC's default is 120 s).
 		grpc.ConnectionTimeout(10 * time.Second),
+		// Stop (the hard stop when a graceful drain runs out of time)
+		// cancels every call in flight and waits for its handler to
+		// return, so that no handler still runs when the loops and Raft
+		// shut down after it.
+		grpc.WaitForHandlers(true),
 		grpc.ChainUnaryInterceptor(s.guard.unary),
 		grpc.ChainStreamInterceptor(s.guard.stream),
 	}
