@@ -328,12 +328,8 @@ func TestPutRulesWatchRulesHotReload(t *testing.T) {
 	}
 
 	newRules := strings.Replace(testRules, "requests_per_unit: 100", "requests_per_unit: 200", 1)
-	put, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(newRules)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if put.GetVersion() != 2 {
-		t.Errorf("PutRules version = %d, want 2", put.GetVersion())
+	if v := putRulesOver(t, admin, 1, newRules); v != 2 {
+		t.Errorf("PutRules version = %d, want 2", v)
 	}
 	next, err := stream.Recv()
 	if err != nil {
@@ -357,13 +353,41 @@ func TestPutRulesWatchRulesHotReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(testRules)}}}); err != nil {
-		t.Fatal(err)
-	}
+	putRulesOver(t, admin, 2, testRules)
 	got, err := s2.Recv()
 	if err != nil || got.GetVersion() != 3 {
 		t.Fatalf("watch from v2 got %v, %v; want v3", got, err)
 	}
+}
+
+// putRulesOver puts test.yaml conditionally on version expected and
+// returns the version it made. A put answered Unavailable (the leader lost
+// its leadership while committing it) may or may not have committed: it
+// is put again, and a conditional put that then fails its condition had
+// committed.
+func putRulesOver(t *testing.T, admin allotv1.AdminClient, expected uint64, yaml string) uint64 {
+	t.Helper()
+	req := &allotv1.PutRulesRequest{ExpectedVersion: expected, Files: []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(yaml)}}}
+	var version uint64
+	unavailable := false
+	waitFor(t, 20*time.Second, "a rules put", func() bool {
+		put, err := admin.PutRules(ctxT(t), req)
+		switch {
+		case err == nil:
+			version = put.GetVersion()
+			return true
+		case status.Code(err) == codes.Unavailable:
+			t.Logf("PutRules: %v; again", err)
+			unavailable = true
+			return false
+		case unavailable && status.Code(err) == codes.FailedPrecondition:
+			version = expected + 1
+			return true
+		}
+		t.Fatalf("PutRules over version %d: %v", expected, err)
+		return false
+	})
+	return version
 }
 
 func TestWatchRulesEndsOnShutdown(t *testing.T) {
@@ -698,9 +722,22 @@ func TestLeaderHeartbeatTimeouts(t *testing.T) {
 	if lead <= hb {
 		t.Fatalf("leader heartbeat timeout %v, want more than the configured %v", lead, hb)
 	}
-	check := func(leader int) {
+	// check waits for a leader whose timeouts are the leader's while the
+	// others' are the configured ones, and returns it (leadership may
+	// move on a loaded machine; whichever node leads is checked).
+	check := func() int {
 		t.Helper()
-		waitFor(t, 5*time.Second, "the leader's and the followers' timeouts", func() bool {
+		leader := -1
+		waitFor(t, 10*time.Second, "the leader's and the followers' timeouts", func() bool {
+			leader = -1
+			for i := range tc.nodes {
+				if tc.node(i).IsLeader() {
+					leader = i
+				}
+			}
+			if leader < 0 {
+				return false
+			}
 			for i := range tc.nodes {
 				rc := tc.node(i).node.raft.ReloadableConfig()
 				wantHB, wantEl := hb, el
@@ -714,9 +751,10 @@ func TestLeaderHeartbeatTimeouts(t *testing.T) {
 			}
 			return true
 		})
+		return leader
 	}
-	old := tc.leader()
-	check(old)
+	old := check()
+	oldTerm := tc.node(old).node.raft.CurrentTerm()
 	_, admin := tc.clients(old)
 	// A transfer may time out on a loaded machine (raft waits one
 	// election timeout for it); the old leader then keeps the configured
@@ -729,7 +767,11 @@ func TestLeaderHeartbeatTimeouts(t *testing.T) {
 		}
 		return err == nil
 	})
-	var now int
-	waitFor(t, 5*time.Second, "a new leader", func() bool { now = tc.leader(); return now != old })
-	check(now)
+	// A leader of a later term: on a loaded machine the old leader may
+	// win the next election again, which also applies its leader's
+	// timeouts afresh.
+	waitFor(t, 10*time.Second, "a leader of a later term", func() bool {
+		return tc.node(tc.leader()).node.raft.CurrentTerm() > oldTerm
+	})
+	check()
 }

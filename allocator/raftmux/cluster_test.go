@@ -242,11 +242,21 @@ func (c *cluster) leader(id uint32) int {
 // change of leader.
 func (c *cluster) apply(id uint32, data string) {
 	c.t.Helper()
+	c.applyNotVia(id, data, -1)
+}
+
+// applyNotVia is apply through a leader other than node not: while node
+// not leads group id, its leadership is transferred away first.
+func (c *cluster) applyNotVia(id uint32, data string, not int) {
+	c.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		g := c.nodes[c.leader(id)].groups[id]
-		err := g.raft.Apply([]byte(data), 2*time.Second).Error()
-		if err == nil {
+		l := c.leader(id)
+		g := c.nodes[l].groups[id]
+		var err error
+		if l == not {
+			err = g.raft.LeadershipTransfer().Error()
+		} else if err = g.raft.Apply([]byte(data), 2*time.Second).Error(); err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
