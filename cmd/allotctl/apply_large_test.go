@@ -45,8 +45,10 @@ func TestRulesApplyLargeWaits(t *testing.T) {
 	dir := t.TempDir()
 	big := bigRules(t, dir, "big", 3_900_000)
 
-	// --timeout is far shorter than sending, compiling and committing 4 MB.
-	r := runCLI(t, "--addr", addr, "--timeout", "100ms", "rules", "apply", "-f", big)
+	// --timeout is far shorter than sending, compiling and committing 4 MB;
+	// --wait is what a machine loaded by the rest of the suite under the
+	// race detector needs (the put has taken over a minute there).
+	r := runCLI(t, "--addr", addr, "--timeout", "100ms", "rules", "apply", "--wait", "5m", "-f", big)
 	if r.code != 0 || !strings.Contains(r.stdout, "rules version 0 -> 1") {
 		t.Fatalf("apply of 3.9 MB: code %d\nstdout %s\nstderr %s", r.code, r.stdout, r.stderr)
 	}

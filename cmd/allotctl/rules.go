@@ -515,8 +515,12 @@ when the commit is there, and otherwise says that the put is not confirmed
 				if v, ok := a.confirmPut(cmd, req); ok {
 					resp, err = &allotv1.PutRulesResponse{Version: v}, nil
 				} else {
+					why := a.rpcErr("PutRules", err)
+					if errors.Is(ctx.Err(), context.DeadlineExceeded) && wait > a.timeout {
+						why = fmt.Errorf("allocator at %s did not answer within %s (--wait)", a.addr, wait)
+					}
 					return fmt.Errorf("the put of domain(s) %s (expecting version %d) is not confirmed: %v; it may still "+
-						"commit: check with 'allotctl rules get'", strings.Join(names, ", "), rs.GetVersion(), a.rpcErr("PutRules", err))
+						"commit: check with 'allotctl rules get'", strings.Join(names, ", "), rs.GetVersion(), why)
 				}
 			}
 			if err != nil {
