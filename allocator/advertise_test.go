@@ -208,7 +208,6 @@ func raftServers(t testing.TB, s *Server) map[string]string {
 // all get new IPs.
 func TestAdvertiseAddresses(t *testing.T) {
 	ac := newAdvertisedCluster(t, 3)
-	ctx := ctxT(t)
 	l := ac.leader()
 	ls := ac.node(l)
 
@@ -229,9 +228,8 @@ func TestAdvertiseAddresses(t *testing.T) {
 			t.Errorf("Raft configuration: %s at %s, want %s", id, addr, ac.raft[i].name())
 		}
 	}
-	f := (l + 1) % 3
-	_, fadmin := ac.clients(f)
-	st, err := fadmin.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+	_, fadmin := ac.clients((l + 1) % 3)
+	st, err := fadmin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,18 +240,30 @@ func TestAdvertiseAddresses(t *testing.T) {
 			t.Errorf("ClusterStatus member %v, want the advertised addresses", m)
 		}
 	}
-	if id, addr := ac.node(f).Leader(); id != ls.NodeID() || addr != ac.grpc[l].name() {
-		t.Errorf("leader hint on n%d = %s at %s, want %s at %s", f, id, addr, ls.NodeID(), ac.grpc[l].name())
-	}
-	// A follower forwards to the leader's advertised gRPC address.
-	falloc, _ := ac.clients(f)
-	if _, err := falloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "adv", RequestId: 1,
-		Keys: []*allotv1.KeyAcquire{key("user", "adv", 5)}}); err != nil {
-		t.Fatal(err)
-	}
-	if !ac.node(f).fwd.has(ac.grpc[l].name()) || ac.grpc[l].conns.Load() == 0 {
-		t.Error("the follower did not forward through the leader's advertised address")
-	}
+	// A follower's leader hint is the leader's advertised gRPC address, and
+	// it forwards there. Both are about one leader: an election under load
+	// (250 ms timeouts) that moves it during the check runs it again.
+	var reqID uint64
+	inStableTerm(t, ac.testCluster, func(l int) string {
+		ls, f := ac.node(l), (l+1)%3
+		var id, addr string
+		if !until(5*time.Second, func() bool {
+			id, addr = ac.node(f).Leader()
+			return id == ls.NodeID() && addr == ac.grpc[l].name()
+		}) {
+			return fmt.Sprintf("leader hint on n%d = %s at %s, want %s at %s", f, id, addr, ls.NodeID(), ac.grpc[l].name())
+		}
+		falloc, _ := ac.clients(f)
+		reqID++
+		if _, err := falloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: "adv", RequestId: reqID,
+			Keys: []*allotv1.KeyAcquire{key("user", "adv", 5)}}); err != nil {
+			return fmt.Sprintf("Acquire through follower n%d: %v", f, err)
+		}
+		if !ac.node(f).fwd.has(ac.grpc[l].name()) || ac.grpc[l].conns.Load() == 0 {
+			return "the follower did not forward through the leader's advertised address"
+		}
+		return ""
+	})
 	for i := range ac.nodes {
 		if i != l && ac.raft[i].conns.Load() == 0 {
 			t.Errorf("the leader's Raft connections to n%d did not go through its advertised address", i)
@@ -295,20 +305,34 @@ func TestAdvertiseAddresses(t *testing.T) {
 		}
 	}
 	// Every node is a working member: a write reaches all of them, and
-	// each serves (forwards) an Acquire.
-	_, ladmin := dial(t, ls.GRPCAddr())
-	if _, err := ladmin.PutRules(ctx, &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "test.yaml",
-		Yaml: []byte(strings.Replace(testRules, "burst: 50", "burst: 60", 1))}}}); err != nil {
-		t.Fatal(err)
-	}
+	// each serves (forwards) an Acquire. The write is conditional on
+	// version 1: a put that an election interrupted ("leadership lost
+	// while committing log") may still have committed, and is put again
+	// only if it did not.
+	newRules := []*allotv1.RuleFile{{Name: "test.yaml", Yaml: []byte(strings.Replace(testRules, "burst: 50", "burst: 60", 1))}}
+	inStableTerm(t, ac.testCluster, func(l int) string {
+		s := ac.node(l)
+		if s.rulesVersion() == 2 {
+			return ""
+		}
+		_, admin := ac.clients(l)
+		_, err := admin.PutRules(ctxT(t), &allotv1.PutRulesRequest{ExpectedVersion: 1, Files: newRules})
+		if err != nil && s.rulesVersion() != 2 {
+			return fmt.Sprintf("PutRules on the leader n%d: %v", l, err)
+		}
+		return ""
+	})
 	for i := range ac.nodes {
 		s := ac.node(i)
 		waitFor(t, 10*time.Second, fmt.Sprintf("n%d applies rules version 2", i), func() bool { return s.rulesVersion() == 2 })
 		alloc, _ := ac.clients(i)
-		if _, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: fmt.Sprintf("after-%d", i), RequestId: 1,
-			Keys: []*allotv1.KeyAcquire{key("user", "adv", 1)}}); err != nil {
-			t.Errorf("Acquire through n%d after the restart: %v", i, err)
-		}
+		inStableTerm(t, ac.testCluster, func(int) string {
+			if _, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: fmt.Sprintf("after-%d", i), RequestId: 1,
+				Keys: []*allotv1.KeyAcquire{key("user", "adv", 1)}}); err != nil {
+				return fmt.Sprintf("Acquire through n%d after the restart: %v", i, err)
+			}
+			return ""
+		})
 	}
 }
 

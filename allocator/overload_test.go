@@ -244,9 +244,9 @@ func TestAgentLimiter(t *testing.T) {
 // The well-behaved agents' calls all succeed (no ResourceExhausted) and
 // get their max-min fair share (their whole need: 2 tokens a call, 60
 // tokens/s together on a 100/s key), also when the flooder takes from
-// their key reporting held 0 on every call (a lying agent; at least 90% of what
-// they ask). Their latency with and without the flood is logged (a
-// measurement, not an assertion).
+// their key reporting held 0 on every call (a lying agent; at least 90% of
+// what they ask once each has been granted its whole ask). Their latency
+// with and without the flood is logged (a measurement, not an assertion).
 func TestFairnessUnderFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("flood measurement: skipped with -short")
@@ -258,10 +258,29 @@ func TestFairnessUnderFlood(t *testing.T) {
 	// call 10 times a second each.
 	tc := newTestCluster(t, 1, func(_ int, c *Config) { c.AgentRate, c.AgentBurst = 50, 50 })
 	addr := tc.node(0).GRPCAddr()
-	ctx := ctxT(t)
+	// Each call has a deadline of its own: the test's four phases and the
+	// wait for a refusal take 10–30 s on a loaded machine, past any one
+	// deadline for the whole test (ctxT's 10 s expired in the last phase,
+	// failing the well-behaved agents' calls with DeadlineExceeded).
+	callCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 10*time.Second)
+	}
 
-	good := func(phase string, d time.Duration) (lat []time.Duration, granted, calls int64) {
-		var mu sync.Mutex // guards lat, granted, calls
+	// good runs the three well-behaved agents for d, and for at least
+	// minCalls calls each. It returns their latencies, the tokens they were
+	// granted and their calls, all and after each agent's first call that
+	// granted its whole ask (settled), the agents never granted it, and
+	// the calls granted less.
+	type goodRun struct {
+		lat                      []time.Duration
+		granted, calls           int64
+		grantedLater, callsLater int64
+		unsettled                []string
+		short                    []string
+	}
+	const minCalls = 5
+	good := func(phase string, d time.Duration) (r goodRun) {
+		var mu sync.Mutex // guards r
 		var wg sync.WaitGroup
 		for g := range 3 {
 			alloc, _ := dial(t, addr)
@@ -273,33 +292,54 @@ func TestFairnessUnderFlood(t *testing.T) {
 				defer tick.Stop()
 				end := time.Now().Add(d)
 				req := uint64(1)
+				settled := false
 				// An honest agent ends its leases when it stops (as the
 				// agent library does on Close), so the next phase's agents
 				// do not share the key with stale claims.
 				defer func() {
+					ctx, cancel := callCtx()
+					defer cancel()
 					_, _ = alloc.Release(ctx, &allotv1.ReleaseRequest{AgentId: id, RequestId: req, All: true})
 				}()
-				for ; time.Now().Before(end); req++ {
+				// At least minCalls calls, however slow they are under load:
+				// an agent that made one call cannot show its share.
+				for ; time.Now().Before(end) || req <= minCalls; req++ {
 					start := time.Now()
+					ctx, cancel := callCtx()
 					resp, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: id, RequestId: req, Keys: []*allotv1.KeyAcquire{
 						{Domain: "test", Entries: []*allotv1.Entry{{Key: "user", Value: "shared"}}, Want: 2, Demand: 20},
 					}})
+					cancel()
 					el := time.Since(start)
 					if err != nil {
 						t.Errorf("%s: well-behaved %s call %d: %v", phase, id, req, err)
 						return
 					}
 					mu.Lock()
-					lat = append(lat, el)
-					granted += resp.GetGrants()[0].GetGranted()
-					calls++
+					r.lat = append(r.lat, el)
+					gr := resp.GetGrants()[0]
+					r.granted += gr.GetGranted()
+					r.calls++
+					if settled {
+						r.grantedLater += gr.GetGranted()
+						r.callsLater++
+					}
+					settled = settled || gr.GetGranted() >= 2
+					if gr.GetGranted() < 2 {
+						r.short = append(r.short, fmt.Sprintf("%s call %d at %d ms: %d", id, req, resp.GetNowUnixMs(), gr.GetGranted()))
+					}
 					mu.Unlock()
 					<-tick.C
+				}
+				if !settled {
+					mu.Lock()
+					r.unsettled = append(r.unsettled, id)
+					mu.Unlock()
 				}
 			}()
 		}
 		wg.Wait()
-		return lat, granted, calls
+		return r
 	}
 
 	// flood runs 16 goroutines of Acquire calls, 20 keys of the flooder's
@@ -328,7 +368,9 @@ func TestFairnessUnderFlood(t *testing.T) {
 					for k := range 20 {
 						keys = append(keys, key("user", fmt.Sprint("flood-", k), 10))
 					}
+					ctx, cancel := callCtx()
 					_, err := alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: agentID, RequestId: reqID.Add(1), Keys: keys})
+					cancel()
 					switch {
 					case err == nil:
 						ok.Add(1)
@@ -344,11 +386,11 @@ func TestFairnessUnderFlood(t *testing.T) {
 	}
 
 	const phase = 2 * time.Second
-	baseLat, _, _ := good("baseline", phase)
+	base := good("baseline", phase)
 
 	stop := make(chan struct{})
 	ok, ex, other, wait := flood(stop, "flooder", false)
-	lat, granted, calls := good("flood", phase)
+	r := good("flood", phase)
 	// On a loaded machine 16 flooding goroutines may not pass 50 calls/s
 	// within the phase: keep flooding (deadline, not a sleep) until the
 	// per-agent limit has had the chance to refuse.
@@ -357,26 +399,27 @@ func TestFairnessUnderFlood(t *testing.T) {
 	}
 	close(stop)
 	wait()
-	if granted < (calls-3)*2 {
-		t.Errorf("well-behaved agents got %d tokens in %d calls, want their fair share of 2 a call (at most one short call each)", granted, calls)
+	if r.granted < (r.calls-3)*2 {
+		t.Errorf("well-behaved agents got %d tokens in %d calls, want their fair share of 2 a call (at most one short call each); short: %v",
+			r.granted, r.calls, r.short)
 	}
 	if ex.Load() == 0 {
 		t.Errorf("the flooder was never refused ResourceExhausted")
 	}
 	t.Logf("flooder: %d calls served, %d refused ResourceExhausted, %d other errors (stale request ids)", ok.Load(), ex.Load(), other.Load())
-	t.Logf("well-behaved latency without flood: %s", latSummary(baseLat))
-	t.Logf("well-behaved latency under flood (per-agent limit on): %s; %d tokens in %d calls", latSummary(lat), granted, calls)
+	t.Logf("well-behaved latency without flood: %s", latSummary(base.lat))
+	t.Logf("well-behaved latency under flood (per-agent limit on): %s; %d tokens in %d calls", latSummary(r.lat), r.granted, r.calls)
 
 	// Measurements only (logged, not asserted). The same flood with the
 	// per-agent limit off:
 	tc.node(0).guard.agents.Store(nil)
 	stop = make(chan struct{})
 	ok, _, _, wait = flood(stop, "flooder-unlimited", false)
-	lat, granted, calls = good("nolimit", phase)
+	r = good("nolimit", phase)
 	close(stop)
 	wait()
 	t.Logf("well-behaved latency under flood (per-agent limit off): %s; %d tokens in %d calls; flooder %d calls served",
-		latSummary(lat), granted, calls, ok.Load())
+		latSummary(r.lat), r.granted, r.calls, ok.Load())
 	// The lying agent: a flooder that also takes from the shared key, claiming on
 	// every call that it spent all it held (held 0, want 1000). Grant
 	// pacing (docs/leases.md) caps what any agent is granted per refresh
@@ -385,17 +428,31 @@ func TestFairnessUnderFlood(t *testing.T) {
 	// well-behaved agent keeps 20 tokens/s, all it asks, and the flooder
 	// gets 40/s. Before pacing they got 12–17 of the 114–120 tokens they
 	// needed in 2 s.
+	//
+	// The share is checked once the well-behaved agents have arrived:
+	// after each one's first call granted all it asked. The flooder starts
+	// first, alone on the key, and may take its whole bucket (an agent
+	// alone on a key is allowed C); the well-behaved agents' first calls
+	// find it empty and make their claims known, and their next calls
+	// share the refill of the next ~100 ms while the bucket builds up
+	// their reserve. That arrival costs them 2–7 tokens in all whatever
+	// the phase's length: under load, with 6–31 calls in the phase instead
+	// of 60, it alone was over 10% of what they asked (55 of 62: the three
+	// first calls granted 0, a second call 1).
 	tc.node(0).guard.agents.Store(newAgentLimiter(tc.node(0).cfg.AgentRate, tc.node(0).cfg.AgentBurst))
 	stop = make(chan struct{})
 	ok, _, _, wait = flood(stop, "flooder-shared", true)
-	lat, granted, calls = good("shared", phase)
+	r = good("shared", phase)
 	close(stop)
 	wait()
-	t.Logf("shared-key flood (limit on): well-behaved got %d tokens in %d calls (need %d); latency %s; flooder %d calls served",
-		granted, calls, 2*calls, latSummary(lat), ok.Load())
-	if granted*10 < 2*calls*9 {
-		t.Errorf("shared-key flood: well-behaved agents got %d of the %d tokens they asked for, want ≥ 90%% (their fair share is all of it)",
-			granted, 2*calls)
+	t.Logf("shared-key flood (limit on): well-behaved got %d tokens in %d calls (need %d), %d in %d once settled; short calls %v; latency %s; flooder %d calls served",
+		r.granted, r.calls, 2*r.calls, r.grantedLater, r.callsLater, r.short, latSummary(r.lat), ok.Load())
+	if len(r.unsettled) > 0 {
+		t.Errorf("shared-key flood: %v never granted all they asked (2 tokens) in a call", r.unsettled)
+	}
+	if r.grantedLater*10 < 2*r.callsLater*9 {
+		t.Errorf("shared-key flood: once settled, well-behaved agents got %d of the %d tokens they asked for, want ≥ 90%% (their fair share is all of it)",
+			r.grantedLater, 2*r.callsLater)
 	}
 }
 

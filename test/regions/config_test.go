@@ -79,21 +79,39 @@ func TestRegionWithoutUpstreamAndCycle(t *testing.T) {
 		t.Errorf("status region %q upstream %v, want lonely, none", st.GetRegion(), st.GetUpstream())
 	}
 
-	// A cycle: a region whose global allocator is a region.
-	addrs := testproc.FreeAddrs(t, 3)
-	p := testproc.NewProc("cycle", dir, bins.Allocator, "-node-id", "c0", "-data-dir", dir+"/cycle", "-grpc-addr", addrs[0],
-		"-raft-addr", addrs[1], "-http-addr", addrs[2], "-bootstrap", "-region", "loop", "-global-allocators", n.GRPC)
+	// A cycle: a region whose global allocator is a region. It is never
+	// dialed: it binds port 0 (a port found free and released first may
+	// be taken by another package's test before it binds).
+	p := testproc.NewProc("cycle", dir, bins.Allocator, "-node-id", "c0", "-data-dir", dir+"/cycle", "-grpc-addr", "127.0.0.1:0",
+		"-raft-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-bootstrap", "-region", "loop", "-global-allocators", n.GRPC)
 	if err := p.Run(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Kill)
-	select {
-	case <-p.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("an allocator pointed at a region did not exit")
-	}
-	if out := p.Output(); p.ExitErr() == nil || !strings.Contains(out, "cycle in the allocator chain") ||
-		!strings.Contains(out, fmt.Sprintf("%s is a regional cluster (region %q)", n.GRPC, "lonely")) {
+	// It refuses at startup, exiting. If the region did not answer its
+	// startup check within a second (a loaded machine), the node starts
+	// and its leader's runner refuses to lease instead, once the region
+	// answers; either way the refusal names the cycle.
+	const unanswered = "global allocator not reachable at startup"
+	exited := false
+	testproc.Eventually(t, 30*time.Second, "the allocator pointed at a region to refuse it", func() bool {
+		select {
+		case <-p.Done():
+			exited = true
+			return true
+		default:
+		}
+		out := p.Output()
+		return strings.Contains(out, unanswered) && strings.Contains(out, "refusing to lease from the global allocators")
+	})
+	out := p.Output()
+	naming := strings.Contains(out, "cycle in the allocator chain") && strings.Contains(out, n.GRPC+" is a regional cluster (region ")
+	switch {
+	case exited && (p.ExitErr() == nil || !naming || !strings.Contains(out, fmt.Sprintf("(region %q)", "lonely"))):
 		t.Errorf("exit %v, want a refusal naming the cycle:\n%s", p.ExitErr(), testproc.Tail(out, 10))
+	case !exited && !naming:
+		t.Errorf("the leader refused the region without naming the cycle:\n%s", testproc.Tail(out, 10))
+	case !exited:
+		t.Logf("the region did not answer the startup check in time; the leader refused it:\n%s", testproc.Tail(out, 5))
 	}
 }
