@@ -100,7 +100,8 @@ var errCycle = errors.New("allocator: cycle in the allocator chain")
 // allocator must be a global cluster (no -region) and must not count this
 // node among its members (by advertised gRPC or Raft address: node ids are
 // only unique within a cluster). An allocator that does not answer within a
-// second is checked again by the leader's runner when it first answers.
+// second is checked by the leader's runner before its calls, until one
+// answers.
 func (s *Server) checkUpstream() error {
 	r := s.cfg.Region
 	if len(r.GlobalAllocators) == 0 || r.SkipCycleCheck {

@@ -1,9 +1,13 @@
 package allocator
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // The region flags: bad names, an upstream without a region, the node's
@@ -51,4 +55,43 @@ func TestIsRegionAgent(t *testing.T) {
 			t.Errorf("isRegionAgent(%q) = %v, want %v", id, got, want)
 		}
 	}
+}
+
+// TestRegionCycleFoundLate: a region whose global allocator does not
+// answer at startup checks it before its calls until one answers; when the
+// one that then answers is itself a region, the runner refuses to lease
+// from it (state "cycle") rather than leasing unchecked for the term.
+func TestRegionCycleFoundLate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	const global = "domain: g\nscope: global\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 100}\n"
+	a := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.Region = RegionConfig{Name: "a", GlobalAllocators: []string{addr}}
+		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(global)})
+	})
+	alloc, _ := a.clients(0)
+	reg := a.node(0).region
+	state := func() string {
+		reg.mu.Lock()
+		defer reg.mu.Unlock()
+		return reg.state
+	}
+	reqID := uint64(0)
+	acquire := func() {
+		reqID++
+		k := &allotv1.KeyAcquire{Domain: "g", Entries: []*allotv1.Entry{{Key: "k"}}, Want: 1}
+		_, _ = alloc.Acquire(ctxT(t), acquireReq("gw", reqID, k))
+	}
+	// Nothing answers at the global address: the region is cut off.
+	waitFor(t, 20*time.Second, "the region cut off", func() bool { acquire(); return state() == "cut_off" })
+	// Another region starts there.
+	newTestCluster(t, 1, func(_ int, c *Config) {
+		c.GRPCAddr = addr
+		c.Region = RegionConfig{Name: "b", GlobalAllocators: []string{"127.0.0.1:1"}}
+	})
+	waitFor(t, 30*time.Second, "the region to refuse the cycle", func() bool { acquire(); return state() == "cycle" })
 }

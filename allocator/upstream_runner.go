@@ -149,6 +149,12 @@ func (g *regional) run(ctx context.Context) {
 		case res := <-results:
 			inflight = false
 			g.finish(ctx, res)
+			if errors.Is(res.err, errCycle) {
+				s.log.Error("refusing to lease from the global allocators", "err", res.err)
+				g.calls.WithLabelValues("cycle").Inc()
+				g.setState("cycle", res.err)
+				upstreamOK = false
+			}
 		case <-t.C:
 			due := g.tick(ctx, keys, upstreamOK, !inflight)
 			if len(due) == 0 {
@@ -162,6 +168,15 @@ func (g *regional) run(ctx context.Context) {
 			calls.Add(1)
 			go func() {
 				defer calls.Done()
+				// No global allocator answered the cycle check yet: the
+				// first to answer is checked before it is leased from.
+				if !g.isVerified() {
+					if err := g.verify(ctx); errors.Is(err, errCycle) {
+						c.err = err
+						results <- c
+						return
+					}
+				}
 				c.resp, c.err = g.acquire(ctx, c.req)
 				results <- c // buffered for the one call in flight
 			}()
@@ -170,8 +185,8 @@ func (g *regional) run(ctx context.Context) {
 }
 
 // verify checks that an answering global allocator is neither a region
-// nor this cluster, at the start of each term until one has answered.
-// Unreachable ones are not an error.
+// nor this cluster: at the start of each term and before each call until
+// one has answered. Unreachable ones are not an error.
 func (g *regional) verify(ctx context.Context) error {
 	for _, addr := range g.addrs {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
