@@ -10,10 +10,10 @@
 // The allocator is one or more Raft groups over the slot space (pkg/slots),
 // each a server with finite CPU: an entry and each of its keys cost the
 // CPU docs/performance.md measured (-raft-entry-cpu, -raft-key-cpu,
-// -leader-share, -leader-cores override it), a group whose leader is
-// behind queues its calls, and past the batcher's queue bound, a node's
-// in-flight cap or an agent's call rate it refuses them ResourceExhausted,
-// as the real allocator does. The fleet scenarios report every group's
+// -leader-entry-share, -leader-key-share, -leader-cores override it), a
+// group whose leader is behind queues its calls, and past the batcher's
+// queue bound, a node's in-flight cap or an agent's call rate it refuses
+// them ResourceExhausted, as the real allocator does. The fleet scenarios report every group's
 // load and fail when one cannot carry it.
 //
 //	go run ./bench/sim -quick                 # make sim: every scenario, scaled down
@@ -80,6 +80,9 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// validShare reports whether a leader's share of a group's CPU is in (0, 1].
+func validShare(f float64) bool { return f > 0 && f <= 1 }
+
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -103,7 +106,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	duration10 := fs.Duration("duration-10x", 0, "measured time of fleet-10x (0: the scale's)")
 	fs.DurationVar(&measuredCPU.entry, "raft-entry-cpu", measuredCPU.entry, "allocator CPU per Raft entry, summed over the 3 replicas (docs/performance.md)")
 	fs.DurationVar(&measuredCPU.key, "raft-key-cpu", measuredCPU.key, "allocator CPU per key-grant, summed over the 3 replicas (docs/performance.md)")
-	fs.Float64Var(&measuredCPU.leaderShare, "leader-share", measuredCPU.leaderShare, "the leader's share of a group's CPU")
+	fs.Float64Var(&measuredCPU.entryShare, "leader-entry-share", measuredCPU.entryShare, "the leader's share of a group's CPU per Raft entry")
+	fs.Float64Var(&measuredCPU.keyShare, "leader-key-share", measuredCPU.keyShare, "the leader's share of a group's CPU per key-grant")
 	fs.Float64Var(&measuredCPU.cores, "leader-cores", measuredCPU.cores, "cores a group's leader can spend")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -125,8 +129,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	sc.nodes, sc.nodes10 = *nodes, *nodes10
-	if measuredCPU.entry < 0 || measuredCPU.key < 0 || measuredCPU.leaderShare <= 0 || measuredCPU.leaderShare > 1 || measuredCPU.cores <= 0 {
-		fmt.Fprintln(stderr, "sim: -raft-entry-cpu and -raft-key-cpu must not be negative, -leader-share must be in (0, 1], -leader-cores above 0")
+	if measuredCPU.entry < 0 || measuredCPU.key < 0 || !validShare(measuredCPU.entryShare) || !validShare(measuredCPU.keyShare) || measuredCPU.cores <= 0 {
+		fmt.Fprintln(stderr, "sim: -raft-entry-cpu and -raft-key-cpu must not be negative, -leader-entry-share and -leader-key-share must be in (0, 1], -leader-cores above 0")
 		return 2
 	}
 	if *groups > 0 {

@@ -10,54 +10,54 @@ import (
 
 // cpuModel is the CPU the real allocator spends on Acquire entries: a cost
 // per Raft entry and a cost per key-grant, both summed over the three
-// replicas, of which the leader spends leaderShare; the leader has cores of
-// CPU to spend. The defaults are docs/performance.md's measured rows (see
-// measuredCPU); -raft-entry-cpu, -raft-key-cpu, -leader-share and
-// -leader-cores override them.
+// replicas, of which the leader spends entryShare and keyShare; the leader
+// has cores of CPU to spend. The defaults are docs/performance.md's
+// measured rows (see measuredCPU); -raft-entry-cpu, -raft-key-cpu,
+// -leader-entry-share, -leader-key-share and -leader-cores override them.
 type cpuModel struct {
-	entry, key  time.Duration // summed over the three replicas
-	leaderShare float64
-	cores       float64
+	entry, key           time.Duration // summed over the three replicas
+	entryShare, keyShare float64       // the leader's part of each
+	cores                float64
 }
 
 func (m cpuModel) String() string {
-	return fmt.Sprintf("each group's CPU %.2f ms per Raft entry and %.1f µs per key-grant over its 3 replicas, the leader %.0f%% of it on %g core(s)",
-		float64(m.entry)/1e6, float64(m.key)/1e3, 100*m.leaderShare, m.cores)
+	return fmt.Sprintf("each group's CPU %.2f ms per Raft entry and %.2f µs per key-grant over its 3 replicas, the leader %.0f%% and %.0f%% of them on %g core(s)",
+		float64(m.entry)/1e6, float64(m.key)/1e3, 100*m.entryShare, 100*m.keyShare, m.cores)
 }
 
-// measuredCPU: the entry and key costs are docs/performance.md's row "CPU
-// per Raft entry and per key-grant, 20k offered in 100-key calls" (least
-// squares over 40 bench/acquire runs: 2.31 ms of CPU per entry over the
-// three nodes, plus 13.7 µs per key-grant). The leader's share is the row
-// "allocator CPU per key-grant, 20k, clients following the leader header"
-// (bench/acquire -target follow, as agents call the leader): the leader
-// 15.0 µs of the 30.7 µs summed. One core: the leader's FSM apply and
-// Raft loop are one goroutine each, and the leader's node serves its
-// clients too.
+// measuredCPU: docs/performance.md's row "CPU per Raft entry and per
+// key-grant, 10k–200k offered in 100- and 1000-key calls", least squares
+// over 18 bench/acquire runs that vary Acquire entries/s (20–209) and
+// key-grants/s (10k–200k) apart (go test -run TestCPUFit -v
+// ./bench/acquire/): the three nodes 2.79 ms of CPU per entry plus
+// 4.67 µs per key-grant (R² 0.96), the leader 1.42 ms plus 1.65 µs (R²
+// 0.96). One core: the leader's FSM apply and Raft loop are one goroutine
+// each, and the leader's node serves its clients too.
 var measuredCPU = cpuModel{
-	entry:       2310 * time.Microsecond,
-	key:         13700 * time.Nanosecond,
-	leaderShare: 15.0 / 30.7,
-	cores:       1,
+	entry:      2790 * time.Microsecond,
+	key:        4670 * time.Nanosecond,
+	entryShare: 1.42 / 2.79,
+	keyShare:   1.65 / 4.67,
+	cores:      1,
 }
 
 // entryCost returns what an entry of keys keys costs the leader and the
 // group, in nanoseconds of CPU.
 func (m cpuModel) entryCost(keys int) (leader, group int64) {
 	group = int64(m.entry) + int64(keys)*int64(m.key)
-	return int64(float64(group) * m.leaderShare), group
+	return m.entryLeader() + int64(keys)*m.keyCost(), group
 }
 
 // entryLeader is what an entry's own part costs the leader.
-func (m cpuModel) entryLeader() int64 { return int64(float64(m.entry) * m.leaderShare) }
+func (m cpuModel) entryLeader() int64 { return int64(float64(m.entry) * m.entryShare) }
 
 // keyCost is what one key of a call costs the leader.
-func (m cpuModel) keyCost() int64 { return int64(float64(m.key) * m.leaderShare) }
+func (m cpuModel) keyCost() int64 { return int64(float64(m.key) * m.keyShare) }
 
 // capacity is the key-grants per second one group's leader can apply in
 // entries of keysPerEntry keys.
 func (m cpuModel) capacity(keysPerEntry float64) float64 {
-	per := m.leaderShare * (float64(m.entry)/keysPerEntry + float64(m.key))
+	per := m.entryShare*float64(m.entry)/keysPerEntry + m.keyShare*float64(m.key)
 	return m.cores * 1e9 / per
 }
 
