@@ -94,4 +94,10 @@ func TestRegionCycleFoundLate(t *testing.T) {
 		c.Region = RegionConfig{Name: "b", GlobalAllocators: []string{"127.0.0.1:1"}}
 	})
 	waitFor(t, 30*time.Second, "the region to refuse the cycle", func() bool { acquire(); return state() == "cycle" })
+	errs := testutilCounter(reg.calls.WithLabelValues("error"))
+	cycles := testutilCounter(reg.calls.WithLabelValues("cycle"))
+	if cycles != 1 || testutilCounter(reg.calls.WithLabelValues("ok")) != 0 {
+		t.Errorf("upstream calls: cycle %v, ok %v; want one refused, none answered", cycles, testutilCounter(reg.calls.WithLabelValues("ok")))
+	}
+	t.Logf("upstream calls: %v failed while nothing answered, 1 refused as a cycle", errs)
 }

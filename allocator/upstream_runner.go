@@ -151,8 +151,6 @@ func (g *regional) run(ctx context.Context) {
 			g.finish(ctx, res)
 			if errors.Is(res.err, errCycle) {
 				s.log.Error("refusing to lease from the global allocators", "err", res.err)
-				g.calls.WithLabelValues("cycle").Inc()
-				g.setState("cycle", res.err)
 				upstreamOK = false
 			}
 		case <-t.C:
@@ -414,14 +412,20 @@ func (g *regional) send(calls []due) (callResult, bool) {
 	return res, true
 }
 
-// failed ends a call that was not answered: its keys are cut off.
+// failed ends a call that was not answered, or not made because the
+// global allocator that answered the cycle check is a region or this
+// cluster: its keys are cut off.
 func (g *regional) failed(res callResult) {
 	now := time.Now().UnixNano()
 	for _, c := range res.due {
 		_ = c.rk.k.Failed(now, c.req.ID)
 	}
-	g.calls.WithLabelValues("error").Inc()
-	g.setState("cut_off", res.err)
+	result, st := "error", "cut_off"
+	if errors.Is(res.err, errCycle) {
+		result, st = "cycle", "cycle"
+	}
+	g.calls.WithLabelValues(result).Inc()
+	g.setState(st, res.err)
 	g.mu.Lock()
 	for _, c := range res.due {
 		v := g.keys[c.p.Hash]
