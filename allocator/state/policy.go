@@ -199,22 +199,29 @@ func usedIn(l *lease, from, to int64) int64 {
 	return l.win
 }
 
+// liveExpiry returns the least expiry of a lease that counts as live at
+// now in the others' claims and shares: one renewed within
+// claimLiveIntervals·F has an expiry of at least now −
+// claimLiveIntervals·F + LeaseTTL (a lease renewed with a longer TTL, a
+// cold key's, counts for longer).
+func (c *core) liveExpiry(now int64) int64 {
+	return now - claimLiveIntervals*int64(c.cfg.RefreshInterval) + int64(c.cfg.LeaseTTL)
+}
+
 // allowance returns the most agent may be granted in the current refresh
 // window, given its claim: C when no other live lease is on the key; else
 // Cᵣ less the others' claims when all claims fit in Cᵣ; else its max-min
 // fair share of Cᵣ over the live claims, rounded up to a whole token. The
 // others' claims are weighed in milli-tokens (weightOf: a light lease
 // weighs its demand·F); the agent's own claim counts whole. A lease is
-// live when it was renewed within claimLiveIntervals·F: its expiry is at
-// least now − claimLiveIntervals·F + LeaseTTL (a lease renewed with a
-// longer TTL, a cold key's, counts for longer).
+// live when its expiry is at least liveExpiry(now).
 //
 // It also returns reserved: what the live agents served first may still
 // be granted in this window (their allowances less their window grants,
 // rounded up to a whole token), for fromBucket.
 func (c *core) allowance(leases []lease, agent uint32, claim, used, capacity, refill, now int64) (allow, reserved int64) {
 	f := c.cfg.RefreshInterval
-	live := now - claimLiveIntervals*int64(f) + int64(c.cfg.LeaseTTL)
+	live := c.liveExpiry(now)
 	win := windowOf(now/1e6, f)
 	from, to := win*int64(f), (win+1)*int64(f) // the window, in ns
 	mine := claim * milli
@@ -453,11 +460,11 @@ func rateMilli(l bucket.Limit) int64 {
 // remains is split evenly, rounded down, between the agents that report
 // none, so that an agent whose demand is yet to show has a rate to fall to
 // that takes nothing from the agents using the key. A lease is live as in
-// allowance: renewed within claimLiveIntervals refresh intervals, and not
-// expired. Every agent's share is computed over the same leases, so the
-// shares of the live leases at one instant sum to at most rate.
+// allowance (liveExpiry), and not expired. Every agent's share is
+// computed over the same leases, so the shares of the live leases at one
+// instant sum to at most rate.
 func (c *core) rateShare(leases []lease, agent uint32, demand float32, rate, now int64) int64 {
-	live := max(now-claimLiveIntervals*int64(c.cfg.RefreshInterval)+int64(c.cfg.LeaseTTL), now+1)
+	live := max(c.liveExpiry(now), now+1)
 	needs := c.scr.needs[:0]
 	idle := int64(0) // agents reporting no demand
 	add := func(a uint32, d float32) {
