@@ -1,11 +1,11 @@
 package allocator
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -62,12 +62,8 @@ func TestIsRegionAgent(t *testing.T) {
 // one that then answers is itself a region, the runner refuses to lease
 // from it (state "cycle") rather than leasing unchecked for the term.
 func TestRegionCycleFoundLate(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	// The address the other region binds later: free now.
+	addr := testproc.FreeAddr(t)
 	const global = "domain: g\nscope: global\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 100}\n"
 	a := newTestCluster(t, 1, func(_ int, c *Config) {
 		c.Region = RegionConfig{Name: "a", GlobalAllocators: []string{addr}}
