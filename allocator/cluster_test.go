@@ -1,8 +1,12 @@
 package allocator
 
 import (
+	"context"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,6 +310,157 @@ func TestIdempotentRetryThroughBatcher(t *testing.T) {
 	_, err = alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "retry", RequestId: 6, Keys: req.Keys})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("older request id error = %v, want FailedPrecondition", err)
+	}
+}
+
+// TestAcquireRetryAfterFailover: the answer a follower's state records
+// for a call is the one its leader gave. The leader is killed after
+// answering a call with packed grants; the agent's retry of the same
+// request to the new leader, which applied the call as a follower, gets
+// the same grants, time and counts, and nothing is taken twice. A
+// replica that skipped recording answers for calls it did not propose
+// would answer this retry from nothing.
+func TestAcquireRetryAfterFailover(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	old := tc.leader()
+	alloc, _ := tc.clients(old)
+	ctx := ctxT(t)
+	keys := []*allotv1.KeyAcquire{key("quota", "dora", 30), key("user", "eve", 20), key("nosuch", "x", 1)}
+	req := &allotv1.AcquireRequest{AgentId: "failover", RequestId: 3, PackedGrants: true,
+		PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
+	first, want := acquireGrants(ctx, t, alloc, req)
+	if len(want) != 3 || want[0].GetGranted() != 30 || want[1].GetGranted() != 20 {
+		t.Fatalf("first answer = %v; want 30 and 20 granted", want)
+	}
+	// Both followers have applied the call before the leader goes.
+	waitApplied(t, tc, tc.node(old).node.raft.LastIndex(), -1)
+	tc.stop(old, false)
+	now := tc.leader()
+	if now == old {
+		t.Fatal("the killed node still leads")
+	}
+	alloc, admin := tc.clients(now)
+	again, got := acquireGrants(ctx, t, alloc, req)
+	if len(got) != len(want) {
+		t.Fatalf("retry: %d grants, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Errorf("retry: grant %d = %v, want the recorded %v", i, got[i], want[i])
+		}
+	}
+	if again.GetNowUnixMs() != first.GetNowUnixMs() || again.GetLiveAgents() != first.GetLiveAgents() ||
+		again.GetRulesVersion() != first.GetRulesVersion() {
+		t.Errorf("retry: time %d, agents %d, rules %d; want the recorded %d, %d, %d", again.GetNowUnixMs(),
+			again.GetLiveAgents(), again.GetRulesVersion(), first.GetNowUnixMs(), first.GetLiveAgents(), first.GetRulesVersion())
+	}
+	ins, err := admin.InspectKey(ctx, &allotv1.InspectKeyRequest{Key: "test:quota=dora"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 100 − 30 granted once, plus one token a second of refill.
+	if got := ins.GetTokens(); got < 70 || got > 80 {
+		t.Errorf("tokens left = %d, want ≈ 70 (100 − 30 granted once)", got)
+	}
+}
+
+// TestAcquireWaiterAcrossLeaderChange: a call whose entry the leader
+// proposed, and the followers applied, while the leader's FSM was held
+// does not hang when leadership moves before the leader applies it: the
+// caller gets its answer (or an error to retry on) once the old leader's
+// FSM goes on, and the new leader answers the retry with the same grants.
+func TestAcquireWaiterAcrossLeaderChange(t *testing.T) {
+	g := newGate(t)
+	var hold atomic.Int64
+	hold.Store(-1)
+	held := make(chan struct{})
+	var heldOnce sync.Once
+	tc := newTestCluster(t, 3, func(i int, c *Config) {
+		c.beforeApply = func(l *raft.Log) {
+			if hold.Load() == int64(i) && state.IsCompactEntry(l.Data) {
+				heldOnce.Do(func() { close(held) })
+				g.wait(l)
+			}
+		}
+	})
+	old := tc.leader()
+	hold.Store(int64(old))
+	alloc, _ := tc.clients(old)
+	ctx := ctxT(t)
+	req := &allotv1.AcquireRequest{AgentId: "waiter", RequestId: 5, PackedGrants: true,
+		PackedKeys: allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{key("quota", "finn", 30), key("user", "gus", 20)})}
+	type res struct {
+		r   *allotv1.AcquireResponse
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		r, err := alloc.Acquire(ctx, req)
+		done <- res{r, err}
+	}()
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the leader's FSM never reached the call's entry")
+	}
+	waitApplied(t, tc, tc.node(old).node.raft.LastIndex(), old)
+	if err := tc.node(old).node.raft.LeadershipTransfer().Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a new leader", func() bool { return !tc.node(old).IsLeader() && tc.leader() != old })
+	g.open()
+	var first res
+	select {
+	case first = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call proposed by the old leader still waits after its FSM went on")
+	}
+	alloc, _ = tc.clients(tc.leader())
+	again, got := acquireGrants(ctx, t, alloc, req)
+	if len(got) != 2 || got[0].GetGranted() != 30 || got[1].GetGranted() != 20 {
+		t.Fatalf("retry on the new leader = %v; want the recorded 30 and 20 granted", got)
+	}
+	if first.err != nil {
+		t.Logf("the first call ended with %v (the retry got the answer)", first.err)
+		return
+	}
+	want, err := allotv1.GrantsOf(first.r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Errorf("grant %d: retry %v, first answer %v", i, got[i], want[i])
+		}
+	}
+	if again.GetNowUnixMs() != first.r.GetNowUnixMs() {
+		t.Errorf("retry time %d, first answer's %d", again.GetNowUnixMs(), first.r.GetNowUnixMs())
+	}
+}
+
+// acquireGrants makes the call and returns its answer and grants.
+func acquireGrants(ctx context.Context, t *testing.T, alloc allotv1.AllocatorClient, req *allotv1.AcquireRequest) (*allotv1.AcquireResponse, []*allotv1.KeyGrant) {
+	t.Helper()
+	r, err := alloc.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := allotv1.GrantsOf(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, g
+}
+
+// waitApplied waits until every node but skip has applied index idx.
+func waitApplied(t *testing.T, tc *testCluster, idx uint64, skip int) {
+	t.Helper()
+	for i := range tc.nodes {
+		if i != skip {
+			waitFor(t, 5*time.Second, fmt.Sprintf("node %d to apply %d", i, idx), func() bool {
+				return tc.node(i).fsm.applied.Load() >= idx
+			})
+		}
 	}
 }
 
