@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,21 +368,10 @@ func TestAcquireRetryAfterFailover(t *testing.T) {
 // caller gets its answer (or an error to retry on) once the old leader's
 // FSM goes on, and the new leader answers the retry with the same grants.
 func TestAcquireWaiterAcrossLeaderChange(t *testing.T) {
-	g := newGate(t)
-	var hold atomic.Int64
-	hold.Store(-1)
-	held := make(chan struct{})
-	var heldOnce sync.Once
-	tc := newTestCluster(t, 3, func(i int, c *Config) {
-		c.beforeApply = func(l *raft.Log) {
-			if hold.Load() == int64(i) && state.IsCompactEntry(l.Data) {
-				heldOnce.Do(func() { close(held) })
-				g.wait(l)
-			}
-		}
-	})
+	h := newApplyHold(t, func(l *raft.Log) bool { return state.IsCompactEntry(l.Data) })
+	tc := newTestCluster(t, 3, func(i int, c *Config) { c.beforeApply = h.hook(i) })
 	old := tc.leader()
-	hold.Store(int64(old))
+	h.node.Store(int64(old))
 	alloc, _ := tc.clients(old)
 	ctx := ctxT(t)
 	req := &allotv1.AcquireRequest{AgentId: "waiter", RequestId: 5, PackedGrants: true,
@@ -399,7 +386,7 @@ func TestAcquireWaiterAcrossLeaderChange(t *testing.T) {
 		done <- res{r, err}
 	}()
 	select {
-	case <-held:
+	case <-h.held:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the leader's FSM never reached the call's entry")
 	}
@@ -408,7 +395,7 @@ func TestAcquireWaiterAcrossLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "a new leader", func() bool { return !tc.node(old).IsLeader() && tc.leader() != old })
-	g.open()
+	h.open()
 	var first res
 	select {
 	case first = <-done:

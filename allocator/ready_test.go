@@ -57,6 +57,33 @@ func newGate(t *testing.T) *gate {
 func (g *gate) open()            { g.once.Do(func() { close(g.ch) }) }
 func (g *gate) wait(_ *raft.Log) { <-g.ch }
 
+// applyHold holds, behind a gate, the FSM of the node whose index is in
+// node (−1: none) at each entry that match accepts (nil: every entry),
+// and closes held at the first one.
+type applyHold struct {
+	*gate
+	node  atomic.Int64
+	held  chan struct{}
+	once  sync.Once
+	match func(*raft.Log) bool
+}
+
+func newApplyHold(t *testing.T, match func(*raft.Log) bool) *applyHold {
+	h := &applyHold{gate: newGate(t), held: make(chan struct{}), match: match}
+	h.node.Store(-1)
+	return h
+}
+
+// hook is node i's Config.beforeApply.
+func (h *applyHold) hook(i int) func(*raft.Log) {
+	return func(l *raft.Log) {
+		if h.node.Load() == int64(i) && (h.match == nil || h.match(l)) {
+			h.once.Do(func() { close(h.held) })
+			h.wait(l)
+		}
+	}
+}
+
 // TestRestartReadyMeansCaughtUp pins a restarted follower that reported
 // ready, and streamed rules to watchers, before its FSM had applied what
 // was committed when it started ("rules version after full restart = 1,
@@ -113,33 +140,24 @@ func TestRestartReadyMeansCaughtUp(t *testing.T) {
 // once it has been behind the leader's commit index for longer than
 // ReadyMaxLag, and ready again once it catches up.
 func TestReadyzFollowerLag(t *testing.T) {
-	g := newGate(t)
-	var holdNode atomic.Int64
-	holdNode.Store(-1)
-	held := make(chan struct{})
-	var heldOnce sync.Once
+	h := newApplyHold(t, nil)
 	tc := newTestCluster(t, 3, func(i int, c *Config) {
 		c.ReadyMaxLag = 400 * time.Millisecond
-		c.beforeApply = func(l *raft.Log) {
-			if holdNode.Load() == int64(i) {
-				heldOnce.Do(func() { close(held) })
-				g.wait(l)
-			}
-		}
+		c.beforeApply = h.hook(i)
 	})
 	f := followerNotBootstrap(tc)
 	tc.waitReady(f)
-	holdNode.Store(int64(f))
+	h.node.Store(int64(f))
 	// An idle group commits nothing: an Acquire gives the follower an
 	// entry to hold.
 	commitOne(t, tc, "lag")
-	<-held
+	<-h.held
 	waitFor(t, 5*time.Second, "the lagging follower unready", func() bool {
 		rd := tc.node(f).readiness()
 		return !rd.Ready && strings.Contains(rd.Reason, "lagging")
 	})
-	holdNode.Store(-1)
-	g.open()
+	h.node.Store(-1)
+	h.open()
 	tc.waitReady(f)
 }
 
