@@ -143,20 +143,19 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 
 	// The request memo: a request seen before under this rule set skips
 	// validation, matching and the key-table lookups (see memo). Entries
-	// are recorded only for requests that passed validate, and the
-	// identity encodes every byte of the domain and of every entry (and
-	// the descriptors' boundaries), so a hit is a request byte-identical to
-	// one validated before.
-	var identBuf [memoBufLen]byte
-	var ident []byte
+	// are recorded only for requests that passed validate, and a hit
+	// matches every byte of the domain and of every entry, and the
+	// descriptors' boundaries (see identity), so it is a request
+	// byte-identical to one validated before.
 	var mh uint64
+	var iw identWords
 	var me *memoEntry
 	memoable := false
 	if a.memo != nil && set != nil {
-		ident, mh, memoable = appendIdent(identBuf[:0], a.memo.seed, domain, descs)
+		mh, memoable = identHash(a.memo.seed, domain, descs, &iw)
 	}
 	if memoable {
-		me = a.memo.get(mh, set, ident)
+		me = a.memo.get(mh, set, domain, descs, &iw)
 	}
 	if me == nil {
 		if err := validate(domain, descs); err != nil {
@@ -168,18 +167,18 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 		}
 	}
 	memoMiss := memoable && me == nil // record what the slow path finds
-	return a.checkAll(ctx, dec, set, domain, descs, hits, out, withStatuses, me, memoMiss, mh, ident, t0), nil
+	return a.checkAll(ctx, dec, set, domain, descs, hits, out, withStatuses, me, memoMiss, mh, &iw, t0), nil
 }
 
 // checkAll is check past the request memo's probe and its fast path
 // (apart, so that a hit there does not pay for this frame): it decides
 // every descriptor, matched by the rules or found in the memo entry me,
-// and records the request in the memo when memoMiss (identity ident, hash
-// mh).
+// and records the request in the memo when memoMiss (hash mh, first form
+// of its identity iw).
 //
 //go:noinline
 func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool,
-	me *memoEntry, memoMiss bool, mh uint64, ident []byte, t0 int64) []Status {
+	me *memoEntry, memoMiss bool, mh uint64, iw *identWords, t0 int64) []Status {
 	now := a.now()
 
 	var (
@@ -261,7 +260,7 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 		}
 	}
 	if memoMiss {
-		a.memoize(mh, set, ident, matched, outs[:decided])
+		a.memoize(mh, set, domain, descs, iw, matched, outs[:decided])
 	}
 	if sc != nil {
 		clear(sc.outs[:len(descs)])
@@ -314,11 +313,11 @@ func (a *Agent) match(set *rules.Set, domain string, descs []Descriptor, sc *scr
 // check sends down the slow path).
 // outs covers the descriptors decided (a prefix of matched); later ones get
 // no key and take the slow path on a hit, which then records them.
-func (a *Agent) memoize(h uint64, set *rules.Set, ident []byte, matched []*rules.Rule, outs []outcome) {
+func (a *Agent) memoize(h uint64, set *rules.Set, domain string, descs []Descriptor, iw *identWords, matched []*rules.Rule, outs []outcome) {
 	if !a.memo.wants(h, set) {
 		return
 	}
-	e := &memoEntry{hash: h, set: set, ident: string(ident)}
+	e := &memoEntry{hash: h, set: set, ident: newIdentity(domain, descs, iw)}
 	copy(e.rules[:], matched)
 	for i := range outs {
 		if r := matched[i]; r != nil && !r.Unlimited && !a.remote(r) {
@@ -574,7 +573,10 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 	if r == nil || r.Unlimited || ks == nil || n <= 0 || !a.leasing(r) {
 		return false
 	}
-	now := a.now()
+	now, ok := a.nowFast()
+	if !ok {
+		now = a.now()
+	}
 	left, ok := a.spendLive(ks, now, n)
 	if !ok {
 		return false

@@ -220,9 +220,9 @@ func TestFastPathDropInterleavings(t *testing.T) {
 	s := newStepped(t)
 	hit := func(d Descriptor) bool {
 		set := s.rules.Load()
-		var buf [memoBufLen]byte
-		ident, h, ok := appendIdent(buf[:0], s.memo.seed, "test", []Descriptor{d})
-		me := s.memo.get(h, set, ident)
+		var iw identWords
+		h, ok := identHash(s.memo.seed, "test", []Descriptor{d}, &iw)
+		me := s.memo.get(h, set, "test", []Descriptor{d}, &iw)
 		if !ok || me == nil {
 			t.Fatalf("%v: not in the memo", d.Entries)
 		}

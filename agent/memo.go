@@ -17,9 +17,9 @@ import (
 // (after `replaces`, which depends on the whole request) and its key state.
 //
 // An entry is immutable once published and is used only when its rule set
-// is the agent's current one, its identity bytes equal the request's (so
-// the request is byte-identical to one that passed validation: a hit is
-// not validated again), and,
+// is the agent's current one, its identity matches the request (so the
+// request is byte-identical to one that passed validation: a hit is not
+// validated again), and,
 // for each key, the key is still in the table. The last is checked under the
 // key's shard read lock (keyState.dropped is set under the write lock before
 // a key leaves the table), or, on the fast path for a leased key
@@ -27,7 +27,7 @@ import (
 // sees or undoes; so a check through the memo decides only on keys the
 // refill loop can still see, as a check through the table does.
 //
-// Entries are written on a miss whose request fits the stack buffer, into an
+// Entries are written on a miss whose request the memo takes (identHash), into an
 // empty slot or one of an older rule set, over the request's own entry, or
 // over another request's entry 1 time in memoReplace, so that a working set
 // larger than the table does not allocate on every check
@@ -52,60 +52,294 @@ type memoSlot struct {
 const (
 	memoSlots   = 1 << 13 // power of two; 128 KiB of slots
 	memoReplace = 32
-	// memoBufLen bounds the encoded request the memo accepts (on the
-	// stack); longer requests take the slow path. At most 255, so that
-	// every string's length fits appendIdent's one byte.
+	// memoBufLen bounds the requests the memo takes, in bytes, each
+	// string counted with a byte more and each descriptor as one byte
+	// (identHash); longer requests take the slow path. So an entry's
+	// identity holds at most that many bytes, and a descriptor's entry
+	// count fits a byte.
 	memoBufLen = 255
 )
 
 type memoEntry struct {
 	hash  uint64
 	set   *rules.Set
-	ident string
+	ident identity
 	rules [stackDescs]*rules.Rule
 	keys  [stackDescs]*keyState // nil: decided by the slow path (no rule, unlimited, the Redis backend)
 }
 
 func newMemo() *memo { return &memo{seed: rand.Uint64() | 1} }
 
-// appendIdent encodes domain and descs injectively into dst: each string
-// preceded by its length in one byte, each descriptor by its entry count.
-// ok is false when the result would outgrow memoBufLen (so every length
-// fits a byte) or there are more than stackDescs descriptors. The encoding
-// keeps every byte of every string, so equal identities are equal requests
-// (TestIdentInjective decodes it back); check relies on it to skip
-// validation on a hit. dst must have capacity memoBufLen: the strings are
-// copied in one pass, without a size pass before.
+// identity is a request's identity as an entry holds it, in one of two
+// forms. A request whose strings (the domain, every entry's key and
+// value) are at most 16 bytes each is held as words: the descriptors'
+// shape, the strings' count, lengths and words (strWords), which
+// determine its bytes. Any other is held as its strings: the domain, the
+// entry count of each descriptor and every entry's key and value, in
+// order, copies the entry owns. A request matches an identity (memo.get)
+// when every one of those is equal, so a match is a byte-identical
+// request; check relies on it to skip validation on a hit. A request is
+// held in the first form exactly when a request equal to it is.
+type identity struct {
+	// The first form (words not nil).
+	shape uint64
+	lens  uint64   // of the first identFast strings, as identWords
+	n     int      // strings
+	words []uint64 // two per string
+	tail  []uint8  // the lengths of the strings after the first identFast
+
+	// The second form.
+	domain identStr
+	descs  uint8             // descriptors
+	counts [stackDescs]uint8 // entries of each descriptor
+	pairs  []identPair       // every descriptor's entries, one after another
+}
+
+type identPair struct{ key, value identStr }
+
+// identStr is a string and its words (strWords): a string of up to 16
+// bytes equals another of its length when their words do, without a
+// look at either's bytes.
+type identStr struct {
+	a, b uint64
+	s    string
+}
+
+// identFast bounds the strings of a request of the first form that
+// identHash keeps the words of: the domain and 7 entries (a hit compares
+// those and reads the rest of the request again); their lengths, from 0
+// to 16, are the digits of a number in base 17, under 17^identFast < 2^63.
+const identFast = 15
+
+// identWords is the first form of a request's identity, as identHash
+// reads it: its shape, its strings' count and the lengths and words of
+// the first identFast of them; n is 0 when the request has the second
+// form.
+type identWords struct {
+	n     int    // strings
+	shape uint64 // descriptors, then the entries of each, a byte each
+	lens  uint64 // the first identFast strings' lengths, in base 17
+	w     [2 * identFast]uint64
+}
+
+// identHash hashes the identity of the request (domain, descs) under
+// seed, from every byte of it, and reads its first form into *iw; ok is
+// false when the memo does not take the request: more than stackDescs
+// descriptors, or more than memoBufLen bytes once each string takes a
+// byte more and each descriptor one byte. Equal identities hash alike;
+// the hash need only spread requests over the memo's slots (a hit is
+// decided by memo.get).
 //
-// h is the identity's hash under seed, computed from the words the copy
-// loads: hashing the buffer afterwards would read it while its stores are
-// still in flight, which stalls the loads (store forwarding fails for a
-// wide load over narrower stores). Equal identities hash alike; the hash
-// need only spread requests over the memo's slots.
-func appendIdent(dst []byte, seed uint64, domain string, descs []Descriptor) (_ []byte, h uint64, ok bool) {
-	if len(descs) > stackDescs || cap(dst)-len(dst) < memoBufLen || len(domain) >= memoBufLen {
-		return dst, 0, false
+// The strings' words are read and mixed in the loop rather than by a
+// function of one string, which would not be inlined.
+func identHash(seed uint64, domain string, descs []Descriptor, iw *identWords) (h uint64, ok bool) {
+	size := 1 + len(domain)
+	if len(descs) > stackDescs || size > memoBufLen {
+		return 0, false
 	}
-	buf := dst[len(dst) : len(dst)+memoBufLen]
-	n, h := putStr(buf, 0, seed, seed, domain)
+	n, lens := 0, uint64(0) // n < 0: the second form
+	shape := uint64(len(descs))
+	if len(domain) > 16 {
+		h = hashLong(seed, domain)
+		n = -1
+	} else {
+		a, b := strWords(domain)
+		h = strMix(seed, a, b, len(domain))
+		iw.w[0], iw.w[1], lens, n = a, b, uint64(len(domain)), 1
+	}
 	for i := range descs {
 		es := descs[i].Entries
-		if n >= memoBufLen {
-			return dst, 0, false
-		}
-		buf[n] = byte(len(es)) // bounded below: each entry takes at least 2 bytes
-		n++
+		size++
 		h = bits.RotateLeft64(h, 17) ^ uint64(len(es))
+		shape |= uint64(len(es)) << (8 * (i + 1))
 		for j := range es {
 			k, v := es[j].Key, es[j].Value
-			if n+2+len(k)+len(v) > memoBufLen {
-				return dst, 0, false
+			if size += 2 + len(k) + len(v); size > memoBufLen {
+				return 0, false
 			}
-			n, h = putStr(buf, n, seed, h, k)
-			n, h = putStr(buf, n, seed, h, v)
+			var hk, hv uint64
+			if len(k) > 16 || len(v) > 16 {
+				hk, hv = strHashLong(seed, k), strHashLong(seed, v)
+				n = -1
+			} else {
+				ka, kb := strWords(k)
+				va, vb := strWords(v)
+				hk = strMix(seed, ka, kb, len(k))
+				hv = strMix(seed, va, vb, len(v))
+				if uint(n) <= identFast-2 {
+					w := (*[4]uint64)(iw.w[2*n:])
+					w[0], w[1], w[2], w[3] = ka, kb, va, vb
+					lens = (lens*17+uint64(len(k)))*17 + uint64(len(v))
+				}
+				if n >= 0 {
+					n += 2
+				}
+			}
+			h = bits.RotateLeft64(bits.RotateLeft64(h, 17)^hk, 17) ^ hv
 		}
 	}
-	return dst[:len(dst)+n], mum(h^identK1, seed^uint64(n)), true
+	if size > memoBufLen {
+		return 0, false
+	}
+	iw.n, iw.shape, iw.lens = max(n, 0), shape, lens
+	return mum(h^identK1, seed^uint64(size)), true
+}
+
+// strHashLong is a string's hash in identHash, of any length.
+func strHashLong(seed uint64, s string) uint64 {
+	if len(s) > 16 {
+		return hashLong(seed, s)
+	}
+	a, b := strWords(s)
+	return strMix(seed, a, b, len(s))
+}
+
+// strMix is the hash of a string of l bytes, at most 16, whose words are
+// a and b: a product of each with an odd constant (one IMUL each, in any
+// registers, where mum's 128-bit product takes fixed ones). Each is a
+// bijection of its word, carrying changes only upwards; the fold in
+// identHash's last mum brings the upper bits down. A weak hash, and
+// enough: it only spreads requests over the memo's slots, and requests
+// that share a slot only miss the memo, as more requests than its slots do.
+func strMix(seed, a, b uint64, l int) uint64 {
+	return (a^seed)*identK1 ^ bits.RotateLeft64((b^uint64(l))*identK2, 32)
+}
+
+// newIdentity copies the identity of a request identHash took (so at
+// most memoBufLen bytes, entry counts under 256) whose first form is iw.
+func newIdentity(domain string, descs []Descriptor, iw *identWords) identity {
+	if iw.n > 0 {
+		id := identity{shape: iw.shape, lens: iw.lens, n: iw.n, words: make([]uint64, 0, 2*iw.n)}
+		id.words = append(id.words, iw.w[:2*min(iw.n, identFast)]...)
+		forTail(descs, func(s string) {
+			a, b := strWords(s)
+			id.words = append(id.words, a, b)
+			id.tail = append(id.tail, uint8(len(s)))
+		})
+		return id
+	}
+	n, size := 0, len(domain)
+	for i := range descs {
+		n += len(descs[i].Entries)
+		for _, e := range descs[i].Entries {
+			size += len(e.Key) + len(e.Value)
+		}
+	}
+	buf := make([]byte, 0, size) // the strings, in one allocation
+	own := func(s string) identStr {
+		buf = append(buf, s...)
+		c := buf[len(buf)-len(s):]
+		a, b := strWords(s)
+		return identStr{a: a, b: b, s: unsafe.String(unsafe.SliceData(c), len(c))}
+	}
+	id := identity{domain: own(domain), descs: uint8(len(descs)), pairs: make([]identPair, 0, n)}
+	for i := range descs {
+		id.counts[i] = uint8(len(descs[i].Entries))
+		for _, e := range descs[i].Entries {
+			id.pairs = append(id.pairs, identPair{own(e.Key), own(e.Value)})
+		}
+	}
+	return id
+}
+
+// A request matches an identity (memo.get) when it is the one the identity
+// was made from, byte for byte: matchesWords for a request of the first
+// form, matchesStrings for one of the second.
+
+// matchesWords is a match of a request of the first form, whose
+// identWords are iw, in its first identFast strings (and its shape and
+// count); matchesTail compares the rest.
+func (id *identity) matchesWords(iw *identWords) bool {
+	w := iw.w[:2*min(iw.n, identFast)]
+	if id.shape != iw.shape || id.lens != iw.lens || id.n != iw.n || len(id.words) < len(w) {
+		return false
+	}
+	diff := uint64(0)
+	for i, x := range id.words[:len(w)] {
+		diff |= x ^ w[i]
+	}
+	return diff == 0
+}
+
+// matchesTail compares the strings of descs after the first identFast
+// with those of id, of the first form and of descs's shape (so the two
+// have the same number of strings). It walks descs as forTail does, with
+// the comparison written out.
+func (id *identity) matchesTail(descs []Descriptor) bool {
+	words, tail := id.words[2*identFast:], id.tail
+	skip := (identFast - 1) / 2 // entries
+	for i := range descs {
+		es := descs[i].Entries
+		if skip >= len(es) {
+			skip -= len(es)
+			continue
+		}
+		for _, e := range es[skip:] {
+			if len(tail) < 2 || len(words) < 4 {
+				return false
+			}
+			ka, kb := strWords(e.Key)
+			va, vb := strWords(e.Value)
+			if len(e.Key) != int(tail[0]) || len(e.Value) != int(tail[1]) ||
+				(ka^words[0])|(kb^words[1])|(va^words[2])|(vb^words[3]) != 0 {
+				return false
+			}
+			words, tail = words[4:], tail[2:]
+		}
+		skip = 0
+	}
+	return true
+}
+
+// forTail calls f with each string of descs after the first identFast
+// (the domain counts as one), in order.
+func forTail(descs []Descriptor, f func(string)) {
+	skip := (identFast - 1) / 2 // entries
+	for i := range descs {
+		es := descs[i].Entries
+		if skip >= len(es) {
+			skip -= len(es)
+			continue
+		}
+		for _, e := range es[skip:] {
+			f(e.Key)
+			f(e.Value)
+		}
+		skip = 0
+	}
+}
+
+// matchesStrings is a match of a request of the second form.
+func (id *identity) matchesStrings(domain string, descs []Descriptor) bool {
+	if id.words != nil || len(descs) != int(id.descs) {
+		return false
+	}
+	if a, b := strWords(domain); !id.domain.eq(domain, a, b) {
+		return false
+	}
+	pairs := id.pairs
+	for i := range descs {
+		es := descs[i].Entries
+		if i >= len(id.counts) || len(es) != int(id.counts[i]) || len(es) > len(pairs) {
+			return false
+		}
+		ps := pairs[:len(es)]
+		for j := range ps {
+			k, v := es[j].Key, es[j].Value
+			ka, kb := strWords(k)
+			va, vb := strWords(v)
+			if !ps[j].key.eq(k, ka, kb) || !ps[j].value.eq(v, va, vb) {
+				return false
+			}
+		}
+		pairs = pairs[len(es):]
+	}
+	return true
+}
+
+// eq reports whether s, whose words are a and b, is x's string.
+func (x *identStr) eq(s string, a, b uint64) bool {
+	return len(s) == len(x.s) && a == x.a && b == x.b && (len(s) <= 16 || s == x.s)
 }
 
 // Odd constants for the identity's hash (wyhash's).
@@ -120,39 +354,29 @@ func mum(a, b uint64) uint64 {
 	return hi ^ lo
 }
 
-// putStr writes s's length and its bytes at buf[n:], folds s into the
-// hash h, and returns the offset after s and the new hash. A string of up
-// to 16 bytes is read as two words that overlap (all of it, with its
-// length) and written back the same way, inside its own bytes, rather
-// than by a call to memmove.
-func putStr(buf []byte, n int, seed, h uint64, s string) (int, uint64) {
+// strWords reads s as two words: for 8 bytes or more its first and last 8
+// (overlapping), for 4 to 7 its first and last 4, for 1 to 3 its first,
+// middle and last byte in a. Up to 16 bytes, the words and the length
+// determine the string.
+func strWords(s string) (a, b uint64) {
 	l := len(s)
-	buf[n] = byte(l)
-	d := buf[n+1:]
 	p := unsafe.Slice(unsafe.StringData(s), l)
-	var a, b uint64
-	switch {
-	case l > 16:
-		copy(d, p)
-		return n + 1 + l, bits.RotateLeft64(h, 17) ^ hashLong(seed, p)
-	case l >= 8:
-		a, b = binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[l-8:])
-		binary.LittleEndian.PutUint64(d, a)
-		binary.LittleEndian.PutUint64(d[l-8:], b)
-	case l >= 4:
-		a, b = uint64(binary.LittleEndian.Uint32(p)), uint64(binary.LittleEndian.Uint32(p[l-4:]))
-		binary.LittleEndian.PutUint32(d, uint32(a))
-		binary.LittleEndian.PutUint32(d[l-4:], uint32(b))
-	case l > 0:
-		d[0], d[l>>1], d[l-1] = p[0], p[l>>1], p[l-1]
-		a = uint64(p[0])<<16 | uint64(p[l>>1])<<8 | uint64(p[l-1])
+	if l >= 8 {
+		return binary.LittleEndian.Uint64(p), binary.LittleEndian.Uint64(p[l-8:])
 	}
-	return n + 1 + l, bits.RotateLeft64(h, 17) ^ mum(a^seed, b^uint64(l)^identK2)
+	if l >= 4 {
+		return uint64(binary.LittleEndian.Uint32(p)), uint64(binary.LittleEndian.Uint32(p[l-4:]))
+	}
+	if l > 0 {
+		return uint64(p[0])<<16 | uint64(p[l>>1])<<8 | uint64(p[l-1]), 0
+	}
+	return 0, 0
 }
 
-// hashLong hashes p, longer than 16 bytes, under seed: one product per 16
+// hashLong hashes s, longer than 16 bytes, under seed: one product per 16
 // bytes, the last 16 overlapping the ones before.
-func hashLong(seed uint64, p []byte) uint64 {
+func hashLong(seed uint64, s string) uint64 {
+	p := unsafe.Slice(unsafe.StringData(s), len(s))
 	h := seed ^ uint64(len(p))
 	for i := 0; i+16 < len(p); i += 16 {
 		h = mum(binary.LittleEndian.Uint64(p[i:])^h, binary.LittleEndian.Uint64(p[i+8:])^identK2)
@@ -161,14 +385,22 @@ func hashLong(seed uint64, p []byte) uint64 {
 	return mum(binary.LittleEndian.Uint64(t)^h, binary.LittleEndian.Uint64(t[8:])^identK1)
 }
 
-// get returns the entry for (h, set, ident), or nil.
-func (m *memo) get(h uint64, set *rules.Set, ident []byte) *memoEntry {
+// get returns the entry for the request (domain, descs), whose identity
+// hashes to h and whose first form is iw, under set, or nil.
+func (m *memo) get(h uint64, set *rules.Set, domain string, descs []Descriptor, iw *identWords) *memoEntry {
 	slot := &m.slots[h&(memoSlots-1)]
 	if slot.hash.Load() != h {
 		return nil
 	}
 	e := slot.entry.Load()
-	if e == nil || e.hash != h || e.set != set || e.ident != string(ident) {
+	if e == nil || e.hash != h || e.set != set {
+		return nil
+	}
+	if iw.n > 0 {
+		if !e.ident.matchesWords(iw) || iw.n > identFast && !e.ident.matchesTail(descs) {
+			return nil
+		}
+	} else if !e.ident.matchesStrings(domain, descs) {
 		return nil
 	}
 	return e

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"testing"
 	"time"
 
@@ -188,56 +187,62 @@ func TestPropertyMemoMatchesSlowPath(t *testing.T) {
 	})
 }
 
-// decodeIdent is appendIdent's inverse: a left inverse proves the
-// encoding injective.
-func decodeIdent(t *rapid.T, b []byte) (string, []Descriptor) {
-	next := func() string {
-		if len(b) == 0 {
-			t.Fatalf("identity ends early")
-		}
-		n := int(b[0])
-		if len(b) < 1+n {
-			t.Fatalf("identity ends inside a string")
-		}
-		s := string(b[1 : 1+n])
-		b = b[1+n:]
-		return s
-	}
-	domain := next()
-	var descs []Descriptor
-	for len(b) > 0 {
-		n := int(b[0])
-		b = b[1:]
-		d := Descriptor{Entries: []rules.Entry{}}
-		for range n {
-			k := next()
-			d.Entries = append(d.Entries, rules.Entry{Key: k, Value: next()})
-		}
-		descs = append(descs, d)
-	}
-	return domain, descs
-}
-
-// TestIdentInjective: every request the memo accepts, arbitrary bytes
-// included, decodes back from its identity unchanged, so two requests with
-// equal identities are byte-identical: a memo hit is a request that passed
-// validation before (check skips it on a hit), and TestPropertyMemoMatchesSlowPath
-// checks invalid requests never hit.
-func TestIdentInjective(t *testing.T) {
-	bytesStr := rapid.Custom(func(t *rapid.T) string {
-		return string(rapid.SliceOfN(rapid.Byte(), 0, 90).Draw(t, "bytes"))
-	})
-	rapid.Check(t, func(rt *rapid.T) {
-		domain := bytesStr.Draw(rt, "domain")
-		descs := make([]Descriptor, rapid.IntRange(0, stackDescs+1).Draw(rt, "descs"))
+// TestIdentityMatches: an identity matches exactly the request it was
+// made from, in memory of its own, and no other: requests drawn from few
+// short strings (so that they often share words, lengths and hashes),
+// arbitrary bytes and long strings included, and ones edited from it by a
+// byte, by a string's boundary, by an entry moved to another descriptor,
+// or by a descriptor more. So a memo hit is a request byte-identical to
+// one that passed validation before (check skips it on a hit), and
+// TestPropertyMemoMatchesSlowPath checks invalid requests never hit. The
+// memo takes the request when it has at most stackDescs descriptors and
+// at most memoBufLen bytes, each string counted with a byte more and each
+// descriptor as one byte.
+func TestIdentityMatches(t *testing.T) {
+	str := rapid.OneOf(
+		rapid.SampledFrom([]string{"", "a", "b", "ab", "ba", "aab", "abcd", "abce", "abcdefgh", "abcdefgi", "abcdefghabcdefgh", "abcdefgiabcdefgh", "abcdefghabcdefghx", "abcdefghabcdefgix",
+			"\x00", "\x00\x00", "a\x00", "a\x00\x00", "\x00\x00\x00\x00", "\x00\x00\x00\x00\x00", "abcd\x00", "abcd\x00\x00\x00\x00", "abcdefgh\x00", "abcdefghhbcdefgh", "abcdefghibcdefgh"}),
+		rapid.Custom(func(t *rapid.T) string { return string(rapid.SliceOfN(rapid.Byte(), 0, 40).Draw(t, "bytes")) }),
+	)
+	request := func(rt *rapid.T, name string) (string, []Descriptor) {
+		descs := make([]Descriptor, rapid.IntRange(0, stackDescs+1).Draw(rt, name+"descs"))
 		for i := range descs {
-			descs[i].Entries = []rules.Entry{}
-			for range rapid.IntRange(0, 4).Draw(rt, "entries") {
-				descs[i].Entries = append(descs[i].Entries, rules.Entry{Key: bytesStr.Draw(rt, "key"), Value: bytesStr.Draw(rt, "value")})
+			for range rapid.IntRange(0, 4).Draw(rt, name+"entries") {
+				descs[i].Entries = append(descs[i].Entries, rules.Entry{Key: str.Draw(rt, name+"key"), Value: str.Draw(rt, name+"value")})
 			}
 		}
-		var buf [memoBufLen]byte
-		ident, _, ok := appendIdent(buf[:0], 1, domain, descs)
+		return str.Draw(rt, name+"domain"), descs
+	}
+	fresh := func(s string) string { return string(append([]byte(nil), s...)) }
+	clone := func(domain string, descs []Descriptor) (string, []Descriptor) {
+		out := make([]Descriptor, len(descs))
+		for i, d := range descs {
+			for _, e := range d.Entries {
+				out[i].Entries = append(out[i].Entries, rules.Entry{Key: fresh(e.Key), Value: fresh(e.Value)})
+			}
+		}
+		return fresh(domain), out
+	}
+	same := func(d1 string, a []Descriptor, d2 string, b []Descriptor) bool {
+		if d1 != d2 || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if len(a[i].Entries) != len(b[i].Entries) {
+				return false
+			}
+			for j := range a[i].Entries {
+				if a[i].Entries[j] != b[i].Entries[j] {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		domain, descs := request(rt, "a")
+		var iw identWords
+		_, ok := identHash(1, domain, descs, &iw)
 		size := 1 + len(domain)
 		for _, d := range descs {
 			size++
@@ -246,28 +251,158 @@ func TestIdentInjective(t *testing.T) {
 			}
 		}
 		if want := len(descs) <= stackDescs && size <= memoBufLen; ok != want {
-			rt.Fatalf("appendIdent ok = %v for %d descriptors of %d bytes, want %v", ok, len(descs), size, want)
+			rt.Fatalf("identHash ok = %v for %d descriptors of %d bytes, want %v", ok, len(descs), size, want)
 		}
 		if !ok {
 			return
 		}
-		gotDomain, gotDescs := decodeIdent(rt, ident)
-		if len(descs) == 0 {
-			descs = nil
+		id := newIdentity(domain, descs, &iw)
+		d2, descs2 := clone(domain, descs)
+		switch rapid.IntRange(0, 5).Draw(rt, "edit") {
+		case 0: // the same request
+		case 1: // another request
+			d2, descs2 = request(rt, "b")
+		case 2: // one byte of one string changed, added or removed
+			strs := []*string{&d2}
+			for i := range descs2 {
+				for j := range descs2[i].Entries {
+					strs = append(strs, &descs2[i].Entries[j].Key, &descs2[i].Entries[j].Value)
+				}
+			}
+			p := strs[rapid.IntRange(0, len(strs)-1).Draw(rt, "string")]
+			b := []byte(*p)
+			switch i := rapid.IntRange(0, len(b)).Draw(rt, "at"); {
+			case i == len(b) || rapid.Bool().Draw(rt, "grow"):
+				b = append(b[:i:i], append([]byte{rapid.Byte().Draw(rt, "byte")}, b[i:]...)...)
+			case rapid.Bool().Draw(rt, "cut"):
+				b = append(b[:i:i], b[i+1:]...)
+			default:
+				b[i] ^= 1 << rapid.IntRange(0, 7).Draw(rt, "bit")
+			}
+			*p = string(b)
+		case 3: // a boundary between a key and its value moved
+			if len(descs2) > 0 && len(descs2[0].Entries) > 0 {
+				e := &descs2[0].Entries[0]
+				if len(e.Key) > 0 {
+					e.Key, e.Value = e.Key[:len(e.Key)-1], e.Key[len(e.Key)-1:]+e.Value
+				} else if len(e.Value) > 0 {
+					e.Key, e.Value = e.Value[:1], e.Value[1:]
+				}
+			}
+		case 4: // an entry moved to the next descriptor
+			if len(descs2) > 1 && len(descs2[0].Entries) > 0 {
+				last := descs2[0].Entries[len(descs2[0].Entries)-1]
+				descs2[0].Entries = descs2[0].Entries[:len(descs2[0].Entries)-1]
+				descs2[1].Entries = append([]rules.Entry{last}, descs2[1].Entries...)
+			}
+		case 5: // a descriptor more, without entries
+			descs2 = append(descs2, Descriptor{})
 		}
-		if gotDomain != domain || !reflect.DeepEqual(gotDescs, descs) {
-			rt.Fatalf("decoded %q %+v, want %q %+v", gotDomain, gotDescs, domain, descs)
+		// The memo's lookup of d2, descs2 in a slot that holds the
+		// identity, whatever d2, descs2 hash to.
+		m := newMemo()
+		m.store(&memoEntry{hash: 5, ident: id})
+		var iw2 identWords
+		_, ok2 := identHash(3, d2, descs2, &iw2)
+		if got, want := ok2 && m.get(5, nil, d2, descs2, &iw2) != nil, same(domain, descs, d2, descs2); got != want {
+			rt.Fatalf("identity of %q %+v matches %q %+v: %v, want %v", domain, descs, d2, descs2, got, want)
+		}
+		if h1, ok1 := identHash(7, domain, descs, &identWords{}); same(domain, descs, d2, descs2) {
+			if h2, ok2 := identHash(7, d2, descs2, &identWords{}); !ok1 || !ok2 || h1 != h2 {
+				rt.Fatalf("equal requests hash to %x (%v) and %x (%v)", h1, ok1, h2, ok2)
+			}
 		}
 	})
 }
 
-// TestIdentHash: appendIdent's hash is a function of the request's bytes
+// TestIdentityEveryByte: in a request of each form, of the first form
+// with strings past the first identFast, and with keys and values of
+// every length up to 17 bytes, a change to any bit of any byte of any string, or a zero
+// byte added to or removed from its end, makes a request the identity
+// does not match.
+func TestIdentityEveryByte(t *testing.T) {
+	long := "0123456789abcdef0123"
+	for _, n := range []int{1, 3, 4, 9} { // entries per descriptor; 4: strings past identFast of every length
+		for _, l := range []int{0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17} {
+			var descs []Descriptor
+			for i := range 2 {
+				d := Descriptor{}
+				for j := range n {
+					k := fmt.Sprintf("k%d%d", i, j)
+					e := rules.Entry{Key: k, Value: k}
+					switch {
+					case i == 0 && j == 0: // 17 bytes: the second form
+						e.Key, e.Value = (k + long)[:l], (long + k)[:max(l-1, 0)]
+					case i == 1 && j == n-1: // past identFast when n ≥ 4
+						e.Key, e.Value = (long + k)[:min(l, 16)], (k + long)[:min(l, 16)]
+					}
+					d.Entries = append(d.Entries, e)
+				}
+				descs = append(descs, d)
+			}
+			var iw identWords
+			if _, ok := identHash(1, "dom", descs, &iw); !ok {
+				if n <= 4 {
+					t.Fatalf("%d entries of %d bytes: not memoable", 2*n, l)
+				}
+				continue // over memoBufLen
+			}
+			m := newMemo()
+			m.store(&memoEntry{hash: 5, ident: newIdentity("dom", descs, &iw)})
+			hit := func(descs []Descriptor) bool {
+				var iw identWords
+				_, ok := identHash(1, "dom", descs, &iw)
+				return ok && m.get(5, nil, "dom", descs, &iw) != nil
+			}
+			if !hit(descs) {
+				t.Fatalf("%d entries of %d bytes: no hit for the request itself", 2*n, l)
+			}
+			for i := range descs {
+				for j := range descs[i].Entries {
+					for _, key := range []bool{false, true} {
+						edit := func(f func([]byte) []byte) []Descriptor {
+							c := make([]Descriptor, len(descs))
+							for x := range descs {
+								c[x].Entries = append([]rules.Entry(nil), descs[x].Entries...)
+							}
+							e := &c[i].Entries[j]
+							if key {
+								e.Key = string(f([]byte(e.Key)))
+							} else {
+								e.Value = string(f([]byte(e.Value)))
+							}
+							return c
+						}
+						str := descs[i].Entries[j].Value
+						if key {
+							str = descs[i].Entries[j].Key
+						}
+						for b := range len(str) {
+							for bit := range 8 {
+								if hit(edit(func(p []byte) []byte { p[b] ^= 1 << bit; return p })) {
+									t.Fatalf("entry %d.%d (key %v) of %q: bit %d of byte %d flipped, still a hit", i, j, key, str, bit, b)
+								}
+							}
+						}
+						if hit(edit(func(p []byte) []byte { return append(p, 0) })) {
+							t.Fatalf("entry %d.%d (key %v) of %q: a zero byte added, still a hit", i, j, key, str)
+						}
+						if len(str) > 0 && hit(edit(func(p []byte) []byte { return p[:len(p)-1] })) {
+							t.Fatalf("entry %d.%d (key %v) of %q: its last byte removed, still a hit", i, j, key, str)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestIdentHash: identHash is a function of the request's bytes
 // (not of where they are), and requests one byte apart hash apart.
 func TestIdentHash(t *testing.T) {
 	const seed = 0x9e3779b97f4a7c15
 	hash := func(domain string, descs []Descriptor) uint64 {
-		var buf [memoBufLen]byte
-		_, h, ok := appendIdent(buf[:0], seed, domain, descs)
+		h, ok := identHash(seed, domain, descs, &identWords{})
 		if !ok {
 			t.Fatalf("not memoable: %q %+v", domain, descs)
 		}
@@ -302,8 +437,7 @@ func TestIdentHash(t *testing.T) {
 	// The memo's slots: distinct users of one route spread like random.
 	slots := map[uint64]bool{}
 	for i := range memoSlots {
-		var buf [memoBufLen]byte
-		_, h, _ := appendIdent(buf[:0], seed, "test", []Descriptor{deepDesc(i)})
+		h, _ := identHash(seed, "test", []Descriptor{deepDesc(i)}, &identWords{})
 		slots[h&(memoSlots-1)] = true
 	}
 	if len(slots) < memoSlots/2 { // random: 63%
