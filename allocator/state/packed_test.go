@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -19,7 +20,7 @@ func packedOf(req *allotv1.AcquireRequest) *allotv1.AcquireRequest {
 }
 
 // TestPackedKeysRoundTrip: a request with its keys packed is validated as
-// the same request unpacked is, and has the same compact record, so the
+// the same request unpacked is (by the fast check and the key-by-key one), and has the same compact record, so the
 // allocator may copy packed keys into its log as they came.
 func TestPackedKeysRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -32,6 +33,12 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 			t.Fatalf("ValidateAcquire: unpacked %v, packed %v", a, b)
 		} else if b != nil && !errors.Is(b, ErrInvalid) {
 			t.Fatalf("ValidateAcquire(packed) = %v, want ErrInvalid", b)
+		}
+		// Keys of known flags: the fast check and the key-by-key one agree.
+		r := allotv1.Reader{S: string(p.PackedKeys), Base: errPacked}
+		n := r.Uvarint()
+		if fast, err := packedValid(r.S, r.P, int(n)), packedCause(r.S, r.P, int(n)); fast != (err == nil) {
+			t.Fatalf("packedValid %v, packedCause %v", fast, err)
 		}
 		if a, b := AppendAcquireRecord(nil, req), AppendAcquireRecord(nil, p); string(a) != string(b) {
 			t.Fatalf("records differ:\n% x\n% x", a, b)
@@ -119,7 +126,16 @@ func FuzzPackedKeys(f *testing.F) {
 		Want: 3, Demand: 2.5, OutageCharged: 4, Denied: 1}}))
 	f.Add([]byte{0})
 	f.Add([]byte{1, 0, 4, 't', 'e', 's', 't', 1, 0, 2, 't', 'b', 1, 'x', 1, 2})
+	f.Add(allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{ka("tb", "é", 1, 0, 0, 0), ka("tb", "\xff", 1, 0, 0, 0), ka("\xc3", "x", 1, 0, 0, 0)}))
+	f.Add(allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{{Domain: "test", Entries: []*allotv1.Entry{{Key: "tb", Value: "x"}}, Want: 1e12 + 1, Demand: math.NaN(), WantShare: true}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// The fast check never passes keys the key-by-key one refuses.
+		r := allotv1.Reader{S: string(data), Base: errPacked}
+		if n := r.Uvarint(); r.Err == nil && n <= uint64(len(data)) && packedValid(r.S, r.P, int(n)) {
+			if err := packedCause(r.S, r.P, int(n)); err != nil {
+				t.Fatalf("packedValid passes % x, which packedCause refuses: %v", data, err)
+			}
+		}
 		req := &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, PackedKeys: data}
 		if err := ValidateAcquire(req); err != nil {
 			if !errors.Is(err, ErrInvalid) {

@@ -47,9 +47,10 @@ func ValidateAcquire(req *allotv1.AcquireRequest) error {
 }
 
 // validatePacked checks a call whose keys came packed (p), reading every
-// key without keeping it.
+// key without keeping it: packedValid passes a valid call, and only a call
+// it refuses is read again by packedCause to name the cause.
 func validatePacked(agentID string, requestID uint64, p string) error {
-	d := decoder{allotv1.Reader{S: p, Base: errPacked}}
+	d := allotv1.Reader{S: p, Base: errPacked}
 	n := d.Uvarint()
 	if d.Err != nil || n > uint64(len(p)) {
 		return fmt.Errorf("%w: packed_keys: count", ErrInvalid)
@@ -57,9 +58,20 @@ func validatePacked(agentID string, requestID uint64, p string) error {
 	if err := checkCall(agentID, requestID, int(n)); err != nil {
 		return err
 	}
+	if packedValid(p, d.P, int(n)) {
+		return nil
+	}
+	return packedCause(p, d.P, int(n))
+}
+
+// packedCause checks the n packed keys of p from offset at and nothing
+// after them key by key, as the state reads them (decoder.key), and
+// returns the first key's cause of refusal, or nil.
+func packedCause(p string, at, n int) error {
+	d := decoder{allotv1.Reader{S: p, P: at, Base: errPacked}}
 	var dc allotv1.Dict
 	var buf [4]rules.Entry
-	for i := range int(n) {
+	for i := range n {
 		var k keyArgs
 		ents := d.key(&k, &dc, buf[:0])
 		if d.Err != nil {
@@ -78,6 +90,83 @@ func validatePacked(agentID string, requestID uint64, p string) error {
 		return fmt.Errorf("%w: packed_keys: %d trailing bytes", ErrInvalid, d.Left())
 	}
 	return nil
+}
+
+// packedValid reports whether the n packed keys of p from offset at and
+// nothing after them pass packedCause's checks: it reads them as
+// ReadPackedKey does but keeps only what the bounds need (strings'
+// lengths; a dictionary string's UTF-8 is checked once, as it enters the
+// dictionary, not at every use), and names no cause. It never accepts what
+// packedCause refuses (FuzzPackedKeys checks); it may refuse what
+// packedCause accepts (a flag it does not know), which then decides.
+func packedValid(p string, at, n int) bool {
+	d := allotv1.Reader{S: p, P: at, Base: errPacked}
+	var dict [allotv1.PackedDict]int // the dictionary's string lengths
+	nd := 0
+	ok := true
+	dstr := func() int {
+		i := d.Uvarint()
+		switch {
+		case i == 0:
+			s := d.Str()
+			ok = ok && validString(s)
+			if nd < len(dict) {
+				dict[nd] = len(s)
+				nd++
+			}
+			return len(s)
+		case i <= uint64(nd):
+			return dict[i-1]
+		}
+		ok = false
+		return 0
+	}
+	amount := func(v int64) { ok = ok && uint64(v) <= maxAmount }
+	for range n {
+		dl := dstr()
+		ne := d.Uvarint()
+		if ne > uint64(d.Left()) || dl == 0 {
+			return false
+		}
+		size := dl
+		for range ne {
+			size += dstr() + 2
+			v := d.Str()
+			ok = ok && validString(v)
+			size += len(v)
+		}
+		flags := d.Byte()
+		if flags&allotv1.PackedMore != 0 && d.Byte()&^allotv1.PackedWantShare != 0 {
+			return false
+		}
+		for f := byte(allotv1.PackedWant); f <= allotv1.PackedDenied; f <<= 1 {
+			if flags&f != 0 {
+				amount(d.Varint())
+			}
+		}
+		if flags&allotv1.PackedDemand != 0 {
+			v := math.Float64frombits(d.Fixed64())
+			ok = ok && v >= 0 && v <= maxAmount // false for NaN
+		}
+		if flags&allotv1.PackedOutage != 0 {
+			amount(d.Varint())
+		}
+		if !ok || d.Err != nil || size > maxKeyBytes {
+			return false
+		}
+	}
+	return d.P == len(p)
+}
+
+// validString is utf8.ValidString with the common all-ASCII short string
+// checked inline.
+func validString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return utf8.ValidString(s[i:])
+		}
+	}
+	return true
 }
 
 // errPacked: packed keys do not decode.
