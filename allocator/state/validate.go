@@ -158,8 +158,8 @@ func packedValid(p string, at, n int) bool {
 	return d.P == len(p)
 }
 
-// validString is utf8.ValidString with the common all-ASCII short string
-// checked inline.
+// validString is utf8.ValidString; an all-ASCII string, the common short
+// one, is passed by a plain byte loop.
 func validString(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
