@@ -711,37 +711,6 @@ func (c *core) restoreLeased(d *dec, version uint64) error {
 	return d.err
 }
 
-// placeNext places sl (larger than every key placed so far) at or after
-// index next and returns the index after it; on overflow it grows.
-func (t *table) placeNext(c *core, sl slot, next int) int {
-	for {
-		if (t.n+1)*maxLoadDen > t.capa*maxLoadNum {
-			t.grow(c)
-			next = t.afterLast()
-			continue
-		}
-		i := max(t.home(sl.hash), next)
-		if i >= t.size {
-			t.grow(c)
-			next = t.afterLast()
-			continue
-		}
-		*t.at(i) = sl
-		t.n++
-		return i + 1
-	}
-}
-
-// afterLast returns one past the last occupied slot.
-func (t *table) afterLast() int {
-	for i := t.size - 1; i >= 0; i-- {
-		if t.at(i).lim != 0 {
-			return i + 1
-		}
-	}
-	return 0
-}
-
 // dec reads the body; the first error sticks and later reads return zero.
 type dec struct {
 	b   []byte

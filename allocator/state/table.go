@@ -2,6 +2,7 @@ package state
 
 import (
 	"math/bits"
+	"slices"
 
 	"github.com/allot/allot/pkg/bucket"
 )
@@ -17,36 +18,61 @@ import (
 //   - a hash range is a contiguous run of slots, so the Expire sweep visits
 //     one segment of the hash space cheaply.
 //
-// There is no wrap-around: the array has a tail chunk of slack after the
-// capacity, and an insertion that would run past the end grows the table.
+// The table is split into shards by the top bits of the hash (a directory
+// of 2^dirBits entries names each prefix's shard; a shard of depth d holds
+// the hashes with one d-bit prefix). Each shard is a contiguous run of
+// whole chunks in hash order: its capacity, then shardSlack slots. A
+// slot's home is its shard's base plus ⌊(hash·2^d mod 2⁶⁴)·capacity/2⁶⁴⌋,
+// monotone in the hash over the whole table, so the slot array as a whole
+// stays in hash order and a hash range a contiguous run of slots. There is
+// no wrap-around: an insertion that would run past its shard's end grows
+// that shard.
 //
 // Memory is 32 bytes per slot divided by the load, so the table runs full:
-// it grows when the load would pass 9/10 and is then resized to a load of
-// 4/5, a multiple of the chunk size (an ordered table keeps lookups short
-// at such loads: a search stops at the first larger hash). An insertion
-// shifts the rest of its cluster by one slot, about ½(1+1/(1−load)²)
-// slots: 13 at 4/5, 50 at 9/10 (and 128 at 15/16, which costs more CPU
-// than the under 2 bytes a key it saves). A resize re-places the slots in the
-// chunks the table has plus new ones, from the last slot to the first.
-// Slots are stored in fixed-size chunks so that a snapshot shares them and
-// a write after a snapshot copies one 128 KiB chunk at most (copy-on-write
-// by generation).
+// a shard grows when its load would pass 88–92% and is then resized
+// to a load of 41/50 (its capacity and slack whole chunks; an ordered table keeps
+// lookups short at such loads: a search stops at the first larger hash).
+// An insertion shifts the rest of its cluster by one slot, about
+// ½(1+1/(1−load)²) slots: 13 at 4/5, 50 at 9/10, 78 at 92% (and 128 at 15/16, which
+// costs more CPU than the under 2 bytes a key it saves). A shard that
+// would grow past maxShardChunks chunks splits instead into two of one
+// more bit, half its chunks each. A resize re-places one shard's slots in new chunks, which
+// replace its chunks in the table; so it moves at most ~128k slots (a few
+// ms), however many keys the table holds, and never writes a chunk a
+// snapshot shares. Slots are stored in fixed-size chunks so that a
+// snapshot shares them and a write after a snapshot copies one 128 KiB
+// chunk at most (copy-on-write by generation).
 //
 // A key's lookup misses the cache (the table is far larger than it) and
 // the next key's lookup waits for it; touch reads the slots of many keys
 // at once, so that their misses overlap.
 
 const (
-	chunkBits   = 12
-	chunkSize   = 1 << chunkBits // slots per chunk
-	chunkMask   = chunkSize - 1
-	minTableCap = chunkSize
-	// maxLoadNum/maxLoadDen: grow when n > cap·9/10.
+	chunkBits = 12
+	chunkSize = 1 << chunkBits // slots per chunk
+	chunkMask = chunkSize - 1
+	// shardSlack is the slack after each shard's capacity: the tail of its
+	// last cluster (an insertion that would run past it grows the shard).
+	shardSlack  = 256
+	minTableCap = chunkSize - shardSlack
+	// maxShardChunks is the largest shard capacity, in chunks: a shard that
+	// would grow past it splits.
+	maxShardChunks = 64
+	// maxDirBits bounds the directory (and a shard's depth): a shard that
+	// deep grows instead of splitting (only hashes crowded into a 2⁻¹⁶ of
+	// the hash space come to it).
+	maxDirBits = 16
+	// maxLoadNum/maxLoadDen: a table restored from a snapshot starts at
+	// most this full.
 	maxLoadNum = 9
 	maxLoadDen = 10
-	// fitLoadNum/fitLoadDen: the load a resized table starts at (4/5).
-	fitLoadNum = 4
-	fitLoadDen = 5
+	// fullLoPct, fullHiPct: a shard grows past a load between these
+	// (shard.setFull).
+	fullLoPct = 88
+	fullHiPct = 92
+	// fitLoadNum/fitLoadDen: the load a resized shard starts at (41/50).
+	fitLoadNum = 41
+	fitLoadDen = 50
 )
 
 // slot is one tracked key: 32 bytes.
@@ -59,33 +85,100 @@ type slot struct {
 
 type chunk [chunkSize]slot
 
+// shard is one run of chunks: slots [base, base+capa+shardSlack).
+type shard struct {
+	base   int    // first slot, a multiple of chunkSize
+	capa   int    // capa+shardSlack a multiple of chunkSize
+	n      int    // occupied slots
+	full   int    // n at which the shard grows
+	prefix uint64 // the top depth bits its hashes share
+	depth  uint8
+}
+
+// setFull sets the load the shard grows past: between 88% and 92% of
+// its capacity, by a hash of its prefix, depth and capacity. Uniform
+// hashes fill shards of one size alike; with one load they would all grow
+// within a few thousand keys of each other, and the resizes of the whole
+// table would come together as one long pause.
+func (sh *shard) setFull() {
+	x := sh.prefix<<8 ^ uint64(sh.depth) ^ uint64(sh.capa)<<24
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	u := int(x >> 54) // 0..1023
+	lo, hi := sh.capa*fullLoPct/100, sh.capa*fullHiPct/100
+	sh.full = lo + (hi-lo)*u/1024
+}
+
+func (sh *shard) end() int { return sh.base + sh.capa + shardSlack }
+
+// chunks returns how many chunks the shard spans.
+func (sh *shard) chunks() int { return (sh.capa + shardSlack) / chunkSize }
+
 type table struct {
-	chunks []*chunk
-	gens   []uint32          // generation each chunk was made private at
-	capa   int               // a multiple of chunkSize; home(h) = ⌊h·capa/2⁶⁴⌋
-	size   int               // capa + chunkSize (tail slack)
-	n      int               // occupied slots
-	sink   uint32            // what touch read
-	pos    *[chunkSize]int32 // growInPlace's scratch
+	chunks  []*chunk
+	gens    []uint32 // generation each chunk was made private at
+	capa    int      // the shards' capacities summed
+	size    int      // len(chunks)·chunkSize
+	n       int      // occupied slots
+	sink    uint32   // what touch read
+	shards  []shard  // in hash order
+	dir     []int32  // shard by the top dirBits bits of a hash
+	dirBits uint8
 }
 
 // fitCap returns the capacity for n keys at the resize load (at least
-// minTableCap, a multiple of chunkSize).
+// minTableCap; with shardSlack, a multiple of chunkSize).
 func fitCap(n int) int {
-	c := (n*fitLoadDen + fitLoadNum - 1) / fitLoadNum
-	c = (c + chunkMask) &^ chunkMask
-	return max(c, minTableCap)
+	return roundCap((n*fitLoadDen + fitLoadNum - 1) / fitLoadNum)
 }
 
+// roundCap returns the least capacity ≥ c (and ≥ minTableCap) that spans
+// whole chunks with its slack.
+func roundCap(c int) int {
+	return max((c+shardSlack+chunkMask)&^chunkMask-shardSlack, minTableCap)
+}
+
+// init empties the table and lays it out for a total capacity of about
+// capa: shards of one depth, each at most maxShardChunks chunks.
 func (t *table) init(capa int) {
-	t.capa = capa
-	t.size = capa + chunkSize
-	t.chunks = make([]*chunk, t.size/chunkSize)
-	t.gens = make([]uint32, len(t.chunks))
-	for i := range t.chunks {
-		t.chunks[i] = new(chunk)
+	d := uint8(0)
+	for (capa>>d) > maxShardChunks*chunkSize-shardSlack && d < maxDirBits {
+		d++
 	}
-	t.n = 0
+	per := roundCap(capa >> d)
+	t.shards = make([]shard, 1<<d)
+	t.chunks, t.gens = nil, nil
+	t.capa, t.n = 0, 0
+	for i := range t.shards {
+		t.shards[i] = shard{base: len(t.chunks) * chunkSize, capa: per, prefix: uint64(i), depth: d}
+		t.shards[i].setFull()
+		for range t.shards[i].chunks() {
+			t.chunks = append(t.chunks, new(chunk))
+			t.gens = append(t.gens, 0)
+		}
+		t.capa += per
+	}
+	t.size = len(t.chunks) * chunkSize
+	t.dirBits = d
+	t.rebuildDir()
+}
+
+// rebuildDir fills the directory from the shards (a shard of depth d
+// covers 2^(dirBits−d) consecutive entries).
+func (t *table) rebuildDir() {
+	if cap(t.dir) >= 1<<t.dirBits {
+		t.dir = t.dir[:1<<t.dirBits]
+	} else {
+		t.dir = make([]int32, 1<<t.dirBits)
+	}
+	k := 0
+	for si := range t.shards {
+		for range 1 << (t.dirBits - t.shards[si].depth) {
+			t.dir[k] = int32(si)
+			k++
+		}
+	}
 }
 
 func log2(n int) int {
@@ -96,9 +189,18 @@ func log2(n int) int {
 	return l
 }
 
+// shardOf returns the index of h's shard.
+func (t *table) shardOf(h uint64) int {
+	if t.dirBits == 0 {
+		return 0
+	}
+	return int(t.dir[h>>(64-t.dirBits)])
+}
+
 func (t *table) home(h uint64) int {
-	hi, _ := bits.Mul64(h, uint64(t.capa))
-	return int(hi)
+	sh := &t.shards[t.shardOf(h)]
+	hi, _ := bits.Mul64(h<<sh.depth, uint64(sh.capa))
+	return sh.base + int(hi)
 }
 
 // at returns slot i for reading.
@@ -132,7 +234,8 @@ func (t *table) find(h uint64) int {
 
 // search returns the index of h's slot and true or, if h is absent, the
 // index where it would be inserted (the first slot from its home that is
-// empty or holds a larger hash; t.size past the end) and false.
+// empty or holds a larger hash; past its shard's end if none in it) and
+// false.
 func (t *table) search(h uint64) (int, bool) {
 	i := t.lowerBound(h)
 	return i, i < t.size && t.at(i).lim != 0 && t.at(i).hash == h
@@ -154,7 +257,8 @@ func (t *table) lowerBound(h uint64) int {
 }
 
 // insert adds h with limit lim and a zero state and returns its index. h
-// must not be present. It may grow the table (which moves every slot).
+// must not be present. It may grow h's shard (which moves the slots of
+// that shard and the indices of every later one).
 func (t *table) insert(c *core, h uint64, lim uint32) int {
 	i, _ := t.search(h)
 	return t.insertAt(c, h, lim, i)
@@ -163,25 +267,33 @@ func (t *table) insert(c *core, h uint64, lim uint32) int {
 // insertAt is insert given i, where search placed the absent h (the table
 // unchanged since).
 func (t *table) insertAt(c *core, h uint64, lim uint32, i int) int {
-	if (t.n+1)*maxLoadDen > t.capa*maxLoadNum {
-		t.grow(c)
+	si := t.shardOf(h)
+	if sh := &t.shards[si]; sh.n+1 > sh.full {
+		t.grow(c, si)
 		i, _ = t.search(h)
+		si = t.shardOf(h)
 	}
 	for {
-		if j := t.emptyFrom(i); j < t.size {
-			t.shiftRight(c, i, j)
-			*t.mut(c, i) = slot{hash: h, lim: lim}
-			t.n++
-			return i
+		sh := &t.shards[si]
+		if end := sh.end(); i < end {
+			if j := t.emptyFrom(i, end); j < end {
+				t.shiftRight(c, i, j)
+				*t.mut(c, i) = slot{hash: h, lim: lim}
+				sh.n++
+				t.n++
+				return i
+			}
 		}
-		t.grow(c)
+		t.grow(c, si)
 		i, _ = t.search(h)
+		si = t.shardOf(h)
 	}
 }
 
-// emptyFrom returns the first empty slot at or after i (t.size if none).
-func (t *table) emptyFrom(i int) int {
-	for ; i < t.size; i = i&^chunkMask + chunkSize {
+// emptyFrom returns the first empty slot in [i, end) (end if none; end is
+// a multiple of chunkSize).
+func (t *table) emptyFrom(i, end int) int {
+	for ; i < end; i = i&^chunkMask + chunkSize {
 		ch := t.chunks[i>>chunkBits]
 		for k := i & chunkMask; k < chunkSize; k++ {
 			if ch[k].lim == 0 {
@@ -189,7 +301,7 @@ func (t *table) emptyFrom(i int) int {
 			}
 		}
 	}
-	return t.size
+	return end
 }
 
 // shiftRight moves slots [i, j) to [i+1, j+1), a chunk's run at a time.
@@ -209,7 +321,10 @@ func (t *table) shiftRight(c *core, i, j int) {
 }
 
 // remove deletes slot i with backward-shift deletion, keeping the order.
+// (A shard's first slot is at its home or empty, so no slot moves across
+// shards.)
 func (t *table) remove(c *core, i int) {
+	t.shards[t.shardOf(t.at(i).hash)].n--
 	j := i + 1
 	for j < t.size {
 		s := t.at(j)
@@ -223,124 +338,173 @@ func (t *table) remove(c *core, i int) {
 	t.n--
 }
 
-// grow resizes the table to the resize load for one more key than it holds
-// (at least one chunk more) and re-places every slot in order.
-func (t *table) grow(c *core) {
-	capa := max(fitCap(t.n+1), t.capa+chunkSize)
-	if t.growInPlace(c, capa) {
+// grow resizes shard si to the resize load for one more key than it holds
+// (at least one chunk more), or, if that would pass maxShardChunks chunks,
+// splits it in two, re-placing its slots in new chunks.
+func (t *table) grow(c *core, si int) {
+	sh := t.shards[si]
+	capa := max(fitCap(sh.n+1), sh.capa+chunkSize)
+	if capa <= maxShardChunks*chunkSize-shardSlack || sh.depth >= maxDirBits {
+		t.replace(c, si, []shard{{capa: capa, prefix: sh.prefix, depth: sh.depth}})
 		return
 	}
-	old := *t
-	t.init(capa)
-	t.fill(c, &old)
-}
-
-// growInPlace re-places every slot for the larger capacity capa in the
-// chunks the table has and new ones after them, with the layout fill
-// gives: each slot at its new home or just after the slot before it. No
-// slot's new index is below its old one (its home only moves up, and by
-// induction so does the slot before it), so moving the slots from the
-// last to the first never overwrites one not yet moved. The slots are
-// moved a chunk at a time, from the new index of the slot before each
-// chunk (found in a first pass). It reports false, changing nothing, if
-// the slots would run past the new end.
-func (t *table) growInPlace(c *core, capa int) bool {
-	size := capa + chunkSize
-	home := func(h uint64) int {
-		hi, _ := bits.Mul64(h, uint64(capa))
-		return int(hi)
-	}
-	oldChunks := len(t.chunks)
-	starts := make([]int, oldChunks) // the new index free at each chunk's start
-	next := 0
-	for ci, ch := range t.chunks {
-		starts[ci] = next
-		for k := range ch {
-			if s := &ch[k]; s.lim != 0 {
-				next = max(home(s.hash), next) + 1
+	// Split on the next hash bit: count each half's keys.
+	lo := 0
+	bit := uint64(1) << (63 - sh.depth)
+	for ci := sh.base >> chunkBits; ci < sh.end()>>chunkBits; ci++ {
+		for x := range t.chunks[ci] {
+			if s := &t.chunks[ci][x]; s.lim != 0 && s.hash&bit == 0 {
+				lo++
 			}
 		}
 	}
-	if next > size {
-		return false
+	// Each half takes half the chunks (more only if its keys would pass the
+	// highest growth load there), so that a split adds no memory; a half
+	// past its growth load grows at its next insertion.
+	d := sh.depth + 1
+	half := func(n int) int {
+		return max(sh.chunks()/2*chunkSize-shardSlack, roundCap(n*100/fullHiPct+1))
 	}
-	for len(t.chunks) < size/chunkSize {
-		t.chunks = append(t.chunks, new(chunk))
-		t.gens = append(t.gens, c.gen)
+	t.replace(c, si, []shard{
+		{capa: half(lo), prefix: sh.prefix << 1, depth: d},
+		{capa: half(sh.n - lo), prefix: sh.prefix<<1 | 1, depth: d},
+	})
+	if d > t.dirBits {
+		t.dirBits = d
 	}
-	if t.pos == nil {
-		t.pos = new([chunkSize]int32)
-	}
-	pos := t.pos
-	for ci := oldChunks - 1; ci >= 0; ci-- {
-		next := starts[ci]
-		ch := t.chunks[ci]
-		last := -1
-		for k := range ch {
-			if s := &ch[k]; s.lim != 0 {
-				next = max(home(s.hash), next)
-				pos[k] = int32(next)
-				next++
-				last = k
-			}
-		}
-		if last < 0 {
-			continue
-		}
-		ch = t.mutChunk(c, ci)
-		for k := last; k >= 0; k-- {
-			s := ch[k]
-			if to := int(pos[k]); s.lim != 0 && to != ci<<chunkBits|k {
-				ch[k] = slot{}
-				*t.mut(c, to) = s
-			}
-		}
-	}
-	t.capa, t.size = capa, size
-	return true
+	t.rebuildDir()
 }
 
-// fill places every occupied slot of old into t, in hash order.
-func (t *table) fill(c *core, old *table) {
-	for !t.place(old) {
-		t.init(t.capa + t.capa/2) // pathological clustering at the tail
-	}
-	for i := range t.gens {
-		t.gens[i] = c.gen
+// replace re-places the slots of shard si in new chunks laid out as the
+// shards ns (consecutive, covering si's hashes; their capa and depth set),
+// and puts them in si's place. The chunks si had are left as they were
+// (a snapshot may share them).
+func (t *table) replace(c *core, si int, ns []shard) {
+	old := t.shards[si]
+	for {
+		var chunks []*chunk
+		base := old.base
+		for k := range ns {
+			ns[k].base, ns[k].n = base, 0
+			for range ns[k].chunks() {
+				chunks = append(chunks, new(chunk))
+			}
+			base = ns[k].end()
+		}
+		k, ok := place(chunks, ns, t, old)
+		if ok {
+			for k := range ns {
+				ns[k].setFull()
+			}
+			t.splice(c, si, old, chunks, ns)
+			return
+		}
+		ns[k].capa += max(ns[k].capa/2&^chunkMask, chunkSize) // pathological clustering
 	}
 }
 
-// place puts every occupied slot of old into the empty t, each at its home
-// or just after the slot placed before it, and reports whether they fit.
-func (t *table) place(old *table) bool {
-	next := 0
-	for _, och := range old.chunks {
-		for k := range och {
-			s := &och[k]
+// place puts every occupied slot of shard old of t into chunks, laid out
+// as ns (one shard, or the two halves of a split), each at its home or
+// just after the slot placed before it. It reports false and the shard
+// that overflowed if they do not fit.
+func place(chunks []*chunk, ns []shard, t *table, old shard) (int, bool) {
+	k, sh := 0, &ns[0]
+	next, end := sh.base, sh.end()
+	for ci := old.base >> chunkBits; ci < old.end()>>chunkBits; ci++ {
+		och := t.chunks[ci]
+		for x := range och {
+			s := &och[x]
 			if s.lim == 0 {
 				continue
 			}
-			i := max(t.home(s.hash), next)
-			if i >= t.size {
-				return false
+			if k == 0 && len(ns) == 2 && (s.hash<<old.depth)>>63 == 1 {
+				k, sh = 1, &ns[1]
+				next, end = sh.base, sh.end()
 			}
-			t.chunks[i>>chunkBits][i&chunkMask] = *s
-			next = i + 1
-			t.n++
+			hi, _ := bits.Mul64(s.hash<<sh.depth, uint64(sh.capa))
+			j := max(sh.base+int(hi), next)
+			if j >= end {
+				return k, false
+			}
+			r := j - old.base
+			chunks[r>>chunkBits][r&chunkMask] = *s
+			next = j + 1
+			sh.n++
 		}
 	}
-	return true
+	return 0, true
 }
 
-// maybeShrink resizes the table to the resize load when it is below half
-// that load, to return memory after a burst of keys has been swept.
+// splice replaces shard si (old) and its chunks with ns and chunks.
+func (t *table) splice(c *core, si int, old shard, chunks []*chunk, ns []shard) {
+	c0, c1 := old.base/chunkSize, old.end()/chunkSize
+	gens := make([]uint32, len(chunks))
+	for i := range gens {
+		gens[i] = c.gen
+	}
+	t.chunks = slices.Replace(t.chunks, c0, c1, chunks...)
+	t.gens = slices.Replace(t.gens, c0, c1, gens...)
+	t.shards = slices.Replace(t.shards, si, si+1, ns...)
+	delta := len(chunks)*chunkSize - (old.end() - old.base)
+	for k := si + len(ns); k < len(t.shards); k++ {
+		t.shards[k].base += delta
+	}
+	for _, sh := range ns {
+		t.capa += sh.capa
+	}
+	t.capa -= old.capa
+	t.size = len(t.chunks) * chunkSize
+}
+
+// maybeShrink lays the table out anew at the resize load when it is below
+// half that load, to return memory after a burst of keys has been swept.
 func (t *table) maybeShrink(c *core) {
 	if t.capa <= minTableCap || t.n*fitLoadDen*2 > t.capa*fitLoadNum {
 		return
 	}
 	old := *t
 	t.init(fitCap(t.n))
-	t.fill(c, &old)
+	for i := range t.gens {
+		t.gens[i] = c.gen
+	}
+	next := 0
+	old.each(func(_ int, s *slot) bool {
+		next = t.placeNext(c, *s, next)
+		return true
+	})
+}
+
+// placeNext places sl (larger than every key placed so far; next is what
+// the previous call returned, 0 at first) and returns what the next call
+// takes. It may grow sl's shard.
+func (t *table) placeNext(c *core, sl slot, next int) int {
+	si := t.shardOf(sl.hash)
+	for {
+		sh := &t.shards[si]
+		if sh.n+1 <= sh.full {
+			i := max(t.home(sl.hash), next)
+			if i < sh.end() {
+				*t.mut(c, i) = sl
+				sh.n++
+				t.n++
+				return i + 1
+			}
+		}
+		t.grow(c, si)
+		si = t.shardOf(sl.hash)
+		next = t.afterLast(&t.shards[si])
+	}
+}
+
+// afterLast returns one past the last occupied slot of shard sh, or where
+// it starts.
+func (t *table) afterLast(sh *shard) int {
+	for i := sh.end() - 1; i >= sh.base; i-- {
+		if t.at(i).lim != 0 {
+			return i + 1
+		}
+	}
+	return sh.base
 }
 
 // each calls f for every occupied slot in index (= hash) order until f

@@ -58,28 +58,28 @@ func TestTableModel(t *testing.T) {
 		if !slices.IsSorted(got) || len(got) != len(model) {
 			t.Fatalf("table not sorted or wrong size")
 		}
-		// The layout depends on the key set only.
+		if err := checkTable(&c.tab); err != nil {
+			t.Fatal(err)
+		}
+		// The layout depends on the key set and the shards' shapes only.
 		c2 := newCore(testConfig())
-		c2.tab.init(c.tab.capa)
 		rev := slices.Clone(got)
 		slices.Reverse(rev)
 		for _, h := range rev {
 			c2.tab.insert(c2, h, 1)
 		}
-		if c2.tab.capa == c.tab.capa {
+		if err := checkTable(&c2.tab); err != nil {
+			t.Fatal(err)
+		}
+		if sameShape(&c.tab, &c2.tab) {
 			for i := range c.tab.size {
 				if *c.tab.at(i) != *c2.tab.at(i) {
 					t.Fatalf("layout differs at %d with the reverse insertion order", i)
 				}
 			}
 		}
-		// Growing in place lays the slots out as filling a new table does
-		// (or reports that they do not fit, changing nothing), with a
-		// snapshot sharing the chunks or not.
-		capa := c.tab.capa + rapid.IntRange(1, 4).Draw(t, "grow")*chunkSize
-		c3 := newCore(testConfig())
-		c3.tab.init(capa)
-		fits := c3.tab.place(&c.tab)
+		// Growing (or splitting) a shard keeps every key findable, writes no
+		// chunk a snapshot shares, and moves no other shard's slots.
 		c.cow = rapid.Bool().Draw(t, "cow")
 		c.gen++
 		before := slices.Clone(c.tab.chunks)
@@ -87,32 +87,96 @@ func TestTableModel(t *testing.T) {
 		for _, ch := range before {
 			saved = append(saved, *ch)
 		}
-		if got := c.tab.growInPlace(c, capa); got != fits {
-			t.Fatalf("growInPlace to %d = %v, place = %v", capa, got, fits)
-		}
+		si := rapid.IntRange(0, len(c.tab.shards)-1).Draw(t, "shard")
+		c.tab.grow(c, si)
 		if c.cow {
 			for i, ch := range before {
 				if *ch != saved[i] {
-					t.Fatalf("growInPlace wrote chunk %d, shared with a snapshot", i)
+					t.Fatalf("grow wrote chunk %d, shared with a snapshot", i)
 				}
 			}
 		}
-		want := &c3.tab
-		if !fits {
-			want = &c2.tab
-			if c2.tab.capa != c.tab.capa {
-				return
-			}
+		if err := checkTable(&c.tab); err != nil {
+			t.Fatal(err)
 		}
-		if c.tab.capa != want.capa || c.tab.size != want.size || len(c.tab.chunks) != len(want.chunks) {
-			t.Fatalf("grown to capacity %d size %d, want %d %d", c.tab.capa, c.tab.size, want.capa, want.size)
-		}
-		for i := range want.size {
-			if *c.tab.at(i) != *want.at(i) {
-				t.Fatalf("grown in place, slot %d is %+v, filled %+v", i, *c.tab.at(i), *want.at(i))
-			}
+		var after []uint64
+		c.tab.each(func(_ int, s *slot) bool { after = append(after, s.hash); return true })
+		if !slices.Equal(after, got) {
+			t.Fatalf("keys differ after growing shard %d", si)
 		}
 	})
+}
+
+// sameShape reports whether a and b have the same shards.
+func sameShape(a, b *table) bool {
+	if len(a.shards) != len(b.shards) {
+		return false
+	}
+	for i := range a.shards {
+		if a.shards[i].capa != b.shards[i].capa || a.shards[i].depth != b.shards[i].depth {
+			return false
+		}
+	}
+	return true
+}
+
+// checkTable checks the table's layout: the shards tile the chunks in
+// order, the directory names each hash's shard, every key is in its shard
+// at or after its home with no empty slot between, in hash order, and the
+// counts add up.
+func checkTable(t *table) error {
+	if len(t.gens) != len(t.chunks) || t.size != len(t.chunks)*chunkSize {
+		return fmt.Errorf("size %d, %d chunks, %d gens", t.size, len(t.chunks), len(t.gens))
+	}
+	if len(t.dir) != 1<<t.dirBits {
+		return fmt.Errorf("directory of %d entries for %d bits", len(t.dir), t.dirBits)
+	}
+	base, capa, n := 0, 0, 0
+	for k, sh := range t.shards {
+		if sh.base != base || sh.capa <= 0 || (sh.capa+shardSlack)%chunkSize != 0 || sh.depth > t.dirBits {
+			return fmt.Errorf("shard %d: %+v after slot %d", k, sh, base)
+		}
+		base = sh.end()
+		capa += sh.capa
+		cnt := 0
+		for i := sh.base; i < sh.end(); i++ {
+			if s := t.at(i); s.lim != 0 {
+				cnt++
+				if t.shardOf(s.hash) != k {
+					return fmt.Errorf("slot %d (%x) in shard %d, directory says %d", i, s.hash, k, t.shardOf(s.hash))
+				}
+			}
+		}
+		if cnt != sh.n {
+			return fmt.Errorf("shard %d counts %d keys, holds %d", k, sh.n, cnt)
+		}
+		n += cnt
+	}
+	if base != t.size || capa != t.capa || n != t.n {
+		return fmt.Errorf("shards end at %d of %d, capacity %d of %d, %d keys of %d", base, t.size, capa, t.capa, n, t.n)
+	}
+	var prev uint64
+	first := true
+	for i := range t.size {
+		s := t.at(i)
+		if s.lim == 0 {
+			continue
+		}
+		if !first && s.hash <= prev {
+			return fmt.Errorf("slot %d out of hash order", i)
+		}
+		first, prev = false, s.hash
+		hm := t.home(s.hash)
+		if hm > i {
+			return fmt.Errorf("slot %d before its home %d", i, hm)
+		}
+		for j := hm; j < i; j++ {
+			if t.at(j).lim == 0 {
+				return fmt.Errorf("slot %d: empty slot %d after its home %d", i, j, hm)
+			}
+		}
+	}
+	return nil
 }
 
 // Full, lease-less keys are dropped by the sweep; others stay.
