@@ -162,6 +162,7 @@ func (s *State) ApplySlotEntry(data []byte) (SlotResult, error) {
 	defer s.mu.Unlock()
 	c := s.st
 	c.cow = s.live > 0
+	c.tab.grown = false
 	res := SlotResult{Op: se.Op}
 	if se.Fence < c.slotFence {
 		res.Err = fmt.Errorf("%w: %s proposed by a meta leader of term %d, after one of term %d acted on this group's slots",

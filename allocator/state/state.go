@@ -291,6 +291,7 @@ func (s *State) Apply(cmd *allotv1.Command) any {
 	defer s.mu.Unlock()
 	c := s.st
 	c.cow = s.live > 0
+	c.tab.grown = false
 	now := max(cmd.GetNowUnixNanos(), c.now)
 	switch x := cmd.GetCmd().(type) {
 	case *allotv1.Command_Acquire:
@@ -336,6 +337,7 @@ func (s *State) ApplyCompact(data []byte) (*AcquireBatchResult, error) {
 	defer s.mu.Unlock()
 	c := s.st
 	c.cow = s.live > 0
+	c.tab.grown = false
 	// One copy of the entry: the calls' strings are its substrings.
 	return c.applyCompact(string(data), c.now)
 }

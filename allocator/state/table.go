@@ -28,20 +28,23 @@ import (
 // no wrap-around: an insertion that would run past its shard's end grows
 // that shard.
 //
-// Memory is 32 bytes per slot divided by the load, so the table runs full:
-// a shard grows when its load would pass 88–92% and is then resized
-// to a load of 41/50 (its capacity and slack whole chunks; an ordered table keeps
-// lookups short at such loads: a search stops at the first larger hash).
-// An insertion shifts the rest of its cluster by one slot, about
-// ½(1+1/(1−load)²) slots: 13 at 4/5, 50 at 9/10, 78 at 92% (and 128 at 15/16, which
-// costs more CPU than the under 2 bytes a key it saves). A shard that
-// would grow past maxShardChunks chunks splits instead into two of one
-// more bit, half its chunks each. A resize re-places one shard's slots in new chunks, which
-// replace its chunks in the table; so it moves at most ~128k slots (a few
-// ms), however many keys the table holds, and never writes a chunk a
-// snapshot shares. Slots are stored in fixed-size chunks so that a
-// snapshot shares them and a write after a snapshot copies one 128 KiB
-// chunk at most (copy-on-write by generation).
+// Memory is 32 bytes per slot divided by the load, so the table runs
+// full: a shard grows when its load would pass 88–92% and is then resized
+// to a load of 4/5 (its capacity and slack whole chunks; an ordered table
+// keeps lookups short at such loads: a search stops at the first larger
+// hash). An insertion shifts the rest of its cluster by one slot, about
+// ½(1+1/(1−load)²) slots: 13 at 4/5, 50 at 9/10, 78 at 92% (and 128 at
+// 15/16, which costs more CPU than the under 2 bytes a key it saves). A
+// shard that would grow past maxShardChunks chunks splits instead into
+// two of one more bit, half its chunks each. A resize re-places one
+// shard's slots in new chunks, which replace its chunks in the table; so
+// it moves at most one shard's slots (a few ms), however many keys the
+// table holds, and never writes a chunk a snapshot shares. One entry
+// grows one shard (more only past lateLoadPct, or at a shard's end), so
+// that the shards' growths, which come close together as uniform hashes
+// fill them alike, are spread over entries. Slots are stored in
+// fixed-size chunks so that a snapshot shares them and a write after a
+// snapshot copies one 128 KiB chunk at most (copy-on-write by generation).
 //
 // A key's lookup misses the cache (the table is far larger than it) and
 // the next key's lookup waits for it; touch reads the slots of many keys
@@ -57,7 +60,7 @@ const (
 	minTableCap = chunkSize - shardSlack
 	// maxShardChunks is the largest shard capacity, in chunks: a shard that
 	// would grow past it splits.
-	maxShardChunks = 64
+	maxShardChunks = 48
 	// maxDirBits bounds the directory (and a shard's depth): a shard that
 	// deep grows instead of splitting (only hashes crowded into a 2⁻¹⁶ of
 	// the hash space come to it).
@@ -67,12 +70,14 @@ const (
 	maxLoadNum = 9
 	maxLoadDen = 10
 	// fullLoPct, fullHiPct: a shard grows past a load between these
-	// (shard.setFull).
-	fullLoPct = 88
-	fullHiPct = 92
-	// fitLoadNum/fitLoadDen: the load a resized shard starts at (41/50).
-	fitLoadNum = 41
-	fitLoadDen = 50
+	// (shard.setFull); lateLoadPct: past this one even if another shard
+	// has grown in the same entry.
+	fullLoPct   = 88
+	fullHiPct   = 92
+	lateLoadPct = 95
+	// fitLoadNum/fitLoadDen: the load a resized shard starts at (4/5).
+	fitLoadNum = 4
+	fitLoadDen = 5
 )
 
 // slot is one tracked key: 32 bytes.
@@ -116,14 +121,18 @@ func (sh *shard) end() int { return sh.base + sh.capa + shardSlack }
 func (sh *shard) chunks() int { return (sh.capa + shardSlack) / chunkSize }
 
 type table struct {
-	chunks  []*chunk
-	gens    []uint32 // generation each chunk was made private at
-	capa    int      // the shards' capacities summed
-	size    int      // len(chunks)·chunkSize
-	n       int      // occupied slots
-	sink    uint32   // what touch read
-	shards  []shard  // in hash order
-	dir     []int32  // shard by the top dirBits bits of a hash
+	chunks []*chunk
+	gens   []uint32 // generation each chunk was made private at
+	capa   int      // the shards' capacities summed
+	size   int      // len(chunks)·chunkSize
+	n      int      // occupied slots
+	sink   uint32   // what touch read
+	shards []shard  // in hash order
+	// grown: a shard has grown since the entry being applied began (the
+	// state clears it at each entry); a shard past its growth load then
+	// waits for a later entry, up to lateLoadPct.
+	grown   bool
+	dir     []int32 // shard by the top dirBits bits of a hash
 	dirBits uint8
 }
 
@@ -268,7 +277,7 @@ func (t *table) insert(c *core, h uint64, lim uint32) int {
 // unchanged since).
 func (t *table) insertAt(c *core, h uint64, lim uint32, i int) int {
 	si := t.shardOf(h)
-	if sh := &t.shards[si]; sh.n+1 > sh.full {
+	if sh := &t.shards[si]; sh.n+1 > sh.full && (!t.grown || (sh.n+1)*100 > sh.capa*lateLoadPct) {
 		t.grow(c, si)
 		i, _ = t.search(h)
 		si = t.shardOf(h)
@@ -342,6 +351,7 @@ func (t *table) remove(c *core, i int) {
 // (at least one chunk more), or, if that would pass maxShardChunks chunks,
 // splits it in two, re-placing its slots in new chunks.
 func (t *table) grow(c *core, si int) {
+	t.grown = true
 	sh := t.shards[si]
 	capa := max(fitCap(sh.n+1), sh.capa+chunkSize)
 	if capa <= maxShardChunks*chunkSize-shardSlack || sh.depth >= maxDirBits {

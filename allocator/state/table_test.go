@@ -41,6 +41,9 @@ func TestTableModel(t *testing.T) {
 			if model[h] {
 				continue
 			}
+			if rapid.IntRange(0, 7).Draw(t, "new entry") == 0 {
+				c.tab.grown = false // as the state does at each entry
+			}
 			c.tab.insert(c, h, 1)
 			model[h] = true
 		}
