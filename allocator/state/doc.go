@@ -12,8 +12,9 @@
 //
 // Memory. Per-key limiter state lives in an ordered open-addressing table of
 // 32-byte slots keyed by rules.KeyHash (xxhash64 of the canonical key), run
-// at 4/5 to 9/10 load, with copy-on-write chunks so that Snapshot does not
-// copy the table under the lock. A key with live leases also has an entry
+// at 4/5 to 92% load in shards by hash prefix that grow one at a time,
+// with copy-on-write chunks so that Snapshot does not copy the table under
+// the lock. A key with live leases also has an entry
 // in a byte arena (arena.go, entry.go): its rates, its leases (22 bytes
 // each) and its key (an interned template and the values), named by a
 // uint32 link in its slot, with no Go pointer; an expiry wheel of 4-byte
