@@ -197,17 +197,7 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 						// Every agent renews the entry's keys.
 						next = turn * perReq % hot
 					}
-					for k, ka := range keys {
-						if fleet && k < perReq*85/100 {
-							cold++
-							ka.Entries[0].Value = fmt.Sprintf("cold-%010d", cold)
-							ka.Want, ka.Held, ka.Demand, ka.Charged = 0, 0, 0, 1
-							continue
-						}
-						ka.Entries[0].Value = fmt.Sprintf("user-%010d", next%hot)
-						ka.Want, ka.Held, ka.Demand, ka.Charged = 5, 1, 5, 0
-						next++
-					}
+					fillCall(keys, fleet, &cold, &next, hot)
 					req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("agent-", a), RequestId: ids[a],
 						PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
 					recs[a] = AppendAcquireRecord(recs[a][:0], req)
@@ -277,5 +267,22 @@ func BenchmarkValidatePacked(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/key")
 			b.ReportMetric(float64((c1-c0).Nanoseconds())/n, "cpu-ns/key")
 		})
+	}
+}
+
+// fillCall sets keys for one call: with fleet, the first 85% are charges
+// of 1 on new cold keys (numbered on from *cold); the rest, or all
+// without fleet, renewals of the hot keys from *next on (mod hot).
+func fillCall(keys []*allotv1.KeyAcquire, fleet bool, cold, next *int, hot int) {
+	for k, ka := range keys {
+		if fleet && k < len(keys)*85/100 {
+			*cold++
+			ka.Entries[0].Value = fmt.Sprintf("cold-%010d", *cold)
+			ka.Want, ka.Held, ka.Demand, ka.Charged = 0, 0, 0, 1
+			continue
+		}
+		ka.Entries[0].Value = fmt.Sprintf("user-%010d", *next%hot)
+		ka.Want, ka.Held, ka.Demand, ka.Charged = 5, 1, 5, 0
+		*next++
 	}
 }

@@ -32,14 +32,8 @@ func (s *State) consistency() error {
 		}
 		prev = sl.hash
 		n++
-		h := t.home(sl.hash)
-		if h > i {
-			return fmt.Errorf("table: slot %d before its home %d", i, h)
-		}
-		for j := h; j < i; j++ {
-			if t.at(j).lim == 0 {
-				return fmt.Errorf("table: gap at %d between home %d and slot %d", j, h, i)
-			}
+		if err := placedErr(t, i); err != nil {
+			return fmt.Errorf("table: %w", err)
 		}
 		if t.find(sl.hash) != i {
 			return fmt.Errorf("table: find(%016x) != %d", sl.hash, i)

@@ -169,14 +169,23 @@ func checkTable(t *table) error {
 			return fmt.Errorf("slot %d out of hash order", i)
 		}
 		first, prev = false, s.hash
-		hm := t.home(s.hash)
-		if hm > i {
-			return fmt.Errorf("slot %d before its home %d", i, hm)
+		if err := placedErr(t, i); err != nil {
+			return err
 		}
-		for j := hm; j < i; j++ {
-			if t.at(j).lim == 0 {
-				return fmt.Errorf("slot %d: empty slot %d after its home %d", i, j, hm)
-			}
+	}
+	return nil
+}
+
+// placedErr is the error of occupied slot i sitting before its home, or
+// after an empty slot between its home and it; nil if neither.
+func placedErr(t *table, i int) error {
+	h := t.home(t.at(i).hash)
+	if h > i {
+		return fmt.Errorf("slot %d before its home %d", i, h)
+	}
+	for j := h; j < i; j++ {
+		if t.at(j).lim == 0 {
+			return fmt.Errorf("slot %d: empty slot %d after its home %d", i, j, h)
 		}
 	}
 	return nil

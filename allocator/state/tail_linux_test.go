@@ -49,17 +49,7 @@ func BenchmarkApplyFleetTail(b *testing.B) {
 		for cold < target {
 			for a := range calls {
 				ids[a]++
-				for k, ka := range keys {
-					if k < perReq*85/100 {
-						cold++
-						ka.Entries[0].Value = fmt.Sprintf("cold-%010d", cold)
-						ka.Want, ka.Held, ka.Demand, ka.Charged = 0, 0, 0, 1
-						continue
-					}
-					ka.Entries[0].Value = fmt.Sprintf("user-%010d", next%hot)
-					ka.Want, ka.Held, ka.Demand, ka.Charged = 5, 1, 5, 0
-					next++
-				}
+				fillCall(keys, true, &cold, &next, hot)
 				req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("agent-", a), RequestId: ids[a],
 					PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
 				recs[a] = AppendAcquireRecord(recs[a][:0], req)
