@@ -24,7 +24,12 @@
 // such latency of each second of the window, and how late sends left;
 // leadership changes in the window; each allocator's CPU (from
 // /proc/<pid>/stat over the measured window) in cores and µs per
-// key-grant, and the load client's; the load average; with -idle, the
+// key-grant, and the load client's; how long each allocator's threads and
+// the load client's waited on a run queue for a core against their time on
+// one (/proc/<pid>/task/*/schedstat), and the machine's idle, iowait and
+// steal shares (/proc/stat): on a shared machine a goroutine whose thread
+// waits for a core shows as running in Go's trace, so a stage's wall time
+// can be mostly that wait; the load average; with -idle, the
 // allocators' CPU with no traffic afterwards; Raft entries/s and keys per
 // entry; the p50/p99 of each stage of an Acquire over the same window,
 // read from the nodes' /metrics histograms (follower handler and hop,
@@ -33,6 +38,9 @@
 // failover, the time from the kill to the next grant committed by a new
 // leader. The load is bounded in time and sent only to 127.0.0.1. With -fsync-probe it also times an
 // fsync in the data directory throughout the window, the disk's own tail.
+// -leader-trace saves a Go execution trace of the leader over the window
+// (go tool trace; with -leader-cpuprofile as well it carries CPU samples,
+// which tell a goroutine on a core from one whose thread waits for one).
 //
 // Clients follow the leader as agents do (-target follow): a client starts
 // on any node and moves to the address in a forwarded answer's leader
@@ -107,6 +115,7 @@ type options struct {
 	timeouts     string
 	profile      string
 	fprofile     string
+	ltrace       string
 	packed       bool
 	packedKeys   bool
 	env          string
@@ -144,6 +153,7 @@ func main() {
 	flag.IntVar(&o.inflight, "max-inflight-batches", 0, "passed to the allocators (0: their default)")
 	flag.StringVar(&o.timeouts, "raft-timeouts", "500ms/500ms/500ms", "heartbeat/election/leader-lease timeouts (the allocator's defaults)")
 	flag.StringVar(&o.profile, "leader-cpuprofile", "", "write a CPU profile of the leader, taken during the throughput phase, to this file")
+	flag.StringVar(&o.ltrace, "leader-trace", "", "write a Go execution trace of the leader (runtime/trace, /debug/pprof/trace), taken over the same window as -leader-cpuprofile, to this file (go tool trace)")
 	flag.StringVar(&o.fprofile, "follower-cpuprofile", "", "write a CPU profile of one follower, taken over the same window as -leader-cpuprofile, to this file")
 	flag.StringVar(&o.env, "allocator-env", "", "comma-separated NAME=VALUE pairs added to the allocators' environment (e.g. GOGC=200)")
 	flag.StringVar(&o.args, "allocator-args", "", "extra space-separated flags for every allocator")
@@ -361,7 +371,7 @@ func run(o options) error {
 	cpu0 := sampleCPU(nodes)
 	start := time.Now()
 	probe := startFsyncProbe(dir, o.fsyncProbe, start.Add(o.duration))
-	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile); err != nil {
+	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile, o.ltrace); err != nil {
 		return err
 	}
 	stopProfile, err := startClientProfile(o.cprofile)
@@ -384,6 +394,7 @@ func run(o options) error {
 		unit = "key-update"
 	}
 	cpuReport(nodes, role, cpu0, cpu1, keysOK, unit)
+	schedReport(nodes, role, cpu0, cpu1)
 	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	breakdown(nodes, leaders, m0, m1)
 	if err := probe.report(); err != nil {
@@ -1014,15 +1025,46 @@ type cpuSample struct {
 	nodes []time.Duration
 	self  time.Duration
 	at    time.Time
+	// run and wait are each node's threads' time on a core and waiting on
+	// a run queue (last: this process's), from schedstat; mach the
+	// machine's /proc/stat.
+	run, wait []time.Duration
+	mach      proccpu.Machine
 }
 
 func sampleCPU(nodes []*node) cpuSample {
 	self, _ := proccpu.Of(0) // 0 if unreadable: the figures then show it
-	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: self, at: time.Now()}
+	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: self, at: time.Now(),
+		run: make([]time.Duration, len(nodes)+1), wait: make([]time.Duration, len(nodes)+1)}
 	for i, n := range nodes {
 		s.nodes[i], _ = proccpu.Of(n.Proc.Pid())
+		s.run[i], s.wait[i], _ = proccpu.Sched(n.Proc.Pid())
 	}
+	s.run[len(nodes)], s.wait[len(nodes)], _ = proccpu.Sched(0)
+	s.mach, _ = proccpu.ReadMachine()
 	return s
+}
+
+// schedReport prints how long each node's threads (and this process's)
+// waited on a run queue for a core between s0 and s1, against their time
+// on one, and the machine's idle, iowait and steal shares: a goroutine
+// whose thread waits for a core shows as running in Go's own trace.
+func schedReport(nodes []*node, role []string, s0, s1 cpuSample) {
+	fmt.Printf("run queue (/proc/<pid>/task/*/schedstat, threads summed, same window): ")
+	for i := 0; i <= len(nodes); i++ {
+		name := "load client"
+		if i < len(nodes) {
+			name = fmt.Sprintf("%s (%s)", nodes[i].ID, role[i])
+		}
+		run, wait := s1.run[i]-s0.run[i], s1.wait[i]-s0.wait[i]
+		ratio := 0.0
+		if run > 0 {
+			ratio = wait.Seconds() / run.Seconds()
+		}
+		fmt.Printf("%s waited %.2f s for %.2f s on a core (%.2f s a CPU-second); ", name, wait.Seconds(), run.Seconds(), ratio)
+	}
+	idle, iowait, steal := proccpu.Share(s0.mach, s1.mach)
+	fmt.Printf("machine (/proc/stat): idle %.1f%%, iowait %.1f%%, steal %.1f%%\n", 100*idle, 100*iowait, 100*steal)
 }
 
 // cpuReport prints the CPU each node (its role) and this process used
@@ -1064,7 +1106,7 @@ func idleReport(nodes []*node, leader int, role []string, d time.Duration, token
 	if profile != "" {
 		go func() { // waited for below
 			time.Sleep(time.Until(s0.at.Add(d / 2)))
-			profiled <- fetchProfile(nodes[leader], token, max(int(d.Seconds())/2-1, 1), profile)
+			profiled <- fetchProfile(nodes[leader], token, "profile", max(int(d.Seconds())/2-1, 1), profile)
 		}()
 	} else {
 		profiled <- nil
@@ -1304,32 +1346,36 @@ func scrapeAll(nodes []*node) ([]map[string]float64, error) {
 }
 
 // fetchProfiles saves CPU profiles of the leader (to lpath) and of the
-// first follower (to fpath), taken at once over secs seconds; an empty
-// path skips that node.
-func fetchProfiles(nodes []*node, leader int, token string, secs int, lpath, fpath string) error {
+// first follower (to fpath), and an execution trace of the leader (to
+// tpath), taken at once over secs seconds; an empty path skips that one.
+func fetchProfiles(nodes []*node, leader int, token string, secs int, lpath, fpath, tpath string) error {
 	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i, path := range []string{lpath, fpath} {
+	errs := make([]error, 3)
+	for i, path := range []string{lpath, fpath, tpath} {
 		if path == "" {
 			continue
 		}
-		n := nodes[leader]
-		if i == 1 {
+		n, kind := nodes[leader], "profile"
+		switch i {
+		case 1:
 			n = nodes[(leader+1)%len(nodes)]
+		case 2:
+			kind = "trace"
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = fetchProfile(n, token, secs, path)
+			errs[i] = fetchProfile(n, token, kind, secs, path)
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// fetchProfile saves a CPU profile of n taken over secs seconds.
-func fetchProfile(n *node, token string, secs int, path string) error {
-	resp, err := testproc.GetWithToken(context.Background(), fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.HTTP, secs), token)
+// fetchProfile saves n's /debug/pprof/<kind> (a CPU profile or an
+// execution trace) taken over secs seconds.
+func fetchProfile(n *node, token, kind string, secs int, path string) error {
+	resp, err := testproc.GetWithToken(context.Background(), fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", n.HTTP, kind, secs), token)
 	if err != nil {
 		return err
 	}

@@ -66,3 +66,86 @@ func LoadAvg() string {
 	}
 	return strings.Join(f[:3], " ")
 }
+
+// Sched is the time process pid's threads (pid 0: this process) have spent
+// on a core and waiting on a run queue for one, summed over the threads
+// alive now (/proc/<pid>/task/*/schedstat, nanoseconds). On a shared
+// machine the wait is the part of a goroutine's wall time that Go's own
+// trace shows as running: the thread is runnable, but the kernel has not
+// given it a core.
+func Sched(pid int) (run, wait time.Duration, err error) {
+	dir := "/proc/self/task"
+	if pid != 0 {
+		dir = fmt.Sprintf("/proc/%d/task", pid)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread has exited
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			return 0, 0, fmt.Errorf("%s/%s/schedstat: unexpected format", dir, e.Name())
+		}
+		r, err1 := strconv.ParseInt(f[0], 10, 64)
+		w, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			return 0, 0, fmt.Errorf("%s/%s/schedstat: unexpected format", dir, e.Name())
+		}
+		run += time.Duration(r)
+		wait += time.Duration(w)
+	}
+	return run, wait, nil
+}
+
+// Machine is the machine's CPU time by kind, from the first line of
+// /proc/stat (clock ticks, summed over the cores).
+type Machine struct {
+	Idle, IOWait, Steal, Total int64
+}
+
+// ReadMachine reads /proc/stat.
+func ReadMachine() (Machine, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return Machine{}, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return Machine{}, fmt.Errorf("/proc/stat: unexpected format")
+	}
+	var m Machine
+	for i, s := range f[1:] {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return Machine{}, fmt.Errorf("/proc/stat: unexpected format")
+		}
+		if i < 8 { // user nice system idle iowait irq softirq steal; guest is within user
+			m.Total += v
+		}
+		switch i {
+		case 3:
+			m.Idle = v
+		case 4:
+			m.IOWait = v
+		case 7:
+			m.Steal = v
+		}
+	}
+	return m, nil
+}
+
+// Share returns what part of the time between m0 and m1 was idle, iowait
+// and steal.
+func Share(m0, m1 Machine) (idle, iowait, steal float64) {
+	t := float64(m1.Total - m0.Total)
+	if t <= 0 {
+		return 0, 0, 0
+	}
+	return float64(m1.Idle-m0.Idle) / t, float64(m1.IOWait-m0.IOWait) / t, float64(m1.Steal-m0.Steal) / t
+}
