@@ -69,7 +69,10 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 	if cfg.Size == 0 {
 		cfg.Size = 3
 	}
-	addrs := FreeAddrs(t, 3*cfg.Size)
+	addrs, err := freeAddrsOn(ClusterHost(), 3*cfg.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := &Cluster{}
 	for i := range cfg.Size {
 		n := &Node{

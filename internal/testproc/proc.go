@@ -13,6 +13,7 @@ package testproc
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -330,7 +331,32 @@ func FreeAddr(t testing.TB) string {
 
 // FreeLoopbackAddrs returns n distinct 127.0.0.1 addresses whose ports are
 // free now (all listened on at once, then released).
-func FreeLoopbackAddrs(n int) ([]string, error) {
+func FreeLoopbackAddrs(n int) ([]string, error) { return freeAddrsOn("127.0.0.1", n) }
+
+// ClusterHost is the loopback address this process's clusters listen on:
+// one of 127.0.0.0/8 other than 127.0.0.1, drawn once per process. A
+// killed allocator's port is free until the node is restarted on it; on
+// 127.0.0.1 another test binary running at the same time can bind it
+// meanwhile, and its allocator then answers this cluster's gateways (with
+// NO_RULE for rules it does not have, so they never fail open). On a host
+// no other process uses, nothing else can answer on that port. It is
+// 127.0.0.1 where the drawn address cannot be bound.
+var ClusterHost = sync.OnceValue(func() string {
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "127.0.0.1"
+	}
+	host := net.IPv4(127, 1+b[0]%254, b[1], 1+b[2]%254).String()
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "127.0.0.1"
+	}
+	ln.Close()
+	return host
+})
+
+// freeAddrsOn returns n distinct addresses on host whose ports are free now.
+func freeAddrsOn(host string, n int) ([]string, error) {
 	lns := make([]net.Listener, 0, n)
 	defer func() {
 		for _, ln := range lns {
@@ -339,7 +365,7 @@ func FreeLoopbackAddrs(n int) ([]string, error) {
 	}()
 	out := make([]string, 0, n)
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return nil, err
 		}
