@@ -501,7 +501,8 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		g.RetryAfterMs = ms(retry)
 	}
 
-	if !release && canLease && (want > 0 || held > 0) {
+	kept := !release && canLease && (want > 0 || held > 0)
+	if kept {
 		ttl, refresh := c.leaseTiming(contended, held, ka.demand)
 		if retry > 0 {
 			refresh = min(retry, ttl)
@@ -528,6 +529,9 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		g.LeaseTtlMs = ms(ttl)
 		g.RefreshAfterMs = ms(refresh)
 		g.Held = held
+		if !ka.wantShare && len(c.shares) > 0 {
+			delete(c.shares, extKey{h, ag.num}) // this grant issued no share
+		}
 	} else {
 		if have {
 			c.dropLease(e, li, h)
@@ -539,7 +543,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 		}
 	}
 	if ka.wantShare && !release {
-		g.Share = proto.Float64(float64(c.rateShare(e.leases, ag.num, demand, rateMilli(lim), now)) / milli)
+		g.Share = proto.Float64(float64(c.issueShare(e, h, ag.num, demand, rateMilli(lim), now, kept)) / milli)
 	}
 	if !leased {
 		return credited, ended

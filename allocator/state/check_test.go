@@ -68,7 +68,7 @@ func (s *State) consistency() error {
 	var blocks []block
 	var leases uint64
 	var live [2]int64
-	exts := 0
+	exts, shares := 0, 0
 	for i := 0; i < t.size; i++ {
 		sl := t.at(i)
 		if sl.link == 0 {
@@ -120,6 +120,12 @@ func (s *State) consistency() error {
 			if l.ext {
 				exts++
 			}
+			if sh, ok := c.shares[extKey{sl.hash, l.agent}]; ok {
+				if sh < shareUnknown {
+					return fmt.Errorf("key %016x: lease of agent %d issued share %d", sl.hash, l.agent, sh)
+				}
+				shares++
+			}
 			keys[l.agent]++
 			tokens[l.agent] += l.held
 			leases++
@@ -130,6 +136,9 @@ func (s *State) consistency() error {
 	}
 	if exts != len(c.codec.ext) {
 		return fmt.Errorf("escaped leases: %d, map %d", exts, len(c.codec.ext))
+	}
+	if shares != len(c.shares) {
+		return fmt.Errorf("issued shares: %d of live leases, map %d", shares, len(c.shares))
 	}
 	if len(c.agents) != len(c.byNum) {
 		return fmt.Errorf("agents: %d by id, %d by number", len(c.agents), len(c.byNum))

@@ -101,6 +101,9 @@ func (c *core) dropLease(e *entry, i int, h uint64) {
 	if l.ext {
 		delete(c.codec.ext, extKey{h, l.agent})
 	}
+	if len(c.shares) > 0 {
+		delete(c.shares, extKey{h, l.agent})
+	}
 	e.leases = slices.Delete(e.leases, i, i+1)
 	c.leases--
 }

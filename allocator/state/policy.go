@@ -32,8 +32,9 @@ import (
 //     leases) and shrink under contention;
 //   - a key that asks for it (want_share: a region at the global cluster)
 //     is answered its rate share: its max-min fair share of R over the
-//     demands the live leases report (rateShare), the rate a region falls
-//     to when cut off.
+//     demands the live leases report (rateShare), at most what the shares
+//     last issued to the other unexpired leases leave of R (issueShare),
+//     the rate a region falls to when cut off.
 
 // capacityOf returns C = max(burst, ⌈quota·F/window⌉).
 func capacityOf(l bucket.Limit, refresh time.Duration) int64 {
@@ -454,15 +455,15 @@ func rateMilli(l bucket.Limit) int64 {
 
 // rateShare returns agent's rate share of a key of rate rate (milli-
 // tokens/s): its max-min fair share of the rate over the demands the key's
-// live leases report, its own being demand (this call's report, whether or
-// not it holds a lease after the call). The agents that report a demand
+// live leases report, its own being demand (this call's report). The agents that report a demand
 // are water-filled (waterFill, in milli-tokens/s) over the rate; what
 // remains is split evenly, rounded down, between the agents that report
 // none, so that an agent whose demand is yet to show has a rate to fall to
 // that takes nothing from the agents using the key. A lease is live as in
 // allowance (liveExpiry), and not expired. Every agent's share is
 // computed over the same leases, so the shares of the live leases at one
-// instant sum to at most rate.
+// instant sum to at most rate; issueShare (shares.go) caps the share a
+// grant answers so that the shares last issued do too.
 func (c *core) rateShare(leases []lease, agent uint32, demand float32, rate, now int64) int64 {
 	live := max(c.liveExpiry(now), now+1)
 	needs := c.scr.needs[:0]

@@ -43,8 +43,10 @@ func sharesAt(t tb, s *State, now int64, ids map[string]uint64, demands map[stri
 }
 
 // TestRateShare: the share is the max-min fair share of the rate over the
-// live leases' demands; agents reporting no demand split what remains; a
-// lease no longer live does not count; a call that does not ask gets none.
+// live leases' demands, at most what the other unexpired leases' issued
+// shares leave; agents reporting no demand split what remains; a lease
+// no longer live does not count in the demands; a call that does not ask
+// gets none.
 // Each step's batch is applied twice at its instant: the first records the
 // demands the second's shares are computed from.
 func TestRateShare(t *testing.T) {
@@ -62,12 +64,23 @@ func TestRateShare(t *testing.T) {
 		// a, b and d report none: they split what c leaves.
 		{200 * time.Millisecond, map[string]float64{"a": 0, "b": 0, "c": 10, "d": 0},
 			map[string]float64{"a": 30, "b": 30, "c": 10, "d": 30}},
+		// a's and b's fair shares are 45, but d's lease still counts on
+		// the 30 it was issued: each is answered what the others' issued
+		// shares leave (shares.go).
 		{300 * time.Millisecond, map[string]float64{"a": 200, "b": 60, "c": 10},
-			map[string]float64{"a": 45, "b": 45, "c": 10}},
-		// b's lease (TTL 10 s, renewed at 300 ms) is no longer live 3.2 s
-		// later (claimLiveIntervals: 2 s); d's, of a key it reported no
-		// demand for (TTL 60 s), is: it splits nothing with a and c.
-		{3500 * time.Millisecond, map[string]float64{"a": 200, "c": 10}, map[string]float64{"a": 90, "c": 10}},
+			map[string]float64{"a": 30, "b": 30, "c": 10}},
+		// d's next grant issues it 0 (nothing remains), which frees the
+		// room for a's and b's.
+		{400 * time.Millisecond, map[string]float64{"a": 200, "b": 60, "c": 10, "d": 0},
+			map[string]float64{"a": 45, "b": 45, "c": 10, "d": 0}},
+		// b's lease (TTL 10 s, renewed at 400 ms) is no longer live 3.1 s
+		// later (claimLiveIntervals: 2 s): a's fair share is 90; d's, of a
+		// key it reported no demand for (TTL 60 s), is live: it splits
+		// nothing with a and c. But b's lease has not expired and was
+		// issued 45: a is answered the 45 that leaves.
+		{3500 * time.Millisecond, map[string]float64{"a": 200, "c": 10}, map[string]float64{"a": 45, "c": 10}},
+		// Once b's lease has expired, a is answered its fair share.
+		{10500 * time.Millisecond, map[string]float64{"a": 200, "c": 10}, map[string]float64{"a": 90, "c": 10}},
 	} {
 		var agents []string
 		for _, a := range propAgents {
@@ -85,7 +98,7 @@ func TestRateShare(t *testing.T) {
 	}
 	// Not asked: no share.
 	ids["a"]++
-	g := mustAcquire(t, s, at(3600*time.Millisecond), "a", ids["a"], ka("big", "x", 1, 0, 0, 0)).GetGrants()[0]
+	g := mustAcquire(t, s, at(10600*time.Millisecond), "a", ids["a"], ka("big", "x", 1, 0, 0, 0)).GetGrants()[0]
 	if g.Share != nil {
 		t.Errorf("share %v answered without want_share", g.GetShare())
 	}

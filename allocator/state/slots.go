@@ -614,6 +614,7 @@ func (c *core) importKeys(data []byte, owned []slots.Range) (int, error) {
 		return 0, fmt.Errorf("%w: import: the leased keys exceed the arena", ErrSlotRefused)
 	}
 	e := &c.scr.e
+	unknown := c.mayShare() // the export does not carry the shares issued
 	for _, k := range x.Keys {
 		idx := c.tab.insert(c, k.Hash, c.lims.ref(k.Limit))
 		c.tab.mut(c, idx).st = k.State
@@ -638,6 +639,9 @@ func (c *core) importKeys(data []byte, owned []slots.Range) (int, error) {
 			c.addLease(e, len(e.leases), l)
 		}
 		c.storeEntry(k.Hash, idx, e, math.MaxInt64, false)
+		if unknown && c.sharedKey(k.Key) {
+			c.markUnknown(e, k.Hash)
+		}
 	}
 	return len(x.Keys), c.transition(x.Ranges, slotGone, slotServed, "import")
 }

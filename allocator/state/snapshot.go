@@ -54,10 +54,17 @@ import (
 // applied a fenced slot entry. Version 8 is version 7 whose flags may
 // also hold 8: the ledger's pools may hold tokens and a debt at once (a
 // mint that kept part of itself from the debt, upstream.go), and whose
-// slot fence may be 0; it is written only while a pool does. Restore
-// reads versions 2 to 8: a version-2 lease has granted nothing in the
-// current window, and its demand is truncated as a lease stores it
-// (roundDemand).
+// slot fence may be 0; it is written only while a pool does. Version 9
+// is version 8 whose flags may also hold 16: the issued shares
+// (shares.go) follow the slot fence, as uvarint n, n × (fixed64 key
+// hash, uvarint agent number, varint share in milli-tokens/s, -1 for
+// unknown) in (hash, agent) order, each naming a lease; it is written
+// only while the state records a share. Restore reads versions 2 to 9: a
+// version-2 lease has granted nothing in the current window, and its
+// demand is truncated as a lease stores it (roundDemand); a lease
+// restored from a version before 9 under a scope: global rule, outside
+// a regional cluster, is recorded as of unknown share (shares.go): the
+// snapshot does not say what it was issued.
 const (
 	snapMagic     = "ALLOTSNP"
 	snapEnd       = "ALLOTEND"
@@ -80,8 +87,12 @@ const (
 	// fence 0 allowed.
 	snapVersionKeep = 8
 	snapFlagKeep    = 8
-	snapTrailer     = 4 + 8 + len(snapEnd)
-	snapFlushSize   = 64 << 10
+	// snapVersionShares is version 8 with snapFlagShares allowed: the
+	// issued shares follow the slot fence.
+	snapVersionShares = 9
+	snapFlagShares    = 16
+	snapTrailer       = 4 + 8 + len(snapEnd)
+	snapFlushSize     = 64 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -123,6 +134,7 @@ type view struct {
 	ledgerLimits      bool   // ledger is in format 2
 	ledgerKeep        bool   // a pool holds tokens and a debt at once (format 2)
 	slotFence         uint64
+	shares            map[extKey]int64
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -149,6 +161,9 @@ func (s *State) Snapshot() (Snapshot, error) {
 		sweepSeg:     c.sweepSeg,
 		modes:        c.modes,
 		slotFence:    c.slotFence,
+	}
+	if len(c.shares) > 0 {
+		v.shares = maps.Clone(c.shares)
 	}
 	v.ledger, v.ledgerLimits, v.ledgerKeep = c.encodeLedger()
 	for i := range v.pages {
@@ -185,7 +200,10 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	if v.ledgerKeep {
+	flagged := v.slotFence > 0 || v.ledgerKeep || v.shares != nil // the flags byte and the fence follow the leases
+	if v.shares != nil {
+		e.uvarint(snapVersionShares)
+	} else if v.ledgerKeep {
 		e.uvarint(snapVersionKeep)
 	} else if v.slotFence > 0 {
 		e.uvarint(snapVersionFence)
@@ -310,8 +328,11 @@ func (sn *snapshot) Persist(w io.Writer) error {
 		}
 	}
 	switch {
-	case v.slotFence > 0 || v.ledgerKeep:
+	case flagged:
 		var flags byte
+		if v.shares != nil {
+			flags |= snapFlagShares
+		}
 		if v.ledgerKeep {
 			flags |= snapFlagKeep
 		}
@@ -344,8 +365,17 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	if v.ledger != nil {
 		e.bytes(v.ledger)
 	}
-	if v.slotFence > 0 || v.ledgerKeep {
+	if flagged {
 		e.uvarint(v.slotFence)
+	}
+	if v.shares != nil {
+		recs := sortedShares(v.shares)
+		e.uvarint(uint64(len(recs)))
+		for _, r := range recs {
+			e.fixed64(r.hash)
+			e.uvarint(uint64(r.agent))
+			e.varint(r.share)
+		}
 	}
 	return e.finish()
 }
@@ -441,8 +471,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence && version != snapVersionKeep {
-		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionKeep)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence && version != snapVersionKeep && version != snapVersionShares {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionShares)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -575,7 +605,7 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	hasModes := version == snapVersionV4
 	ledger := version == snapVersionLedger || version == snapVersionLimits
 	limits := version == snapVersionLimits
-	keep := false
+	keep, shares := false, false
 	switch version {
 	case snapVersionLedger, snapVersionLimits:
 		switch d.byte() {
@@ -585,11 +615,14 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		default:
 			d.fail("slot modes flag")
 		}
-	case snapVersionFence, snapVersionKeep:
+	case snapVersionFence, snapVersionKeep, snapVersionShares:
 		flags := d.byte()
 		known := byte(snapFlagModes | snapFlagLedger | snapFlagLimits)
-		if version == snapVersionKeep {
+		if version >= snapVersionKeep {
 			known |= snapFlagKeep
+		}
+		if version == snapVersionShares {
+			known |= snapFlagShares
 		}
 		if flags&^known != 0 || (flags&snapFlagLimits != 0 && flags&snapFlagLedger == 0) ||
 			(flags&snapFlagKeep != 0 && flags&snapFlagLimits == 0) {
@@ -597,6 +630,10 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		}
 		hasModes, ledger, limits = flags&snapFlagModes != 0, flags&snapFlagLedger != 0, flags&snapFlagLimits != 0
 		keep = flags&snapFlagKeep != 0
+		shares = flags&snapFlagShares != 0
+		if version == snapVersionShares && !shares {
+			d.fail("snapshot flags")
+		}
 	}
 	if hasModes {
 		if err := c.restoreModes(d); err != nil {
@@ -612,12 +649,17 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 			return nil, err
 		}
 	}
-	if version == snapVersionFence || version == snapVersionKeep {
+	if version == snapVersionFence || version == snapVersionKeep || version == snapVersionShares {
 		if c.slotFence = d.uvarintMax(1<<63-1, "slot fence"); c.slotFence == 0 && version == snapVersionFence && d.err == nil {
 			d.fail("slot fence")
 		}
 		if d.err != nil {
 			return nil, d.err
+		}
+	}
+	if shares {
+		if err := c.restoreShares(d); err != nil {
+			return nil, err
 		}
 	}
 	if len(d.b) != 0 {
@@ -640,6 +682,8 @@ func (c *core) restoreLeased(d *dec, version uint64) error {
 		given         []lease
 		tpl, val, buf []byte
 	)
+	// Before version 9 the shares issued are not recorded (shares.go).
+	unknown := version < snapVersionShares && c.mayShare()
 	for i := 0; i < ni && d.err == nil; i++ {
 		h := d.fixed64()
 		key := d.view()
@@ -702,11 +746,48 @@ func (c *core) restoreLeased(d *dec, version uint64) error {
 			c.addLease(&e, len(e.leases), l)
 		}
 		c.storeEntry(h, idx, &e, math.MaxInt64, false)
+		if unknown && c.sharedKey(string(key)) {
+			c.markUnknown(&e, h)
+		}
 		for j, l := range e.leases { // as stored
 			if l.expiry != given[j].expiry || l.grantedAt != given[j].grantedAt || l.demand != given[j].demand {
 				return corrupt("leased key %016x: lease times or demand not in stored form", h)
 			}
 		}
+	}
+	return d.err
+}
+
+// restoreShares reads the issued shares (version 9), checking that they
+// are in order, that each names a lease and that none is below
+// shareUnknown.
+func (c *core) restoreShares(d *dec) error {
+	n := d.count("shares")
+	if d.err == nil && n == 0 {
+		return corrupt("shares flagged but none recorded")
+	}
+	c.shares = make(map[extKey]int64, n)
+	var prev extKey
+	e := &c.scr.e
+	for i := 0; i < n && d.err == nil; i++ {
+		k := extKey{hash: d.fixed64(), agent: uint32(d.uvarintMax(math.MaxUint32, "share agent"))}
+		s := d.varint()
+		if d.err != nil {
+			break
+		}
+		if i > 0 && (k.hash < prev.hash || (k.hash == prev.hash && k.agent <= prev.agent)) {
+			return corrupt("shares out of order")
+		}
+		prev = k
+		idx := c.tab.find(k.hash)
+		if idx < 0 || c.tab.at(idx).link == 0 {
+			return corrupt("share of key %016x, which has no lease", k.hash)
+		}
+		c.loadEntry(e, k.hash, c.tab.at(idx).link)
+		if _, ok := e.find(k.agent); !ok || s < shareUnknown {
+			return corrupt("share of key %016x: no lease of agent %d, or a bad share", k.hash, k.agent)
+		}
+		c.shares[k] = s
 	}
 	return d.err
 }

@@ -170,6 +170,9 @@ type core struct {
 	ar    arena
 	tpls  templates
 	codec leaseCodec
+	// shares holds the share each lease granted with want_share was
+	// last issued, milli-tokens/s (shares.go); nil until one is.
+	shares map[extKey]int64
 	// old is the arena a compaction is emptying (nil when none);
 	// compactFrom is its hash cursor (leases.go).
 	old           *arena
