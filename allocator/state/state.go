@@ -170,9 +170,6 @@ type core struct {
 	ar    arena
 	tpls  templates
 	codec leaseCodec
-	// shares holds the share each lease granted with want_share was
-	// last issued, milli-tokens/s (shares.go); nil until one is.
-	shares map[extKey]int64
 	// old is the arena a compaction is emptying (nil when none);
 	// compactFrom is its hash cursor (leases.go).
 	old           *arena
@@ -209,6 +206,11 @@ type core struct {
 	gen uint32
 	cow bool // a snapshot is live: copy before writing shared records
 	scr scratch
+
+	// shares holds the share each lease granted with want_share was
+	// last issued, milli-tokens/s (shares.go); nil until one is. Last,
+	// so that the fields the grants read keep their places.
+	shares map[extKey]int64
 }
 
 // scratch holds reusable buffers for Apply (serialised by the lock).
