@@ -152,7 +152,10 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 	var me *memoEntry
 	memoable := false
 	if a.memo != nil && set != nil {
-		mh, memoable = identHash(a.memo.seed, domain, descs, &iw)
+		// identHash, with its commonest case called directly.
+		if mh, memoable = identHashShort(a.memo.seed, domain, descs, &iw); !memoable {
+			mh, memoable = identHashAny(a.memo.seed, domain, descs, &iw)
+		}
 	}
 	if memoable {
 		me = a.memo.get(mh, set, domain, descs, &iw)

@@ -130,9 +130,71 @@ type identWords struct {
 // the hash need only spread requests over the memo's slots (a hit is
 // decided by memo.get).
 //
-// The strings' words are read and mixed in the loop rather than by a
-// function of one string, which would not be inlined.
+// A request of the first form with at most identFast strings (the
+// commonest) is hashed by identHashShort, any other by identHashAny; the
+// two take disjoint sets of requests, so a request always hashes alike.
 func identHash(seed uint64, domain string, descs []Descriptor, iw *identWords) (h uint64, ok bool) {
+	if h, ok := identHashShort(seed, domain, descs, iw); ok {
+		return h, true
+	}
+	return identHashAny(seed, domain, descs, iw)
+}
+
+// identHashShort is identHash of a request whose strings are at most 16
+// bytes each and at most identFast in all, and which the memo takes; ok is
+// false for any other (identHashAny then decides). Knowing the form, it
+// keeps fewer values through its loop than identHashAny (the size is added
+// up once, the shape after the loop) and writes the words unchecked.
+func identHashShort(seed uint64, domain string, descs []Descriptor, iw *identWords) (h uint64, ok bool) {
+	if len(domain) > 16 || len(descs) > stackDescs {
+		return 0, false
+	}
+	a, b := strWords(domain)
+	iw.w[0], iw.w[1] = a, b
+	lens := uint64(len(domain))
+	h = strMix(seed, a, b, len(domain))
+	bytes := len(domain) // of the strings
+	n := 1               // strings; odd, as entries come in pairs
+	for i := range descs {
+		es := descs[i].Entries
+		if len(es) > (identFast-n)/2 {
+			return 0, false
+		}
+		h = bits.RotateLeft64(h, 17) ^ uint64(len(es))
+		for j := range es {
+			e := &es[j]
+			if len(e.Key) > 16 || len(e.Value) > 16 {
+				return 0, false
+			}
+			bytes += len(e.Key) + len(e.Value)
+			// Within iw.w: n ≤ identFast-2 here (the check above),
+			// so the words end by 2·identFast.
+			w := (*[4]uint64)(unsafe.Pointer(&iw.w[2*n]))
+			w[0], w[1] = strWords(e.Key)
+			w[2], w[3] = strWords(e.Value)
+			lens = (lens*17+uint64(len(e.Key)))*17 + uint64(len(e.Value))
+			h = bits.RotateLeft64(bits.RotateLeft64(h, 17)^strMix(seed, w[0], w[1], len(e.Key)), 17) ^ strMix(seed, w[2], w[3], len(e.Value))
+			n += 2
+		}
+	}
+	// The size as identHashAny counts it: a byte more for each of the
+	// n-1 strings of the entries, and one per descriptor.
+	size := 1 + len(descs) + n - 1 + bytes
+	if size > memoBufLen {
+		return 0, false
+	}
+	shape := uint64(len(descs))
+	for i := range descs {
+		shape |= uint64(len(descs[i].Entries)) << (8 * (i + 1))
+	}
+	iw.n, iw.shape, iw.lens = n, shape, lens
+	return mum(h^identK2, seed^uint64(size)), true
+}
+
+// identHashAny is identHash of any request. The strings' words are read
+// and mixed in the loop rather than by a function of one string, which
+// would not be inlined.
+func identHashAny(seed uint64, domain string, descs []Descriptor, iw *identWords) (h uint64, ok bool) {
 	size := 1 + len(domain)
 	if len(descs) > stackDescs || size > memoBufLen {
 		return 0, false

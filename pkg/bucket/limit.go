@@ -90,13 +90,16 @@ var ErrInvalidLimit = errors.New("bucket: invalid limit")
 // reports Remaining = Unlimited. (pkg/rules compiles `unlimited: true` rules
 // to it.)
 type Limit struct {
-	alg    Algorithm
-	quota  int64 // tokens per window, 1..MaxTokens; 0 only in the zero Limit
-	window int64 // ns, 1..MaxWindow
-	burst  int64 // bucket capacity; == quota for the window algorithms
-	tau    vt    // TokenBucket/GCRA: refill time of a full burst, burst·window/quota
-	tau2   vt    // TokenBucket/GCRA: 2·tau, the debt floor
-	deny   bool  // DenyAll: quota 0, admits nothing (see DenyAll)
+	alg Algorithm
+	// tokenNs: TokenBucket or GCRA with quota ≥ window, a token every
+	// nanosecond or faster (NextAfter is a nanosecond).
+	tokenNs bool
+	quota   int64 // tokens per window, 1..MaxTokens; 0 only in the zero Limit
+	window  int64 // ns, 1..MaxWindow
+	burst   int64 // bucket capacity; == quota for the window algorithms
+	tau     vt    // TokenBucket/GCRA: refill time of a full burst, burst·window/quota
+	tau2    vt    // TokenBucket/GCRA: 2·tau, the debt floor
+	deny    bool  // DenyAll: quota 0, admits nothing (see DenyAll)
 }
 
 // NewLimit returns a Limit admitting quota tokens per window with algorithm
@@ -148,6 +151,7 @@ func NewLimit(alg Algorithm, quota int64, window time.Duration, burst int64) (Li
 		}
 		l.tau = l.span(burst)
 		l.tau2 = l.vadd(l.tau, l.tau)
+		l.tokenNs = quota >= int64(window)
 	case SlidingWindow, FixedWindow:
 		if burst != quota {
 			return fail("%s: burst must equal quota (%d), got %d", alg, quota, burst)

@@ -15,6 +15,17 @@ import "time"
 // nanosecond. The window algorithms count in windows aligned to multiples
 // of the window since the Unix epoch, whatever the state.
 func (l Limit) NextAfter(now int64, resetAfter time.Duration) time.Duration {
+	if l.tokenNs && resetAfter > 0 {
+		// r in nextAfter is at most window ≤ quota: a nanosecond once
+		// rounded up.
+		return 1
+	}
+	return l.nextAfter(now, resetAfter)
+}
+
+// nextAfter is NextAfter past its case without a division (apart, so that
+// NextAfter is inlined).
+func (l Limit) nextAfter(now int64, resetAfter time.Duration) time.Duration {
 	if resetAfter <= 0 || l.quota == 0 {
 		return 0
 	}
