@@ -121,6 +121,14 @@ func validate(domain string, descs []Descriptor) error {
 	return nil
 }
 
+// checkStart is the origin of checkNanos.
+var checkStart = time.Now()
+
+// checkNanos is the time a sampled check starts or ends, in nanoseconds
+// since checkStart plus one (never 0, which marks a check not timed). It
+// reads the monotonic clock only, where time.Now reads the wall clock too.
+func checkNanos() int64 { return int64(time.Since(checkStart)) + 1 }
+
 func hitsFor(d *Descriptor, hits uint32) int64 {
 	if d.HitsAddend != 0 || d.HitsAddendSet {
 		return int64(d.HitsAddend)
@@ -135,9 +143,9 @@ func hitsFor(d *Descriptor, hits uint32) int64 {
 // caller's result, written in place: a Decision is large, and copying one
 // just written field by field stalls the CPU) and stays so on an error.
 func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs []Descriptor, hits uint32, out []Status, withStatuses bool) ([]Status, error) {
-	var t0 int64 // nanotime of a sampled check, 0 otherwise
+	var t0 int64 // checkNanos of a sampled check, 0 otherwise
 	if a.met.sampleCheck(uintptr(unsafe.Pointer(dec))) {
-		t0 = time.Now().UnixNano()
+		t0 = checkNanos()
 	}
 	set := a.rules.Load()
 
@@ -288,7 +296,7 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 	}
 	a.met.decision(hint, dec.Source, dec.Allowed)
 	if t0 != 0 {
-		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
+		a.met.checkSeconds.Observe(float64(checkNanos()-t0) / 1e9)
 	}
 	return out
 }
@@ -604,7 +612,7 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 	dec.ResetAfter = resetAfter
 	dec.NextAfter = r.Limit.NextAfter(now, resetAfter)
 	if t0 != 0 {
-		a.met.checkSeconds.Observe(float64(time.Now().UnixNano()-t0) / 1e9)
+		a.met.checkSeconds.Observe(float64(checkNanos()-t0) / 1e9)
 	}
 	return true
 }
