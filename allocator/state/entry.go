@@ -112,6 +112,7 @@ type entry struct {
 	// encoding it afresh.
 	src     []byte
 	srcBase int64
+	srcN    int // the number of leases in src
 }
 
 // entrySize returns the encoded size of an entry (before alignment).
@@ -189,6 +190,23 @@ func expUnitFor(cfg Config) int64 {
 	return max(u, 1e6)
 }
 
+// origin returns base (Unix ms) in expiry units, rounded down: the
+// origin of an entry's expiry offsets.
+func (lc *leaseCodec) origin(base int64) int64 {
+	if lc.unit == 1e6 { // the unit for leases of up to two hours: no division
+		return base
+	}
+	return floorDiv(base*1e6, lc.unit)
+}
+
+// units returns ns (Unix ns) in expiry units, rounded down.
+func (lc *leaseCodec) units(ns int64) int64 {
+	if lc.unit == 1e6 {
+		return floorDiv(ns, 1e6) // by a constant: no division instruction
+	}
+	return floorDiv(ns, lc.unit)
+}
+
 // u24Max is the largest count a compact lease stores (held must also
 // differ from leaseEscaped).
 const u24Max = 1<<24 - 1
@@ -211,7 +229,7 @@ func getI24(b []byte) int64 { return int64(int32(getU24(b)<<8) >> 8) }
 // decodeLeases decodes the n leases of key h at offset at of the entry
 // b.
 func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, at, n int, h uint64, base int64) []lease {
-	origin := floorDiv(base*1e6, lc.unit) // base, in units
+	origin := lc.origin(base) // base, in units
 	dst = slices.Grow(dst[:0], n)[:n]
 	b = b[:at+n*leaseBytes]
 	for i := range dst {
@@ -254,8 +272,8 @@ func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, at, n int, h uint64, b
 // units before base), the grant field and the grant time it decodes to;
 // fits is false if the lease must be escaped for them.
 func (lc *leaseCodec) times(l *lease, base int64) (off, g, gAt int64, fits bool) {
-	origin := floorDiv(base*1e6, lc.unit)
-	off = floorDiv(l.expiry, lc.unit) - origin
+	origin := lc.origin(base)
+	off = lc.units(l.expiry) - origin
 	if off*lc.unit+origin*lc.unit < l.expiry {
 		off++
 	}
@@ -277,7 +295,7 @@ func (lc *leaseCodec) times(l *lease, base int64) (off, g, gAt int64, fits bool)
 // putTimes writes a lease's expiry offset and grant field (from times)
 // and sets l's expiry and latest grant to what they decode to.
 func (lc *leaseCodec) putTimes(b []byte, l *lease, base, off, g, gAt int64) {
-	l.expiry, l.grantedAt = (floorDiv(base*1e6, lc.unit)+off)*lc.unit, gAt
+	l.expiry, l.grantedAt = (lc.origin(base)+off)*lc.unit, gAt
 	putU24(b[16:], uint32(off)&(1<<24-1))
 	putU24(b[19:], uint32(g))
 }
@@ -328,37 +346,58 @@ func putHeader(b []byte, e *entry) {
 
 // encode writes e (of key h) into b (entrySize bytes), updating e.leases'
 // expiries and escape flags to what they decode to, and makes b e's src.
+// It returns the earliest lease expiry (math.MaxInt64 with no lease).
 // A lease unchanged
 // since it was decoded from e.src is copied from there, its expiry and
 // grant fields moved to the new base (copyLease), which writes what
 // encodeLease would. b may be e.src's own block when the entry kept its
 // block or shrank in it: no lease then moves to a later offset, so
 // copying the leases in order reads each one before it is overwritten.
-func (lc *leaseCodec) encode(b []byte, e *entry, h uint64) {
+//
+// kept says that b holds the bytes of e.src's block (it is that block,
+// or a copy of its page made before any write): then the key's values
+// are not written again when the number of leases is unchanged, and an
+// unchanged lease still at its offset has only its time fields patched
+// (patchLease), or nothing written when base did not move.
+func (lc *leaseCodec) encode(b []byte, e *entry, h uint64, kept bool) int64 {
 	n := len(e.leases)
 	putHeader(b, e)
 	p := entryFixed
-	if n >= fieldEsc {
-		p += binary.PutUvarint(b[p:], uint64(n))
+	if kept && n == e.srcN {
+		p = entrySize(n, e.tpl, len(e.value)) - n*leaseBytes
+	} else {
+		if n >= fieldEsc {
+			p += binary.PutUvarint(b[p:], uint64(n))
+		}
+		if e.tpl >= fieldEsc {
+			p += binary.PutUvarint(b[p:], uint64(e.tpl))
+		}
+		p += binary.PutUvarint(b[p:], uint64(len(e.value)))
+		p += copy(b[p:], e.value)
 	}
-	if e.tpl >= fieldEsc {
-		p += binary.PutUvarint(b[p:], uint64(e.tpl))
-	}
-	p += binary.PutUvarint(b[p:], uint64(len(e.value)))
-	p += copy(b[p:], e.value)
-	dOrig := floorDiv(e.base*1e6, lc.unit) - floorDiv(e.srcBase*1e6, lc.unit)
+	dOrig := lc.origin(e.base) - lc.origin(e.srcBase)
 	dBase := e.base - e.srcBase
+	m := int64(math.MaxInt64)
 	for i := range e.leases {
 		l := &e.leases[i]
 		r := b[p : p+leaseBytes : p+leaseBytes]
 		p += leaseBytes
-		if l.enc == 0 || l.ext || dBase < 0 || !lc.copyLease(r, l, e.src, e.base, dOrig, dBase) {
+		switch {
+		case l.enc == 0 || l.ext || dBase < 0:
+			lc.encodeLease(r, l, h, e.base)
+		case kept && int(l.enc) == p-leaseBytes:
+			if !lc.patchLease(r, l, e.base, dOrig, dBase) {
+				lc.encodeLease(r, l, h, e.base)
+			}
+		case !lc.copyLease(r, l, e.src, e.base, dOrig, dBase):
 			lc.encodeLease(r, l, h, e.base)
 		}
 		l.enc = uint32(p - leaseBytes)
+		m = min(m, l.expiry)
 	}
 	clear(b[p:])
-	e.src, e.srcBase = b, e.base
+	e.src, e.srcBase, e.srcN = b, e.base, n
+	return m
 }
 
 // copyLease writes at r the lease l, unchanged and not escaped since it
@@ -380,13 +419,38 @@ func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dBa
 	off := int64(int32(uint32(w2>>16)<<8)>>8) - dOrig
 	if off < -(expMax + 1) { // long past: still due, kept 2²³ units back
 		off = -(expMax + 1)
-		l.expiry = (floorDiv(base*1e6, lc.unit) + off) * lc.unit
+		l.expiry = (lc.origin(base) + off) * lc.unit
 	}
 	// Every load before any store: r may overlap s (encode).
 	w0, w1 := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
 	w2 = w2&0xffff | uint64(uint32(off)&u24Max)<<16 | uint64(g)<<40
 	binary.LittleEndian.PutUint64(r, w0)
 	binary.LittleEndian.PutUint64(r[8:], w1)
+	binary.LittleEndian.PutUint64(r[14:], w2)
+	return true
+}
+
+// patchLease is copyLease for a lease whose record r is where it was
+// encoded: it writes only the expiry and grant fields, and nothing when
+// they do not change.
+func (lc *leaseCodec) patchLease(r []byte, l *lease, base, dOrig, dBase int64) bool {
+	w2 := binary.LittleEndian.Uint64(r[14:])
+	g := uint32(w2 >> 40)
+	if g != noGrant {
+		if g >= grantSecs || int64(g)+dBase >= grantSecs {
+			return false
+		}
+		g += uint32(dBase)
+	}
+	if dOrig == 0 && dBase == 0 {
+		return true
+	}
+	off := int64(int32(uint32(w2>>16)<<8)>>8) - dOrig
+	if off < -(expMax + 1) { // long past: still due, kept 2²³ units back
+		off = -(expMax + 1)
+		l.expiry = (lc.origin(base) + off) * lc.unit
+	}
+	w2 = w2&0xffff | uint64(uint32(off)&u24Max)<<16 | uint64(g)<<40
 	binary.LittleEndian.PutUint64(r[14:], w2)
 	return true
 }

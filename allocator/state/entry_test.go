@@ -47,7 +47,7 @@ func genEntry(t *rapid.T) entry {
 // encodeAt encodes e for key h with lc into a fresh block.
 func encodeAt(lc *leaseCodec, e *entry, h uint64) []byte {
 	b := make([]byte, blockSize(entrySize(len(e.leases), e.tpl, len(e.value))))
-	lc.encode(b, e, h)
+	lc.encode(b, e, h, false)
 	return b
 }
 
@@ -58,7 +58,7 @@ func decodeAt(t *rapid.T, lc *leaseCodec, b []byte, h uint64) entry {
 		t.Fatalf("parseHeader: ok %v, size %d of a %d-byte block", ok, size, len(b))
 	}
 	d.leases = lc.decodeLeases(nil, b, at, n, h, d.base)
-	d.src, d.srcBase = b, d.base
+	d.src, d.srcBase, d.srcN = b, d.base, n
 	d.value = slices.Clone(d.value)
 	return d
 }
@@ -191,11 +191,23 @@ func TestEntryCopiedLeases(t *testing.T) {
 		want := encodeAt(lcWhole, &whole, h)
 
 		var got []byte
-		if len(want) <= len(b) && rapid.Bool().Draw(t, "own block") {
-			got = b[:len(want)] // as storeEntry: in place, the tail split off after
-			lc.encode(got, &e, h)
-		} else {
-			got = encodeAt(lc, &e, h)
+		var gotMin int64
+		switch where := rapid.IntRange(0, 2).Draw(t, "where"); {
+		case where > 0 && len(want) <= len(b):
+			// As storeEntry: in place (or in a copy of the page a
+			// snapshot shares, made before any write), the tail split
+			// off after.
+			got = b[:len(want)]
+			if where == 2 {
+				got = slices.Clone(got)
+			}
+			gotMin = lc.encode(got, &e, h, true)
+		default:
+			got = make([]byte, len(want))
+			gotMin = lc.encode(got, &e, h, false)
+		}
+		if m := e.minSec(); floorDiv(gotMin, 1e9) != m {
+			t.Fatalf("encode reported the earliest expiry %d, the leases' is in second %d", gotMin, m)
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("copying leases wrote\n%x, encoding them\n%x", got, want)

@@ -24,7 +24,7 @@ func decodeEntry(ps *pageSets, lc *leaseCodec, link uint32, h uint64, e *entry) 
 	}
 	e.link, e.size = link, blockSize(size)
 	e.leases = lc.decodeLeases(e.leases[:0], b, at, n, h, e.base)
-	e.src, e.srcBase = b, e.base
+	e.src, e.srcBase, e.srcN = b, e.base, n
 	return true
 }
 
@@ -124,7 +124,7 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 		return
 	}
 	size := blockSize(entrySize(len(e.leases), e.tpl, len(e.value)))
-	push, shrink := consumed, false
+	push, shrink, kept := consumed, false, e.link != 0
 	var old uint32
 	oldSize := e.size
 	in := &c.ar
@@ -134,22 +134,23 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 	switch {
 	case e.link == 0:
 		e.link, e.size, push = c.ar.alloc(c, size), size, true
+		kept = false
 		c.tab.mut(c, idx).link = e.link
 	case size == e.size:
 	case size < e.size && e.size <= arenaLarge:
 		shrink = true
 	default:
 		old = e.link
-		e.link, e.size, push = c.ar.alloc(c, size), size, true
+		e.link, e.size, push, kept = c.ar.alloc(c, size), size, true, false
 		c.tab.mut(c, idx).link = e.link
 	}
 	b := c.arenaOf(e.link).mut(c, e.link, size)
-	c.codec.encode(b, e, h) // e.value and e.src may alias the old block: release it after
+	me := c.codec.encode(b, e, h, kept) // e.value and e.src may alias the old block: release it after
 	if shrink {
 		in.split(c, e.link, e.size, size) // after encode: the tail may hold leases it copies
 		e.size = size
 	}
-	m := e.minSec()
+	m := floorDiv(me, 1e9) // e.minSec()
 	if push || m < oldMin {
 		e.queued = uint8(m)
 		setQueued(b, e.queued)
