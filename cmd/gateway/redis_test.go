@@ -46,7 +46,7 @@ func redisProc(t *testing.T, addr string) *proc {
 // killed Redis, whose connections fail at once, not about a slow one.
 func TestRedisGatewayKilledMidTraffic(t *testing.T) {
 	gw, _ := binaries(t)
-	raddr := testproc.FreeAddr(t)
+	raddr := testproc.FreeClusterAddr(t) // restarted on it: see ClusterHost
 	rp := redisProc(t, raddr)
 	dir := t.TempDir()
 	rulesFile := writeFile(t, dir, "rules.yaml", `

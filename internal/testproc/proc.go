@@ -355,6 +355,17 @@ var ClusterHost = sync.OnceValue(func() string {
 	return host
 })
 
+// FreeClusterAddr returns an address on ClusterHost whose port is free
+// now: for a server a test kills and restarts on the same address.
+func FreeClusterAddr(t testing.TB) string {
+	t.Helper()
+	out, err := freeAddrsOn(ClusterHost(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
 // freeAddrsOn returns n distinct addresses on host whose ports are free now.
 func freeAddrsOn(host string, n int) ([]string, error) {
 	lns := make([]net.Listener, 0, n)
