@@ -166,12 +166,17 @@ func BenchmarkExpireDue(b *testing.B) {
 // the rest renewals, as bench/acquire -mode fleet sends them; shared:
 // every key a lease renewal, over 10k keys each leased by all ten agents
 // (bench/acquire's 16 clients each renew every key of its key space, so
-// its keys carry a dozen leases or more). allocs/op
+// its keys carry a dozen leases or more); adds: every key a lease added,
+// as in bench/acquire's first seconds, when its clients reach each key for
+// the first time: the keys (b.N×100 of them, at least 100k) are tracked
+// beforehand without a lease, and each agent passes each key once,
+// starting a tenth of the keys after the agent before it, so a key gains
+// its leases one by one up to ten. allocs/op
 // divided by 1000 is the allocations per key; cpu-ns/key is the process's
 // CPU time (GC included) over the applies, which moves less with the
 // machine's load than the wall clock does.
 func BenchmarkApplyCompactEntry(b *testing.B) {
-	for _, mode := range []string{"grants", "fleet", "shared"} {
+	for _, mode := range []string{"grants", "fleet", "shared", "adds"} {
 		b.Run(mode, func(b *testing.B) {
 			cfg := testConfig()
 			cfg.PackedGrants = true
@@ -179,8 +184,13 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 			putRules(b, s, t0, testRules)
 			const agents, perReq = 10, 100
 			hot, warm := 100_000, 100_000/(agents*perReq)
-			if mode == "shared" {
+			switch mode {
+			case "shared":
 				hot, warm = 10_000, 10_000/perReq
+			case "adds":
+				hot = max(100_000, b.N*perReq)
+				hot += -hot % (agents * perReq)
+				warm = 0
 			}
 			ids := make([]uint64, agents)
 			now := at(0)
@@ -193,9 +203,12 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 			entry := func(fleet bool) []byte {
 				for a := range agents {
 					ids[a]++
-					if mode == "shared" {
+					switch mode {
+					case "shared":
 						// Every agent renews the entry's keys.
 						next = turn * perReq % hot
+					case "adds":
+						next = a*(hot/agents) + turn*perReq
 					}
 					fillCall(keys, fleet, &cold, &next, hot)
 					req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("agent-", a), RequestId: ids[a],
@@ -210,6 +223,9 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 				if _, err := s.ApplyCompact(entry(false)); err != nil {
 					b.Fatal(err)
 				}
+			}
+			if mode == "adds" {
+				trackKeys(b, s, hot, now)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -226,6 +242,9 @@ func BenchmarkApplyCompactEntry(b *testing.B) {
 				c1, _ := proccpu.Self()
 				cpu += c1 - c0
 				b.StartTimer()
+			}
+			if st := s.Stats(); mode == "adds" && st.Leases != uint64(b.N*agents*perReq) {
+				b.Fatalf("%d leases after %d entries of adds, want one a key-grant", st.Leases, b.N)
 			}
 			n := float64(b.N * agents * perReq)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/key")
@@ -284,5 +303,22 @@ func fillCall(keys []*allotv1.KeyAcquire, fleet bool, cold, next *int, hot int) 
 		ka.Entries[0].Value = fmt.Sprintf("user-%010d", *next%hot)
 		ka.Want, ka.Held, ka.Demand, ka.Charged = 5, 1, 5, 0
 		*next++
+	}
+}
+
+// trackKeys tracks the keys "user-0000000000" to hot-1 of fillCall, each
+// charged one token and leased by nobody, by an agent of its own.
+func trackKeys(b *testing.B, s *State, hot int, now int64) {
+	keys := make([]*allotv1.KeyAcquire, 0, 1000)
+	for i, id := 0, uint64(1); i < hot; id++ {
+		keys = keys[:0]
+		for ; len(keys) < cap(keys) && i < hot; i++ {
+			keys = append(keys, &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big", Value: fmt.Sprintf("user-%010d", i)}},
+				Charged: 1})
+		}
+		req := &allotv1.AcquireRequest{AgentId: "tracker", RequestId: id, PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
+		if _, err := s.ApplyCompact(AppendAcquireEntry(nil, now, [][]byte{AppendAcquireRecord(nil, req)})); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
