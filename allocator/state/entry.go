@@ -402,28 +402,16 @@ func (lc *leaseCodec) encode(b []byte, e *entry, h uint64, kept bool) int64 {
 
 // copyLease writes at r the lease l, unchanged and not escaped since it
 // was encoded in src at base − dBase, as encodeLease would write it at
-// base: its expiry offset less dOrig units (clamped 2²³ units before base
-// when long past), its grant offset plus dBase ms. It reports false, and
-// writes nothing, when the grant is in seconds or reaches 2²³ ms (then
-// encodeLease rounds it).
+// base: its time fields moved (movedTimes). It reports false, and writes
+// nothing, when movedTimes does.
 func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dBase int64) bool {
 	s := src[l.enc : l.enc+leaseBytes : l.enc+leaseBytes]
-	w2 := binary.LittleEndian.Uint64(s[14:])
-	g := uint32(w2 >> 40)
-	if g != noGrant {
-		if g >= grantSecs || int64(g)+dBase >= grantSecs {
-			return false
-		}
-		g += uint32(dBase)
-	}
-	off := int64(int32(uint32(w2>>16)<<8)>>8) - dOrig
-	if off < -(expMax + 1) { // long past: still due, kept 2²³ units back
-		off = -(expMax + 1)
-		l.expiry = (lc.origin(base) + off) * lc.unit
+	w2, ok := lc.movedTimes(binary.LittleEndian.Uint64(s[14:]), l, base, dOrig, dBase)
+	if !ok {
+		return false
 	}
 	// Every load before any store: r may overlap s (encode).
 	w0, w1 := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
-	w2 = w2&0xffff | uint64(uint32(off)&u24Max)<<16 | uint64(g)<<40
 	binary.LittleEndian.PutUint64(r, w0)
 	binary.LittleEndian.PutUint64(r[8:], w1)
 	binary.LittleEndian.PutUint64(r[14:], w2)
@@ -431,28 +419,40 @@ func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dBa
 }
 
 // patchLease is copyLease for a lease whose record r is where it was
-// encoded: it writes only the expiry and grant fields, and nothing when
-// they do not change.
+// encoded: it writes only the time fields, and nothing when they do not
+// change.
 func (lc *leaseCodec) patchLease(r []byte, l *lease, base, dOrig, dBase int64) bool {
 	w2 := binary.LittleEndian.Uint64(r[14:])
+	moved, ok := lc.movedTimes(w2, l, base, dOrig, dBase)
+	if ok && moved != w2 {
+		binary.LittleEndian.PutUint64(r[14:], moved)
+	}
+	return ok
+}
+
+// movedTimes returns w2, a lease record's last word as encoded at
+// base − dBase, with its time fields as encodeLease would write them at
+// base: the expiry offset less dOrig units (clamped 2²³ units before base
+// when long past, l.expiry with it), the grant offset plus dBase ms. It
+// reports false when the grant is in seconds or reaches 2²³ ms (then
+// encodeLease rounds it).
+func (lc *leaseCodec) movedTimes(w2 uint64, l *lease, base, dOrig, dBase int64) (uint64, bool) {
 	g := uint32(w2 >> 40)
 	if g != noGrant {
 		if g >= grantSecs || int64(g)+dBase >= grantSecs {
-			return false
+			return 0, false
 		}
 		g += uint32(dBase)
 	}
 	if dOrig == 0 && dBase == 0 {
-		return true
+		return w2, true
 	}
 	off := int64(int32(uint32(w2>>16)<<8)>>8) - dOrig
 	if off < -(expMax + 1) { // long past: still due, kept 2²³ units back
 		off = -(expMax + 1)
 		l.expiry = (lc.origin(base) + off) * lc.unit
 	}
-	w2 = w2&0xffff | uint64(uint32(off)&u24Max)<<16 | uint64(g)<<40
-	binary.LittleEndian.PutUint64(r[14:], w2)
-	return true
+	return w2&0xffff | uint64(uint32(off)&u24Max)<<16 | uint64(g)<<40, true
 }
 
 // clampBase returns the base (Unix ms) for a command at now (Unix ns ≥ 0).

@@ -150,7 +150,7 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 		in.split(c, e.link, e.size, size) // after encode: the tail may hold leases it copies
 		e.size = size
 	}
-	m := floorDiv(me, 1e9) // e.minSec()
+	m := floorDiv(me, 1e9) // e.minSec(), from encode's pass over the leases (e has one at least)
 	if push || m < oldMin {
 		e.queued = uint8(m)
 		setQueued(b, e.queued)
