@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"os"
 	"time"
 
 	"github.com/allot/allot/pkg/rules"
@@ -124,6 +125,33 @@ func persist(t tb, s *State) []byte {
 		t.Fatalf("Persist: %v", err)
 	}
 	return b.Bytes()
+}
+
+// restoreFixture returns a state restored from testdata/name, the
+// snapshot file and the restored state.
+func restoreFixture(t tb, name string) ([]byte, *State) {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	s := New(testConfig())
+	if err := s.Restore(bytes.NewReader(b)); err != nil {
+		t.Fatalf("Restore(%s): %v", name, err)
+	}
+	return b, s
+}
+
+// leasedEntry returns the entry of key h, decoded; false when h is not
+// tracked or holds no entry.
+func (c *core) leasedEntry(h uint64) (entry, bool) {
+	var e entry
+	i := c.tab.find(h)
+	if i < 0 || c.tab.at(i).link == 0 {
+		return e, false
+	}
+	c.loadEntry(&e, h, c.tab.at(i).link)
+	return e, true
 }
 
 func keyHash(set *rules.Set, domain string, es []rules.Entry) uint64 {

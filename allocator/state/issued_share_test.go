@@ -3,7 +3,6 @@ package state
 import (
 	"bytes"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -43,13 +42,10 @@ func issuedShare(t tb, s *State, now int64, agent string, id uint64, demand floa
 // last grant did not ask).
 func liveShares(s *State, now int64, last map[string]float64) float64 {
 	c := s.st
-	h := keyHash(c.rules, "test", []rules.Entry{{Key: "g", Value: "x"}})
-	i := c.tab.find(h)
-	if i < 0 || c.tab.at(i).link == 0 {
+	e, ok := c.leasedEntry(keyHash(c.rules, "test", []rules.Entry{{Key: "g", Value: "x"}}))
+	if !ok {
 		return 0
 	}
-	var e entry
-	c.loadEntry(&e, h, c.tab.at(i).link)
 	sum := 0.0
 	for _, l := range e.leases {
 		if l.expiry > now {
@@ -168,14 +164,7 @@ func TestIssuedSharesProperty(t *testing.T) {
 // unknown share and each counts as the whole rate until its next grant;
 // the state persists as format 9 and restores from that unchanged.
 func TestRestoreSharesV3(t *testing.T) {
-	v3, err := os.ReadFile("testdata/snapshot-v3-shares.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(testConfig())
-	if err := s.Restore(bytes.NewReader(v3)); err != nil {
-		t.Fatalf("Restore(v3): %v", err)
-	}
+	_, s := restoreFixture(t, "snapshot-v3-shares.bin")
 	if n := len(s.st.shares); n != 2 {
 		t.Fatalf("%d share records, want 2", n)
 	}

@@ -184,13 +184,10 @@ func (s *State) leaseHeld(agent string, domain string, entries []rules.Entry) in
 	if a == nil || r == nil {
 		return 0
 	}
-	h := rules.KeyHash(r, domain, entries)
-	i := c.tab.find(h)
-	if i < 0 || c.tab.at(i).link == 0 {
+	e, ok := c.leasedEntry(rules.KeyHash(r, domain, entries))
+	if !ok {
 		return 0
 	}
-	var e entry
-	c.loadEntry(&e, h, c.tab.at(i).link)
 	if j, ok := e.find(a.num); ok {
 		return e.leases[j].held
 	}

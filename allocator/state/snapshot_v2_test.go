@@ -2,7 +2,6 @@ package state
 
 import (
 	"bytes"
-	"os"
 	"testing"
 	"time"
 
@@ -16,23 +15,13 @@ import (
 // current window and their demand truncated as a lease stores it, and the
 // state persists as format 3 and restores from that unchanged.
 func TestRestoreV2(t *testing.T) {
-	v2, err := os.ReadFile("testdata/snapshot-v2.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(testConfig())
-	if err := s.Restore(bytes.NewReader(v2)); err != nil {
-		t.Fatalf("Restore(v2): %v", err)
-	}
+	v2, s := restoreFixture(t, "snapshot-v2.bin")
 	c := s.st
 	big := []rules.Entry{{Key: "big", Value: "x"}}
-	h := keyHash(c.rules, "test", big)
-	i := c.tab.find(h)
-	if i < 0 || c.tab.at(i).link == 0 {
+	e, ok := c.leasedEntry(keyHash(c.rules, "test", big))
+	if !ok {
 		t.Fatalf("big=x is not leased after restore")
 	}
-	var e entry
-	c.loadEntry(&e, h, c.tab.at(i).link)
 	if len(e.leases) != 2 {
 		t.Fatalf("big=x has %d leases, want 2", len(e.leases))
 	}
