@@ -131,8 +131,9 @@ type identWords struct {
 // decided by memo.get).
 //
 // A request of the first form with at most identFast strings (the
-// commonest) is hashed by identHashShort, any other by identHashAny; the
-// two take disjoint sets of requests, so a request always hashes alike.
+// commonest) is hashed by identHashShort, which answers for it what
+// identHashAny answers, in a leaner loop; any other by identHashAny
+// (TestIdentHashShort).
 func identHash(seed uint64, domain string, descs []Descriptor, iw *identWords) (h uint64, ok bool) {
 	if h, ok := identHashShort(seed, domain, descs, iw); ok {
 		return h, true
@@ -140,11 +141,12 @@ func identHash(seed uint64, domain string, descs []Descriptor, iw *identWords) (
 	return identHashAny(seed, domain, descs, iw)
 }
 
-// identHashShort is identHash of a request whose strings are at most 16
-// bytes each and at most identFast in all, and which the memo takes; ok is
-// false for any other (identHashAny then decides). Knowing the form, it
-// keeps fewer values through its loop than identHashAny (the size is added
-// up once, the shape after the loop) and writes the words unchecked.
+// identHashShort is identHashAny of a request whose strings are at most 16
+// bytes each and at most identFast in all, and which the memo takes (the
+// same hash and words); ok is false for any other (identHashAny then
+// decides). Knowing the form, it keeps fewer values through its loop than
+// identHashAny (the size is added up once, the shape after the loop) and
+// writes the words unchecked.
 func identHashShort(seed uint64, domain string, descs []Descriptor, iw *identWords) (h uint64, ok bool) {
 	if len(domain) > 16 || len(descs) > stackDescs {
 		return 0, false
@@ -188,7 +190,7 @@ func identHashShort(seed uint64, domain string, descs []Descriptor, iw *identWor
 		shape |= uint64(len(descs[i].Entries)) << (8 * (i + 1))
 	}
 	iw.n, iw.shape, iw.lens = n, shape, lens
-	return mum(h^identK2, seed^uint64(size)), true
+	return mum(h^identK1, seed^uint64(size)), true
 }
 
 // identHashAny is identHash of any request. The strings' words are read

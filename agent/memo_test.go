@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -526,6 +527,41 @@ func TestPropertyLeasedFastPathMatchesSlowPath(t *testing.T) {
 		}
 		if a, b := with.keys.len(), without.keys.len(); a != b {
 			rt.Fatalf("keys tracked: %d with the memo, %d without", a, b)
+		}
+	})
+}
+
+// TestIdentHashShort: on every request it takes, identHashShort answers
+// what identHashAny does (the hash, the strings' words, their count,
+// lengths and shape), and identHash answers what identHashAny does on
+// every request.
+func TestIdentHashShort(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		str := rapid.Custom(func(t *rapid.T) string {
+			return string(rapid.SliceOfN(rapid.Byte(), 0, rapid.SampledFrom([]int{4, 16, 17, 40}).Draw(t, "max")).Draw(t, "bytes"))
+		})
+		descs := make([]Descriptor, rapid.IntRange(0, stackDescs+1).Draw(rt, "descs"))
+		for i := range descs {
+			for range rapid.IntRange(0, identFast/2+1).Draw(rt, "entries") {
+				descs[i].Entries = append(descs[i].Entries, rules.Entry{Key: str.Draw(rt, "key"), Value: str.Draw(rt, "value")})
+			}
+		}
+		domain := str.Draw(rt, "domain")
+		seed := rapid.Uint64().Draw(rt, "seed")
+		var any, short, all identWords
+		ha, oka := identHashAny(seed, domain, descs, &any)
+		if h, ok := identHash(seed, domain, descs, &all); h != ha || ok != oka {
+			rt.Fatalf("identHash = %x, %v; identHashAny = %x, %v", h, ok, ha, oka)
+		}
+		hs, oks := identHashShort(seed, domain, descs, &short)
+		if !oks {
+			return
+		}
+		if !oka || hs != ha {
+			rt.Fatalf("identHashShort = %x, identHashAny = %x, %v", hs, ha, oka)
+		}
+		if short.n != any.n || short.shape != any.shape || short.lens != any.lens || !slices.Equal(short.w[:2*short.n], any.w[:2*any.n]) {
+			rt.Fatalf("words: short %d %x %x %x, any %d %x %x %x", short.n, short.shape, short.lens, short.w[:2*short.n], any.n, any.shape, any.lens, any.w[:2*any.n])
 		}
 	})
 }
