@@ -83,3 +83,27 @@ func TestNextAfterBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestNextAfterTokenNs: for a token bucket of a token per nanosecond or
+// more, NextAfter's shortcut answers what the division does.
+func TestNextAfterTokenNs(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 10000; i++ {
+		alg := []Algorithm{TokenBucket, GCRA}[r.IntN(2)]
+		window := time.Duration(1 + r.Int64N(int64(time.Minute)))
+		quota := int64(window) + r.Int64N(MaxTokens-int64(window)+1)
+		if r.IntN(4) == 0 {
+			quota = int64(window) // the edge: exactly a token a nanosecond
+		}
+		burst := 1 + r.Int64N(quota)
+		l, err := NewLimit(alg, quota, window, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reset := time.Duration(1 + r.Int64N(int64(2*window)))
+		now := r.Int64N(1 << 62)
+		if got, want := l.NextAfter(now, reset), l.nextAfter(now, reset); got != want {
+			t.Fatalf("%v: NextAfter(%d, %v) = %v, the division gives %v", l, now, reset, got, want)
+		}
+	}
+}
