@@ -24,10 +24,10 @@
 // such latency of each second of the window, and how late sends left;
 // leadership changes in the window; each allocator's CPU (from
 // /proc/<pid>/stat over the measured window) in cores and µs per
-// key-grant, and the load client's; the machine's speed over the window
-// (internal/proccpu.Speed: fixed work per CPU-millisecond, sampled on the
-// load client) and the allocators' CPU against the load client's, since on
-// a shared machine a CPU-second is not a fixed amount of work; how long each allocator's threads and
+// key-grant, and the load client's, and the allocators' CPU against the
+// load client's (the client's work per call is fixed, so the ratio moves
+// with the code, where on a shared machine a CPU-second is not a fixed
+// amount of work); how long each allocator's threads and
 // the load client's waited on a run queue for a core against their time on
 // one (/proc/<pid>/task/*/schedstat), and the machine's idle, iowait and
 // steal shares (/proc/stat): on a shared machine a goroutine whose thread
@@ -374,7 +374,6 @@ func run(o options) error {
 	cpu0 := sampleCPU(nodes)
 	start := time.Now()
 	probe := startFsyncProbe(dir, o.fsyncProbe, start.Add(o.duration))
-	speed := startSpeedProbe(start.Add(o.duration))
 	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile, o.ltrace); err != nil {
 		return err
 	}
@@ -397,9 +396,7 @@ func run(o options) error {
 	if o.mode == "fleet" {
 		unit = "key-update"
 	}
-	cpu1.self -= speed.wait()
-	allocCPU := cpuReport(nodes, role, cpu0, cpu1, keysOK, unit)
-	speed.report(allocCPU, cpu1.self-cpu0.self)
+	cpuReport(nodes, role, cpu0, cpu1, keysOK, unit)
 	schedReport(nodes, role, cpu0, cpu1)
 	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
 	breakdown(nodes, leaders, m0, m1)
@@ -1076,8 +1073,7 @@ func schedReport(nodes []*node, role []string, s0, s1 cpuSample) {
 // cpuReport prints the CPU each node (its role) and this process used
 // between s0 and s1, in cores and in µs per key (keys answered OK; none:
 // cores only).
-// It returns the allocators' CPU over the window.
-func cpuReport(nodes []*node, role []string, s0, s1 cpuSample, keys int64, unit string) time.Duration {
+func cpuReport(nodes []*node, role []string, s0, s1 cpuSample, keys int64, unit string) {
 	secs := s1.at.Sub(s0.at).Seconds()
 	var total time.Duration
 	per := func(d time.Duration) string {
@@ -1092,8 +1088,12 @@ func cpuReport(nodes []*node, role []string, s0, s1 cpuSample, keys int64, unit 
 		total += d
 		fmt.Printf(" %s (%s) %.3f cores%s;", n.ID, role[i], d.Seconds()/secs, per(d))
 	}
-	fmt.Printf(" allocators %.3f cores%s; load client %.3f cores\n", total.Seconds()/secs, per(total), (s1.self-s0.self).Seconds()/secs)
-	return total
+	client := s1.self - s0.self
+	ratio := ""
+	if client > 0 && keys > 0 {
+		ratio = fmt.Sprintf(" (the allocators' CPU %.2f× the load client's)", total.Seconds()/client.Seconds())
+	}
+	fmt.Printf(" allocators %.3f cores%s; load client %.3f cores%s\n", total.Seconds()/secs, per(total), client.Seconds()/secs, ratio)
 }
 
 // idleReport measures the allocators' CPU with no traffic over d, after
