@@ -148,6 +148,13 @@ type Config struct {
 	// quieter spell is proposed at once. It adds at most BatchLinger to a
 	// call's latency.
 	BatchLinger time.Duration
+	// FollowerApplyNice is the nice value of the thread a group's FSM
+	// applies on while this node does not lead it (default 10; negative:
+	// applies run on Raft's own goroutine at the process's priority). A
+	// follower's apply is off every client's path, so where nodes share
+	// cores the kernel runs the leaders' work first; a node leading
+	// applies at the process's priority. See applythread.go.
+	FollowerApplyNice int
 	// BatchFillKeys and BatchFillWait join calls into fewer entries under
 	// a high key rate (defaults 2,000 keys and 6 ms; either negative: off). A batch short
 	// of BatchFillKeys keys waits for more calls, but only when the key
@@ -305,6 +312,7 @@ func DefaultConfig() Config {
 		MaxBatchBytes:      2 << 20,
 		MaxInflightBatches: 2,
 		BatchLinger:        4 * time.Millisecond,
+		FollowerApplyNice:  10,
 		BatchFillKeys:      2000,
 		BatchFillWait:      6 * time.Millisecond,
 		MaxRecvMsgSize:     4 << 20,
@@ -360,6 +368,7 @@ func (c Config) withDefaults() Config {
 	setInt(&c.MaxBatchBytes, d.MaxBatchBytes)
 	setInt(&c.MaxInflightBatches, d.MaxInflightBatches)
 	setDur(&c.BatchLinger, d.BatchLinger)
+	setInt(&c.FollowerApplyNice, d.FollowerApplyNice)
 	setInt(&c.BatchFillKeys, d.BatchFillKeys)
 	setDur(&c.BatchFillWait, d.BatchFillWait)
 	setInt(&c.ExpireMaxEntries, d.ExpireMaxEntries)
@@ -481,6 +490,9 @@ func (c Config) Validate() error {
 	}
 	if c.BatchLinger > time.Second || c.BatchFillWait > time.Second {
 		bad("BatchLinger and BatchFillWait must be at most 1s")
+	}
+	if c.FollowerApplyNice > 19 {
+		bad("FollowerApplyNice must be at most 19 (negative: off)")
 	}
 	if c.MaxInflightBatches > 64 {
 		bad("MaxInflightBatches must be at most 64")

@@ -60,6 +60,12 @@ type fsm struct {
 	// wraps this fsm (the meta group's, meta_fsm.go).
 	outer raft.FSM
 
+	// low, when set, runs the applies while this node does not lead on a
+	// thread of lower priority (applythread.go); raft, once Raft has
+	// started, says whether it leads.
+	low  *lowApplier
+	raft atomic.Pointer[raft.Raft]
+
 	mu sync.Mutex // guards restoreErr
 	// restoreErr is the first Restore failure. Raft would fall back to an
 	// older snapshot; openNode turns it into a startup error instead.
@@ -75,10 +81,28 @@ var (
 // decode, or carries a command this binary does not know without the
 // ignore_if_unknown flag, panics: a replica that skips what the others
 // apply drifts silently, which is worse than stopping.
+//
+// While the node does not lead and is caught up, the entry is applied on
+// f.low's thread (when set); the call still returns only once it is
+// applied, so entries are applied one at a time and in order either way.
 func (f *fsm) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
+	if f.low != nil {
+		if r := f.raft.Load(); r != nil && r.State() != raft.Leader && f.low.caughtUp(l.AppendedAt, time.Now()) {
+			var res any
+			if f.low.run(func() { res = f.apply(l) }) {
+				return res
+			}
+		} else {
+			f.low.stop()
+		}
+	}
+	return f.apply(l)
+}
+
+func (f *fsm) apply(l *raft.Log) any {
 	if f.beforeApply != nil {
 		f.beforeApply(l)
 	}

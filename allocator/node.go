@@ -70,6 +70,8 @@ type node struct {
 	// (Unix nanos) while one runs (see watchedLog).
 	appendErr   atomic.Pointer[appendFailure]
 	appendStart atomic.Int64
+	// fsm is the FSM Raft drives (its follower apply thread ends at close).
+	fsm *fsm
 }
 
 // openNode opens the stores in cfg.DataDir, checks them, and starts Raft
@@ -215,6 +217,10 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		return nil, fmt.Errorf("allocator: raft log cache: %w", err)
 	}
 	n.logs = logs
+	if cfg.FollowerApplyNice > 0 {
+		f.low = &lowApplier{nice: cfg.FollowerApplyNice, maxLag: cfg.followerApplyLag(), warn: logger.Warn}
+	}
+	n.fsm = f
 	n.raft, err = raft.NewRaft(rc, f.raftFSM(), logs, n.store, n.snaps, n.trans)
 	if err != nil {
 		if rerr := f.restoreError(); rerr != nil {
@@ -222,6 +228,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		}
 		return nil, fmt.Errorf("allocator: start raft from %s: %w", dir, err)
 	}
+	f.raft.Store(n.raft)
 	// Raft falls back to an older snapshot when the newest fails to restore;
 	// the entries between the two may be compacted away, so any restore
 	// failure is fatal here.
@@ -413,6 +420,9 @@ func (n *node) close() {
 	n.closed = true
 	if n.raft != nil {
 		_ = n.raft.Shutdown().Error() // idempotent
+	}
+	if n.fsm != nil {
+		n.fsm.low.stop() // Raft's FSM goroutine has ended
 	}
 	// CloseStreams first: it closes the pooled outgoing connections, so
 	// the peers' handlers for them end too (Close alone leaves them

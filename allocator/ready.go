@@ -187,11 +187,25 @@ func (s *Server) fsmTarget(fsmIndex, index uint64) uint64 {
 
 // maxLag is the lag bound in effect: ReadyMaxLag, at least three
 // ExpireIntervals (0: none).
-func (s *Server) maxLag() time.Duration {
-	if s.cfg.ReadyMaxLag < 0 {
+func (s *Server) maxLag() time.Duration { return s.cfg.readyLag() }
+
+// readyLag is the lag past which a follower reports not ready:
+// ReadyMaxLag, at least three ExpireIntervals (0: none).
+func (c Config) readyLag() time.Duration {
+	if c.ReadyMaxLag < 0 {
 		return 0
 	}
-	return max(s.cfg.ReadyMaxLag, 3*s.cfg.ExpireInterval)
+	return max(c.ReadyMaxLag, 3*c.ExpireInterval)
+}
+
+// followerApplyLag is the lag of a follower's applies past which they run
+// at the process's priority (lowApplier): half of readyLag, or of the
+// default ReadyMaxLag when readiness ignores the lag.
+func (c Config) followerApplyLag() time.Duration {
+	if l := c.readyLag(); l > 0 {
+		return l / 2
+	}
+	return DefaultConfig().ReadyMaxLag / 2
 }
 
 // WaitReady blocks until the node is ready (see /readyz), ctx ends, or the

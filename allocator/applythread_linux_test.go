@@ -1,0 +1,234 @@
+package allocator
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"golang.org/x/sys/unix"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// lockedNice returns the nice value of a thread the calling goroutine is
+// locked to for the read.
+func lockedNice(t testing.TB) int {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	n, err := threadNice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestLowApplierThread: run runs its function on a thread of the asked
+// nice value, one call at a time, and returns once it has run; after stop
+// no thread of the process keeps that nice value (the worker's thread
+// ended with it), and a later run starts a new one.
+func TestLowApplierThread(t *testing.T) {
+	base := lockedNice(t)
+	a := &lowApplier{nice: base + 7}
+	for round := range 2 {
+		var got []int
+		for i := range 5 {
+			if !a.run(func() { got = append(got, lockedNice(t)*10+i) }) {
+				t.Fatal("run refused: the priority could not be lowered")
+			}
+		}
+		for i, g := range got {
+			if g != (base+7)*10+i {
+				t.Fatalf("round %d: calls saw nice*10+i = %v; want nice %d, in order", round, got, base+7)
+			}
+		}
+		if n := lockedNice(t); n != base {
+			t.Fatalf("the caller's thread has nice %d after run, want %d", n, base)
+		}
+		a.stop()
+		a.stop()
+		// The thread ends just after its goroutine does.
+		waitFor(t, 5*time.Second, "the worker's thread to end", func() bool { return countThreadsWithNice(t, base+7) == 0 })
+		// Threads the runtime starts or reuses now run at the base priority.
+		var wg sync.WaitGroup
+		var bad atomic.Int32
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if lockedNice(t) != base {
+					bad.Add(1)
+				}
+				time.Sleep(time.Millisecond) // hold the thread so that several are used
+			}()
+		}
+		wg.Wait()
+		if bad.Load() != 0 {
+			t.Fatalf("round %d: %d goroutines ran on a thread of lowered priority", round, bad.Load())
+		}
+	}
+}
+
+// countThreadsWithNice counts the process's threads at nice value n
+// (/proc/self/task/*/stat, field 19).
+func countThreadsWithNice(t testing.TB, n int) int {
+	t.Helper()
+	c, err := threadNices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c[n]
+}
+
+// TestFollowerAppliesLowPriority: in a 3-node cluster the followers apply
+// entries on a thread of nice FollowerApplyNice, the leader on one of the
+// process's own priority; a follower that becomes leader applies at the
+// process's priority the entries of its own term.
+func TestFollowerAppliesLowPriority(t *testing.T) {
+	base := lockedNice(t)
+	var mu sync.Mutex
+	type applied struct {
+		index uint64
+		nice  int
+	}
+	seen := make([][]applied, 3) // by node, in apply order
+	tc := newTestCluster(t, 3, func(i int, c *Config) {
+		c.FollowerApplyNice = base + 5
+		c.beforeApply = func(l *raft.Log) {
+			n, err := threadNice()
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			seen[i] = append(seen[i], applied{l.Index, n})
+			mu.Unlock()
+		}
+	})
+	// acquire makes a call on the leader and returns the index it was
+	// applied at on every live node (the leader's last index after it: the
+	// call's entry or a later command).
+	acquire := func(leader, down int, agent string) uint64 {
+		alloc, _ := tc.clients(leader)
+		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: 1, PackedGrants: true,
+			PackedKeys: allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{key("quota", agent, 10)})}
+		if _, got := acquireGrants(ctxT(t), t, alloc, req); got[0].GetGranted() != 10 {
+			t.Fatalf("granted %d, want 10", got[0].GetGranted())
+		}
+		idx := tc.node(leader).node.raft.LastIndex()
+		waitApplied(t, tc, idx, down)
+		return idx
+	}
+	// check: every command entry after from, up to to, was applied at the
+	// leader's priority on the leader and at the lowered one elsewhere.
+	check := func(leader, down int, from, to uint64) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range seen {
+			if i == down {
+				continue
+			}
+			want, n := base+5, 0
+			if i == leader {
+				want = base
+			}
+			for _, a := range seen[i] {
+				if a.index <= from || a.index > to {
+					continue
+				}
+				n++
+				if a.nice != want {
+					t.Errorf("node %d (leader %d) applied entry %d at nice %d, want %d", i, leader, a.index, a.nice, want)
+				}
+			}
+			if n == 0 {
+				t.Errorf("node %d applied no command entry in (%d, %d]", i, from, to)
+			}
+		}
+	}
+	old := tc.leader()
+	from := tc.node(old).node.raft.LastIndex()
+	check(old, -1, from, acquire(old, -1, "a"))
+
+	tc.stop(old, false)
+	newLeader := tc.leader()
+	from = tc.node(newLeader).node.raft.LastIndex()
+	check(newLeader, old, from, acquire(newLeader, old, "b"))
+}
+
+// threadNice returns the calling thread's nice value.
+func threadNice() (int, error) {
+	// The raw getpriority answers 20 − nice (1..40).
+	p, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+	return 20 - p, err
+}
+
+// threadNices counts the process's threads by nice value
+// (/proc/self/task/*/stat).
+func threadNices() (map[int]int, error) {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, err
+	}
+	c := map[int]int{}
+	for _, d := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + d.Name() + "/stat")
+		if err != nil {
+			continue // the thread ended
+		}
+		// The command name, in parentheses, may hold spaces: the fields
+		// after it start at the last ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 17 {
+			return nil, fmt.Errorf("/proc/self/task/%s/stat: %d fields after the name", d.Name(), len(f))
+		}
+		n, err := strconv.Atoi(f[16]) // field 19: the nice value
+		if err != nil {
+			return nil, err
+		}
+		c[n]++
+	}
+	return c, nil
+}
+
+// TestLowApplierCaughtUp: an entry applied more than maxLag after its
+// append moves the applies to the process's priority until one is applied
+// within maxLag/2; an entry of unknown append time changes nothing. The
+// bound is half the readiness lag.
+func TestLowApplierCaughtUp(t *testing.T) {
+	cfg := DefaultConfig()
+	if got, want := cfg.followerApplyLag(), cfg.ReadyMaxLag/2; got != want {
+		t.Fatalf("followerApplyLag = %v, want half of -ready-max-lag %v", got, want)
+	}
+	cfg.ReadyMaxLag = -1
+	if got, want := cfg.followerApplyLag(), DefaultConfig().ReadyMaxLag/2; got != want {
+		t.Fatalf("followerApplyLag with the lag ignored = %v, want %v", got, want)
+	}
+	const lowMaxLag = 2 * time.Second
+	a := &lowApplier{nice: 5, maxLag: lowMaxLag}
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		lag  time.Duration // -1: unknown append time
+		want bool
+	}{
+		{0, true}, {lowMaxLag, true}, {-1, true}, {lowMaxLag + 1, false}, {-1, false},
+		{lowMaxLag, false}, {lowMaxLag/2 + 1, false}, {lowMaxLag / 2, true}, {lowMaxLag, true},
+		{10 * lowMaxLag, false}, {0, true},
+	}
+	for i, s := range steps {
+		appended := time.Time{}
+		if s.lag >= 0 {
+			appended = t0.Add(-s.lag)
+		}
+		if got := a.caughtUp(appended, t0); got != s.want {
+			t.Fatalf("step %d (lag %v): caughtUp = %v, want %v", i, s.lag, got, s.want)
+		}
+	}
+}
