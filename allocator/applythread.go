@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"runtime"
+	"sync"
 	"time"
 )
 
@@ -31,6 +32,17 @@ import (
 // which a follower reports not ready (-ready-max-lag), so the lower
 // priority alone never makes a follower unready, and it bounds what a
 // failover to this node has to apply before its first grant.
+//
+// Only entries of lowMinEntry bytes or more go to the thread: a smaller
+// one (under about 800 packed keys, or an Expire) applies in less time than
+// the two thread wake-ups the hand-off costs, and with -groups a node
+// follows several groups' streams of small entries.
+//
+// A thread the kernel holds back for its priority still holds one of the
+// Go runtime's Ps, which the process's other goroutines then cannot use.
+// So at most GOMAXPROCS−1 applies run at the lowered priority at once in
+// the process (lowSlots; a node follows several groups with -groups), and
+// none with GOMAXPROCS 1: at least one P is always free for the rest.
 //
 // Every method runs on Raft's FSM goroutine, or after Raft has shut down.
 type lowApplier struct {
@@ -72,7 +84,8 @@ type lowWorker struct {
 // run runs f on the low-priority thread, starting it if none runs, and
 // reports whether it did (false: run f on the caller's goroutine).
 func (a *lowApplier) run(f func()) bool {
-	if a == nil || a.off {
+	slots := lowSlots()
+	if a == nil || a.off || cap(slots) == 0 {
 		return false
 	}
 	if a.w == nil {
@@ -86,9 +99,27 @@ func (a *lowApplier) run(f func()) bool {
 		}
 		a.w = w
 	}
+	slots <- struct{}{}
 	a.w.req <- f
 	<-a.w.ack
+	<-slots
 	return true
+}
+
+// lowMinEntry is the least entry size, in bytes, applied at lowered
+// priority.
+const lowMinEntry = 16 << 10
+
+var (
+	lowSlotsOnce sync.Once
+	lowSlotsCh   chan struct{}
+)
+
+// lowSlots is the process's semaphore of applies at lowered priority:
+// GOMAXPROCS−1 slots, read once.
+func lowSlots() chan struct{} {
+	lowSlotsOnce.Do(func() { lowSlotsCh = make(chan struct{}, max(runtime.GOMAXPROCS(0)-1, 0)) })
+	return lowSlotsCh
 }
 
 // stop ends the low-priority thread, if one runs. Safe on nil and twice.

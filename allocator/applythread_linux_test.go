@@ -35,6 +35,7 @@ func lockedNice(t testing.TB) int {
 // no thread of the process keeps that nice value (the worker's thread
 // ended with it), and a later run starts a new one.
 func TestLowApplierThread(t *testing.T) {
+	skipWithoutLowSlots(t)
 	base := lockedNice(t)
 	a := &lowApplier{nice: base + 7}
 	for round := range 2 {
@@ -88,15 +89,18 @@ func countThreadsWithNice(t testing.TB, n int) int {
 }
 
 // TestFollowerAppliesLowPriority: in a 3-node cluster the followers apply
-// entries on a thread of nice FollowerApplyNice, the leader on one of the
-// process's own priority; a follower that becomes leader applies at the
-// process's priority the entries of its own term.
+// entries of lowMinEntry bytes or more on a thread of nice
+// FollowerApplyNice, and smaller ones at the process's priority; the leader
+// applies every entry at the process's priority; a follower that becomes
+// leader applies the entries of its own term at the process's priority.
 func TestFollowerAppliesLowPriority(t *testing.T) {
+	skipWithoutLowSlots(t)
 	base := lockedNice(t)
 	var mu sync.Mutex
 	type applied struct {
 		index uint64
 		nice  int
+		big   bool
 	}
 	seen := make([][]applied, 3) // by node, in apply order
 	tc := newTestCluster(t, 3, func(i int, c *Config) {
@@ -107,7 +111,7 @@ func TestFollowerAppliesLowPriority(t *testing.T) {
 				t.Error(err)
 			}
 			mu.Lock()
-			seen[i] = append(seen[i], applied{l.Index, n})
+			seen[i] = append(seen[i], applied{l.Index, n, len(l.Data) >= lowMinEntry})
 			mu.Unlock()
 		}
 	})
@@ -116,17 +120,22 @@ func TestFollowerAppliesLowPriority(t *testing.T) {
 	// call's entry or a later command).
 	acquire := func(leader, down int, agent string) uint64 {
 		alloc, _ := tc.clients(leader)
+		keys := make([]*allotv1.KeyAcquire, 1000) // a call of lowMinEntry bytes or more
+		for k := range keys {
+			keys[k] = key("quota", fmt.Sprintf("%s-%04d-padding-to-a-longer-key", agent, k), 1)
+		}
 		req := &allotv1.AcquireRequest{AgentId: agent, RequestId: 1, PackedGrants: true,
-			PackedKeys: allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{key("quota", agent, 10)})}
-		if _, got := acquireGrants(ctxT(t), t, alloc, req); got[0].GetGranted() != 10 {
-			t.Fatalf("granted %d, want 10", got[0].GetGranted())
+			PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
+		if _, got := acquireGrants(ctxT(t), t, alloc, req); len(got) != len(keys) || got[0].GetGranted() != 1 {
+			t.Fatalf("%d grants, the first of %d; want %d of 1", len(got), got[0].GetGranted(), len(keys))
 		}
 		idx := tc.node(leader).node.raft.LastIndex()
 		waitApplied(t, tc, idx, down)
 		return idx
 	}
 	// check: every command entry after from, up to to, was applied at the
-	// leader's priority on the leader and at the lowered one elsewhere.
+	// leader's priority on the leader and, when big, at the lowered one
+	// elsewhere; at least one was big.
 	check := func(leader, down int, from, to uint64) {
 		t.Helper()
 		mu.Lock()
@@ -135,21 +144,23 @@ func TestFollowerAppliesLowPriority(t *testing.T) {
 			if i == down {
 				continue
 			}
-			want, n := base+5, 0
-			if i == leader {
-				want = base
-			}
+			n := 0
 			for _, a := range seen[i] {
 				if a.index <= from || a.index > to {
 					continue
 				}
-				n++
+				want := base
+				if a.big && i != leader {
+					want, n = base+5, n+1
+				} else if a.big {
+					n++
+				}
 				if a.nice != want {
-					t.Errorf("node %d (leader %d) applied entry %d at nice %d, want %d", i, leader, a.index, a.nice, want)
+					t.Errorf("node %d (leader %d) applied entry %d (big %v) at nice %d, want %d", i, leader, a.index, a.big, a.nice, want)
 				}
 			}
 			if n == 0 {
-				t.Errorf("node %d applied no command entry in (%d, %d]", i, from, to)
+				t.Errorf("node %d applied no entry of %d bytes or more in (%d, %d]", i, lowMinEntry, from, to)
 			}
 		}
 	}
@@ -230,5 +241,44 @@ func TestLowApplierCaughtUp(t *testing.T) {
 		if got := a.caughtUp(appended, t0); got != s.want {
 			t.Fatalf("step %d (lag %v): caughtUp = %v, want %v", i, s.lag, got, s.want)
 		}
+	}
+}
+
+func skipWithoutLowSlots(t *testing.T) {
+	if cap(lowSlots()) == 0 {
+		t.Skip("GOMAXPROCS 1: no apply runs at lowered priority")
+	}
+}
+
+// TestLowApplierSlots: applies of several appliers (groups) run at the
+// lowered priority at most GOMAXPROCS−1 at a time.
+func TestLowApplierSlots(t *testing.T) {
+	skipWithoutLowSlots(t)
+	var in, most atomic.Int32
+	var wg sync.WaitGroup
+	appliers := make([]*lowApplier, 4)
+	for i := range appliers {
+		a := &lowApplier{nice: lockedNice(t) + 3}
+		appliers[i] = a
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				a.run(func() {
+					n := in.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					time.Sleep(200 * time.Microsecond)
+					in.Add(-1)
+				})
+			}
+		}()
+	}
+	wg.Wait()
+	for _, a := range appliers {
+		a.stop()
+	}
+	if got, limit := most.Load(), int32(cap(lowSlots())); got > limit || got == 0 {
+		t.Fatalf("at most %d applies ran at once; want 1..%d (GOMAXPROCS−1)", got, limit)
 	}
 }

@@ -82,14 +82,15 @@ var (
 // ignore_if_unknown flag, panics: a replica that skips what the others
 // apply drifts silently, which is worse than stopping.
 //
-// While the node does not lead and is caught up, the entry is applied on
-// f.low's thread (when set); the call still returns only once it is
-// applied, so entries are applied one at a time and in order either way.
+// While the node does not lead and is caught up, an entry of lowMinEntry
+// bytes or more is applied on f.low's thread (when set); the call still
+// returns only once it is applied, so entries are applied one at a time
+// and in order either way.
 func (f *fsm) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	if f.low != nil {
+	if f.low != nil && len(l.Data) >= lowMinEntry {
 		if r := f.raft.Load(); r != nil && r.State() != raft.Leader && f.low.caughtUp(l.AppendedAt, time.Now()) {
 			var res any
 			if f.low.run(func() { res = f.apply(l) }) {
