@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"time"
@@ -34,9 +35,10 @@ import (
 // failover to this node has to apply before its first grant.
 //
 // Only entries of lowMinEntry bytes or more go to the thread: a smaller
-// one (under about 800 packed keys, or an Expire) applies in less time than
-// the two thread wake-ups the hand-off costs, and with -groups a node
-// follows several groups' streams of small entries.
+// one (a few hundred packed keys or fewer, by their length, or an Expire)
+// applies in less time than the two thread wake-ups the hand-off costs,
+// and with -groups a node follows several groups' streams of small
+// entries.
 //
 // A thread the kernel holds back for its priority still holds one of the
 // Go runtime's Ps, which the process's other goroutines then cannot use.
@@ -164,10 +166,20 @@ func startLowWorker(nice int) (*lowWorker, error) {
 
 // serve lowers the calling goroutine's thread, locked to it, to nice and
 // runs w's requests until w.req is closed. It never unlocks: the
-// goroutine ends locked, and the runtime ends the thread with it.
+// goroutine ends locked, and the runtime ends the thread with it. A nice
+// value that is not above the thread's own (a process started niced)
+// would raise the applies' priority, or fail without privilege: serve
+// refuses it.
 func (w *lowWorker) serve(nice int, errc chan<- error) {
 	defer close(w.done)
-	if err := lowerThreadPriority(nice); err != nil {
+	cur, err := threadNice()
+	if err == nil && nice <= cur {
+		err = fmt.Errorf("nice %d is not below the process's priority (nice %d)", nice, cur)
+	}
+	if err == nil {
+		err = lowerThreadPriority(nice)
+	}
+	if err != nil {
 		errc <- err
 		return
 	}

@@ -11,3 +11,10 @@ func lowerThreadPriority(nice int) error {
 // onMainThread reports whether the calling thread is the process's main
 // thread.
 func onMainThread() bool { return unix.Gettid() == unix.Getpid() }
+
+// threadNice returns the calling thread's nice value.
+func threadNice() (int, error) {
+	// The raw getpriority answers 20 − nice (1..40).
+	p, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
+	return 20 - p, err
+}

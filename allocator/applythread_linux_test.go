@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"golang.org/x/sys/unix"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
@@ -174,13 +173,6 @@ func TestFollowerAppliesLowPriority(t *testing.T) {
 	check(newLeader, old, from, acquire(newLeader, old, "b"))
 }
 
-// threadNice returns the calling thread's nice value.
-func threadNice() (int, error) {
-	// The raw getpriority answers 20 − nice (1..40).
-	p, err := unix.Getpriority(unix.PRIO_PROCESS, unix.Gettid())
-	return 20 - p, err
-}
-
 // threadNices counts the process's threads by nice value
 // (/proc/self/task/*/stat).
 func threadNices() (map[int]int, error) {
@@ -280,5 +272,23 @@ func TestLowApplierSlots(t *testing.T) {
 	}
 	if got, limit := most.Load(), int32(cap(lowSlots())); got > limit || got == 0 {
 		t.Fatalf("at most %d applies ran at once; want 1..%d (GOMAXPROCS−1)", got, limit)
+	}
+}
+
+// TestLowApplierNotRaised: a nice value not above the thread's own would
+// raise the applies' priority (or fail without privilege): run refuses
+// it with one warning, and every apply then runs on the caller's thread.
+func TestLowApplierNotRaised(t *testing.T) {
+	skipWithoutLowSlots(t)
+	base := lockedNice(t)
+	var warned int
+	a := &lowApplier{nice: base, warn: func(string, ...any) { warned++ }}
+	for range 3 {
+		if a.run(func() { t.Error("ran at a nice value not below the process's") }) {
+			t.Fatal("run took an apply at the process's own nice value")
+		}
+	}
+	if warned != 1 || !a.off {
+		t.Fatalf("warned %d times, off %v; want one warning and off", warned, a.off)
 	}
 }

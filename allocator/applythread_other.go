@@ -9,3 +9,7 @@ func lowerThreadPriority(int) error {
 }
 
 func onMainThread() bool { return false }
+
+func threadNice() (int, error) {
+	return 0, errors.New("a thread's own priority is read on Linux only")
+}

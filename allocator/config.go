@@ -149,11 +149,14 @@ type Config struct {
 	// call's latency.
 	BatchLinger time.Duration
 	// FollowerApplyNice is the nice value of the thread a group's FSM
-	// applies on while this node does not lead it (default 10; negative:
-	// applies run on Raft's own goroutine at the process's priority). A
-	// follower's apply is off every client's path, so where nodes share
-	// cores the kernel runs the leaders' work first; a node leading
-	// applies at the process's priority. See applythread.go.
+	// applies its entries of 16 KiB or more on while this node does not
+	// lead it, at most GOMAXPROCS−1 at once (default 10; negative, or not
+	// above the process's own nice value: every apply runs on Raft's own
+	// goroutine at the process's priority). A follower's apply is off
+	// every client's path, so where nodes share cores the kernel runs the
+	// leaders' work first; a node leading applies at the process's
+	// priority, and so does a follower more than half of the readiness
+	// lag behind. See applythread.go.
 	FollowerApplyNice int
 	// BatchFillKeys and BatchFillWait join calls into fewer entries under
 	// a high key rate (defaults 2,000 keys and 6 ms; either negative: off). A batch short

@@ -123,7 +123,7 @@ func parse(args []string) (*options, error) {
 		maxBatchKeys  = fs.Int("max-batch-keys", def.MaxBatchKeys, "keys per Acquire batch (Raft entry)")
 		fillKeys      = fs.Int("batch-fill-keys", def.BatchFillKeys, "an Acquire batch short of this many keys waits for more calls when the recent key rate says they come within -batch-fill-wait (negative: never)")
 		fillWait      = fs.Duration("batch-fill-wait", def.BatchFillWait, "longest an Acquire call waits for its batch to fill to -batch-fill-keys (negative: never)")
-		applyNice     = fs.Int("follower-apply-nice", def.FollowerApplyNice, "nice value of the thread a group's entries are applied on while this node does not lead it, so that on shared cores the leaders' work runs first (negative: off)")
+		applyNice     = fs.Int("follower-apply-nice", def.FollowerApplyNice, "nice value of the thread a group's entries of 16 KiB or more are applied on while this node does not lead it, so that on shared cores the leaders' work runs first (negative: off)")
 		shutdownGrace = fs.Duration("shutdown-timeout", 10*time.Second, "graceful shutdown bound")
 
 		tlsClientAuth = fs.String("tls-client-auth", "", "client certificates: require, optional or none (default: require with -tls-ca, else none)")
