@@ -41,17 +41,25 @@ import (
 //	win    uint24  tokens granted in the refresh window of the latest grant
 //	demand 24 bits reported demand, tokens per second: the high 24 bits of
 //	               its float32 (15-bit mantissa; roundDemand)
-//	expiry int24   in units of core.codec.unit (1 ms by default) after base,
-//	               rounded up (a lease never ends early)
-//	grant  uint24  the latest grant, before base: milliseconds below 2²³,
-//	               else 2²³ + seconds; noGrant: none
+//	expiry int24   in units of core.codec.unit (1 ms by default) after the
+//	               origin, rounded up (a lease never ends early)
+//	grant  uint24  the latest grant, before the anchor: milliseconds below
+//	               2²³, else 2²³ + seconds; noGrant: none
+//
+// The times are offsets not from base but from base's epoch, base rounded
+// down to a multiple of 2²² ms (about 70 minutes): the expiry from the
+// epoch's start (the origin, in units), the grant back from its end (the
+// anchor, in ms). So an entry stored again within one epoch, which is
+// almost every update, leaves the bytes of its unchanged leases as they
+// are: encode copies them, or skips them where they already are, without
+// decoding them; only when base enters a new epoch are they rewritten.
 //
 // A lease whose held, need or win do not fit in 24 bits (held: below
-// leaseEscaped), whose expiry is too far after base or whose latest grant
-// is too far before it (97 days) is escaped: its exact numbers are in the
-// small map core.codec.ext. An expiry more than 2²³ units before base is
-// recorded as exactly 2²³ units before it: such a lease is already due,
-// and it ends at the next Expire either way.
+// leaseEscaped), whose expiry is too far after the origin or whose latest
+// grant is too far before the anchor (97 days) is escaped: its exact
+// numbers are in the small map core.codec.ext. An expiry more than 2²³
+// units before the origin is recorded as exactly 2²³ units before it:
+// such a lease is already due, and it ends at the next Expire either way.
 
 const (
 	entryFixed   = 16
@@ -63,7 +71,17 @@ const (
 	expMax       = 1<<23 - 1       // expiry offsets are in [-2²³, 2²³)
 	grantSecs    = 1 << 23         // grant ≥ grantSecs: seconds
 	noGrant      = 1<<24 - 1       // grant: no grant yet
+	epochBits    = 22              // an epoch is 2²² ms
+	epochMs      = 1 << epochBits
 )
+
+// epochOf returns the start (Unix ms) of the epoch base (Unix ms, ≥ 0) is
+// in: the times of an entry's leases are offsets from it.
+func epochOf(base int64) int64 { return base &^ (epochMs - 1) }
+
+// anchor returns the end of base's epoch (Unix ms): the latest grant is
+// an offset back from it.
+func anchor(base int64) int64 { return epochOf(base) + epochMs }
 
 // lease is one agent's lease on a key, decoded.
 type lease struct {
@@ -182,21 +200,24 @@ type leaseCodec struct {
 }
 
 // expUnitFor returns the expiry unit for a configuration: 1 ms, or coarser
-// so that MaxLeaseTTL (plus slack) fits in 2²³ units.
+// so that an epoch and MaxLeaseTTL (plus slack) fit in 2²³ units: a lease
+// expires at most MaxLeaseTTL after base, which is less than an epoch
+// after the origin.
 func expUnitFor(cfg Config) int64 {
-	span := int64(cfg.MaxLeaseTTL) + 1e9 // a lease expires at most MaxLeaseTTL after base
+	span := epochMs*1e6 + int64(cfg.MaxLeaseTTL) + 1e9
 	u := (span + expMax - 1) / expMax
 	u = (u + 999_999) / 1e6 * 1e6
 	return max(u, 1e6)
 }
 
-// origin returns base (Unix ms) in expiry units, rounded down: the
-// origin of an entry's expiry offsets.
+// origin returns the start of base's epoch (base in Unix ms) in expiry
+// units, rounded down: the origin of an entry's expiry offsets.
 func (lc *leaseCodec) origin(base int64) int64 {
-	if lc.unit == 1e6 { // the unit for leases of up to two hours: no division
-		return base
+	ep := epochOf(base)
+	if lc.unit == 1e6 { // the unit for leases of up to an hour: no division
+		return ep
 	}
-	return floorDiv(base*1e6, lc.unit)
+	return floorDiv(ep*1e6, lc.unit)
 }
 
 // units returns ns (Unix ns) in expiry units, rounded down.
@@ -229,7 +250,7 @@ func getI24(b []byte) int64 { return int64(int32(getU24(b)<<8) >> 8) }
 // decodeLeases decodes the n leases of key h at offset at of the entry
 // b.
 func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, at, n int, h uint64, base int64) []lease {
-	origin := lc.origin(base) // base, in units
+	origin, anc := lc.origin(base), anchor(base)
 	dst = slices.Grow(dst[:0], n)[:n]
 	b = b[:at+n*leaseBytes]
 	for i := range dst {
@@ -259,20 +280,20 @@ func (lc *leaseCodec) decodeLeases(dst []lease, b []byte, at, n int, h uint64, b
 		case g == noGrant:
 			l.grantedAt = 0
 		case g >= grantSecs:
-			l.grantedAt = (base/1000 - int64(g-grantSecs)) * 1000
+			l.grantedAt = (anc/1000 - int64(g-grantSecs)) * 1000
 		default:
-			l.grantedAt = base - int64(g)
+			l.grantedAt = anc - int64(g)
 		}
 	}
 	return dst
 }
 
 // times returns how l's expiry and latest grant encode at base: the
-// expiry's offset from base in units, rounded up (or, if long past, 2²³
-// units before base), the grant field and the grant time it decodes to;
-// fits is false if the lease must be escaped for them.
+// expiry's offset from the origin in units, rounded up (or, if long past,
+// 2²³ units before the origin), the grant field and the grant time it
+// decodes to; fits is false if the lease must be escaped for them.
 func (lc *leaseCodec) times(l *lease, base int64) (off, g, gAt int64, fits bool) {
-	origin := lc.origin(base)
+	origin, anc := lc.origin(base), anchor(base)
 	off = lc.units(l.expiry) - origin
 	if off*lc.unit+origin*lc.unit < l.expiry {
 		off++
@@ -280,7 +301,7 @@ func (lc *leaseCodec) times(l *lease, base int64) (off, g, gAt int64, fits bool)
 	off = max(off, -(expMax + 1)) // long past: still due
 	g = noGrant
 	if l.grantedAt != 0 {
-		switch dg, ds := base-l.grantedAt, base/1000-l.grantedAt/1000; {
+		switch dg, ds := anc-l.grantedAt, anc/1000-l.grantedAt/1000; {
 		case dg >= 0 && dg < grantSecs:
 			g, gAt = dg, l.grantedAt
 		case dg >= 0 && ds < noGrant-grantSecs:
@@ -302,10 +323,10 @@ func (lc *leaseCodec) putTimes(b []byte, l *lease, base, off, g, gAt int64) {
 
 // encodeLease writes l (of key h) at b, escaping it if needed, and sets
 // l's demand, expiry and latest grant to what they decode to: the demand
-// truncated by roundDemand, the expiry rounded up
-// to a multiple of the unit (or, if long past, moved to 2²³ units before
-// base), a grant older than 2²³ ms rounded down to the second. Both are
-// rounded in absolute time, so re-encoding at a later base changes
+// truncated by roundDemand, the expiry rounded up to a multiple of the
+// unit (or, if long past, moved to 2²³ units before the origin), a grant
+// older than 2²³ ms before the anchor rounded down to the second. Both
+// are rounded in absolute time, so re-encoding at a later base changes
 // nothing.
 func (lc *leaseCodec) encodeLease(b []byte, l *lease, h uint64, base int64) {
 	binary.LittleEndian.PutUint32(b, l.agent)
@@ -347,18 +368,23 @@ func putHeader(b []byte, e *entry) {
 // encode writes e (of key h) into b (entrySize bytes), updating e.leases'
 // expiries and escape flags to what they decode to, and makes b e's src.
 // It returns the earliest lease expiry (math.MaxInt64 with no lease).
-// A lease unchanged
-// since it was decoded from e.src is copied from there, its expiry and
-// grant fields moved to the new base (copyLease), which writes what
-// encodeLease would. b may be e.src's own block when the entry kept its
-// block or shrank in it: no lease then moves to a later offset, so
-// copying the leases in order reads each one before it is overwritten.
+//
+// A lease unchanged since it was decoded from e.src is not encoded
+// afresh. If base is in e.src's epoch, its bytes are what encodeLease
+// would write: each run of such leases consecutive in e.src is copied
+// from there as it is (one copy per run), or left alone where b holds
+// it already. If base entered a later epoch, each one is copied with its
+// expiry and grant fields moved to the new origin and anchor
+// (copyLease), which writes what encodeLease would. b may be e.src's own
+// block when the entry kept its block or shrank in it: no lease then
+// moves to a later offset, so copying the leases in order reads each one
+// before it is overwritten.
 //
 // kept says that b holds the bytes of e.src's block (it is that block,
 // or a copy of its page made before any write): then the key's values
 // are not written again when the number of leases is unchanged, and an
-// unchanged lease still at its offset has only its time fields patched
-// (patchLease), or nothing written when base did not move.
+// unchanged lease still at its offset is left as it is, or has only its
+// time fields patched (patchLease) in a later epoch.
 func (lc *leaseCodec) encode(b []byte, e *entry, h uint64, kept bool) int64 {
 	n := len(e.leases)
 	putHeader(b, e)
@@ -376,37 +402,56 @@ func (lc *leaseCodec) encode(b []byte, e *entry, h uint64, kept bool) int64 {
 		p += copy(b[p:], e.value)
 	}
 	dOrig := lc.origin(e.base) - lc.origin(e.srcBase)
-	dBase := e.base - e.srcBase
+	dAnc := anchor(e.base) - anchor(e.srcBase)
+	same := dOrig == 0 && dAnc == 0
 	m := int64(math.MaxInt64)
-	for i := range e.leases {
+	for i := 0; i < n; {
 		l := &e.leases[i]
-		r := b[p : p+leaseBytes : p+leaseBytes]
-		p += leaseBytes
+		at := p + i*leaseBytes
+		if same && l.enc != 0 && !l.ext {
+			// A run of unchanged leases, consecutive in src.
+			j, from := i+1, int(l.enc)
+			for j < n && e.leases[j].enc == l.enc+uint32((j-i)*leaseBytes) && !e.leases[j].ext {
+				j++
+			}
+			if end := at + (j-i)*leaseBytes; !kept || from != at {
+				copy(b[at:end], e.src[from:from+(j-i)*leaseBytes])
+			}
+			for k := i; k < j; k++ {
+				e.leases[k].enc = uint32(at + (k-i)*leaseBytes)
+				m = min(m, e.leases[k].expiry)
+			}
+			i = j
+			continue
+		}
+		r := b[at : at+leaseBytes : at+leaseBytes]
 		switch {
-		case l.enc == 0 || l.ext || dBase < 0:
+		case l.enc == 0 || l.ext || dOrig < 0 || dAnc < 0:
 			lc.encodeLease(r, l, h, e.base)
-		case kept && int(l.enc) == p-leaseBytes:
-			if !lc.patchLease(r, l, e.base, dOrig, dBase) {
+		case kept && int(l.enc) == at:
+			if !lc.patchLease(r, l, e.base, dOrig, dAnc) {
 				lc.encodeLease(r, l, h, e.base)
 			}
-		case !lc.copyLease(r, l, e.src, e.base, dOrig, dBase):
+		case !lc.copyLease(r, l, e.src, e.base, dOrig, dAnc):
 			lc.encodeLease(r, l, h, e.base)
 		}
-		l.enc = uint32(p - leaseBytes)
+		l.enc = uint32(at)
 		m = min(m, l.expiry)
+		i++
 	}
-	clear(b[p:])
+	clear(b[p+n*leaseBytes:])
 	e.src, e.srcBase, e.srcN = b, e.base, n
 	return m
 }
 
 // copyLease writes at r the lease l, unchanged and not escaped since it
-// was encoded in src at base − dBase, as encodeLease would write it at
-// base: its time fields moved (movedTimes). It reports false, and writes
-// nothing, when movedTimes does.
-func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dBase int64) bool {
+// was encoded in src in an epoch dOrig units and dAnc ms before base's,
+// as encodeLease would write it at base: its time fields moved
+// (movedTimes). It reports false, and writes nothing, when movedTimes
+// does.
+func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dAnc int64) bool {
 	s := src[l.enc : l.enc+leaseBytes : l.enc+leaseBytes]
-	w2, ok := lc.movedTimes(binary.LittleEndian.Uint64(s[14:]), l, base, dOrig, dBase)
+	w2, ok := lc.movedTimes(binary.LittleEndian.Uint64(s[14:]), l, base, dOrig, dAnc)
 	if !ok {
 		return false
 	}
@@ -421,30 +466,31 @@ func (lc *leaseCodec) copyLease(r []byte, l *lease, src []byte, base, dOrig, dBa
 // patchLease is copyLease for a lease whose record r is where it was
 // encoded: it writes only the time fields, and nothing when they do not
 // change.
-func (lc *leaseCodec) patchLease(r []byte, l *lease, base, dOrig, dBase int64) bool {
+func (lc *leaseCodec) patchLease(r []byte, l *lease, base, dOrig, dAnc int64) bool {
 	w2 := binary.LittleEndian.Uint64(r[14:])
-	moved, ok := lc.movedTimes(w2, l, base, dOrig, dBase)
+	moved, ok := lc.movedTimes(w2, l, base, dOrig, dAnc)
 	if ok && moved != w2 {
 		binary.LittleEndian.PutUint64(r[14:], moved)
 	}
 	return ok
 }
 
-// movedTimes returns w2, a lease record's last word as encoded at
-// base − dBase, with its time fields as encodeLease would write them at
-// base: the expiry offset less dOrig units (clamped 2²³ units before base
-// when long past, l.expiry with it), the grant offset plus dBase ms. It
+// movedTimes returns w2, a lease record's last word as encoded in an
+// epoch dOrig units (its origin) and dAnc ms (its anchor) before base's,
+// with its time fields as encodeLease would write them at base: the
+// expiry offset less dOrig units (clamped 2²³ units before the origin
+// when long past, l.expiry with it), the grant offset plus dAnc ms. It
 // reports false when the grant is in seconds or reaches 2²³ ms (then
 // encodeLease rounds it).
-func (lc *leaseCodec) movedTimes(w2 uint64, l *lease, base, dOrig, dBase int64) (uint64, bool) {
+func (lc *leaseCodec) movedTimes(w2 uint64, l *lease, base, dOrig, dAnc int64) (uint64, bool) {
 	g := uint32(w2 >> 40)
 	if g != noGrant {
-		if g >= grantSecs || int64(g)+dBase >= grantSecs {
+		if g >= grantSecs || int64(g)+dAnc >= grantSecs {
 			return 0, false
 		}
-		g += uint32(dBase)
+		g += uint32(dAnc)
 	}
-	if dOrig == 0 && dBase == 0 {
+	if dOrig == 0 && dAnc == 0 {
 		return w2, true
 	}
 	off := int64(int32(uint32(w2>>16)<<8)>>8) - dOrig

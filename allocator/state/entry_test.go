@@ -65,7 +65,7 @@ func decodeAt(t *rapid.T, lc *leaseCodec, b []byte, h uint64) entry {
 
 // The lease codec: an encoded entry decodes to what encode reported
 // (exactly the input, except expiries rounded up by less than a unit or
-// moved later when long past, grants older than 2²³ ms rounded down to the
+// moved later when long past, grants older than 2²³ ms before the anchor rounded down to the
 // second, and demands truncated to 24 bits); decoding and re-encoding changes no byte; re-encoding at
 // a later base changes no time (no drift).
 func TestEntryCodec(t *testing.T) {
@@ -84,7 +84,7 @@ func TestEntryCodec(t *testing.T) {
 		if !slices.Equal(got.leases, want.leases) {
 			t.Fatalf("leases decode to %+v, encode reported %+v", got.leases, want.leases)
 		}
-		origin := floorDiv(in.base*1e6, unit)
+		origin := floorDiv(epochOf(in.base)*1e6, unit)
 		for i, l := range in.leases {
 			g := got.leases[i]
 			if g.agent != l.agent || g.need != l.need || g.held != l.held || g.win != l.win || g.demand != roundDemand32(l.demand) {
@@ -105,7 +105,7 @@ func TestEntryCodec(t *testing.T) {
 				}
 			}
 			if !g.ext && g.grantedAt != l.grantedAt &&
-				(in.base-l.grantedAt < 1<<23 || g.grantedAt != l.grantedAt/1000*1000) {
+				(anchor(in.base)-l.grantedAt < 1<<23 || g.grantedAt != l.grantedAt/1000*1000) {
 				t.Fatalf("lease %d: grant %d stored as %d (base %d)", i, l.grantedAt, g.grantedAt, in.base)
 			}
 		}
@@ -113,7 +113,7 @@ func TestEntryCodec(t *testing.T) {
 			t.Fatalf("re-encoding the decoded entry changed bytes")
 		}
 		// Later bases move no time, except that a grant reaching 2²³ ms
-		// before base is rounded down to its second, once.
+		// before the anchor is rounded down to its second, once.
 		moved := got
 		for range 2 {
 			later := moved
@@ -125,10 +125,10 @@ func TestEntryCodec(t *testing.T) {
 				if l.ext || g.ext {
 					continue // exact, or rounded once when it becomes compact
 				}
-				if g.grantedAt != l.grantedAt && (later.base-l.grantedAt < 1<<23 || g.grantedAt != l.grantedAt/1000*1000) {
+				if g.grantedAt != l.grantedAt && (anchor(later.base)-l.grantedAt < 1<<23 || g.grantedAt != l.grantedAt/1000*1000) {
 					t.Fatalf("lease %d: grant drifted %d → %d at base %d → %d", i, l.grantedAt, g.grantedAt, moved.base, later.base)
 				}
-				if g.expiry != l.expiry && l.expiry > (floorDiv(later.base*1e6, unit)-expMax-1)*unit {
+				if g.expiry != l.expiry && l.expiry > (floorDiv(epochOf(later.base)*1e6, unit)-expMax-1)*unit {
 					t.Fatalf("lease %d: expiry drifted %d → %d", i, l.expiry, g.expiry)
 				}
 			}
@@ -151,10 +151,13 @@ func TestEntryCopiedLeases(t *testing.T) {
 		in := genEntry(t)
 		b := encodeAt(lc, &in, h)
 		e := decodeAt(t, lc, b, h)
-		// Base moves a little, a lot, or about to where a grant made at
-		// the entry's base reaches 2²³ ms.
+		// Base moves a little (within its epoch, as a rule: the leases are
+		// copied as they are), a lot, to either side of the next epoch's
+		// start, or about to where a grant made at the entry's base
+		// reaches 2²³ ms.
+		toNext := epochOf(e.base) + epochMs - e.base
 		e.base = min(baseMax, e.base+rapid.OneOf(rapid.Int64Range(0, 10), rapid.Int64Range(-10, 1e11),
-			rapid.Int64Range(grantSecs-2, grantSecs+2)).Draw(t, "dt"))
+			rapid.Int64Range(toNext-2, toNext+2), rapid.Int64Range(grantSecs-2, grantSecs+2)).Draw(t, "dt"))
 		e.base = max(e.base, 0)
 		e.grant = unpackRate(packRate(rapid.Int64Range(0, 1<<40).Draw(t, "grant")))
 		e.queued = rapid.Uint8().Draw(t, "queued")
@@ -174,8 +177,13 @@ func TestEntryCopiedLeases(t *testing.T) {
 			l.ext = e.leases[i].ext
 			e.leases[i] = l
 		case 2:
-			if len(e.leases) > 1 {
-				e.leases = slices.Delete(e.leases, 0, 1+rapid.IntRange(0, len(e.leases)-2).Draw(t, "drop"))
+			if len(e.leases) > 1 { // drop a run anywhere, leaving one lease at least
+				from := rapid.IntRange(0, len(e.leases)-1).Draw(t, "dropFrom")
+				to := from + 1 + rapid.IntRange(0, len(e.leases)-from-1).Draw(t, "drop")
+				if to-from == len(e.leases) {
+					to--
+				}
+				e.leases = slices.Delete(e.leases, from, max(to, from+1))
 			}
 		case 3:
 			if a := e.leases[0].agent; a > 1 {
