@@ -12,7 +12,7 @@ NORACE_SUBMODULES := integrations/caddy
 SUBMODULE_TESTFLAGS = $(if $(filter $(1),$(NORACE_SUBMODULES)),$(filter-out -race,$(TESTFLAGS)),$(TESTFLAGS))
 BENCHTIME ?= 1s
 
-.PHONY: help build test test-short bench bench-load sim lint fmt proto dev clean tools
+.PHONY: help build test test-short bench bench-load sim lint fmt proto pgo dev clean tools
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -59,6 +59,16 @@ proto: ## regenerate proto/ (needs protoc from Debian's protobuf-compiler, and `
 	  --go_out=proto --go_opt=paths=source_relative \
 	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative \
 	  proto/allot/v1/allot.proto
+
+pgo: ## regenerate cmd/allocator/default.pgo (the profile go build optimises the allocator with) from bench/acquire runs
+	@dir=$$(mktemp -d) && \
+	$(GO) build -o $$dir/allocator ./cmd/allocator && \
+	for run in "-rate 200000 -keys-per-call 1000" "-rate 20000" "-mode fleet -rate 200000 -keys-per-call 1000"; do \
+	  n=$$((n+1)); \
+	  $(GO) run ./bench/acquire -bin $$dir/allocator -duration 15s -failovers 0 $$run \
+	    -leader-cpuprofile $$dir/leader-$$n.prof -follower-cpuprofile $$dir/follower-$$n.prof >/dev/null || exit 1; \
+	done && \
+	$(GO) tool pprof -proto $$dir/*.prof > cmd/allocator/default.pgo && rm -rf $$dir
 
 dev: ## run the gateway in -dev mode (embedded allocator, demo upstream, demo rules)
 	$(GO) run ./cmd/gateway -dev

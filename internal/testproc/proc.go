@@ -74,11 +74,14 @@ func Build(t testing.TB) Binaries {
 }
 
 // GoBuild builds the packages' commands into dir (with -race when race is
-// set), with the go command of the running toolchain.
+// set), with the go command of the running toolchain. A build without
+// -race is the one that ships: optimised with cmd/allocator/default.pgo,
+// as go build does. A race build is not, so that it reuses the race build
+// of the dependencies the test binaries already compiled.
 func GoBuild(dir string, race bool, pkgs ...string) error {
 	args := []string{"build", "-o", dir + string(os.PathSeparator)}
 	if race {
-		args = append(args, "-race")
+		args = append(args, "-race", "-pgo=off")
 	}
 	args = append(args, pkgs...)
 	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
