@@ -61,14 +61,14 @@ proto: ## regenerate proto/ (needs protoc from Debian's protobuf-compiler, and `
 	  proto/allot/v1/allot.proto
 
 pgo: ## regenerate cmd/allocator/default.pgo (the profile go build optimises the allocator with) from bench/acquire runs
-	@dir=$$(mktemp -d) && \
+	@dir=$$(mktemp -d) && n=0 && \
 	$(GO) build -o $$dir/allocator ./cmd/allocator && \
 	for run in "-rate 200000 -keys-per-call 1000" "-rate 20000" "-mode fleet -rate 200000 -keys-per-call 1000"; do \
 	  n=$$((n+1)); \
 	  $(GO) run ./bench/acquire -bin $$dir/allocator -duration 15s -failovers 0 $$run \
 	    -leader-cpuprofile $$dir/leader-$$n.prof -follower-cpuprofile $$dir/follower-$$n.prof >/dev/null || exit 1; \
 	done && \
-	$(GO) tool pprof -proto $$dir/*.prof > cmd/allocator/default.pgo && rm -rf $$dir
+	$(GO) tool pprof -proto $$dir/*.prof > $$dir/merged.pgo && mv $$dir/merged.pgo cmd/allocator/default.pgo && rm -rf $$dir
 
 dev: ## run the gateway in -dev mode (embedded allocator, demo upstream, demo rules)
 	$(GO) run ./cmd/gateway -dev

@@ -91,13 +91,15 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return nil
 	}
 	if f.low != nil && len(l.Data) >= lowMinEntry {
-		if r := f.raft.Load(); r != nil && r.State() != raft.Leader && f.low.caughtUp(l.AppendedAt, time.Now()) {
+		switch r := f.raft.Load(); {
+		case r == nil:
+		case r.State() == raft.Leader:
+			f.low.stop() // its priority cannot be raised again
+		case f.low.caughtUp(l.AppendedAt, time.Now()):
 			var res any
 			if f.low.run(func() { res = f.apply(l) }) {
 				return res
 			}
-		} else {
-			f.low.stop()
 		}
 	}
 	return f.apply(l)

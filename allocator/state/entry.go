@@ -126,8 +126,8 @@ type entry struct {
 	// src is the block the entry was decoded from (to the end of its
 	// page; it aliases the arena: read only) and srcBase its base then: a
 	// lease whose enc is set is still as encoded there, and encode copies
-	// it from there with its times moved to the new base rather than
-	// encoding it afresh.
+	// it from there (its times moved when base entered a later epoch)
+	// rather than encoding it afresh.
 	src     []byte
 	srcBase int64
 	srcN    int // the number of leases in src
