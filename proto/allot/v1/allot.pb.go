@@ -487,7 +487,16 @@ type AcquireRequest struct {
 	// packed_keys, never both. A caller sends it only to an allocator whose
 	// answers set AcquireResponse.reads_packed_keys: one that does not know
 	// the field sees a call with no keys.
-	PackedKeys    []byte `protobuf:"bytes,9,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	PackedKeys []byte `protobuf:"bytes,9,opt,name=packed_keys,json=packedKeys,proto3" json:"packed_keys,omitempty"`
+	// static_shares: the agent decides keys of static-eligible rules from
+	// static shares while it holds a slot (AcquireResponse.static,
+	// docs/static-shares.md). An allocator gives a slot only to an agent
+	// that sets it.
+	StaticShares bool `protobuf:"varint,10,opt,name=static_shares,json=staticShares,proto3" json:"static_shares,omitempty"`
+	// hot_version: the hot-key set version the agent has applied before
+	// sending this call (StaticShares.hot_version): it decides no key of
+	// that set from a static share. 0: none.
+	HotVersion    uint64 `protobuf:"varint,11,opt,name=hot_version,json=hotVersion,proto3" json:"hot_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -585,6 +594,20 @@ func (x *AcquireRequest) GetPackedKeys() []byte {
 	return nil
 }
 
+func (x *AcquireRequest) GetStaticShares() bool {
+	if x != nil {
+		return x.StaticShares
+	}
+	return false
+}
+
+func (x *AcquireRequest) GetHotVersion() uint64 {
+	if x != nil {
+		return x.HotVersion
+	}
+	return 0
+}
+
 // KeyAcquire is one key's report and request inside an Acquire.
 type KeyAcquire struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -605,7 +628,12 @@ type KeyAcquire struct {
 	// want_share asks for the agent's fair share of the key's rate
 	// (KeyGrant.share). A regional leader asks for it on every call: it is
 	// the rate the region falls to when cut off (docs/regions.md).
-	WantShare     bool `protobuf:"varint,10,opt,name=want_share,json=wantShare,proto3" json:"want_share,omitempty"`
+	WantShare bool `protobuf:"varint,10,opt,name=want_share,json=wantShare,proto3" json:"want_share,omitempty"`
+	// promote: the agent decided this key from its static share until it
+	// sent this call and now asks for it to be coordinated; static_left is
+	// what its static bucket held when the call was sent (0..burst).
+	Promote       bool  `protobuf:"varint,11,opt,name=promote,proto3" json:"promote,omitempty"`
+	StaticLeft    int64 `protobuf:"varint,12,opt,name=static_left,json=staticLeft,proto3" json:"static_left,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -710,6 +738,20 @@ func (x *KeyAcquire) GetWantShare() bool {
 	return false
 }
 
+func (x *KeyAcquire) GetPromote() bool {
+	if x != nil {
+		return x.Promote
+	}
+	return false
+}
+
+func (x *KeyAcquire) GetStaticLeft() int64 {
+	if x != nil {
+		return x.StaticLeft
+	}
+	return 0
+}
+
 type AcquireResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Grants       []*KeyGrant            `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`                            // one per request key, same order
@@ -726,8 +768,11 @@ type AcquireResponse struct {
 	Topology *Topology `protobuf:"bytes,8,opt,name=topology,proto3" json:"topology,omitempty"`
 	// reads_packed_keys: the node that answered reads AcquireRequest.packed_keys.
 	ReadsPackedKeys bool `protobuf:"varint,9,opt,name=reads_packed_keys,json=readsPackedKeys,proto3" json:"reads_packed_keys,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// static: the agent's static shares, when the request set
+	// static_shares and the allocator runs with static shares on.
+	Static        *StaticShares `protobuf:"bytes,10,opt,name=static,proto3" json:"static,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireResponse) Reset() {
@@ -823,6 +868,110 @@ func (x *AcquireResponse) GetReadsPackedKeys() bool {
 	return false
 }
 
+func (x *AcquireResponse) GetStatic() *StaticShares {
+	if x != nil {
+		return x.Static
+	}
+	return nil
+}
+
+// StaticShares is what an agent may decide without the allocator
+// (docs/static-shares.md): a key of a static-eligible rule that is not in
+// the hot-key set, from a bucket of rate R/slots and burst
+// floor(B/slots), with no charge. The shares of all slots sum to at most
+// the rule's limit; a key any agent coordinates is in the hot-key set.
+type StaticShares struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// slots: the number of shares of each rule; 0: the agent holds no slot
+	// and decides no key from a static share.
+	Slots uint32 `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"`
+	// valid_ms: how long after sending the call the agent may decide from
+	// its static shares without a newer answer.
+	ValidMs int64 `protobuf:"varint,2,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"`
+	// The hot-key set, by key hash (xxhash64 of the canonical key, as
+	// rules.KeyHash): hot_version is the version this answer brings the
+	// agent to; with hot_reset, hot_added is the whole set, else the keys
+	// added and removed since the request's hot_version.
+	HotVersion    uint64   `protobuf:"varint,3,opt,name=hot_version,json=hotVersion,proto3" json:"hot_version,omitempty"`
+	HotReset      bool     `protobuf:"varint,4,opt,name=hot_reset,json=hotReset,proto3" json:"hot_reset,omitempty"`
+	HotAdded      []uint64 `protobuf:"fixed64,5,rep,packed,name=hot_added,json=hotAdded,proto3" json:"hot_added,omitempty"`
+	HotRemoved    []uint64 `protobuf:"fixed64,6,rep,packed,name=hot_removed,json=hotRemoved,proto3" json:"hot_removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaticShares) Reset() {
+	*x = StaticShares{}
+	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaticShares) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaticShares) ProtoMessage() {}
+
+func (x *StaticShares) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaticShares.ProtoReflect.Descriptor instead.
+func (*StaticShares) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *StaticShares) GetSlots() uint32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *StaticShares) GetValidMs() int64 {
+	if x != nil {
+		return x.ValidMs
+	}
+	return 0
+}
+
+func (x *StaticShares) GetHotVersion() uint64 {
+	if x != nil {
+		return x.HotVersion
+	}
+	return 0
+}
+
+func (x *StaticShares) GetHotReset() bool {
+	if x != nil {
+		return x.HotReset
+	}
+	return false
+}
+
+func (x *StaticShares) GetHotAdded() []uint64 {
+	if x != nil {
+		return x.HotAdded
+	}
+	return nil
+}
+
+func (x *StaticShares) GetHotRemoved() []uint64 {
+	if x != nil {
+		return x.HotRemoved
+	}
+	return nil
+}
+
 // Topology is how keys map to Raft groups in a cluster with several: a
 // key's slot is the low 10 bits of the xxhash64 of its canonical key
 // (pkg/slots), and each slot is owned by one data group.
@@ -836,7 +985,7 @@ type Topology struct {
 
 func (x *Topology) Reset() {
 	*x = Topology{}
-	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	mi := &file_allot_v1_allot_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +997,7 @@ func (x *Topology) String() string {
 func (*Topology) ProtoMessage() {}
 
 func (x *Topology) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[6]
+	mi := &file_allot_v1_allot_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1010,7 @@ func (x *Topology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Topology.ProtoReflect.Descriptor instead.
 func (*Topology) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{6}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Topology) GetVersion() uint64 {
@@ -891,7 +1040,7 @@ type GroupRoute struct {
 
 func (x *GroupRoute) Reset() {
 	*x = GroupRoute{}
-	mi := &file_allot_v1_allot_proto_msgTypes[7]
+	mi := &file_allot_v1_allot_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1052,7 @@ func (x *GroupRoute) String() string {
 func (*GroupRoute) ProtoMessage() {}
 
 func (x *GroupRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[7]
+	mi := &file_allot_v1_allot_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1065,7 @@ func (x *GroupRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupRoute.ProtoReflect.Descriptor instead.
 func (*GroupRoute) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{7}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GroupRoute) GetId() uint32 {
@@ -980,7 +1129,7 @@ type KeyGrant struct {
 
 func (x *KeyGrant) Reset() {
 	*x = KeyGrant{}
-	mi := &file_allot_v1_allot_proto_msgTypes[8]
+	mi := &file_allot_v1_allot_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1141,7 @@ func (x *KeyGrant) String() string {
 func (*KeyGrant) ProtoMessage() {}
 
 func (x *KeyGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[8]
+	mi := &file_allot_v1_allot_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1154,7 @@ func (x *KeyGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyGrant.ProtoReflect.Descriptor instead.
 func (*KeyGrant) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{8}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KeyGrant) GetStatus() KeyStatus {
@@ -1108,7 +1257,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[9]
+	mi := &file_allot_v1_allot_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1269,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[9]
+	mi := &file_allot_v1_allot_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1282,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{9}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseRequest) GetAgentId() string {
@@ -1181,7 +1330,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[10]
+	mi := &file_allot_v1_allot_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1342,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[10]
+	mi := &file_allot_v1_allot_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1355,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{10}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReleaseResponse) GetReturned() int64 {
@@ -1233,7 +1382,7 @@ type WatchRulesRequest struct {
 
 func (x *WatchRulesRequest) Reset() {
 	*x = WatchRulesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[11]
+	mi := &file_allot_v1_allot_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1394,7 @@ func (x *WatchRulesRequest) String() string {
 func (*WatchRulesRequest) ProtoMessage() {}
 
 func (x *WatchRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[11]
+	mi := &file_allot_v1_allot_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1407,7 @@ func (x *WatchRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRulesRequest.ProtoReflect.Descriptor instead.
 func (*WatchRulesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{11}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchRulesRequest) GetAgentId() string {
@@ -1289,7 +1438,7 @@ type RuleFile struct {
 
 func (x *RuleFile) Reset() {
 	*x = RuleFile{}
-	mi := &file_allot_v1_allot_proto_msgTypes[12]
+	mi := &file_allot_v1_allot_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1450,7 @@ func (x *RuleFile) String() string {
 func (*RuleFile) ProtoMessage() {}
 
 func (x *RuleFile) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[12]
+	mi := &file_allot_v1_allot_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1463,7 @@ func (x *RuleFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleFile.ProtoReflect.Descriptor instead.
 func (*RuleFile) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{12}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RuleFile) GetName() string {
@@ -1355,7 +1504,7 @@ type RuleSet struct {
 
 func (x *RuleSet) Reset() {
 	*x = RuleSet{}
-	mi := &file_allot_v1_allot_proto_msgTypes[13]
+	mi := &file_allot_v1_allot_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1516,7 @@ func (x *RuleSet) String() string {
 func (*RuleSet) ProtoMessage() {}
 
 func (x *RuleSet) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[13]
+	mi := &file_allot_v1_allot_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1529,7 @@ func (x *RuleSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleSet.ProtoReflect.Descriptor instead.
 func (*RuleSet) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{13}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RuleSet) GetVersion() uint64 {
@@ -1431,7 +1580,7 @@ type PutRulesRequest struct {
 
 func (x *PutRulesRequest) Reset() {
 	*x = PutRulesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[14]
+	mi := &file_allot_v1_allot_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1592,7 @@ func (x *PutRulesRequest) String() string {
 func (*PutRulesRequest) ProtoMessage() {}
 
 func (x *PutRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[14]
+	mi := &file_allot_v1_allot_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1605,7 @@ func (x *PutRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRulesRequest.ProtoReflect.Descriptor instead.
 func (*PutRulesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{14}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutRulesRequest) GetFiles() []*RuleFile {
@@ -1504,7 +1653,7 @@ type PutRulesResponse struct {
 
 func (x *PutRulesResponse) Reset() {
 	*x = PutRulesResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[15]
+	mi := &file_allot_v1_allot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1665,7 @@ func (x *PutRulesResponse) String() string {
 func (*PutRulesResponse) ProtoMessage() {}
 
 func (x *PutRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[15]
+	mi := &file_allot_v1_allot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1678,7 @@ func (x *PutRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRulesResponse.ProtoReflect.Descriptor instead.
 func (*PutRulesResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{15}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutRulesResponse) GetVersion() uint64 {
@@ -1559,7 +1708,7 @@ type GetRulesRequest struct {
 
 func (x *GetRulesRequest) Reset() {
 	*x = GetRulesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[16]
+	mi := &file_allot_v1_allot_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1720,7 @@ func (x *GetRulesRequest) String() string {
 func (*GetRulesRequest) ProtoMessage() {}
 
 func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[16]
+	mi := &file_allot_v1_allot_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1733,7 @@ func (x *GetRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRulesRequest.ProtoReflect.Descriptor instead.
 func (*GetRulesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{16}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRulesRequest) GetLinearizable() bool {
@@ -1611,7 +1760,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[17]
+	mi := &file_allot_v1_allot_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1772,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[17]
+	mi := &file_allot_v1_allot_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1785,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{17}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListLeasesRequest) GetKey() string {
@@ -1697,7 +1846,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_allot_v1_allot_proto_msgTypes[18]
+	mi := &file_allot_v1_allot_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1858,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[18]
+	mi := &file_allot_v1_allot_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1871,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{18}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Lease) GetKey() string {
@@ -1792,7 +1941,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[19]
+	mi := &file_allot_v1_allot_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1953,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[19]
+	mi := &file_allot_v1_allot_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1966,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{19}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -1852,7 +2001,7 @@ type InspectKeyRequest struct {
 
 func (x *InspectKeyRequest) Reset() {
 	*x = InspectKeyRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[20]
+	mi := &file_allot_v1_allot_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2013,7 @@ func (x *InspectKeyRequest) String() string {
 func (*InspectKeyRequest) ProtoMessage() {}
 
 func (x *InspectKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[20]
+	mi := &file_allot_v1_allot_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2026,7 @@ func (x *InspectKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectKeyRequest.ProtoReflect.Descriptor instead.
 func (*InspectKeyRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{20}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *InspectKeyRequest) GetKey() string {
@@ -1930,7 +2079,7 @@ type InspectKeyResponse struct {
 
 func (x *InspectKeyResponse) Reset() {
 	*x = InspectKeyResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[21]
+	mi := &file_allot_v1_allot_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2091,7 @@ func (x *InspectKeyResponse) String() string {
 func (*InspectKeyResponse) ProtoMessage() {}
 
 func (x *InspectKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[21]
+	mi := &file_allot_v1_allot_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2104,7 @@ func (x *InspectKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectKeyResponse.ProtoReflect.Descriptor instead.
 func (*InspectKeyResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{21}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *InspectKeyResponse) GetKey() string {
@@ -2096,7 +2245,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[22]
+	mi := &file_allot_v1_allot_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2257,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[22]
+	mi := &file_allot_v1_allot_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2270,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{22}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListAgentsRequest) GetGroup() uint32 {
@@ -2145,7 +2294,7 @@ type AgentInfo struct {
 
 func (x *AgentInfo) Reset() {
 	*x = AgentInfo{}
-	mi := &file_allot_v1_allot_proto_msgTypes[23]
+	mi := &file_allot_v1_allot_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2306,7 @@ func (x *AgentInfo) String() string {
 func (*AgentInfo) ProtoMessage() {}
 
 func (x *AgentInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[23]
+	mi := &file_allot_v1_allot_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2319,7 @@ func (x *AgentInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentInfo.ProtoReflect.Descriptor instead.
 func (*AgentInfo) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{23}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AgentInfo) GetAgentId() string {
@@ -2225,7 +2374,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[24]
+	mi := &file_allot_v1_allot_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2386,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[24]
+	mi := &file_allot_v1_allot_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2399,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{24}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*AgentInfo {
@@ -2282,7 +2431,7 @@ type TopKeysRequest struct {
 
 func (x *TopKeysRequest) Reset() {
 	*x = TopKeysRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[25]
+	mi := &file_allot_v1_allot_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2443,7 @@ func (x *TopKeysRequest) String() string {
 func (*TopKeysRequest) ProtoMessage() {}
 
 func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[25]
+	mi := &file_allot_v1_allot_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2456,7 @@ func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
 func (*TopKeysRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{25}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TopKeysRequest) GetLimit() int32 {
@@ -2352,7 +2501,7 @@ type KeyRate struct {
 
 func (x *KeyRate) Reset() {
 	*x = KeyRate{}
-	mi := &file_allot_v1_allot_proto_msgTypes[26]
+	mi := &file_allot_v1_allot_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2513,7 @@ func (x *KeyRate) String() string {
 func (*KeyRate) ProtoMessage() {}
 
 func (x *KeyRate) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[26]
+	mi := &file_allot_v1_allot_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2526,7 @@ func (x *KeyRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRate.ProtoReflect.Descriptor instead.
 func (*KeyRate) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{26}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *KeyRate) GetKey() string {
@@ -2432,7 +2581,7 @@ type TopKeysResponse struct {
 
 func (x *TopKeysResponse) Reset() {
 	*x = TopKeysResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[27]
+	mi := &file_allot_v1_allot_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2593,7 @@ func (x *TopKeysResponse) String() string {
 func (*TopKeysResponse) ProtoMessage() {}
 
 func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[27]
+	mi := &file_allot_v1_allot_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2606,7 @@ func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
 func (*TopKeysResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{27}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TopKeysResponse) GetKeys() []*KeyRate {
@@ -2491,7 +2640,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[28]
+	mi := &file_allot_v1_allot_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2652,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[28]
+	mi := &file_allot_v1_allot_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2665,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{28}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CheckRequest) GetDomain() string {
@@ -2563,7 +2712,7 @@ type DescriptorStatus struct {
 
 func (x *DescriptorStatus) Reset() {
 	*x = DescriptorStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[29]
+	mi := &file_allot_v1_allot_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +2724,7 @@ func (x *DescriptorStatus) String() string {
 func (*DescriptorStatus) ProtoMessage() {}
 
 func (x *DescriptorStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[29]
+	mi := &file_allot_v1_allot_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +2737,7 @@ func (x *DescriptorStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorStatus.ProtoReflect.Descriptor instead.
 func (*DescriptorStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{29}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DescriptorStatus) GetCode() Code {
@@ -2657,7 +2806,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[30]
+	mi := &file_allot_v1_allot_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2818,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[30]
+	mi := &file_allot_v1_allot_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2831,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{30}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckResponse) GetOverallCode() Code {
@@ -2707,7 +2856,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[31]
+	mi := &file_allot_v1_allot_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +2868,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[31]
+	mi := &file_allot_v1_allot_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +2881,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{31}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{32}
 }
 
 type Member struct {
@@ -2749,7 +2898,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_allot_v1_allot_proto_msgTypes[32]
+	mi := &file_allot_v1_allot_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2910,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[32]
+	mi := &file_allot_v1_allot_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2923,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{32}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Member) GetId() string {
@@ -2845,7 +2994,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[33]
+	mi := &file_allot_v1_allot_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3006,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[33]
+	mi := &file_allot_v1_allot_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3019,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{33}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ClusterStatusResponse) GetMembers() []*Member {
@@ -3015,7 +3164,7 @@ type UpstreamStatus struct {
 
 func (x *UpstreamStatus) Reset() {
 	*x = UpstreamStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3176,7 @@ func (x *UpstreamStatus) String() string {
 func (*UpstreamStatus) ProtoMessage() {}
 
 func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[34]
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3189,7 @@ func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamStatus.ProtoReflect.Descriptor instead.
 func (*UpstreamStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{34}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UpstreamStatus) GetAddrs() []string {
@@ -3114,7 +3263,7 @@ type GlobalKeyHeld struct {
 
 func (x *GlobalKeyHeld) Reset() {
 	*x = GlobalKeyHeld{}
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3275,7 @@ func (x *GlobalKeyHeld) String() string {
 func (*GlobalKeyHeld) ProtoMessage() {}
 
 func (x *GlobalKeyHeld) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3288,7 @@ func (x *GlobalKeyHeld) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GlobalKeyHeld.ProtoReflect.Descriptor instead.
 func (*GlobalKeyHeld) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GlobalKeyHeld) GetKey() string {
@@ -3263,7 +3412,7 @@ type GroupStatus struct {
 
 func (x *GroupStatus) Reset() {
 	*x = GroupStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3424,7 @@ func (x *GroupStatus) String() string {
 func (*GroupStatus) ProtoMessage() {}
 
 func (x *GroupStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3437,7 @@ func (x *GroupStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupStatus.ProtoReflect.Descriptor instead.
 func (*GroupStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GroupStatus) GetId() uint32 {
@@ -3363,7 +3512,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3375,7 +3524,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3388,7 +3537,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -3434,7 +3583,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3595,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3608,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
 }
 
 type RemoveServerRequest struct {
@@ -3475,7 +3624,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +3636,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +3649,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -3525,7 +3674,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3537,7 +3686,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3550,7 +3699,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
 }
 
 type TransferLeadershipRequest struct {
@@ -3563,7 +3712,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3575,7 +3724,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3588,7 +3737,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -3614,7 +3763,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3626,7 +3775,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3639,7 +3788,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -3659,7 +3808,7 @@ type MoveSlotsRequest struct {
 
 func (x *MoveSlotsRequest) Reset() {
 	*x = MoveSlotsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3671,7 +3820,7 @@ func (x *MoveSlotsRequest) String() string {
 func (*MoveSlotsRequest) ProtoMessage() {}
 
 func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3684,7 +3833,7 @@ func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveSlotsRequest.ProtoReflect.Descriptor instead.
 func (*MoveSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MoveSlotsRequest) GetSlots() string {
@@ -3719,7 +3868,7 @@ type SlotMove struct {
 
 func (x *SlotMove) Reset() {
 	*x = SlotMove{}
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +3880,7 @@ func (x *SlotMove) String() string {
 func (*SlotMove) ProtoMessage() {}
 
 func (x *SlotMove) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +3893,7 @@ func (x *SlotMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotMove.ProtoReflect.Descriptor instead.
 func (*SlotMove) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SlotMove) GetId() uint64 {
@@ -3819,7 +3968,7 @@ type MoveSlotsResponse struct {
 
 func (x *MoveSlotsResponse) Reset() {
 	*x = MoveSlotsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +3980,7 @@ func (x *MoveSlotsResponse) String() string {
 func (*MoveSlotsResponse) ProtoMessage() {}
 
 func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +3993,7 @@ func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveSlotsResponse.ProtoReflect.Descriptor instead.
 func (*MoveSlotsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MoveSlotsResponse) GetMove() *SlotMove {
@@ -3862,7 +4011,7 @@ type RebalanceSlotsRequest struct {
 
 func (x *RebalanceSlotsRequest) Reset() {
 	*x = RebalanceSlotsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3874,7 +4023,7 @@ func (x *RebalanceSlotsRequest) String() string {
 func (*RebalanceSlotsRequest) ProtoMessage() {}
 
 func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3887,7 +4036,7 @@ func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceSlotsRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
 }
 
 type RebalanceSlotsResponse struct {
@@ -3899,7 +4048,7 @@ type RebalanceSlotsResponse struct {
 
 func (x *RebalanceSlotsResponse) Reset() {
 	*x = RebalanceSlotsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3911,7 +4060,7 @@ func (x *RebalanceSlotsResponse) String() string {
 func (*RebalanceSlotsResponse) ProtoMessage() {}
 
 func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3924,7 +4073,7 @@ func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceSlotsResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceSlotsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RebalanceSlotsResponse) GetMoves() []*SlotMove {
@@ -3942,7 +4091,7 @@ type AddGroupRequest struct {
 
 func (x *AddGroupRequest) Reset() {
 	*x = AddGroupRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3954,7 +4103,7 @@ func (x *AddGroupRequest) String() string {
 func (*AddGroupRequest) ProtoMessage() {}
 
 func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3967,7 +4116,7 @@ func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddGroupRequest.ProtoReflect.Descriptor instead.
 func (*AddGroupRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
 }
 
 type AddGroupResponse struct {
@@ -3981,7 +4130,7 @@ type AddGroupResponse struct {
 
 func (x *AddGroupResponse) Reset() {
 	*x = AddGroupResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3993,7 +4142,7 @@ func (x *AddGroupResponse) String() string {
 func (*AddGroupResponse) ProtoMessage() {}
 
 func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4006,7 +4155,7 @@ func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddGroupResponse.ProtoReflect.Descriptor instead.
 func (*AddGroupResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AddGroupResponse) GetId() uint32 {
@@ -4040,7 +4189,7 @@ type ApplySlotEntryRequest struct {
 
 func (x *ApplySlotEntryRequest) Reset() {
 	*x = ApplySlotEntryRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4201,7 @@ func (x *ApplySlotEntryRequest) String() string {
 func (*ApplySlotEntryRequest) ProtoMessage() {}
 
 func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4214,7 @@ func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryRequest.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ApplySlotEntryRequest) GetGroup() uint32 {
@@ -4093,7 +4242,7 @@ type ApplySlotEntryResponse struct {
 
 func (x *ApplySlotEntryResponse) Reset() {
 	*x = ApplySlotEntryResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4105,7 +4254,7 @@ func (x *ApplySlotEntryResponse) String() string {
 func (*ApplySlotEntryResponse) ProtoMessage() {}
 
 func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4118,7 +4267,7 @@ func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryResponse.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ApplySlotEntryResponse) GetIndex() uint64 {
@@ -4159,6 +4308,7 @@ type Command struct {
 	//	*Command_Member
 	//	*Command_Check
 	//	*Command_Meta
+	//	*Command_Static
 	Cmd           isCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4166,7 +4316,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4178,7 +4328,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4191,7 +4341,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Command) GetNowUnixNanos() int64 {
@@ -4278,6 +4428,15 @@ func (x *Command) GetMeta() *MetaCommand {
 	return nil
 }
 
+func (x *Command) GetStatic() *StaticCommand {
+	if x != nil {
+		if x, ok := x.Cmd.(*Command_Static); ok {
+			return x.Static
+		}
+	}
+	return nil
+}
+
 type isCommand_Cmd interface {
 	isCommand_Cmd()
 }
@@ -4310,6 +4469,10 @@ type Command_Meta struct {
 	Meta *MetaCommand `protobuf:"bytes,16,opt,name=meta,proto3,oneof"`
 }
 
+type Command_Static struct {
+	Static *StaticCommand `protobuf:"bytes,17,opt,name=static,proto3,oneof"`
+}
+
 func (*Command_Acquire) isCommand_Cmd() {}
 
 func (*Command_Release) isCommand_Cmd() {}
@@ -4323,6 +4486,63 @@ func (*Command_Member) isCommand_Cmd() {}
 func (*Command_Check) isCommand_Cmd() {}
 
 func (*Command_Meta) isCommand_Cmd() {}
+
+func (*Command_Static) isCommand_Cmd() {}
+
+// StaticCommand sets the static shares (docs/static-shares.md): slots
+// per rule (0: off) and how long an answer lets an agent decide from them
+// (ttl_ms). The leader commits it when its flags differ from the state.
+type StaticCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slots         uint32                 `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"`
+	TtlMs         int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaticCommand) Reset() {
+	*x = StaticCommand{}
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaticCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaticCommand) ProtoMessage() {}
+
+func (x *StaticCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaticCommand.ProtoReflect.Descriptor instead.
+func (*StaticCommand) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *StaticCommand) GetSlots() uint32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *StaticCommand) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
 
 // MetaCommand changes the meta group's state (allocator/meta): the groups,
 // their members and the slot map. It is applied only by the meta group
@@ -4345,7 +4565,7 @@ type MetaCommand struct {
 
 func (x *MetaCommand) Reset() {
 	*x = MetaCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[53]
+	mi := &file_allot_v1_allot_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4357,7 +4577,7 @@ func (x *MetaCommand) String() string {
 func (*MetaCommand) ProtoMessage() {}
 
 func (x *MetaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[53]
+	mi := &file_allot_v1_allot_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4370,7 +4590,7 @@ func (x *MetaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCommand.ProtoReflect.Descriptor instead.
 func (*MetaCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *MetaCommand) GetOp() MetaOp {
@@ -4453,7 +4673,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	mi := &file_allot_v1_allot_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4465,7 +4685,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	mi := &file_allot_v1_allot_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4478,7 +4698,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -4513,7 +4733,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[55]
+	mi := &file_allot_v1_allot_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4525,7 +4745,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[55]
+	mi := &file_allot_v1_allot_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4538,7 +4758,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{55}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -4573,7 +4793,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[56]
+	mi := &file_allot_v1_allot_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4585,7 +4805,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[56]
+	mi := &file_allot_v1_allot_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4598,7 +4818,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{56}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -4641,7 +4861,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\x05R\x06shards\x12\x1c\n" +
 	"\tunlimited\x18\v \x01(\bR\tunlimited\x12\x1b\n" +
 	"\trule_path\x18\f \x01(\tR\brulePath\x12\x18\n" +
-	"\arouting\x18\r \x01(\tR\arouting\"\xc5\x02\n" +
+	"\arouting\x18\r \x01(\tR\arouting\"\x8b\x03\n" +
 	"\x0eAcquireRequest\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x1d\n" +
 	"\n" +
@@ -4653,7 +4873,11 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05group\x18\a \x01(\rR\x05group\x12)\n" +
 	"\x10topology_version\x18\b \x01(\x04R\x0ftopologyVersion\x12\x1f\n" +
 	"\vpacked_keys\x18\t \x01(\fR\n" +
-	"packedKeys\"\xa3\x02\n" +
+	"packedKeys\x12#\n" +
+	"\rstatic_shares\x18\n" +
+	" \x01(\bR\fstaticShares\x12\x1f\n" +
+	"\vhot_version\x18\v \x01(\x04R\n" +
+	"hotVersion\"\xde\x02\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
@@ -4667,7 +4891,10 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x0eoutage_charged\x18\t \x01(\x03R\routageCharged\x12\x1d\n" +
 	"\n" +
 	"want_share\x18\n" +
-	" \x01(\bR\twantShare\"\xea\x02\n" +
+	" \x01(\bR\twantShare\x12\x18\n" +
+	"\apromote\x18\v \x01(\bR\apromote\x12\x1f\n" +
+	"\vstatic_left\x18\f \x01(\x03R\n" +
+	"staticLeft\"\x9a\x03\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +
@@ -4678,7 +4905,18 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\rpacked_grants\x18\x06 \x01(\fR\fpackedGrants\x12'\n" +
 	"\x06limits\x18\a \x03(\v2\x0f.allot.v1.LimitR\x06limits\x12.\n" +
 	"\btopology\x18\b \x01(\v2\x12.allot.v1.TopologyR\btopology\x12*\n" +
-	"\x11reads_packed_keys\x18\t \x01(\bR\x0freadsPackedKeys\"R\n" +
+	"\x11reads_packed_keys\x18\t \x01(\bR\x0freadsPackedKeys\x12.\n" +
+	"\x06static\x18\n" +
+	" \x01(\v2\x16.allot.v1.StaticSharesR\x06static\"\xbb\x01\n" +
+	"\fStaticShares\x12\x14\n" +
+	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x19\n" +
+	"\bvalid_ms\x18\x02 \x01(\x03R\avalidMs\x12\x1f\n" +
+	"\vhot_version\x18\x03 \x01(\x04R\n" +
+	"hotVersion\x12\x1b\n" +
+	"\thot_reset\x18\x04 \x01(\bR\bhotReset\x12\x1b\n" +
+	"\thot_added\x18\x05 \x03(\x06R\bhotAdded\x12\x1f\n" +
+	"\vhot_removed\x18\x06 \x03(\x06R\n" +
+	"hotRemoved\"R\n" +
 	"\bTopology\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
 	"\x06groups\x18\x02 \x03(\v2\x14.allot.v1.GroupRouteR\x06groups\"\x95\x01\n" +
@@ -4941,7 +5179,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x16ApplySlotEntryResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04keys\x18\x02 \x01(\rR\x04keys\x12\x18\n" +
-	"\arefused\x18\x03 \x01(\tR\arefused\"\xc9\x03\n" +
+	"\arefused\x18\x03 \x01(\tR\arefused\"\xfc\x03\n" +
 	"\aCommand\x12$\n" +
 	"\x0enow_unix_nanos\x18\x01 \x01(\x03R\fnowUnixNanos\x12*\n" +
 	"\x11ignore_if_unknown\x18\x02 \x01(\bR\x0fignoreIfUnknown\x122\n" +
@@ -4952,8 +5190,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06expire\x18\r \x01(\v2\x17.allot.v1.ExpireCommandH\x00R\x06expire\x121\n" +
 	"\x06member\x18\x0e \x01(\v2\x17.allot.v1.MemberCommandH\x00R\x06member\x12.\n" +
 	"\x05check\x18\x0f \x01(\v2\x16.allot.v1.CheckRequestH\x00R\x05check\x12+\n" +
-	"\x04meta\x18\x10 \x01(\v2\x15.allot.v1.MetaCommandH\x00R\x04metaB\x05\n" +
-	"\x03cmd\"\x98\x02\n" +
+	"\x04meta\x18\x10 \x01(\v2\x15.allot.v1.MetaCommandH\x00R\x04meta\x121\n" +
+	"\x06static\x18\x11 \x01(\v2\x17.allot.v1.StaticCommandH\x00R\x06staticB\x05\n" +
+	"\x03cmd\"<\n" +
+	"\rStaticCommand\x12\x14\n" +
+	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"\x98\x02\n" +
 	"\vMetaCommand\x12 \n" +
 	"\x02op\x18\x01 \x01(\x0e2\x10.allot.v1.MetaOpR\x02op\x12\x1d\n" +
 	"\n" +
@@ -5040,7 +5282,7 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
@@ -5051,144 +5293,148 @@ var file_allot_v1_allot_proto_goTypes = []any{
 	(*AcquireRequest)(nil),             // 6: allot.v1.AcquireRequest
 	(*KeyAcquire)(nil),                 // 7: allot.v1.KeyAcquire
 	(*AcquireResponse)(nil),            // 8: allot.v1.AcquireResponse
-	(*Topology)(nil),                   // 9: allot.v1.Topology
-	(*GroupRoute)(nil),                 // 10: allot.v1.GroupRoute
-	(*KeyGrant)(nil),                   // 11: allot.v1.KeyGrant
-	(*ReleaseRequest)(nil),             // 12: allot.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 13: allot.v1.ReleaseResponse
-	(*WatchRulesRequest)(nil),          // 14: allot.v1.WatchRulesRequest
-	(*RuleFile)(nil),                   // 15: allot.v1.RuleFile
-	(*RuleSet)(nil),                    // 16: allot.v1.RuleSet
-	(*PutRulesRequest)(nil),            // 17: allot.v1.PutRulesRequest
-	(*PutRulesResponse)(nil),           // 18: allot.v1.PutRulesResponse
-	(*GetRulesRequest)(nil),            // 19: allot.v1.GetRulesRequest
-	(*ListLeasesRequest)(nil),          // 20: allot.v1.ListLeasesRequest
-	(*Lease)(nil),                      // 21: allot.v1.Lease
-	(*ListLeasesResponse)(nil),         // 22: allot.v1.ListLeasesResponse
-	(*InspectKeyRequest)(nil),          // 23: allot.v1.InspectKeyRequest
-	(*InspectKeyResponse)(nil),         // 24: allot.v1.InspectKeyResponse
-	(*ListAgentsRequest)(nil),          // 25: allot.v1.ListAgentsRequest
-	(*AgentInfo)(nil),                  // 26: allot.v1.AgentInfo
-	(*ListAgentsResponse)(nil),         // 27: allot.v1.ListAgentsResponse
-	(*TopKeysRequest)(nil),             // 28: allot.v1.TopKeysRequest
-	(*KeyRate)(nil),                    // 29: allot.v1.KeyRate
-	(*TopKeysResponse)(nil),            // 30: allot.v1.TopKeysResponse
-	(*CheckRequest)(nil),               // 31: allot.v1.CheckRequest
-	(*DescriptorStatus)(nil),           // 32: allot.v1.DescriptorStatus
-	(*CheckResponse)(nil),              // 33: allot.v1.CheckResponse
-	(*ClusterStatusRequest)(nil),       // 34: allot.v1.ClusterStatusRequest
-	(*Member)(nil),                     // 35: allot.v1.Member
-	(*ClusterStatusResponse)(nil),      // 36: allot.v1.ClusterStatusResponse
-	(*UpstreamStatus)(nil),             // 37: allot.v1.UpstreamStatus
-	(*GlobalKeyHeld)(nil),              // 38: allot.v1.GlobalKeyHeld
-	(*GroupStatus)(nil),                // 39: allot.v1.GroupStatus
-	(*AddVoterRequest)(nil),            // 40: allot.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 41: allot.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),        // 42: allot.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 43: allot.v1.RemoveServerResponse
-	(*TransferLeadershipRequest)(nil),  // 44: allot.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 45: allot.v1.TransferLeadershipResponse
-	(*MoveSlotsRequest)(nil),           // 46: allot.v1.MoveSlotsRequest
-	(*SlotMove)(nil),                   // 47: allot.v1.SlotMove
-	(*MoveSlotsResponse)(nil),          // 48: allot.v1.MoveSlotsResponse
-	(*RebalanceSlotsRequest)(nil),      // 49: allot.v1.RebalanceSlotsRequest
-	(*RebalanceSlotsResponse)(nil),     // 50: allot.v1.RebalanceSlotsResponse
-	(*AddGroupRequest)(nil),            // 51: allot.v1.AddGroupRequest
-	(*AddGroupResponse)(nil),           // 52: allot.v1.AddGroupResponse
-	(*ApplySlotEntryRequest)(nil),      // 53: allot.v1.ApplySlotEntryRequest
-	(*ApplySlotEntryResponse)(nil),     // 54: allot.v1.ApplySlotEntryResponse
-	(*Command)(nil),                    // 55: allot.v1.Command
-	(*MetaCommand)(nil),                // 56: allot.v1.MetaCommand
-	(*AcquireBatch)(nil),               // 57: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 58: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 59: allot.v1.MemberCommand
+	(*StaticShares)(nil),               // 9: allot.v1.StaticShares
+	(*Topology)(nil),                   // 10: allot.v1.Topology
+	(*GroupRoute)(nil),                 // 11: allot.v1.GroupRoute
+	(*KeyGrant)(nil),                   // 12: allot.v1.KeyGrant
+	(*ReleaseRequest)(nil),             // 13: allot.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 14: allot.v1.ReleaseResponse
+	(*WatchRulesRequest)(nil),          // 15: allot.v1.WatchRulesRequest
+	(*RuleFile)(nil),                   // 16: allot.v1.RuleFile
+	(*RuleSet)(nil),                    // 17: allot.v1.RuleSet
+	(*PutRulesRequest)(nil),            // 18: allot.v1.PutRulesRequest
+	(*PutRulesResponse)(nil),           // 19: allot.v1.PutRulesResponse
+	(*GetRulesRequest)(nil),            // 20: allot.v1.GetRulesRequest
+	(*ListLeasesRequest)(nil),          // 21: allot.v1.ListLeasesRequest
+	(*Lease)(nil),                      // 22: allot.v1.Lease
+	(*ListLeasesResponse)(nil),         // 23: allot.v1.ListLeasesResponse
+	(*InspectKeyRequest)(nil),          // 24: allot.v1.InspectKeyRequest
+	(*InspectKeyResponse)(nil),         // 25: allot.v1.InspectKeyResponse
+	(*ListAgentsRequest)(nil),          // 26: allot.v1.ListAgentsRequest
+	(*AgentInfo)(nil),                  // 27: allot.v1.AgentInfo
+	(*ListAgentsResponse)(nil),         // 28: allot.v1.ListAgentsResponse
+	(*TopKeysRequest)(nil),             // 29: allot.v1.TopKeysRequest
+	(*KeyRate)(nil),                    // 30: allot.v1.KeyRate
+	(*TopKeysResponse)(nil),            // 31: allot.v1.TopKeysResponse
+	(*CheckRequest)(nil),               // 32: allot.v1.CheckRequest
+	(*DescriptorStatus)(nil),           // 33: allot.v1.DescriptorStatus
+	(*CheckResponse)(nil),              // 34: allot.v1.CheckResponse
+	(*ClusterStatusRequest)(nil),       // 35: allot.v1.ClusterStatusRequest
+	(*Member)(nil),                     // 36: allot.v1.Member
+	(*ClusterStatusResponse)(nil),      // 37: allot.v1.ClusterStatusResponse
+	(*UpstreamStatus)(nil),             // 38: allot.v1.UpstreamStatus
+	(*GlobalKeyHeld)(nil),              // 39: allot.v1.GlobalKeyHeld
+	(*GroupStatus)(nil),                // 40: allot.v1.GroupStatus
+	(*AddVoterRequest)(nil),            // 41: allot.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 42: allot.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),        // 43: allot.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 44: allot.v1.RemoveServerResponse
+	(*TransferLeadershipRequest)(nil),  // 45: allot.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 46: allot.v1.TransferLeadershipResponse
+	(*MoveSlotsRequest)(nil),           // 47: allot.v1.MoveSlotsRequest
+	(*SlotMove)(nil),                   // 48: allot.v1.SlotMove
+	(*MoveSlotsResponse)(nil),          // 49: allot.v1.MoveSlotsResponse
+	(*RebalanceSlotsRequest)(nil),      // 50: allot.v1.RebalanceSlotsRequest
+	(*RebalanceSlotsResponse)(nil),     // 51: allot.v1.RebalanceSlotsResponse
+	(*AddGroupRequest)(nil),            // 52: allot.v1.AddGroupRequest
+	(*AddGroupResponse)(nil),           // 53: allot.v1.AddGroupResponse
+	(*ApplySlotEntryRequest)(nil),      // 54: allot.v1.ApplySlotEntryRequest
+	(*ApplySlotEntryResponse)(nil),     // 55: allot.v1.ApplySlotEntryResponse
+	(*Command)(nil),                    // 56: allot.v1.Command
+	(*StaticCommand)(nil),              // 57: allot.v1.StaticCommand
+	(*MetaCommand)(nil),                // 58: allot.v1.MetaCommand
+	(*AcquireBatch)(nil),               // 59: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 60: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 61: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
 	7,  // 1: allot.v1.AcquireRequest.keys:type_name -> allot.v1.KeyAcquire
 	3,  // 2: allot.v1.KeyAcquire.entries:type_name -> allot.v1.Entry
-	11, // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
+	12, // 3: allot.v1.AcquireResponse.grants:type_name -> allot.v1.KeyGrant
 	5,  // 4: allot.v1.AcquireResponse.limits:type_name -> allot.v1.Limit
-	9,  // 5: allot.v1.AcquireResponse.topology:type_name -> allot.v1.Topology
-	10, // 6: allot.v1.Topology.groups:type_name -> allot.v1.GroupRoute
-	0,  // 7: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
-	5,  // 8: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
-	7,  // 9: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
-	15, // 10: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
-	9,  // 11: allot.v1.RuleSet.topology:type_name -> allot.v1.Topology
-	15, // 12: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
-	21, // 13: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
-	3,  // 14: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
-	5,  // 15: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
-	21, // 16: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
-	38, // 17: allot.v1.InspectKeyResponse.pool:type_name -> allot.v1.GlobalKeyHeld
-	24, // 18: allot.v1.InspectKeyResponse.global:type_name -> allot.v1.InspectKeyResponse
-	26, // 19: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
-	29, // 20: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
-	4,  // 21: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
-	1,  // 22: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
-	5,  // 23: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
-	1,  // 24: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
-	32, // 25: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
-	35, // 26: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
-	39, // 27: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
-	37, // 28: allot.v1.ClusterStatusResponse.upstream:type_name -> allot.v1.UpstreamStatus
-	38, // 29: allot.v1.UpstreamStatus.keys:type_name -> allot.v1.GlobalKeyHeld
-	5,  // 30: allot.v1.GlobalKeyHeld.limit:type_name -> allot.v1.Limit
-	5,  // 31: allot.v1.GlobalKeyHeld.region_limit:type_name -> allot.v1.Limit
-	47, // 32: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
-	47, // 33: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
-	57, // 34: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	12, // 35: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	17, // 36: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	58, // 37: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	59, // 38: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	31, // 39: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	56, // 40: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
-	2,  // 41: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
-	6,  // 42: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	35, // 43: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	6,  // 44: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	12, // 45: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	14, // 46: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	17, // 47: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	19, // 48: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	20, // 49: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	23, // 50: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	25, // 51: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	28, // 52: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	31, // 53: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	34, // 54: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	40, // 55: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	42, // 56: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	44, // 57: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	46, // 58: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
-	49, // 59: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
-	53, // 60: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
-	51, // 61: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
-	8,  // 62: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	13, // 63: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	16, // 64: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	18, // 65: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	16, // 66: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	22, // 67: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	24, // 68: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	27, // 69: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	30, // 70: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	33, // 71: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	36, // 72: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	41, // 73: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	43, // 74: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	45, // 75: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	48, // 76: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
-	50, // 77: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
-	54, // 78: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
-	52, // 79: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
-	62, // [62:80] is the sub-list for method output_type
-	44, // [44:62] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	10, // 5: allot.v1.AcquireResponse.topology:type_name -> allot.v1.Topology
+	9,  // 6: allot.v1.AcquireResponse.static:type_name -> allot.v1.StaticShares
+	11, // 7: allot.v1.Topology.groups:type_name -> allot.v1.GroupRoute
+	0,  // 8: allot.v1.KeyGrant.status:type_name -> allot.v1.KeyStatus
+	5,  // 9: allot.v1.KeyGrant.limit:type_name -> allot.v1.Limit
+	7,  // 10: allot.v1.ReleaseRequest.keys:type_name -> allot.v1.KeyAcquire
+	16, // 11: allot.v1.RuleSet.files:type_name -> allot.v1.RuleFile
+	10, // 12: allot.v1.RuleSet.topology:type_name -> allot.v1.Topology
+	16, // 13: allot.v1.PutRulesRequest.files:type_name -> allot.v1.RuleFile
+	22, // 14: allot.v1.ListLeasesResponse.leases:type_name -> allot.v1.Lease
+	3,  // 15: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
+	5,  // 16: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
+	22, // 17: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
+	39, // 18: allot.v1.InspectKeyResponse.pool:type_name -> allot.v1.GlobalKeyHeld
+	25, // 19: allot.v1.InspectKeyResponse.global:type_name -> allot.v1.InspectKeyResponse
+	27, // 20: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
+	30, // 21: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
+	4,  // 22: allot.v1.CheckRequest.descriptors:type_name -> allot.v1.Descriptor
+	1,  // 23: allot.v1.DescriptorStatus.code:type_name -> allot.v1.Code
+	5,  // 24: allot.v1.DescriptorStatus.limit:type_name -> allot.v1.Limit
+	1,  // 25: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
+	33, // 26: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
+	36, // 27: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
+	40, // 28: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
+	38, // 29: allot.v1.ClusterStatusResponse.upstream:type_name -> allot.v1.UpstreamStatus
+	39, // 30: allot.v1.UpstreamStatus.keys:type_name -> allot.v1.GlobalKeyHeld
+	5,  // 31: allot.v1.GlobalKeyHeld.limit:type_name -> allot.v1.Limit
+	5,  // 32: allot.v1.GlobalKeyHeld.region_limit:type_name -> allot.v1.Limit
+	48, // 33: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
+	48, // 34: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
+	59, // 35: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	13, // 36: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	18, // 37: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	60, // 38: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	61, // 39: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	32, // 40: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	58, // 41: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	57, // 42: allot.v1.Command.static:type_name -> allot.v1.StaticCommand
+	2,  // 43: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
+	6,  // 44: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	36, // 45: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	6,  // 46: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	13, // 47: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	15, // 48: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	18, // 49: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	20, // 50: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	21, // 51: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	24, // 52: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	26, // 53: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	29, // 54: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	32, // 55: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	35, // 56: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	41, // 57: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	43, // 58: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	45, // 59: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	47, // 60: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
+	50, // 61: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
+	54, // 62: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
+	52, // 63: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
+	8,  // 64: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	14, // 65: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	17, // 66: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	19, // 67: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	17, // 68: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	23, // 69: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	25, // 70: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	28, // 71: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	31, // 72: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	34, // 73: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	37, // 74: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	42, // 75: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	44, // 76: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	46, // 77: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	49, // 78: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
+	51, // 79: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
+	55, // 80: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
+	53, // 81: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
+	64, // [64:82] is the sub-list for method output_type
+	46, // [46:64] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
@@ -5196,8 +5442,8 @@ func file_allot_v1_allot_proto_init() {
 	if File_allot_v1_allot_proto != nil {
 		return
 	}
-	file_allot_v1_allot_proto_msgTypes[8].OneofWrappers = []any{}
-	file_allot_v1_allot_proto_msgTypes[52].OneofWrappers = []any{
+	file_allot_v1_allot_proto_msgTypes[9].OneofWrappers = []any{}
+	file_allot_v1_allot_proto_msgTypes[53].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),
 		(*Command_PutRules)(nil),
@@ -5205,6 +5451,7 @@ func file_allot_v1_allot_proto_init() {
 		(*Command_Member)(nil),
 		(*Command_Check)(nil),
 		(*Command_Meta)(nil),
+		(*Command_Static)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5212,7 +5459,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

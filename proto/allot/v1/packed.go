@@ -210,7 +210,8 @@ func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 //	        bits 0-4), demand (float64 bits, little endian, bit 5),
 //	        outage_charged (zigzag varint, bit 6); with bit 7, a second
 //	        flags byte follows the first, whose bit 0 is want_share (no
-//	        field)
+//	        field) and bit 1 promote, with static_left (zigzag varint)
+//	        after outage_charged
 //	str     uvarint length, bytes
 //	dstr    uvarint 0 then str (a new string, appended to the dictionary
 //	        while it holds fewer than PackedDict), or uvarint i (the
@@ -236,7 +237,8 @@ const (
 // Key flags of packed keys' second flags byte.
 const (
 	PackedWantShare = 1 << iota
-	packedFlags2    = PackedWantShare<<1 - 1 // every flag
+	PackedPromote
+	packedFlags2 = PackedPromote<<1 - 1 // every flag
 )
 
 // AppendPackedKeys appends keys in the packed form to dst. It encodes the
@@ -269,10 +271,16 @@ func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
 		}
 		fi := len(dst)
 		dst = append(dst, 0)
-		var flags byte
+		var flags, flags2 byte
 		if k.GetWantShare() {
+			flags2 |= PackedWantShare
+		}
+		if k.GetPromote() {
+			flags2 |= PackedPromote
+		}
+		if flags2 != 0 {
 			flags |= PackedMore
-			dst = append(dst, PackedWantShare)
+			dst = append(dst, flags2)
 		}
 		for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
 			if v != 0 {
@@ -287,6 +295,9 @@ func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
 		if v := k.GetOutageCharged(); v != 0 {
 			flags |= PackedOutage
 			dst = binary.AppendVarint(dst, v)
+		}
+		if k.GetPromote() {
+			dst = binary.AppendVarint(dst, k.GetStaticLeft())
 		}
 		dst[fi] = flags
 	}
@@ -333,7 +344,8 @@ type PackedKey struct {
 	Domain                                               string
 	Want, Held, Returned, Charged, Denied, OutageCharged int64
 	Demand                                               float64
-	WantShare                                            bool
+	WantShare, Promote                                   bool
+	StaticLeft                                           int64
 }
 
 // Dict is the dictionary of one call's packed keys: a zero Dict starts a
@@ -386,6 +398,7 @@ func ReadPackedKey[E ~struct{ Key, Value string }](d *Reader, dc *Dict, k *Packe
 			d.Fail()
 		}
 		k.WantShare = flags2&PackedWantShare != 0
+		k.Promote = flags2&PackedPromote != 0
 	}
 	for i, f := range [...]*int64{&k.Want, &k.Held, &k.Returned, &k.Charged, &k.Denied} {
 		if flags&(1<<i) != 0 {
@@ -397,6 +410,9 @@ func ReadPackedKey[E ~struct{ Key, Value string }](d *Reader, dc *Dict, k *Packe
 	}
 	if flags&PackedOutage != 0 {
 		k.OutageCharged = d.Varint()
+	}
+	if k.Promote {
+		k.StaticLeft = d.Varint()
 	}
 	return ents
 }
@@ -422,7 +438,8 @@ func UnpackKeys(data []byte) ([]*KeyAcquire, error) {
 			return nil, fmt.Errorf("key %d: %w", i, d.Err)
 		}
 		ka := &KeyAcquire{Domain: k.Domain, Want: k.Want, Held: k.Held, Returned: k.Returned, Charged: k.Charged,
-			Denied: k.Denied, OutageCharged: k.OutageCharged, Demand: k.Demand, WantShare: k.WantShare}
+			Denied: k.Denied, OutageCharged: k.OutageCharged, Demand: k.Demand, WantShare: k.WantShare,
+			Promote: k.Promote, StaticLeft: k.StaticLeft}
 		for _, e := range ents {
 			ka.Entries = append(ka.Entries, &Entry{Key: e.Key, Value: e.Value})
 		}

@@ -243,7 +243,8 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 	for i := range 40 {
 		d := "d" + strconv.Itoa(i%11) // more distinct strings than the dictionary holds
 		keys = append(keys, &KeyAcquire{Domain: d, Entries: []*Entry{{Key: "k" + strconv.Itoa(i%3), Value: strconv.Itoa(i)}, {Key: d, Value: ""}},
-			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5, WantShare: i%2 == 0})
+			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5, WantShare: i%2 == 0,
+			Promote: i%3 == 0, StaticLeft: int64(i % 5)})
 	}
 	keys = append(keys, &KeyAcquire{Domain: "z", Demand: math.Copysign(0, -1)}, &KeyAcquire{})
 	data := AppendPackedKeys(nil, keys)
@@ -264,7 +265,8 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 		"trailing":     append(append([]byte(nil), data...), 0),
 		"count":        {5, 0},
 		"no flags2":    {1, 0, 1, 'd', 0, 0x80},
-		"unknown flag": {1, 0, 1, 'd', 0, 0x80, 0x02},
+		"unknown flag": {1, 0, 1, 'd', 0, 0x80, 0x04},
+		"no left":      {1, 0, 1, 'd', 0, 0x80, 0x02},
 		"dictionary":   {1, 1},
 		"entries":      {1, 0, 1, 'd', 9},
 	} {
