@@ -244,7 +244,7 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 		d := "d" + strconv.Itoa(i%11) // more distinct strings than the dictionary holds
 		keys = append(keys, &KeyAcquire{Domain: d, Entries: []*Entry{{Key: "k" + strconv.Itoa(i%3), Value: strconv.Itoa(i)}, {Key: d, Value: ""}},
 			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5, WantShare: i%2 == 0,
-			Promote: i%3 == 0, StaticLeft: int64(i % 5)})
+			Promote: i%3 == 0, StaticLeft: int64(i % 5 * (1 - min(i%3, 1)))}) // static_left goes with promote
 	}
 	keys = append(keys, &KeyAcquire{Domain: "z", Demand: math.Copysign(0, -1)}, &KeyAcquire{})
 	data := AppendPackedKeys(nil, keys)
