@@ -218,9 +218,33 @@ func (c *cluster) bootstrap(files []*allotv1.RuleFile) error {
 			return fmt.Errorf("sim: bootstrap rules: %w", err)
 		}
 	}
+	if simStatic.slots > 0 {
+		for _, g := range c.groups {
+			res := g.st.Apply(&allotv1.Command{NowUnixNanos: c.w.eng.now, Cmd: &allotv1.Command_Static{
+				Static: &allotv1.StaticCommand{Slots: simStatic.slots, TtlMs: simStatic.ttl.Milliseconds()}}})
+			if err, ok := res.(error); ok {
+				return fmt.Errorf("sim: static shares: %w", err)
+			}
+		}
+	}
 	c.ruleSet = c.groups[0].st.RuleSet()
 	c.w.eng.after(time.Second, c.expireTick)
 	return nil
+}
+
+// simStatic is the allocator's -static-slots and -static-ttl in every
+// scenario (docs/static-shares.md); slots 0: off.
+var simStatic struct {
+	slots uint32
+	ttl   time.Duration
+}
+
+// staticNote is what a scenario's description says of static shares.
+func staticNote() string {
+	if simStatic.slots == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" static shares (docs/static-shares.md): %d slots, TTL %v;", simStatic.slots, simStatic.ttl)
 }
 
 func (c *cluster) expireTick() {

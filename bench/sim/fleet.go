@@ -157,7 +157,7 @@ func simulateFleet(name, title string, sc scale, groups int, baselines bool, see
 	res.what = []string{
 		fmt.Sprintf("%d agents, %s keys (Zipf s=1.1), %s on average (%s), spread uniformly over the agents;",
 			sc.agents, count(int64(sc.keys)), rate(meanRate), profDesc(sc)),
-		fmt.Sprintf("the allocator: %d Raft group(s) over the 1024 slots (pkg/slots), their leaders spread over %d nodes; %s;", groups, w.cl.nodes, measuredCPU),
+		fmt.Sprintf("the allocator: %d Raft group(s) over the 1024 slots (pkg/slots), their leaders spread over %d nodes; %s;%s", groups, w.cl.nodes, measuredCPU, staticNote()),
 		fmt.Sprintf("one rule: every key %d/s, burst %d (R chosen so that %.1f%% of the traffic is over its key's limit);",
 			quota, quota, 2.0),
 	}

@@ -109,9 +109,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&measuredCPU.entryShare, "leader-entry-share", measuredCPU.entryShare, "the leader's share of a group's CPU per Raft entry")
 	fs.Float64Var(&measuredCPU.keyShare, "leader-key-share", measuredCPU.keyShare, "the leader's share of a group's CPU per key-grant")
 	fs.Float64Var(&measuredCPU.cores, "leader-cores", measuredCPU.cores, "cores a group's leader can spend")
+	staticSlots := fs.Uint("static-slots", 0, "the allocator's -static-slots: static shares of each eligible rule (0: off; docs/static-shares.md)")
+	fs.DurationVar(&simStatic.ttl, "static-ttl", 2*time.Second, "the allocator's -static-ttl")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if *staticSlots > 65535 || simStatic.ttl <= 0 {
+		fmt.Fprintln(stderr, "sim: -static-slots must be at most 65535 and -static-ttl above 0")
+		return 2
+	}
+	simStatic.slots = uint32(*staticSlots)
 	if *quick {
 		*scaleName = "quick"
 	}
