@@ -86,6 +86,9 @@ func startCluster(ctx context.Context, o options, dir string) (*cluster, error) 
 		n.Proc.Args = []string{"-node-id", n.ID, "-data-dir", filepath.Join(dir, n.ID),
 			"-grpc-addr", n.GRPC, "-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "warn"}
 		n.Proc.Args = append(n.Proc.Args, tokenArgs...)
+		if o.staticSlots > 0 {
+			n.Proc.Args = append(n.Proc.Args, "-static-slots", strconv.Itoa(o.staticSlots))
+		}
 		if i == 0 {
 			n.Proc.Args = append(n.Proc.Args, "-bootstrap")
 		} else {

@@ -53,6 +53,8 @@ type options struct {
 	agents     int
 	skew       float64
 	skewRotate time.Duration
+	// staticSlots is the allocators' -static-slots (0: off).
+	staticSlots int
 
 	duration time.Duration
 	window   time.Duration
@@ -163,6 +165,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "a request not issued within this long of its scheduled time is dropped (counted)")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed (the same for both backends)")
 	fs.StringVar(&o.allocators, "allocators", "", "gRPC addresses of a running cluster (comma-separated); empty: start 3 allocator processes")
+	fs.IntVar(&o.staticSlots, "static-slots", 0, "the started allocators' -static-slots: static shares of each eligible rule (0: off; docs/static-shares.md)")
 	fs.StringVar(&o.allocatorBin, "allocator-bin", "", "prebuilt cmd/allocator binary (default: go build it into the run directory, so it is never stale)")
 	fs.StringVar(&o.dir, "dir", "", "directory for data dirs and logs (default: a new temp dir, removed after)")
 	fs.StringVar(&o.redis, "redis", "auto", "Redis baseline: auto (start redis-server, skip if missing), off, or HOST:PORT of a running server (its data is not flushed)")
@@ -234,6 +237,10 @@ func (o options) validate() error {
 		return fmt.Errorf("-skew must be in [0, 1], got %v", o.skew)
 	case o.skewRotate < 0:
 		return errors.New("-skew-rotate must not be negative")
+	case o.staticSlots < 0 || o.staticSlots > 65535:
+		return fmt.Errorf("-static-slots must be in [0, 65535], got %d", o.staticSlots)
+	case o.staticSlots > 0 && o.allocators != "":
+		return errors.New("-static-slots applies to the allocators bench/load starts; set it on a running cluster's allocators instead")
 	case o.duration < time.Second || o.duration > time.Hour:
 		return fmt.Errorf("-duration must be in [1s, 1h], got %v", o.duration)
 	case o.window < 100*time.Millisecond:
