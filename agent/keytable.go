@@ -207,6 +207,7 @@ func (ks *keyState) obs() policy.Obs {
 	if m := ks.smode.Load(); m != staticOff {
 		o.Static, o.Promote = true, m == staticPromote
 		o.StaticRate = math.Float64frombits(ks.sRate.Load())
+		o.StaticFullAt = ks.shareFullAt(o.LastUse)
 	}
 	return o
 }

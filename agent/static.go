@@ -210,6 +210,20 @@ func (a *Agent) bindShare(ks *keyState, r *rules.Rule, slots uint32, now int64) 
 	return true
 }
 
+// shareFullAt is when ks's static share is full again (0: it is), given
+// lastUse, its latest check: no take from it comes later.
+func (ks *keyState) shareFullAt(lastUse int64) int64 {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if !ks.fbStatic || ks.fbRule == nil {
+		return 0 // a new share: full
+	}
+	if p := ks.fbLimit.Peek(ks.fbState, lastUse); p.ResetAfter > 0 {
+		return lastUse + int64(p.ResetAfter)
+	}
+	return 0
+}
+
 // refundStatic gives back what a static decision took, for a request
 // another descriptor denied.
 func (a *Agent) refundStatic(oc *outcome, now int64) {

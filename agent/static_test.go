@@ -23,6 +23,12 @@ descriptors:
       unit: second
       requests_per_unit: 400
       burst: 40
+  - key: slow
+    rate_limit:
+      name: slow
+      unit: hour
+      requests_per_unit: 40
+      burst: 40
   - key: warm
     rate_limit:
       name: warm
@@ -378,5 +384,33 @@ func TestStaticConcurrent(t *testing.T) {
 				t.Fatalf("hot key %s is static", ks.key)
 			}
 		}
+	}
+}
+
+// TestStaticShareKept: an idle static key is forgotten only once its share
+// is full again: a key seen again starts from a full share, which must not
+// come before the spent one has refilled (nothing charged it).
+func TestStaticShareKept(t *testing.T) {
+	s := newStatic(t)
+	d := desc("slow", "a") // a share of 10 per hour, burst 10
+	for range 3 {
+		wantSource(t, s, d, SourceStatic)
+	}
+	for range 3 {
+		s.clock.advance(5 * time.Second)
+		s.step()
+	}
+	if keyOf(t, s.Agent, d) == nil {
+		t.Fatalf("forgotten idle with its share short of 3 tokens")
+	}
+	s.clock.advance(18 * time.Minute) // 3 tokens at 10/h
+	s.step()
+	s.clock.advance(100 * time.Millisecond)
+	s.step()
+	if keyOf(t, s.Agent, d) != nil {
+		t.Fatalf("kept once idle with a full share")
+	}
+	if got := s.ss.keys.Load(); got != 0 {
+		t.Fatalf("static keys %d after it was forgotten, want 0", got)
 	}
 }

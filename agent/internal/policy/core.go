@@ -109,8 +109,12 @@ type Obs struct {
 	// Static: decided from a static share (static.go): sent only to be
 	// promoted. Promote: a check found its share low (StaticLow).
 	// StaticRate: the share's rate, tokens/s (0: not known yet).
+	// StaticFullAt: when its share's bucket is full again (0: full). A
+	// static key is not forgotten before: its share is charged to no one,
+	// so a key forgotten and seen again must not start a fresh one early.
 	Static, Promote bool
 	StaticRate      float64
+	StaticFullAt    int64
 }
 
 // live reports whether o's lease has not expired at now.
@@ -166,7 +170,7 @@ func (c *Core) Visit(k *Key, o *Obs, now int64, dt, alpha float64) Verdict {
 		// Decided from its static share: no lease to renew, no charge
 		// to report; sent only to be promoted.
 		switch {
-		case !c.cfg.Standalone && !k.Inflight && (o.Promote || StaticBusy(k.Demand.Rate, o.StaticRate)):
+		case !c.cfg.Standalone && !k.Inflight && (o.Promote || StaticBusy(k.Demand.Of(now, o.Spent, c.lastScan), o.StaticRate)):
 			k.Inflight = true
 			return Promote
 		case c.Forgettable(k, o, now):
@@ -210,7 +214,7 @@ func (c *Core) reportFall(k *Key, o *Obs, now int64) bool {
 // Forgettable reports whether k is idle for IdleTimeout and owes nothing;
 // the driver asks again under the lock that drops the key.
 func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
-	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) {
+	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) || o.Static && now < o.StaticFullAt {
 		return false
 	}
 	if o.Local || k.Refused() {
@@ -296,6 +300,9 @@ func (c *Core) RestUntil(k *Key, o *Obs, now int64) (until int64, ok bool) {
 	at(k.RefreshAt)
 	at(k.RetryAt)
 	at(o.DeniedUntil)
+	if o.Static {
+		at(o.StaticFullAt)
+	}
 	if o.live(now) {
 		at(o.Expiry)
 		// renewMargin with the largest round-trip estimate seen: never
