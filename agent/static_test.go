@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -349,7 +350,7 @@ func TestStaticConcurrent(t *testing.T) {
 		}()
 	}
 	version := uint64(1)
-	for i := range 60 {
+	for i := range 150 {
 		version++
 		hs := hashes[(i*3)%nKeys : (i*3)%nKeys+1]
 		s.fake.with(func(f *fakeAllocator) {
@@ -412,5 +413,61 @@ func TestStaticShareKept(t *testing.T) {
 	}
 	if got := s.ss.keys.Load(); got != 0 {
 		t.Fatalf("static keys %d after it was forgotten, want 0", got)
+	}
+}
+
+// TestStaticPromotionRejected: a promotion the allocator rejects ends the
+// key's static decisions; it is sent again as any key.
+func TestStaticPromotionRejected(t *testing.T) {
+	s := newStatic(t)
+	a := desc("k", "a")
+	for range 6 {
+		wantSource(t, s, a, SourceStatic)
+	}
+	ks := keyOf(t, s.Agent, a)
+	s.fake.with(func(f *fakeAllocator) { f.rejectNext = 1 })
+	s.step()
+	if m := ks.smode.Load(); m != staticOff || ks.charged.Load() != 0 {
+		t.Fatalf("after a rejected promotion: mode %d, charged %d; want off, 0", m, ks.charged.Load())
+	}
+	wantSource(t, s, a, SourceFallback)
+	if got := ks.charged.Load(); got != 1 {
+		t.Fatalf("charged %d, want 1", got)
+	}
+}
+
+// BenchmarkCheckStatic: a key decided from its static share (through the
+// request memo, then the shard read lock and the key's mutex), to set
+// against BenchmarkCheckLeased.
+func BenchmarkCheckStatic(b *testing.B) {
+	fake := newFake(b, func() int64 { return time.Now().UnixNano() }, testRules)
+	fake.static = &allotv1.StaticShares{Slots: 2, ValidMs: 3_600_000, HotVersion: 1}
+	srv := serveFake(b, fake)
+	cfg := DefaultConfig()
+	cfg.Allocators = []string{srv.addr}
+	cfg.Rules = mustCompile(b, 1, testRules)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.CallTimeout = 10 * time.Second
+	cfg.manual = true
+	a := newAgent(b, cfg)
+	ctx := context.Background()
+	if _, err := a.Check(ctx, "test", []Descriptor{deepDesc(1)}, 1); err != nil {
+		b.Fatal(err)
+	}
+	for range 10 {
+		if a.refillOnce(ctx); a.rf.unacked == nil {
+			break
+		}
+	}
+	descs := []Descriptor{deepDesc(0)}
+	if d, err := a.Check(ctx, "test", descs, 1); err != nil || d.Source != SourceStatic {
+		b.Fatalf("check: %+v %v, want static", d, err)
+	}
+	b.ReportAllocs()
+	reportCPU(b)
+	for b.Loop() {
+		if _, err := a.Check(ctx, "test", descs, 1); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
