@@ -348,6 +348,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 	}
 	ss.version = s.GetHotVersion()
 	ss.hotLen.Store(int64(len(ss.hot)))
+	a.met.staticHotKeys.Set(float64(len(ss.hot)))
 	ss.mu.Unlock()
 	for _, ks := range back {
 		if !a.tryStatic(ks, now) {
