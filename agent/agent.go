@@ -278,6 +278,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	a.closeOnce.Do(func() {
 		// Checks after Close decide from the fallback buckets: the slot
 		// is the allocator's again once it forgets this agent.
+		a.ss.closed.Store(true)
 		a.ss.validUntil.Store(0)
 		close(a.stop)
 		a.cancel()

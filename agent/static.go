@@ -58,6 +58,7 @@ const (
 type staticShares struct {
 	slots      atomic.Uint32 // N of the latest answer that gave a slot
 	held       atomic.Bool   // a slot was given since the start: new eligible keys are indexed
+	closed     atomic.Bool   // Close has begun: no answer gives a permission any more
 	validUntil atomic.Int64  // agent clock: static decisions while now < validUntil
 	keys       atomic.Int64  // keys in a static mode (allot_agent_static_keys)
 	hotLen     atomic.Int64  // the hot-key set's size
@@ -281,7 +282,7 @@ func (a *Agent) staticEnd(ks *keyState) {
 // it for every answered call.
 func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 	ss := &a.ss
-	if !b.req.StaticShares || s == nil || !a.staticAllowed() {
+	if !b.req.StaticShares || s == nil || !a.staticAllowed() || ss.closed.Load() {
 		ss.validUntil.Store(0)
 		ss.renewAt = 0
 		a.met.staticSlots.Set(0)

@@ -30,6 +30,12 @@ descriptors:
       unit: hour
       requests_per_unit: 40
       burst: 40
+  - key: window
+    rate_limit:
+      name: window
+      unit: second
+      requests_per_unit: 100
+      algorithm: sliding_window
   - key: warm
     rate_limit:
       name: warm
@@ -469,5 +475,25 @@ func BenchmarkCheckStatic(b *testing.B) {
 		if _, err := a.Check(ctx, "test", descs, 1); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestStaticClosed: checks after Close decide nothing from static shares,
+// even when the last call's answer arrives during Close.
+func TestStaticClosed(t *testing.T) {
+	s := newStatic(t)
+	a := desc("k", "a")
+	wantSource(t, s, a, SourceStatic)
+	wantSource(t, s, desc("window", "x"), SourceFallback) // not eligible: a call for Close to deliver
+	s.fake.with(func(f *fakeAllocator) { f.failNext = 1 })
+	s.step()
+	if s.rf.unacked == nil {
+		t.Fatalf("no unacknowledged call")
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := check(t, s.Agent, a); got.Source == SourceStatic {
+		t.Fatalf("static decision after Close")
 	}
 }
