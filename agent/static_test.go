@@ -497,3 +497,23 @@ func TestStaticClosed(t *testing.T) {
 		t.Fatalf("static decision after Close")
 	}
 }
+
+// TestStaticLapseOutage: a permission that lapses because the allocator
+// is unreachable leaves static keys to the breaker's outage rules.
+func TestStaticLapseOutage(t *testing.T) {
+	s := newStatic(t)
+	a := desc("k", "a")
+	wantSource(t, s, a, SourceStatic)
+	s.fake.with(func(f *fakeAllocator) { f.failNext = 1000 })
+	for range 30 {
+		s.clock.advance(100 * time.Millisecond)
+		s.step()
+	}
+	if !s.breakerOpen.Load() {
+		t.Fatalf("breaker closed")
+	}
+	wantSource(t, s, a, SourceFallback)
+	if ks := keyOf(t, s.Agent, a); ks.outage.Load() != 1 || ks.charged.Load() != 0 {
+		t.Fatalf("outage %d charged %d, want an outage admission", ks.outage.Load(), ks.charged.Load())
+	}
+}
