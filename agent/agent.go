@@ -62,7 +62,8 @@ type Agent struct {
 	rngMu sync.Mutex // guards rng
 	rng   *rand.Rand // Config.Rand; nil: the global source
 
-	rf refiller // owned by the refill goroutine, then by Close
+	rf refiller     // owned by the refill goroutine, then by Close
+	ss staticShares // static shares (static.go)
 	fw fileWatch
 
 	// rulesFromAllocator: the current set came from WatchRules (so its
@@ -275,6 +276,10 @@ func (a *Agent) setRules(s *rules.Set, fromAllocator bool) {
 // return the first call's result.
 func (a *Agent) Close(ctx context.Context) error {
 	a.closeOnce.Do(func() {
+		// Checks after Close decide from the fallback buckets: the slot
+		// is the allocator's again once it forgets this agent.
+		a.ss.closed.Store(true)
+		a.ss.validUntil.Store(0)
 		close(a.stop)
 		a.cancel()
 		a.wg.Wait()

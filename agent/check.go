@@ -23,13 +23,15 @@ const keyBufLen = 256
 type takeKind uint8
 
 const (
-	takeNone     takeKind = iota
-	takeLease             // from the lease balance
-	takeFallback          // from the fallback bucket, charged to the allocator
-	takeBucket            // from the fallback or local bucket, not charged
-	takeRemote            // from the Redis backend (Config.Redis)
-	takePromise           // a denial's Retry-After kept (promise.go), charged to the allocator
-	takeOutage            // from the fallback bucket with the breaker open, reported as outage_charged
+	takeNone          takeKind = iota
+	takeLease                  // from the lease balance
+	takeFallback               // from the fallback bucket, charged to the allocator
+	takeBucket                 // from the fallback or local bucket, not charged
+	takeRemote                 // from the Redis backend (Config.Redis)
+	takePromise                // a denial's Retry-After kept (promise.go), charged to the allocator
+	takeOutage                 // from the fallback bucket with the breaker open, reported as outage_charged
+	takeStatic                 // from the static share (static.go), not charged
+	takeStaticCharged          // from the static share after its promotion was built, charged to the allocator
 )
 
 // outcome is small on purpose: it is returned by value through every
@@ -352,6 +354,8 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 		return
 	}
 	switch oc.kind {
+	case takeStatic, takeStaticCharged:
+		a.refundStatic(oc, now)
 	case takeLease:
 		ks.balance.Add(n)
 	case takePromise:
@@ -425,9 +429,13 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 			// up again, so a key dropped in between is never decided
 			// on).
 			sh.mu.RUnlock()
-			if k, created := sh.insert(h, r, domain, entries, now); created && k.unsendable {
+			var ss *staticShares
+			if a.staticEligible(r) {
+				ss = &a.ss
+			}
+			if k, created := sh.insert(h, r, domain, entries, now, ss); created && k.unsendable {
 				a.keyRefused(k)
-			} else if created && a.leasing(r) {
+			} else if created && a.leasing(r) && k.smode.Load() == staticOff {
 				a.enqueue(k)
 			}
 			sh.mu.RLock()
@@ -440,7 +448,13 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 	var st Status
 	var oc outcome
 	if a.leasing(r) {
-		st, oc = a.decideLease(ks, r, now, n, consume)
+		static := false
+		if ks.staticable && ks.smode.Load() != staticOff {
+			st, oc, static = a.decideStatic(ks, r, now, n, consume)
+		}
+		if !static {
+			st, oc = a.decideLease(ks, r, now, n, consume)
+		}
 	} else {
 		if !ks.local.Load() {
 			ks.local.Store(true)

@@ -73,6 +73,17 @@ type Config struct {
 	// balance and is forgotten. Default 10s.
 	IdleTimeout time.Duration
 
+	// StaticShares asks the allocator for a static-share slot with every
+	// Acquire (docs/static-shares.md): while the allocator grants one, keys
+	// of static-eligible rules that no agent coordinates are decided from
+	// a share of their limit (SourceStatic) with no call and no charge, and
+	// promoted to leases when their share runs low. An agent holding a
+	// slot and nothing else to send sends an Acquire without keys every
+	// half of the allocator's static TTL. Not asked while the agent routes
+	// to several allocator data groups. Default (DefaultConfig) true; it
+	// has no effect on an allocator that runs without static shares.
+	StaticShares bool
+
 	// Redis, when set, decides keys whose rule has the redis backend (a
 	// shared counter checked per request). Nil: such keys are decided by a
 	// local per-agent bucket at the full rate, like the local backend.
@@ -120,7 +131,8 @@ const (
 var ErrInvalid = errors.New("agent: invalid request")
 
 // DefaultConfig returns the defaults: standalone (no allocators), a fresh
-// ID, 50ms refill ticks, 1s call timeout, breaker after 3 failures.
+// ID, 50ms refill ticks, 1s call timeout, breaker after 3 failures, static
+// shares asked for.
 func DefaultConfig() Config {
 	return Config{
 		ID:                defaultID(),
@@ -132,6 +144,7 @@ func DefaultConfig() Config {
 		ProbeBackoff:      100 * time.Millisecond,
 		MaxProbeBackoff:   2 * time.Second,
 		IdleTimeout:       10 * time.Second,
+		StaticShares:      true,
 	}
 }
 

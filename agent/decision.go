@@ -23,6 +23,9 @@ const (
 	SourceLocal
 	// SourceRedis: decided against the Redis backend.
 	SourceRedis
+	// SourceStatic: decided from the agent's static share of the limit
+	// (Config.StaticShares), without the allocator.
+	SourceStatic
 )
 
 func (s Source) String() string {
@@ -37,6 +40,8 @@ func (s Source) String() string {
 		return "local"
 	case SourceRedis:
 		return "redis"
+	case SourceStatic:
+		return "static"
 	}
 	return "unknown"
 }

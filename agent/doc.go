@@ -107,6 +107,29 @@
 // MOVED keeps being decided from its lease and fallback bucket and goes to
 // its new owner at its next refill (groups.go).
 //
+// # Static shares
+//
+// With Config.StaticShares (the default) every Acquire asks for a static
+// slot (docs/static-shares.md). While the allocator's latest answer grants
+// one (N slots, valid for valid_ms from the call's first send, less the
+// lease safety margin), a key of a static-eligible rule
+// ((*rules.Rule).StaticShare) that is not in the allocator's hot-key set
+// and holds no lease is decided from its own bucket with rate R/N and
+// burst ⌊B/N⌋ (SourceStatic): no call, no charge. A key whose share falls
+// below half its burst, or whose demand estimate passes half the share's
+// rate, is sent with promote and static_left (what its share holds); until
+// the answer it keeps deciding from its share and what it admits is
+// charged, and from the answer it is leased like any key. A key the hot-key
+// set gains, or any static key once the permission has lapsed, takes the
+// path of a key's first use (3 above); a key the set loses is static again,
+// with a full share, once it holds no lease and owes nothing. A static key
+// is forgotten only once its share is full again. With nothing else to
+// send, a slot holder renews with an empty Acquire every half validity.
+// An agent that routes to several data groups asks for no slot. The
+// allocator's hash of each eligible key is taken once, when the key is
+// first seen after the agent's first slot, and indexed so that a hot-set
+// change finds its keys without a scan (static.go).
+//
 // # When the allocator is unreachable
 //
 // A circuit breaker opens after Config.FailureThreshold consecutive failed

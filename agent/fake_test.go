@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
@@ -50,6 +51,10 @@ type fakeAllocator struct {
 	books        map[string]*books
 	readsPacked  bool // read packed keys and say so (AcquireResponse.reads_packed_keys)
 	packedCalls  int  // calls whose keys came packed (acquires holds them unpacked)
+	// static, when set, is answered to every call that asks for static
+	// shares; its hot-set changes (hot_added, hot_removed, hot_reset) go
+	// out once, with the next such answer.
+	static *allotv1.StaticShares
 }
 
 // books are one key's token flows as the fake applied them.
@@ -169,7 +174,8 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 		}
 		f.packedCalls++
 		req = &allotv1.AcquireRequest{AgentId: req.AgentId, RequestId: req.RequestId, Keys: keys,
-			RulesVersion: req.RulesVersion, FallbackKeys: req.FallbackKeys, PackedGrants: req.PackedGrants}
+			RulesVersion: req.RulesVersion, FallbackKeys: req.FallbackKeys, PackedGrants: req.PackedGrants,
+			StaticShares: req.StaticShares, HotVersion: req.HotVersion}
 	}
 	f.acquires = append(f.acquires, req)
 	if f.failNext > 0 {
@@ -204,6 +210,10 @@ func (f *fakeAllocator) Acquire(ctx context.Context, req *allotv1.AcquireRequest
 		resp.Grants = append(resp.Grants, f.acquireKey(ag, k, now))
 	}
 	resp.LiveAgents = f.liveAgents()
+	if f.static != nil && req.StaticShares {
+		resp.Static = proto.Clone(f.static).(*allotv1.StaticShares)
+		f.static.HotAdded, f.static.HotRemoved, f.static.HotReset = nil, nil, false
+	}
 	ag.lastID, ag.lastResp = req.RequestId, resp
 	f.applied++
 	if f.dropReplies > 0 {

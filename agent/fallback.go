@@ -72,5 +72,5 @@ func rebase(l bucket.Limit, st *bucket.State, avail, at, now int64) {
 func (ks *keyState) thinShare() bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	return ks.fbRule != nil && policy.ThinShare(ks.fbLimit.Quota(), ks.fbLimit.Window(), ks.fbN)
+	return ks.fbRule != nil && !ks.fbStatic && policy.ThinShare(ks.fbLimit.Quota(), ks.fbLimit.Window(), ks.fbN)
 }

@@ -53,6 +53,7 @@ type topology struct {
 	owner   [slots.Count]slots.GroupID
 	leader  map[slots.GroupID]string // gRPC address; absent: no leader known
 	groups  int
+	data    int // groups that own slots
 }
 
 // parseTopology checks that t names each group once and assigns every slot
@@ -93,6 +94,11 @@ func parseTopology(t *allotv1.Topology) (*topology, error) {
 		return nil, fmt.Errorf("agent: topology %d: %d of %d slots have an owner", t.GetVersion(), n, slots.Count)
 	}
 	out.groups = len(seen)
+	data := map[slots.GroupID]bool{}
+	for _, g := range out.owner {
+		data[g] = true
+	}
+	out.data = len(data)
 	return out, nil
 }
 
@@ -118,6 +124,10 @@ func (a *Agent) noteTopology(t *allotv1.Topology) {
 			return
 		}
 		if a.rt.topo.CompareAndSwap(cur, nt) {
+			if nt.data > 1 {
+				// Several data groups: no static shares (static.go).
+				a.ss.validUntil.Store(0)
+			}
 			return
 		}
 	}
@@ -214,6 +224,14 @@ func (a *Agent) groupTarget(g slots.GroupID) (allotv1.AllocatorClient, string) {
 		}
 	}
 	return a.target()
+}
+
+// dataGroupCount is how many groups own slots in t (0 for nil).
+func (t *topology) dataGroupCount() int {
+	if t == nil {
+		return 0
+	}
+	return t.data
 }
 
 // groupCount is how many groups t names (0 for nil).

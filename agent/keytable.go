@@ -2,6 +2,7 @@ package agent
 
 import (
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"strings"
 	"sync"
@@ -138,6 +139,14 @@ type keyState struct {
 	// unsendable: key is not valid UTF-8, so it can never be encoded into
 	// an Acquire; it is decided by its fallback bucket (see policy.Key.Refused).
 	unsendable bool
+	// Static shares (static.go): staticable keys (of a static-eligible
+	// rule when first seen) have their allocator hash in ahash and are
+	// indexed by it, chained through snext (guarded by staticShares.mu).
+	staticable bool
+	ahash      uint64
+	snext      *keyState
+	smode      atomic.Uint32 // staticOff, staticOn, … (changed under mu, but for keyLoop's reads)
+	sRate      atomic.Uint64 // float64 bits: the static share's rate, tokens/s (policy.Obs.StaticRate)
 
 	mu       sync.Mutex   // guards the fields below
 	fbRule   *rules.Rule  // the rule fbLimit was derived from
@@ -151,6 +160,10 @@ type keyState struct {
 	// key, so a promise could only be kept on credit (promise.go).
 	shared  bool
 	promise promise // the latest denial's Retry-After (promise.go)
+	// fbStatic: the fallback fields hold the key's static share
+	// (fbN = slots); sHot: its allocator hash is in the hot-key set.
+	fbStatic bool
+	sHot     bool
 
 	// Owned by the refill loop (and by Close once it has stopped): no
 	// synchronisation.
@@ -171,11 +184,12 @@ type keyLoop struct {
 	dueAt       int64   // the deadline it sleeps until
 	sleptSeq    uint64  // the scan that put it to sleep
 	sleptDemand float64 // its demand then
+	sWait       bool    // left the hot-key set: static again once it holds no lease and nothing is pending
 }
 
 // obs reads what the check path and the answers published of ks.
 func (ks *keyState) obs() policy.Obs {
-	return policy.Obs{
+	o := policy.Obs{
 		Spent:       ks.spent.Load(),
 		Denied:      ks.denied.Load(),
 		Charged:     ks.charged.Load(),
@@ -190,6 +204,12 @@ func (ks *keyState) obs() policy.Obs {
 		Local:       ks.local.Load(),
 		Queued:      ks.queued.Load(),
 	}
+	if m := ks.smode.Load(); m != staticOff {
+		o.Static, o.Promote = true, m == staticPromote
+		o.StaticRate = math.Float64frombits(ks.sRate.Load())
+		o.StaticFullAt = ks.shareFullAt(o.LastUse)
+	}
+	return o
 }
 
 // unchanged reports whether the check path has left ks as o, read by a
@@ -243,7 +263,10 @@ func (sh *shard) lookupRLocked(h uint64, r *rules.Rule, domain string, entries [
 // insert adds the key if it is still missing and returns its state. It takes
 // the write lock; the caller holds no lock on sh. created reports whether a
 // new state was made.
-func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.Entry, now int64) (ks *keyState, created bool) {
+//
+// ss, when not nil, makes the key static-eligible (see staticShares.add)
+// before it is published.
+func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.Entry, now int64, ss *staticShares) (ks *keyState, created bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if ks := sh.lookupRLocked(h, r, domain, entries); ks != nil {
@@ -270,6 +293,11 @@ func (sh *shard) insert(h uint64, r *rules.Rule, domain string, entries []rules.
 	ks.lastUse.Store(now)
 	ks.lowWater.Store(1)
 	ks.dormant.Store(true)
+	if ss != nil && !ks.unsendable {
+		ks.staticable = true
+		ks.ahash = rules.KeyHash(r, domain, entries)
+		ss.add(ks)
+	}
 	sh.m[h] = ks
 	return ks, true
 }
@@ -295,18 +323,24 @@ func (sh *shard) remove(ks *keyState, keep func(*keyState) bool) bool {
 		ks.dropped.Store(false)
 		return false
 	}
+	return unlink(sh.m, ks.hash, ks, func(ks *keyState) **keyState { return &ks.next })
+}
+
+// unlink removes ks from the chain at m[h], linked through next(ks), and
+// reports whether it was there.
+func unlink(m map[uint64]*keyState, h uint64, ks *keyState, next func(*keyState) **keyState) bool {
 	var prev *keyState
-	for cur := sh.m[ks.hash]; cur != nil; prev, cur = cur, cur.next {
+	for cur := m[h]; cur != nil; prev, cur = cur, *next(cur) {
 		if cur != ks {
 			continue
 		}
 		switch {
 		case prev != nil:
-			prev.next = cur.next
-		case cur.next != nil:
-			sh.m[ks.hash] = cur.next
+			*next(prev) = *next(cur)
+		case *next(cur) != nil:
+			m[h] = *next(cur)
 		default:
-			delete(sh.m, ks.hash)
+			delete(m, h)
 		}
 		return true
 	}

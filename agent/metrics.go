@@ -11,7 +11,7 @@ import (
 	"github.com/allot/allot/pkg/rules"
 )
 
-const numSources = int(SourceRedis) + 1
+const numSources = int(SourceStatic) + 1
 
 // The per-check counters, striped (internal/stripe): the decisions by
 // source and result, then the shadow denials.
@@ -35,32 +35,36 @@ type metrics struct {
 	counters *stripe.Counters // numCounters
 	sampled  [stripe.N]sampleArm
 
-	fallback       prometheus.Gauge
-	toOpen         prometheus.Counter
-	toClosed       prometheus.Counter
-	callsOK        prometheus.Counter
-	callsFailed    prometheus.Counter
-	callsRejected  prometheus.Counter
-	callsThrottled prometheus.Counter
-	keysRefused    prometheus.Counter
-	keysMoved      prometheus.Counter
-	callSeconds    prometheus.Histogram
-	keysSent       prometheus.Counter
-	granted        prometheus.Counter
-	charged        prometheus.Counter
-	paid           prometheus.Counter
-	returned       prometheus.Counter
-	keys           prometheus.Gauge
-	fallbackKeys   prometheus.Gauge
-	rulesVersion   prometheus.Gauge
-	reloadsOK      prometheus.Counter
-	reloadsFailed  prometheus.Counter
-	rulesStale     prometheus.Counter
-	redisErrors    prometheus.Counter
-	checkSeconds   prometheus.Histogram
-	decisionsDesc  *prometheus.Desc
-	shadowDesc     *prometheus.Desc
-	ruleDesc       *prometheus.Desc
+	fallback         prometheus.Gauge
+	toOpen           prometheus.Counter
+	toClosed         prometheus.Counter
+	callsOK          prometheus.Counter
+	callsFailed      prometheus.Counter
+	callsRejected    prometheus.Counter
+	callsThrottled   prometheus.Counter
+	keysRefused      prometheus.Counter
+	keysMoved        prometheus.Counter
+	callSeconds      prometheus.Histogram
+	keysSent         prometheus.Counter
+	granted          prometheus.Counter
+	charged          prometheus.Counter
+	paid             prometheus.Counter
+	returned         prometheus.Counter
+	keys             prometheus.Gauge
+	fallbackKeys     prometheus.Gauge
+	rulesVersion     prometheus.Gauge
+	reloadsOK        prometheus.Counter
+	reloadsFailed    prometheus.Counter
+	rulesStale       prometheus.Counter
+	redisErrors      prometheus.Counter
+	checkSeconds     prometheus.Histogram
+	staticPromotions prometheus.Counter
+	staticKeys       prometheus.Gauge
+	staticHotKeys    prometheus.Gauge
+	staticSlots      prometheus.Gauge
+	decisionsDesc    *prometheus.Desc
+	shadowDesc       *prometheus.Desc
+	ruleDesc         *prometheus.Desc
 
 	// Per-rule decision counters, keyed by (domain, rule name) so they stay
 	// monotonic across rule reloads; ruleIdx maps the current set's rule
@@ -196,8 +200,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: []float64{100e-9, 250e-9, 500e-9, 1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 100e-6,
 			250e-6, 1e-3, 5e-3, 25e-3},
 	})
+	m.staticPromotions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_agent_static_promotions_total",
+		Help: "Keys decided from static shares whose share ran low, sent to the allocator to be leased (KeyAcquire.promote). Static decisions are allot_agent_decisions_total{source=\"static\"}.",
+	})
+	m.staticKeys = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "allot_agent_static_keys",
+		Help: "Keys decided from static shares (no lease, not in the hot-key set), at the latest scan.",
+	})
+	m.staticHotKeys = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "allot_agent_static_hot_keys",
+		Help: "Keys in the agent's copy of the allocator's hot-key set (decided by leases, not static shares).",
+	})
+	m.staticSlots = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "allot_agent_static_slots",
+		Help: "The static shares of each eligible rule (N) the latest answer gave this agent; 0: it holds no slot.",
+	})
 	m.collectors = []prometheus.Collector{stripedCollector{m}, transitions, calls, tokens, reloads,
-		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keysMoved, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale}
+		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keysMoved, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale,
+		m.staticPromotions, m.staticKeys, m.staticHotKeys, m.staticSlots}
 	if reg != nil {
 		for i, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

@@ -111,7 +111,7 @@ func TestKeyTableCollisions(t *testing.T) {
 	for i := range 3 {
 		d := desc("api_key", fmt.Sprint("c", i))
 		r := set.Match("test", d.Entries)
-		ks, created := sh.insert(h, r, "test", d.Entries, 1)
+		ks, created := sh.insert(h, r, "test", d.Entries, 1, nil)
 		if !created {
 			t.Fatalf("insert %d: not created", i)
 		}
@@ -145,7 +145,7 @@ func TestKeyTableCollisions(t *testing.T) {
 	if sh.remove(states[0], never) {
 		t.Fatalf("removed a key twice")
 	}
-	if ks, created := sh.insert(h, set.Match("test", desc("api_key", "c0").Entries), "test", desc("api_key", "c0").Entries, 1); !created || ks == states[0] {
+	if ks, created := sh.insert(h, set.Match("test", desc("api_key", "c0").Entries), "test", desc("api_key", "c0").Entries, 1, nil); !created || ks == states[0] {
 		t.Fatalf("re-insert after removal did not create a fresh state")
 	}
 }

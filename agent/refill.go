@@ -97,9 +97,10 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	}
 	a.drainPending(now)
 	if len(rf.pick) == 0 {
-		if rf.core.Probing() {
+		if rf.core.Probing() || a.staticRenew(now) {
 			// Probe with an empty Acquire: nothing needs the allocator,
-			// but the breaker must learn whether it is back.
+			// but the breaker must learn whether it is back; or renew
+			// the static shares' permission (static.go).
 			a.send(ctx, a.build(now, nil))
 		}
 		return
@@ -181,6 +182,9 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 	var idle []*keyState
 	awake := rf.awake[:0]
 	for _, ks := range rf.awake {
+		if ks.sWait && a.tryStatic(ks, now) {
+			ks.sWait = false
+		}
 		o := ks.obs()
 		v := rf.core.Visit(&ks.Key, &o, now, dt, alpha)
 		if ks.fbUsed.Load() {
@@ -189,6 +193,9 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 		}
 		switch {
 		case v == policy.Pick:
+			rf.pick = append(rf.pick, ks)
+		case v == policy.Promote:
+			a.handOver(ks)
 			rf.pick = append(rf.pick, ks)
 		case v == policy.Forget:
 			idle = append(idle, ks)
@@ -205,11 +212,15 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 		if a.keys.shard(ks.hash).remove(ks, keep) {
 			ks.awake = false
 			rf.tracked--
+			if ks.staticable {
+				a.ss.remove(ks)
+			}
 		} else {
 			rf.awake = append(rf.awake, ks)
 		}
 	}
 	a.met.keys.Set(float64(rf.tracked))
+	a.met.staticKeys.Set(float64(a.ss.keys.Load()))
 	rf.fbKeys = fbKeys
 	a.met.fallbackKeys.Set(float64(fbKeys))
 }
@@ -226,6 +237,7 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			Keys:         make([]*allotv1.KeyAcquire, 0, len(keys)),
 			FallbackKeys: uint32(min(rf.fbKeys, math.MaxUint32)),
 			PackedGrants: true,
+			StaticShares: a.staticAllowed(),
 		},
 		keys:   append([]*keyState(nil), keys...),
 		spent:  make([]int64, len(keys)),
@@ -235,10 +247,14 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 	if s := a.rules.Load(); s != nil && a.rulesFromAllocator.Load() {
 		b.req.RulesVersion = s.Version()
 	}
+	if b.req.StaticShares {
+		b.req.HotVersion = a.ss.version // applied by this loop before this call
+	}
 	for i, ks := range b.keys {
 		if now >= ks.expiry.Load() {
 			ks.balance.Store(0) // an expired lease's tokens are gone
 		}
+		promote, left := a.staticPlan(ks, now)
 		o := ks.obs()
 		o.Charged = sendable(&ks.charged)
 		o.Outage = sendable(&ks.outage)
@@ -268,9 +284,24 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 			OutageCharged: o.Outage,
 			Demand:        min(p.Demand, maxWant),
 			Denied:        min(max(b.denied[i]-ks.DeniedSent, 0), maxWant),
+			Promote:       promote,
+			StaticLeft:    left,
 		})
+		if promote {
+			a.met.staticPromotions.Inc()
+		}
 	}
 	return b
+}
+
+// handOver marks a static key the scan picked for promotion (its demand
+// passed half its share's rate): the next build promotes it.
+func (a *Agent) handOver(ks *keyState) {
+	ks.mu.Lock()
+	if ks.smode.Load() == staticOn {
+		ks.smode.Store(staticPromote)
+	}
+	ks.mu.Unlock()
 }
 
 func toProtoEntries(es []rules.Entry) []*allotv1.Entry {

@@ -88,6 +88,8 @@ func (a *Agent) wire(req *allotv1.AcquireRequest) *allotv1.AcquireRequest {
 		PackedGrants:    req.PackedGrants,
 		Group:           req.Group,
 		TopologyVersion: req.TopologyVersion,
+		StaticShares:    req.StaticShares,
+		HotVersion:      req.HotVersion,
 		PackedKeys:      allotv1.AppendPackedKeys(make([]byte, 0, 32*len(req.Keys)), req.Keys),
 	}
 }
@@ -129,6 +131,7 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	alone := len(b.keys) == 1 && b.keys[0].Suspect
 	for i, ks := range b.keys {
 		unsend(ks, b.req.Keys[i], now)
+		a.staticEnd(ks)
 		a.rf.core.Rejected(&ks.Key, now)
 		a.rf.awaken(ks)
 	}
@@ -172,8 +175,12 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not match the request",
 			"keys", len(b.keys), "grants", len(grants))
 	}
+	a.applyStatic(b, resp.GetStatic(), recv)
 	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {
+		if b.req.Keys[i].Promote {
+			a.staticEnd(ks) // leased from this answer on (or sent again if moved)
+		}
 		if i < len(grants) && grants[i].GetStatus() == allotv1.KeyStatus_KEY_STATUS_MOVED {
 			a.moved(ks, b.req.Keys[i]) // groups.go
 			continue

@@ -106,6 +106,15 @@ type Obs struct {
 	Leased, NotLeased             bool
 	Local                         bool // decided locally by design: never sent
 	Queued                        bool // in the refill queue
+	// Static: decided from a static share (static.go): sent only to be
+	// promoted. Promote: a check found its share low (StaticLow).
+	// StaticRate: the share's rate, tokens/s (0: not known yet).
+	// StaticFullAt: when its share's bucket is full again (0: full). A
+	// static key is not forgotten before: its share is charged to no one,
+	// so a key forgotten and seen again must not start a fresh one early.
+	Static, Promote bool
+	StaticRate      float64
+	StaticFullAt    int64
 }
 
 // live reports whether o's lease has not expired at now.
@@ -145,10 +154,11 @@ func (c *Core) Tick(now int64) (scan bool, dt, alpha float64) {
 type Verdict uint8
 
 const (
-	Stay   Verdict = iota // stays awake: visited again by the next scan
-	Pick                  // sent now (it is in flight until answered)
-	Forget                // idle and owing nothing: dropped from the table
-	Rest                  // nothing to do until a check or a deadline (see RestUntil)
+	Stay    Verdict = iota // stays awake: visited again by the next scan
+	Pick                   // sent now (it is in flight until answered)
+	Forget                 // idle and owing nothing: dropped from the table
+	Rest                   // nothing to do until a check or a deadline (see RestUntil)
+	Promote                // a static key whose share nears exhaustion: sent now with promote (in flight until answered)
 )
 
 // Visit is a scan's visit of k at now (dt, alpha from Tick): it folds the
@@ -156,6 +166,20 @@ const (
 func (c *Core) Visit(k *Key, o *Obs, now int64, dt, alpha float64) Verdict {
 	seen := k.Demand.SpentSeen
 	fell := k.Demand.Scan(now, o.Spent, dt, alpha, o.Denied == k.DeniedSent)
+	if o.Static {
+		// Decided from its static share: no lease to renew, no charge
+		// to report; sent only to be promoted.
+		switch {
+		case !c.cfg.Standalone && !k.Inflight && (o.Promote || StaticBusy(k.Demand.Of(now, o.Spent, c.lastScan), o.StaticRate)):
+			k.Inflight = true
+			return Promote
+		case c.Forgettable(k, o, now):
+			return Forget
+		case !k.Inflight && o.Spent == seen:
+			return Rest
+		}
+		return Stay
+	}
 	if o.Local {
 		if o.idle(now, c.cfg.IdleTimeout) {
 			return Forget
@@ -190,7 +214,7 @@ func (c *Core) reportFall(k *Key, o *Obs, now int64) bool {
 // Forgettable reports whether k is idle for IdleTimeout and owes nothing;
 // the driver asks again under the lock that drops the key.
 func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
-	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) {
+	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) || o.Static && now < o.StaticFullAt {
 		return false
 	}
 	if o.Local || k.Refused() {
@@ -246,6 +270,11 @@ func (c *Core) Queued(k *Key, o *Obs, now int64) bool {
 	if k.Inflight || o.Local || now < k.HoldUntil || k.Paced && now < k.RefreshAt {
 		return false // a paced key is sent by the scan at its time
 	}
+	if o.Static {
+		// Decided from its static share: sent only to be promoted.
+		k.Inflight = o.Promote
+		return o.Promote
+	}
 	if o.Charged <= 0 && o.Outage <= 0 && (now < o.DeniedUntil || o.NotLeased && now < k.RetryAt) {
 		return false // nothing to report, and asking again is pointless yet
 	}
@@ -271,6 +300,9 @@ func (c *Core) RestUntil(k *Key, o *Obs, now int64) (until int64, ok bool) {
 	at(k.RefreshAt)
 	at(k.RetryAt)
 	at(o.DeniedUntil)
+	if o.Static {
+		at(o.StaticFullAt)
+	}
 	if o.live(now) {
 		at(o.Expiry)
 		// renewMargin with the largest round-trip estimate seen: never

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/allot/allot/pkg/breaker"
+	"time"
 )
 
 // TestDemandFellIgnoresNoise: a steady Poisson key never reads as a fall,
@@ -68,5 +71,40 @@ func TestPure(t *testing.T) {
 			}
 			return true
 		})
+	}
+}
+
+// TestStaticVisit: a static key is sent only to be promoted: when a check
+// found its share low, or its demand passes half the share's rate.
+func TestStaticVisit(t *testing.T) {
+	c := NewCore(Config{Tick: 50 * time.Millisecond, Scan: 100 * time.Millisecond, IdleTimeout: 10 * time.Second,
+		Breaker: breaker.Config{Threshold: 3, Cooldown: time.Second, MaxCooldown: time.Second, Jitter: func(d time.Duration) time.Duration { return d }}})
+	now := int64(1000 * time.Second)
+	var k Key
+	o := Obs{Spent: 3, LastUse: now, Static: true, StaticRate: 100}
+	if v := c.Visit(&k, &o, now, 0.1, Alpha(0.1)); v != Stay || k.Inflight {
+		t.Fatalf("active static key: %v, want Stay (no lease asked)", v)
+	}
+	if c.Queued(&k, &o, now) {
+		t.Fatalf("a static key queued without promote was picked")
+	}
+	if v := c.Visit(&k, &o, now+int64(100*time.Millisecond), 0.1, Alpha(0.1)); v != Rest {
+		t.Fatalf("quiet static key: %v, want Rest", v)
+	}
+	o.Promote = true
+	if !c.Queued(&k, &o, now) || !k.Inflight {
+		t.Fatalf("a static key queued for promotion was not picked")
+	}
+	k = Key{}
+	o = Obs{Spent: 10, LastUse: now, Static: true, StaticRate: 100}
+	if v := c.Visit(&k, &o, now, 0.1, Alpha(0.1)); v != Stay {
+		t.Fatalf("demand %.1f of a share of 100/s: %v, want Stay", k.Demand.Rate, v)
+	}
+	o.Spent += 100
+	if v := c.Visit(&k, &o, now+int64(100*time.Millisecond), 0.1, Alpha(0.1)); v != Promote || !k.Inflight {
+		t.Fatalf("demand %.1f of a share of 100/s: %v, want Promote", k.Demand.Rate, v)
+	}
+	if !StaticLow(4, 10) || StaticLow(5, 10) || StaticBusy(50, 100) || !StaticBusy(51, 100) || StaticBusy(1, 0) {
+		t.Fatalf("thresholds")
 	}
 }

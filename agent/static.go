@@ -1,0 +1,420 @@
+package agent
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot/allot/agent/internal/policy"
+	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// Static shares (docs/static-shares.md). With Config.StaticShares every
+// Acquire asks for a slot (AcquireRequest.static_shares) and says which
+// version of the hot-key set the agent has applied (hot_version). An answer
+// whose StaticShares has slots N > 0 lets the agent decide keys from
+// static shares until the call's first send plus valid_ms, less the lease
+// safety margin (policy.LeaseMargin); each answer also brings the agent's
+// hot-key set up to date.
+//
+// A key is static when its rule is static-eligible
+// ((*rules.Rule).StaticShare(N)), its allocator hash (rules.KeyHash, taken
+// once when the key is first seen, for eligible rules only) is not in the
+// hot-key set, and it holds no lease and has nothing pending with the
+// allocator. A static key is decided from its own bucket, the share's
+// limit, in the fields of its fallback bucket (SourceStatic): no charge,
+// nothing for the refill loop. When the share runs low (policy.StaticLow
+// after a check, or policy.StaticBusy at a scan) the key is sent with
+// promote and static_left, what its bucket holds when the call is built;
+// it keeps deciding from its share until the answer, and what it admits
+// after the build is charged (so nothing is admitted uncounted). From the
+// answer on it is a leased key like any other.
+//
+// A key stops being static at once, and takes the path of a key's first
+// use (a fresh fallback bucket, charge, want), when the hot-key set gains
+// it, when the permission lapses (the allocator unreachable, the slot
+// lost: the breaker's outage rules then apply), or when its rule is no
+// longer eligible. A key the hot-key set loses becomes static again, with
+// a full share, once it holds no lease and nothing is pending.
+//
+// An agent that holds a slot and has nothing else to send sends an
+// Acquire without keys once its permission is older than half valid_ms
+// (refillOnce). An agent that routes to several data groups does not ask
+// for a slot: the hot-key set is a group's, and the agent's keys span
+// several.
+
+// A key's static mode (keyState.smode).
+const (
+	staticOff     uint32 = iota // not static: decided as any leased key
+	staticOn                    // decided from its static share
+	staticPromote               // … and handed to the refill loop to be promoted
+	staticSent                  // … and its promotion built: what it admits is charged
+)
+
+// staticShares is the agent's static state.
+type staticShares struct {
+	slots      atomic.Uint32 // N of the latest answer that gave a slot
+	held       atomic.Bool   // a slot was given since the start: new eligible keys are indexed
+	closed     atomic.Bool   // Close has begun: no answer gives a permission any more
+	validUntil atomic.Int64  // agent clock: static decisions while now < validUntil
+	keys       atomic.Int64  // keys in a static mode (allot_agent_static_keys)
+	hotLen     atomic.Int64  // the hot-key set's size
+
+	// mu guards the hot-key set and the index of the eligible keys by
+	// allocator hash. Lock order: a shard's lock, then mu, then a key's mu.
+	mu      sync.Mutex
+	hot     map[uint64]struct{}
+	idx     map[uint64]*keyState // chained through keyState.snext
+	version uint64               // the hot-key set's version (written by the refill loop)
+
+	// Owned by the refill loop.
+	renewAt int64 // send an empty Acquire from then (0: no slot)
+	half    int64 // half the latest valid_ms, ns
+}
+
+// staticAllowed reports whether the agent asks for static shares now.
+func (a *Agent) staticAllowed() bool {
+	return a.cfg.StaticShares && !a.standalone && a.rt.topo.Load().dataGroupCount() <= 1
+}
+
+// staticEligible reports whether a new key under r may be decided from
+// static shares (for some N; StaticShare(N) decides at each check). Keys
+// first seen before the agent was ever given a slot are not: an agent
+// whose allocator runs without static shares pays nothing for them.
+func (a *Agent) staticEligible(r *rules.Rule) bool {
+	if !a.ss.held.Load() || !a.leasing(r) || !a.staticAllowed() {
+		return false
+	}
+	_, ok := r.StaticShare(1)
+	return ok
+}
+
+// staticAdd indexes a new eligible key by its allocator hash and makes it
+// static unless that hash is hot. It runs before the key is published.
+func (ss *staticShares) add(ks *keyState) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.idx == nil {
+		ss.idx = make(map[uint64]*keyState)
+	}
+	ks.snext = ss.idx[ks.ahash]
+	ss.idx[ks.ahash] = ks
+	if _, hot := ss.hot[ks.ahash]; hot {
+		ks.sHot = true
+		return
+	}
+	ks.fbStatic = true
+	ks.smode.Store(staticOn)
+	ss.keys.Add(1)
+}
+
+// remove unindexes a key dropped from the table.
+func (ss *staticShares) remove(ks *keyState) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	unlink(ss.idx, ks.ahash, ks, func(ks *keyState) **keyState { return &ks.snext })
+	ks.mu.Lock()
+	ss.offLocked(ks)
+	ks.mu.Unlock()
+}
+
+// offLocked takes ks (whose mu is held) out of static decisions: its next
+// check takes the path of a key's first use, from a fresh fallback bucket.
+func (ss *staticShares) offLocked(ks *keyState) {
+	if ks.smode.Load() == staticOff {
+		return
+	}
+	ks.smode.Store(staticOff)
+	ss.keys.Add(-1)
+	ks.fbStatic = false
+	ks.fbRule = nil // rebound, full, by decideBucket
+}
+
+// decideStatic decides a check of ks under r from its static share. ok is
+// false, and the check takes the lease path, when the key is not (or no
+// longer) static. The caller holds the shard's read lock.
+func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume bool) (st Status, oc outcome, ok bool) {
+	ss := &a.ss
+	slots := ss.slots.Load()
+	valid := now < ss.validUntil.Load()
+	ks.mu.Lock()
+	m := ks.smode.Load()
+	if m == staticOff {
+		ks.mu.Unlock()
+		return st, oc, false
+	}
+	if !valid || ks.sHot || now < ks.expiry.Load() || !a.bindShare(ks, r, slots, now) {
+		ss.offLocked(ks)
+		ks.mu.Unlock()
+		a.enqueue(ks) // as a new key is
+		return st, oc, false
+	}
+	var res bucket.Result
+	if consume && n > 0 {
+		res = ks.fbLimit.AllowN(&ks.fbState, now, n)
+		if res.Allowed {
+			oc = outcome{ks: ks, taken: n, kind: takeStatic}
+			if m == staticSent {
+				// Built into a promotion: its static_left is sent, so
+				// what the share admits now is charged.
+				oc.kind = takeStaticCharged
+				ks.charged.Add(n)
+			}
+		}
+	} else {
+		cp := ks.fbState
+		res = ks.fbLimit.AllowN(&cp, now, n)
+		peek := ks.fbLimit.Peek(ks.fbState, now)
+		res.Remaining, res.ResetAfter = peek.Remaining, peek.ResetAfter
+	}
+	promote := m == staticOn && consume && n > 0 && policy.StaticLow(res.Remaining, ks.fbLimit.Burst())
+	if promote {
+		ks.smode.Store(staticPromote)
+	}
+	ks.mu.Unlock()
+	if promote {
+		a.enqueue(ks)
+	}
+	if oc.taken > 0 {
+		ks.spent.Add(n)
+	}
+	st = Status{Rule: r, Allowed: res.Allowed, Remaining: res.Remaining, ResetAfter: res.ResetAfter, Source: SourceStatic}
+	if !res.Allowed {
+		st.RetryAfter = res.RetryAfter
+	}
+	return st, oc, true
+}
+
+// bindShare makes ks's bucket (fallback fields, mu held) the static share
+// of r for slots; false when r is not eligible for it. A new share starts
+// full; a change of rule or N keeps what the bucket holds, clamped to the
+// new share (never a fresh burst), unless the algorithm changed.
+func (a *Agent) bindShare(ks *keyState, r *rules.Rule, slots uint32, now int64) bool {
+	if ks.fbRule == r && ks.fbN == slots && ks.fbStatic {
+		return true
+	}
+	l, ok := r.StaticShare(slots)
+	if !ok {
+		return false
+	}
+	if ks.fbRule == nil || ks.fbLimit.Algorithm() != l.Algorithm() {
+		ks.fbState = bucket.State{}
+	} else {
+		rebase(l, &ks.fbState, capacity(l, now), now, now)
+	}
+	ks.fbRule, ks.fbN, ks.fbLimit, ks.fbStatic = r, slots, l, true
+	ks.fbRebase = false
+	ks.sRate.Store(math.Float64bits(float64(l.Quota()) / time.Duration(l.Window()).Seconds()))
+	return true
+}
+
+// shareFullAt is when ks's static share is full again (0: it is), given
+// lastUse, its latest check: no take from it comes later.
+func (ks *keyState) shareFullAt(lastUse int64) int64 {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if !ks.fbStatic || ks.fbRule == nil {
+		return 0 // a new share: full
+	}
+	if p := ks.fbLimit.Peek(ks.fbState, lastUse); p.ResetAfter > 0 {
+		return lastUse + int64(p.ResetAfter)
+	}
+	return 0
+}
+
+// refundStatic gives back what a static decision took, for a request
+// another descriptor denied.
+func (a *Agent) refundStatic(oc *outcome, now int64) {
+	ks, n := oc.ks, oc.taken
+	ks.mu.Lock()
+	if ks.fbStatic {
+		ks.fbLimit.GiveBack(&ks.fbState, now, n)
+	}
+	ks.mu.Unlock()
+	if oc.kind == takeStaticCharged {
+		ks.charged.Add(-n)
+	}
+}
+
+// staticPlan is the refill loop's part of building a call with ks: a key
+// handed over for promotion is built into one (promote, with left, what
+// its share holds), unless it stopped being static meanwhile or the
+// permission lapsed (then it is sent as any key).
+func (a *Agent) staticPlan(ks *keyState, now int64) (promote bool, left int64) {
+	if ks.smode.Load() != staticPromote {
+		return false, 0
+	}
+	ss := &a.ss
+	valid := now < ss.validUntil.Load()
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	switch {
+	case ks.smode.Load() != staticPromote:
+		return false, 0
+	case !valid || ks.sHot || !ks.fbStatic || ks.fbRule == nil:
+		ss.offLocked(ks)
+		return false, 0
+	}
+	left = max(ks.fbLimit.Peek(ks.fbState, now).Remaining, 0)
+	ks.smode.Store(staticSent)
+	return true, left
+}
+
+// staticEnd ends a promotion built for ks: answered (the key is leased
+// from now on), rejected or moved (it is sent again as any key, its
+// charges with it).
+func (a *Agent) staticEnd(ks *keyState) {
+	if ks.smode.Load() == staticOff {
+		return
+	}
+	ks.mu.Lock()
+	if ks.smode.Load() == staticSent {
+		a.ss.offLocked(ks)
+	}
+	ks.mu.Unlock()
+}
+
+// applyStatic applies an answer's static shares to a call b, first sent at
+// b.firstSent: the permission and the hot-key set. The refill loop calls
+// it for every answered call.
+func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
+	ss := &a.ss
+	if !b.req.StaticShares || s == nil || !a.staticAllowed() || ss.closed.Load() {
+		ss.validUntil.Store(0)
+		ss.renewAt = 0
+		a.met.staticSlots.Set(0)
+		return
+	}
+	if s.GetSlots() == 0 || s.GetValidMs() <= 0 {
+		ss.validUntil.Store(0)
+		ss.renewAt = 0
+	} else {
+		valid := time.Duration(s.GetValidMs()) * time.Millisecond
+		ss.slots.Store(s.GetSlots())
+		ss.held.Store(true)
+		ss.validUntil.Store(b.firstSent + int64(valid-policy.LeaseMargin(valid)))
+		ss.half = int64(valid / 2)
+		ss.renewAt = b.firstSent + ss.half
+	}
+	a.met.staticSlots.Set(float64(s.GetSlots()))
+	a.applyHot(s, now)
+}
+
+// applyHot brings the hot-key set to the answer's version: hot keys stop
+// static decisions at once; keys that left it become static again once
+// they hold no lease and nothing is pending (tryStatic).
+func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
+	ss := &a.ss
+	var back []*keyState
+	ss.mu.Lock()
+	switch {
+	case s.GetHotReset():
+		old := ss.hot
+		ss.hot = make(map[uint64]struct{}, len(s.GetHotAdded()))
+		for _, h := range s.GetHotAdded() {
+			ss.hot[h] = struct{}{}
+			if _, was := old[h]; !was {
+				ss.markHot(h)
+			}
+		}
+		for h := range old {
+			if _, is := ss.hot[h]; !is {
+				back = ss.markCold(h, back)
+			}
+		}
+	case s.GetHotVersion() < ss.version:
+		// Older than what is applied (cannot happen: calls are answered
+		// in order); keep the newer set.
+		ss.mu.Unlock()
+		return
+	default:
+		if ss.hot == nil && len(s.GetHotAdded()) > 0 {
+			ss.hot = make(map[uint64]struct{}, len(s.GetHotAdded()))
+		}
+		for _, h := range s.GetHotAdded() {
+			if _, was := ss.hot[h]; !was {
+				ss.hot[h] = struct{}{}
+				ss.markHot(h)
+			}
+		}
+		for _, h := range s.GetHotRemoved() {
+			if _, was := ss.hot[h]; was {
+				delete(ss.hot, h)
+				back = ss.markCold(h, back)
+			}
+		}
+	}
+	ss.version = s.GetHotVersion()
+	ss.hotLen.Store(int64(len(ss.hot)))
+	a.met.staticHotKeys.Set(float64(len(ss.hot)))
+	ss.mu.Unlock()
+	for _, ks := range back {
+		if !a.tryStatic(ks, now) {
+			ks.sWait = true
+			a.rf.awaken(ks)
+		}
+	}
+}
+
+// markHot stops static decisions of the keys of allocator hash h (mu held).
+func (ss *staticShares) markHot(h uint64) {
+	for ks := ss.idx[h]; ks != nil; ks = ks.snext {
+		ks.mu.Lock()
+		ks.sHot = true
+		ss.offLocked(ks)
+		ks.mu.Unlock()
+	}
+}
+
+// markCold notes that the keys of allocator hash h left the hot-key set
+// (mu held) and appends them to back.
+func (ss *staticShares) markCold(h uint64, back []*keyState) []*keyState {
+	for ks := ss.idx[h]; ks != nil; ks = ks.snext {
+		ks.mu.Lock()
+		ks.sHot = false
+		ks.mu.Unlock()
+		back = append(back, ks)
+	}
+	return back
+}
+
+// tryStatic makes ks, which left the hot-key set, static again with a full
+// share if it holds no lease and nothing is pending; it reports whether ks
+// no longer waits for that (static, hot again, or dropped). The refill
+// loop calls it; under the shard's write lock no check is deciding ks.
+func (a *Agent) tryStatic(ks *keyState, now int64) bool {
+	sh := a.keys.shard(ks.hash)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if ks.dropped.Load() {
+		return true
+	}
+	if ks.Inflight || ks.queued.Load() || ks.charged.Load() != 0 || ks.outage.Load() != 0 || now < ks.expiry.Load() {
+		return false
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.sHot || ks.smode.Load() != staticOff {
+		return true
+	}
+	ks.balance.Store(0) // an expired lease's tokens are gone
+	ks.fbRule, ks.fbStatic, ks.fbRebase = nil, true, false
+	ks.smode.Store(staticOn)
+	a.ss.keys.Add(1)
+	return true
+}
+
+// staticRenew reports whether the refill loop, with nothing else to send
+// at now, sends an empty Acquire to renew its permission, and if so pushes
+// the next renewal half a validity on (the answer sets it again).
+func (a *Agent) staticRenew(now int64) bool {
+	ss := &a.ss
+	if ss.renewAt == 0 || now < ss.renewAt || !a.staticAllowed() {
+		return false
+	}
+	ss.renewAt = now + ss.half
+	return true
+}
