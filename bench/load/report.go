@@ -550,7 +550,7 @@ func (rep *report) redisDuration() string {
 
 func sources(m map[string][2]int64) string {
 	var parts []string
-	for _, s := range []agent.Source{agent.SourceLease, agent.SourceFallback, agent.SourceRedis, agent.SourceLocal, agent.SourceUnlimited} {
+	for _, s := range []agent.Source{agent.SourceLease, agent.SourceStatic, agent.SourceFallback, agent.SourceRedis, agent.SourceLocal, agent.SourceUnlimited} {
 		if v, ok := m[s.String()]; ok {
 			parts = append(parts, fmt.Sprintf("%s %d/%d", s, v[1], v[0]))
 		}

@@ -128,7 +128,7 @@ type checker interface {
 // workerResult is what one load goroutine measured; merged after the run.
 type workerResult struct {
 	all, lease, fallback, remote *hdrhistogram.Histogram
-	bySource                     [int(agent.SourceRedis) + 1][2]int64 // [source][allowed]
+	bySource                     [int(agent.SourceStatic) + 1][2]int64 // [source][allowed]
 	events                       []event
 	scheduled, issued, dropped   int64
 	errs                         int64
