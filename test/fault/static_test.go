@@ -35,6 +35,17 @@ func TestStaticShares(t *testing.T) {
 	}
 	// Hot: 3 keys at 50 requests/s each, over their 20/s.
 	e.keys = []string{prefix + "-hot0", prefix + "-hot1", prefix + "-hot2"}
+	// A warm-up key makes every gateway call the allocator and take a
+	// slot; keys a gateway first sees before it holds one stay ordinary.
+	warm := &testproc.Load{Proxies: proxies, Keys: []string{prefix + "-warm"}, Rate: 30}
+	warm.Start()
+	t.Cleanup(warm.Stop)
+	for _, g := range e.gws {
+		testproc.Eventually(t, 30*time.Second, g.Name+" holding a static slot", func() bool {
+			return g.Metric(`allot_agent_static_slots`) == 4
+		})
+	}
+	warm.Stop()
 	coldLoad := &testproc.Load{Proxies: proxies, Keys: cold, Rate: 150}
 	e.load = &testproc.Load{Proxies: proxies, Keys: e.keys, Rate: 150}
 	for _, l := range []*testproc.Load{coldLoad, e.load} {
@@ -42,11 +53,6 @@ func TestStaticShares(t *testing.T) {
 		t.Cleanup(l.Stop)
 	}
 	e.breakers = e.watchBreakers()
-	for _, g := range e.gws {
-		testproc.Eventually(t, 30*time.Second, g.Name+" holding a static slot", func() bool {
-			return g.Metric(`allot_agent_static_slots`) == 4
-		})
-	}
 	e.waitLeasing()
 	keysBefore := e.sample(`allot_agent_acquire_keys_total`)
 	staticBefore := e.sample(`allot_agent_decisions_total{result="allowed",source="static"}`)
