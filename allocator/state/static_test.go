@@ -239,6 +239,13 @@ func TestStaticPromotion(t *testing.T) {
 	if _, ok := s.st.static.trans[h]; ok {
 		t.Fatal("transition not over")
 	}
+	// A promoter's static_left counts up to a share's burst: a holder
+	// claiming more gets no more.
+	h2 := hashOf(s, "tb", "2")
+	sacquire(t, s, now, "a", 5, vh, promoteKey("tb", "2", 0, 1000))
+	if l, left := keyLimit(t, s, h2, now); keyOf(l) != keyOf(share2) || left != 4 {
+		t.Fatalf("static_left 1000: %v holding %d, want %v holding 4 (1 free share + a's)", l, left, share2)
+	}
 }
 
 // TestStaticTransitionEnd: without acknowledgements the transition ends
