@@ -451,3 +451,29 @@ func TestCompactV1(t *testing.T) {
 		t.Fatalf("granted %d", g[0].Granted)
 	}
 }
+
+// TestStaticOnMakesTrackedHot: keys tracked when static shares turn on
+// (leased, maybe) are hot from the start; a Check coordinates a key too.
+func TestStaticOnMakesTrackedHot(t *testing.T) {
+	s := newTestState(t)
+	mustAcquire(t, s, at(0), "a", 1, ka("tb", "1", 5, 0, 0, 0))
+	setStatic(t, s, at(time.Second), 4, staticTTL)
+	r := sacquire(t, s, at(time.Second), "b", 1, 0)
+	if !slices.Equal(r.Static.HotAdded, []uint64{hashOf(s, "tb", "1")}) {
+		t.Fatalf("tracked key not hot: %v", r.Static)
+	}
+	res := s.Apply(&allotv1.Command{NowUnixNanos: at(time.Second), Cmd: &allotv1.Command_Check{Check: &allotv1.CheckRequest{
+		Domain: "test", Descriptors: []*allotv1.Descriptor{{Entries: []*allotv1.Entry{{Key: "tb", Value: "2"}}}}}}})
+	if c, ok := res.(*allotv1.CheckResponse); !ok || c.OverallCode != allotv1.Code_CODE_OK {
+		t.Fatalf("Check: %v", res)
+	}
+	r = sacquire(t, s, at(time.Second), "b", 2, r.Static.HotVersion)
+	if !slices.Equal(r.Static.HotAdded, []uint64{hashOf(s, "tb", "2")}) {
+		t.Fatalf("checked key not hot: %v", r.Static)
+	}
+	// b holds a slot: the Check's key took the 3 free shares (k = 3).
+	share3, _ := testLimit(t, 10, time.Second, 10).Share(3, 4)
+	if l, left := keyLimit(t, s, hashOf(s, "tb", "2"), at(time.Second)); keyOf(l) != keyOf(share3) || left != 5 {
+		t.Fatalf("checked key: %v holding %d, want %v holding 3·2 − 1", l, left, share3)
+	}
+}
