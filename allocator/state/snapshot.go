@@ -96,7 +96,7 @@ const (
 	snapFlagShares    = 16
 	// snapVersionStatic is version 9 with snapFlagShares optional and
 	// snapFlagStatic, which it always holds: the static shares' state
-	// (static.go, encodeStatic) follows, as one length-prefixed blob.
+	// (static.go, staticView.encode) follows, as one length-prefixed blob.
 	snapVersionStatic = 10
 	snapFlagStatic    = 32
 	snapTrailer       = 4 + 8 + len(snapEnd)
@@ -143,7 +143,7 @@ type view struct {
 	ledgerKeep        bool   // a pool holds tokens and a debt at once (format 2)
 	slotFence         uint64
 	shares            map[extKey]int64
-	static            []byte // the static shares' state, encoded (nil: off)
+	static            *staticView // the static shares' state (nil: off)
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -175,7 +175,7 @@ func (s *State) Snapshot() (Snapshot, error) {
 		v.shares = maps.Clone(c.shares)
 	}
 	v.ledger, v.ledgerLimits, v.ledgerKeep = c.encodeLedger()
-	v.static = c.encodeStatic()
+	v.static = c.captureStatic()
 	for i := range v.pages {
 		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
 	}
@@ -393,7 +393,7 @@ func (sn *snapshot) Persist(w io.Writer) error {
 		}
 	}
 	if v.static != nil {
-		e.bytes(v.static)
+		e.bytes(v.static.encode())
 	}
 	return e.finish()
 }

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -506,14 +505,40 @@ func (s *staticState) trimEnds(now int64) {
 	}
 }
 
-// sortedTrans returns the transitions' key hashes in order.
-func (s *staticState) sortedTrans() []uint64 {
-	hs := slices.Collect(maps.Keys(s.trans))
-	slices.SortFunc(hs, cmp.Compare[uint64])
-	return hs
+// staticView is the static state as a snapshot captures it: copies, so
+// that Persist encodes it outside the lock (the hot set is sorted then).
+type staticView struct {
+	st      staticState // scalars; its maps and slices are not the live ones
+	holders []uint32    // agent numbers, with st.holders copied
+	hot     []uint64
+	trans   []uint64 // hashes, with st.trans copied
 }
 
-// encodeStatic encodes the static state for a snapshot (nil when off):
+// captureStatic copies the static state for a snapshot (nil when off).
+// It runs under the lock: O(hot keys) of copying, no sorting.
+func (c *core) captureStatic() *staticView {
+	s := c.static
+	if s == nil {
+		return nil
+	}
+	v := &staticView{st: staticState{n: s.n, ttl: s.ttl, paused: s.paused, pauseUntil: s.pauseUntil,
+		nextN: s.nextN, nextTTL: s.nextTTL, version: s.version, logStart: s.logStart, log: slices.Clone(s.log),
+		holders: make(map[uint32]*holder, len(s.holders)), trans: make(map[uint64]*transRec, len(s.trans))}}
+	for num, hd := range s.holders {
+		cp := *hd
+		v.st.holders[num] = &cp
+		v.holders = append(v.holders, num)
+	}
+	for h, tr := range s.trans {
+		cp := *tr
+		v.st.trans[h] = &cp
+		v.trans = append(v.trans, h)
+	}
+	v.hot = slices.Collect(maps.Keys(s.hot))
+	return v
+}
+
+// encode encodes a captured static state:
 //
 //	uvarint n, varint ttl ns, byte paused, varint pause until,
 //	uvarint next n, varint next ttl, uvarint version, uvarint log start,
@@ -523,14 +548,8 @@ func (s *staticState) sortedTrans() []uint64 {
 //	order, uvarint transitions, transitions × (fixed64 hash, uvarint v,
 //	varint end, uvarint promoter, uvarint k, varint at, byte algorithm,
 //	varint quota, varint window ns, varint burst) in hash order
-//
-// It runs under the lock: the static state is not copy-on-write (it holds
-// a few bytes a hot key).
-func (c *core) encodeStatic() []byte {
-	s := c.static
-	if s == nil {
-		return nil
-	}
+func (v *staticView) encode() []byte {
+	s := &v.st
 	b := binary.AppendUvarint(nil, uint64(s.n))
 	b = binary.AppendVarint(b, s.ttl)
 	paused := byte(0)
@@ -552,22 +571,22 @@ func (c *core) encodeStatic() []byte {
 		}
 		b = append(b, rm)
 	}
-	nums := slices.Sorted(maps.Keys(s.holders))
-	b = binary.AppendUvarint(b, uint64(len(nums)))
-	for _, num := range nums {
+	slices.Sort(v.holders)
+	b = binary.AppendUvarint(b, uint64(len(v.holders)))
+	for _, num := range v.holders {
 		hd := s.holders[num]
 		b = binary.AppendUvarint(b, uint64(num))
 		b = binary.AppendUvarint(b, hd.join)
 		b = binary.AppendUvarint(b, hd.ack)
 	}
-	hot := slices.Sorted(maps.Keys(s.hot))
-	b = binary.AppendUvarint(b, uint64(len(hot)))
-	for _, h := range hot {
+	slices.Sort(v.hot)
+	b = binary.AppendUvarint(b, uint64(len(v.hot)))
+	for _, h := range v.hot {
 		b = binary.LittleEndian.AppendUint64(b, h)
 	}
-	hs := s.sortedTrans()
-	b = binary.AppendUvarint(b, uint64(len(hs)))
-	for _, h := range hs {
+	slices.Sort(v.trans)
+	b = binary.AppendUvarint(b, uint64(len(v.trans)))
+	for _, h := range v.trans {
 		tr := s.trans[h]
 		b = binary.LittleEndian.AppendUint64(b, h)
 		b = binary.AppendUvarint(b, tr.v)
@@ -583,7 +602,7 @@ func (c *core) encodeStatic() []byte {
 	return b
 }
 
-// decodeStatic restores the static state encoded by encodeStatic, after
+// decodeStatic restores the static state encoded by staticView.encode, after
 // the agents and keys, checking it.
 func (c *core) decodeStatic(b []byte) error {
 	d := &dec{b: b}

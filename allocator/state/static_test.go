@@ -477,3 +477,29 @@ func TestStaticOnMakesTrackedHot(t *testing.T) {
 		t.Fatalf("checked key: %v holding %d, want %v holding 3·2 − 1", l, left, share3)
 	}
 }
+
+// TestStaticSnapshotCapture: a snapshot persists the static state as it
+// was at its capture, whatever is applied meanwhile.
+func TestStaticSnapshotCapture(t *testing.T) {
+	s := newTestState(t)
+	setStatic(t, s, at(0), 4, staticTTL)
+	now := at(time.Second)
+	sacquire(t, s, now, "a", 1, 0)
+	v := sacquire(t, s, now, "b", 1, 0, promoteKey("tb", "1", 0, 1)).Static.HotVersion
+	want := persist(t, s)
+	snap, err := s.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	sacquire(t, s, now, "a", 2, v, promoteKey("tb", "2", 0, 1), ka("gcra", "1", 1, 0, 0, 0))
+	sacquire(t, s, now, "c", 1, 0)
+	expire(s, at(time.Minute))
+	var got bytes.Buffer
+	if err := snap.Persist(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatal("the snapshot holds changes applied after its capture")
+	}
+}
