@@ -68,6 +68,10 @@ type staticState struct {
 	// unknown, 1: eligible, 2: not); derived.
 	elRules *rules.Set
 	elig    []uint8
+	// whole is the hot set sorted, as of version wholeAt (the answers
+	// that carry the whole set share it, read-only); derived.
+	whole   []uint64
+	wholeAt uint64
 }
 
 // holder is a slot's holder: join is the hot-set version of the answer
@@ -472,7 +476,10 @@ func (c *core) staticAnswer(num uint32, hv uint64) *allotv1.StaticShares {
 	case hv == s.version:
 	case hv == 0 || hv > s.version || hv < s.logStart:
 		out.HotReset = true
-		out.HotAdded = slices.Sorted(maps.Keys(s.hot))
+		if s.whole == nil || s.wholeAt != s.version {
+			s.whole, s.wholeAt = slices.Sorted(maps.Keys(s.hot)), s.version
+		}
+		out.HotAdded = s.whole
 	default:
 		seen := make(map[uint64]bool, min(int(s.version-hv), 1024))
 		for i := len(s.log) - 1; i >= int(hv-s.logStart); i-- {

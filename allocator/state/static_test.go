@@ -503,3 +503,29 @@ func TestStaticSnapshotCapture(t *testing.T) {
 		t.Fatal("the snapshot holds changes applied after its capture")
 	}
 }
+
+// TestHotLog: the change log keeps at least the last hotLogMax changes; an
+// agent further behind gets the whole set.
+func TestHotLog(t *testing.T) {
+	s := newStatic(2, int64(staticTTL), 100)
+	for i := range 2*hotLogMax + 1 {
+		h := uint64(i % 3)
+		_, hot := s.hot[h]
+		if hot {
+			delete(s.hot, h)
+		} else {
+			s.hot[h] = struct{}{}
+		}
+		s.change(h, hot)
+	}
+	if s.version != 100+2*hotLogMax+1 || uint64(len(s.log)) != s.version-s.logStart || len(s.log) < hotLogMax {
+		t.Fatalf("version %d, log from %d, %d changes", s.version, s.logStart, len(s.log))
+	}
+	c := &core{static: s}
+	if r := c.staticAnswer(1, s.logStart); r.HotReset || len(r.HotAdded)+len(r.HotRemoved) > 3 {
+		t.Fatalf("from the log's start: %v", r)
+	}
+	if r := c.staticAnswer(1, s.logStart-1); !r.HotReset || len(r.HotAdded) != len(s.hot) {
+		t.Fatalf("from before the log: %v", r)
+	}
+}
