@@ -110,6 +110,16 @@ type Config struct {
 	// MaxLeaseTTL ≥ LeaseTTL > RefreshInterval).
 	LeaseTTL, MaxLeaseTTL, RefreshInterval, AgentTTL time.Duration
 
+	// Static shares (docs/static-shares.md): StaticSlots is N, the number
+	// of shares of each static-eligible rule, one per agent that holds a
+	// slot (0, the default: off; at most 65535); StaticTTL is how long an
+	// answer lets an agent decide from its shares (default 2s; whole
+	// milliseconds, less than AgentTTL). The leader commits them to the
+	// replicated state when they differ from it: every node of a cluster
+	// should use the same values. A cluster of several groups runs without.
+	StaticSlots int
+	StaticTTL   time.Duration
+
 	// ExpireInterval is how often the leader commits an ExpireCommand
 	// (default 100 ms). Each one takes at most ExpireMaxEntries leased keys
 	// with a lease due (default 4096; negative: no limit) and leaves the rest for
@@ -306,6 +316,7 @@ func DefaultConfig() Config {
 		MaxLeaseTTL:        sc.MaxLeaseTTL,
 		RefreshInterval:    sc.RefreshInterval,
 		AgentTTL:           sc.AgentTTL,
+		StaticTTL:          2 * time.Second,
 		ExpireInterval:     100 * time.Millisecond,
 		ExpireMaxEntries:   4096,
 		SweepInterval:      time.Second,
@@ -361,6 +372,7 @@ func (c Config) withDefaults() Config {
 	}
 	setDur(&c.RefreshInterval, d.RefreshInterval)
 	setDur(&c.AgentTTL, d.AgentTTL)
+	setDur(&c.StaticTTL, d.StaticTTL)
 	setDur(&c.ExpireInterval, d.ExpireInterval)
 	setDur(&c.SweepInterval, d.SweepInterval)
 	setDur(&c.ApplyTimeout, d.ApplyTimeout)
@@ -487,6 +499,16 @@ func (c Config) Validate() error {
 	}
 	if err := c.stateConfig().Validate(); err != nil {
 		bad("lease policy: %v", err)
+	}
+	switch {
+	case c.StaticSlots < 0 || c.StaticSlots > state.MaxStaticSlots:
+		bad("StaticSlots %d: want 0 (off) to %d", c.StaticSlots, state.MaxStaticSlots)
+	case c.StaticTTL < time.Millisecond || c.StaticTTL%time.Millisecond != 0:
+		bad("StaticTTL %v: want a whole number of milliseconds, at least 1ms", c.StaticTTL)
+	case c.StaticSlots > 0 && c.StaticTTL >= c.AgentTTL:
+		bad("StaticTTL (%v) must be shorter than AgentTTL (%v): a forgotten agent's static answers must have lapsed", c.StaticTTL, c.AgentTTL)
+	case c.StaticSlots > 0 && c.Groups > 1:
+		bad("StaticSlots needs a single-group cluster (Groups %d)", c.Groups)
 	}
 	if c.MaxBatchKeys < 0 || c.MaxBatchBytes < 0 || c.MaxInflightBatches < 0 || c.MaxRecvMsgSize < 0 {
 		bad("batch and message sizes must not be negative")

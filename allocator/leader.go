@@ -76,7 +76,8 @@ func (d *duties) stop() {
 
 // leaderDuties runs while this node leads: it waits for the FSM to catch up
 // (a Barrier), registers this node's addresses, applies the initial rules
-// to an empty rule set, and then commits an ExpireCommand every
+// to an empty rule set, commits the static shares settings when they
+// differ from Config's, and then commits an ExpireCommand every
 // ExpireInterval when a lease or agent is due (with the idle-key sweep,
 // when it has keys to drop, at most every SweepInterval).
 func (s *Server) leaderDuties(ctx context.Context) {
@@ -96,6 +97,9 @@ func (s *Server) leaderDuties(ctx context.Context) {
 	s.retryWhileLeader(ctx, "register member", s.registerSelf)
 	if len(s.cfg.InitialRules) > 0 {
 		s.retryWhileLeader(ctx, "apply initial rules", s.applyInitialRules)
+	}
+	if !s.multi() {
+		s.retryWhileLeader(ctx, "apply static settings", s.applyStaticSettings)
 	}
 	if s.cfg.RulesXDS.Addr != "" {
 		xdsDone := make(chan struct{})
@@ -262,6 +266,29 @@ func (s *Server) applyInitialRules() error {
 		return err
 	}
 	s.log.Info("initial rules applied", "files", len(req.Files), "version", s.rulesVersion())
+	return nil
+}
+
+// staticSettings are the static shares' settings of Config.
+func (s *Server) staticSettings() state.StaticSettings {
+	if s.cfg.StaticSlots <= 0 {
+		return state.StaticSettings{}
+	}
+	return state.StaticSettings{Slots: uint32(s.cfg.StaticSlots), TTL: s.cfg.StaticTTL}
+}
+
+// applyStaticSettings commits Config's static shares settings when the
+// replicated ones differ (a change revokes every slot for one TTL:
+// docs/static-shares.md).
+func (s *Server) applyStaticSettings() error {
+	want := s.staticSettings()
+	if s.st.StaticSettings() == want {
+		return nil
+	}
+	if _, err := s.apply(state.StaticCommand(want)); err != nil {
+		return err
+	}
+	s.log.Info("static shares set", "slots", want.Slots, "ttl", want.TTL)
 	return nil
 }
 

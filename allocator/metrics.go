@@ -312,6 +312,8 @@ func (m *metrics) observeApply(cmd *allotv1.Command, result any) {
 		m.commands.WithLabelValues("member").Inc()
 	case *allotv1.Command_Check:
 		m.commands.WithLabelValues("check").Inc()
+	case *allotv1.Command_Static:
+		m.commands.WithLabelValues("static").Inc()
 	}
 }
 
@@ -340,6 +342,8 @@ func commandType(cmd *allotv1.Command) string {
 		return "member"
 	case *allotv1.Command_Check:
 		return "check"
+	case *allotv1.Command_Static:
+		return "static"
 	}
 	return "unknown"
 }
@@ -377,11 +381,18 @@ var (
 		"Leased keys with a lease due that the last Expire left for the next one (its -expire-max-entries budget ran out); growing means expiry falls behind.", nil, nil)
 	descOutstanding = prometheus.NewDesc(metricsNamespace+"_tokens_outstanding",
 		"Tokens held by agents in live leases, as recorded by this replica.", nil, nil)
+	descHotKeys = prometheus.NewDesc(metricsNamespace+"_static_hot_keys",
+		"Keys in the static shares' hot-key set: coordinated, decided by no agent from a static share (0 with static shares off).", nil, nil)
+	descStaticSlots = prometheus.NewDesc(metricsNamespace+"_static_slots_held",
+		"Static slots held by agents (at most -static-slots).", nil, nil)
+	descStaticTransitions = prometheus.NewDesc(metricsNamespace+"_static_transitions",
+		"Keys that turned hot less than -static-ttl ago: in transition, their limit a part of the rule's until the other slot holders acknowledge.", nil, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied,
-		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents, descExpireBacklog, descOutstanding} {
+		descRaftLastContact, descIsLeader, descKeys, descLeases, descAgents, descExpireBacklog, descOutstanding,
+		descHotKeys, descStaticSlots, descStaticTransitions} {
 		ch <- d
 	}
 }
@@ -414,6 +425,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descLeases, float64(stats.Leases))
 	gauge(descAgents, float64(stats.Agents))
 	gauge(descExpireBacklog, float64(stats.ExpireBacklog))
+	gauge(descHotKeys, float64(stats.HotKeys))
+	gauge(descStaticSlots, float64(stats.StaticSlotsHeld))
+	gauge(descStaticTransitions, float64(stats.StaticTransitions))
 	var held int64
 	for _, a := range s.st.ListAgents(time.Now().UnixNano()).GetAgents() {
 		held += a.GetTokensHeld()

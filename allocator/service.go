@@ -102,6 +102,7 @@ func answer(r *allotv1.AcquireResponse, leader string, packed bool) (*allotv1.Ac
 		LeaderId:        leader,
 		NowUnixMs:       r.GetNowUnixMs(),
 		Topology:        r.GetTopology(),
+		Static:          r.GetStatic(),
 		ReadsPackedKeys: true,
 	}
 	switch inPacked := len(r.GetPackedGrants()) > 0; {

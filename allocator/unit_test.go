@@ -549,6 +549,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := good.Validate(); err != nil {
 		t.Fatalf("default config invalid: %v", err)
 	}
+	static := good
+	static.StaticSlots = 100
+	if err := static.Validate(); err != nil {
+		t.Fatalf("static shares on: %v", err)
+	}
 	for name, mut := range map[string]func(*Config){
 		"no node id":         func(c *Config) { c.NodeID = "" },
 		"no data dir":        func(c *Config) { c.DataDir = "" },
@@ -557,6 +562,12 @@ func TestConfigValidate(t *testing.T) {
 		"lease > heartbeat":  func(c *Config) { c.LeaderLeaseTimeout = time.Second },
 		"refresh ≥ ttl":      func(c *Config) { c.RefreshInterval = c.LeaseTTL },
 		"negative":           func(c *Config) { c.ExpireInterval = -1 },
+		"static slots > max": func(c *Config) { c.StaticSlots = 1 << 16 },
+		"static slots < 0":   func(c *Config) { c.StaticSlots = -1 },
+		"static ttl ≥ agent": func(c *Config) { c.StaticSlots, c.StaticTTL = 4, c.AgentTTL },
+		"static ttl < 0":     func(c *Config) { c.StaticTTL = -time.Second },
+		"static ttl in µs":   func(c *Config) { c.StaticTTL = 1500 * time.Microsecond },
+		"static groups":      func(c *Config) { c.StaticSlots, c.Groups, c.Bootstrap = 4, 2, true },
 	} {
 		c := good
 		mut(&c)

@@ -52,6 +52,7 @@ func (c *core) applyAcquire(req *allotv1.AcquireRequest, now int64, res *Acquire
 	}
 	cl := &c.scr.call
 	cl.agentID, cl.requestID, cl.fallback = req.AgentId, req.RequestId, req.FallbackKeys
+	cl.static, cl.hotVersion = req.StaticShares, req.HotVersion
 	if p := req.PackedKeys; len(p) > 0 {
 		d := newDecoder(string(p), 0) // validated: it decodes
 		c.scr.ents = d.keys(cl, c.scr.ents)
@@ -70,7 +71,7 @@ func (c *core) args(keys []keyArgs, ents []rules.Entry, ks []*allotv1.KeyAcquire
 		}
 		keys = append(keys, keyArgs{domain: k.Domain, want: k.Want, held: k.Held, returned: k.Returned,
 			charged: k.Charged, outageCharged: k.OutageCharged, denied: k.Denied, demand: k.Demand, wantShare: k.WantShare,
-			ef: from, et: len(ents)})
+			promote: k.Promote, staticLeft: k.StaticLeft, ef: from, et: len(ents)})
 	}
 	for i := range keys {
 		k := &keys[i]
@@ -98,11 +99,20 @@ func (c *core) applyCall(cl *call, now int64, res *AcquireBatchResult) (*allotv1
 	c.now = now
 	ag = c.touchAgent(ag, cl.agentID, now)
 	ag.fallbackKeys = cl.fallback
+	if c.static != nil {
+		c.staticTick(now)
+		if c.static != nil && cl.static {
+			c.static.staticAck(ag.num, cl.hotVersion)
+		}
+	}
 	var resp *allotv1.AcquireResponse
 	if c.cfg.PackedGrants {
 		resp = c.packedGrants(cl, ag, now, res)
 	} else {
 		resp = c.grantMsgs(cl, ag, now, res)
+	}
+	if c.static != nil && cl.static {
+		resp.Static = c.staticAnswer(ag.num, cl.hotVersion)
 	}
 	resp.LiveAgents = uint32(len(c.agents))
 	resp.RulesVersion = c.rulesVersion()
@@ -236,6 +246,7 @@ func (c *core) applyRelease(req *allotv1.ReleaseRequest, now int64) (*allotv1.Re
 	}
 	c.now = now
 	ag = c.touchAgent(ag, req.AgentId, now)
+	c.staticTick(now)
 	resp := &allotv1.ReleaseResponse{}
 	var keys []keyArgs
 	keys, c.scr.ents = c.args(c.scr.call.keys[:0], c.scr.ents[:0], req.Keys)
@@ -375,7 +386,13 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	pool := c.poolFor(rule, h, ka.domain, ents)
 	lim, limMsg := c.limitIn(rule, pool)
 	fresh := pool != nil && c.limitChanged(h, lim)
-	idx := c.slotFor(h, lim, now)
+	idx := -1
+	if c.static != nil && pool == nil {
+		idx, lim = c.staticSlot(rule, h, lim, ag.num, ka.promote, ka.staticLeft, now)
+	}
+	if idx < 0 {
+		idx = c.slotFor(h, lim, now)
+	}
 	if fresh {
 		// A pool's key whose limit in force changed (the region's copy
 		// to the global cluster's limit, or the global one changed)

@@ -17,6 +17,7 @@ func (c *core) applyCheck(req *allotv1.CheckRequest, now int64) (*allotv1.CheckR
 		return nil, err
 	}
 	c.now = now
+	c.staticTick(now)
 	descs := c.scr.descs[:0]
 	for _, d := range req.Descriptors {
 		es := make([]rules.Entry, len(d.Entries))
@@ -55,13 +56,19 @@ func (c *core) applyCheck(req *allotv1.CheckRequest, now int64) (*allotv1.CheckR
 			continue
 		}
 		h := rules.KeyHash(r, req.Domain, d)
-		idx := c.slotFor(h, r.Limit, now)
+		idx, lim := -1, r.Limit
+		if c.static != nil {
+			idx, lim = c.staticSlot(r, h, lim, 0, false, 0, now)
+		}
+		if idx < 0 {
+			idx = c.slotFor(h, lim, now)
+		}
 		s := c.tab.mut(c, idx)
-		res := r.Limit.AllowN(&s.st, now, hits)
+		res := lim.AllowN(&s.st, now, hits)
 		ds.Remaining = res.Remaining
 		ds.ResetAfterMs = ms(res.ResetAfter)
 		if res.Allowed {
-			took = append(took, taken{h, r.Limit})
+			took = append(took, taken{h, lim})
 			continue
 		}
 		ds.RetryAfterMs = ms(res.RetryAfter)

@@ -18,9 +18,11 @@ import (
 // protobuf Command or a compact entry; the first byte tells them apart (a
 // protobuf Command starts with a field tag, never 0).
 //
-//	entry   0x00, version (1), uvarint now (Unix ns), uvarint calls, calls × record
+//	entry   0x00, version (2), uvarint now (Unix ns), uvarint calls, calls × record
 //	record  str agent_id, uvarint request_id, uvarint rules_version,
-//	        uvarint fallback_keys, keys
+//	        uvarint fallback_keys, static, keys
+//	static  byte (bit 0: static_shares, bit 1: hot_version follows), then
+//	        uvarint hot_version with bit 1
 //	keys    the call's keys in the packed form of AcquireRequest.packed_keys
 //	        (allotv1.AppendPackedKeys): uvarint count, count × key, with
 //	        domains and descriptor keys carried once per call
@@ -34,10 +36,16 @@ import (
 // knows; a version it does not know stops it (upgrade it). A key that
 // asks for its share (want_share, a region's) carries a second flags byte
 // in its packed form, which a binary older than the field does not decode
-// either: it stops on such an entry (docs/regions.md, Upgrading).
+// either: it stops on such an entry (docs/regions.md, Upgrading). Version
+// 1 is version 2 without the static byte (its calls ask for no static
+// shares); this binary writes version 2 and applies both.
 const (
-	compactMarker  = 0x00
-	compactVersion = 1
+	compactMarker    = 0x00
+	compactVersion   = 2
+	compactVersionV1 = 1 // still applied
+
+	compactStatic     = 1 // static byte: static_shares
+	compactHotVersion = 2 // static byte: hot_version follows
 )
 
 // IsCompactEntry reports whether a log entry's data is a compact Acquire
@@ -53,6 +61,15 @@ func AppendAcquireRecord(dst []byte, req *allotv1.AcquireRequest) []byte {
 	dst = binary.AppendUvarint(dst, req.GetRequestId())
 	dst = binary.AppendUvarint(dst, req.GetRulesVersion())
 	dst = binary.AppendUvarint(dst, uint64(req.GetFallbackKeys()))
+	var st byte
+	if req.GetStaticShares() {
+		st |= compactStatic
+	}
+	if hv := req.GetHotVersion(); hv != 0 {
+		dst = binary.AppendUvarint(append(dst, st|compactHotVersion), hv)
+	} else {
+		dst = append(dst, st)
+	}
 	if p := req.GetPackedKeys(); len(p) > 0 {
 		return append(dst, p...)
 	}
@@ -97,6 +114,8 @@ type call struct {
 	requestID    uint64
 	rulesVersion uint64 // informational: the state does not read it
 	fallback     uint32
+	static       bool   // AcquireRequest.static_shares
+	hotVersion   uint64 // AcquireRequest.hot_version
 	keys         []keyArgs
 }
 
@@ -108,7 +127,9 @@ type keyArgs struct {
 	outageCharged                         int64
 	demand                                float64
 	wantShare                             bool // the grant carries the agent's share (rateShare)
-	ef, et                                int  // ents' span in the decoder's entry slice
+	promote                               bool // KeyAcquire.promote, with static_left
+	staticLeft                            int64
+	ef, et                                int // ents' span in the decoder's entry slice
 	// Set by hashKeys (hashed): the matched rule, the canonical key and
 	// its hash.
 	rule   *rules.Rule
@@ -117,14 +138,28 @@ type keyArgs struct {
 	hashed bool
 }
 
-// record decodes the next record into cl, reusing cl's and ents'
-// storage; ents holds the keys' descriptor entries (returned for reuse).
-func (d *decoder) record(cl *call, ents []rules.Entry) []rules.Entry {
+// record decodes the next record of an entry of the given version into
+// cl, reusing cl's and ents' storage; ents holds the keys' descriptor
+// entries (returned for reuse).
+func (d *decoder) record(cl *call, ents []rules.Entry, version byte) []rules.Entry {
 	cl.agentID = d.Str()
 	cl.requestID = d.Uvarint()
 	cl.rulesVersion = d.Uvarint()
 	fb := d.Uvarint()
 	cl.fallback = uint32(min(fb, math.MaxUint32))
+	cl.static, cl.hotVersion = false, 0
+	if version >= 2 {
+		st := d.Byte()
+		if st&^(compactStatic|compactHotVersion) != 0 {
+			d.Fail()
+		}
+		cl.static = st&compactStatic != 0
+		if st&compactHotVersion != 0 {
+			if cl.hotVersion = d.Uvarint(); cl.hotVersion == 0 {
+				d.Fail() // not in canonical form
+			}
+		}
+	}
 	return d.keys(cl, ents)
 }
 
@@ -160,7 +195,8 @@ func (d *decoder) key(k *keyArgs, dc *allotv1.Dict, ents []rules.Entry) []rules.
 	from := len(ents)
 	ents = allotv1.ReadPackedKey(&d.Reader, dc, &pk, ents)
 	*k = keyArgs{domain: pk.Domain, want: pk.Want, held: pk.Held, returned: pk.Returned, charged: pk.Charged,
-		denied: pk.Denied, outageCharged: pk.OutageCharged, demand: pk.Demand, wantShare: pk.WantShare, ef: from, et: len(ents)}
+		denied: pk.Denied, outageCharged: pk.OutageCharged, demand: pk.Demand, wantShare: pk.WantShare,
+		promote: pk.Promote, staticLeft: pk.StaticLeft, ef: from, et: len(ents)}
 	return ents
 }
 
@@ -173,7 +209,8 @@ func (c *core) applyCompact(s string, lastNow int64) (*AcquireBatchResult, error
 	if len(s) < 2 || s[0] != compactMarker {
 		return nil, fmt.Errorf("%w: no marker", errCompact)
 	}
-	if s[1] != compactVersion {
+	version := s[1]
+	if version != compactVersion && version != compactVersionV1 {
 		return nil, fmt.Errorf("%w: version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
 	now := int64(d.Uvarint())
@@ -188,7 +225,7 @@ func (c *core) applyCompact(s string, lastNow int64) (*AcquireBatchResult, error
 	}
 	cl := &c.scr.call
 	for i := range int(n) {
-		c.scr.ents = d.record(cl, c.scr.ents)
+		c.scr.ents = d.record(cl, c.scr.ents, version)
 		if d.Err != nil {
 			return nil, d.Err
 		}
@@ -208,7 +245,8 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 	if len(s) < 2 || s[0] != compactMarker {
 		return 0, nil, fmt.Errorf("%w: no marker", errCompact)
 	}
-	if s[1] != compactVersion {
+	version := s[1]
+	if version != compactVersion && version != compactVersionV1 {
 		return 0, nil, fmt.Errorf("%w: version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
 	d := newDecoder(s, 2)
@@ -220,15 +258,17 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 	var cl call
 	var ents []rules.Entry
 	for range n {
-		ents = d.record(&cl, ents)
+		ents = d.record(&cl, ents, version)
 		if d.Err != nil {
 			return 0, nil, d.Err
 		}
 		req := &allotv1.AcquireRequest{AgentId: cl.agentID, RequestId: cl.requestID, RulesVersion: cl.rulesVersion,
-			FallbackKeys: cl.fallback, Keys: make([]*allotv1.KeyAcquire, len(cl.keys))}
+			FallbackKeys: cl.fallback, StaticShares: cl.static, HotVersion: cl.hotVersion,
+			Keys: make([]*allotv1.KeyAcquire, len(cl.keys))}
 		for i, k := range cl.keys {
 			ka := &allotv1.KeyAcquire{Domain: k.domain, Want: k.want, Held: k.held, Returned: k.returned,
-				Charged: k.charged, OutageCharged: k.outageCharged, Denied: k.denied, Demand: k.demand, WantShare: k.wantShare}
+				Charged: k.charged, OutageCharged: k.outageCharged, Denied: k.denied, Demand: k.demand, WantShare: k.wantShare,
+				Promote: k.promote, StaticLeft: k.staticLeft}
 			for _, e := range k.ents {
 				ka.Entries = append(ka.Entries, &allotv1.Entry{Key: e.Key, Value: e.Value})
 			}

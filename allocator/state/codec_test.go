@@ -21,6 +21,8 @@ func genRequest(t *rapid.T, label string) *allotv1.AcquireRequest {
 		RequestId:    rapid.Uint64().Draw(t, label+"id"),
 		RulesVersion: rapid.Uint64().Draw(t, label+"rules"),
 		FallbackKeys: rapid.Uint32().Draw(t, label+"fallback"),
+		StaticShares: rapid.Bool().Draw(t, label+"static"),
+		HotVersion:   rapid.SampledFrom([]uint64{0, 1, 1 << 62, math.MaxUint64}).Draw(t, label+"hotVersion"),
 	}
 	for range rapid.IntRange(0, 12).Draw(t, label+"keys") {
 		k := &allotv1.KeyAcquire{
@@ -33,6 +35,9 @@ func genRequest(t *rapid.T, label string) *allotv1.AcquireRequest {
 			Denied:        rapid.Int64Range(0, 3).Draw(t, "denied"),
 			Demand: rapid.SampledFrom([]float64{0, math.Copysign(0, -1), 1.5, -2, math.NaN(), math.Inf(1), 1e300}).
 				Draw(t, "demand"),
+		}
+		if k.Promote = rapid.Bool().Draw(t, "promote"); k.Promote { // static_left travels with promote only
+			k.StaticLeft = rapid.Int64Range(-1, 3).Draw(t, "static_left")
 		}
 		for range rapid.IntRange(0, 10).Draw(t, "entries") {
 			k.Entries = append(k.Entries, &allotv1.Entry{Key: strs.Draw(t, "key"), Value: rapid.String().Draw(t, "value")})

@@ -52,6 +52,13 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 		}
 		delete(c.agents, a.id)
 		delete(c.byNum, a.num)
+		c.staticForget(a.num)
+	}
+	if c.static != nil {
+		c.staticTick(now)
+		if c.static != nil {
+			c.static.trimEnds(now)
+		}
 	}
 
 	if cmd.GetSkipSweep() {
@@ -129,11 +136,14 @@ func (c *core) sweepRange(lo, hiLast uint64, now int64, drop bool) (met bool) {
 		if s.hash > hiLast {
 			break
 		}
-		if s.link == 0 && idle(c.lims.get(s.lim), s.st, now) && !c.frozen(s.hash) {
+		if s.link == 0 && c.idleKey(s, now) && !c.frozen(s.hash) {
 			if !drop {
 				return true
 			}
 			met = true
+			if c.static != nil {
+				c.unhot(s.hash)
+			}
 			lim := s.lim
 			t.remove(c, i)
 			c.lims.unref(lim)
@@ -142,6 +152,15 @@ func (c *core) sweepRange(lo, hiLast uint64, now int64, drop bool) (met bool) {
 		i++
 	}
 	return met
+}
+
+// idleKey reports whether the tracked key sl is idle at now (staticIdle
+// with static shares on).
+func (c *core) idleKey(sl *slot, now int64) bool {
+	if c.static != nil {
+		return c.staticIdle(sl, c.lims.get(sl.lim), now)
+	}
+	return idle(c.lims.get(sl.lim), sl.st, now)
 }
 
 // idle reports whether st behaves like the zero State from now on: as many

@@ -16,7 +16,8 @@ import (
 // packedOf returns req with its keys packed (AcquireRequest.packed_keys).
 func packedOf(req *allotv1.AcquireRequest) *allotv1.AcquireRequest {
 	return &allotv1.AcquireRequest{AgentId: req.AgentId, RequestId: req.RequestId, RulesVersion: req.RulesVersion,
-		FallbackKeys: req.FallbackKeys, PackedGrants: req.PackedGrants, PackedKeys: allotv1.AppendPackedKeys(nil, req.Keys)}
+		FallbackKeys: req.FallbackKeys, PackedGrants: req.PackedGrants, StaticShares: req.StaticShares, HotVersion: req.HotVersion,
+		PackedKeys: allotv1.AppendPackedKeys(nil, req.Keys)}
 }
 
 // TestPackedKeysRoundTrip: a request with its keys packed is validated as

@@ -59,7 +59,10 @@ import (
 // (shares.go) follow the slot fence, as uvarint n, n × (fixed64 key
 // hash, uvarint agent number, varint share in milli-tokens/s, -1 for
 // unknown) in (hash, agent) order, each naming a lease; it is written
-// only while the state records a share. Restore reads versions 2 to 9: a
+// only while the state records a share. Version 10 is version 9 whose
+// flags need not hold 16 and always hold 32: the static shares' state
+// (static.go) follows, as a length-prefixed blob; it is written only while
+// static shares are on. Restore reads versions 2 to 10: a
 // version-2 lease has granted nothing in the current window, and its
 // demand is truncated as a lease stores it (roundDemand); a lease
 // restored from a version before 9 under a scope: global rule, outside
@@ -91,6 +94,11 @@ const (
 	// issued shares follow the slot fence.
 	snapVersionShares = 9
 	snapFlagShares    = 16
+	// snapVersionStatic is version 9 with snapFlagShares optional and
+	// snapFlagStatic, which it always holds: the static shares' state
+	// (static.go, staticView.encode) follows, as one length-prefixed blob.
+	snapVersionStatic = 10
+	snapFlagStatic    = 32
 	snapTrailer       = 4 + 8 + len(snapEnd)
 	snapFlushSize     = 64 << 10
 )
@@ -135,6 +143,7 @@ type view struct {
 	ledgerKeep        bool   // a pool holds tokens and a debt at once (format 2)
 	slotFence         uint64
 	shares            map[extKey]int64
+	static            *staticView // the static shares' state (nil: off)
 }
 
 // Snapshot captures the state for Persist. The capture is O(chunks +
@@ -166,6 +175,7 @@ func (s *State) Snapshot() (Snapshot, error) {
 		v.shares = maps.Clone(c.shares)
 	}
 	v.ledger, v.ledgerLimits, v.ledgerKeep = c.encodeLedger()
+	v.static = c.captureStatic()
 	for i := range v.pages {
 		v.pages[i] = slices.Clone(v.pages[i]) // COW replaces pages in the live slices
 	}
@@ -200,8 +210,10 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	}
 	e := &enc{w: w, crc: 0}
 	e.raw([]byte(snapMagic))
-	flagged := v.slotFence > 0 || v.ledgerKeep || v.shares != nil // the flags byte and the fence follow the leases
-	if v.shares != nil {
+	flagged := v.slotFence > 0 || v.ledgerKeep || v.shares != nil || v.static != nil // the flags byte and the fence follow the leases
+	if v.static != nil {
+		e.uvarint(snapVersionStatic)
+	} else if v.shares != nil {
 		e.uvarint(snapVersionShares)
 	} else if v.ledgerKeep {
 		e.uvarint(snapVersionKeep)
@@ -330,6 +342,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 	switch {
 	case flagged:
 		var flags byte
+		if v.static != nil {
+			flags |= snapFlagStatic
+		}
 		if v.shares != nil {
 			flags |= snapFlagShares
 		}
@@ -376,6 +391,9 @@ func (sn *snapshot) Persist(w io.Writer) error {
 			e.uvarint(uint64(r.agent))
 			e.varint(r.share)
 		}
+	}
+	if v.static != nil {
+		e.bytes(v.static.encode())
 	}
 	return e.finish()
 }
@@ -471,8 +489,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	d := &dec{b: body[len(snapMagic):]}
 	version := d.uvarint()
-	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence && version != snapVersionKeep && version != snapVersionShares {
-		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionShares)
+	if d.err == nil && version != snapVersion && version != snapVersionV2 && version != snapVersionV4 && version != snapVersionLedger && version != snapVersionLimits && version != snapVersionFence && version != snapVersionKeep && version != snapVersionShares && version != snapVersionStatic {
+		return nil, corrupt("format version %d, this binary reads %d to %d", version, snapVersionV2, snapVersionStatic)
 	}
 	c := newCore(cfg)
 	c.now = d.varint()
@@ -605,7 +623,7 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	hasModes := version == snapVersionV4
 	ledger := version == snapVersionLedger || version == snapVersionLimits
 	limits := version == snapVersionLimits
-	keep, shares := false, false
+	keep, shares, static := false, false, false
 	switch version {
 	case snapVersionLedger, snapVersionLimits:
 		switch d.byte() {
@@ -615,14 +633,17 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		default:
 			d.fail("slot modes flag")
 		}
-	case snapVersionFence, snapVersionKeep, snapVersionShares:
+	case snapVersionFence, snapVersionKeep, snapVersionShares, snapVersionStatic:
 		flags := d.byte()
 		known := byte(snapFlagModes | snapFlagLedger | snapFlagLimits)
 		if version >= snapVersionKeep {
 			known |= snapFlagKeep
 		}
-		if version == snapVersionShares {
+		if version >= snapVersionShares {
 			known |= snapFlagShares
+		}
+		if version == snapVersionStatic {
+			known |= snapFlagStatic
 		}
 		if flags&^known != 0 || (flags&snapFlagLimits != 0 && flags&snapFlagLedger == 0) ||
 			(flags&snapFlagKeep != 0 && flags&snapFlagLimits == 0) {
@@ -631,7 +652,8 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 		hasModes, ledger, limits = flags&snapFlagModes != 0, flags&snapFlagLedger != 0, flags&snapFlagLimits != 0
 		keep = flags&snapFlagKeep != 0
 		shares = flags&snapFlagShares != 0
-		if version == snapVersionShares && !shares {
+		static = flags&snapFlagStatic != 0
+		if version == snapVersionShares && !shares || version == snapVersionStatic && !static {
 			d.fail("snapshot flags")
 		}
 	}
@@ -649,7 +671,7 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 			return nil, err
 		}
 	}
-	if version == snapVersionFence || version == snapVersionKeep || version == snapVersionShares {
+	if version == snapVersionFence || version == snapVersionKeep || version == snapVersionShares || version == snapVersionStatic {
 		if c.slotFence = d.uvarintMax(1<<63-1, "slot fence"); c.slotFence == 0 && version == snapVersionFence && d.err == nil {
 			d.fail("slot fence")
 		}
@@ -659,6 +681,15 @@ func decodeSnapshot(cfg Config, data []byte) (*core, error) {
 	}
 	if shares {
 		if err := c.restoreShares(d); err != nil {
+			return nil, err
+		}
+	}
+	if static {
+		b := d.bytes()
+		if d.err != nil {
+			return nil, d.err
+		}
+		if err := c.decodeStatic(b); err != nil {
 			return nil, err
 		}
 	}

@@ -126,6 +126,11 @@ type Stats struct {
 	// lease due) the last Expire left for the next one because its
 	// MaxEntries budget ran out. Not replicated state: 0 after a restore.
 	ExpireBacklog uint64
+	// Static shares (static.go): the keys in the hot-key set, the slots
+	// held, and the transitions that began less than a static TTL ago.
+	HotKeys           uint64
+	StaticSlotsHeld   uint32
+	StaticTransitions uint64
 }
 
 // AcquireBatchResult is Apply's result for an AcquireBatch: one entry per
@@ -211,6 +216,8 @@ type core struct {
 	// last issued, milli-tokens/s (shares.go); nil until one is. Last,
 	// so that the fields the grants read keep their places.
 	shares map[extKey]int64
+	// static is the static shares' state (static.go); nil: off.
+	static *staticState
 }
 
 // scratch holds reusable buffers for Apply (serialised by the lock).
@@ -285,6 +292,7 @@ func (s *State) Config() Config { return s.cfg }
 //	check     → *allotv1.CheckResponse or error
 //	expire    → nil
 //	member    → nil or error
+//	static    → nil or error
 //
 // An unknown command type returns nil when cmd.IgnoreIfUnknown, else an
 // error wrapping ErrUnknownCommand. A nil cmd is ErrInvalid.
@@ -324,6 +332,8 @@ func (s *State) Apply(cmd *allotv1.Command) any {
 			return err
 		}
 		return resp
+	case *allotv1.Command_Static:
+		return c.applyStatic(x.Static, now)
 	}
 	if cmd.GetIgnoreIfUnknown() {
 		return nil
@@ -384,7 +394,7 @@ func (s *State) Stats() Stats {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	c := s.st
-	return Stats{
+	st := Stats{
 		Keys:          uint64(c.tab.n),
 		Leases:        c.leases,
 		Agents:        uint32(len(c.agents)),
@@ -392,6 +402,12 @@ func (s *State) Stats() Stats {
 		LastApplied:   c.now,
 		ExpireBacklog: uint64(c.expireLeft),
 	}
+	if ss := c.static; ss != nil {
+		st.HotKeys = uint64(len(ss.hot))
+		st.StaticSlotsHeld = uint32(len(ss.holders))
+		st.StaticTransitions = uint64(ss.transitions(c.now))
+	}
+	return st
 }
 
 // Members returns the recorded cluster members, sorted by id. The messages

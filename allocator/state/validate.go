@@ -26,7 +26,8 @@ const (
 // ValidateAcquire checks an AcquireRequest against the protocol's bounds:
 // agent_id 1..256 bytes, request_id ≥ 1, at most 1000 keys, each with a
 // domain, domain + entries at most 4 KiB, 0 ≤ want, held, returned,
-// charged, denied ≤ 1e12 and a finite demand in [0, 1e12]. Errors wrap
+// charged, outage_charged, denied, static_left ≤ 1e12 and a finite demand
+// in [0, 1e12]. Errors wrap
 // ErrInvalid.
 //
 // Packed keys (packed_keys) are read whole with the same bounds, and each
@@ -136,8 +137,13 @@ func packedValid(p string, at, n int) bool {
 			size += len(v)
 		}
 		flags := d.Byte()
-		if flags&allotv1.PackedMore != 0 && d.Byte()&^allotv1.PackedWantShare != 0 {
-			return false
+		promote := false
+		if flags&allotv1.PackedMore != 0 {
+			f2 := d.Byte()
+			if f2&^(allotv1.PackedWantShare|allotv1.PackedPromote) != 0 {
+				return false
+			}
+			promote = f2&allotv1.PackedPromote != 0
 		}
 		for f := byte(allotv1.PackedWant); f <= allotv1.PackedDenied; f <<= 1 {
 			if flags&f != 0 {
@@ -149,6 +155,9 @@ func packedValid(p string, at, n int) bool {
 			ok = ok && v >= 0 && v <= maxAmount // false for NaN
 		}
 		if flags&allotv1.PackedOutage != 0 {
+			amount(d.Varint())
+		}
+		if promote {
 			amount(d.Varint())
 		}
 		if !ok || d.Err != nil || size > maxKeyBytes {
@@ -228,7 +237,7 @@ func checkKey(k *keyArgs) error {
 	if err := checkDescriptorLen(k.domain, n); err != nil {
 		return err
 	}
-	return checkAmounts(k.want, k.held, k.returned, k.charged, k.outageCharged, k.denied, k.demand)
+	return checkAmounts(k.want, k.held, k.returned, k.charged, k.outageCharged, k.denied, k.staticLeft, k.demand)
 }
 
 func checkCall(agentID string, requestID uint64, keys int) error {
@@ -252,14 +261,15 @@ func validateKey(k *allotv1.KeyAcquire) error {
 	if err := validateDescriptor(k.Domain, k.Entries); err != nil {
 		return err
 	}
-	return checkAmounts(k.Want, k.Held, k.Returned, k.Charged, k.OutageCharged, k.Denied, k.Demand)
+	return checkAmounts(k.Want, k.Held, k.Returned, k.Charged, k.OutageCharged, k.Denied, k.StaticLeft, k.Demand)
 }
 
-func checkAmounts(want, held, returned, charged, outageCharged, denied int64, demand float64) error {
+func checkAmounts(want, held, returned, charged, outageCharged, denied, staticLeft int64, demand float64) error {
 	for _, f := range [...]struct {
 		name string
 		v    int64
-	}{{"want", want}, {"held", held}, {"returned", returned}, {"charged", charged}, {"outage_charged", outageCharged}, {"denied", denied}} {
+	}{{"want", want}, {"held", held}, {"returned", returned}, {"charged", charged}, {"outage_charged", outageCharged},
+		{"denied", denied}, {"static_left", staticLeft}} {
 		if f.v < 0 || f.v > maxAmount {
 			return fmt.Errorf("%s %d out of range [0, 1e12]", f.name, f.v)
 		}

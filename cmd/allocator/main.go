@@ -112,6 +112,8 @@ func parse(args []string) (*options, error) {
 		maxLeaseTTL   = fs.Duration("max-lease-ttl", def.MaxLeaseTTL, "lease lifetime bound of a cold key")
 		refresh       = fs.Duration("refresh-interval", def.RefreshInterval, "period a grant is sized for")
 		agentTTL      = fs.Duration("agent-ttl", def.AgentTTL, "an agent not heard from for this long is forgotten")
+		staticSlots   = fs.Int("static-slots", 0, "static shares: the number of shares of each static-eligible rule, one per gateway that holds a slot; at least the number of gateways (0: off; docs/static-shares.md)")
+		staticTTL     = fs.Duration("static-ttl", def.StaticTTL, "static shares: how long an answer lets an agent decide from its shares; less than -agent-ttl")
 		expire        = fs.Duration("expire-interval", def.ExpireInterval, "how often the leader commits lease expiry")
 		expireMax     = fs.Int("expire-max-entries", def.ExpireMaxEntries, "leased keys one expiry may end at most; the rest wait for the next (negative: no limit)")
 		sweepEvery    = fs.Duration("sweep-interval", def.SweepInterval, "how often an expiry also sweeps idle keys and compacts")
@@ -205,6 +207,7 @@ func parse(args []string) (*options, error) {
 	cfg.Groups, cfg.GroupReplicas = *groups, *groupReplicas
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = *heartbeat, *election, *leaderLease
 	cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.RefreshInterval, cfg.AgentTTL = *leaseTTL, *maxLeaseTTL, *refresh, *agentTTL
+	cfg.StaticSlots, cfg.StaticTTL = *staticSlots, *staticTTL
 	cfg.ExpireInterval, cfg.ExpireMaxEntries, cfg.SweepInterval = *expire, *expireMax, *sweepEvery
 	cfg.SnapshotInterval, cfg.SnapshotThreshold = *snapEvery, *snapAfter
 	cfg.MaxInflightBatches, cfg.MaxBatchKeys, cfg.BatchLinger = *maxInflight, *maxBatchKeys, *batchLinger
