@@ -57,6 +57,7 @@ const (
 // staticShares is the agent's static state.
 type staticShares struct {
 	slots      atomic.Uint32 // N of the latest answer that gave a slot
+	maxRefill  atomic.Int64  // its max_refill_ms, in ns: a longer-refilling share is not eligible
 	held       atomic.Bool   // a slot was given since the start: new eligible keys are indexed
 	closed     atomic.Bool   // Close has begun: no answer gives a permission any more
 	validUntil atomic.Int64  // agent clock: static decisions while now < validUntil
@@ -88,7 +89,7 @@ func (a *Agent) staticEligible(r *rules.Rule) bool {
 	if !a.ss.held.Load() || !a.leasing(r) || !a.staticAllowed() {
 		return false
 	}
-	_, ok := r.StaticShare(1)
+	_, ok := r.StaticShare(1, time.Duration(math.MaxInt64))
 	return ok
 }
 
@@ -193,10 +194,11 @@ func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume 
 // full; a change of rule or N keeps what the bucket holds, clamped to the
 // new share (never a fresh burst), unless the algorithm changed.
 func (a *Agent) bindShare(ks *keyState, r *rules.Rule, slots uint32, now int64) bool {
-	if ks.fbRule == r && ks.fbN == slots && ks.fbStatic {
+	maxRefill := time.Duration(a.ss.maxRefill.Load())
+	if ks.fbRule == r && ks.fbN == slots && ks.fbStatic && rules.RefillTime(ks.fbLimit) <= maxRefill {
 		return true
 	}
-	l, ok := r.StaticShare(slots)
+	l, ok := r.StaticShare(slots, maxRefill)
 	if !ok {
 		return false
 	}
@@ -294,6 +296,7 @@ func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 	} else {
 		valid := time.Duration(s.GetValidMs()) * time.Millisecond
 		ss.slots.Store(s.GetSlots())
+		ss.maxRefill.Store(int64(time.Duration(max(s.GetMaxRefillMs(), 0)) * time.Millisecond))
 		ss.held.Store(true)
 		ss.validUntil.Store(b.firstSent + int64(valid-policy.LeaseMargin(valid)))
 		ss.half = int64(valid / 2)

@@ -45,7 +45,8 @@ descriptors:
 `
 
 // newStatic is a stepped agent whose allocator gives it one of 4 slots
-// for 2 s: its first call (for the key "warm") has been answered.
+// for 2 s, for rules whose shares refill within 2 hours (slow's does): its
+// first call (for the key "warm") has been answered.
 func newStatic(t *testing.T) *steppedAgent { return newStaticSlots(t, 4) }
 
 // newStaticSlots is newStatic with slots slots (0: none).
@@ -53,7 +54,7 @@ func newStaticSlots(t *testing.T, slots uint32) *steppedAgent {
 	t.Helper()
 	s := newSteppedWith(t, nil, staticRules)
 	s.fake.with(func(f *fakeAllocator) {
-		f.static = &allotv1.StaticShares{Slots: slots, ValidMs: 2000, HotVersion: 1}
+		f.static = &allotv1.StaticShares{Slots: slots, ValidMs: 2000, HotVersion: 1, MaxRefillMs: 7_200_000}
 	})
 	check(t, s.Agent, desc("warm", "w"))
 	s.step()
@@ -92,6 +93,22 @@ func wantSource(t *testing.T, s *steppedAgent, d Descriptor, src Source) Decisio
 		t.Fatalf("check %v: allowed %v from %v, want allowed from %v", d.Entries, got.Allowed, got.Source, src)
 	}
 	return got
+}
+
+// TestStaticMaxRefill: a rule whose share takes longer than the answer's
+// max_refill_ms to refill its burst is not decided from a share; a rule
+// whose share refills within it is.
+func TestStaticMaxRefill(t *testing.T) {
+	s := newSteppedWith(t, nil, staticRules)
+	s.fake.with(func(f *fakeAllocator) {
+		// slow's share (10 an hour, burst 10) refills in an hour; k's in
+		// 100 ms.
+		f.static = &allotv1.StaticShares{Slots: 4, ValidMs: 2000, HotVersion: 1, MaxRefillMs: 118_000}
+	})
+	check(t, s.Agent, desc("warm", "w"))
+	s.step()
+	wantSource(t, s, desc("k", "a"), SourceStatic)
+	wantSource(t, s, desc("slow", "a"), SourceFallback)
 }
 
 // TestStaticDecision: a slot holder decides an eligible key from its share
@@ -447,7 +464,7 @@ func TestStaticPromotionRejected(t *testing.T) {
 // against BenchmarkCheckLeased.
 func BenchmarkCheckStatic(b *testing.B) {
 	fake := newFake(b, func() int64 { return time.Now().UnixNano() }, testRules)
-	fake.static = &allotv1.StaticShares{Slots: 2, ValidMs: 3_600_000, HotVersion: 1}
+	fake.static = &allotv1.StaticShares{Slots: 2, ValidMs: 3_600_000, HotVersion: 1, MaxRefillMs: 118_000}
 	srv := serveFake(b, fake)
 	cfg := DefaultConfig()
 	cfg.Allocators = []string{srv.addr}

@@ -76,6 +76,12 @@ func (c *core) applyPutRules(req *allotv1.PutRulesRequest, now int64) (*allotv1.
 	}
 	c.now = now
 	c.setRules(set, now/1e6)
+	if c.static != nil {
+		c.staticTick(now)
+	}
+	if c.static != nil {
+		c.hotAllTracked(now) // a rule may be eligible that was not
+	}
 	return &allotv1.PutRulesResponse{Version: version, Domains: append([]string(nil), set.Domains()...)}, nil
 }
 

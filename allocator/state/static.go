@@ -157,7 +157,7 @@ func (c *core) applyStatic(cmd *allotv1.StaticCommand, now int64) error {
 	if s == nil {
 		if n > 0 {
 			c.static = newStatic(n, ttl, uint64(now))
-			c.hotAllTracked()
+			c.hotAllTracked(now)
 		}
 		return nil
 	}
@@ -168,7 +168,10 @@ func (c *core) applyStatic(cmd *allotv1.StaticCommand, now int64) error {
 	if n == s.n && ttl == s.ttl {
 		return nil
 	}
-	s.paused, s.pauseUntil, s.nextN, s.nextTTL = true, now+s.ttl, n, ttl
+	// No slot for one old TTL, while the holders' last answers lapse, and
+	// then for the longest refill an eligible share may take: every old
+	// share the new holders' start full in place of is full again.
+	s.paused, s.pauseUntil, s.nextN, s.nextTTL = true, now+s.ttl+int64(s.maxRefill(c.cfg.AgentTTL)), n, ttl
 	return nil
 }
 
@@ -180,13 +183,16 @@ func newStatic(n uint32, ttl int64, base uint64) *staticState {
 		trans: make(map[uint64]*transRec), version: base, logStart: base}
 }
 
-// hotAllTracked makes every tracked key hot, in hash order: a key tracked
-// before static shares were on may be leased, and no agent may decide it
-// from a share.
-func (c *core) hotAllTracked() {
+// hotAllTracked makes every tracked key hot that is not idle, in hash
+// order: when static shares turn on, when new settings take force and
+// when the rules change, a key whose rule was not eligible until then may
+// be leased or its bucket drained, and no agent may decide it from a full
+// share. An idle key (no lease, its bucket full) is as if untracked: full
+// shares admit no more than it would.
+func (c *core) hotAllTracked(now int64) {
 	s := c.static
 	for i := 0; i < c.tab.size; i++ {
-		if sl := c.tab.at(i); sl.lim != 0 {
+		if sl := c.tab.at(i); sl.lim != 0 && (sl.link != 0 || !idle(c.lims.get(sl.lim), sl.st, now)) {
 			if _, ok := s.hot[sl.hash]; !ok {
 				s.hot[sl.hash] = struct{}{}
 				s.change(sl.hash, false)
@@ -211,6 +217,7 @@ func (c *core) staticTick(now int64) {
 	clear(s.holders)
 	s.acks = s.acks[:0]
 	s.elRules, s.elig = nil, s.elig[:0]
+	c.hotAllTracked(now) // rules may be eligible under them that were not
 }
 
 // change logs a change of the hot set.
@@ -252,8 +259,17 @@ func (s *staticState) over(tr *transRec, now int64) bool {
 	return now >= tr.end || s.kNow(tr) >= s.n
 }
 
+// maxRefill is the longest a static-eligible share may take to refill
+// its burst: the agent TTL less the static TTL. A slot's holder is
+// forgotten an agent TTL after its last call, and its last answer lapsed a
+// static TTL after that call, so its shares have refilled in full by the
+// time its slot goes to another agent, which starts them full.
+func (s *staticState) maxRefill(agentTTL time.Duration) time.Duration {
+	return agentTTL - time.Duration(s.ttl)
+}
+
 // eligible reports whether keys of r are decided from static shares.
-func (s *staticState) eligible(set *rules.Set, r *rules.Rule) bool {
+func (s *staticState) eligible(set *rules.Set, r *rules.Rule, agentTTL time.Duration) bool {
 	if s.elRules != set {
 		s.elRules, s.elig = set, s.elig[:0]
 	}
@@ -266,7 +282,7 @@ func (s *staticState) eligible(set *rules.Set, r *rules.Rule) bool {
 	case 2:
 		return false
 	}
-	_, ok := r.StaticShare(s.n)
+	_, ok := r.StaticShare(s.n, s.maxRefill(agentTTL))
 	s.elig[r.ID] = 2
 	if ok {
 		s.elig[r.ID] = 1
@@ -311,7 +327,7 @@ func (c *core) debtOf(idx int, tr *transRec) int64 {
 // KeyAcquire.promote and static_left.
 func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent uint32, promote bool, left, now int64) (int, bucket.Limit) {
 	s := c.static
-	if !s.eligible(c.rules, rule) {
+	if !s.eligible(c.rules, rule, c.cfg.AgentTTL) {
 		return -1, whole
 	}
 	if _, hot := s.hot[h]; !hot {
@@ -471,6 +487,7 @@ func (c *core) staticAnswer(num uint32, hv uint64) *allotv1.StaticShares {
 	out := &allotv1.StaticShares{HotVersion: s.version}
 	if hd != nil && !s.paused {
 		out.Slots, out.ValidMs = s.n, s.ttl/int64(time.Millisecond)
+		out.MaxRefillMs = s.maxRefill(c.cfg.AgentTTL).Milliseconds()
 	}
 	switch {
 	case hv == s.version:

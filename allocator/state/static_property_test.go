@@ -13,29 +13,34 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// The static bound's rules: a burst refills in at most a second, well
-// within the agent TTL less the static TTL (a forgotten holder's slot goes
-// to another agent no sooner).
+// The static bound's rules: tb and gcra refill their bursts within a
+// second, well within the agent TTL less the static TTL; mid's takes 3 s,
+// within it only while the static TTL is at most a second (a slot a
+// forgotten holder leaves goes to another agent, whose shares start full).
 const staticPropRules = `domain: test
 descriptors:
   - key: tb
     rate_limit: {unit: second, requests_per_unit: 20, burst: 20}
   - key: gcra
     rate_limit: {unit: second, requests_per_unit: 10, burst: 8, algorithm: gcra}
+  - key: mid
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 30}
 `
 
 // propAgent is a synthetic agent: it decides keys from its static shares
 // as docs/static-shares.md says, from the answers the state gives it.
 type propAgent struct {
-	id       string
-	static   bool // asks for static shares
-	req      uint64
-	slots    uint32
-	valid    int64 // it decides from its shares before this (send time + valid_ms)
-	hv       uint64
-	hot      map[uint64]bool
-	buckets  map[int]bucket.State // by key index, under Share(1, slots)
-	bucketsN uint32               // the slots the buckets are shares of
+	id        string
+	static    bool // asks for static shares
+	req       uint64
+	slots     uint32
+	maxRefill time.Duration // the answer's max_refill_ms
+	retired   bool          // it calls no more (it still decides until valid)
+	valid     int64         // it decides from its shares before this (send time + valid_ms)
+	hv        uint64
+	hot       map[uint64]bool
+	buckets   map[int]bucket.State // by key index, under Share(1, slots)
+	bucketsN  uint32               // the slots the buckets are shares of
 }
 
 type admit struct {
@@ -70,7 +75,7 @@ func staticBoundCase(t *rapid.T) {
 			h    uint64
 		}
 		var keys []keyDef
-		for _, kv := range [][2]string{{"tb", "1"}, {"tb", "2"}, {"gcra", "1"}} {
+		for _, kv := range [][2]string{{"tb", "1"}, {"tb", "2"}, {"gcra", "1"}, {"mid", "1"}} {
 			es := []rules.Entry{{Key: kv[0], Value: kv[1]}}
 			r := s.Rules().Match("test", es)
 			keys = append(keys, keyDef{kv[0], kv[1], r, rules.KeyHash(r, "test", es)})
@@ -103,9 +108,9 @@ func staticBoundCase(t *rapid.T) {
 				if a.slots > 0 && now < a.valid && !a.hot[k.h] && rapid.Bool().Draw(t, "promote") {
 					x.Promote = true
 					if b, ok := a.buckets[i]; ok {
-						sh, _ := k.rule.StaticShare(a.slots)
+						sh, _ := k.rule.StaticShare(a.slots, a.maxRefill)
 						x.StaticLeft = max(sh.Peek(b, now).Remaining, 0)
-					} else if sh, ok := k.rule.StaticShare(a.slots); ok {
+					} else if sh, ok := k.rule.StaticShare(a.slots, a.maxRefill); ok {
 						x.StaticLeft = sh.Burst()
 					}
 					delete(a.buckets, i) // handed over with the call
@@ -159,6 +164,7 @@ func staticBoundCase(t *rapid.T) {
 			a.slots, a.valid = st.Slots, 0
 			if st.Slots > 0 {
 				a.valid = now + st.ValidMs*int64(time.Millisecond)
+				a.maxRefill = time.Duration(st.MaxRefillMs) * time.Millisecond
 				if a.bucketsN != st.Slots {
 					clear(a.buckets)
 					a.bucketsN = st.Slots
@@ -170,15 +176,31 @@ func staticBoundCase(t *rapid.T) {
 		// agent without a slot or by holders, Checks that drain the
 		// state's bucket without pacing), so that keys are coordinated
 		// while holders still decide them in many proportions.
-		w := [4]int{}
+		w := [6]int{}
 		for i := range w {
 			w[i] = rapid.IntRange(1, 10).Draw(t, "weight")
 		}
 		holderCalls := rapid.IntRange(1, 4).Draw(t, "holderCallsIn")
 		steps := rapid.IntRange(20, 300).Draw(t, "steps")
 		for range steps {
-			act := rapid.IntRange(0, w[0]+w[1]+w[2]+w[3]).Draw(t, "action")
+			act := rapid.IntRange(0, w[0]+w[1]+w[2]+w[3]+w[4]+w[5]).Draw(t, "action")
 			switch {
+			case act >= w[0]+w[1]+w[2]+w[3] && act < w[0]+w[1]+w[2]+w[3]+w[4]:
+				// A holder leaves (it calls no more; the state forgets it
+				// an agent TTL later) and a new agent comes.
+				a := agents[rapid.IntRange(0, len(agents)-2).Draw(t, "leaver")]
+				a.retired = true
+				agents = slices.Insert(agents, len(agents)-1, &propAgent{id: fmt.Sprintf("h%d", len(agents)), static: true,
+					hot: map[uint64]bool{}, buckets: map[int]bucket.State{}})
+				continue
+			case act >= w[0]+w[1]+w[2]+w[3]+w[4] && act < w[0]+w[1]+w[2]+w[3]+w[4]+w[5]:
+				// The settings change (rarely: a sixth of this weight).
+				if rapid.IntRange(0, 5).Draw(t, "change") == 0 {
+					n := uint32(rapid.IntRange(1, 4).Draw(t, "slots2"))
+					ttl := time.Duration(rapid.IntRange(1, 8).Draw(t, "ttl2")) * 250 * time.Millisecond
+					setStatic(t, s, now, n, ttl)
+				}
+				continue
 			case act < w[0]: // time passes
 				now += int64(rapid.IntRange(0, 300).Draw(t, "dtMs")) * int64(time.Millisecond)
 			case act < w[0]+w[1]: // a holder decides a key from its share
@@ -188,7 +210,7 @@ func staticBoundCase(t *rapid.T) {
 				if a.slots == 0 || now >= a.valid || a.hot[k.h] {
 					continue
 				}
-				sh, ok := k.rule.StaticShare(a.slots)
+				sh, ok := k.rule.StaticShare(a.slots, a.maxRefill)
 				if !ok {
 					continue
 				}
@@ -202,8 +224,11 @@ func staticBoundCase(t *rapid.T) {
 				if rapid.IntRange(0, holderCalls).Draw(t, "holderCalls") == 0 {
 					a = agents[rapid.IntRange(0, len(agents)-1).Draw(t, "agent")]
 				}
+				if a.retired {
+					continue
+				}
 				call(a)
-			case act == w[0]+w[1]+w[2]+w[3]: // an Expire
+			case act == w[0]+w[1]+w[2]+w[3]+w[4]+w[5]: // an Expire
 				s.Apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}})
 			default: // an admin Check: drains the state's bucket without pacing
 				i := rapid.IntRange(0, len(keys)-1).Draw(t, "key")

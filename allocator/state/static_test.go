@@ -310,10 +310,12 @@ func TestStaticUnhotAfterTransition(t *testing.T) {
 }
 
 // TestStaticCommandRevokes: a change of the settings revokes every slot
-// for one old TTL, then grants under the new ones; slots 0 turns static
-// shares off after the pause.
+// for one old TTL and the longest refill an old share may take (the agent
+// TTL less the old TTL: an agent TTL in all), then grants under the new
+// ones; slots 0 turns static shares off after the pause.
 func TestStaticCommandRevokes(t *testing.T) {
 	s := newTestState(t)
+	pause := s.st.cfg.AgentTTL
 	setStatic(t, s, at(0), 2, staticTTL)
 	sacquire(t, s, at(time.Second), "a", 1, 0)
 	setStatic(t, s, at(time.Second), 2, staticTTL) // no change
@@ -325,20 +327,24 @@ func TestStaticCommandRevokes(t *testing.T) {
 		t.Fatalf("settings %+v", ss)
 	}
 	for _, ag := range []string{"a", "b"} {
-		if r := sacquire(t, s, at(3*time.Second), ag, 3, 0); r.Static.Slots != 0 || r.Static.ValidMs != 0 {
-			t.Fatalf("%s during the pause: %v", ag, r.Static)
+		for _, when := range []time.Duration{3 * time.Second, 2*time.Second + pause - time.Millisecond} {
+			if r := sacquire(t, s, at(when), ag, uint64(when/time.Millisecond), 0); r.Static.Slots != 0 || r.Static.ValidMs != 0 {
+				t.Fatalf("%s during the pause, at %v: %v", ag, when, r.Static)
+			}
 		}
 	}
-	// The pause ends 2s + the old TTL: slots again, under the new settings.
-	r := sacquire(t, s, at(4*time.Second), "b", 4, 0)
-	if r.Static.Slots != 3 || r.Static.ValidMs != 1000 {
+	// The pause ends at 2s + the agent TTL: slots again, under the new
+	// settings.
+	end := 2*time.Second + pause
+	r := sacquire(t, s, at(end), "b", uint64(end/time.Millisecond), 0)
+	if r.Static.Slots != 3 || r.Static.ValidMs != 1000 || r.Static.MaxRefillMs != (pause-time.Second).Milliseconds() {
 		t.Fatalf("after the pause: %v", r.Static)
 	}
-	setStatic(t, s, at(5*time.Second), 0, 0)
-	if r := sacquire(t, s, at(5*time.Second), "b", 5, 0); r.Static == nil || r.Static.Slots != 0 {
+	setStatic(t, s, at(end+time.Second), 0, 0)
+	if r := sacquire(t, s, at(end+time.Second), "b", uint64(end/time.Millisecond)+1, 0); r.Static == nil || r.Static.Slots != 0 {
 		t.Fatalf("turning off: %v", r.Static)
 	}
-	if r := sacquire(t, s, at(6*time.Second), "b", 6, 0); r.Static != nil {
+	if r := sacquire(t, s, at(end+time.Second+pause), "b", uint64(end/time.Millisecond)+2, 0); r.Static != nil {
 		t.Fatalf("off: %v", r.Static)
 	}
 	// Bad settings.

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"testing"
+	"time"
 
 	"github.com/allot/allot/pkg/bucket"
 )
@@ -14,8 +15,8 @@ func TestStaticShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	ok := Rule{Backend: BackendLease, Algorithm: bucket.TokenBucket, Limit: l}
-	if s, yes := ok.StaticShare(10); !yes || s.Burst() != 100 {
-		t.Fatalf("StaticShare(10) = %v, %v", s, yes)
+	if s, yes := ok.StaticShare(10, time.Second); !yes || s.Burst() != 100 {
+		t.Fatalf("StaticShare(10, time.Second) = %v, %v", s, yes)
 	}
 	for name, r := range map[string]Rule{
 		"redis":   {Backend: BackendRedis, Limit: l},
@@ -24,14 +25,22 @@ func TestStaticShare(t *testing.T) {
 		"deny":    {Backend: BackendLease, DenyAll: true, Limit: l},
 		"unlimit": {Backend: BackendLease, Unlimited: true},
 	} {
-		if _, yes := r.StaticShare(10); yes {
+		if _, yes := r.StaticShare(10, time.Second); yes {
 			t.Errorf("%s: eligible", name)
 		}
 	}
-	if _, yes := ok.StaticShare(1001); yes {
+	if _, yes := ok.StaticShare(1001, time.Hour); yes {
 		t.Error("a share under one token: eligible")
 	}
-	if _, yes := ok.StaticShare(0); yes {
+	if _, yes := ok.StaticShare(0, time.Hour); yes {
 		t.Error("n = 0: eligible")
+	}
+	// A share of 100/s, burst 100 refills in 1 s: eligible under a 1 s
+	// cap, not under 999 ms.
+	if _, yes := ok.StaticShare(10, 999*time.Millisecond); yes {
+		t.Error("a share refilling in 1 s eligible under 999 ms")
+	}
+	if d := RefillTime(l); d != time.Second {
+		t.Errorf("RefillTime = %v, want 1s", d)
 	}
 }

@@ -892,10 +892,15 @@ type StaticShares struct {
 	// rules.KeyHash): hot_version is the version this answer brings the
 	// agent to; with hot_reset, hot_added is the whole set, else the keys
 	// added and removed since the request's hot_version.
-	HotVersion    uint64   `protobuf:"varint,3,opt,name=hot_version,json=hotVersion,proto3" json:"hot_version,omitempty"`
-	HotReset      bool     `protobuf:"varint,4,opt,name=hot_reset,json=hotReset,proto3" json:"hot_reset,omitempty"`
-	HotAdded      []uint64 `protobuf:"fixed64,5,rep,packed,name=hot_added,json=hotAdded,proto3" json:"hot_added,omitempty"`
-	HotRemoved    []uint64 `protobuf:"fixed64,6,rep,packed,name=hot_removed,json=hotRemoved,proto3" json:"hot_removed,omitempty"`
+	HotVersion uint64   `protobuf:"varint,3,opt,name=hot_version,json=hotVersion,proto3" json:"hot_version,omitempty"`
+	HotReset   bool     `protobuf:"varint,4,opt,name=hot_reset,json=hotReset,proto3" json:"hot_reset,omitempty"`
+	HotAdded   []uint64 `protobuf:"fixed64,5,rep,packed,name=hot_added,json=hotAdded,proto3" json:"hot_added,omitempty"`
+	HotRemoved []uint64 `protobuf:"fixed64,6,rep,packed,name=hot_removed,json=hotRemoved,proto3" json:"hot_removed,omitempty"`
+	// max_refill_ms: a rule is static-eligible only if its share's burst
+	// refills within this long (the agent TTL less the static TTL), so that
+	// a slot's next holder, or the holders after a change of settings, find
+	// the shares their predecessors spent full again.
+	MaxRefillMs   int64 `protobuf:"varint,7,opt,name=max_refill_ms,json=maxRefillMs,proto3" json:"max_refill_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -970,6 +975,13 @@ func (x *StaticShares) GetHotRemoved() []uint64 {
 		return x.HotRemoved
 	}
 	return nil
+}
+
+func (x *StaticShares) GetMaxRefillMs() int64 {
+	if x != nil {
+		return x.MaxRefillMs
+	}
+	return 0
 }
 
 // Topology is how keys map to Raft groups in a cluster with several: a
@@ -4907,7 +4919,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\btopology\x18\b \x01(\v2\x12.allot.v1.TopologyR\btopology\x12*\n" +
 	"\x11reads_packed_keys\x18\t \x01(\bR\x0freadsPackedKeys\x12.\n" +
 	"\x06static\x18\n" +
-	" \x01(\v2\x16.allot.v1.StaticSharesR\x06static\"\xbb\x01\n" +
+	" \x01(\v2\x16.allot.v1.StaticSharesR\x06static\"\xdf\x01\n" +
 	"\fStaticShares\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x19\n" +
 	"\bvalid_ms\x18\x02 \x01(\x03R\avalidMs\x12\x1f\n" +
@@ -4916,7 +4928,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\thot_reset\x18\x04 \x01(\bR\bhotReset\x12\x1b\n" +
 	"\thot_added\x18\x05 \x03(\x06R\bhotAdded\x12\x1f\n" +
 	"\vhot_removed\x18\x06 \x03(\x06R\n" +
-	"hotRemoved\"R\n" +
+	"hotRemoved\x12\"\n" +
+	"\rmax_refill_ms\x18\a \x01(\x03R\vmaxRefillMs\"R\n" +
 	"\bTopology\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12,\n" +
 	"\x06groups\x18\x02 \x03(\v2\x14.allot.v1.GroupRouteR\x06groups\"\x95\x01\n" +
