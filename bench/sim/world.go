@@ -339,7 +339,7 @@ type system struct {
 	check func(ag, key int, descs []agent.Descriptor) (allowed bool, retryAfter time.Duration)
 	rec   *recorder
 
-	sources [agent.SourceRedis + 1]int64 // lease system: decisions by source, after the warm-up
+	sources [agent.SourceStatic + 1]int64 // lease system: decisions by source, after the warm-up
 }
 
 func newLeaseSystem(w *world) *system {
