@@ -71,7 +71,7 @@ func (c *core) args(keys []keyArgs, ents []rules.Entry, ks []*allotv1.KeyAcquire
 		}
 		keys = append(keys, keyArgs{domain: k.Domain, want: k.Want, held: k.Held, returned: k.Returned,
 			charged: k.Charged, outageCharged: k.OutageCharged, denied: k.Denied, demand: k.Demand, wantShare: k.WantShare,
-			promote: k.Promote, staticLeft: k.StaticLeft, ef: from, et: len(ents)})
+			promote: k.Promote, staticReport: k.StaticReport, staticLeft: k.StaticLeft, ef: from, et: len(ents)})
 	}
 	for i := range keys {
 		k := &keys[i]

@@ -128,6 +128,7 @@ type keyArgs struct {
 	demand                                float64
 	wantShare                             bool // the grant carries the agent's share (rateShare)
 	promote                               bool // KeyAcquire.promote, with static_left
+	staticReport                          bool // KeyAcquire.static_report, with static_left
 	staticLeft                            int64
 	ef, et                                int // ents' span in the decoder's entry slice
 	// Set by hashKeys (hashed): the matched rule, the canonical key and
@@ -196,7 +197,7 @@ func (d *decoder) key(k *keyArgs, dc *allotv1.Dict, ents []rules.Entry) []rules.
 	ents = allotv1.ReadPackedKey(&d.Reader, dc, &pk, ents)
 	*k = keyArgs{domain: pk.Domain, want: pk.Want, held: pk.Held, returned: pk.Returned, charged: pk.Charged,
 		denied: pk.Denied, outageCharged: pk.OutageCharged, demand: pk.Demand, wantShare: pk.WantShare,
-		promote: pk.Promote, staticLeft: pk.StaticLeft, ef: from, et: len(ents)}
+		promote: pk.Promote, staticReport: pk.StaticReport, staticLeft: pk.StaticLeft, ef: from, et: len(ents)}
 	return ents
 }
 
@@ -268,7 +269,7 @@ func DecodeAcquireEntry(data []byte) (now int64, reqs []*allotv1.AcquireRequest,
 		for i, k := range cl.keys {
 			ka := &allotv1.KeyAcquire{Domain: k.domain, Want: k.want, Held: k.held, Returned: k.returned,
 				Charged: k.charged, OutageCharged: k.outageCharged, Denied: k.denied, Demand: k.demand, WantShare: k.wantShare,
-				Promote: k.promote, StaticLeft: k.staticLeft}
+				Promote: k.promote, StaticReport: k.staticReport, StaticLeft: k.staticLeft}
 			for _, e := range k.ents {
 				ka.Entries = append(ka.Entries, &allotv1.Entry{Key: e.Key, Value: e.Value})
 			}

@@ -140,10 +140,10 @@ func packedValid(p string, at, n int) bool {
 		promote := false
 		if flags&allotv1.PackedMore != 0 {
 			f2 := d.Byte()
-			if f2&^(allotv1.PackedWantShare|allotv1.PackedPromote) != 0 {
+			if f2&^(allotv1.PackedWantShare|allotv1.PackedPromote|allotv1.PackedStaticReport) != 0 {
 				return false
 			}
-			promote = f2&allotv1.PackedPromote != 0
+			promote = f2&(allotv1.PackedPromote|allotv1.PackedStaticReport) != 0 // static_left follows
 		}
 		for f := byte(allotv1.PackedWant); f <= allotv1.PackedDenied; f <<= 1 {
 			if flags&f != 0 {

@@ -632,8 +632,17 @@ type KeyAcquire struct {
 	// promote: the agent decided this key from its static share until it
 	// sent this call and now asks for it to be coordinated; static_left is
 	// what its static bucket held when the call was sent (0..burst).
-	Promote       bool  `protobuf:"varint,11,opt,name=promote,proto3" json:"promote,omitempty"`
-	StaticLeft    int64 `protobuf:"varint,12,opt,name=static_left,json=staticLeft,proto3" json:"static_left,omitempty"`
+	Promote    bool  `protobuf:"varint,11,opt,name=promote,proto3" json:"promote,omitempty"`
+	StaticLeft int64 `protobuf:"varint,12,opt,name=static_left,json=staticLeft,proto3" json:"static_left,omitempty"`
+	// static_report: the key turned hot while this agent decided it from
+	// its static share, and static_left is what the share held when the
+	// agent stopped. It is sent in the call whose hot_version first
+	// acknowledges the hot-set version that brought the key (and in that
+	// call's retries), and merges the share's tokens into the key's bucket;
+	// a holder that acknowledges a key it sends no report for has its full
+	// share merged (it never spent from it: an agent forgets a static key
+	// only once its share is full).
+	StaticReport  bool `protobuf:"varint,13,opt,name=static_report,json=staticReport,proto3" json:"static_report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -750,6 +759,13 @@ func (x *KeyAcquire) GetStaticLeft() int64 {
 		return x.StaticLeft
 	}
 	return 0
+}
+
+func (x *KeyAcquire) GetStaticReport() bool {
+	if x != nil {
+		return x.StaticReport
+	}
+	return false
 }
 
 type AcquireResponse struct {
@@ -4889,7 +4905,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\rstatic_shares\x18\n" +
 	" \x01(\bR\fstaticShares\x12\x1f\n" +
 	"\vhot_version\x18\v \x01(\x04R\n" +
-	"hotVersion\"\xde\x02\n" +
+	"hotVersion\"\x83\x03\n" +
 	"\n" +
 	"KeyAcquire\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12)\n" +
@@ -4906,7 +4922,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	" \x01(\bR\twantShare\x12\x18\n" +
 	"\apromote\x18\v \x01(\bR\apromote\x12\x1f\n" +
 	"\vstatic_left\x18\f \x01(\x03R\n" +
-	"staticLeft\"\x9a\x03\n" +
+	"staticLeft\x12#\n" +
+	"\rstatic_report\x18\r \x01(\bR\fstaticReport\"\x9a\x03\n" +
 	"\x0fAcquireResponse\x12*\n" +
 	"\x06grants\x18\x01 \x03(\v2\x12.allot.v1.KeyGrantR\x06grants\x12\x1f\n" +
 	"\vlive_agents\x18\x02 \x01(\rR\n" +

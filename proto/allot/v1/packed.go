@@ -210,8 +210,8 @@ func HasStatus(r *AcquireResponse, st KeyStatus) bool {
 //	        bits 0-4), demand (float64 bits, little endian, bit 5),
 //	        outage_charged (zigzag varint, bit 6); with bit 7, a second
 //	        flags byte follows the first, whose bit 0 is want_share (no
-//	        field) and bit 1 promote, with static_left (zigzag varint)
-//	        after outage_charged
+//	        field), bit 1 promote and bit 2 static_report, either with
+//	        static_left (zigzag varint) after outage_charged
 //	str     uvarint length, bytes
 //	dstr    uvarint 0 then str (a new string, appended to the dictionary
 //	        while it holds fewer than PackedDict), or uvarint i (the
@@ -238,7 +238,8 @@ const (
 const (
 	PackedWantShare = 1 << iota
 	PackedPromote
-	packedFlags2 = PackedPromote<<1 - 1 // every flag
+	PackedStaticReport
+	packedFlags2 = PackedStaticReport<<1 - 1 // every flag
 )
 
 // AppendPackedKeys appends keys in the packed form to dst. It encodes the
@@ -278,6 +279,9 @@ func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
 		if k.GetPromote() {
 			flags2 |= PackedPromote
 		}
+		if k.GetStaticReport() {
+			flags2 |= PackedStaticReport
+		}
 		if flags2 != 0 {
 			flags |= PackedMore
 			dst = append(dst, flags2)
@@ -296,7 +300,7 @@ func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
 			flags |= PackedOutage
 			dst = binary.AppendVarint(dst, v)
 		}
-		if k.GetPromote() {
+		if k.GetPromote() || k.GetStaticReport() {
 			dst = binary.AppendVarint(dst, k.GetStaticLeft())
 		}
 		dst[fi] = flags
@@ -344,7 +348,7 @@ type PackedKey struct {
 	Domain                                               string
 	Want, Held, Returned, Charged, Denied, OutageCharged int64
 	Demand                                               float64
-	WantShare, Promote                                   bool
+	WantShare, Promote, StaticReport                     bool
 	StaticLeft                                           int64
 }
 
@@ -399,6 +403,7 @@ func ReadPackedKey[E ~struct{ Key, Value string }](d *Reader, dc *Dict, k *Packe
 		}
 		k.WantShare = flags2&PackedWantShare != 0
 		k.Promote = flags2&PackedPromote != 0
+		k.StaticReport = flags2&PackedStaticReport != 0
 	}
 	for i, f := range [...]*int64{&k.Want, &k.Held, &k.Returned, &k.Charged, &k.Denied} {
 		if flags&(1<<i) != 0 {
@@ -411,7 +416,7 @@ func ReadPackedKey[E ~struct{ Key, Value string }](d *Reader, dc *Dict, k *Packe
 	if flags&PackedOutage != 0 {
 		k.OutageCharged = d.Varint()
 	}
-	if k.Promote {
+	if k.Promote || k.StaticReport {
 		k.StaticLeft = d.Varint()
 	}
 	return ents
@@ -439,7 +444,7 @@ func UnpackKeys(data []byte) ([]*KeyAcquire, error) {
 		}
 		ka := &KeyAcquire{Domain: k.Domain, Want: k.Want, Held: k.Held, Returned: k.Returned, Charged: k.Charged,
 			Denied: k.Denied, OutageCharged: k.OutageCharged, Demand: k.Demand, WantShare: k.WantShare,
-			Promote: k.Promote, StaticLeft: k.StaticLeft}
+			Promote: k.Promote, StaticLeft: k.StaticLeft, StaticReport: k.StaticReport}
 		for _, e := range ents {
 			ka.Entries = append(ka.Entries, &Entry{Key: e.Key, Value: e.Value})
 		}

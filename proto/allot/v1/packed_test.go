@@ -244,7 +244,10 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 		d := "d" + strconv.Itoa(i%11) // more distinct strings than the dictionary holds
 		keys = append(keys, &KeyAcquire{Domain: d, Entries: []*Entry{{Key: "k" + strconv.Itoa(i%3), Value: strconv.Itoa(i)}, {Key: d, Value: ""}},
 			Want: int64(i), Held: 2, Returned: 3, Charged: 4, Denied: 5, OutageCharged: 6, Demand: 1.5, WantShare: i%2 == 0,
-			Promote: i%3 == 0, StaticLeft: int64(i % 5 * (1 - min(i%3, 1)))}) // static_left goes with promote
+			Promote: i%3 == 0, StaticReport: i%4 == 1})
+		if k := keys[len(keys)-1]; k.Promote || k.StaticReport {
+			k.StaticLeft = int64(i % 5) // static_left goes with promote or static_report
+		}
 	}
 	keys = append(keys, &KeyAcquire{Domain: "z", Demand: math.Copysign(0, -1)}, &KeyAcquire{})
 	data := AppendPackedKeys(nil, keys)
@@ -265,7 +268,7 @@ func TestPackedKeysRoundTrip(t *testing.T) {
 		"trailing":     append(append([]byte(nil), data...), 0),
 		"count":        {5, 0},
 		"no flags2":    {1, 0, 1, 'd', 0, 0x80},
-		"unknown flag": {1, 0, 1, 'd', 0, 0x80, 0x04},
+		"unknown flag": {1, 0, 1, 'd', 0, 0x80, 0x08},
 		"no left":      {1, 0, 1, 'd', 0, 0x80, 0x02},
 		"dictionary":   {1, 1},
 		"entries":      {1, 0, 1, 'd', 9},
