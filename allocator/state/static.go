@@ -93,6 +93,13 @@ type transRec struct {
 	k        uint32
 	at       int64
 	whole    bucket.Limit
+	// merged: the holders (by agent number) whose shares merged into the
+	// key's bucket during the transition, by acknowledging its version or
+	// by a promotion sent before they knew it hot, with the tokens those
+	// shares held (a full share, or what a static_report or the promotion's
+	// static_left said), until the key's next touch credits them (then -1).
+	// A share merges once.
+	merged map[uint32]int64
 }
 
 type hotChange struct {
@@ -325,7 +332,7 @@ func (c *core) debtOf(idx int, tr *transRec) int64 {
 // is under its whole limit (the caller goes on as without static shares).
 // agent is the caller's number (0: none), promote and left its
 // KeyAcquire.promote and static_left.
-func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent uint32, promote bool, left, now int64) (int, bucket.Limit) {
+func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent uint32, promote, report bool, left, now int64) (int, bucket.Limit) {
 	s := c.static
 	if !s.eligible(c.rules, rule, c.cfg.AgentTTL) {
 		return -1, whole
@@ -337,6 +344,18 @@ func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent 
 	if tr == nil {
 		return -1, whole
 	}
+	switch {
+	case report && !promote:
+		s.staticReport(tr, agent, left)
+	case promote && agent != tr.promoter:
+		// A holder that promotes a key it did not know hot stopped
+		// deciding it from its share when it sent the call: the share
+		// merges now with what it held then.
+		if hd := s.holders[agent]; hd != nil && hd.eff() < tr.v && now < tr.end {
+			s.merge(tr, agent, left)
+		}
+	}
+	credit := tr.credit()
 	k := s.kNow(tr)
 	if now >= tr.end || k >= s.n {
 		k = s.n
@@ -352,6 +371,7 @@ func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent 
 		}
 		idx := c.slotFor(h, whole, now)
 		if ok {
+			whole.GiveBack(&st, now, credit)
 			c.tab.mut(c, idx).st = st
 		}
 		delete(s.trans, h)
@@ -370,6 +390,9 @@ func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent 
 		tr.at = now
 	} else {
 		idx = c.slotFor(h, lim, now) // carries the balance over
+	}
+	if credit > 0 {
+		lim.GiveBack(&c.tab.mut(c, idx).st, now, credit)
 	}
 	tr.k = k
 	return idx, lim
@@ -458,18 +481,71 @@ func (c *core) staticForget(num uint32) {
 }
 
 // staticAck records a call's hot_version as its agent's acknowledgement
-// (a version the state has not reached acknowledges nothing).
-func (s *staticState) staticAck(num uint32, hv uint64) {
+// (a version the state has not reached acknowledges nothing). The holder's
+// shares of the keys in transition that the versions it acknowledges now
+// made hot merge into their buckets: a full share each (pending), less
+// what a static_report of the same call says its share had spent
+// (staticReport).
+func (s *staticState) staticAck(num uint32, hv uint64, now int64) {
 	hd := s.holders[num]
 	if hd == nil || hv > s.version || hv <= hd.ack {
 		return
 	}
 	old := hd.eff()
 	hd.ack = hv
-	if nv := hd.eff(); nv != old {
-		s.ackRemove(old)
-		s.ackInsert(nv)
+	nv := hd.eff()
+	if nv == old {
+		return
 	}
+	s.ackRemove(old)
+	s.ackInsert(nv)
+	// The log holds the changes that made versions (logStart, version].
+	from := max(old, s.logStart)
+	for v := from + 1; v <= nv; v++ {
+		ch := s.log[v-s.logStart-1]
+		if ch.removed {
+			continue
+		}
+		tr := s.trans[ch.h]
+		if tr == nil || tr.v != v || tr.promoter == num || now >= tr.end {
+			continue
+		}
+		s.merge(tr, num, tr.whole.Burst()/int64(s.n))
+	}
+}
+
+// merge records that agent num's share of tr's key merged holding left
+// tokens, unless it merged before.
+func (s *staticState) merge(tr *transRec, num uint32, left int64) {
+	if _, ok := tr.merged[num]; ok {
+		return
+	}
+	if tr.merged == nil {
+		tr.merged = make(map[uint32]int64)
+	}
+	tr.merged[num] = min(max(left, 0), tr.whole.Burst()/int64(s.n))
+}
+
+// staticReport applies a static_report of agent num for the key in
+// transition tr: the share it merged by acknowledging tr's version in this
+// call held left tokens, not a full share. A report for a share whose
+// tokens were credited already, or that has not merged, changes nothing.
+func (s *staticState) staticReport(tr *transRec, num uint32, left int64) {
+	if c, ok := tr.merged[num]; ok && c >= 0 {
+		tr.merged[num] = min(max(left, 0), c)
+	}
+}
+
+// credit takes the tokens of tr's merged shares not yet credited.
+func (tr *transRec) credit() int64 {
+	sum := int64(0)
+	for num, c := range tr.merged {
+		if c > 0 {
+			sum += c
+		}
+		tr.merged[num] = -1
+	}
+	return sum
 }
 
 // staticAnswer gives the caller a slot if it has none and one is free,
@@ -555,6 +631,7 @@ func (c *core) captureStatic() *staticView {
 	}
 	for h, tr := range s.trans {
 		cp := *tr
+		cp.merged = maps.Clone(tr.merged)
 		v.st.trans[h] = &cp
 		v.trans = append(v.trans, h)
 	}
@@ -622,6 +699,12 @@ func (v *staticView) encode() []byte {
 		b = binary.AppendVarint(b, tr.whole.Quota())
 		b = binary.AppendVarint(b, int64(tr.whole.Window()))
 		b = binary.AppendVarint(b, tr.whole.Burst())
+		nums := slices.Sorted(maps.Keys(tr.merged))
+		b = binary.AppendUvarint(b, uint64(len(nums)))
+		for _, num := range nums {
+			b = binary.AppendUvarint(b, uint64(num))
+			b = binary.AppendVarint(b, tr.merged[num])
+		}
 	}
 	return b
 }
@@ -690,6 +773,17 @@ func (c *core) decodeStatic(b []byte) error {
 		}
 		if _, ok := l.Share(1, n); !ok {
 			return corrupt("transition of key %016x: limit %v has no share", h, l)
+		}
+		nm := d.count("merged shares")
+		for j := 0; j < nm && d.err == nil; j++ {
+			num, credit := uint32(d.uvarintMax(math.MaxUint32, "merged agent")), d.varint()
+			if credit < -1 || credit > l.Burst() {
+				return corrupt("transition of key %016x: merged share's credit %d", h, credit)
+			}
+			if tr.merged == nil {
+				tr.merged = make(map[uint32]int64, nm)
+			}
+			tr.merged[num] = credit
 		}
 		ph = h
 		tr.whole = l

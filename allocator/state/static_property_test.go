@@ -40,6 +40,7 @@ type propAgent struct {
 	hv        uint64
 	hot       map[uint64]bool
 	buckets   map[int]bucket.State // by key index, under Share(1, slots)
+	reports   map[int]int64        // keys that turned hot while decided from a share: what it held
 	bucketsN  uint32               // the slots the buckets are shares of
 }
 
@@ -88,9 +89,9 @@ func staticBoundCase(t *rapid.T) {
 		var agents []*propAgent
 		for i := range nAgents {
 			agents = append(agents, &propAgent{id: fmt.Sprintf("h%d", i), static: true,
-				hot: map[uint64]bool{}, buckets: map[int]bucket.State{}})
+				hot: map[uint64]bool{}, buckets: map[int]bucket.State{}, reports: map[int]int64{}})
 		}
-		agents = append(agents, &propAgent{id: "x", hot: map[uint64]bool{}, buckets: map[int]bucket.State{}})
+		agents = append(agents, &propAgent{id: "x", hot: map[uint64]bool{}, buckets: map[int]bucket.State{}, reports: map[int]int64{}})
 		admitted := make([][]admit, len(keys))
 		now := t0
 
@@ -99,6 +100,14 @@ func staticBoundCase(t *rapid.T) {
 			req := &allotv1.AcquireRequest{AgentId: a.id, RequestId: a.req, StaticShares: a.static, HotVersion: a.hv}
 			var idx []int
 			for i, k := range keys {
+				if left, ok := a.reports[i]; ok {
+					// Reported in the call that acknowledges the version
+					// that made the key hot.
+					req.Keys = append(req.Keys, &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: k.k, Value: k.v}},
+						StaticReport: true, StaticLeft: left})
+					idx = append(idx, i)
+					continue
+				}
 				if !rapid.Bool().Draw(t, "touch") {
 					continue
 				}
@@ -151,6 +160,7 @@ func staticBoundCase(t *rapid.T) {
 			if st == nil {
 				t.Fatal("no static answer")
 			}
+			clear(a.reports)
 			if st.HotReset {
 				clear(a.hot)
 			}
@@ -159,6 +169,16 @@ func staticBoundCase(t *rapid.T) {
 			}
 			for _, h := range st.HotRemoved {
 				delete(a.hot, h)
+			}
+			// A key decided from a share that turned hot: the agent stops
+			// and reports what the share holds in its next call.
+			for i, b := range a.buckets {
+				if k := keys[i]; a.hot[k.h] {
+					if sh, ok := k.rule.StaticShare(a.bucketsN, a.maxRefill); ok {
+						a.reports[i] = max(sh.Peek(b, now).Remaining, 0)
+					}
+					delete(a.buckets, i)
+				}
 			}
 			a.hv = st.HotVersion
 			a.slots, a.valid = st.Slots, 0
@@ -191,7 +211,7 @@ func staticBoundCase(t *rapid.T) {
 				a := agents[rapid.IntRange(0, len(agents)-2).Draw(t, "leaver")]
 				a.retired = true
 				agents = slices.Insert(agents, len(agents)-1, &propAgent{id: fmt.Sprintf("h%d", len(agents)), static: true,
-					hot: map[uint64]bool{}, buckets: map[int]bucket.State{}})
+					hot: map[uint64]bool{}, buckets: map[int]bucket.State{}, reports: map[int]int64{}})
 				continue
 			case act >= w[0]+w[1]+w[2]+w[3]+w[4] && act < w[0]+w[1]+w[2]+w[3]+w[4]+w[5]:
 				// The settings change (rarely: a sixth of this weight).

@@ -193,7 +193,8 @@ func marshal(t tb, m *allotv1.AcquireResponse) []byte {
 
 // TestStaticPromotion: a holder's promotion gives the key the free slots'
 // shares and its own, with their tokens; the others' shares join as they
-// acknowledge, and the whole limit comes with the last one.
+// acknowledge, with their tokens (a full share from a holder that sends no
+// report), and the whole limit comes with the last one.
 func TestStaticPromotion(t *testing.T) {
 	s := newTestState(t) // tb: 10/s, burst 10
 	setStatic(t, s, at(0), 4, staticTTL)
@@ -226,15 +227,16 @@ func TestStaticPromotion(t *testing.T) {
 	// it reports nothing; a Check-free touch: a's call with want 0).
 	sacquire(t, s, now, "a", 3, vh, ka("tb", "1", 0, 0, 0, 0))
 	// 3 tokens at 1s, +0.5s at 2·2.5/s → 5.5 capped at 4 (share 2's
-	// burst); carried to share 3 (burst 6), not raised.
-	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(share3) || left != 4 {
-		t.Fatalf("after b's ack: %v holding %d, want %v holding 4", l, left, share3)
+	// burst); carried to share 3 (burst 6), not raised; b's full share
+	// (2) credited: 6.
+	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(share3) || left != 6 {
+		t.Fatalf("after b's ack: %v holding %d, want %v holding 6", l, left, share3)
 	}
-	// c acknowledges: the whole limit, balance kept.
+	// c acknowledges: the whole limit, balance kept, c's share credited.
 	sacquire(t, s, now, "c", 2, vh)
 	sacquire(t, s, now, "a", 4, vh, ka("tb", "1", 0, 0, 0, 0))
-	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(whole) || left != 4 {
-		t.Fatalf("after c's ack: %v holding %d, want %v holding 4", l, left, whole)
+	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(whole) || left != 8 {
+		t.Fatalf("after c's ack: %v holding %d, want %v holding 8", l, left, whole)
 	}
 	if _, ok := s.st.static.trans[h]; ok {
 		t.Fatal("transition not over")
@@ -245,6 +247,56 @@ func TestStaticPromotion(t *testing.T) {
 	sacquire(t, s, now, "a", 5, vh, promoteKey("tb", "2", 0, 1000))
 	if l, left := keyLimit(t, s, h2, now); keyOf(l) != keyOf(share2) || left != 4 {
 		t.Fatalf("static_left 1000: %v holding %d, want %v holding 4 (1 free share + a's)", l, left, share2)
+	}
+}
+
+// TestStaticMergeReports: a holder that acknowledges a key's hot version
+// with a static_report merges what its share held, not a full share; a
+// report in a later call, or a second acknowledgement, adds nothing; a
+// holder whose promotion crossed the key turning hot merges its
+// static_left at once and nothing when it acknowledges.
+func TestStaticMergeReports(t *testing.T) {
+	s := newTestState(t) // tb: 10/s, burst 10; 4 slots: shares of 2.5/s, burst 2
+	setStatic(t, s, at(0), 4, staticTTL)
+	now := at(time.Second)
+	var v uint64
+	for _, ag := range []string{"a", "b", "c", "d"} {
+		v = sacquire(t, s, now, ag, 1, 0).Static.HotVersion
+	}
+	h := hashOf(s, "tb", "1")
+	whole := testLimit(t, 10, time.Second, 10)
+	// a promotes with 0 left: k = 1 (no free slot), level 0.
+	vh := sacquire(t, s, now, "a", 2, v, promoteKey("tb", "1", 0, 0)).Static.HotVersion
+	// b acknowledges with a report of 1 token: k = 2, level 1.
+	rep := ka("tb", "1", 0, 0, 0, 0)
+	rep.StaticReport, rep.StaticLeft = true, 1
+	sacquire(t, s, now, "b", 2, vh, rep)
+	share2, _ := whole.Share(2, 4)
+	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(share2) || left != 1 {
+		t.Fatalf("after b's report: %v holding %d, want %v holding 1", l, left, share2)
+	}
+	// b reports again in a later call: nothing more.
+	rep2 := ka("tb", "1", 0, 0, 0, 0)
+	rep2.StaticReport, rep2.StaticLeft = true, 2
+	sacquire(t, s, now, "b", 3, vh, rep2)
+	if _, left := keyLimit(t, s, h, now); left != 1 {
+		t.Fatalf("a second report: holding %d, want 1", left)
+	}
+	// c promotes not knowing the key hot (hot_version v), 0 left: its
+	// share merges now with nothing; its acknowledgement adds nothing.
+	sacquire(t, s, now, "c", 2, v, promoteKey("tb", "1", 0, 0))
+	sacquire(t, s, now, "c", 3, vh)
+	share3, _ := whole.Share(3, 4)
+	sacquire(t, s, now, "a", 3, vh, ka("tb", "1", 0, 0, 0, 0))
+	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(share3) || left != 1 {
+		t.Fatalf("after c: %v holding %d, want %v holding 1", l, left, share3)
+	}
+	// d acknowledges without a report: its full share (2) merges, and the
+	// key has its whole limit.
+	sacquire(t, s, now, "d", 2, vh)
+	sacquire(t, s, now, "a", 4, vh, ka("tb", "1", 0, 0, 0, 0))
+	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(whole) || left != 3 {
+		t.Fatalf("after d: %v holding %d, want %v holding 3", l, left, whole)
 	}
 }
 
