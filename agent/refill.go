@@ -57,6 +57,9 @@ type batch struct {
 	denied    []int64
 	lent      []int64 // a first use's charge, lent by the fallback bucket (see policy.FirstUse)
 	firstSent int64   // Unix nanos of the first attempt: leases are measured from it
+	// reportsShort: a pending static report had no room in this call
+	// (see buildReports).
+	reportsShort bool
 }
 
 func (a *Agent) refillLoop() {
@@ -124,9 +127,11 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		rf.pick = rf.pick[:0]
 		return
 	}
+	short := false
 	for i := 0; i < len(rf.pick); {
 		n := policy.BatchLen(rf.pick[i:], keyOfState, maxBatchKeys)
 		b := a.build(now, rf.pick[i:i+n])
+		short = short || b.reportsShort
 		i += n
 		if !a.send(ctx, b) {
 			rf.pick = append(rf.pick[:0], rf.pick[i:]...)
@@ -136,6 +141,12 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	}
 	clear(rf.pick)
 	rf.pick = rf.pick[:0]
+	if short && len(a.ss.reports) > 0 {
+		// The keys left no room for some static reports, which hold
+		// back the calls' acknowledgement of the hot-key set: a call
+		// without keys carries them.
+		a.send(ctx, a.build(now, nil))
+	}
 }
 
 // keyOfState is ks's refill policy state.

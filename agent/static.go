@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"sync"
@@ -514,9 +515,13 @@ func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, address
 	}
 	var fit []*staticReport
 	var lowest uint64 // the oldest version left out (0: none)
+	oldest := ss.reports[0].version
+	routed := func(r *staticReport) bool { return t == nil || addressed && t.ownerOf(r.ks) == group }
 	for _, r := range ss.reports {
+		oldest = min(oldest, r.version)
 		if _, ok := merge[r]; !ok {
-			if first[r.ks.key] != r || room == 0 || t != nil && (!addressed || t.ownerOf(r.ks) != group) {
+			if first[r.ks.key] != r || room == 0 || !routed(r) {
+				b.reportsShort = b.reportsShort || room == 0
 				if lowest == 0 || r.version < lowest {
 					lowest = max(r.version, 1)
 				}
@@ -528,6 +533,29 @@ func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, address
 	}
 	if lowest != 0 {
 		b.req.HotVersion = min(max(lowest-1, ss.acked), ss.version)
+	}
+	if lowest != 0 && lowest == oldest && len(b.keys) == 0 {
+		// No call can carry every report of the oldest version: they
+		// outnumber maxBatchKeys. This one carries those whose shares
+		// hold least, and acknowledges the version; the others are
+		// dropped with its answer, unsent, and the allocator merges a
+		// full share for each, which is at most what their shares spent
+		// more than it should.
+		var vs []*staticReport
+		for _, r := range ss.reports {
+			if r.version == oldest && first[r.ks.key] == r && routed(r) {
+				vs = append(vs, r)
+			}
+		}
+		if len(vs) > maxBatchKeys {
+			slices.SortStableFunc(vs, func(x, y *staticReport) int { return cmp.Compare(x.left, y.left) })
+			for _, r := range vs[maxBatchKeys:] {
+				r.in = b
+			}
+			a.logs.log(a.log, "static_reports_dropped", "agent: more keys turned hot at one version than a call can report; the rest are not reported",
+				"version", oldest, "dropped", len(vs)-maxBatchKeys)
+			fit, b.req.HotVersion = vs[:maxBatchKeys], oldest
+		}
 	}
 	for _, r := range fit {
 		if r.version > b.req.HotVersion {
