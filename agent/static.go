@@ -488,9 +488,10 @@ func (a *Agent) staticRenew(now int64) bool {
 // A report is pending until a call that carries it is answered (a retry,
 // under the same request id, carries it again; a rejected call applied
 // nothing). One that reaches the allocator again in a later call whose
-// hot_version acknowledged it already (an answer lost with the allocator
-// changing meanwhile) is harmless: the allocator counts a report only in
-// the call that first acknowledges its version.
+// hot_version acknowledged it already (a call sent again under a new id
+// because the allocator that applied it did not read packed keys: send)
+// is harmless: the allocator counts a report only in the call that first
+// acknowledges its version.
 func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, addressed bool) {
 	ss := &a.ss
 	b.req.HotVersion = ss.version // applied by this loop before this call
