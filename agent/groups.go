@@ -184,9 +184,7 @@ func (a *Agent) sendGroups(ctx context.Context, now int64, t *topology, runs []g
 		end := i + r.n
 		for i < end {
 			n := policy.BatchLen(rf.pick[i:end], keyOfState, maxBatchKeys)
-			b := a.build(now, rf.pick[i:i+n])
-			b.req.Group = uint32(r.group)
-			b.req.TopologyVersion = t.version
+			b := a.buildFor(now, rf.pick[i:i+n], t, r.group, true)
 			i += n
 			if !a.send(ctx, b) {
 				return i, false

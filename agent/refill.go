@@ -9,6 +9,7 @@ import (
 
 	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -56,6 +57,9 @@ type batch struct {
 	denied    []int64
 	lent      []int64 // a first use's charge, lent by the fallback bucket (see policy.FirstUse)
 	firstSent int64   // Unix nanos of the first attempt: leases are measured from it
+	// reportsShort: a pending static report had no room in this call
+	// (see buildReports).
+	reportsShort bool
 }
 
 func (a *Agent) refillLoop() {
@@ -123,9 +127,11 @@ func (a *Agent) refillOnce(ctx context.Context) {
 		rf.pick = rf.pick[:0]
 		return
 	}
+	short := false
 	for i := 0; i < len(rf.pick); {
 		n := policy.BatchLen(rf.pick[i:], keyOfState, maxBatchKeys)
 		b := a.build(now, rf.pick[i:i+n])
+		short = short || b.reportsShort
 		i += n
 		if !a.send(ctx, b) {
 			rf.pick = append(rf.pick[:0], rf.pick[i:]...)
@@ -135,6 +141,12 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	}
 	clear(rf.pick)
 	rf.pick = rf.pick[:0]
+	if short && len(a.ss.reports) > 0 {
+		// The keys left no room for some static reports, which hold
+		// back the calls' acknowledgement of the hot-key set: a call
+		// without keys carries them.
+		a.send(ctx, a.build(now, nil))
+	}
 }
 
 // keyOfState is ks's refill policy state.
@@ -228,7 +240,16 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 // build makes the Acquire for keys, moving their charges and returned
 // balances out of the check path's reach (the batch owns them until the
 // allocator acknowledges or rejects it). It takes the next request id.
+// The call is addressed to no group.
 func (a *Agent) build(now int64, keys []*keyState) *batch {
+	return a.buildFor(now, keys, a.rt.topo.Load(), 0, false)
+}
+
+// buildFor is build for a call of topology t, addressed to group when
+// addressed.
+// After the keys' entries come the pending static reports (buildReports):
+// entries past len(b.keys) are reports of keys not in the call.
+func (a *Agent) buildFor(now int64, keys []*keyState, t *topology, group slots.GroupID, addressed bool) *batch {
 	rf := &a.rf
 	b := &batch{
 		req: &allotv1.AcquireRequest{
@@ -246,9 +267,6 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 	}
 	if s := a.rules.Load(); s != nil && a.rulesFromAllocator.Load() {
 		b.req.RulesVersion = s.Version()
-	}
-	if b.req.StaticShares {
-		b.req.HotVersion = a.ss.version // applied by this loop before this call
 	}
 	for i, ks := range b.keys {
 		if now >= ks.expiry.Load() {
@@ -290,6 +308,13 @@ func (a *Agent) build(now int64, keys []*keyState) *batch {
 		if promote {
 			a.met.staticPromotions.Inc()
 		}
+	}
+	if addressed {
+		b.req.Group = uint32(group)
+		b.req.TopologyVersion = t.version
+	}
+	if b.req.StaticShares {
+		a.buildReports(b, t, group, addressed)
 	}
 	return b
 }

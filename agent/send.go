@@ -171,10 +171,11 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	if err != nil {
 		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not decode", "err", err)
 	}
-	if len(grants) != len(b.keys) {
+	if len(grants) != len(b.req.Keys) {
 		a.logs.log(a.log, "acquire_short", "agent: Acquire answer does not match the request",
-			"keys", len(b.keys), "grants", len(grants))
+			"keys", len(b.req.Keys), "grants", len(grants))
 	}
+	a.ss.reportsAnswered(b)
 	a.applyStatic(b, resp.GetStatic(), recv)
 	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {

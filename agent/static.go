@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -39,6 +42,13 @@ import (
 // lost: the breaker's outage rules then apply), or when its rule is no
 // longer eligible. A key the hot-key set loses becomes static again, with
 // a full share, once it holds no lease and nothing is pending.
+//
+// A key that turns hot while the agent decides it from its share is
+// reported (KeyAcquire.static_report, with static_left, what the share
+// held when the agent stopped) in the call that first acknowledges the
+// version that made it hot: the allocator merges those tokens into the
+// key's bucket. A call's hot_version stops short of a report it has no
+// room for (buildReports).
 //
 // An agent that holds a slot and has nothing else to send sends an
 // Acquire without keys once its permission is older than half valid_ms
@@ -71,9 +81,24 @@ type staticShares struct {
 	idx     map[uint64]*keyState // chained through keyState.snext
 	version uint64               // the hot-key set's version (written by the refill loop)
 
-	// Owned by the refill loop.
+	// Owned by the refill loop (and by Close once it has stopped).
 	renewAt int64 // send an empty Acquire from then (0: no slot)
 	half    int64 // half the latest valid_ms, ns
+	// reports are the keys that turned hot while this agent decided them
+	// from their shares, oldest version first, until a call that carries
+	// each and acknowledges its version is answered (see buildReports).
+	reports []*staticReport
+	acked   uint64 // the hot_version of the latest answered call
+}
+
+// staticReport is a key that turned hot while the agent decided it from
+// its static share: what the share held when the agent stopped, for the
+// call that acknowledges version (KeyAcquire.static_report).
+type staticReport struct {
+	ks      *keyState // its domain and entries (even once dropped from the table)
+	left    int64     // the share's level, 0..burst
+	version uint64    // the hot-set version that brought the key
+	in      *batch    // the latest call built with it
 }
 
 // staticAllowed reports whether the agent asks for static shares now.
@@ -281,16 +306,23 @@ func (a *Agent) staticEnd(ks *keyState) {
 
 // applyStatic applies an answer's static shares to a call b, first sent at
 // b.firstSent: the permission and the hot-key set. The refill loop calls
-// it for every answered call.
+// it for every answered call, after reportsAnswered.
+//
+// The pending reports are dropped when the answer gives no slot (or the
+// agent no longer asks for one, or is closing): no report is needed then,
+// as the allocator merges nothing of a holder that stops acknowledging
+// versions (its share lapses).
 func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 	ss := &a.ss
 	if !b.req.StaticShares || s == nil || !a.staticAllowed() || ss.closed.Load() {
 		ss.validUntil.Store(0)
 		ss.renewAt = 0
+		ss.dropReports()
 		a.met.staticSlots.Set(0)
 		return
 	}
-	if s.GetSlots() == 0 || s.GetValidMs() <= 0 {
+	slot := s.GetSlots() > 0 && s.GetValidMs() > 0
+	if !slot {
 		ss.validUntil.Store(0)
 		ss.renewAt = 0
 	} else {
@@ -304,14 +336,19 @@ func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 	}
 	a.met.staticSlots.Set(float64(s.GetSlots()))
 	a.applyHot(s, now)
+	if !slot {
+		ss.dropReports()
+	}
 }
 
 // applyHot brings the hot-key set to the answer's version: hot keys stop
-// static decisions at once; keys that left it become static again once
-// they hold no lease and nothing is pending (tryStatic).
+// static decisions at once (those the agent decided from their shares are
+// reported: markHot); keys that left it become static again once they
+// hold no lease and nothing is pending (tryStatic).
 func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 	ss := &a.ss
 	var back []*keyState
+	v := s.GetHotVersion()
 	ss.mu.Lock()
 	switch {
 	case s.GetHotReset():
@@ -320,7 +357,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 		for _, h := range s.GetHotAdded() {
 			ss.hot[h] = struct{}{}
 			if _, was := old[h]; !was {
-				ss.markHot(h)
+				ss.markHot(h, v, now)
 			}
 		}
 		for h := range old {
@@ -340,7 +377,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 		for _, h := range s.GetHotAdded() {
 			if _, was := ss.hot[h]; !was {
 				ss.hot[h] = struct{}{}
-				ss.markHot(h)
+				ss.markHot(h, v, now)
 			}
 		}
 		for _, h := range s.GetHotRemoved() {
@@ -362,11 +399,22 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 	}
 }
 
-// markHot stops static decisions of the keys of allocator hash h (mu held).
-func (ss *staticShares) markHot(h uint64) {
+// markHot stops static decisions of the keys of allocator hash h (mu held),
+// which version of the hot-key set brought, at now. A key decided from its
+// share until now gets a pending report of what the share holds (as
+// static_left is read for a promotion). None is needed for a key whose
+// promotion is in flight (its static_left is sent), nor for one whose
+// share is not bound yet (new, or static again after leaving the set): it
+// is full, and the allocator merges a full share for a holder that
+// acknowledges a key it sends no report for.
+func (ss *staticShares) markHot(h, version uint64, now int64) {
 	for ks := ss.idx[h]; ks != nil; ks = ks.snext {
 		ks.mu.Lock()
 		ks.sHot = true
+		if m := ks.smode.Load(); (m == staticOn || m == staticPromote) && ks.fbStatic && ks.fbRule != nil {
+			left := min(max(ks.fbLimit.Peek(ks.fbState, now).Remaining, 0), ks.fbLimit.Burst())
+			ss.reports = append(ss.reports, &staticReport{ks: ks, left: left, version: version})
+		}
 		ss.offLocked(ks)
 		ks.mu.Unlock()
 	}
@@ -420,4 +468,124 @@ func (a *Agent) staticRenew(now int64) bool {
 	}
 	ss.renewAt = now + ss.half
 	return true
+}
+
+// buildReports sets b's hot_version and puts the pending reports into b,
+// which build has filled with its keys (b.req.StaticShares set); t is the
+// topology, and b is addressed to group when addressed.
+//
+// A report goes into the entry of its key when b has one (its first
+// use's want and charge), else into an entry of its own that wants
+// nothing, while b has room (maxBatchKeys) and, with a topology, is
+// addressed to the group that owns the key. A call carries one report a
+// key, and none beside a promotion of the same key. hot_version is the
+// version the agent has applied when every pending report is in b;
+// otherwise it stops short of the oldest left out (never below what was
+// acknowledged already), so that the call that first acknowledges a
+// report's version carries it. b carries only the reports whose version
+// it acknowledges.
+//
+// A report is pending until a call that carries it is answered (a retry,
+// under the same request id, carries it again; a rejected call applied
+// nothing). One that reaches the allocator again in a later call whose
+// hot_version acknowledged it already (a call sent again under a new id
+// because the allocator that applied it did not read packed keys: send)
+// is harmless: the allocator counts a report only in the call that first
+// acknowledges its version.
+func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, addressed bool) {
+	ss := &a.ss
+	b.req.HotVersion = ss.version // applied by this loop before this call
+	if len(ss.reports) == 0 {
+		return
+	}
+	first := make(map[string]*staticReport, len(ss.reports)) // each key's oldest report
+	for _, r := range ss.reports {
+		if first[r.ks.key] == nil {
+			first[r.ks.key] = r
+		}
+	}
+	merge := make(map[*staticReport]*allotv1.KeyAcquire)
+	for i, ks := range b.keys {
+		if r := first[ks.key]; r != nil && !b.req.Keys[i].Promote {
+			merge[r] = b.req.Keys[i]
+		}
+	}
+	room := maxBatchKeys - len(b.req.Keys)
+	if len(b.keys) == 1 && b.keys[0].Suspect {
+		room = 0 // a key sent alone to learn whether the allocator refuses it
+	}
+	var fit []*staticReport
+	var lowest uint64 // the oldest version left out (0: none)
+	oldest := ss.reports[0].version
+	routed := func(r *staticReport) bool { return t == nil || addressed && t.ownerOf(r.ks) == group }
+	for _, r := range ss.reports {
+		oldest = min(oldest, r.version)
+		if _, ok := merge[r]; !ok {
+			if first[r.ks.key] != r || room == 0 || !routed(r) {
+				b.reportsShort = b.reportsShort || room == 0
+				if lowest == 0 || r.version < lowest {
+					lowest = max(r.version, 1)
+				}
+				continue
+			}
+			room--
+		}
+		fit = append(fit, r)
+	}
+	if lowest != 0 {
+		b.req.HotVersion = min(max(lowest-1, ss.acked), ss.version)
+	}
+	if lowest != 0 && lowest == oldest && len(b.keys) == 0 {
+		// No call can carry every report of the oldest version: they
+		// outnumber maxBatchKeys. This one carries those whose shares
+		// hold least, and acknowledges the version; the others are
+		// dropped with its answer, unsent, and the allocator merges a
+		// full share for each, which is at most what their shares spent
+		// more than it should.
+		var vs []*staticReport
+		for _, r := range ss.reports {
+			if r.version == oldest && first[r.ks.key] == r && routed(r) {
+				vs = append(vs, r)
+			}
+		}
+		if len(vs) > maxBatchKeys {
+			slices.SortStableFunc(vs, func(x, y *staticReport) int { return cmp.Compare(x.left, y.left) })
+			for _, r := range vs[maxBatchKeys:] {
+				r.in = b
+			}
+			a.logs.log(a.log, "static_reports_dropped", "agent: more keys turned hot at one version than a call can report; the rest are not reported",
+				"version", oldest, "dropped", len(vs)-maxBatchKeys)
+			fit, b.req.HotVersion = vs[:maxBatchKeys], oldest
+		}
+	}
+	for _, r := range fit {
+		if r.version > b.req.HotVersion {
+			continue // for a later call, which acknowledges its version
+		}
+		k := merge[r]
+		if k == nil {
+			k = &allotv1.KeyAcquire{Domain: r.ks.domain, Entries: toProtoEntries(r.ks.entries)}
+			b.req.Keys = append(b.req.Keys, k)
+		}
+		k.StaticReport, k.StaticLeft = true, r.left
+		r.in = b
+	}
+}
+
+// reportsAnswered records that b was answered: its hot_version is
+// acknowledged, and the reports it carried are done with. The refill loop
+// calls it for every answered call, before applyStatic.
+func (ss *staticShares) reportsAnswered(b *batch) {
+	if !b.req.StaticShares {
+		return
+	}
+	ss.acked = b.req.HotVersion
+	ss.reports = slices.DeleteFunc(ss.reports, func(r *staticReport) bool { return r.in == b })
+}
+
+// dropReports drops the pending reports: the agent's static shares have
+// stopped.
+func (ss *staticShares) dropReports() {
+	clear(ss.reports)
+	ss.reports = ss.reports[:0]
 }

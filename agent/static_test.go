@@ -64,6 +64,18 @@ func newStaticSlots(t *testing.T, slots uint32) *steppedAgent {
 	return s
 }
 
+// newStaticPacked is newStatic whose allocator reads packed keys, and has
+// said so in an answer: the agent's calls are packed.
+func newStaticPacked(t *testing.T) *steppedAgent {
+	t.Helper()
+	s := newStatic(t)
+	s.fake.with(func(f *fakeAllocator) { f.readsPacked = true })
+	check(t, s.Agent, desc("warm", "w"))
+	s.clock.advance(100 * time.Millisecond)
+	s.step()
+	return s
+}
+
 func staticHash(t *testing.T, s *steppedAgent, d Descriptor) uint64 {
 	t.Helper()
 	r := s.rules.Load().Match("test", d.Entries)
@@ -153,11 +165,7 @@ func TestStaticDecision(t *testing.T) {
 // promote and static_left (through packed keys); what it admits from its
 // share after the call is built is charged; from the answer it is leased.
 func TestStaticPromotion(t *testing.T) {
-	s := newStatic(t)
-	s.fake.with(func(f *fakeAllocator) { f.readsPacked = true })
-	check(t, s.Agent, desc("warm", "w"))
-	s.clock.advance(100 * time.Millisecond)
-	s.step() // the allocator now reads packed keys
+	s := newStaticPacked(t)
 	a := desc("k", "a")
 	for range 5 {
 		wantSource(t, s, a, SourceStatic)
@@ -347,7 +355,7 @@ func TestStaticSeveralGroups(t *testing.T) {
 }
 
 // TestStaticConcurrent: checks on static keys while answers bring hot-set
-// changes and promotions (run with -race).
+// changes, promotions and static reports (run with -race).
 func TestStaticConcurrent(t *testing.T) {
 	s := newStatic(t)
 	const nKeys = 16
@@ -356,6 +364,14 @@ func TestStaticConcurrent(t *testing.T) {
 	for i := range descs {
 		descs[i] = desc("k", fmt.Sprintf("c%d", i))
 		hashes[i] = staticHash(t, s, descs[i])
+	}
+	// Keys decided from their shares but not checked meanwhile: each turns
+	// hot once, while the checks go on, and is reported.
+	const nQuiet = 8
+	quiet := make([]uint64, nQuiet)
+	for i := range quiet {
+		wantSource(t, s, desc("slow", fmt.Sprintf("q%d", i)), SourceStatic)
+		quiet[i] = staticHash(t, s, desc("slow", fmt.Sprintf("q%d", i)))
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -386,6 +402,9 @@ func TestStaticConcurrent(t *testing.T) {
 			if i%15 == 14 {
 				f.static.HotReset, f.static.HotAdded, f.static.HotRemoved = true, hashes[:2], nil
 			}
+			if i >= 30 && i < 30+nQuiet {
+				f.static.HotAdded = append(f.static.HotAdded, quiet[i-30])
+			}
 		})
 		s.clock.advance(50 * time.Millisecond)
 		check(t, s.Agent, desc("warm", fmt.Sprint(i))) // something to send
@@ -399,6 +418,32 @@ func TestStaticConcurrent(t *testing.T) {
 	if s.met.decisions(SourceStatic, true) == 0 || s.met.decisions(SourceFallback, true) == 0 {
 		t.Fatalf("static %d, fallback %d decisions: the test exercised one path only",
 			s.met.decisions(SourceStatic, true), s.met.decisions(SourceFallback, true))
+	}
+	// Keys that turned hot while decided from their shares were reported,
+	// each in the call that acknowledged its version.
+	check(t, s.Agent, desc("warm", "last"))
+	s.clock.advance(50 * time.Millisecond)
+	s.step()
+	if got := len(s.ss.reports); got != 0 {
+		t.Fatalf("%d reports pending after the last answer, want 0", got)
+	}
+	reports := map[string]int64{}
+	s.fake.with(func(f *fakeAllocator) {
+		for _, req := range f.acquires {
+			for _, k := range req.Keys {
+				if k.StaticReport && k.Entries[0].Key == "slow" {
+					reports[k.Entries[0].Value] += k.StaticLeft
+				}
+			}
+		}
+	})
+	if len(reports) != nQuiet {
+		t.Fatalf("reports of %v, want each of %d quiet keys", reports, nQuiet)
+	}
+	for q, left := range reports {
+		if left != 9 {
+			t.Fatalf("%s reported %d in all, want once with 9", q, left)
+		}
 	}
 	s.ss.mu.Lock()
 	defer s.ss.mu.Unlock()
