@@ -314,7 +314,7 @@ func (a *Agent) buildFor(now int64, keys []*keyState, t *topology, group slots.G
 		b.req.TopologyVersion = t.version
 	}
 	if b.req.StaticShares {
-		a.buildReports(b, t, group, addressed)
+		a.buildReports(b, t, group, addressed, now)
 	}
 	return b
 }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"cmp"
 	"math"
 	"slices"
 	"sync"
@@ -98,6 +97,7 @@ type staticReport struct {
 	ks      *keyState // its domain and entries (even once dropped from the table)
 	left    int64     // the share's level, 0..burst
 	version uint64    // the hot-set version that brought the key
+	until   int64     // agent clock: from then on it is moot (see buildReports)
 	in      *batch    // the latest call built with it
 }
 
@@ -349,6 +349,12 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 	ss := &a.ss
 	var back []*keyState
 	v := s.GetHotVersion()
+	// A report is moot a static TTL after the answer that brought its key
+	// (and the lease safety margin, for the clocks' rates): the key's
+	// transition began before that answer was sent and ended a TTL after
+	// it began, and the allocator merges no share once it has.
+	valid := time.Duration(max(s.GetValidMs(), 0)) * time.Millisecond
+	until := now + int64(valid+policy.LeaseMargin(valid))
 	ss.mu.Lock()
 	switch {
 	case s.GetHotReset():
@@ -357,7 +363,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 		for _, h := range s.GetHotAdded() {
 			ss.hot[h] = struct{}{}
 			if _, was := old[h]; !was {
-				ss.markHot(h, v, now)
+				ss.markHot(h, v, now, until)
 			}
 		}
 		for h := range old {
@@ -377,7 +383,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 		for _, h := range s.GetHotAdded() {
 			if _, was := ss.hot[h]; !was {
 				ss.hot[h] = struct{}{}
-				ss.markHot(h, v, now)
+				ss.markHot(h, v, now, until)
 			}
 		}
 		for _, h := range s.GetHotRemoved() {
@@ -407,13 +413,13 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 // share is not bound yet (new, or static again after leaving the set): it
 // is full, and the allocator merges a full share for a holder that
 // acknowledges a key it sends no report for.
-func (ss *staticShares) markHot(h, version uint64, now int64) {
+func (ss *staticShares) markHot(h, version uint64, now, until int64) {
 	for ks := ss.idx[h]; ks != nil; ks = ks.snext {
 		ks.mu.Lock()
 		ks.sHot = true
 		if m := ks.smode.Load(); (m == staticOn || m == staticPromote) && ks.fbStatic && ks.fbRule != nil {
 			left := min(max(ks.fbLimit.Peek(ks.fbState, now).Remaining, 0), ks.fbLimit.Burst())
-			ss.reports = append(ss.reports, &staticReport{ks: ks, left: left, version: version})
+			ss.reports = append(ss.reports, &staticReport{ks: ks, left: left, version: version, until: until})
 		}
 		ss.offLocked(ks)
 		ks.mu.Unlock()
@@ -492,9 +498,12 @@ func (a *Agent) staticRenew(now int64) bool {
 // because the allocator that applied it did not read packed keys: send)
 // is harmless: the allocator counts a report only in the call that first
 // acknowledges its version.
-func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, addressed bool) {
+func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, addressed bool, now int64) {
 	ss := &a.ss
 	b.req.HotVersion = ss.version // applied by this loop before this call
+	// Moot reports go, unless a call in flight carries them (its answer
+	// drops them).
+	ss.reports = slices.DeleteFunc(ss.reports, func(r *staticReport) bool { return r.in == nil && now >= r.until })
 	if len(ss.reports) == 0 {
 		return
 	}
@@ -516,13 +525,13 @@ func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, address
 	}
 	var fit []*staticReport
 	var lowest uint64 // the oldest version left out (0: none)
-	oldest := ss.reports[0].version
 	routed := func(r *staticReport) bool { return t == nil || addressed && t.ownerOf(r.ks) == group }
 	for _, r := range ss.reports {
-		oldest = min(oldest, r.version)
+		if now >= r.until {
+			continue // moot, in flight in another call
+		}
 		if _, ok := merge[r]; !ok {
 			if first[r.ks.key] != r || room == 0 || !routed(r) {
-				b.reportsShort = b.reportsShort || room == 0
 				if lowest == 0 || r.version < lowest {
 					lowest = max(r.version, 1)
 				}
@@ -534,30 +543,20 @@ func (a *Agent) buildReports(b *batch, t *topology, group slots.GroupID, address
 	}
 	if lowest != 0 {
 		b.req.HotVersion = min(max(lowest-1, ss.acked), ss.version)
-	}
-	if lowest != 0 && lowest == oldest && len(b.keys) == 0 {
-		// No call can carry every report of the oldest version: they
-		// outnumber maxBatchKeys. This one carries those whose shares
-		// hold least, and acknowledges the version; the others are
-		// dropped with its answer, unsent, and the allocator merges a
-		// full share for each, which is at most what their shares spent
-		// more than it should.
-		var vs []*staticReport
+		// A call of its own follows when one without keys can carry every
+		// report of the version held back.
+		n := 0
 		for _, r := range ss.reports {
-			if r.version == oldest && first[r.ks.key] == r && routed(r) {
-				vs = append(vs, r)
+			if r.version == lowest && now < r.until && first[r.ks.key] == r && routed(r) {
+				n++
 			}
 		}
-		if len(vs) > maxBatchKeys {
-			slices.SortStableFunc(vs, func(x, y *staticReport) int { return cmp.Compare(x.left, y.left) })
-			for _, r := range vs[maxBatchKeys:] {
-				r.in = b
-			}
-			a.logs.log(a.log, "static_reports_dropped", "agent: more keys turned hot at one version than a call can report; the rest are not reported",
-				"version", oldest, "dropped", len(vs)-maxBatchKeys)
-			fit, b.req.HotVersion = vs[:maxBatchKeys], oldest
-		}
+		b.reportsShort = n > 0 && n <= maxBatchKeys && len(b.keys) > 0
 	}
+	// More reports of one version than a call holds (maxBatchKeys) hold
+	// the acknowledgement back until they are moot, a static TTL later: a
+	// holder acknowledging a key it does not report merges a full share,
+	// which would be more than its share held.
 	for _, r := range fit {
 		if r.version > b.req.HotVersion {
 			continue // for a later call, which acknowledges its version

@@ -168,12 +168,10 @@ func TestStaticReportNone(t *testing.T) {
 // TestStaticReportHeldBack: reports a call has no room for (more than
 // maxBatchKeys entries) hold its acknowledgement back to the version
 // before theirs, and a call without keys follows in the same tick for
-// them. Reports of one version that outnumber what any call holds: that
-// call carries maxBatchKeys of them, those whose shares hold least, and
-// acknowledges the version; the others are never sent.
+// them, acknowledging their version.
 func TestStaticReportHeldBack(t *testing.T) {
 	s := newStatic(t)
-	ds := make([]Descriptor, maxBatchKeys+1)
+	ds := make([]Descriptor, maxBatchKeys)
 	for i := range ds {
 		ds[i] = desc("slow", fmt.Sprint("s", i))
 		wantSource(t, s, ds[i], SourceStatic)
@@ -199,39 +197,65 @@ func TestStaticReportHeldBack(t *testing.T) {
 	if req := calls[1]; len(req.Keys) != maxBatchKeys || req.HotVersion != 2 {
 		t.Fatalf("second call: %d keys, hot_version %d; want %d reports, hot_version 2", len(req.Keys), req.HotVersion, maxBatchKeys)
 	}
+	for _, k := range calls[1].Keys {
+		want := int64(9)
+		if k.Entries[0].Value == "s7" {
+			want = 8
+		}
+		if !k.StaticReport || k.Want != 0 || k.StaticLeft != want {
+			t.Fatalf("report %v, want static_left %d, no want", k, want)
+		}
+	}
 	if got := len(s.ss.reports); got != 0 {
 		t.Fatalf("%d pending reports, want 0", got)
 	}
-	for range 12 {
+}
+
+// TestStaticReportOverflow: reports of one version that outnumber what any
+// call holds are never sent: the acknowledgement waits until they are
+// moot, a static TTL after the answer that brought them (the allocator
+// merges no share once a transition has ended), and no call is sent for
+// them meanwhile.
+func TestStaticReportOverflow(t *testing.T) {
+	s := newStatic(t) // valid_ms 2000
+	ds := make([]Descriptor, maxBatchKeys+1)
+	for i := range ds {
+		ds[i] = desc("slow", fmt.Sprint("s", i))
+		wantSource(t, s, ds[i], SourceStatic)
+	}
+	makeHot(t, s, 2, ds...)
+	s.clock.advance(time.Second)
+	s.step() // the renewal brings the delta
+	if got := len(s.ss.reports); got != len(ds) {
+		t.Fatalf("%d pending reports, want %d", got, len(ds))
+	}
+	n0, _, _ := s.fake.counts()
+	x := desc("window", "x")
+	wantSource(t, s, x, SourceFallback)
+	s.clock.advance(50 * time.Millisecond)
+	s.step()
+	calls := callsSince(s, n0)
+	if len(calls) != 1 || len(calls[0].Keys) != 1 || calls[0].HotVersion != 1 {
+		t.Fatalf("%d calls (%v); want one, x alone, hot_version 1", len(calls), calls)
+	}
+	// 2 s after the answer the reports are moot: the next call (a
+	// renewal at the latest) acknowledges version 2 and reports nothing.
+	for range 40 {
 		s.clock.advance(100 * time.Millisecond)
+		check(t, s.Agent, x) // x keeps calls coming
 		s.step()
 	}
-	sent := map[string]int{}
+	acked := false
 	for _, req := range callsSince(s, n0) {
 		for _, k := range req.Keys {
 			if k.StaticReport {
-				want := int64(9)
-				if k.Entries[0].Value == "s7" {
-					want = 8
-				}
-				if k.Want != 0 || k.StaticLeft != want {
-					t.Fatalf("report %v, want static_left %d, no want", k, want)
-				}
-				sent[k.Entries[0].Value]++
+				t.Fatalf("call %d reports %v", req.RequestId, k)
 			}
 		}
+		acked = acked || req.HotVersion == 2
 	}
-	if sent["s7"] != 1 || sent[ds[len(ds)-1].Entries[0].Value] != 0 {
-		t.Fatalf("s7 reported %d times, the last key %d; want once, never (its share is as full as any)",
-			sent["s7"], sent[ds[len(ds)-1].Entries[0].Value])
-	}
-	if len(sent) != maxBatchKeys {
-		t.Fatalf("%d keys reported, want %d", len(sent), maxBatchKeys)
-	}
-	for v, n := range sent {
-		if n != 1 {
-			t.Fatalf("%s reported %d times, want once", v, n)
-		}
+	if !acked || len(s.ss.reports) != 0 || s.ss.acked != 2 {
+		t.Fatalf("acknowledged %v (agent %d), %d pending reports; want version 2, none", acked, s.ss.acked, len(s.ss.reports))
 	}
 }
 
