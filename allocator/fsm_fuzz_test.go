@@ -28,6 +28,8 @@ descriptors:
 // command, panic by design (drifting replicas are worse than a crash, tested
 // in unit_test.go) and are skipped here; everything else must apply without
 // panicking, and the state must still snapshot and restore byte-identically.
+// Each entry is applied to a state with static shares off and to one with
+// them on (docs/static-shares.md).
 func FuzzFSMApply(f *testing.F) {
 	seed := func(c *allotv1.Command) {
 		b, err := proto.Marshal(c)
@@ -51,47 +53,72 @@ func FuzzFSMApply(f *testing.F) {
 	seed(&allotv1.Command{NowUnixNanos: t0, Cmd: &allotv1.Command_Member{Member: &allotv1.MemberCommand{Member: &allotv1.Member{Id: "n2", GrpcAddr: "127.0.0.1:1"}}}})
 	seed(&allotv1.Command{NowUnixNanos: t0, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{ReplaceAll: true,
 		Files: []*allotv1.RuleFile{{Name: "bad.yaml", Yaml: []byte("domain: f\ndescriptors: [{key: k, rate_limit: {unit: parsec}}]")}}}}})
+	// Static shares: a call that asks for them, promotes one key and
+	// reports another; a change of the settings.
+	promote, report := ka("k", "p", 2, 0, 0, 0), ka("g", "r", 0, 0, 0, 0)
+	promote.Promote, promote.StaticLeft = true, 3
+	report.StaticReport, report.StaticLeft = true, 1
+	seed(&allotv1.Command{NowUnixNanos: t0, Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{Requests: []*allotv1.AcquireRequest{
+		{AgentId: "a", RequestId: 1, StaticShares: true, HotVersion: 7, Keys: []*allotv1.KeyAcquire{promote, report, ka("k", "x", 1, 0, 0, 0)}}}}}})
+	seed(&allotv1.Command{NowUnixNanos: t0, Cmd: &allotv1.Command_Static{Static: &allotv1.StaticCommand{Slots: 3, TtlMs: 1500}}})
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cmd := new(allotv1.Command)
 		if proto.Unmarshal(data, cmd) != nil || cmd.Cmd == nil {
 			return // panics by design
 		}
-		st := state.New(state.DefaultConfig())
-		m := &fsm{st: st}
-		put, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{
-			ReplaceAll: true, Files: []*allotv1.RuleFile{{Name: "f.yaml", Yaml: []byte(fuzzRules)}}}}})
-		if res, ok := m.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: put}).(error); ok {
-			t.Fatalf("rules: %v", res)
-		}
-		// Twice: the second application exercises replays and stale ids.
-		for i := uint64(2); i <= 3; i++ {
-			m.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: data})
-		}
-		snap, err := st.Snapshot()
-		if err != nil {
-			t.Fatalf("Snapshot: %v", err)
-		}
-		var a bytes.Buffer
-		if err := snap.Persist(&a); err != nil {
-			t.Fatalf("Persist: %v", err)
-		}
-		snap.Release()
-		st2 := state.New(state.DefaultConfig())
-		if err := st2.Restore(bytes.NewReader(a.Bytes())); err != nil {
-			t.Fatalf("Restore of a fresh snapshot: %v", err)
-		}
-		snap2, err := st2.Snapshot()
-		if err != nil {
-			t.Fatalf("Snapshot after Restore: %v", err)
-		}
-		defer snap2.Release()
-		var b bytes.Buffer
-		if err := snap2.Persist(&b); err != nil {
-			t.Fatalf("Persist after Restore: %v", err)
-		}
-		if !bytes.Equal(a.Bytes(), b.Bytes()) {
-			t.Fatalf("snapshot after Restore differs (%d vs %d bytes)", a.Len(), b.Len())
+		for _, static := range []bool{false, true} {
+			fuzzApply(t, data, static)
 		}
 	})
+}
+
+// fuzzApply applies the fuzzed entry data twice to a fresh state with the
+// fuzz rules (and, with static, static shares on: 4 slots, 2 s) and checks
+// that the state snapshots and restores byte-identically.
+func fuzzApply(t *testing.T, data []byte, static bool) {
+	st := state.New(state.DefaultConfig())
+	m := &fsm{st: st}
+	put, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, Cmd: &allotv1.Command_PutRules{PutRules: &allotv1.PutRulesRequest{
+		ReplaceAll: true, Files: []*allotv1.RuleFile{{Name: "f.yaml", Yaml: []byte(fuzzRules)}}}}})
+	if res, ok := m.Apply(&raft.Log{Type: raft.LogCommand, Index: 1, Data: put}).(error); ok {
+		t.Fatalf("rules: %v", res)
+	}
+	next := uint64(2)
+	if static {
+		on, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: 1, Cmd: &allotv1.Command_Static{Static: &allotv1.StaticCommand{Slots: 4, TtlMs: 2000}}})
+		if res, ok := m.Apply(&raft.Log{Type: raft.LogCommand, Index: next, Data: on}).(error); ok {
+			t.Fatalf("static shares: %v", res)
+		}
+		next++
+	}
+	// Twice: the second application exercises replays and stale ids.
+	for i := next; i < next+2; i++ {
+		m.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: data})
+	}
+	snap, err := st.Snapshot()
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	var a bytes.Buffer
+	if err := snap.Persist(&a); err != nil {
+		t.Fatalf("Persist: %v", err)
+	}
+	snap.Release()
+	st2 := state.New(state.DefaultConfig())
+	if err := st2.Restore(bytes.NewReader(a.Bytes())); err != nil {
+		t.Fatalf("Restore of a fresh snapshot: %v", err)
+	}
+	snap2, err := st2.Snapshot()
+	if err != nil {
+		t.Fatalf("Snapshot after Restore: %v", err)
+	}
+	defer snap2.Release()
+	var b bytes.Buffer
+	if err := snap2.Persist(&b); err != nil {
+		t.Fatalf("Persist after Restore: %v", err)
+	}
+	if !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Fatalf("snapshot after Restore differs (%d vs %d bytes)", a.Len(), b.Len())
+	}
 }

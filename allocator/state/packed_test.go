@@ -129,6 +129,8 @@ func FuzzPackedKeys(f *testing.F) {
 	f.Add([]byte{1, 0, 4, 't', 'e', 's', 't', 1, 0, 2, 't', 'b', 1, 'x', 1, 2})
 	f.Add(allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{ka("tb", "é", 1, 0, 0, 0), ka("tb", "\xff", 1, 0, 0, 0), ka("\xc3", "x", 1, 0, 0, 0)}))
 	f.Add(allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{{Domain: "test", Entries: []*allotv1.Entry{{Key: "tb", Value: "x"}}, Want: 1e12 + 1, Demand: math.NaN(), WantShare: true}}))
+	f.Add(allotv1.AppendPackedKeys(nil, []*allotv1.KeyAcquire{{Domain: "test", Entries: []*allotv1.Entry{{Key: "tb", Value: "x"}}, Want: 1, Promote: true, StaticLeft: 2},
+		{Domain: "test", Entries: []*allotv1.Entry{{Key: "tb", Value: "y"}}, StaticReport: true, StaticLeft: -1}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// The fast check never passes keys the key-by-key one refuses.
 		r := allotv1.Reader{S: string(data), Base: errPacked}
