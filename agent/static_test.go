@@ -407,7 +407,7 @@ func TestStaticConcurrent(t *testing.T) {
 			}
 		})
 		s.clock.advance(50 * time.Millisecond)
-		check(t, s.Agent, desc("warm", fmt.Sprint(i))) // something to send
+		check(t, s.Agent, desc("window", fmt.Sprint(i))) // something to send: never static
 		s.step()
 	}
 	stop.Store(true)
@@ -421,7 +421,7 @@ func TestStaticConcurrent(t *testing.T) {
 	}
 	// Keys that turned hot while decided from their shares were reported,
 	// each in the call that acknowledged its version.
-	check(t, s.Agent, desc("warm", "last"))
+	check(t, s.Agent, desc("window", "last"))
 	s.clock.advance(50 * time.Millisecond)
 	s.step()
 	if got := len(s.ss.reports); got != 0 {
