@@ -46,6 +46,11 @@ type accuracy struct {
 	// The same shortfall for a static R/N split: each agent limiting each
 	// key alone at R/N with burst ⌈burst/N⌉ (replayed, not run).
 	StaticFalseRejectPct float64 `json:"static_split_false_reject_pct"`
+	// DeniedInQuota counts, by the source that decided, the denied checks
+	// that the ideal limiter admitted, check by check: where the false
+	// rejects come from (the windowed shortfall above nets out early
+	// admissions against later denials in a window; this does not).
+	DeniedInQuota map[string]int64 `json:"denied_in_quota_by_source,omitempty"`
 }
 
 // analyze computes the accuracy of one run from its events (which it
@@ -110,6 +115,12 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 			if ideal.AllowN(&st, now, 1).Allowed {
 				acc.IdealAdmitted++
 				inI[w]++
+				if !e.allowed {
+					if acc.DeniedInQuota == nil {
+						acc.DeniedInQuota = map[string]int64{}
+					}
+					acc.DeniedInQuota[e.source.String()]++
+				}
 			} else {
 				atLimit = true
 			}

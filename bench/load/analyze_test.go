@@ -55,6 +55,9 @@ func TestAnalyzeWithinLimit(t *testing.T) {
 	if acc.FalseRejects != 4 || math.Abs(acc.FalseRejectPct-2.5) > 1e-9 {
 		t.Errorf("false rejects %d (%.3f%%), want 4 (2.5%%)", acc.FalseRejects, acc.FalseRejectPct)
 	}
+	if got := acc.DeniedInQuota; len(got) != 1 || got["lease"] != 4 {
+		t.Errorf("denied in quota by source %v, want lease 4", got)
+	}
 	if acc.WorstOverPct != 0 || acc.KeysOver1Pct != 0 || acc.KeysAtLimit != 0 {
 		t.Errorf("over-admission %.3f%% (%d keys over 1%%, %d at limit), want 0", acc.WorstOverPct, acc.KeysOver1Pct, acc.KeysAtLimit)
 	}
