@@ -46,11 +46,10 @@ type accuracy struct {
 	// The same shortfall for a static R/N split: each agent limiting each
 	// key alone at R/N with burst ⌈burst/N⌉ (replayed, not run).
 	StaticFalseRejectPct float64 `json:"static_split_false_reject_pct"`
-	// DeniedInQuota counts, by the source that decided, the denied checks
-	// that the ideal limiter admitted, check by check: where the false
-	// rejects come from (the windowed shortfall above nets out early
-	// admissions against later denials in a window; this does not).
-	DeniedInQuota map[string]int64 `json:"denied_in_quota_by_source,omitempty"`
+	// FalseRejectsBy splits FalseRejects by the source that decided: a
+	// key's shortfall in a window is shared among the sources of that
+	// key's denials in the window, in proportion (rounded).
+	FalseRejectsBy map[string]int64 `json:"false_rejects_by_source,omitempty"`
 }
 
 // analyze computes the accuracy of one run from its events (which it
@@ -79,6 +78,8 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 		admittedTS []uint32
 		inA, inI   = make([]int64, nWin), make([]int64, nWin)
 		inS        = make([]int64, nWin)
+		denied     = make([][8]int64, nWin) // by agent.Source
+		bySource   [8]float64
 		agentState = make([]bucket.State, agents)
 		coldChecks int64
 		staticMiss int64
@@ -98,6 +99,7 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 		clear(inA)
 		clear(inI)
 		clear(inS)
+		clear(denied)
 		clear(agentState)
 		var st bucket.State
 		atLimit := false
@@ -111,16 +113,11 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 				admittedTS = append(admittedTS, e.us)
 			} else {
 				acc.Rejected++
+				denied[w][min(int(e.source), len(denied[w])-1)]++
 			}
 			if ideal.AllowN(&st, now, 1).Allowed {
 				acc.IdealAdmitted++
 				inI[w]++
-				if !e.allowed {
-					if acc.DeniedInQuota == nil {
-						acc.DeniedInQuota = map[string]int64{}
-					}
-					acc.DeniedInQuota[e.source.String()]++
-				}
 			} else {
 				atLimit = true
 			}
@@ -129,7 +126,13 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 			}
 		}
 		for w := range nWin {
-			acc.FalseRejects += max(inI[w]-inA[w], 0)
+			short := max(inI[w]-inA[w], 0)
+			acc.FalseRejects += short
+			if n := sum(denied[w][:]); short > 0 && n > 0 {
+				for src, d := range denied[w] {
+					bySource[src] += float64(short) * float64(d) / float64(n)
+				}
+			}
 			staticMiss += max(inI[w]-inS[w], 0)
 		}
 		if atLimit {
@@ -149,6 +152,14 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 				acc.WorstWindowCount = int64(peak)
 				acc.WorstWindowBound = bound
 			}
+		}
+	}
+	for src, f := range bySource {
+		if n := int64(math.Round(f)); n > 0 {
+			if acc.FalseRejectsBy == nil {
+				acc.FalseRejectsBy = map[string]int64{}
+			}
+			acc.FalseRejectsBy[agent.Source(src).String()] = n
 		}
 	}
 	if acc.WorstKey == "" {
@@ -240,4 +251,11 @@ func slidingMax(ts []uint32, w uint32) int {
 func round(v float64, d int) float64 {
 	p := math.Pow(10, float64(d))
 	return math.Round(v*p) / p
+}
+
+func sum(xs []int64) (n int64) {
+	for _, x := range xs {
+		n += x
+	}
+	return n
 }

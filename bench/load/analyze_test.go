@@ -55,8 +55,8 @@ func TestAnalyzeWithinLimit(t *testing.T) {
 	if acc.FalseRejects != 4 || math.Abs(acc.FalseRejectPct-2.5) > 1e-9 {
 		t.Errorf("false rejects %d (%.3f%%), want 4 (2.5%%)", acc.FalseRejects, acc.FalseRejectPct)
 	}
-	if got := acc.DeniedInQuota; len(got) != 1 || got["lease"] != 4 {
-		t.Errorf("denied in quota by source %v, want lease 4", got)
+	if got := acc.FalseRejectsBy; len(got) != 1 || got["lease"] != 4 {
+		t.Errorf("false rejects by source %v, want lease 4", got)
 	}
 	if acc.WorstOverPct != 0 || acc.KeysOver1Pct != 0 || acc.KeysAtLimit != 0 {
 		t.Errorf("over-admission %.3f%% (%d keys over 1%%, %d at limit), want 0", acc.WorstOverPct, acc.KeysOver1Pct, acc.KeysAtLimit)
@@ -218,5 +218,43 @@ func TestWorkloadRouting(t *testing.T) {
 	}
 	if got := w.descs[7].Entries[0]; got.Key != "user" || got.Value != "u7" {
 		t.Errorf("descriptor 7 = %+v", got)
+	}
+}
+
+// TestAnalyzeFalseRejectsBySource: a window's shortfall is split among the
+// sources of its denials, in proportion; a window with no shortfall
+// attributes nothing, however many denials it has.
+func TestAnalyzeFalseRejectsBySource(t *testing.T) {
+	// Key 0, 8 req/s under 10/s: every denial is false; one in four is
+	// the static share's.
+	ev := steady(0, 125*time.Millisecond, 10*time.Second, func(i int) bool { return i%10 != 3 })
+	n := 0
+	for i := range ev {
+		if !ev[i].allowed {
+			if n%4 == 0 {
+				ev[i].source = agent.SourceStatic
+			} else {
+				ev[i].source = agent.SourceFallback
+			}
+			n++
+		}
+	}
+	// Key 1, 40 req/s under 10/s: the ideal limiter admits 105 of 400, the
+	// fallback admits 110 and denies the rest: no shortfall.
+	ev = append(ev, steady(1, 25*time.Millisecond, 10*time.Second, func(i int) bool { return i%4 == 0 || i < 10 })...)
+	for i := range ev {
+		if ev[i].key == 1 {
+			ev[i].source = agent.SourceFallback
+		}
+	}
+	acc, err := analyze(ev, 10, 5, 1, 10*time.Second, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acc.FalseRejects != 8 {
+		t.Fatalf("false rejects %d, want 8", acc.FalseRejects)
+	}
+	if got := acc.FalseRejectsBy; len(got) != 2 || got["static"] != 2 || got["fallback"] != 6 {
+		t.Errorf("false rejects by source %v, want static 2, fallback 6", got)
 	}
 }

@@ -462,7 +462,7 @@ func (rep *report) print(w io.Writer) {
 		return fmt.Sprintf("%.3f%% (%d of %d)", a.FalseRejectPct, a.FalseRejects, a.IdealAdmitted)
 	}
 	row("false rejects (% of in-quota)", fr(l.Accuracy), get(func(r *runResult) string { return fr(r.Accuracy) }), "")
-	row("  denied while the ideal admitted, by source", inQuota(l.Accuracy.DeniedInQuota), get(func(r *runResult) string { return inQuota(r.Accuracy.DeniedInQuota) }), "")
+	row("  by the source that denied", bySource(l.Accuracy.FalseRejectsBy), get(func(r *runResult) string { return bySource(r.Accuracy.FalseRejectsBy) }), "")
 	row("  static R/N split, replayed", fmt.Sprintf("%.3f%%", l.Accuracy.StaticFalseRejectPct), get(func(r *runResult) string { return fmt.Sprintf("%.3f%%", r.Accuracy.StaticFalseRejectPct) }), "")
 	row("CPU per check (all processes)", ns(int64(l.CPUPerCheckNS)), get(func(r *runResult) string { return ns(int64(r.CPUPerCheckNS)) }), x(ra.CPUPerCheck, "less"))
 	cpuSplit := func(r *runResult) string {
@@ -575,9 +575,8 @@ func ns(v int64) string {
 	return fmt.Sprintf("%.3gs", d.Seconds())
 }
 
-// inQuota formats denials the ideal limiter admitted, by source, in
-// source order.
-func inQuota(m map[string]int64) string {
+// bySource formats false rejects by source, in name order.
+func bySource(m map[string]int64) string {
 	if len(m) == 0 {
 		return "none"
 	}
