@@ -247,6 +247,15 @@ func staticNote() string {
 	return fmt.Sprintf(" static shares (docs/static-shares.md): %d slots, TTL %v;", simStatic.slots, simStatic.ttl)
 }
 
+// withStatic appends to a scenario's description a line on static shares
+// when they are on.
+func withStatic(what []string) []string {
+	if simStatic.slots == 0 {
+		return what
+	}
+	return append(what, fmt.Sprintf("The allocator gives static shares (docs/static-shares.md): %d slots, TTL %v.", simStatic.slots, simStatic.ttl))
+}
+
 func (c *cluster) expireTick() {
 	for _, g := range c.groups {
 		if g.leader >= 0 {

@@ -66,6 +66,7 @@ func runFailover(sc scale, seed uint64) (*result, error) {
 		fmt.Sprintf("at t=%s the allocator leader dies (SIGKILL model: calls to it time out); a new leader answers after %s (docs/performance.md, measured kill → first grant); the dead node restarts 10 s later;", kill, electionTime),
 		fmt.Sprintf("at the same instant the Redis primary dies; for %s every call times out (the per-agent breaker then fails fast), then a replica is promoted with the state as of %s before the failure (asynchronous replication).", redisRTO, redisRPO),
 	}
+	res.what = withStatic(res.what)
 	t := table{title: fmt.Sprintf("Admitted from the failure to %s after it (all %d keys), against an exact limiter's maximum B + R·T = %s", to-from, tr[0].keys, count(int64(exact))),
 		header: []string{"system", "admitted", "beyond B + R·T", "of R·T", "max 1 s rate / R", "false rejects (run)"}}
 	lease := w.systems[0]

@@ -44,6 +44,7 @@ func runHotKey(sc scale, seed uint64) (*result, error) {
 			n, rate(sc.hotRate), quota, quota, warm, measure, count(arr[0].n)),
 		"Redis: the key lives on one shard, one core at 100k script calls/s, 5 ms client deadline.",
 	}
+	res.what = withStatic(res.what)
 	secs := w.seconds()
 	m := w.measured()
 	lease := w.systems[0]

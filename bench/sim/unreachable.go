@@ -75,6 +75,7 @@ func runUnreachable(sc scale, seed uint64) (*result, error) {
 			n, keysPer, quota, quota, rate(sp.demand), fastQ, count(arrivals)),
 		fmt.Sprintf("from t=%s to t=%s every agent is cut off from every allocator node (a black hole: calls time out, the breaker opens and probes), and Redis is down for the same %s.", start, end, outage),
 	}
+	res.what = withStatic(res.what)
 	steadyFrom := start + 3*time.Second
 	t := table{title: fmt.Sprintf("Admitted rate as a multiple of R: before the outage (t=%s–%s) and during it (t=%s–%s, after the breakers opened)", warm, start, steadyFrom, end),
 		header: []string{"system", "spread: before", "spread: outage", "hashed: before", "hashed: outage",
