@@ -50,6 +50,12 @@ type accuracy struct {
 	// key's shortfall in a window is shared among the sources of that
 	// key's denials in the window, in proportion (rounded).
 	FalseRejectsBy map[string]int64 `json:"false_rejects_by_source,omitempty"`
+	// The same shortfall past the first window, as % of what the ideal
+	// limiter admitted there: the run without its start, when every key
+	// is first seen (0 when the run has one window).
+	LaterFalseRejects   int64   `json:"later_false_rejects"`
+	LaterIdealAdmitted  int64   `json:"later_ideal_admitted"`
+	LaterFalseRejectPct float64 `json:"later_false_reject_pct"`
 }
 
 // analyze computes the accuracy of one run from its events (which it
@@ -128,6 +134,10 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 		for w := range nWin {
 			short := max(inI[w]-inA[w], 0)
 			acc.FalseRejects += short
+			if w > 0 {
+				acc.LaterFalseRejects += short
+				acc.LaterIdealAdmitted += inI[w]
+			}
 			if n := sum(denied[w][:]); short > 0 && n > 0 {
 				for src, d := range denied[w] {
 					bySource[src] += float64(short) * float64(d) / float64(n)
@@ -177,6 +187,9 @@ func analyze(events []event, limit, burst int64, agents int, window, run time.Du
 	if acc.IdealAdmitted > 0 {
 		acc.FalseRejectPct = 100 * float64(acc.FalseRejects) / float64(acc.IdealAdmitted)
 		acc.StaticFalseRejectPct = 100 * float64(staticMiss) / float64(acc.IdealAdmitted)
+	}
+	if acc.LaterIdealAdmitted > 0 {
+		acc.LaterFalseRejectPct = 100 * float64(acc.LaterFalseRejects) / float64(acc.LaterIdealAdmitted)
 	}
 	return acc, nil
 }

@@ -55,6 +55,9 @@ func TestAnalyzeWithinLimit(t *testing.T) {
 	if acc.FalseRejects != 4 || math.Abs(acc.FalseRejectPct-2.5) > 1e-9 {
 		t.Errorf("false rejects %d (%.3f%%), want 4 (2.5%%)", acc.FalseRejects, acc.FalseRejectPct)
 	}
+	if acc.LaterFalseRejects != 2 || acc.LaterIdealAdmitted != 80 {
+		t.Errorf("past the first window: %d false rejects of %d, want 2 of 80", acc.LaterFalseRejects, acc.LaterIdealAdmitted)
+	}
 	if got := acc.FalseRejectsBy; len(got) != 1 || got["lease"] != 4 {
 		t.Errorf("false rejects by source %v, want lease 4", got)
 	}

@@ -462,6 +462,13 @@ func (rep *report) print(w io.Writer) {
 		return fmt.Sprintf("%.3f%% (%d of %d)", a.FalseRejectPct, a.FalseRejects, a.IdealAdmitted)
 	}
 	row("false rejects (% of in-quota)", fr(l.Accuracy), get(func(r *runResult) string { return fr(r.Accuracy) }), "")
+	later := func(a accuracy) string {
+		if a.LaterIdealAdmitted == 0 {
+			return "(one window)"
+		}
+		return fmt.Sprintf("%.3f%% (%d of %d)", a.LaterFalseRejectPct, a.LaterFalseRejects, a.LaterIdealAdmitted)
+	}
+	row(fmt.Sprintf("  past the first %gs", l.Accuracy.WindowSeconds), later(l.Accuracy), get(func(r *runResult) string { return later(r.Accuracy) }), "")
 	row("  by the source that denied", bySource(l.Accuracy.FalseRejectsBy), get(func(r *runResult) string { return bySource(r.Accuracy.FalseRejectsBy) }), "")
 	row("  static R/N split, replayed", fmt.Sprintf("%.3f%%", l.Accuracy.StaticFalseRejectPct), get(func(r *runResult) string { return fmt.Sprintf("%.3f%%", r.Accuracy.StaticFalseRejectPct) }), "")
 	row("CPU per check (all processes)", ns(int64(l.CPUPerCheckNS)), get(func(r *runResult) string { return ns(int64(r.CPUPerCheckNS)) }), x(ra.CPUPerCheck, "less"))
