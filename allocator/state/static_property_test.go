@@ -55,19 +55,43 @@ type admit struct {
 // token of rounding).
 func TestStaticBoundProperty(t *testing.T) {
 	for range 3 { // 300 cases: a broken transition shows in most runs
-		rapid.Check(t, staticBoundCase)
+		rapid.Check(t, staticBoundCase(broadShape))
 	}
 }
 
-func staticBoundCase(t *rapid.T) {
-	{
+// TestStaticMergeProperty is TestStaticBoundProperty narrowed to where a
+// holder's merged share matters: one or two slots (a share is most of the
+// burst), time in small steps, large Checks to drain what the bucket is
+// credited. A merge that credits more than the share held (a report
+// ignored, a share merged twice) breaks the bound in most runs.
+func TestStaticMergeProperty(t *testing.T) {
+	for range 3 {
+		rapid.Check(t, staticBoundCase(mergeShape))
+	}
+}
+
+// propShape bounds a property case's draws.
+type propShape struct {
+	maxSlots int // N is drawn from 1..maxSlots (before and after a change)
+	maxDtMs  int // a time step, ms
+	maxTake  int // a holder's decision from its share
+	maxHits  int // an admin Check
+}
+
+var (
+	broadShape = propShape{maxSlots: 4, maxDtMs: 300, maxTake: 10, maxHits: 8}
+	mergeShape = propShape{maxSlots: 2, maxDtMs: 40, maxTake: 20, maxHits: 20}
+)
+
+func staticBoundCase(shape propShape) func(*rapid.T) {
+	return func(t *rapid.T) {
 		cfg := testConfig()
 		cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.AgentTTL = 2*time.Second, 2*time.Second, 4*time.Second
 		cfg.RefreshInterval = 500 * time.Millisecond
 		cfg.SweepSegments = 1
 		s := New(cfg)
 		putRules(t, s, t0, staticPropRules)
-		n := uint32(rapid.IntRange(1, 4).Draw(t, "slots"))
+		n := uint32(rapid.IntRange(1, shape.maxSlots).Draw(t, "slots"))
 		ttl := time.Duration(rapid.IntRange(1, 8).Draw(t, "ttl250ms")) * 250 * time.Millisecond
 		setStatic(t, s, t0, n, ttl)
 		type keyDef struct {
@@ -216,13 +240,13 @@ func staticBoundCase(t *rapid.T) {
 			case act >= w[0]+w[1]+w[2]+w[3]+w[4] && act < w[0]+w[1]+w[2]+w[3]+w[4]+w[5]:
 				// The settings change (rarely: a sixth of this weight).
 				if rapid.IntRange(0, 5).Draw(t, "change") == 0 {
-					n := uint32(rapid.IntRange(1, 4).Draw(t, "slots2"))
+					n := uint32(rapid.IntRange(1, shape.maxSlots).Draw(t, "slots2"))
 					ttl := time.Duration(rapid.IntRange(1, 8).Draw(t, "ttl2")) * 250 * time.Millisecond
 					setStatic(t, s, now, n, ttl)
 				}
 				continue
 			case act < w[0]: // time passes
-				now += int64(rapid.IntRange(0, 300).Draw(t, "dtMs")) * int64(time.Millisecond)
+				now += int64(rapid.IntRange(0, shape.maxDtMs).Draw(t, "dtMs")) * int64(time.Millisecond)
 			case act < w[0]+w[1]: // a holder decides a key from its share
 				a := agents[rapid.IntRange(0, len(agents)-1).Draw(t, "agent")]
 				i := rapid.IntRange(0, len(keys)-1).Draw(t, "key")
@@ -235,7 +259,7 @@ func staticBoundCase(t *rapid.T) {
 					continue
 				}
 				b := a.buckets[i]
-				if got := sh.TakeUpTo(&b, now, int64(rapid.IntRange(1, 10).Draw(t, "n"))); got > 0 {
+				if got := sh.TakeUpTo(&b, now, int64(rapid.IntRange(1, shape.maxTake).Draw(t, "n"))); got > 0 {
 					admitted[i] = append(admitted[i], admit{now, got})
 				}
 				a.buckets[i] = b
@@ -252,7 +276,7 @@ func staticBoundCase(t *rapid.T) {
 				s.Apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{}}})
 			default: // an admin Check: drains the state's bucket without pacing
 				i := rapid.IntRange(0, len(keys)-1).Draw(t, "key")
-				hits := uint32(rapid.IntRange(1, 8).Draw(t, "hits"))
+				hits := uint32(rapid.IntRange(1, shape.maxHits).Draw(t, "hits"))
 				res := s.Apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Check{Check: &allotv1.CheckRequest{
 					Domain: "test", Hits: hits, Descriptors: []*allotv1.Descriptor{{Entries: []*allotv1.Entry{{Key: keys[i].k, Value: keys[i].v}}}}}}})
 				if r, ok := res.(*allotv1.CheckResponse); ok && r.OverallCode == allotv1.Code_CODE_OK {
