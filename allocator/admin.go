@@ -294,6 +294,7 @@ func (a *adminService) ClusterStatus(ctx context.Context, _ *allotv1.ClusterStat
 		Keys:              st.Keys,
 		Leases:            st.Leases,
 		LastSnapshotIndex: parseUint(stats["last_snapshot_index"]),
+		Static:            s.st.StaticStatus(time.Now().UnixNano()),
 	}
 	if r.State() != raft.Leader {
 		if lc := r.LastContact(); !lc.IsZero() {

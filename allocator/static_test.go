@@ -34,9 +34,31 @@ func TestStaticSettingsCommitted(t *testing.T) {
 	if st := resp.GetStatic(); st.GetSlots() != 3 || st.GetValidMs() != 1000 || !st.GetHotReset() {
 		t.Fatalf("static answer %v", st)
 	}
+	// The admin API shows the slot held (ClusterStatus, ListAgents).
+	_, admin := tc.clients(0)
+	cs, err := admin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := cs.GetStatic(); st.GetSlots() != 3 || st.GetTtlMs() != 1000 || st.GetSlotsHeld() != 1 || st.GetPaused() {
+		t.Fatalf("ClusterStatus static %v", st)
+	}
+	ags, err := admin.ListAgents(ctxT(t), &allotv1.ListAgentsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ags.GetAgents()) != 1 || !ags.GetAgents()[0].GetStaticSlot() {
+		t.Fatalf("ListAgents %v", ags.GetAgents())
+	}
 	tc.stop(0, true)
 	tc.cfgs[0].StaticSlots = 0
 	tc.restart(0)
 	tc.waitReady(0)
 	waitStatic(state.StaticSettings{})
+	_, admin = tc.clients(0)
+	// Turning off revokes the slots first: the status says so.
+	if cs, err := admin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{}); err != nil ||
+		!cs.GetStatic().GetPaused() || cs.GetStatic().GetNextSlots() != 0 {
+		t.Fatalf("ClusterStatus while static shares turn off: %v, %v", cs.GetStatic(), err)
+	}
 }

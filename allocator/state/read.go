@@ -225,6 +225,9 @@ func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*all
 		// The limit in force: the global cluster's (limitIn).
 		lim, resp.Limit = pl.lim, pl.global.Msg(resp.Limit)
 	}
+	if pl := c.pools[h]; pl == nil {
+		c.inspectStatic(resp, rule, h, nowNanos)
+	}
 	var st bucket.State
 	if i := c.tab.find(h); i >= 0 {
 		resp.Tracked = true
@@ -262,6 +265,12 @@ func (s *State) ListAgents(nowNanos int64) *allotv1.ListAgentsResponse {
 			FallbackKeys:      a.fallbackKeys,
 			LastRequestId:     a.lastReq,
 		})
+		if ss := s.st.static; ss != nil {
+			if hd := ss.holders[a.num]; hd != nil {
+				ag := resp.Agents[len(resp.Agents)-1]
+				ag.StaticSlot, ag.HotVersionAcked = true, hd.ack
+			}
+		}
 	}
 	sort.Slice(resp.Agents, func(i, j int) bool { return resp.Agents[i].AgentId < resp.Agents[j].AgentId })
 	return resp

@@ -136,6 +136,49 @@ func (s *State) StaticSettings() StaticSettings {
 	return StaticSettings{Slots: st.n, TTL: time.Duration(st.ttl)}
 }
 
+// StaticStatus returns the static shares' state at now for ClusterStatus
+// (nil when static shares are off).
+func (s *State) StaticStatus(now int64) *allotv1.StaticStatus {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.st
+	ss := c.static
+	if ss == nil {
+		return nil
+	}
+	st := &allotv1.StaticStatus{
+		Slots: ss.n, TtlMs: ss.ttl / int64(time.Millisecond), SlotsHeld: uint32(len(ss.holders)),
+		HotKeys: uint64(len(ss.hot)), HotVersion: ss.version, Transitions: uint64(ss.transitions(now)),
+		Paused: ss.paused, MaxRefillMs: ss.maxRefill(c.cfg.AgentTTL).Milliseconds(),
+	}
+	if ss.paused {
+		st.NextSlots, st.NextTtlMs = ss.nextN, ss.nextTTL/int64(time.Millisecond)
+	}
+	return st
+}
+
+// inspectStatic sets resp's static shares fields for key h of rule at now
+// (read-only: the caller holds the read lock).
+func (c *core) inspectStatic(resp *allotv1.InspectKeyResponse, rule *rules.Rule, h uint64, now int64) {
+	ss := c.static
+	if ss == nil {
+		return
+	}
+	resp.StaticSlots = ss.n
+	if _, ok := rule.StaticShare(ss.n, ss.maxRefill(c.cfg.AgentTTL)); !ok {
+		resp.Static = "not_eligible"
+		return
+	}
+	if _, hot := ss.hot[h]; !hot {
+		resp.Static = "static"
+		return
+	}
+	resp.Static = "hot"
+	if tr := ss.trans[h]; tr != nil && !ss.over(tr, now) {
+		resp.Static, resp.StaticShares = "transition", ss.kNow(tr)
+	}
+}
+
 // StaticCommand returns the command that sets ss.
 func StaticCommand(ss StaticSettings) *allotv1.Command {
 	return &allotv1.Command{Cmd: &allotv1.Command_Static{Static: &allotv1.StaticCommand{

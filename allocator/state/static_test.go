@@ -587,3 +587,65 @@ func TestHotLog(t *testing.T) {
 		t.Fatalf("from before the log: %v", r)
 	}
 }
+
+// TestStaticInspect: InspectKey, ListAgents and StaticStatus show how
+// static shares treat a key and who holds a slot, and change nothing.
+func TestStaticInspect(t *testing.T) {
+	s := newTestState(t) // tb: 10/s, burst 10; 4 slots: shares of burst 2
+	inspect := func(k, v string, now int64) *allotv1.InspectKeyResponse {
+		t.Helper()
+		r, err := s.InspectKey(&allotv1.InspectKeyRequest{Domain: "test", Entries: []*allotv1.Entry{{Key: k, Value: v}}}, now)
+		if err != nil {
+			t.Fatalf("InspectKey(%s=%s): %v", k, v, err)
+		}
+		return r
+	}
+	if r := inspect("tb", "1", at(0)); r.Static != "" || r.StaticSlots != 0 {
+		t.Fatalf("static shares off: static %q, slots %d", r.Static, r.StaticSlots)
+	}
+	if s.StaticStatus(at(0)) != nil {
+		t.Fatal("a StaticStatus with static shares off")
+	}
+	setStatic(t, s, at(0), 4, staticTTL)
+	now := at(time.Second)
+	var v uint64
+	for _, ag := range []string{"a", "b"} {
+		v = sacquire(t, s, now, ag, 1, 0).Static.HotVersion
+	}
+	for _, c := range []struct{ k, want string }{{"tb", "static"}, {"slow", "static"}, {"fw", "not_eligible"}} {
+		if r := inspect(c.k, "1", now); r.Static != c.want || r.StaticSlots != 4 || r.Tracked {
+			t.Errorf("%s=1: static %q (slots %d, tracked %v), want %q of 4, untracked", c.k, r.Static, r.StaticSlots, r.Tracked, c.want)
+		}
+	}
+	// a promotes tb=1: hot, in transition under a's share and the two
+	// free ones until b acknowledges.
+	vh := sacquire(t, s, now, "a", 2, v, promoteKey("tb", "1", 0, 1)).Static.HotVersion
+	r := inspect("tb", "1", now)
+	if r.Static != "transition" || r.StaticShares != 3 || !r.Tracked {
+		t.Fatalf("after the promotion: %q, %d shares, tracked %v; want transition, 3", r.Static, r.StaticShares, r.Tracked)
+	}
+	st := s.StaticStatus(now)
+	if st.GetSlots() != 4 || st.GetSlotsHeld() != 2 || st.GetHotKeys() != 1 || st.GetHotVersion() != vh ||
+		st.GetTransitions() != 1 || st.GetPaused() || st.GetTtlMs() != staticTTL.Milliseconds() {
+		t.Fatalf("StaticStatus: %v", st)
+	}
+	ags := s.ListAgents(now).GetAgents()
+	// a's promotion acknowledged v; b has acknowledged nothing yet.
+	if len(ags) != 2 || !ags[0].StaticSlot || ags[0].HotVersionAcked != v || !ags[1].StaticSlot || ags[1].HotVersionAcked != 0 {
+		t.Fatalf("ListAgents: %v", ags)
+	}
+	sacquire(t, s, now, "b", 2, vh)
+	if r := inspect("tb", "1", now); r.Static != "hot" || r.StaticShares != 0 {
+		t.Fatalf("after b's acknowledgement: %q, %d shares; want hot", r.Static, r.StaticShares)
+	}
+	if ags := s.ListAgents(now).GetAgents(); ags[1].HotVersionAcked != vh {
+		t.Fatalf("b acknowledged %d, want %d", ags[1].HotVersionAcked, vh)
+	}
+	// A key seen by an agent without static shares: not a slot holder.
+	if _, err := acquire(s, now, "x", 1, ka("tb", "2", 1, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if ags := s.ListAgents(now).GetAgents(); len(ags) != 3 || ags[2].StaticSlot {
+		t.Fatalf("ListAgents with x: %v", ags)
+	}
+}

@@ -17,7 +17,8 @@ func (a *app) agentsCmd() *cobra.Command {
 when it last called (by the allocator's clock), how many keys it holds leases
 on and how many tokens in total, how many keys it currently decides from its
 local fallback buckets (no lease yet, or the allocator was unreachable), and
-its last request id.`,
+its last request id. With static shares on, a column says which agents hold a
+slot and the hot-key set version each acknowledged.`,
 		Example: `  allotctl agents
   allotctl agents -o json`,
 		Args: cobra.NoArgs,
@@ -32,11 +33,27 @@ func (a *app) printAgents(r *allotv1.ListAgentsResponse) error {
 		_, err := fmt.Fprintln(a.stdout, "No agents.")
 		return err
 	}
-	t := newTable(a.stdout, "AGENT", "LAST CONTACT", "KEYS", "TOKENS", "FALLBACK KEYS", "LAST REQUEST")
+	slots := false // static shares: a column when an agent holds a slot
 	for _, ag := range r.GetAgents() {
-		t.row(ag.GetAgentId(), fmtAge(r.GetNowUnixMs(), ag.GetLastContactUnixMs()),
+		slots = slots || ag.GetStaticSlot()
+	}
+	head := []string{"AGENT", "LAST CONTACT", "KEYS", "TOKENS", "FALLBACK KEYS", "LAST REQUEST"}
+	if slots {
+		head = append(head, "STATIC SLOT")
+	}
+	t := newTable(a.stdout, head...)
+	for _, ag := range r.GetAgents() {
+		row := []string{ag.GetAgentId(), fmtAge(r.GetNowUnixMs(), ag.GetLastContactUnixMs()),
 			strconv.FormatUint(uint64(ag.GetKeysHeld()), 10), strconv.FormatInt(ag.GetTokensHeld(), 10),
-			strconv.FormatUint(uint64(ag.GetFallbackKeys()), 10), strconv.FormatUint(ag.GetLastRequestId(), 10))
+			strconv.FormatUint(uint64(ag.GetFallbackKeys()), 10), strconv.FormatUint(ag.GetLastRequestId(), 10)}
+		if slots {
+			slot := "-"
+			if ag.GetStaticSlot() {
+				slot = "yes, acknowledged hot-key set version " + strconv.FormatUint(ag.GetHotVersionAcked(), 10)
+			}
+			row = append(row, slot)
+		}
+		t.row(row...)
 	}
 	return t.flush()
 }

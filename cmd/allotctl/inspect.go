@@ -111,10 +111,15 @@ func (a *app) printInspect(r *allotv1.InspectKeyResponse) error {
 		}
 	}
 	k = newKV(a.stdout, 9)
+	if r.GetMatched() && r.GetStatic() != "" {
+		k.add("Static", staticLine(r))
+	}
 	switch {
 	case !r.GetMatched():
 	case r.GetLimit().GetUnlimited():
 		k.add("Global", "unlimited: no budget is kept")
+	case !r.GetTracked() && r.GetStatic() == "static":
+		k.add("Global", "not tracked: the slot holders decide it from their static shares")
 	case !r.GetTracked():
 		k.add("Global", "not tracked: no state on the allocator yet (bucket full)")
 	default:
@@ -185,4 +190,20 @@ func (a *app) printPromotion(parent context.Context, addr, prefix, key string) e
 	}
 	_, err = fmt.Fprintf(a.stdout, "Redis promotion: %s\n", line)
 	return err
+}
+
+// staticLine says how static shares (docs/static-shares.md) treat the key.
+func staticLine(r *allotv1.InspectKeyResponse) string {
+	n := r.GetStaticSlots()
+	switch r.GetStatic() {
+	case "static":
+		return fmt.Sprintf("static: each of the %d slot holders decides it from its share, without the allocator", n)
+	case "hot":
+		return "hot: leased (the allocator coordinates it)"
+	case "transition":
+		return fmt.Sprintf("hot, in transition: its bucket holds %d of the %d shares until the other holders acknowledge", r.GetStaticShares(), n)
+	case "not_eligible":
+		return "not eligible: leased (the rule's share is not static-eligible)"
+	}
+	return r.GetStatic()
 }

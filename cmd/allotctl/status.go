@@ -23,7 +23,9 @@ leader, voters, owned slot ranges, tracked keys and the answering node's
 applied index and role in it (group 0 is the meta group, which owns no
 slots). On a regional cluster (allocator -region) it also shows the global
 upstream, the connection state (from the leader) and the global keys the
-region holds.`,
+region holds. With static shares on (allocator -static-slots) it shows their
+slots, how many agents hold one, the hot-key set's size and version, and the
+transitions under way.`,
 		Example: `  allotctl status
   allotctl --addr 10.0.0.6:7420 status -o json`,
 		Args: cobra.NoArgs,
@@ -54,6 +56,9 @@ func (a *app) printStatus(r *allotv1.ClusterStatusResponse) error {
 	k.add("Agents", strconv.FormatUint(uint64(r.GetAgents()), 10))
 	k.add("Keys", strconv.FormatUint(r.GetKeys(), 10))
 	k.add("Leases", strconv.FormatUint(r.GetLeases(), 10))
+	if st := r.GetStatic(); st != nil {
+		k.add("Static shares", staticSummary(st))
+	}
 	if err := k.flush(); err != nil {
 		return err
 	}
@@ -91,4 +96,19 @@ func (a *app) printStatus(r *allotv1.ClusterStatusResponse) error {
 		}
 	}
 	return a.printUpstream(r)
+}
+
+// staticSummary is status's one line on static shares.
+func staticSummary(st *allotv1.StaticStatus) string {
+	s := fmt.Sprintf("%d slots (%d held), TTL %s, shares refilling within %s; %d hot keys (version %d), %d in transition",
+		st.GetSlots(), st.GetSlotsHeld(), fmtMS(st.GetTtlMs()), fmtMS(st.GetMaxRefillMs()),
+		st.GetHotKeys(), st.GetHotVersion(), st.GetTransitions())
+	if st.GetPaused() {
+		next := "off"
+		if st.GetNextSlots() > 0 {
+			next = fmt.Sprintf("%d slots, TTL %s", st.GetNextSlots(), fmtMS(st.GetNextTtlMs()))
+		}
+		s += "; changing to " + next + " (no slot is given until then)"
+	}
+	return s
 }

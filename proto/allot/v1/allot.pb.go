@@ -2098,9 +2098,18 @@ type InspectKeyResponse struct {
 	// A scope: global key on a regional cluster: what the region holds of it
 	// (pool) and the global cluster's view of the key (global; absent when
 	// the global cluster did not answer).
-	Pool          *GlobalKeyHeld      `protobuf:"bytes,16,opt,name=pool,proto3" json:"pool,omitempty"`
-	Global        *InspectKeyResponse `protobuf:"bytes,17,opt,name=global,proto3" json:"global,omitempty"`
-	GlobalError   string              `protobuf:"bytes,18,opt,name=global_error,json=globalError,proto3" json:"global_error,omitempty"` // why global is absent
+	Pool        *GlobalKeyHeld      `protobuf:"bytes,16,opt,name=pool,proto3" json:"pool,omitempty"`
+	Global      *InspectKeyResponse `protobuf:"bytes,17,opt,name=global,proto3" json:"global,omitempty"`
+	GlobalError string              `protobuf:"bytes,18,opt,name=global_error,json=globalError,proto3" json:"global_error,omitempty"` // why global is absent
+	// Static shares (docs/static-shares.md), when the cluster gives them:
+	// static is "static" (the holders decide the key from their shares; the
+	// allocator holds nothing for it), "hot" (coordinated: leased), or
+	// "transition" (hot, its bucket under static_shares of static_slots
+	// shares until the other holders acknowledge); "not_eligible" when the
+	// rule's shares are not static-eligible; "" when static shares are off.
+	Static        string `protobuf:"bytes,19,opt,name=static,proto3" json:"static,omitempty"`
+	StaticShares  uint32 `protobuf:"varint,20,opt,name=static_shares,json=staticShares,proto3" json:"static_shares,omitempty"`
+	StaticSlots   uint32 `protobuf:"varint,21,opt,name=static_slots,json=staticSlots,proto3" json:"static_slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2261,6 +2270,27 @@ func (x *InspectKeyResponse) GetGlobalError() string {
 	return ""
 }
 
+func (x *InspectKeyResponse) GetStatic() string {
+	if x != nil {
+		return x.Static
+	}
+	return ""
+}
+
+func (x *InspectKeyResponse) GetStaticShares() uint32 {
+	if x != nil {
+		return x.StaticShares
+	}
+	return 0
+}
+
+func (x *InspectKeyResponse) GetStaticSlots() uint32 {
+	if x != nil {
+		return x.StaticSlots
+	}
+	return 0
+}
+
 type ListAgentsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// group: in a cluster with several groups, only data group group's
@@ -2316,6 +2346,8 @@ type AgentInfo struct {
 	TokensHeld        int64                  `protobuf:"varint,4,opt,name=tokens_held,json=tokensHeld,proto3" json:"tokens_held,omitempty"`
 	FallbackKeys      uint32                 `protobuf:"varint,5,opt,name=fallback_keys,json=fallbackKeys,proto3" json:"fallback_keys,omitempty"`
 	LastRequestId     uint64                 `protobuf:"varint,6,opt,name=last_request_id,json=lastRequestId,proto3" json:"last_request_id,omitempty"`
+	StaticSlot        bool                   `protobuf:"varint,7,opt,name=static_slot,json=staticSlot,proto3" json:"static_slot,omitempty"`                  // holds a static-share slot
+	HotVersionAcked   uint64                 `protobuf:"varint,8,opt,name=hot_version_acked,json=hotVersionAcked,proto3" json:"hot_version_acked,omitempty"` // the hot-key set version it acknowledged (with a slot)
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -2388,6 +2420,20 @@ func (x *AgentInfo) GetFallbackKeys() uint32 {
 func (x *AgentInfo) GetLastRequestId() uint64 {
 	if x != nil {
 		return x.LastRequestId
+	}
+	return 0
+}
+
+func (x *AgentInfo) GetStaticSlot() bool {
+	if x != nil {
+		return x.StaticSlot
+	}
+	return false
+}
+
+func (x *AgentInfo) GetHotVersionAcked() uint64 {
+	if x != nil {
+		return x.HotVersionAcked
 	}
 	return 0
 }
@@ -3016,6 +3062,7 @@ type ClusterStatusResponse struct {
 	ClusterId         string                 `protobuf:"bytes,16,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"` // the cluster's id (a cluster with several groups)
 	Region            string                 `protobuf:"bytes,17,opt,name=region,proto3" json:"region,omitempty"`                        // -region ("" on a global or standalone cluster)
 	Upstream          *UpstreamStatus        `protobuf:"bytes,18,opt,name=upstream,proto3" json:"upstream,omitempty"`                    // a regional cluster's global upstream (absent otherwise)
+	Static            *StaticStatus          `protobuf:"bytes,19,opt,name=static,proto3" json:"static,omitempty"`                        // static shares (absent when off)
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -3176,6 +3223,131 @@ func (x *ClusterStatusResponse) GetUpstream() *UpstreamStatus {
 	return nil
 }
 
+func (x *ClusterStatusResponse) GetStatic() *StaticStatus {
+	if x != nil {
+		return x.Static
+	}
+	return nil
+}
+
+// StaticStatus is the static shares' replicated state
+// (docs/static-shares.md).
+type StaticStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slots         uint32                 `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"`              // N (-static-slots)
+	TtlMs         int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"` // -static-ttl
+	SlotsHeld     uint32                 `protobuf:"varint,3,opt,name=slots_held,json=slotsHeld,proto3" json:"slots_held,omitempty"`
+	HotKeys       uint64                 `protobuf:"varint,4,opt,name=hot_keys,json=hotKeys,proto3" json:"hot_keys,omitempty"`          // the hot-key set's size
+	HotVersion    uint64                 `protobuf:"varint,5,opt,name=hot_version,json=hotVersion,proto3" json:"hot_version,omitempty"` // its version
+	Transitions   uint64                 `protobuf:"varint,6,opt,name=transitions,proto3" json:"transitions,omitempty"`                 // hot keys whose transition is under way
+	Paused        bool                   `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`                           // a settings change is under way: no slot is given
+	NextSlots     uint32                 `protobuf:"varint,8,opt,name=next_slots,json=nextSlots,proto3" json:"next_slots,omitempty"`    // while paused: the settings it brings
+	NextTtlMs     int64                  `protobuf:"varint,9,opt,name=next_ttl_ms,json=nextTtlMs,proto3" json:"next_ttl_ms,omitempty"`
+	MaxRefillMs   int64                  `protobuf:"varint,10,opt,name=max_refill_ms,json=maxRefillMs,proto3" json:"max_refill_ms,omitempty"` // a static-eligible share refills its burst within this
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaticStatus) Reset() {
+	*x = StaticStatus{}
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaticStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaticStatus) ProtoMessage() {}
+
+func (x *StaticStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaticStatus.ProtoReflect.Descriptor instead.
+func (*StaticStatus) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *StaticStatus) GetSlots() uint32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetSlotsHeld() uint32 {
+	if x != nil {
+		return x.SlotsHeld
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetHotKeys() uint64 {
+	if x != nil {
+		return x.HotKeys
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetHotVersion() uint64 {
+	if x != nil {
+		return x.HotVersion
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetTransitions() uint64 {
+	if x != nil {
+		return x.Transitions
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *StaticStatus) GetNextSlots() uint32 {
+	if x != nil {
+		return x.NextSlots
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetNextTtlMs() int64 {
+	if x != nil {
+		return x.NextTtlMs
+	}
+	return 0
+}
+
+func (x *StaticStatus) GetMaxRefillMs() int64 {
+	if x != nil {
+		return x.MaxRefillMs
+	}
+	return 0
+}
+
 // UpstreamStatus is a regional cluster's link to its global cluster, as
 // its leader sees it.
 type UpstreamStatus struct {
@@ -3192,7 +3364,7 @@ type UpstreamStatus struct {
 
 func (x *UpstreamStatus) Reset() {
 	*x = UpstreamStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3204,7 +3376,7 @@ func (x *UpstreamStatus) String() string {
 func (*UpstreamStatus) ProtoMessage() {}
 
 func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[35]
+	mi := &file_allot_v1_allot_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3217,7 +3389,7 @@ func (x *UpstreamStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpstreamStatus.ProtoReflect.Descriptor instead.
 func (*UpstreamStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{35}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UpstreamStatus) GetAddrs() []string {
@@ -3291,7 +3463,7 @@ type GlobalKeyHeld struct {
 
 func (x *GlobalKeyHeld) Reset() {
 	*x = GlobalKeyHeld{}
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3303,7 +3475,7 @@ func (x *GlobalKeyHeld) String() string {
 func (*GlobalKeyHeld) ProtoMessage() {}
 
 func (x *GlobalKeyHeld) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[36]
+	mi := &file_allot_v1_allot_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3316,7 +3488,7 @@ func (x *GlobalKeyHeld) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GlobalKeyHeld.ProtoReflect.Descriptor instead.
 func (*GlobalKeyHeld) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{36}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GlobalKeyHeld) GetKey() string {
@@ -3440,7 +3612,7 @@ type GroupStatus struct {
 
 func (x *GroupStatus) Reset() {
 	*x = GroupStatus{}
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3624,7 @@ func (x *GroupStatus) String() string {
 func (*GroupStatus) ProtoMessage() {}
 
 func (x *GroupStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[37]
+	mi := &file_allot_v1_allot_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3637,7 @@ func (x *GroupStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupStatus.ProtoReflect.Descriptor instead.
 func (*GroupStatus) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{37}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GroupStatus) GetId() uint32 {
@@ -3540,7 +3712,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3552,7 +3724,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[38]
+	mi := &file_allot_v1_allot_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3565,7 +3737,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{38}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -3611,7 +3783,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3795,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[39]
+	mi := &file_allot_v1_allot_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3636,7 +3808,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{39}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
 }
 
 type RemoveServerRequest struct {
@@ -3652,7 +3824,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3836,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[40]
+	mi := &file_allot_v1_allot_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3849,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{40}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -3702,7 +3874,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +3886,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[41]
+	mi := &file_allot_v1_allot_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +3899,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{41}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
 }
 
 type TransferLeadershipRequest struct {
@@ -3740,7 +3912,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3752,7 +3924,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[42]
+	mi := &file_allot_v1_allot_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3765,7 +3937,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{42}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -3791,7 +3963,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3803,7 +3975,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[43]
+	mi := &file_allot_v1_allot_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3816,7 +3988,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{43}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -3836,7 +4008,7 @@ type MoveSlotsRequest struct {
 
 func (x *MoveSlotsRequest) Reset() {
 	*x = MoveSlotsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3848,7 +4020,7 @@ func (x *MoveSlotsRequest) String() string {
 func (*MoveSlotsRequest) ProtoMessage() {}
 
 func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[44]
+	mi := &file_allot_v1_allot_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3861,7 +4033,7 @@ func (x *MoveSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveSlotsRequest.ProtoReflect.Descriptor instead.
 func (*MoveSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{44}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MoveSlotsRequest) GetSlots() string {
@@ -3896,7 +4068,7 @@ type SlotMove struct {
 
 func (x *SlotMove) Reset() {
 	*x = SlotMove{}
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +4080,7 @@ func (x *SlotMove) String() string {
 func (*SlotMove) ProtoMessage() {}
 
 func (x *SlotMove) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[45]
+	mi := &file_allot_v1_allot_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +4093,7 @@ func (x *SlotMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotMove.ProtoReflect.Descriptor instead.
 func (*SlotMove) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{45}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SlotMove) GetId() uint64 {
@@ -3996,7 +4168,7 @@ type MoveSlotsResponse struct {
 
 func (x *MoveSlotsResponse) Reset() {
 	*x = MoveSlotsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4008,7 +4180,7 @@ func (x *MoveSlotsResponse) String() string {
 func (*MoveSlotsResponse) ProtoMessage() {}
 
 func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[46]
+	mi := &file_allot_v1_allot_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4021,7 +4193,7 @@ func (x *MoveSlotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveSlotsResponse.ProtoReflect.Descriptor instead.
 func (*MoveSlotsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{46}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MoveSlotsResponse) GetMove() *SlotMove {
@@ -4039,7 +4211,7 @@ type RebalanceSlotsRequest struct {
 
 func (x *RebalanceSlotsRequest) Reset() {
 	*x = RebalanceSlotsRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4051,7 +4223,7 @@ func (x *RebalanceSlotsRequest) String() string {
 func (*RebalanceSlotsRequest) ProtoMessage() {}
 
 func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[47]
+	mi := &file_allot_v1_allot_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4064,7 +4236,7 @@ func (x *RebalanceSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceSlotsRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{47}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
 }
 
 type RebalanceSlotsResponse struct {
@@ -4076,7 +4248,7 @@ type RebalanceSlotsResponse struct {
 
 func (x *RebalanceSlotsResponse) Reset() {
 	*x = RebalanceSlotsResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4260,7 @@ func (x *RebalanceSlotsResponse) String() string {
 func (*RebalanceSlotsResponse) ProtoMessage() {}
 
 func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[48]
+	mi := &file_allot_v1_allot_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4273,7 @@ func (x *RebalanceSlotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceSlotsResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceSlotsResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{48}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RebalanceSlotsResponse) GetMoves() []*SlotMove {
@@ -4119,7 +4291,7 @@ type AddGroupRequest struct {
 
 func (x *AddGroupRequest) Reset() {
 	*x = AddGroupRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4131,7 +4303,7 @@ func (x *AddGroupRequest) String() string {
 func (*AddGroupRequest) ProtoMessage() {}
 
 func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[49]
+	mi := &file_allot_v1_allot_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4144,7 +4316,7 @@ func (x *AddGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddGroupRequest.ProtoReflect.Descriptor instead.
 func (*AddGroupRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{49}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
 }
 
 type AddGroupResponse struct {
@@ -4158,7 +4330,7 @@ type AddGroupResponse struct {
 
 func (x *AddGroupResponse) Reset() {
 	*x = AddGroupResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4170,7 +4342,7 @@ func (x *AddGroupResponse) String() string {
 func (*AddGroupResponse) ProtoMessage() {}
 
 func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[50]
+	mi := &file_allot_v1_allot_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4183,7 +4355,7 @@ func (x *AddGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddGroupResponse.ProtoReflect.Descriptor instead.
 func (*AddGroupResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{50}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AddGroupResponse) GetId() uint32 {
@@ -4217,7 +4389,7 @@ type ApplySlotEntryRequest struct {
 
 func (x *ApplySlotEntryRequest) Reset() {
 	*x = ApplySlotEntryRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4229,7 +4401,7 @@ func (x *ApplySlotEntryRequest) String() string {
 func (*ApplySlotEntryRequest) ProtoMessage() {}
 
 func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[51]
+	mi := &file_allot_v1_allot_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4242,7 +4414,7 @@ func (x *ApplySlotEntryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryRequest.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{51}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ApplySlotEntryRequest) GetGroup() uint32 {
@@ -4270,7 +4442,7 @@ type ApplySlotEntryResponse struct {
 
 func (x *ApplySlotEntryResponse) Reset() {
 	*x = ApplySlotEntryResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4454,7 @@ func (x *ApplySlotEntryResponse) String() string {
 func (*ApplySlotEntryResponse) ProtoMessage() {}
 
 func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[52]
+	mi := &file_allot_v1_allot_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4467,7 @@ func (x *ApplySlotEntryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplySlotEntryResponse.ProtoReflect.Descriptor instead.
 func (*ApplySlotEntryResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{52}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ApplySlotEntryResponse) GetIndex() uint64 {
@@ -4344,7 +4516,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_allot_v1_allot_proto_msgTypes[53]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4356,7 +4528,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[53]
+	mi := &file_allot_v1_allot_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4369,7 +4541,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{53}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Command) GetNowUnixNanos() int64 {
@@ -4530,7 +4702,7 @@ type StaticCommand struct {
 
 func (x *StaticCommand) Reset() {
 	*x = StaticCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	mi := &file_allot_v1_allot_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4542,7 +4714,7 @@ func (x *StaticCommand) String() string {
 func (*StaticCommand) ProtoMessage() {}
 
 func (x *StaticCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[54]
+	mi := &file_allot_v1_allot_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4555,7 +4727,7 @@ func (x *StaticCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaticCommand.ProtoReflect.Descriptor instead.
 func (*StaticCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{54}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StaticCommand) GetSlots() uint32 {
@@ -4593,7 +4765,7 @@ type MetaCommand struct {
 
 func (x *MetaCommand) Reset() {
 	*x = MetaCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[55]
+	mi := &file_allot_v1_allot_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4605,7 +4777,7 @@ func (x *MetaCommand) String() string {
 func (*MetaCommand) ProtoMessage() {}
 
 func (x *MetaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[55]
+	mi := &file_allot_v1_allot_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4618,7 +4790,7 @@ func (x *MetaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaCommand.ProtoReflect.Descriptor instead.
 func (*MetaCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{55}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *MetaCommand) GetOp() MetaOp {
@@ -4701,7 +4873,7 @@ type AcquireBatch struct {
 
 func (x *AcquireBatch) Reset() {
 	*x = AcquireBatch{}
-	mi := &file_allot_v1_allot_proto_msgTypes[56]
+	mi := &file_allot_v1_allot_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4885,7 @@ func (x *AcquireBatch) String() string {
 func (*AcquireBatch) ProtoMessage() {}
 
 func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[56]
+	mi := &file_allot_v1_allot_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4898,7 @@ func (x *AcquireBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatch.ProtoReflect.Descriptor instead.
 func (*AcquireBatch) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{56}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AcquireBatch) GetRequests() []*AcquireRequest {
@@ -4761,7 +4933,7 @@ type ExpireCommand struct {
 
 func (x *ExpireCommand) Reset() {
 	*x = ExpireCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[57]
+	mi := &file_allot_v1_allot_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4773,7 +4945,7 @@ func (x *ExpireCommand) String() string {
 func (*ExpireCommand) ProtoMessage() {}
 
 func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[57]
+	mi := &file_allot_v1_allot_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4786,7 +4958,7 @@ func (x *ExpireCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCommand.ProtoReflect.Descriptor instead.
 func (*ExpireCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{57}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ExpireCommand) GetMaxEntries() uint32 {
@@ -4821,7 +4993,7 @@ type MemberCommand struct {
 
 func (x *MemberCommand) Reset() {
 	*x = MemberCommand{}
-	mi := &file_allot_v1_allot_proto_msgTypes[58]
+	mi := &file_allot_v1_allot_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4833,7 +5005,7 @@ func (x *MemberCommand) String() string {
 func (*MemberCommand) ProtoMessage() {}
 
 func (x *MemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[58]
+	mi := &file_allot_v1_allot_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4846,7 +5018,7 @@ func (x *MemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberCommand.ProtoReflect.Descriptor instead.
 func (*MemberCommand) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{58}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MemberCommand) GetMember() *Member {
@@ -5032,7 +5204,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x11InspectKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12)\n" +
-	"\aentries\x18\x03 \x03(\v2\x0f.allot.v1.EntryR\aentries\"\xcc\x04\n" +
+	"\aentries\x18\x03 \x03(\v2\x0f.allot.v1.EntryR\aentries\"\xac\x05\n" +
 	"\x12InspectKeyResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\bR\amatched\x12%\n" +
@@ -5055,9 +5227,12 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x05group\x18\x0f \x01(\rR\x05group\x12+\n" +
 	"\x04pool\x18\x10 \x01(\v2\x17.allot.v1.GlobalKeyHeldR\x04pool\x124\n" +
 	"\x06global\x18\x11 \x01(\v2\x1c.allot.v1.InspectKeyResponseR\x06global\x12!\n" +
-	"\fglobal_error\x18\x12 \x01(\tR\vglobalError\")\n" +
+	"\fglobal_error\x18\x12 \x01(\tR\vglobalError\x12\x16\n" +
+	"\x06static\x18\x13 \x01(\tR\x06static\x12#\n" +
+	"\rstatic_shares\x18\x14 \x01(\rR\fstaticShares\x12!\n" +
+	"\fstatic_slots\x18\x15 \x01(\rR\vstaticSlots\")\n" +
 	"\x11ListAgentsRequest\x12\x14\n" +
-	"\x05group\x18\x01 \x01(\rR\x05group\"\xe2\x01\n" +
+	"\x05group\x18\x01 \x01(\rR\x05group\"\xaf\x02\n" +
 	"\tAgentInfo\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12/\n" +
 	"\x14last_contact_unix_ms\x18\x02 \x01(\x03R\x11lastContactUnixMs\x12\x1b\n" +
@@ -5065,7 +5240,10 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\vtokens_held\x18\x04 \x01(\x03R\n" +
 	"tokensHeld\x12#\n" +
 	"\rfallback_keys\x18\x05 \x01(\rR\ffallbackKeys\x12&\n" +
-	"\x0flast_request_id\x18\x06 \x01(\x04R\rlastRequestId\"a\n" +
+	"\x0flast_request_id\x18\x06 \x01(\x04R\rlastRequestId\x12\x1f\n" +
+	"\vstatic_slot\x18\a \x01(\bR\n" +
+	"staticSlot\x12*\n" +
+	"\x11hot_version_acked\x18\b \x01(\x04R\x0fhotVersionAcked\"a\n" +
 	"\x12ListAgentsResponse\x12+\n" +
 	"\x06agents\x18\x01 \x03(\v2\x13.allot.v1.AgentInfoR\x06agents\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x02 \x01(\x03R\tnowUnixMs\"j\n" +
@@ -5109,7 +5287,7 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x04 \x01(\tR\bhttpAddr\x12\x12\n" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x1a\n" +
-	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\xf3\x04\n" +
+	"\bsuffrage\x18\x06 \x01(\tR\bsuffrage\"\xa3\x05\n" +
 	"\x15ClusterStatusResponse\x12*\n" +
 	"\amembers\x18\x01 \x03(\v2\x10.allot.v1.MemberR\amembers\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x17\n" +
@@ -5130,7 +5308,23 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\x10 \x01(\tR\tclusterId\x12\x16\n" +
 	"\x06region\x18\x11 \x01(\tR\x06region\x124\n" +
-	"\bupstream\x18\x12 \x01(\v2\x18.allot.v1.UpstreamStatusR\bupstream\"\xbe\x01\n" +
+	"\bupstream\x18\x12 \x01(\v2\x18.allot.v1.UpstreamStatusR\bupstream\x12.\n" +
+	"\x06static\x18\x13 \x01(\v2\x16.allot.v1.StaticStatusR\x06static\"\xb3\x02\n" +
+	"\fStaticStatus\x12\x14\n" +
+	"\x05slots\x18\x01 \x01(\rR\x05slots\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12\x1d\n" +
+	"\n" +
+	"slots_held\x18\x03 \x01(\rR\tslotsHeld\x12\x19\n" +
+	"\bhot_keys\x18\x04 \x01(\x04R\ahotKeys\x12\x1f\n" +
+	"\vhot_version\x18\x05 \x01(\x04R\n" +
+	"hotVersion\x12 \n" +
+	"\vtransitions\x18\x06 \x01(\x04R\vtransitions\x12\x16\n" +
+	"\x06paused\x18\a \x01(\bR\x06paused\x12\x1d\n" +
+	"\n" +
+	"next_slots\x18\b \x01(\rR\tnextSlots\x12\x1e\n" +
+	"\vnext_ttl_ms\x18\t \x01(\x03R\tnextTtlMs\x12\"\n" +
+	"\rmax_refill_ms\x18\n" +
+	" \x01(\x03R\vmaxRefillMs\"\xbe\x01\n" +
 	"\x0eUpstreamStatus\x12\x14\n" +
 	"\x05addrs\x18\x01 \x03(\tR\x05addrs\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\"\n" +
@@ -5312,7 +5506,7 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(KeyStatus)(0),                     // 0: allot.v1.KeyStatus
 	(Code)(0),                          // 1: allot.v1.Code
@@ -5352,30 +5546,31 @@ var file_allot_v1_allot_proto_goTypes = []any{
 	(*ClusterStatusRequest)(nil),       // 35: allot.v1.ClusterStatusRequest
 	(*Member)(nil),                     // 36: allot.v1.Member
 	(*ClusterStatusResponse)(nil),      // 37: allot.v1.ClusterStatusResponse
-	(*UpstreamStatus)(nil),             // 38: allot.v1.UpstreamStatus
-	(*GlobalKeyHeld)(nil),              // 39: allot.v1.GlobalKeyHeld
-	(*GroupStatus)(nil),                // 40: allot.v1.GroupStatus
-	(*AddVoterRequest)(nil),            // 41: allot.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),           // 42: allot.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),        // 43: allot.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),       // 44: allot.v1.RemoveServerResponse
-	(*TransferLeadershipRequest)(nil),  // 45: allot.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 46: allot.v1.TransferLeadershipResponse
-	(*MoveSlotsRequest)(nil),           // 47: allot.v1.MoveSlotsRequest
-	(*SlotMove)(nil),                   // 48: allot.v1.SlotMove
-	(*MoveSlotsResponse)(nil),          // 49: allot.v1.MoveSlotsResponse
-	(*RebalanceSlotsRequest)(nil),      // 50: allot.v1.RebalanceSlotsRequest
-	(*RebalanceSlotsResponse)(nil),     // 51: allot.v1.RebalanceSlotsResponse
-	(*AddGroupRequest)(nil),            // 52: allot.v1.AddGroupRequest
-	(*AddGroupResponse)(nil),           // 53: allot.v1.AddGroupResponse
-	(*ApplySlotEntryRequest)(nil),      // 54: allot.v1.ApplySlotEntryRequest
-	(*ApplySlotEntryResponse)(nil),     // 55: allot.v1.ApplySlotEntryResponse
-	(*Command)(nil),                    // 56: allot.v1.Command
-	(*StaticCommand)(nil),              // 57: allot.v1.StaticCommand
-	(*MetaCommand)(nil),                // 58: allot.v1.MetaCommand
-	(*AcquireBatch)(nil),               // 59: allot.v1.AcquireBatch
-	(*ExpireCommand)(nil),              // 60: allot.v1.ExpireCommand
-	(*MemberCommand)(nil),              // 61: allot.v1.MemberCommand
+	(*StaticStatus)(nil),               // 38: allot.v1.StaticStatus
+	(*UpstreamStatus)(nil),             // 39: allot.v1.UpstreamStatus
+	(*GlobalKeyHeld)(nil),              // 40: allot.v1.GlobalKeyHeld
+	(*GroupStatus)(nil),                // 41: allot.v1.GroupStatus
+	(*AddVoterRequest)(nil),            // 42: allot.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),           // 43: allot.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),        // 44: allot.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),       // 45: allot.v1.RemoveServerResponse
+	(*TransferLeadershipRequest)(nil),  // 46: allot.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 47: allot.v1.TransferLeadershipResponse
+	(*MoveSlotsRequest)(nil),           // 48: allot.v1.MoveSlotsRequest
+	(*SlotMove)(nil),                   // 49: allot.v1.SlotMove
+	(*MoveSlotsResponse)(nil),          // 50: allot.v1.MoveSlotsResponse
+	(*RebalanceSlotsRequest)(nil),      // 51: allot.v1.RebalanceSlotsRequest
+	(*RebalanceSlotsResponse)(nil),     // 52: allot.v1.RebalanceSlotsResponse
+	(*AddGroupRequest)(nil),            // 53: allot.v1.AddGroupRequest
+	(*AddGroupResponse)(nil),           // 54: allot.v1.AddGroupResponse
+	(*ApplySlotEntryRequest)(nil),      // 55: allot.v1.ApplySlotEntryRequest
+	(*ApplySlotEntryResponse)(nil),     // 56: allot.v1.ApplySlotEntryResponse
+	(*Command)(nil),                    // 57: allot.v1.Command
+	(*StaticCommand)(nil),              // 58: allot.v1.StaticCommand
+	(*MetaCommand)(nil),                // 59: allot.v1.MetaCommand
+	(*AcquireBatch)(nil),               // 60: allot.v1.AcquireBatch
+	(*ExpireCommand)(nil),              // 61: allot.v1.ExpireCommand
+	(*MemberCommand)(nil),              // 62: allot.v1.MemberCommand
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 0: allot.v1.Descriptor.entries:type_name -> allot.v1.Entry
@@ -5396,7 +5591,7 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	3,  // 15: allot.v1.InspectKeyRequest.entries:type_name -> allot.v1.Entry
 	5,  // 16: allot.v1.InspectKeyResponse.limit:type_name -> allot.v1.Limit
 	22, // 17: allot.v1.InspectKeyResponse.leases:type_name -> allot.v1.Lease
-	39, // 18: allot.v1.InspectKeyResponse.pool:type_name -> allot.v1.GlobalKeyHeld
+	40, // 18: allot.v1.InspectKeyResponse.pool:type_name -> allot.v1.GlobalKeyHeld
 	25, // 19: allot.v1.InspectKeyResponse.global:type_name -> allot.v1.InspectKeyResponse
 	27, // 20: allot.v1.ListAgentsResponse.agents:type_name -> allot.v1.AgentInfo
 	30, // 21: allot.v1.TopKeysResponse.keys:type_name -> allot.v1.KeyRate
@@ -5406,65 +5601,66 @@ var file_allot_v1_allot_proto_depIdxs = []int32{
 	1,  // 25: allot.v1.CheckResponse.overall_code:type_name -> allot.v1.Code
 	33, // 26: allot.v1.CheckResponse.statuses:type_name -> allot.v1.DescriptorStatus
 	36, // 27: allot.v1.ClusterStatusResponse.members:type_name -> allot.v1.Member
-	40, // 28: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
-	38, // 29: allot.v1.ClusterStatusResponse.upstream:type_name -> allot.v1.UpstreamStatus
-	39, // 30: allot.v1.UpstreamStatus.keys:type_name -> allot.v1.GlobalKeyHeld
-	5,  // 31: allot.v1.GlobalKeyHeld.limit:type_name -> allot.v1.Limit
-	5,  // 32: allot.v1.GlobalKeyHeld.region_limit:type_name -> allot.v1.Limit
-	48, // 33: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
-	48, // 34: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
-	59, // 35: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
-	13, // 36: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
-	18, // 37: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
-	60, // 38: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
-	61, // 39: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
-	32, // 40: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
-	58, // 41: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
-	57, // 42: allot.v1.Command.static:type_name -> allot.v1.StaticCommand
-	2,  // 43: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
-	6,  // 44: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
-	36, // 45: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
-	6,  // 46: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
-	13, // 47: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
-	15, // 48: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
-	18, // 49: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
-	20, // 50: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
-	21, // 51: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
-	24, // 52: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
-	26, // 53: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
-	29, // 54: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
-	32, // 55: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
-	35, // 56: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
-	41, // 57: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
-	43, // 58: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
-	45, // 59: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
-	47, // 60: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
-	50, // 61: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
-	54, // 62: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
-	52, // 63: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
-	8,  // 64: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
-	14, // 65: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
-	17, // 66: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
-	19, // 67: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
-	17, // 68: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
-	23, // 69: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
-	25, // 70: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
-	28, // 71: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
-	31, // 72: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
-	34, // 73: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
-	37, // 74: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
-	42, // 75: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
-	44, // 76: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
-	46, // 77: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
-	49, // 78: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
-	51, // 79: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
-	55, // 80: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
-	53, // 81: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
-	64, // [64:82] is the sub-list for method output_type
-	46, // [46:64] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	41, // 28: allot.v1.ClusterStatusResponse.groups:type_name -> allot.v1.GroupStatus
+	39, // 29: allot.v1.ClusterStatusResponse.upstream:type_name -> allot.v1.UpstreamStatus
+	38, // 30: allot.v1.ClusterStatusResponse.static:type_name -> allot.v1.StaticStatus
+	40, // 31: allot.v1.UpstreamStatus.keys:type_name -> allot.v1.GlobalKeyHeld
+	5,  // 32: allot.v1.GlobalKeyHeld.limit:type_name -> allot.v1.Limit
+	5,  // 33: allot.v1.GlobalKeyHeld.region_limit:type_name -> allot.v1.Limit
+	49, // 34: allot.v1.MoveSlotsResponse.move:type_name -> allot.v1.SlotMove
+	49, // 35: allot.v1.RebalanceSlotsResponse.moves:type_name -> allot.v1.SlotMove
+	60, // 36: allot.v1.Command.acquire:type_name -> allot.v1.AcquireBatch
+	13, // 37: allot.v1.Command.release:type_name -> allot.v1.ReleaseRequest
+	18, // 38: allot.v1.Command.put_rules:type_name -> allot.v1.PutRulesRequest
+	61, // 39: allot.v1.Command.expire:type_name -> allot.v1.ExpireCommand
+	62, // 40: allot.v1.Command.member:type_name -> allot.v1.MemberCommand
+	32, // 41: allot.v1.Command.check:type_name -> allot.v1.CheckRequest
+	59, // 42: allot.v1.Command.meta:type_name -> allot.v1.MetaCommand
+	58, // 43: allot.v1.Command.static:type_name -> allot.v1.StaticCommand
+	2,  // 44: allot.v1.MetaCommand.op:type_name -> allot.v1.MetaOp
+	6,  // 45: allot.v1.AcquireBatch.requests:type_name -> allot.v1.AcquireRequest
+	36, // 46: allot.v1.MemberCommand.member:type_name -> allot.v1.Member
+	6,  // 47: allot.v1.Allocator.Acquire:input_type -> allot.v1.AcquireRequest
+	13, // 48: allot.v1.Allocator.Release:input_type -> allot.v1.ReleaseRequest
+	15, // 49: allot.v1.Allocator.WatchRules:input_type -> allot.v1.WatchRulesRequest
+	18, // 50: allot.v1.Admin.PutRules:input_type -> allot.v1.PutRulesRequest
+	20, // 51: allot.v1.Admin.GetRules:input_type -> allot.v1.GetRulesRequest
+	21, // 52: allot.v1.Admin.ListLeases:input_type -> allot.v1.ListLeasesRequest
+	24, // 53: allot.v1.Admin.InspectKey:input_type -> allot.v1.InspectKeyRequest
+	26, // 54: allot.v1.Admin.ListAgents:input_type -> allot.v1.ListAgentsRequest
+	29, // 55: allot.v1.Admin.TopKeys:input_type -> allot.v1.TopKeysRequest
+	32, // 56: allot.v1.Admin.Check:input_type -> allot.v1.CheckRequest
+	35, // 57: allot.v1.Admin.ClusterStatus:input_type -> allot.v1.ClusterStatusRequest
+	42, // 58: allot.v1.Admin.AddVoter:input_type -> allot.v1.AddVoterRequest
+	44, // 59: allot.v1.Admin.RemoveServer:input_type -> allot.v1.RemoveServerRequest
+	46, // 60: allot.v1.Admin.TransferLeadership:input_type -> allot.v1.TransferLeadershipRequest
+	48, // 61: allot.v1.Admin.MoveSlots:input_type -> allot.v1.MoveSlotsRequest
+	51, // 62: allot.v1.Admin.RebalanceSlots:input_type -> allot.v1.RebalanceSlotsRequest
+	55, // 63: allot.v1.Admin.ApplySlotEntry:input_type -> allot.v1.ApplySlotEntryRequest
+	53, // 64: allot.v1.Admin.AddGroup:input_type -> allot.v1.AddGroupRequest
+	8,  // 65: allot.v1.Allocator.Acquire:output_type -> allot.v1.AcquireResponse
+	14, // 66: allot.v1.Allocator.Release:output_type -> allot.v1.ReleaseResponse
+	17, // 67: allot.v1.Allocator.WatchRules:output_type -> allot.v1.RuleSet
+	19, // 68: allot.v1.Admin.PutRules:output_type -> allot.v1.PutRulesResponse
+	17, // 69: allot.v1.Admin.GetRules:output_type -> allot.v1.RuleSet
+	23, // 70: allot.v1.Admin.ListLeases:output_type -> allot.v1.ListLeasesResponse
+	25, // 71: allot.v1.Admin.InspectKey:output_type -> allot.v1.InspectKeyResponse
+	28, // 72: allot.v1.Admin.ListAgents:output_type -> allot.v1.ListAgentsResponse
+	31, // 73: allot.v1.Admin.TopKeys:output_type -> allot.v1.TopKeysResponse
+	34, // 74: allot.v1.Admin.Check:output_type -> allot.v1.CheckResponse
+	37, // 75: allot.v1.Admin.ClusterStatus:output_type -> allot.v1.ClusterStatusResponse
+	43, // 76: allot.v1.Admin.AddVoter:output_type -> allot.v1.AddVoterResponse
+	45, // 77: allot.v1.Admin.RemoveServer:output_type -> allot.v1.RemoveServerResponse
+	47, // 78: allot.v1.Admin.TransferLeadership:output_type -> allot.v1.TransferLeadershipResponse
+	50, // 79: allot.v1.Admin.MoveSlots:output_type -> allot.v1.MoveSlotsResponse
+	52, // 80: allot.v1.Admin.RebalanceSlots:output_type -> allot.v1.RebalanceSlotsResponse
+	56, // 81: allot.v1.Admin.ApplySlotEntry:output_type -> allot.v1.ApplySlotEntryResponse
+	54, // 82: allot.v1.Admin.AddGroup:output_type -> allot.v1.AddGroupResponse
+	65, // [65:83] is the sub-list for method output_type
+	47, // [47:65] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_allot_proto_init() }
@@ -5473,7 +5669,7 @@ func file_allot_v1_allot_proto_init() {
 		return
 	}
 	file_allot_v1_allot_proto_msgTypes[9].OneofWrappers = []any{}
-	file_allot_v1_allot_proto_msgTypes[53].OneofWrappers = []any{
+	file_allot_v1_allot_proto_msgTypes[54].OneofWrappers = []any{
 		(*Command_Acquire)(nil),
 		(*Command_Release)(nil),
 		(*Command_PutRules)(nil),
@@ -5489,7 +5685,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   59,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
