@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -648,4 +649,44 @@ func TestStaticInspect(t *testing.T) {
 	if ags := s.ListAgents(now).GetAgents(); len(ags) != 3 || ags[2].StaticSlot {
 		t.Fatalf("ListAgents with x: %v", ags)
 	}
+}
+
+// TestStaticInspectConcurrent: the static shares' read paths run beside
+// applies that make keys hot and acknowledge them (run with -race).
+func TestStaticInspectConcurrent(t *testing.T) {
+	s := newTestState(t)
+	setStatic(t, s, at(0), 2, staticTTL)
+	now := at(time.Second)
+	v := sacquire(t, s, now, "a", 1, 0).Static.HotVersion
+	sacquire(t, s, now, "b", 1, 0)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i := range 8 {
+				if _, err := s.InspectKey(&allotv1.InspectKeyRequest{Domain: "test",
+					Entries: []*allotv1.Entry{{Key: "tb", Value: strconv.Itoa(i)}}}, now); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			s.StaticStatus(now)
+			s.ListAgents(now)
+		}
+	}()
+	id := uint64(1)
+	for i := range 200 {
+		id++
+		r := sacquire(t, s, now+int64(i)*int64(time.Millisecond), "a", id, v, promoteKey("tb", strconv.Itoa(i%8), 0, 1))
+		v = r.Static.HotVersion
+		sacquire(t, s, now+int64(i)*int64(time.Millisecond), "b", id, v)
+	}
+	close(stop)
+	<-done
 }
