@@ -46,6 +46,30 @@ func makeHot(t *testing.T, s *steppedAgent, version uint64, ds ...Descriptor) {
 	s.fake.with(func(f *fakeAllocator) { f.static.HotVersion, f.static.HotAdded = version, hs })
 }
 
+// hotByRenewal makes ds hot in version 2 and steps a second on, when the
+// agent's renewal brings the delta; it wants reports pending.
+func hotByRenewal(t *testing.T, s *steppedAgent, reports int, ds ...Descriptor) {
+	t.Helper()
+	makeHot(t, s, 2, ds...)
+	s.clock.advance(time.Second)
+	s.step()
+	if got := len(s.ss.reports); got != reports {
+		t.Fatalf("%d pending reports, want %d", got, reports)
+	}
+}
+
+// staticSlowKeys returns n keys of the slow rule, each decided once from
+// its static share.
+func staticSlowKeys(t *testing.T, s *steppedAgent, n int) []Descriptor {
+	t.Helper()
+	ds := make([]Descriptor, n)
+	for i := range ds {
+		ds[i] = desc("slow", fmt.Sprint("s", i))
+		wantSource(t, s, ds[i], SourceStatic)
+	}
+	return ds
+}
+
 // TestStaticReport: keys that turn hot while the agent decides them from
 // their shares are reported, with what each share held, in the next call
 // (packed), which acknowledges the version: merged into the entry of a key
@@ -58,12 +82,7 @@ func TestStaticReport(t *testing.T) {
 		wantSource(t, s, a, SourceStatic)
 	}
 	wantSource(t, s, b, SourceStatic)
-	makeHot(t, s, 2, a, b)
-	s.clock.advance(time.Second)
-	s.step() // the renewal brings the delta
-	if got := len(s.ss.reports); got != 2 {
-		t.Fatalf("%d pending reports, want 2", got)
-	}
+	hotByRenewal(t, s, 2, a, b)
 	n0, _, _ := s.fake.counts()
 	packed := func() (n int) { s.fake.with(func(f *fakeAllocator) { n = f.packedCalls }); return n }
 	packed0 := packed()
@@ -171,18 +190,9 @@ func TestStaticReportNone(t *testing.T) {
 // them, acknowledging their version.
 func TestStaticReportHeldBack(t *testing.T) {
 	s := newStatic(t)
-	ds := make([]Descriptor, maxBatchKeys)
-	for i := range ds {
-		ds[i] = desc("slow", fmt.Sprint("s", i))
-		wantSource(t, s, ds[i], SourceStatic)
-	}
+	ds := staticSlowKeys(t, s, maxBatchKeys)
 	wantSource(t, s, ds[7], SourceStatic) // its share holds 8, the others 9
-	makeHot(t, s, 2, ds...)
-	s.clock.advance(time.Second)
-	s.step() // the renewal brings the delta
-	if got := len(s.ss.reports); got != len(ds) {
-		t.Fatalf("%d pending reports, want %d", got, len(ds))
-	}
+	hotByRenewal(t, s, len(ds), ds...)
 	n0, _, _ := s.fake.counts()
 	wantSource(t, s, desc("window", "x"), SourceFallback) // something to send
 	s.clock.advance(50 * time.Millisecond)
@@ -218,17 +228,8 @@ func TestStaticReportHeldBack(t *testing.T) {
 // them meanwhile.
 func TestStaticReportOverflow(t *testing.T) {
 	s := newStatic(t) // valid_ms 2000
-	ds := make([]Descriptor, maxBatchKeys+1)
-	for i := range ds {
-		ds[i] = desc("slow", fmt.Sprint("s", i))
-		wantSource(t, s, ds[i], SourceStatic)
-	}
-	makeHot(t, s, 2, ds...)
-	s.clock.advance(time.Second)
-	s.step() // the renewal brings the delta
-	if got := len(s.ss.reports); got != len(ds) {
-		t.Fatalf("%d pending reports, want %d", got, len(ds))
-	}
+	ds := staticSlowKeys(t, s, maxBatchKeys+1)
+	hotByRenewal(t, s, len(ds), ds...)
 	n0, _, _ := s.fake.counts()
 	x := desc("window", "x")
 	wantSource(t, s, x, SourceFallback)

@@ -96,29 +96,29 @@ func fuzzApply(t *testing.T, data []byte, static bool) {
 	for i := next; i < next+2; i++ {
 		m.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: data})
 	}
-	snap, err := st.Snapshot()
-	if err != nil {
-		t.Fatalf("Snapshot: %v", err)
-	}
-	var a bytes.Buffer
-	if err := snap.Persist(&a); err != nil {
-		t.Fatalf("Persist: %v", err)
-	}
-	snap.Release()
+	a := snapshotBytes(t, st, "")
 	st2 := state.New(state.DefaultConfig())
-	if err := st2.Restore(bytes.NewReader(a.Bytes())); err != nil {
+	if err := st2.Restore(bytes.NewReader(a)); err != nil {
 		t.Fatalf("Restore of a fresh snapshot: %v", err)
 	}
-	snap2, err := st2.Snapshot()
+	b := snapshotBytes(t, st2, " after Restore")
+	if !bytes.Equal(a, b) {
+		t.Fatalf("snapshot after Restore differs (%d vs %d bytes)", len(a), len(b))
+	}
+}
+
+// snapshotBytes returns st's snapshot as Persist writes it; when names the
+// step in failures.
+func snapshotBytes(t *testing.T, st *state.State, when string) []byte {
+	t.Helper()
+	snap, err := st.Snapshot()
 	if err != nil {
-		t.Fatalf("Snapshot after Restore: %v", err)
+		t.Fatalf("Snapshot%s: %v", when, err)
 	}
-	defer snap2.Release()
-	var b bytes.Buffer
-	if err := snap2.Persist(&b); err != nil {
-		t.Fatalf("Persist after Restore: %v", err)
+	defer snap.Release()
+	var buf bytes.Buffer
+	if err := snap.Persist(&buf); err != nil {
+		t.Fatalf("Persist%s: %v", when, err)
 	}
-	if !bytes.Equal(a.Bytes(), b.Bytes()) {
-		t.Fatalf("snapshot after Restore differs (%d vs %d bytes)", a.Len(), b.Len())
-	}
+	return buf.Bytes()
 }

@@ -460,18 +460,24 @@ func TestStaticValidation(t *testing.T) {
 	s := newTestState(t)
 	setStatic(t, s, at(0), 4, staticTTL)
 	before := persist(t, s)
+	report := func(left int64) *allotv1.KeyAcquire {
+		k := ka("tb", "1", 0, 0, 0, 0)
+		k.StaticReport, k.StaticLeft = true, left
+		return k
+	}
 	for _, left := range []int64{-1, maxAmount + 1} {
-		k := promoteKey("tb", "1", 1, left)
-		req := &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{k}, StaticShares: true}
-		if err := ValidateAcquire(req); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("static_left %d: %v", left, err)
-		}
-		packed := &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, PackedKeys: allotv1.AppendPackedKeys(nil, req.Keys)}
-		if err := ValidateAcquire(packed); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("packed static_left %d: %v", left, err)
-		}
-		if _, err := acquire(s, at(time.Second), "a", 1, k); !errors.Is(err, ErrInvalid) {
-			t.Fatalf("apply static_left %d: %v", left, err)
+		for _, k := range []*allotv1.KeyAcquire{promoteKey("tb", "1", 1, left), report(left)} {
+			req := &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{k}, StaticShares: true}
+			if err := ValidateAcquire(req); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%v: %v", k, err)
+			}
+			packed := &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, PackedKeys: allotv1.AppendPackedKeys(nil, req.Keys)}
+			if err := ValidateAcquire(packed); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("packed %v: %v", k, err)
+			}
+			if _, err := acquire(s, at(time.Second), "a", 1, k); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("apply %v: %v", k, err)
+			}
 		}
 	}
 	if !bytes.Equal(persist(t, s), before) {
