@@ -127,6 +127,7 @@ func encodeFailed(err error) bool {
 // about the call rather than the key.
 func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	a.rf.unacked = nil
+	a.ss.reportsRejected(b)
 	now := a.loopNow()
 	alone := len(b.keys) == 1 && b.keys[0].Suspect
 	for i, ks := range b.keys {

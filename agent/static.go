@@ -96,7 +96,7 @@ type staticShares struct {
 type staticReport struct {
 	ks      *keyState // its domain and entries (even once dropped from the table)
 	left    int64     // the share's level, 0..burst
-	version uint64    // the hot-set version that brought the key
+	version uint64    // the oldest hot-set version that may have brought the key (see applyHot)
 	until   int64     // agent clock: from then on it is moot (see buildReports)
 	in      *batch    // the latest call built with it
 }
@@ -308,10 +308,13 @@ func (a *Agent) staticEnd(ks *keyState) {
 // b.firstSent: the permission and the hot-key set. The refill loop calls
 // it for every answered call, after reportsAnswered.
 //
-// The pending reports are dropped when the answer gives no slot (or the
-// agent no longer asks for one, or is closing): no report is needed then,
-// as the allocator merges nothing of a holder that stops acknowledging
-// versions (its share lapses).
+// The pending reports are dropped when the agent no longer asks for a
+// slot, is closing, or the allocator gives no static shares at all: its
+// calls then acknowledge nothing, and the allocator merges nothing of a
+// holder that stops acknowledging versions (its share lapses). An answer
+// that gives no slot keeps them: a holder whose slot a settings change
+// revokes still counts in transitions, and its acknowledgements still
+// merge its shares, until the change takes force.
 func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 	ss := &a.ss
 	if !b.req.StaticShares || s == nil || !a.staticAllowed() || ss.closed.Load() {
@@ -336,9 +339,6 @@ func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 	}
 	a.met.staticSlots.Set(float64(s.GetSlots()))
 	a.applyHot(s, now)
-	if !slot {
-		ss.dropReports()
-	}
 }
 
 // applyHot brings the hot-key set to the answer's version: hot keys stop
@@ -356,6 +356,11 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 	valid := time.Duration(max(s.GetValidMs(), 0)) * time.Millisecond
 	until := now + int64(valid+policy.LeaseMargin(valid))
 	ss.mu.Lock()
+	// The allocator numbers each change of the set (one key each): an
+	// answer taking the agent from version p to v made its keys hot at
+	// versions p+1..v, which one it does not say. A report is tagged p+1,
+	// so that a call acknowledging any of them carries it (buildReports).
+	tag := min(ss.version+1, v)
 	switch {
 	case s.GetHotReset():
 		old := ss.hot
@@ -363,7 +368,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 		for _, h := range s.GetHotAdded() {
 			ss.hot[h] = struct{}{}
 			if _, was := old[h]; !was {
-				ss.markHot(h, v, now, until)
+				ss.markHot(h, tag, now, until)
 			}
 		}
 		for h := range old {
@@ -383,7 +388,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 		for _, h := range s.GetHotAdded() {
 			if _, was := ss.hot[h]; !was {
 				ss.hot[h] = struct{}{}
-				ss.markHot(h, v, now, until)
+				ss.markHot(h, tag, now, until)
 			}
 		}
 		for _, h := range s.GetHotRemoved() {
@@ -406,7 +411,7 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 }
 
 // markHot stops static decisions of the keys of allocator hash h (mu held),
-// which version of the hot-key set brought, at now. A key decided from its
+// which the hot-key set brought at version or later, at now. A key decided from its
 // share until now gets a pending report of what the share holds (as
 // static_left is read for a promotion). None is needed for a key whose
 // promotion is in flight (its static_left is sent), nor for one whose
@@ -580,6 +585,16 @@ func (ss *staticShares) reportsAnswered(b *batch) {
 	}
 	ss.acked = b.req.HotVersion
 	ss.reports = slices.DeleteFunc(ss.reports, func(r *staticReport) bool { return r.in == b })
+}
+
+// reportsRejected records that b was rejected (nothing of it applied):
+// the reports it carried are pending again, for the next call (or moot).
+func (ss *staticShares) reportsRejected(b *batch) {
+	for _, r := range ss.reports {
+		if r.in == b {
+			r.in = nil
+		}
+	}
 }
 
 // dropReports drops the pending reports: the agent's static shares have

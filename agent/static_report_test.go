@@ -46,11 +46,12 @@ func makeHot(t *testing.T, s *steppedAgent, version uint64, ds ...Descriptor) {
 	s.fake.with(func(f *fakeAllocator) { f.static.HotVersion, f.static.HotAdded = version, hs })
 }
 
-// hotByRenewal makes ds hot in version 2 and steps a second on, when the
-// agent's renewal brings the delta; it wants reports pending.
+// hotByRenewal makes ds hot, one version each after version 1 (the
+// allocator numbers each change of the set), and steps a second on, when
+// the agent's renewal brings the delta; it wants reports pending.
 func hotByRenewal(t *testing.T, s *steppedAgent, reports int, ds ...Descriptor) {
 	t.Helper()
-	makeHot(t, s, 2, ds...)
+	makeHot(t, s, 1+uint64(len(ds)), ds...)
 	s.clock.advance(time.Second)
 	s.step()
 	if got := len(s.ss.reports); got != reports {
@@ -94,8 +95,8 @@ func TestStaticReport(t *testing.T) {
 		t.Fatalf("%d calls (%d packed), want 1 packed", len(calls), packed()-packed0)
 	}
 	req := calls[0]
-	if req.HotVersion != 2 {
-		t.Fatalf("hot_version %d, want 2", req.HotVersion)
+	if req.HotVersion != 3 {
+		t.Fatalf("hot_version %d, want 3", req.HotVersion)
 	}
 	ka, kb := reportOf(req, a), reportOf(req, b)
 	if ka == nil || ka.StaticLeft != 7 || ka.Charged != 1 || ka.Want < 1 || ka.Promote {
@@ -121,7 +122,7 @@ func TestStaticReport(t *testing.T) {
 		t.Fatalf("no call after the report")
 	}
 	for _, req := range calls {
-		if reportOf(req, a) != nil || reportOf(req, b) != nil || req.HotVersion != 2 {
+		if reportOf(req, a) != nil || reportOf(req, b) != nil || req.HotVersion != 3 {
 			t.Fatalf("a later call reports again or acknowledges %d: %v", req.HotVersion, req.Keys)
 		}
 	}
@@ -204,8 +205,8 @@ func TestStaticReportHeldBack(t *testing.T) {
 	if req := calls[0]; len(req.Keys) != 1 || req.HotVersion != 1 {
 		t.Fatalf("first call: %d keys, hot_version %d; want x alone, hot_version 1", len(req.Keys), req.HotVersion)
 	}
-	if req := calls[1]; len(req.Keys) != maxBatchKeys || req.HotVersion != 2 {
-		t.Fatalf("second call: %d keys, hot_version %d; want %d reports, hot_version 2", len(req.Keys), req.HotVersion, maxBatchKeys)
+	if req := calls[1]; len(req.Keys) != maxBatchKeys || req.HotVersion != 1+maxBatchKeys {
+		t.Fatalf("second call: %d keys, hot_version %d; want %d reports, hot_version %d", len(req.Keys), req.HotVersion, maxBatchKeys, 1+maxBatchKeys)
 	}
 	for _, k := range calls[1].Keys {
 		want := int64(9)
@@ -230,6 +231,7 @@ func TestStaticReportOverflow(t *testing.T) {
 	s := newStatic(t) // valid_ms 2000
 	ds := staticSlowKeys(t, s, maxBatchKeys+1)
 	hotByRenewal(t, s, len(ds), ds...)
+	v := 1 + uint64(len(ds)) // the answer's version
 	n0, _, _ := s.fake.counts()
 	x := desc("window", "x")
 	wantSource(t, s, x, SourceFallback)
@@ -240,7 +242,8 @@ func TestStaticReportOverflow(t *testing.T) {
 		t.Fatalf("%d calls (%v); want one, x alone, hot_version 1", len(calls), calls)
 	}
 	// 2 s after the answer the reports are moot: the next call (a
-	// renewal at the latest) acknowledges version 2 and reports nothing.
+	// renewal at the latest) acknowledges the answer's version and
+	// reports nothing.
 	for range 40 {
 		s.clock.advance(100 * time.Millisecond)
 		check(t, s.Agent, x) // x keeps calls coming
@@ -253,10 +256,10 @@ func TestStaticReportOverflow(t *testing.T) {
 				t.Fatalf("call %d reports %v", req.RequestId, k)
 			}
 		}
-		acked = acked || req.HotVersion == 2
+		acked = acked || req.HotVersion == v
 	}
-	if !acked || len(s.ss.reports) != 0 || s.ss.acked != 2 {
-		t.Fatalf("acknowledged %v (agent %d), %d pending reports; want version 2, none", acked, s.ss.acked, len(s.ss.reports))
+	if !acked || len(s.ss.reports) != 0 || s.ss.acked != v {
+		t.Fatalf("acknowledged %v (agent %d), %d pending reports; want version %d, none", acked, s.ss.acked, len(s.ss.reports), v)
 	}
 }
 
@@ -350,9 +353,10 @@ func TestStaticReportFailedCall(t *testing.T) {
 	}
 }
 
-// TestStaticReportNoSlot: pending reports are dropped when an answer gives
-// no slot: the allocator merges nothing of a holder that stops
-// acknowledging.
+// TestStaticReportNoSlot: an answer that gives no slot keeps the pending
+// reports: a holder whose slot a settings change revokes still counts in
+// transitions until the change takes force, and its acknowledgement would
+// merge a full share. The next call reports the key and acknowledges.
 func TestStaticReportNoSlot(t *testing.T) {
 	s := newStatic(t)
 	a := desc("slow", "a")
@@ -363,15 +367,24 @@ func TestStaticReportNoSlot(t *testing.T) {
 	n0, _, _ := s.fake.counts()
 	s.clock.advance(time.Second)
 	s.step() // the renewal: no slot, a is hot
-	if len(s.ss.reports) != 0 || s.ss.version != 2 {
-		t.Fatalf("%d pending reports at version %d, want none at 2", len(s.ss.reports), s.ss.version)
+	if len(s.ss.reports) != 1 || s.ss.version != 2 {
+		t.Fatalf("%d pending reports at version %d, want 1 at 2", len(s.ss.reports), s.ss.version)
 	}
 	wantSource(t, s, a, SourceFallback)
 	s.clock.advance(50 * time.Millisecond)
 	s.step()
+	reported := false
 	for _, req := range callsSince(s, n0) {
-		if reportOf(req, a) != nil {
-			t.Fatalf("call %d reports a", req.RequestId)
+		if k := reportOf(req, a); k != nil {
+			if k.StaticLeft != 9 || req.HotVersion != 2 {
+				t.Fatalf("call %d: report %v, hot_version %d; want 9, 2", req.RequestId, k, req.HotVersion)
+			}
+			reported = true
+		} else if req.HotVersion > 1 {
+			t.Fatalf("call %d acknowledges %d without a's report", req.RequestId, req.HotVersion)
 		}
+	}
+	if !reported || len(s.ss.reports) != 0 {
+		t.Fatalf("reported %v, %d pending; want a reported, none pending", reported, len(s.ss.reports))
 	}
 }

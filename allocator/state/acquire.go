@@ -104,6 +104,9 @@ func (c *core) applyCall(cl *call, now int64, res *AcquireBatchResult) (*allotv1
 		if c.static != nil && cl.static {
 			c.static.staticAck(ag.num, cl.hotVersion, now)
 		}
+		if c.static != nil {
+			c.staticReports(cl.keys, ag.num)
+		}
 	}
 	var resp *allotv1.AcquireResponse
 	if c.cfg.PackedGrants {
@@ -388,7 +391,7 @@ func (c *core) key(g *allotv1.KeyGrant, ag *agentRec, ka *keyArgs, now int64, re
 	fresh := pool != nil && c.limitChanged(h, lim)
 	idx := -1
 	if c.static != nil && pool == nil {
-		idx, lim = c.staticSlot(rule, h, lim, ag.num, ka.promote, ka.staticReport, ka.staticLeft, now)
+		idx, lim = c.staticSlot(rule, h, lim, ag.num, ka.promote, ka.staticLeft, now)
 	}
 	if idx < 0 {
 		idx = c.slotFor(h, lim, now)

@@ -58,7 +58,7 @@ func (c *core) applyCheck(req *allotv1.CheckRequest, now int64) (*allotv1.CheckR
 		h := rules.KeyHash(r, req.Domain, d)
 		idx, lim := -1, r.Limit
 		if c.static != nil {
-			idx, lim = c.staticSlot(r, h, lim, 0, false, false, 0, now)
+			idx, lim = c.staticSlot(r, h, lim, 0, false, 0, now)
 		}
 		if idx < 0 {
 			idx = c.slotFor(h, lim, now)

@@ -375,7 +375,7 @@ func (c *core) debtOf(idx int, tr *transRec) int64 {
 // is under its whole limit (the caller goes on as without static shares).
 // agent is the caller's number (0: none), promote and left its
 // KeyAcquire.promote and static_left.
-func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent uint32, promote, report bool, left, now int64) (int, bucket.Limit) {
+func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent uint32, promote bool, left, now int64) (int, bucket.Limit) {
 	s := c.static
 	if !s.eligible(c.rules, rule, c.cfg.AgentTTL) {
 		return -1, whole
@@ -387,10 +387,9 @@ func (c *core) staticSlot(rule *rules.Rule, h uint64, whole bucket.Limit, agent 
 	if tr == nil {
 		return -1, whole
 	}
-	switch {
-	case report && !promote:
-		s.staticReport(tr, agent, left)
-	case promote && agent != tr.promoter:
+	// The call's static reports were applied before any of its keys
+	// (staticReports).
+	if promote && agent != tr.promoter {
 		// A holder that promotes a key it did not know hot stopped
 		// deciding it from its share when it sent the call: the share
 		// merges now with what it held then.
@@ -576,6 +575,31 @@ func (s *staticState) merge(tr *transRec, num uint32, left int64) {
 func (s *staticState) staticReport(tr *transRec, num uint32, left int64) {
 	if c, ok := tr.merged[num]; ok && c >= 0 {
 		tr.merged[num] = min(max(left, 0), c)
+	}
+}
+
+// staticReports applies the static reports of a call of agent num,
+// before any of its keys is touched: a share its acknowledgement merged
+// (staticAck) counts what the report says it held, whichever entry of the
+// call reports it and whatever else that entry asks (a touch credits the
+// merged shares; a report applied later could not lower one).
+func (c *core) staticReports(keys []keyArgs, num uint32) {
+	s := c.static
+	if len(s.trans) == 0 {
+		return
+	}
+	for i := range keys {
+		k := &keys[i]
+		if !k.staticReport {
+			continue
+		}
+		r := c.rules.Match(k.domain, k.ents)
+		if r == nil {
+			continue
+		}
+		if tr := s.trans[rules.KeyHash(r, k.domain, k.ents)]; tr != nil {
+			s.staticReport(tr, num, k.staticLeft)
+		}
 	}
 }
 

@@ -696,3 +696,41 @@ func TestStaticInspectConcurrent(t *testing.T) {
 	close(stop)
 	<-done
 }
+
+// TestStaticReportOrder: a call's static reports count before any of its
+// keys is touched: a report in a later entry than a plain one of the same
+// key, or beside a promotion, still sets what the acknowledged share held.
+func TestStaticReportOrder(t *testing.T) {
+	s := newTestState(t) // tb: 10/s, burst 10; 4 slots: shares of burst 2
+	setStatic(t, s, at(0), 4, staticTTL)
+	now := at(time.Second)
+	var v uint64
+	for _, ag := range []string{"a", "b", "c", "d"} {
+		v = sacquire(t, s, now, ag, 1, 0).Static.HotVersion
+	}
+	h := hashOf(s, "tb", "1")
+	vh := sacquire(t, s, now, "a", 2, v, promoteKey("tb", "1", 0, 0)).Static.HotVersion
+	report := func() *allotv1.KeyAcquire {
+		k := ka("tb", "1", 0, 0, 0, 0)
+		k.StaticReport = true // static_left 0: the share was spent
+		return k
+	}
+	// b acknowledges with a plain entry of the key before its report.
+	sacquire(t, s, now, "b", 2, vh, ka("tb", "1", 0, 0, 0, 0), report())
+	if _, left := keyLimit(t, s, h, now); left != 0 {
+		t.Fatalf("b's report after a plain entry: holding %d, want 0", left)
+	}
+	// c acknowledges with a promotion that also reports.
+	both := report()
+	both.Promote = true
+	sacquire(t, s, now, "c", 2, vh, both)
+	if _, left := keyLimit(t, s, h, now); left != 0 {
+		t.Fatalf("c's promotion with a report: holding %d, want 0", left)
+	}
+	// d acknowledges without a report: its full share (2).
+	sacquire(t, s, now, "d", 2, vh)
+	sacquire(t, s, now, "a", 3, vh, ka("tb", "1", 0, 0, 0, 0))
+	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(testLimit(t, 10, time.Second, 10)) || left != 2 {
+		t.Fatalf("after d: %v holding %d, want the whole limit holding 2", l, left)
+	}
+}

@@ -197,11 +197,11 @@ func staticLine(r *allotv1.InspectKeyResponse) string {
 	n := r.GetStaticSlots()
 	switch r.GetStatic() {
 	case "static":
-		return fmt.Sprintf("static: each of the %d slot holders decides it from its share, without the allocator", n)
+		return fmt.Sprintf("static: each slot holder decides it from its share (1/%d of the limit), without the allocator", n)
 	case "hot":
 		return "hot: leased (the allocator coordinates it)"
 	case "transition":
-		return fmt.Sprintf("hot, in transition: its bucket holds %d of the %d shares until the other holders acknowledge", r.GetStaticShares(), n)
+		return fmt.Sprintf("hot, in transition: its bucket holds %d of the %d shares until the other holders acknowledge or their answers lapse", r.GetStaticShares(), n)
 	case "not_eligible":
 		return "not eligible: leased (the rule's share is not static-eligible)"
 	}
