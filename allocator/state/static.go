@@ -842,11 +842,14 @@ func (c *core) decodeStatic(b []byte) error {
 			return corrupt("transition of key %016x: limit %v has no share", h, l)
 		}
 		nm := d.count("merged shares")
+		prevNum := uint32(0)
 		for j := 0; j < nm && d.err == nil; j++ {
 			num, credit := uint32(d.uvarintMax(math.MaxUint32, "merged agent")), d.varint()
-			if credit < -1 || credit > l.Burst() {
-				return corrupt("transition of key %016x: merged share's credit %d", h, credit)
+			// Written in agent order (numbers from 1), once each.
+			if d.err == nil && (num <= prevNum || credit < -1 || credit > l.Burst()) {
+				return corrupt("transition of key %016x: merged share of agent %d, credit %d", h, num, credit)
 			}
+			prevNum = num
 			if tr.merged == nil {
 				tr.merged = make(map[uint32]int64, nm)
 			}
