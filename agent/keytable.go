@@ -146,6 +146,7 @@ type keyState struct {
 	ahash      uint64
 	snext      *keyState
 	smode      atomic.Uint32 // staticOff, staticOn, … (changed under mu, but for keyLoop's reads)
+	sOwe       atomic.Bool   // owe (below), for reads without mu
 	sRate      atomic.Uint64 // float64 bits: the static share's rate, tokens/s (policy.Obs.StaticRate)
 
 	mu       sync.Mutex   // guards the fields below
@@ -164,6 +165,16 @@ type keyState struct {
 	// (fbN = slots); sHot: its allocator hash is in the hot-key set.
 	fbStatic bool
 	sHot     bool
+	// owe: the key stopped static decisions with its share still this
+	// agent's alone (the permission lapsed, or a promotion was rejected)
+	// and the allocator has not been told what it holds: oweLim and oweSt
+	// are the share as of its last take, and the key's next call is a
+	// promotion with static_left its level then (staticPlan), or, if the
+	// key turns hot first, a report (markHot). sOwe mirrors owe for the
+	// refill loop's lock-free check.
+	owe    bool
+	oweLim bucket.Limit
+	oweSt  bucket.State
 
 	// Owned by the refill loop (and by Close once it has stopped): no
 	// synchronisation.
@@ -208,6 +219,8 @@ func (ks *keyState) obs() policy.Obs {
 		o.Static, o.Promote = true, m == staticPromote
 		o.StaticRate = math.Float64frombits(ks.sRate.Load())
 		o.StaticFullAt = ks.shareFullAt(o.LastUse)
+	} else if ks.sOwe.Load() {
+		o.StaticFullAt = ks.oweFullAt(o.LastUse)
 	}
 	return o
 }

@@ -132,7 +132,9 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	alone := len(b.keys) == 1 && b.keys[0].Suspect
 	for i, ks := range b.keys {
 		unsend(ks, b.req.Keys[i], now)
-		a.staticEnd(ks)
+		if b.req.Keys[i].Promote {
+			a.staticEnd(ks, false)
+		}
 		a.rf.core.Rejected(&ks.Key, now)
 		a.rf.awaken(ks)
 	}
@@ -177,12 +179,16 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 			"keys", len(b.req.Keys), "grants", len(grants))
 	}
 	a.ss.reportsAnswered(b)
+	for i, ks := range b.keys {
+		if b.req.Keys[i].Promote {
+			// Leased from this answer on, or sent again if moved: before
+			// the answer's hot-key set, which reports a key that owes.
+			a.staticEnd(ks, i >= len(grants) || grants[i].GetStatus() != allotv1.KeyStatus_KEY_STATUS_MOVED)
+		}
+	}
 	a.applyStatic(b, resp.GetStatic(), recv)
 	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {
-		if b.req.Keys[i].Promote {
-			a.staticEnd(ks) // leased from this answer on (or sent again if moved)
-		}
 		if i < len(grants) && grants[i].GetStatus() == allotv1.KeyStatus_KEY_STATUS_MOVED {
 			a.moved(ks, b.req.Keys[i]) // groups.go
 			continue

@@ -42,6 +42,15 @@ import (
 // longer eligible. A key the hot-key set loses becomes static again, with
 // a full share, once it holds no lease and nothing is pending.
 //
+// The allocator counts the share of a holder that stops deciding a key
+// as full unless the holder says otherwise. So a key that stops for any
+// reason but the hot-key set (which reports it) owes its share's level:
+// its next call is a promotion with static_left what the share holds then
+// (staticPlan), or, if an answer makes the key hot first, a report of it
+// (markHot). A rejected promotion, or one another group was asked, owes
+// again (staticEnd). An owing key is not forgotten before its share would
+// be full again.
+//
 // A key that turns hot while the agent decides it from its share is
 // reported (KeyAcquire.static_report, with static_left, what the share
 // held when the agent stopped) in the call that first acknowledges the
@@ -173,7 +182,7 @@ func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume 
 		return st, oc, false
 	}
 	if !valid || ks.sHot || now < ks.expiry.Load() || !a.bindShare(ks, r, slots, now) {
-		ss.offLocked(ks)
+		ss.leaveLocked(ks)
 		ks.mu.Unlock()
 		a.enqueue(ks) // as a new key is
 		return st, oc, false
@@ -212,6 +221,42 @@ func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume 
 		st.RetryAfter = res.RetryAfter
 	}
 	return st, oc, true
+}
+
+// leaveLocked takes ks (mu held) out of static decisions, as offLocked,
+// noting that it owes its share's level (see above) unless the allocator
+// learns it otherwise: a key in the hot-key set was reported (markHot), a
+// promotion built carries it (staticSent: staticEnd owes it again if the
+// call is not applied), and a share not bound yet is full, as the
+// allocator counts it.
+func (ss *staticShares) leaveLocked(ks *keyState) {
+	if m := ks.smode.Load(); (m == staticOn || m == staticPromote) && !ks.sHot && ks.fbStatic && ks.fbRule != nil {
+		ks.oweLim, ks.oweSt = ks.fbLimit, ks.fbState
+		ks.owe = true
+		ks.sOwe.Store(true)
+	}
+	ss.offLocked(ks)
+}
+
+// oweLevel is what the share ks owes holds at now, with no take since
+// (mu held).
+func (ks *keyState) oweLevel(now int64) int64 {
+	return min(max(ks.oweLim.Peek(ks.oweSt, now).Remaining, 0), ks.oweLim.Burst())
+}
+
+// oweFullAt is when the share ks owes is full again (0: it is, or ks owes
+// nothing): from then on the allocator's full share is exact, and ks may
+// be forgotten.
+func (ks *keyState) oweFullAt(now int64) int64 {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if !ks.owe {
+		return 0
+	}
+	if p := ks.oweLim.Peek(ks.oweSt, now); p.ResetAfter > 0 {
+		return now + int64(p.ResetAfter)
+	}
+	return 0
 }
 
 // bindShare makes ks's bucket (fallback fields, mu held) the static share
@@ -268,40 +313,60 @@ func (a *Agent) refundStatic(oc *outcome, now int64) {
 
 // staticPlan is the refill loop's part of building a call with ks: a key
 // handed over for promotion is built into one (promote, with left, what
-// its share holds), unless it stopped being static meanwhile or the
-// permission lapsed (then it is sent as any key).
+// its share holds), and so is a key that owes its share's level. A key
+// that stopped being static meanwhile is sent as any key (the hot-key set
+// reported it; an unbound share is full); one whose permission lapsed is
+// promoted but decides nothing more from its share.
 func (a *Agent) staticPlan(ks *keyState, now int64) (promote bool, left int64) {
-	if ks.smode.Load() != staticPromote {
+	if ks.smode.Load() != staticPromote && !ks.sOwe.Load() {
 		return false, 0
 	}
 	ss := &a.ss
 	valid := now < ss.validUntil.Load()
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
+	if ks.owe {
+		// Owed (its mode is off): oweLim and oweSt stay, for staticEnd.
+		ks.owe = false
+		ks.sOwe.Store(false)
+		return true, ks.oweLevel(now)
+	}
 	switch {
 	case ks.smode.Load() != staticPromote:
 		return false, 0
-	case !valid || ks.sHot || !ks.fbStatic || ks.fbRule == nil:
+	case ks.sHot || !ks.fbStatic || ks.fbRule == nil:
 		ss.offLocked(ks)
 		return false, 0
 	}
-	left = max(ks.fbLimit.Peek(ks.fbState, now).Remaining, 0)
-	ks.smode.Store(staticSent)
+	// The share as the call takes it: what the key admits from it after
+	// the build is charged, so a call that is not applied owes this.
+	ks.oweLim, ks.oweSt = ks.fbLimit, ks.fbState
+	left = ks.oweLevel(now)
+	if valid {
+		ks.smode.Store(staticSent)
+	} else {
+		ss.offLocked(ks)
+	}
 	return true, left
 }
 
-// staticEnd ends a promotion built for ks: answered (the key is leased
-// from now on), rejected or moved (it is sent again as any key, its
-// charges with it).
-func (a *Agent) staticEnd(ks *keyState) {
-	if ks.smode.Load() == staticOff {
-		return
-	}
+// staticEnd ends the promotion of ks in a call: applied (the key is
+// leased from its answer on) or not (rejected, or another group's: the
+// key is sent again as any key, its charges with it, and owes its share
+// as the call took it). Answers are applied in order and one call is in
+// flight, so a promotion's key is not in the hot-key set when its call is
+// rejected; one that a moved call's answer makes hot is reported, as the
+// apply runs this before the answer's hot-key set (apply).
+func (a *Agent) staticEnd(ks *keyState, applied bool) {
 	ks.mu.Lock()
+	defer ks.mu.Unlock()
 	if ks.smode.Load() == staticSent {
 		a.ss.offLocked(ks)
 	}
-	ks.mu.Unlock()
+	if !applied {
+		ks.owe = true
+		ks.sOwe.Store(true)
+	}
 }
 
 // applyStatic applies an answer's static shares to a call b, first sent at
@@ -417,7 +482,8 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 // promotion is in flight (its static_left is sent), nor for one whose
 // share is not bound yet (new, or static again after leaving the set): it
 // is full, and the allocator merges a full share for a holder that
-// acknowledges a key it sends no report for.
+// acknowledges a key it sends no report for. A key that owes its share's
+// level is reported with it.
 func (ss *staticShares) markHot(h, version uint64, now, until int64) {
 	for ks := ss.idx[h]; ks != nil; ks = ks.snext {
 		ks.mu.Lock()
@@ -425,6 +491,10 @@ func (ss *staticShares) markHot(h, version uint64, now, until int64) {
 		if m := ks.smode.Load(); (m == staticOn || m == staticPromote) && ks.fbStatic && ks.fbRule != nil {
 			left := min(max(ks.fbLimit.Peek(ks.fbState, now).Remaining, 0), ks.fbLimit.Burst())
 			ss.reports = append(ss.reports, &staticReport{ks: ks, left: left, version: version, until: until})
+		} else if ks.owe {
+			ks.owe = false
+			ks.sOwe.Store(false)
+			ss.reports = append(ss.reports, &staticReport{ks: ks, left: ks.oweLevel(now), version: version, until: until})
 		}
 		ss.offLocked(ks)
 		ks.mu.Unlock()

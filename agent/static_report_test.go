@@ -129,9 +129,9 @@ func TestStaticReport(t *testing.T) {
 }
 
 // TestStaticReportNone: no report for a key that was not decided from its
-// share when it turned hot: one whose permission had lapsed (it took a new
-// key's path), one whose promotion was in flight (its static_left went
-// with it), one first seen while hot.
+// share when it turned hot: one whose permission had lapsed (its first
+// use was a promotion, with static_left), one whose promotion was in
+// flight (its static_left went with it), one first seen while hot.
 func TestStaticReportNone(t *testing.T) {
 	s := newStatic(t)
 	n0, _, _ := s.fake.counts()

@@ -270,18 +270,121 @@ func TestStaticHotAndBack(t *testing.T) {
 }
 
 // TestStaticLapse: once the permission has lapsed, a static key takes a
-// new key's path (fallback, charge, want).
+// new key's path (fallback, charge, want), and its first call promotes it
+// with what its share holds: the allocator counts the share of a holder
+// that says nothing of it as full.
 func TestStaticLapse(t *testing.T) {
 	s := newStatic(t)
-	a := desc("k", "a")
+	a, b := desc("k", "a"), desc("slow", "b") // shares of 100/s and 10 an hour, burst 10
 	wantSource(t, s, a, SourceStatic)
+	for range 3 {
+		wantSource(t, s, b, SourceStatic)
+	}
 	n0, _, _ := s.fake.counts()
 	s.clock.advance(2 * time.Second) // no answer meanwhile
 	wantSource(t, s, a, SourceFallback)
+	wantSource(t, s, b, SourceFallback)
 	s.step()
-	kas, _ := keyCalls(s, n0, a)
-	if len(kas) != 1 || kas[0].Promote || kas[0].Charged != 1 {
-		t.Fatalf("lapsed key sent %v, want a charge of 1, no promote", kas)
+	for _, c := range []struct {
+		d    Descriptor
+		left int64
+	}{{a, 10}, {b, 7}} { // a's share refilled meanwhile; b's a token in 6 minutes
+		kas, _ := keyCalls(s, n0, c.d)
+		if len(kas) != 1 || !kas[0].Promote || kas[0].StaticLeft != c.left || kas[0].Charged != 1 {
+			t.Fatalf("lapsed key %v sent %v, want a charge of 1, promoted with static_left %d", c.d.Entries, kas, c.left)
+		}
+	}
+	if ks := keyOf(t, s.Agent, b); ks.sOwe.Load() || ks.smode.Load() != staticOff {
+		t.Fatalf("after the answer: owes %v, mode %d; want nothing owed, off", ks.sOwe.Load(), ks.smode.Load())
+	}
+}
+
+// TestStaticLapseBuilt: a promotion built after the permission lapsed
+// still carries the share's level, and the key decides nothing more from
+// its share.
+func TestStaticLapseBuilt(t *testing.T) {
+	s := newStatic(t)
+	b := desc("slow", "b")
+	for range 6 {
+		wantSource(t, s, b, SourceStatic)
+	}
+	ks := keyOf(t, s.Agent, b)
+	if m := ks.smode.Load(); m != staticPromote {
+		t.Fatalf("mode %d, want promote", m)
+	}
+	n0, _, _ := s.fake.counts()
+	s.clock.advance(2 * time.Second) // lapsed before the build
+	s.step()
+	kas, _ := keyCalls(s, n0, b)
+	if len(kas) != 1 || !kas[0].Promote || kas[0].StaticLeft != 4 {
+		t.Fatalf("sent %v, want a promotion with static_left 4", kas)
+	}
+	if m := ks.smode.Load(); m != staticOff || ks.sOwe.Load() {
+		t.Fatalf("mode %d, owes %v; want off, nothing", m, ks.sOwe.Load())
+	}
+}
+
+// TestStaticOweHot: a key that owes its share's level and turns hot before
+// its promotion is built is reported with that level, in the call that
+// acknowledges the version, and not promoted.
+func TestStaticOweHot(t *testing.T) {
+	s := newStatic(t)
+	b := desc("slow", "b")
+	for range 2 {
+		wantSource(t, s, b, SourceStatic)
+	}
+	// A call in flight, applied (its answer makes b hot) and its answer
+	// lost: retried before b is sent.
+	wantSource(t, s, desc("window", "x"), SourceFallback)
+	makeHot(t, s, 2, b)
+	s.fake.with(func(f *fakeAllocator) { f.dropReplies = 1 })
+	s.step()
+	if s.rf.unacked == nil {
+		t.Fatalf("no unacknowledged call")
+	}
+	s.clock.advance(2 * time.Second) // the permission lapses
+	wantSource(t, s, b, SourceFallback)
+	ks := keyOf(t, s.Agent, b)
+	if !ks.sOwe.Load() {
+		t.Fatalf("b owes nothing after the lapse")
+	}
+	n0, _, _ := s.fake.counts()
+	s.step() // the retry, answered from the record; then b's first use
+	calls := callsSince(s, n0)
+	if len(calls) != 2 || s.ss.version != 2 {
+		t.Fatalf("%d calls, version %d; want the retry and b's, 2", len(calls), s.ss.version)
+	}
+	if entryOf(calls[0], b) != nil {
+		t.Fatalf("the retry carries b")
+	}
+	k := entryOf(calls[1], b)
+	if k == nil || !k.StaticReport || k.StaticLeft != 8 || k.Promote || k.Charged != 1 || calls[1].HotVersion != 2 {
+		t.Fatalf("b's call: %v at hot_version %d; want its first use with a report of 8, no promote, at 2", k, calls[1].HotVersion)
+	}
+	if ks.sOwe.Load() || len(s.ss.reports) != 0 {
+		t.Fatalf("owes %v, %d pending reports; want nothing", ks.sOwe.Load(), len(s.ss.reports))
+	}
+}
+
+// TestStaticOweKept: a key that owes its share's level is not forgotten
+// before that share is full again, even idle with nothing to send.
+func TestStaticOweKept(t *testing.T) {
+	s := newStatic(t)
+	b := desc("slow", "b")
+	for range 4 {
+		wantSource(t, s, b, SourceStatic)
+	}
+	ks := keyOf(t, s.Agent, b)
+	ks.mu.Lock()
+	s.ss.leaveLocked(ks)
+	ks.mu.Unlock()
+	o := ks.obs()
+	now := o.StaticFullAt - 1 // idle: the share refills in 24 minutes
+	if o.StaticFullAt <= ks.lastUse.Load()+int64(time.Minute) || s.rf.core.Forgettable(&ks.Key, &o, now) {
+		t.Fatalf("owing key: full at %d, forgettable %v at %d; want full later, not forgettable", o.StaticFullAt, s.rf.core.Forgettable(&ks.Key, &o, now), now)
+	}
+	if o := ks.obs(); !s.rf.core.Forgettable(&ks.Key, &o, o.StaticFullAt) {
+		t.Fatalf("owing key not forgettable once its share is full")
 	}
 }
 
@@ -485,22 +588,45 @@ func TestStaticShareKept(t *testing.T) {
 }
 
 // TestStaticPromotionRejected: a promotion the allocator rejects ends the
-// key's static decisions; it is sent again as any key.
+// key's static decisions; it is sent again, as any key, and promoted with
+// the level its share had when the rejected call was built.
 func TestStaticPromotionRejected(t *testing.T) {
 	s := newStatic(t)
-	a := desc("k", "a")
+	a := desc("slow", "a")
 	for range 6 {
 		wantSource(t, s, a, SourceStatic)
 	}
 	ks := keyOf(t, s.Agent, a)
+	n0, _, _ := s.fake.counts()
 	s.fake.with(func(f *fakeAllocator) { f.rejectNext = 1 })
 	s.step()
-	if m := ks.smode.Load(); m != staticOff || ks.charged.Load() != 0 {
-		t.Fatalf("after a rejected promotion: mode %d, charged %d; want off, 0", m, ks.charged.Load())
+	if m := ks.smode.Load(); m != staticOff || ks.charged.Load() != 0 || !ks.sOwe.Load() {
+		t.Fatalf("after a rejected promotion: mode %d, charged %d, owes %v; want off, 0, owes", m, ks.charged.Load(), ks.sOwe.Load())
 	}
 	wantSource(t, s, a, SourceFallback)
 	if got := ks.charged.Load(); got != 1 {
 		t.Fatalf("charged %d, want 1", got)
+	}
+	for range 80 { // it is sent alone after policy.NotLeasedRetry
+		s.clock.advance(100 * time.Millisecond)
+		s.step()
+	}
+	kas, _ := keyCalls(s, n0, a)
+	if len(kas) < 2 {
+		t.Fatalf("sent %v, want the rejected promotion and another", kas)
+	}
+	for i, k := range kas[:2] {
+		if !k.Promote || k.StaticLeft != 4 {
+			t.Fatalf("call %d: %v, want a promotion with static_left 4", i, k)
+		}
+	}
+	for _, k := range kas[2:] {
+		if k.Promote {
+			t.Fatalf("promoted again after the answer: %v", k)
+		}
+	}
+	if ks.sOwe.Load() {
+		t.Fatalf("owes after the answer")
 	}
 }
 

@@ -109,9 +109,11 @@ type Obs struct {
 	// Static: decided from a static share (static.go): sent only to be
 	// promoted. Promote: a check found its share low (StaticLow).
 	// StaticRate: the share's rate, tokens/s (0: not known yet).
-	// StaticFullAt: when its share's bucket is full again (0: full). A
-	// static key is not forgotten before: its share is charged to no one,
-	// so a key forgotten and seen again must not start a fresh one early.
+	// StaticFullAt: when its share's bucket is full again (0: full), for
+	// a static key or one that owes its share's level. Such a key is not
+	// forgotten before: its share is charged to no one, so a key
+	// forgotten and seen again must not start a fresh one early, and the
+	// allocator counts a share it is told nothing of as full.
 	Static, Promote bool
 	StaticRate      float64
 	StaticFullAt    int64
@@ -214,7 +216,7 @@ func (c *Core) reportFall(k *Key, o *Obs, now int64) bool {
 // Forgettable reports whether k is idle for IdleTimeout and owes nothing;
 // the driver asks again under the lock that drops the key.
 func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
-	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) || o.Static && now < o.StaticFullAt {
+	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) || now < o.StaticFullAt {
 		return false
 	}
 	if o.Local || k.Refused() {
@@ -300,9 +302,7 @@ func (c *Core) RestUntil(k *Key, o *Obs, now int64) (until int64, ok bool) {
 	at(k.RefreshAt)
 	at(k.RetryAt)
 	at(o.DeniedUntil)
-	if o.Static {
-		at(o.StaticFullAt)
-	}
+	at(o.StaticFullAt)
 	if o.live(now) {
 		at(o.Expiry)
 		// renewMargin with the largest round-trip estimate seen: never
