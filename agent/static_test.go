@@ -107,6 +107,23 @@ func wantSource(t *testing.T, s *steppedAgent, d Descriptor, src Source) Decisio
 	return got
 }
 
+// spendStatic decides d n times from its static share and returns its key.
+func spendStatic(t *testing.T, s *steppedAgent, d Descriptor, n int) *keyState {
+	t.Helper()
+	for range n {
+		wantSource(t, s, d, SourceStatic)
+	}
+	return keyOf(t, s.Agent, d)
+}
+
+// wantMode fails unless ks's static mode is m.
+func wantMode(t *testing.T, ks *keyState, m uint32, when string) {
+	t.Helper()
+	if got := ks.smode.Load(); got != m {
+		t.Fatalf("mode %d %s, want %d", got, when, m)
+	}
+}
+
 // TestStaticMaxRefill: a rule whose share takes longer than the answer's
 // max_refill_ms to refill its burst is not decided from a share; a rule
 // whose share refills within it is.
@@ -167,17 +184,10 @@ func TestStaticDecision(t *testing.T) {
 func TestStaticPromotion(t *testing.T) {
 	s := newStaticPacked(t)
 	a := desc("k", "a")
-	for range 5 {
-		wantSource(t, s, a, SourceStatic)
-	}
-	ks := keyOf(t, s.Agent, a)
-	if m := ks.smode.Load(); m != staticOn {
-		t.Fatalf("mode %d after 5 of 10, want on", m)
-	}
+	ks := spendStatic(t, s, a, 5)
+	wantMode(t, ks, staticOn, "after 5 of 10")
 	wantSource(t, s, a, SourceStatic) // 4 left: below half
-	if m := ks.smode.Load(); m != staticPromote {
-		t.Fatalf("mode %d after 6 of 10, want promote", m)
-	}
+	wantMode(t, ks, staticPromote, "after 6 of 10")
 	n0, _, _ := s.fake.counts()
 	block, entered := make(chan struct{}), make(chan struct{}, 1)
 	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = block, entered })
@@ -305,13 +315,8 @@ func TestStaticLapse(t *testing.T) {
 func TestStaticLapseBuilt(t *testing.T) {
 	s := newStatic(t)
 	b := desc("slow", "b")
-	for range 6 {
-		wantSource(t, s, b, SourceStatic)
-	}
-	ks := keyOf(t, s.Agent, b)
-	if m := ks.smode.Load(); m != staticPromote {
-		t.Fatalf("mode %d, want promote", m)
-	}
+	ks := spendStatic(t, s, b, 6)
+	wantMode(t, ks, staticPromote, "after 6 of 10")
 	n0, _, _ := s.fake.counts()
 	s.clock.advance(2 * time.Second) // lapsed before the build
 	s.step()
@@ -371,10 +376,7 @@ func TestStaticOweHot(t *testing.T) {
 func TestStaticOweKept(t *testing.T) {
 	s := newStatic(t)
 	b := desc("slow", "b")
-	for range 4 {
-		wantSource(t, s, b, SourceStatic)
-	}
-	ks := keyOf(t, s.Agent, b)
+	ks := spendStatic(t, s, b, 4)
 	ks.mu.Lock()
 	s.ss.leaveLocked(ks)
 	ks.mu.Unlock()
@@ -593,10 +595,7 @@ func TestStaticShareKept(t *testing.T) {
 func TestStaticPromotionRejected(t *testing.T) {
 	s := newStatic(t)
 	a := desc("slow", "a")
-	for range 6 {
-		wantSource(t, s, a, SourceStatic)
-	}
-	ks := keyOf(t, s.Agent, a)
+	ks := spendStatic(t, s, a, 6)
 	n0, _, _ := s.fake.counts()
 	s.fake.with(func(f *fakeAllocator) { f.rejectNext = 1 })
 	s.step()
