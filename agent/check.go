@@ -175,7 +175,7 @@ func (a *Agent) check(ctx context.Context, dec *Decision, domain string, descs [
 			return out, err
 		}
 	} else if len(descs) == 1 && !withStatuses {
-		if a.checkLeasedHit(dec, me, set, &descs[0], hits, t0) {
+		if a.checkLeasedHit(dec, me, set, &descs[0], hits, t0) || a.checkStaticHit(dec, me, set, &descs[0], hits, t0) {
 			return out, nil
 		}
 	}
@@ -615,20 +615,25 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		a.met.decision(hint, SourceLease, true)
 	}
 	// As leaseStatus.
-	resetAfter := until(ks.resetAt.Load(), now)
+	a.allowedHit(dec, r, SourceLease, now, ks.remaining.Load()+left, until(ks.resetAt.Load(), now), t0)
+	return true
+}
+
+// allowedHit fills *dec for a fast path's check allowed under r from src
+// (as checkAll does for one descriptor), and times a sampled check (t0).
+func (a *Agent) allowedHit(dec *Decision, r *rules.Rule, src Source, now, remaining int64, resetAfter time.Duration, t0 int64) {
 	dec.Allowed = true
-	dec.Source = SourceLease
+	dec.Source = src
 	dec.Rule = r
 	dec.Policy = r.Name
 	dec.Quota = int64(r.RequestsPerUnit)
 	dec.Window = r.Window
-	dec.Remaining = ks.remaining.Load() + left
+	dec.Remaining = remaining
 	dec.ResetAfter = resetAfter
 	dec.NextAfter = r.Limit.NextAfter(now, resetAfter)
 	if t0 != 0 {
 		a.met.checkSeconds.Observe(float64(checkNanos()-t0) / 1e9)
 	}
-	return true
 }
 
 // spendLive takes n > 0 tokens from the live lease of ks, a key the

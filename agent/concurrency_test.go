@@ -131,7 +131,6 @@ func TestConcurrentBooksBalance(t *testing.T) {
 // on one of the two keys: none lost, none counted twice.
 func TestFastPathRacesDrop(t *testing.T) {
 	s := newStepped(t)
-	never := func(*keyState) bool { return false }
 	for i := range 8 {
 		d := desc("tier", "free", "route", "/x", "user", fmt.Sprint("u", i))
 		check(t, s.Agent, d)
@@ -143,81 +142,126 @@ func TestFastPathRacesDrop(t *testing.T) {
 			t.Fatalf("key %d: balance %d, want a live lease", i, old.balance.Load())
 		}
 		balance0, spent0 := old.balance.Load(), old.spent.Load()
-		const g = 4
-		var done [g]atomic.Int64 // checks made by each goroutine
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for j := range g {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					got, err := s.Agent.Check(context.Background(), "test", []Descriptor{d}, 1)
-					if err != nil || !got.Allowed {
-						t.Errorf("check: %+v %v", got, err)
-						return
-					}
-					done[j].Add(1)
-				}
-			})
-		}
-		waitFor(t, 10*time.Second, "checks on the fast path", func() bool { return old.spent.Load() > spent0+100 })
-		sh := s.keys.shard(old.hash)
-		waitFor(t, 10*time.Second, "the key dropped", func() bool { return sh.remove(old, never) })
-		// Every check in flight at the drop has ended once each goroutine
-		// has made two more.
-		var atDrop [g]int64
-		for j := range done {
-			atDrop[j] = done[j].Load()
-		}
-		waitFor(t, 10*time.Second, "checks after the drop", func() bool {
-			for j := range done {
-				if done[j].Load() < atDrop[j]+2 {
-					return false
-				}
-			}
-			return true
-		})
-		balance, spent := old.balance.Load(), old.spent.Load()
-		waitFor(t, 10*time.Second, "more checks on the new key", func() bool {
-			for j := range done {
-				if done[j].Load() < atDrop[j]+100 {
-					return false
-				}
-			}
-			return true
-		})
-		close(stop)
-		wg.Wait()
-		if old.balance.Load() != balance || old.spent.Load() != spent {
-			t.Fatalf("key %d changed after the drop: balance %d → %d, spent %d → %d",
-				i, balance, old.balance.Load(), spent, old.spent.Load())
-		}
-		if balance0-balance != spent-spent0 {
+		spent := raceDrop(t, s, d, old)
+		if balance := old.balance.Load(); balance0-balance != spent-spent0 {
 			t.Fatalf("key %d: the balance went down by %d, spent went up by %d", i, balance0-balance, spent-spent0)
-		}
-		var admitted int64
-		for j := range done {
-			admitted += done[j].Load()
-		}
-		nk := keyOf(t, s.Agent, d)
-		if got := spent - spent0 + nk.spent.Load(); got != admitted {
-			t.Fatalf("key %d: spent %d on the dropped key + %d on the new one, admitted %d",
-				i, spent-spent0, nk.spent.Load(), admitted)
 		}
 	}
 }
 
-// TestFastPathDropInterleavings runs the memo's fast path inside
-// shard.remove's keep, at the two points where it can meet the drop: a
-// spend after remove's first read of the counters makes remove keep the
-// key; a spend after the key is marked dropped is given back, and the key
-// leaves the table as it was.
+// TestStaticFastPathRacesDrop is TestFastPathRacesDrop for a key decided
+// from its static share (checkStaticHit).
+func TestStaticFastPathRacesDrop(t *testing.T) {
+	s := newStatic(t)
+	for i := range 8 {
+		d := desc("big", fmt.Sprint("b", i)) // a share no test run spends
+		old := spendStatic(t, s, d, 2)       // the memo holds the key
+		raceDrop(t, s, d, old)
+		if m := keyOf(t, s.Agent, d).smode.Load(); m != staticOn {
+			t.Fatalf("key %d: the new key's mode %d, want static", i, m)
+		}
+	}
+}
+
+// raceDrop checks d from 4 goroutines while the refill loop's
+// shard.remove drops old, d's key, and wants old's counters unchanged
+// once it is dropped and every admission spent on old or on its
+// successor. It returns old's spent.
+func raceDrop(t *testing.T, s *steppedAgent, d Descriptor, old *keyState) int64 {
+	t.Helper()
+	never := func(*keyState) bool { return false }
+	spent0 := old.spent.Load()
+	const g = 4
+	var done [g]atomic.Int64 // checks made by each goroutine
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for j := range g {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				got, err := s.Agent.Check(context.Background(), "test", []Descriptor{d}, 1)
+				if err != nil || !got.Allowed {
+					t.Errorf("check: %+v %v", got, err)
+					return
+				}
+				done[j].Add(1)
+			}
+		})
+	}
+	waitFor(t, 10*time.Second, "checks on the fast path", func() bool { return old.spent.Load() > spent0+100 })
+	sh := s.keys.shard(old.hash)
+	waitFor(t, 10*time.Second, "the key dropped", func() bool {
+		if !sh.remove(old, never) {
+			return false
+		}
+		if old.staticable {
+			s.ss.remove(old)
+		}
+		return true
+	})
+	// Every check in flight at the drop has ended once each goroutine
+	// has made two more.
+	var atDrop [g]int64
+	for j := range done {
+		atDrop[j] = done[j].Load()
+	}
+	waitFor(t, 10*time.Second, "checks after the drop", func() bool {
+		for j := range done {
+			if done[j].Load() < atDrop[j]+2 {
+				return false
+			}
+		}
+		return true
+	})
+	balance, spent := old.balance.Load(), old.spent.Load()
+	waitFor(t, 10*time.Second, "more checks on the new key", func() bool {
+		for j := range done {
+			if done[j].Load() < atDrop[j]+100 {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop)
+	wg.Wait()
+	if old.balance.Load() != balance || old.spent.Load() != spent {
+		t.Fatalf("%v changed after the drop: balance %d → %d, spent %d → %d",
+			d.Entries, balance, old.balance.Load(), spent, old.spent.Load())
+	}
+	var admitted int64
+	for j := range done {
+		admitted += done[j].Load()
+	}
+	nk := keyOf(t, s.Agent, d)
+	if got := spent - spent0 + nk.spent.Load(); got != admitted {
+		t.Fatalf("%v: spent %d on the dropped key + %d on the new one, admitted %d",
+			d.Entries, spent-spent0, nk.spent.Load(), admitted)
+	}
+	return spent
+}
+
+// TestFastPathDropInterleavings runs the memo's fast paths (a leased key's
+// and a static key's) inside shard.remove's keep, at the two points where
+// they can meet the drop: a spend after remove's first read of the
+// counters makes remove keep the key; a spend after the key is marked
+// dropped is given back, and the key leaves the table as it was.
 func TestFastPathDropInterleavings(t *testing.T) {
+	for _, static := range []bool{false, true} {
+		t.Run(fmt.Sprint("static=", static), func(t *testing.T) { fastPathDropInterleavings(t, static) })
+	}
+}
+
+func fastPathDropInterleavings(t *testing.T, static bool) {
 	s := newStepped(t)
+	fast := s.checkLeasedHit
+	if static {
+		s = newStatic(t)
+		fast = s.checkStaticHit
+	}
 	hit := func(d Descriptor) bool {
 		set := s.rules.Load()
 		var iw identWords
@@ -227,19 +271,35 @@ func TestFastPathDropInterleavings(t *testing.T) {
 			t.Fatalf("%v: not in the memo", d.Entries)
 		}
 		var dec Decision
-		return s.checkLeasedHit(&dec, me, set, &d, 1, 0)
+		return fast(&dec, me, set, &d, 1, 0)
+	}
+	// level is what the key holds: its lease's balance, or its share.
+	level := func(ks *keyState) int64 {
+		if !static {
+			return ks.balance.Load()
+		}
+		ks.mu.Lock()
+		defer ks.mu.Unlock()
+		return ks.fbLimit.Peek(ks.fbState, s.clock.now()).Remaining
 	}
 	for i, spendAt := range []int{1, 2} { // keep's first call (before dropped is set) or second (after)
+		var ks *keyState
 		d := desc("tier", "free", "route", "/x", "user", fmt.Sprint("u", i))
-		check(t, s.Agent, d)
-		ks := keyOf(t, s.Agent, d)
-		ks.Demand.Rate = 1e6
-		s.step()
-		check(t, s.Agent, d)
-		if !hit(d) {
-			t.Fatalf("spend at %d: the fast path did not decide on the leased key", spendAt)
+		if static {
+			d = desc("slow", fmt.Sprint("u", i))
+			ks = spendStatic(t, s, d, 1)
+			check(t, s.Agent, d) // a memo hit, from the slow path's record
+		} else {
+			check(t, s.Agent, d)
+			ks = keyOf(t, s.Agent, d)
+			ks.Demand.Rate = 1e6
+			s.step()
+			check(t, s.Agent, d)
 		}
-		balance, spent := ks.balance.Load(), ks.spent.Load()
+		if !hit(d) {
+			t.Fatalf("spend at %d: the fast path did not decide the key", spendAt)
+		}
+		lv, spent := level(ks), ks.spent.Load()
 		calls, hitOK := 0, false
 		removed := s.keys.shard(ks.hash).remove(ks, func(*keyState) bool {
 			if calls++; calls == spendAt {
@@ -252,15 +312,15 @@ func TestFastPathDropInterleavings(t *testing.T) {
 			if removed || ks.dropped.Load() || !hitOK || keyOf(t, s.Agent, d) != ks {
 				t.Fatalf("spend before the drop: removed %v, dropped %v, spent %v: want the key kept", removed, ks.dropped.Load(), hitOK)
 			}
-			if ks.balance.Load() != balance-1 || ks.spent.Load() != spent+1 {
-				t.Fatalf("spend before the drop: balance %d → %d, spent %d → %d", balance, ks.balance.Load(), spent, ks.spent.Load())
+			if level(ks) != lv-1 || ks.spent.Load() != spent+1 {
+				t.Fatalf("spend before the drop: level %d → %d, spent %d → %d", lv, level(ks), spent, ks.spent.Load())
 			}
 		case 2:
 			if !removed || !ks.dropped.Load() || hitOK || keyOf(t, s.Agent, d) != nil {
 				t.Fatalf("spend after the drop: removed %v, dropped %v, spent %v: want the key dropped, the spend refused", removed, ks.dropped.Load(), hitOK)
 			}
-			if ks.balance.Load() != balance || ks.spent.Load() != spent {
-				t.Fatalf("spend after the drop: balance %d → %d, spent %d → %d", balance, ks.balance.Load(), spent, ks.spent.Load())
+			if level(ks) != lv || ks.spent.Load() != spent {
+				t.Fatalf("spend after the drop: level %d → %d, spent %d → %d", lv, level(ks), spent, ks.spent.Load())
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/allot/allot/agent/internal/policy"
@@ -165,6 +166,7 @@ type keyState struct {
 	// (fbN = slots); sHot: its allocator hash is in the hot-key set.
 	fbStatic bool
 	sHot     bool
+	fbRefill time.Duration // rules.RefillTime(fbLimit), when fbStatic and fbRule is set
 	// owe: the key stopped static decisions with its share still this
 	// agent's alone (the permission lapsed, or a promotion was rejected)
 	// and the allocator has not been told what it holds: oweLim and oweSt

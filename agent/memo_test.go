@@ -479,13 +479,28 @@ func BenchmarkCheckMemoMiss(b *testing.B) {
 // across grants, balances drained below the request's hits, leases
 // expiring and idle keys dropped.
 func TestPropertyLeasedFastPathMatchesSlowPath(t *testing.T) {
-	pool := []Descriptor{
+	fastPathMatchesSlowPath(t, func() *steppedAgent { return newStepped(t, memoRulesA) }, []Descriptor{
 		desc("api_key", "k1"), desc("api_key", "k2"),
 		desc("route", "/a", "api_key", "k1"), desc("vip", "v"), desc("shadow", "s"),
 		desc("open", "o"), desc("nomatch", "x"),
-	}
+	})
+}
+
+// TestPropertyStaticFastPathMatchesSlowPath is the same for keys decided
+// from static shares (checkStaticHit), across promotions, lapsed
+// permissions and refills.
+func TestPropertyStaticFastPathMatchesSlowPath(t *testing.T) {
+	fastPathMatchesSlowPath(t, func() *steppedAgent { return newStatic(t) }, []Descriptor{
+		desc("k", "a"), desc("k", "b"), desc("slow", "a"), desc("window", "w"), desc("warm", "w"),
+	})
+}
+
+// fastPathMatchesSlowPath checks, with agents mk makes, that an agent with
+// the request memo decides every check of a descriptor of pool exactly as
+// the same agent without it.
+func fastPathMatchesSlowPath(t *testing.T, mk func() *steppedAgent, pool []Descriptor) {
 	rapid.Check(t, func(rt *rapid.T) {
-		with, without := newStepped(t, memoRulesA), newStepped(t, memoRulesA)
+		with, without := mk(), mk()
 		without.memo = nil
 		both := []*steppedAgent{with, without}
 		for step := range rapid.IntRange(1, 80).Draw(rt, "steps") {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/bucket"
@@ -259,13 +260,79 @@ func (ks *keyState) oweFullAt(now int64) int64 {
 	return 0
 }
 
+// checkStaticHit is check's fast path for a request of one descriptor,
+// found in the memo, on a key decided from its static share that admits
+// it without asking for its promotion. It decides as decide and
+// decideStatic do for that case (an allowed status from the share, counted
+// the same way) without the shard lock, filling *dec; ok is false, with
+// nothing changed (but a dropped key's lastUse), in any other case, and
+// check goes on as usual.
+//
+// Without the shard lock a key may be dropped meanwhile: as spendLive, it
+// takes from the share and changes the key's counters (spent, lastUse)
+// before it reads dropped, and gives the take back when it is set; the
+// refill loop sets dropped before it reads the counters again (shard.remove).
+func (a *Agent) checkStaticHit(dec *Decision, me *memoEntry, set *rules.Set, d *Descriptor, hits uint32, t0 int64) (ok bool) {
+	r, ks := me.rules[0], me.keys[0]
+	n := hitsFor(d, hits)
+	if r == nil || r.Unlimited || ks == nil || n <= 0 || !ks.staticable || ks.smode.Load() != staticOn || !a.leasing(r) {
+		return false
+	}
+	now, ok := a.nowFast()
+	if !ok {
+		now = a.now()
+	}
+	ss := &a.ss
+	if now >= ss.validUntil.Load() {
+		return false
+	}
+	slots := ss.slots.Load()
+	maxRefill := time.Duration(ss.maxRefill.Load())
+	ks.mu.Lock()
+	if ks.smode.Load() != staticOn || ks.sHot || ks.fbRule != r || ks.fbN != slots || !ks.fbStatic ||
+		now < ks.expiry.Load() || ks.fbRefill > maxRefill {
+		ks.mu.Unlock()
+		return false
+	}
+	was := ks.fbState
+	res := ks.fbLimit.AllowN(&ks.fbState, now, n)
+	if !res.Allowed || policy.StaticLow(res.Remaining, ks.fbLimit.Burst()) {
+		ks.fbState = was // a denial or a promotion: decideStatic's
+		ks.mu.Unlock()
+		return false
+	}
+	ks.mu.Unlock()
+	ks.spent.Add(n)
+	if ks.lastUse.Load() != now {
+		ks.lastUse.Store(now)
+	}
+	if ks.dropped.Load() {
+		// Dropped, or being dropped: undo, as refundStatic does.
+		ks.mu.Lock()
+		if ks.fbStatic {
+			ks.fbLimit.GiveBack(&ks.fbState, now, n)
+		}
+		ks.mu.Unlock()
+		ks.spent.Add(-n)
+		return false
+	}
+	if ks.dormant.Load() {
+		a.wake(ks) // after every change above: see due.go
+	}
+	hint := uintptr(unsafe.Pointer(dec))
+	a.met.ruleDecision(hint, a.met.ruleIndexFor(set), r, &Status{Rule: r, Allowed: true, Source: SourceStatic})
+	a.met.decision(hint, SourceStatic, true)
+	a.allowedHit(dec, r, SourceStatic, now, res.Remaining, res.ResetAfter, t0)
+	return true
+}
+
 // bindShare makes ks's bucket (fallback fields, mu held) the static share
 // of r for slots; false when r is not eligible for it. A new share starts
 // full; a change of rule or N keeps what the bucket holds, clamped to the
 // new share (never a fresh burst), unless the algorithm changed.
 func (a *Agent) bindShare(ks *keyState, r *rules.Rule, slots uint32, now int64) bool {
 	maxRefill := time.Duration(a.ss.maxRefill.Load())
-	if ks.fbRule == r && ks.fbN == slots && ks.fbStatic && rules.RefillTime(ks.fbLimit) <= maxRefill {
+	if ks.fbRule == r && ks.fbN == slots && ks.fbStatic && ks.fbRefill <= maxRefill {
 		return true
 	}
 	l, ok := r.StaticShare(slots, maxRefill)
@@ -278,6 +345,7 @@ func (a *Agent) bindShare(ks *keyState, r *rules.Rule, slots uint32, now int64) 
 		rebase(l, &ks.fbState, capacity(l, now), now, now)
 	}
 	ks.fbRule, ks.fbN, ks.fbLimit, ks.fbStatic = r, slots, l, true
+	ks.fbRefill = rules.RefillTime(l)
 	ks.fbRebase = false
 	ks.sRate.Store(math.Float64bits(float64(l.Quota()) / time.Duration(l.Window()).Seconds()))
 	return true

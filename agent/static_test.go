@@ -42,6 +42,12 @@ descriptors:
       unit: minute
       requests_per_unit: 600
       burst: 40
+  - key: big
+    rate_limit:
+      name: big
+      unit: second
+      requests_per_unit: 1000000000
+      burst: 1000000000
 `
 
 // newStatic is a stepped agent whose allocator gives it one of 4 slots
