@@ -608,7 +608,7 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 	}
 	hint := uintptr(unsafe.Pointer(dec))
 	ri := a.met.ruleIndexFor(set)
-	if c := a.met.leaseCheck(hint, ri, r); c != 0 {
+	if c := a.met.oneCheck(hint, ri, r, ruleLeaseCheck); c != 0 {
 		a.met.arm(hint, c)
 	} else {
 		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})

@@ -84,7 +84,7 @@ const checkSampleBits = 6
 // The checks to time are picked without a draw of their own (a call to
 // the runtime's generator costs about as much as the rest of the
 // bookkeeping): every check ends with one striped counter increment
-// (decision or leaseCheck), which returns the stripe's new count; a
+// (decision or oneCheck), which returns the stripe's new count; a
 // mixing of that count, whose top bits are zero one time in 64, arms the
 // stripe (arm), and the next check on it is timed (sampleCheck). Counts
 // that arm are spread like random ones, so the timed checks do not follow
@@ -258,14 +258,21 @@ func (m *metrics) shadow(hint uintptr) { m.counters.Add(hint, ctrShadow, 1) }
 func (m *metrics) redisError()         { m.redisErrors.Inc() }
 
 // decisions sums the stripes; for tests and the collector. Allowed lease
-// decisions include the one-descriptor checks that leaseCheck counted in
-// their rule's counter.
+// and static decisions include the one-descriptor checks that oneCheck
+// counted in their rule's counter.
 func (m *metrics) decisions(src Source, allowed bool) uint64 {
 	n := m.counters.Sum(decisionCounter(src, allowed))
-	if src == SourceLease && allowed {
+	slot := -1
+	switch {
+	case src == SourceLease && allowed:
+		slot = ruleLeaseCheck
+	case src == SourceStatic && allowed:
+		slot = ruleStaticCheck
+	}
+	if slot >= 0 {
 		m.ruleMu.Lock()
 		for _, rc := range m.ruleCounters {
-			n += rc.sum(ruleLeaseCheck)
+			n += rc.sum(slot)
 		}
 		m.ruleMu.Unlock()
 	}
@@ -316,11 +323,13 @@ const (
 	ruleShadowDenied
 	ruleUnlimited
 	ruleResults
-	// ruleLeaseCheck, not exposed as a result of its own: a check of one
-	// descriptor allowed from the lease (see leaseCheck), counted once for
-	// both its rule's allowed result and the allowed lease decisions.
-	ruleLeaseCheck = ruleResults
-	ruleSlots      = ruleResults + 1
+	// ruleLeaseCheck and ruleStaticCheck, not exposed as results of their
+	// own: a check of one descriptor allowed from the lease or from a
+	// static share (see oneCheck), counted once for both its rule's
+	// allowed result and the allowed decisions of that source.
+	ruleLeaseCheck  = ruleResults
+	ruleStaticCheck = ruleResults + 1
+	ruleSlots       = ruleResults + 2
 )
 
 var ruleResultNames = [ruleResults]string{"allowed", "fallback", "denied", "shadow_denied", "unlimited"}
@@ -339,7 +348,7 @@ type ruleCounter struct {
 func (rc *ruleCounter) result(res int) uint64 {
 	n := rc.sum(res)
 	if res == ruleAllowed {
-		n += rc.sum(ruleLeaseCheck)
+		n += rc.sum(ruleLeaseCheck) + rc.sum(ruleStaticCheck)
 	}
 	return n
 }
@@ -415,17 +424,18 @@ func (m *metrics) ruleDecision(hint uintptr, ri *ruleIndex, r *rules.Rule, st *S
 	ri.byID[r.ID].c[stripe.Index(hint)][res].Add(1)
 }
 
-// leaseCheck counts a check of one descriptor allowed by rule r from the
-// lease: one allowed result of r and one allowed lease decision, in one
+// oneCheck counts a check of one descriptor allowed by rule r from the
+// lease (slot ruleLeaseCheck) or a static share (ruleStaticCheck): one
+// allowed result of r and one allowed decision of that source, in one
 // increment (the collector adds it to both), and returns the stripe's new
 // count, for the caller to arm sampling with. It returns 0, counting
 // nothing, when r has no counter (a reload is switching sets); the caller
 // then counts the two apart.
-func (m *metrics) leaseCheck(hint uintptr, ri *ruleIndex, r *rules.Rule) uint64 {
+func (m *metrics) oneCheck(hint uintptr, ri *ruleIndex, r *rules.Rule, slot int) uint64 {
 	if ri == nil || r.ID >= len(ri.byID) || ri.byID[r.ID] == nil {
 		return 0
 	}
-	return ri.byID[r.ID].c[stripe.Index(hint)][ruleLeaseCheck].Add(1)
+	return ri.byID[r.ID].c[stripe.Index(hint)][slot].Add(1)
 }
 
 // unlimitedDecision counts a descriptor no rule limits: r is nil (no match)

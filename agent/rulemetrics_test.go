@@ -88,3 +88,38 @@ func TestCheckLatencySampled(t *testing.T) {
 		}
 	}
 }
+
+// TestStaticFastPathCounted: checks decided on the memo's fast path for a
+// static key count as allowed static decisions and as allowed results of
+// their rule, and one in 64 is timed, as on the slow path.
+func TestStaticFastPathCounted(t *testing.T) {
+	s := newStatic(t)
+	d := desc("big", "x")
+	var m dto.Metric
+	if err := s.met.checkSeconds.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	timed0 := m.GetHistogram().GetSampleCount()
+	const n = 64 * 200
+	for range n {
+		if got := check(t, s.Agent, d); got.Source != SourceStatic || !got.Allowed {
+			t.Fatalf("check: %+v, want allowed from the static share", got)
+		}
+	}
+	if got := s.met.decisions(SourceStatic, true); got != n {
+		t.Fatalf("static decisions %d, want %d", got, n)
+	}
+	s.met.ruleMu.Lock()
+	rc := s.met.ruleCounters[[2]string{"test", "big"}]
+	s.met.ruleMu.Unlock()
+	if rc == nil || rc.result(ruleAllowed) != n || rc.sum(ruleStaticCheck) < n-1 {
+		t.Fatalf("rule big: counter %v, want %d allowed, all but the first on the fast path", rc != nil, n)
+	}
+	if err := s.met.checkSeconds.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	// 200 expected; the binomial's standard deviation is 14.
+	if got := m.GetHistogram().GetSampleCount() - timed0; got < 140 || got > 260 {
+		t.Fatalf("%d of %d checks timed, want about %d", got, n, n/64)
+	}
+}

@@ -320,8 +320,13 @@ func (a *Agent) checkStaticHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		a.wake(ks) // after every change above: see due.go
 	}
 	hint := uintptr(unsafe.Pointer(dec))
-	a.met.ruleDecision(hint, a.met.ruleIndexFor(set), r, &Status{Rule: r, Allowed: true, Source: SourceStatic})
-	a.met.decision(hint, SourceStatic, true)
+	ri := a.met.ruleIndexFor(set)
+	if c := a.met.oneCheck(hint, ri, r, ruleStaticCheck); c != 0 {
+		a.met.arm(hint, c)
+	} else {
+		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceStatic})
+		a.met.decision(hint, SourceStatic, true)
+	}
 	a.allowedHit(dec, r, SourceStatic, now, res.Remaining, res.ResetAfter, t0)
 	return true
 }
