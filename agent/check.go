@@ -606,22 +606,27 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 	if !ok {
 		return false
 	}
-	hint := uintptr(unsafe.Pointer(dec))
-	ri := a.met.ruleIndexFor(set)
-	if c := a.met.oneCheck(hint, ri, r, ruleLeaseCheck); c != 0 {
-		a.met.arm(hint, c)
-	} else {
-		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceLease})
-		a.met.decision(hint, SourceLease, true)
-	}
 	// As leaseStatus.
-	a.allowedHit(dec, r, SourceLease, now, ks.remaining.Load()+left, until(ks.resetAt.Load(), now), t0)
+	a.allowedHit(dec, set, r, SourceLease, now, ks.remaining.Load()+left, until(ks.resetAt.Load(), now), t0)
 	return true
 }
 
-// allowedHit fills *dec for a fast path's check allowed under r from src
-// (as checkAll does for one descriptor), and times a sampled check (t0).
-func (a *Agent) allowedHit(dec *Decision, r *rules.Rule, src Source, now, remaining int64, resetAfter time.Duration, t0 int64) {
+// allowedHit counts a fast path's check allowed under r (of set) from src,
+// SourceLease or SourceStatic, fills *dec for it (as checkAll does for one
+// descriptor), and times a sampled check (t0).
+func (a *Agent) allowedHit(dec *Decision, set *rules.Set, r *rules.Rule, src Source, now, remaining int64, resetAfter time.Duration, t0 int64) {
+	hint := uintptr(unsafe.Pointer(dec))
+	ri := a.met.ruleIndexFor(set)
+	slot := ruleLeaseCheck
+	if src == SourceStatic {
+		slot = ruleStaticCheck
+	}
+	if c := a.met.oneCheck(hint, ri, r, slot); c != 0 {
+		a.met.arm(hint, c)
+	} else {
+		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: src})
+		a.met.decision(hint, src, true)
+	}
 	dec.Allowed = true
 	dec.Source = src
 	dec.Rule = r

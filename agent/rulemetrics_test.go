@@ -3,6 +3,7 @@ package agent
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -94,6 +95,9 @@ func TestCheckLatencySampled(t *testing.T) {
 // their rule, and one in 64 is timed, as on the slow path.
 func TestStaticFastPathCounted(t *testing.T) {
 	s := newStatic(t)
+	// The fake's rules (version 1) replace the configured ones once: a
+	// check during the switch is not counted by rule.
+	waitFor(t, 10*time.Second, "the allocator's rules", func() bool { return s.rules.Load().Version() == 1 })
 	d := desc("big", "x")
 	var m dto.Metric
 	if err := s.met.checkSeconds.Write(&m); err != nil {
@@ -113,7 +117,7 @@ func TestStaticFastPathCounted(t *testing.T) {
 	rc := s.met.ruleCounters[[2]string{"test", "big"}]
 	s.met.ruleMu.Unlock()
 	if rc == nil || rc.result(ruleAllowed) != n || rc.sum(ruleStaticCheck) < n-1 {
-		t.Fatalf("rule big: counter %v, want %d allowed, all but the first on the fast path", rc != nil, n)
+		t.Fatalf("rule big: %d allowed, %d on the fast path; want %d, all but the first", rc.result(ruleAllowed), rc.sum(ruleStaticCheck), n)
 	}
 	if err := s.met.checkSeconds.Write(&m); err != nil {
 		t.Fatal(err)

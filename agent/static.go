@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/bucket"
@@ -319,15 +318,7 @@ func (a *Agent) checkStaticHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 	if ks.dormant.Load() {
 		a.wake(ks) // after every change above: see due.go
 	}
-	hint := uintptr(unsafe.Pointer(dec))
-	ri := a.met.ruleIndexFor(set)
-	if c := a.met.oneCheck(hint, ri, r, ruleStaticCheck); c != 0 {
-		a.met.arm(hint, c)
-	} else {
-		a.met.ruleDecision(hint, ri, r, &Status{Rule: r, Allowed: true, Source: SourceStatic})
-		a.met.decision(hint, SourceStatic, true)
-	}
-	a.allowedHit(dec, r, SourceStatic, now, res.Remaining, res.ResetAfter, t0)
+	a.allowedHit(dec, set, r, SourceStatic, now, res.Remaining, res.ResetAfter, t0)
 	return true
 }
 
