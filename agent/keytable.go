@@ -168,12 +168,14 @@ type keyState struct {
 	sHot     bool
 	fbRefill time.Duration // rules.RefillTime(fbLimit), when fbStatic and fbRule is set
 	// owe: the key stopped static decisions with its share still this
-	// agent's alone (the permission lapsed, or a promotion was rejected)
-	// and the allocator has not been told what it holds: oweLim and oweSt
-	// are the share as of its last take, and the key's next call is a
-	// promotion with static_left its level then (staticPlan), or, if the
-	// key turns hot first, a report (markHot). sOwe mirrors owe for the
-	// refill loop's lock-free check.
+	// agent's alone (the permission lapsed, the rule is no longer
+	// eligible, or a promotion was not applied) and the allocator has not
+	// been told what it holds: oweLim and oweSt are the share as the
+	// agent last took from it (or as a promotion's build read it: what
+	// the key admitted after that was charged), and the key's next call
+	// is a promotion with static_left its level then, refilled since
+	// (staticPlan), or, if the key turns hot first, a report (markHot).
+	// sOwe mirrors owe for the refill loop's lock-free check.
 	owe    bool
 	oweLim bucket.Limit
 	oweSt  bucket.State

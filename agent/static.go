@@ -92,6 +92,11 @@ type staticShares struct {
 	// Owned by the refill loop (and by Close once it has stopped).
 	renewAt int64 // send an empty Acquire from then (0: no slot)
 	half    int64 // half the latest valid_ms, ns
+	// ttl is the valid_ms of the latest answer that gave a slot: the
+	// static TTL the allocator's transitions last, also while its answers
+	// give none (a settings change revokes every slot for a while, and
+	// the revoked holders still count in transitions).
+	ttl time.Duration
 	// reports are the keys that turned hot while this agent decided them
 	// from their shares, oldest version first, until a call that carries
 	// each and acknowledges its version is answered (see buildReports).
@@ -464,6 +469,7 @@ func (a *Agent) applyStatic(b *batch, s *allotv1.StaticShares, now int64) {
 		ss.held.Store(true)
 		ss.validUntil.Store(b.firstSent + int64(valid-policy.LeaseMargin(valid)))
 		ss.half = int64(valid / 2)
+		ss.ttl = valid
 		ss.renewAt = b.firstSent + ss.half
 	}
 	a.met.staticSlots.Set(float64(s.GetSlots()))
@@ -481,8 +487,12 @@ func (a *Agent) applyHot(s *allotv1.StaticShares, now int64) {
 	// A report is moot a static TTL after the answer that brought its key
 	// (and the lease safety margin, for the clocks' rates): the key's
 	// transition began before that answer was sent and ended a TTL after
-	// it began, and the allocator merges no share once it has.
+	// it began, and the allocator merges no share once it has. An answer
+	// without a slot gives no valid_ms: the TTL is the latest given.
 	valid := time.Duration(max(s.GetValidMs(), 0)) * time.Millisecond
+	if valid == 0 {
+		valid = ss.ttl
+	}
 	until := now + int64(valid+policy.LeaseMargin(valid))
 	ss.mu.Lock()
 	// The allocator numbers each change of the set (one key each): an
@@ -619,11 +629,14 @@ func (a *Agent) staticRenew(now int64) bool {
 // which build has filled with its keys (b.req.StaticShares set); t is the
 // topology, and b is addressed to group when addressed.
 //
-// A report goes into the entry of its key when b has one (its first
-// use's want and charge), else into an entry of its own that wants
-// nothing, while b has room (maxBatchKeys) and, with a topology, is
-// addressed to the group that owns the key. A call carries one report a
-// key, and none beside a promotion of the same key. hot_version is the
+// A report goes into the entry of its key when b has one that is not a
+// promotion (its first use's want and charge), else into an entry of its
+// own that wants nothing, while b has room (maxBatchKeys) and, with a
+// topology, is addressed to the group that owns the key. A call carries
+// one report a key (the oldest). Beside a promotion of the same key (a
+// report from an earlier time the key was hot, not moot yet) it changes
+// nothing: that transition is over, or the promotion's share merged
+// first, and a share merges once. hot_version is the
 // version the agent has applied when every pending report is in b;
 // otherwise it stops short of the oldest left out (never below what was
 // acknowledged already), so that the call that first acknowledges a

@@ -353,38 +353,62 @@ func TestStaticReportFailedCall(t *testing.T) {
 	}
 }
 
-// TestStaticReportNoSlot: an answer that gives no slot keeps the pending
-// reports: a holder whose slot a settings change revokes still counts in
-// transitions until the change takes force, and its acknowledgement would
-// merge a full share. The next call reports the key and acknowledges.
+// TestStaticReportNoSlot: an answer that gives no slot (and so no
+// valid_ms, as the allocator answers while a settings change has revoked
+// every slot) keeps the pending reports, and those it brings are moot only
+// a static TTL after it, the latest TTL given: a holder whose slot a
+// settings change revokes still counts in transitions until the change
+// takes force, and its acknowledgement would merge a full share. The next
+// call reports the key and acknowledges. A key that owes its share's
+// level when such an answer makes it hot (its permission lapsed: no slot)
+// is reported the same way.
 func TestStaticReportNoSlot(t *testing.T) {
-	s := newStatic(t)
-	a := desc("slow", "a")
-	wantSource(t, s, a, SourceStatic)
-	s.fake.with(func(f *fakeAllocator) {
-		f.static.Slots, f.static.HotVersion, f.static.HotAdded = 0, 2, []uint64{staticHash(t, s, a)}
-	})
-	n0, _, _ := s.fake.counts()
-	s.clock.advance(time.Second)
-	s.step() // the renewal: no slot, a is hot
-	if len(s.ss.reports) != 1 || s.ss.version != 2 {
-		t.Fatalf("%d pending reports at version %d, want 1 at 2", len(s.ss.reports), s.ss.version)
-	}
-	wantSource(t, s, a, SourceFallback)
-	s.clock.advance(50 * time.Millisecond)
-	s.step()
-	reported := false
-	for _, req := range callsSince(s, n0) {
-		if k := reportOf(req, a); k != nil {
-			if k.StaticLeft != 9 || req.HotVersion != 2 {
-				t.Fatalf("call %d: report %v, hot_version %d; want 9, 2", req.RequestId, k, req.HotVersion)
+	for _, owed := range []bool{false, true} {
+		t.Run(fmt.Sprint("owed=", owed), func(t *testing.T) {
+			s := newStatic(t)
+			a := desc("slow", "a")
+			spendStatic(t, s, a, 3)
+			s.fake.with(func(f *fakeAllocator) {
+				f.static.Slots, f.static.ValidMs = 0, 0
+				f.static.HotVersion, f.static.HotAdded = 2, []uint64{staticHash(t, s, a)}
+			})
+			n0, _, _ := s.fake.counts()
+			wantSource(t, s, desc("window", "x"), SourceFallback) // a call, whose answer makes a hot
+			s.clock.advance(50 * time.Millisecond)
+			if owed {
+				// Its answer is lost; the permission lapses and a owes its
+				// share's level before the retry is answered.
+				s.fake.with(func(f *fakeAllocator) { f.dropReplies = 1 })
+				s.step()
+				s.clock.advance(2 * time.Second)
+				wantSource(t, s, a, SourceFallback)
+				if !keyOf(t, s.Agent, a).sOwe.Load() {
+					t.Fatalf("a owes nothing")
+				}
+				s.step() // the retry, then a's first use
+			} else {
+				s.step()
+				if len(s.ss.reports) != 1 || s.ss.version != 2 {
+					t.Fatalf("%d pending reports at version %d, want 1 at 2", len(s.ss.reports), s.ss.version)
+				}
+				wantSource(t, s, a, SourceFallback)
+				s.clock.advance(50 * time.Millisecond)
+				s.step()
 			}
-			reported = true
-		} else if req.HotVersion > 1 {
-			t.Fatalf("call %d acknowledges %d without a's report", req.RequestId, req.HotVersion)
-		}
-	}
-	if !reported || len(s.ss.reports) != 0 {
-		t.Fatalf("reported %v, %d pending; want a reported, none pending", reported, len(s.ss.reports))
+			reported := false
+			for _, req := range callsSince(s, n0) {
+				if k := reportOf(req, a); k != nil {
+					if k.StaticLeft != 7 || k.Promote || req.HotVersion != 2 {
+						t.Fatalf("call %d: %v, hot_version %d; want a report of 7, 2", req.RequestId, k, req.HotVersion)
+					}
+					reported = true
+				} else if req.HotVersion > 1 {
+					t.Fatalf("call %d acknowledges %d without a's report", req.RequestId, req.HotVersion)
+				}
+			}
+			if !reported || len(s.ss.reports) != 0 {
+				t.Fatalf("reported %v, %d pending; want a reported, none pending", reported, len(s.ss.reports))
+			}
+		})
 	}
 }
