@@ -166,7 +166,7 @@ type keyState struct {
 	// (fbN = slots); sHot: its allocator hash is in the hot-key set.
 	fbStatic bool
 	sHot     bool
-	fbRefill time.Duration // rules.RefillTime(fbLimit), when fbStatic and fbRule is set
+	fbRefill time.Duration // rules.RefillTime(fbLimit) when bindShare set fbLimit (read only then: fbStatic, fbRule a leased rule, fbN the slots)
 	// owe: the key stopped static decisions with its share still this
 	// agent's alone (the permission lapsed, the rule is no longer
 	// eligible, or a promotion was not applied) and the allocator has not

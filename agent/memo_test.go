@@ -483,28 +483,68 @@ func TestPropertyLeasedFastPathMatchesSlowPath(t *testing.T) {
 		desc("api_key", "k1"), desc("api_key", "k2"),
 		desc("route", "/a", "api_key", "k1"), desc("vip", "v"), desc("shadow", "s"),
 		desc("open", "o"), desc("nomatch", "x"),
-	})
+	}, nil)
 }
 
 // TestPropertyStaticFastPathMatchesSlowPath is the same for keys decided
 // from static shares (checkStaticHit), across promotions, lapsed
-// permissions and refills.
+// permissions, refills, and answers that change N, the longest refill an
+// eligible share may take and the hot-key set.
 func TestPropertyStaticFastPathMatchesSlowPath(t *testing.T) {
-	fastPathMatchesSlowPath(t, func() *steppedAgent { return newStatic(t) }, []Descriptor{
-		desc("k", "a"), desc("k", "b"), desc("slow", "a"), desc("window", "w"), desc("warm", "w"),
+	pool := []Descriptor{desc("k", "a"), desc("k", "b"), desc("slow", "a"), desc("window", "w"), desc("warm", "w")}
+	version := uint64(1)
+	fastPathMatchesSlowPath(t, func() *steppedAgent { version = 1; return newStatic(t) }, pool, func(rt *rapid.T) func(*steppedAgent) {
+		switch rapid.IntRange(0, 2).Draw(rt, "answer") {
+		case 0:
+			n := uint32(rapid.SampledFrom([]int{1, 2, 4, 8}).Draw(rt, "slots"))
+			return func(s *steppedAgent) { s.fake.with(func(f *fakeAllocator) { f.static.Slots = n }) }
+		case 1:
+			ms := rapid.SampledFrom([]int64{118_000, 7_200_000}).Draw(rt, "maxRefillMs")
+			return func(s *steppedAgent) { s.fake.with(func(f *fakeAllocator) { f.static.MaxRefillMs = ms }) }
+		}
+		d := pool[rapid.IntRange(0, len(pool)-1).Draw(rt, "hotDesc")]
+		add := rapid.Bool().Draw(rt, "hotAdd")
+		version++ // the allocator numbers each change of the set
+		v := version
+		return func(s *steppedAgent) {
+			r := s.rules.Load().Match("test", d.Entries)
+			if r == nil {
+				return
+			}
+			h := []uint64{rules.KeyHash(r, "test", d.Entries)}
+			s.fake.with(func(f *fakeAllocator) {
+				f.static.HotVersion, f.static.HotAdded, f.static.HotRemoved = v, nil, nil
+				if add {
+					f.static.HotAdded = h
+				} else {
+					f.static.HotRemoved = h
+				}
+			})
+		}
 	})
 }
 
 // fastPathMatchesSlowPath checks, with agents mk makes, that an agent with
 // the request memo decides every check of a descriptor of pool exactly as
-// the same agent without it.
-func fastPathMatchesSlowPath(t *testing.T, mk func() *steppedAgent, pool []Descriptor) {
+// the same agent without it. answer, when not nil, draws a change of the
+// allocators' answers, made to both.
+func fastPathMatchesSlowPath(t *testing.T, mk func() *steppedAgent, pool []Descriptor, answer func(*rapid.T) func(*steppedAgent)) {
 	rapid.Check(t, func(rt *rapid.T) {
 		with, without := mk(), mk()
 		without.memo = nil
 		both := []*steppedAgent{with, without}
 		for step := range rapid.IntRange(1, 80).Draw(rt, "steps") {
-			switch rapid.IntRange(0, 5).Draw(rt, "op") {
+			op := rapid.IntRange(0, 6).Draw(rt, "op")
+			if op == 6 {
+				if answer != nil {
+					change := answer(rt)
+					for _, s := range both {
+						change(s)
+					}
+				}
+				continue
+			}
+			switch op {
 			case 0:
 				d := time.Duration(rapid.Int64Range(0, int64(2*DefaultConfig().IdleTimeout)).Draw(rt, "advance"))
 				for _, s := range both {

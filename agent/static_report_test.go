@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/agent/internal/policy"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -390,6 +391,12 @@ func TestStaticReportNoSlot(t *testing.T) {
 				s.step()
 				if len(s.ss.reports) != 1 || s.ss.version != 2 {
 					t.Fatalf("%d pending reports at version %d, want 1 at 2", len(s.ss.reports), s.ss.version)
+				}
+				// Moot a TTL (the latest given, 2 s) and the margin after
+				// the answer.
+				valid := 2 * time.Second
+				if got, want := s.ss.reports[0].until, s.clock.now()+int64(valid+policy.LeaseMargin(valid)); got != want {
+					t.Fatalf("report moot at %d, want %d", got, want)
 				}
 				wantSource(t, s, a, SourceFallback)
 				s.clock.advance(50 * time.Millisecond)

@@ -233,6 +233,32 @@ func TestStaticPromotion(t *testing.T) {
 	}
 }
 
+// TestStaticPromotionCharged: while a promotion is in flight, what the
+// share admits is charged, on the memo's fast path too: a key handed over
+// for promotion with its share well above half (its demand passed half
+// the share's rate) is decided by decideStatic, not checkStaticHit.
+func TestStaticPromotionCharged(t *testing.T) {
+	s := newStatic(t)
+	waitFor(t, 10*time.Second, "the allocator's rules", func() bool { return s.rules.Load().Version() == 1 })
+	d := desc("big", "x")
+	ks := spendStatic(t, s, d, 2) // the memo holds it
+	s.handOver(ks)
+	s.enqueue(ks)
+	block, entered := make(chan struct{}), make(chan struct{}, 1)
+	s.fake.with(func(f *fakeAllocator) { f.block, f.entered = block, entered })
+	done := make(chan struct{})
+	go func() { s.step(); close(done) }()
+	<-entered
+	wantMode(t, ks, staticSent, "with the promotion in flight")
+	wantSource(t, s, d, SourceStatic)
+	if got := ks.charged.Load(); got != 1 {
+		t.Fatalf("charged %d during the promotion, want 1", got)
+	}
+	s.fake.with(func(f *fakeAllocator) { f.block = nil })
+	close(block)
+	<-done
+}
+
 // TestStaticHotAndBack: a key the hot-key set gains stops static decisions
 // at once and takes a new key's path; once the set loses it and it holds
 // no lease, it is static again with a full share.

@@ -128,8 +128,18 @@ func TestLoad(t *testing.T) {
 	if rep.Redis != nil && rep.Redis.StoreOps < rep.Redis.Issued {
 		t.Errorf("redis: %d script calls for %d checks, want one per check", rep.Redis.StoreOps, rep.Redis.Issued)
 	}
-	if s := rep.RedisModes["sharded"]; s != nil && (s.Shards != 4 || s.SecondTries == 0) {
-		t.Errorf("redis sharded: %d shards, %d second tries; want 4 and some (the hottest key is over its limit)", s.Shards, s.SecondTries)
+	if s := rep.RedisModes["sharded"]; s != nil {
+		// A second try follows a sub-key that ran out, which takes a key
+		// over its limit in this run: on a busy machine the run may issue
+		// too few checks for that (then the ideal limiter denies nothing).
+		switch {
+		case s.Shards != 4:
+			t.Errorf("redis sharded: %d shards, want 4", s.Shards)
+		case s.Accuracy.KeysAtLimit > 0 && s.SecondTries == 0:
+			t.Errorf("redis sharded: %d keys at their limit, 0 second tries; want some", s.Accuracy.KeysAtLimit)
+		case s.Accuracy.KeysAtLimit == 0:
+			t.Logf("redis sharded: no key reached its limit (%d checks issued): second tries not exercised", s.Issued)
+		}
 	}
 	if b := rep.RedisModes["batched"]; b != nil && (b.StoreOps == 0 || b.StoreOps >= b.Issued) {
 		t.Errorf("redis batched: %d script calls for %d checks, want fewer than one per check", b.StoreOps, b.Issued)
