@@ -323,22 +323,29 @@ func trackKeys(b *testing.B, s *State, hot int, now int64) {
 	}
 }
 
-// BenchmarkRulesUpdateStatic measures the apply of a rules update with
-// static shares on, at 1M tracked keys (10% leased, the rest charged and
-// not idle): every tracked key that is not idle joins the hot-key set
-// (hotAllTracked), on the apply path.
+// BenchmarkRulesUpdateStatic measures the apply of a rules update at 1M
+// tracked keys (10% leased, the rest charged and not idle), with static
+// shares off, on, and on with a new key before each update under a rule
+// that is not eligible (a fixed window), so not hot: then every tracked
+// key that is not idle is looked up in the hot-key set (hotAllTracked), on
+// the apply path; with every tracked key hot there is nothing to look up.
 func BenchmarkRulesUpdateStatic(b *testing.B) {
-	for _, static := range []bool{false, true} {
-		b.Run(fmt.Sprint("static=", static), func(b *testing.B) {
+	for _, mode := range []string{"off", "on", "on-one-cold"} {
+		b.Run("static="+mode, func(b *testing.B) {
 			s := newTestState(b)
 			fillKeys(b, s, 1_000_000, 10)
-			if static {
+			if mode != "off" {
 				setStatic(b, s, at(0), 16, staticTTL)
 			}
 			now := at(time.Millisecond)
 			b.ResetTimer()
 			for i := range b.N {
 				now += int64(time.Millisecond)
+				if mode == "on-one-cold" {
+					b.StopTimer()
+					mustAcquire(b, s, now, "cold", uint64(i+1), ka("fw", fmt.Sprint("x", i), 1, 0, 0, 0))
+					b.StartTimer()
+				}
 				yaml := testRules
 				if i%2 == 0 {
 					yaml = testRulesAlt

@@ -227,6 +227,12 @@ func staticBoundCase(shape propShape) func(*rapid.T) {
 		holderCalls := rapid.IntRange(1, 4).Draw(t, "holderCallsIn")
 		steps := rapid.IntRange(20, 300).Draw(t, "steps")
 		for range steps {
+			s.mu.RLock()
+			h, ok := s.st.hotTracked()
+			s.mu.RUnlock()
+			if !ok {
+				t.Fatalf("hot key %x is not tracked", h)
+			}
 			act := rapid.IntRange(0, w[0]+w[1]+w[2]+w[3]+w[4]+w[5]).Draw(t, "action")
 			switch {
 			case act >= w[0]+w[1]+w[2]+w[3] && act < w[0]+w[1]+w[2]+w[3]+w[4]:

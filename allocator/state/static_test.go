@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -732,5 +733,35 @@ func TestStaticReportOrder(t *testing.T) {
 	sacquire(t, s, now, "a", 3, vh, ka("tb", "1", 0, 0, 0, 0))
 	if l, left := keyLimit(t, s, h, now); keyOf(l) != keyOf(testLimit(t, 10, time.Second, 10)) || left != 2 {
 		t.Fatalf("after d: %v holding %d, want the whole limit holding 2", l, left)
+	}
+}
+
+// TestStaticRulesMakeTrackedHot: a rules update that makes a rule eligible
+// makes its tracked keys hot (a key leased under the old limit is not
+// decided from full shares); one that leaves every tracked key hot
+// changes nothing (no walk of the table: hotAllTracked).
+func TestStaticRulesMakeTrackedHot(t *testing.T) {
+	s := newTestState(t)
+	setStatic(t, s, at(0), 4, staticTTL)
+	mustAcquire(t, s, at(time.Second), "a", 1, ka("fw", "x", 3, 0, 0, 0), ka("tb", "1", 3, 0, 0, 0))
+	r := sacquire(t, s, at(time.Second), "b", 1, 0)
+	if !slices.Equal(r.Static.HotAdded, []uint64{hashOf(s, "tb", "1")}) {
+		t.Fatalf("hot set %v, want tb=1 alone (fixed windows are not shared)", r.Static.HotAdded)
+	}
+	// fw becomes a token bucket: eligible.
+	putRules(t, s, at(2*time.Second), strings.Replace(testRules, "algorithm: fixed_window", "burst: 5", 1))
+	r = sacquire(t, s, at(2*time.Second), "b", 2, r.Static.HotVersion)
+	if !slices.Equal(r.Static.HotAdded, []uint64{hashOf(s, "fw", "x")}) {
+		t.Fatalf("after the rules update: hot added %v, want fw=x", r.Static.HotAdded)
+	}
+	v := r.Static.HotVersion
+	putRules(t, s, at(3*time.Second), testRules)
+	if r = sacquire(t, s, at(3*time.Second), "b", 3, v); r.Static.HotVersion != v || len(r.Static.HotAdded) != 0 {
+		t.Fatalf("a rules update with every tracked key hot: version %d → %d, added %v", v, r.Static.HotVersion, r.Static.HotAdded)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if h, ok := s.st.hotTracked(); !ok {
+		t.Fatalf("hot key %x is not tracked", h)
 	}
 }
