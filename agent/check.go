@@ -456,6 +456,12 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 			st, oc = a.decideLease(ks, r, now, n, consume)
 		}
 	} else {
+		if ks.staticable && ks.smode.Load() != staticOff {
+			// Its rule left the lease backend: no longer eligible.
+			ks.mu.Lock()
+			a.ss.leaveLocked(ks)
+			ks.mu.Unlock()
+		}
 		if !ks.local.Load() {
 			ks.local.Store(true)
 		}

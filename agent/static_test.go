@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -338,6 +339,28 @@ func TestStaticLapse(t *testing.T) {
 	}
 	if ks := keyOf(t, s.Agent, b); ks.sOwe.Load() || ks.smode.Load() != staticOff {
 		t.Fatalf("after the answer: owes %v, mode %d; want nothing owed, off", ks.sOwe.Load(), ks.smode.Load())
+	}
+}
+
+// TestStaticBackendChange: a static key whose rule leaves the lease
+// backend (a rules update) stops static decisions and owes its share's
+// level, as for any other reason but the hot-key set.
+func TestStaticBackendChange(t *testing.T) {
+	s := newStatic(t)
+	waitFor(t, 10*time.Second, "the allocator's rules", func() bool { return s.rules.Load().Version() == 1 })
+	b := desc("slow", "b")
+	ks := spendStatic(t, s, b, 3)
+	keys := s.ss.keys.Load()
+	s.setRules(mustCompile(t, 2, strings.Replace(staticRules, "      requests_per_unit: 40\n      burst: 40\n", "      requests_per_unit: 40\n      burst: 40\n      backend: redis\n", 1)), true)
+	if r := s.rules.Load().Match("test", b.Entries); r == nil || r.Backend != rules.BackendRedis {
+		t.Fatalf("slow's rule after the update: %+v, want the Redis backend", r)
+	}
+	if got := check(t, s.Agent, b); got.Source == SourceStatic {
+		t.Fatalf("check after the backend change: %+v, want not from the share", got)
+	}
+	wantMode(t, ks, staticOff, "after the backend change")
+	if !ks.sOwe.Load() || s.ss.keys.Load() != keys-1 {
+		t.Fatalf("owes %v, static keys %d; want owes, %d", ks.sOwe.Load(), s.ss.keys.Load(), keys-1)
 	}
 }
 
