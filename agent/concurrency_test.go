@@ -86,21 +86,12 @@ func TestConcurrentBooksBalance(t *testing.T) {
 	stop := make(chan struct{})
 	for range 8 {
 		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				got, err := a.Check(context.Background(), "test", []Descriptor{big}, 1)
-				if err != nil {
-					t.Error(err)
-					return
-				}
+			checkUntil(t, a, stop, []Descriptor{big}, func(got Decision) bool {
 				if got.Allowed {
 					admitted.Add(1)
 				}
-			}
+				return true
+			})
 		})
 	}
 	// Let time pass on the fake clock so demand, leases and expiry move.
@@ -177,19 +168,14 @@ func raceDrop(t *testing.T, s *steppedAgent, d Descriptor, old *keyState) int64 
 	var wg sync.WaitGroup
 	for j := range g {
 		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				got, err := s.Agent.Check(context.Background(), "test", []Descriptor{d}, 1)
-				if err != nil || !got.Allowed {
-					t.Errorf("check: %+v %v", got, err)
-					return
+			checkUntil(t, s.Agent, stop, []Descriptor{d}, func(got Decision) bool {
+				if !got.Allowed {
+					t.Errorf("check: %+v, want allowed", got)
+					return false
 				}
 				done[j].Add(1)
-			}
+				return true
+			})
 		})
 	}
 	waitFor(t, 10*time.Second, "checks on the fast path", func() bool { return old.spent.Load() > spent0+100 })

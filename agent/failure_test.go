@@ -40,17 +40,7 @@ func TestAllocatorDownFallbackAndRecovery(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			got, err := a.Check(context.Background(), "test", d, 1)
-			if err != nil {
-				t.Error(err)
-				return
-			}
+		checkUntil(t, a, stop, d, func(got Decision) bool {
 			if got.Allowed {
 				admitted.Add(1)
 				mu.Lock()
@@ -58,7 +48,8 @@ func TestAllocatorDownFallbackAndRecovery(t *testing.T) {
 				mu.Unlock()
 			}
 			time.Sleep(200 * time.Microsecond) // ~5k checks/s: far above 100/s
-		}
+			return true
+		})
 	})
 	defer func() { close(stop); wg.Wait() }()
 	sourceCount := func(s Source) int {

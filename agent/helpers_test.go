@@ -253,3 +253,24 @@ func (dtoCounter) read(c interface{ Write(*dto.Metric) error }) float64 {
 	}
 	return out.GetCounter().GetValue()
 }
+
+// checkUntil checks descs (hits 1) on a until stop is closed, handing each
+// decision to seen; it ends early at a check's error (reported) or when
+// seen returns false.
+func checkUntil(t testing.TB, a *Agent, stop <-chan struct{}, descs []Descriptor, seen func(Decision) bool) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		got, err := a.Check(context.Background(), "test", descs, 1)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if !seen(got) {
+			return
+		}
+	}
+}

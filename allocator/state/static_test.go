@@ -252,19 +252,26 @@ func TestStaticPromotion(t *testing.T) {
 	}
 }
 
+// fourHolders is a state with 4 static slots, all held (agents a to d,
+// request 1 each) at now; v is the hot-set version of their answers.
+func fourHolders(t *testing.T) (s *State, now int64, v uint64) {
+	t.Helper()
+	s = newTestState(t)
+	setStatic(t, s, at(0), 4, staticTTL)
+	now = at(time.Second)
+	for _, ag := range []string{"a", "b", "c", "d"} {
+		v = sacquire(t, s, now, ag, 1, 0).Static.HotVersion
+	}
+	return s, now, v
+}
+
 // TestStaticMergeReports: a holder that acknowledges a key's hot version
 // with a static_report merges what its share held, not a full share; a
 // report in a later call, or a second acknowledgement, adds nothing; a
 // holder whose promotion crossed the key turning hot merges its
 // static_left at once and nothing when it acknowledges.
 func TestStaticMergeReports(t *testing.T) {
-	s := newTestState(t) // tb: 10/s, burst 10; 4 slots: shares of 2.5/s, burst 2
-	setStatic(t, s, at(0), 4, staticTTL)
-	now := at(time.Second)
-	var v uint64
-	for _, ag := range []string{"a", "b", "c", "d"} {
-		v = sacquire(t, s, now, ag, 1, 0).Static.HotVersion
-	}
+	s, now, v := fourHolders(t) // tb: 10/s, burst 10; shares of 2.5/s, burst 2
 	h := hashOf(s, "tb", "1")
 	whole := testLimit(t, 10, time.Second, 10)
 	// a promotes with 0 left: k = 1 (no free slot), level 0.
@@ -702,13 +709,7 @@ func TestStaticInspectConcurrent(t *testing.T) {
 // keys is touched: a report in a later entry than a plain one of the same
 // key, or beside a promotion, still sets what the acknowledged share held.
 func TestStaticReportOrder(t *testing.T) {
-	s := newTestState(t) // tb: 10/s, burst 10; 4 slots: shares of burst 2
-	setStatic(t, s, at(0), 4, staticTTL)
-	now := at(time.Second)
-	var v uint64
-	for _, ag := range []string{"a", "b", "c", "d"} {
-		v = sacquire(t, s, now, ag, 1, 0).Static.HotVersion
-	}
+	s, now, v := fourHolders(t) // tb: 10/s, burst 10; shares of 2.5/s, burst 2
 	h := hashOf(s, "tb", "1")
 	vh := sacquire(t, s, now, "a", 2, v, promoteKey("tb", "1", 0, 0)).Static.HotVersion
 	report := func() *allotv1.KeyAcquire {
