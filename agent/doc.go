@@ -122,8 +122,14 @@
 // charged, and from the answer it is leased like any key. A key the hot-key
 // set gains, or any static key once the permission has lapsed, takes the
 // path of a key's first use (3 above); a key the set loses is static again,
-// with a full share, once it holds no lease and owes nothing. A static key
-// is forgotten only once its share is full again. With nothing else to
+// with a full share, once it holds no lease and owes nothing. A key that
+// stops for another reason than the hot-key set (the permission lapsed,
+// its rule no longer eligible, its promotion not applied) owes its share's
+// level: its next call promotes it with that level, or, if it turns hot
+// first, reports it. A static or owing key is forgotten only once its
+// share is full again. A check of one descriptor the request memo knows,
+// on a static key whose share admits it, is decided without the shard
+// lock, as a leased key's is (checkStaticHit). With nothing else to
 // send, a slot holder renews with an empty Acquire every half validity.
 // An agent that routes to several data groups asks for no slot. The
 // allocator's hash of each eligible key is taken once, when the key is
