@@ -233,6 +233,8 @@ func (s *State) InspectKey(req *allotv1.InspectKeyRequest, nowNanos int64) (*all
 		resp.Tracked = true
 		if sl := c.tab.at(i); sl.lim == c.lims.lookup(lim) {
 			st = sl.st
+		} else if tl, ts, ok := c.transBucket(sl, h, nowNanos); ok {
+			lim, st = tl, ts // under shares of its limit (static shares)
 		}
 	}
 	p := lim.Peek(st, nowNanos)

@@ -148,7 +148,7 @@ func (s *State) StaticStatus(now int64) *allotv1.StaticStatus {
 	}
 	st := &allotv1.StaticStatus{
 		Slots: ss.n, TtlMs: ss.ttl / int64(time.Millisecond), SlotsHeld: uint32(len(ss.holders)),
-		HotKeys: uint64(len(ss.hot)), HotVersion: ss.version, Transitions: uint64(ss.transitions(now)),
+		HotKeys: uint64(len(ss.hot)), HotVersion: ss.version, Transitions: uint64(ss.underWay(now)),
 		Paused: ss.paused, MaxRefillMs: ss.maxRefill(c.cfg.AgentTTL).Milliseconds(),
 	}
 	if ss.paused {
@@ -462,6 +462,42 @@ func (c *core) carried(sl *slot, tr *transRec, at int64) bucket.State {
 	return ns
 }
 
+// transBucket returns the limit and state of the key of slot sl (hash h)
+// as its next touch at now would find them when it is in a transition
+// (ok false otherwise): under the shares it has then, or its whole limit
+// once the transition is over, with the merged shares not yet credited
+// given back, as staticSlot does. It changes nothing (InspectKey).
+func (c *core) transBucket(sl *slot, h uint64, now int64) (lim bucket.Limit, st bucket.State, ok bool) {
+	s := c.static
+	if s == nil || s.trans[h] == nil {
+		return lim, st, false
+	}
+	tr := s.trans[h]
+	credit := int64(0)
+	for _, m := range tr.merged {
+		credit += max(m, 0)
+	}
+	k := s.kNow(tr)
+	switch {
+	case now >= tr.end || k >= s.n:
+		lim, st = tr.whole, c.carried(sl, tr, min(now, tr.end))
+	case tr.k == 0:
+		// No share so far: the key carries its debt, no refill.
+		lim = s.share(tr.whole, k)
+		debt := min(c.lims.get(sl.lim).Peek(sl.st, tr.at).Remaining, 0)
+		if capacity := lim.Peek(st, now).Remaining; debt < capacity {
+			lim.Debit(&st, now, capacity-debt)
+		}
+	default:
+		lim = s.share(tr.whole, k)
+		st = carryOver(c.lims.get(sl.lim), sl.st, lim, now)
+	}
+	if credit > 0 {
+		lim.GiveBack(&st, now, credit)
+	}
+	return lim, st, true
+}
+
 // makeHot makes key h hot at now and sets its bucket to the shares nobody
 // else may decide it from, with their tokens (see staticState).
 func (c *core) makeHot(h uint64, whole bucket.Limit, agent uint32, promote bool, left, now int64) (int, bucket.Limit) {
@@ -685,6 +721,18 @@ func (c *core) staticAnswer(num uint32, hv uint64) *allotv1.StaticShares {
 func (s *staticState) transitions(now int64) int {
 	i, _ := slices.BinarySearch(s.ends, now+1)
 	return len(s.ends) - i
+}
+
+// underWay returns how many transitions are not over at now (the
+// metric's transitions counts those begun less than a TTL before).
+func (s *staticState) underWay(now int64) int {
+	n := 0
+	for _, tr := range s.trans {
+		if !s.over(tr, now) {
+			n++
+		}
+	}
+	return n
 }
 
 // trimEnds forgets the ends before now.

@@ -635,9 +635,22 @@ func TestStaticInspect(t *testing.T) {
 	// a promotes tb=1: hot, in transition under a's share and the two
 	// free ones until b acknowledges.
 	vh := sacquire(t, s, now, "a", 2, v, promoteKey("tb", "1", 0, 1)).Static.HotVersion
+	before := persist(t, s)
 	r := inspect("tb", "1", now)
+	s.StaticStatus(now)
+	s.ListAgents(now)
+	if !bytes.Equal(persist(t, s), before) {
+		t.Fatal("the read paths changed the state")
+	}
 	if r.Static != "transition" || r.StaticShares != 3 || !r.Tracked {
 		t.Fatalf("after the promotion: %q, %d shares, tracked %v; want transition, 3", r.Static, r.StaticShares, r.Tracked)
+	}
+	// Its tokens are its bucket's, under the 3 shares: the two free
+	// ones' full bursts and a's 1 left, none granted (a wants none).
+	share3, _ := testLimit(t, 10, time.Second, 10).Share(3, 4)
+	l, left := keyLimit(t, s, hashOf(s, "tb", "1"), now)
+	if keyOf(l) != keyOf(share3) || r.Tokens != left || left != 5 {
+		t.Fatalf("after the promotion: inspect says %d tokens, the bucket (%v) holds %d under %v", r.Tokens, l, left, share3)
 	}
 	st := s.StaticStatus(now)
 	if st.GetSlots() != 4 || st.GetSlotsHeld() != 2 || st.GetHotKeys() != 1 || st.GetHotVersion() != vh ||
@@ -650,8 +663,13 @@ func TestStaticInspect(t *testing.T) {
 		t.Fatalf("ListAgents: %v", ags)
 	}
 	sacquire(t, s, now, "b", 2, vh)
-	if r := inspect("tb", "1", now); r.Static != "hot" || r.StaticShares != 0 {
-		t.Fatalf("after b's acknowledgement: %q, %d shares; want hot", r.Static, r.StaticShares)
+	// Over: the whole limit, with b's share (a full one: burst 2) merged
+	// and credited at the key's next touch.
+	if r := inspect("tb", "1", now); r.Static != "hot" || r.StaticShares != 0 || r.Tokens != left+2 {
+		t.Fatalf("after b's acknowledgement: %q, %d shares, %d tokens; want hot, %d tokens", r.Static, r.StaticShares, r.Tokens, left+2)
+	}
+	if st := s.StaticStatus(now); st.GetTransitions() != 0 {
+		t.Fatalf("after b's acknowledgement: %d transitions, want 0", st.GetTransitions())
 	}
 	if ags := s.ListAgents(now).GetAgents(); ags[1].HotVersionAcked != vh {
 		t.Fatalf("b acknowledged %d, want %d", ags[1].HotVersionAcked, vh)

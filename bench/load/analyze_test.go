@@ -242,8 +242,8 @@ func TestAnalyzeFalseRejectsBySource(t *testing.T) {
 			n++
 		}
 	}
-	// Key 1, 40 req/s under 10/s: the ideal limiter admits 105 of 400, the
-	// fallback admits 110 and denies the rest: no shortfall.
+	// Key 1, 40 req/s under 10/s: the ideal limiter admits 104 of 400, the
+	// fallback admits 107 and denies the rest: no shortfall.
 	ev = append(ev, steady(1, 25*time.Millisecond, 10*time.Second, func(i int) bool { return i%4 == 0 || i < 10 })...)
 	for i := range ev {
 		if ev[i].key == 1 {
@@ -259,5 +259,40 @@ func TestAnalyzeFalseRejectsBySource(t *testing.T) {
 	}
 	if got := acc.FalseRejectsBy; len(got) != 2 || got["static"] != 2 || got["fallback"] != 6 {
 		t.Errorf("false rejects by source %v, want static 2, fallback 6", got)
+	}
+}
+
+// TestAnalyzeFalseRejectsSplit: a window whose shortfall is less than its
+// denials shares it among their sources in proportion: 112 requests over
+// 10 s under 10/s, burst 5, the ideal limiter admitting 104; 100 admitted,
+// so 4 false rejects among 12 denials, 3 of them the static share's.
+func TestAnalyzeFalseRejectsSplit(t *testing.T) {
+	period := 10 * time.Second / 111
+	ev := steady(0, period, 10*time.Second, func(i int) bool { return true })
+	acc, err := analyze(ev, 10, 5, 1, 10*time.Second, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ev) != 112 || acc.IdealAdmitted != 104 {
+		t.Fatalf("%d requests, the ideal limiter admits %d; want 112, 104", len(ev), acc.IdealAdmitted)
+	}
+	denied := 0
+	for i := 50; denied < 12; i += 5 { // 12 denials spread over the run
+		ev[i].allowed = false
+		if denied%4 == 0 {
+			ev[i].source = agent.SourceStatic
+		} else {
+			ev[i].source = agent.SourceFallback
+		}
+		denied++
+	}
+	if acc, err = analyze(ev, 10, 5, 1, 10*time.Second, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if acc.FalseRejects != 4 {
+		t.Fatalf("false rejects %d, want 4", acc.FalseRejects)
+	}
+	if got := acc.FalseRejectsBy; len(got) != 2 || got["static"] != 1 || got["fallback"] != 3 {
+		t.Errorf("false rejects by source %v, want static 1, fallback 3", got)
 	}
 }
