@@ -25,9 +25,17 @@ type Config struct {
 	// NodeID names this node in the Raft configuration. It must stay the
 	// same across restarts of the same data directory.
 	NodeID string
-	// DataDir holds raft.db (the bolt log and stable store, fsynced on every
-	// commit) and snapshots/ (file snapshots, the two newest kept).
+	// DataDir holds the Raft log and stable store (raft.db, or wal/ with
+	// LogStore "wal"; fsynced on every commit) and snapshots/ (file
+	// snapshots, the two newest kept).
 	DataDir string
+	// LogStore is the Raft log store of a new data dir: LogStoreBolt
+	// (raft-boltdb/v2) or LogStoreWAL (hashicorp/raft-wal: one fsync an
+	// append instead of two, and less CPU; docs/operations.md, "Raft log
+	// store"). Empty: the store the data dir holds, bolt for a new one.
+	// A data dir keeps the store it was created with: naming the other is
+	// an error.
+	LogStore string
 	// GRPCAddr, RaftAddr and HTTPAddr are listen addresses. Port 0 picks a
 	// free port; the bound addresses are reported by the Server's methods.
 	// Without an advertise address (below) the bound address is advertised
@@ -277,7 +285,7 @@ type Config struct {
 	// three ExpireIntervals.
 	ReadyMaxLag time.Duration
 
-	// RecoverFromSnapshot starts a node whose raft.db is missing, empty,
+	// RecoverFromSnapshot starts a node whose raft log is missing, empty,
 	// damaged or older than the node's recorded term and applied index
 	// (raft-watermark.json) from its newest snapshot: the file is moved
 	// aside, and the node resumes with the snapshot's state and a term past
@@ -425,6 +433,11 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		bad("DataDir is required")
+	}
+	switch c.LogStore {
+	case "", LogStoreBolt, LogStoreWAL:
+	default:
+		bad("LogStore %q: want %q or %q", c.LogStore, LogStoreBolt, LogStoreWAL)
 	}
 	if err := checkListenAddr(c.GRPCAddr, c.AdvertiseGRPCAddr); err != nil {
 		bad("GRPCAddr: %v", err)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 )
 
@@ -33,6 +32,9 @@ var keyCurrentTerm = []byte("CurrentTerm")
 type watermark struct {
 	Term    uint64 `json:"term"`
 	Applied uint64 `json:"applied_index"`
+	// LogStore is the log store the node runs on (absent: LogStoreBolt),
+	// so that a log that went missing is still known by its kind.
+	LogStore string `json:"log_store,omitempty"`
 }
 
 // recoverHint is how every refusal below ends.
@@ -86,8 +88,8 @@ func writeFileSync(path string, data []byte) error {
 func (n *node) writeWatermark(f *fsm) error {
 	n.markMu.Lock()
 	defer n.markMu.Unlock()
-	w := watermark{Term: n.raft.CurrentTerm(), Applied: f.applied.Load()}
-	if w.Term <= n.mark.Term && w.Applied <= n.mark.Applied {
+	w := watermark{Term: n.raft.CurrentTerm(), Applied: f.applied.Load(), LogStore: n.kind}
+	if w.Term <= n.mark.Term && w.Applied <= n.mark.Applied && n.mark.LogStore == n.kind {
 		return nil
 	}
 	w.Term, w.Applied = max(w.Term, n.mark.Term), max(w.Applied, n.mark.Applied)
@@ -138,8 +140,7 @@ func snapshotDirs(dir string) ([]string, error) {
 // start from the newest snapshot with the term and every later entry
 // lost. It reports whether raft.db must be rebuilt from a snapshot
 // (recover set and the file missing).
-func checkMissingDB(dir string, missing bool, mark watermark, hasMark, recover bool) (rebuild bool, err error) {
-	dbPath := filepath.Join(dir, raftDBFile)
+func checkMissingDB(dir, dbPath string, missing bool, mark watermark, hasMark, recover bool) (rebuild bool, err error) {
 	if !missing {
 		return false, nil
 	}
@@ -165,8 +166,7 @@ func checkMissingDB(dir string, missing bool, mark watermark, hasMark, recover b
 
 // checkRollback refuses a raft.db whose term or last index is below the
 // watermark (an older copy put back, or a file that lost its tail).
-func checkRollback(dir string, store *raftboltdb.BoltStore, snaps *raft.FileSnapshotStore, mark watermark) (err error) {
-	dbPath := filepath.Join(dir, raftDBFile)
+func checkRollback(dir, dbPath string, store raftStore, snaps *raft.FileSnapshotStore, mark watermark) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("allocator: read raft log %s: corrupt database: %v", dbPath, r)
@@ -196,7 +196,7 @@ func checkRollback(dir string, store *raftboltdb.BoltStore, snaps *raft.FileSnap
 // is moved aside, and the new one gets a term past any this node may have
 // voted in (the snapshot's and the watermark's, plus one), so it can
 // never vote twice in one term.
-func rebuildFromSnapshot(dir string, snaps *raft.FileSnapshotStore, store *raftboltdb.BoltStore, mark watermark) (string, error) {
+func rebuildFromSnapshot(dir, dbPath string, snaps *raft.FileSnapshotStore, store raftStore, mark watermark) (string, error) {
 	metas, err := snaps.List()
 	if err != nil {
 		return "", fmt.Errorf("allocator: list snapshots in %s: %w", filepath.Join(dir, snapshotsDir), err)
@@ -206,7 +206,7 @@ func rebuildFromSnapshot(dir string, snaps *raft.FileSnapshotStore, store *raftb
 	}
 	term := max(metas[0].Term, mark.Term) + 1
 	if err := store.SetUint64(keyCurrentTerm, term); err != nil {
-		return "", fmt.Errorf("allocator: -recover-from-snapshot: write term to %s: %w", filepath.Join(dir, raftDBFile), err)
+		return "", fmt.Errorf("allocator: -recover-from-snapshot: write term to %s: %w", dbPath, err)
 	}
 	return fmt.Sprintf("snapshot %s (index %d, term %d); term set to %d", metas[0].ID, metas[0].Index, metas[0].Term, term), nil
 }

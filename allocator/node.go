@@ -24,7 +24,7 @@ import (
 
 // Raft storage layout inside Config.DataDir.
 const (
-	raftDBFile      = "raft.db"   // bolt: log store and stable store
+	raftDBFile      = "raft.db"   // LogStoreBolt: log store and stable store
 	snapshotsDir    = "snapshots" // raft.FileSnapshotStore's own subdirectory
 	snapshotsRetain = 2
 	// logCacheEntries is how many of the newest log entries are kept in
@@ -50,7 +50,8 @@ const (
 type node struct {
 	raft  *raft.Raft
 	trans raft.Transport
-	store *raftboltdb.BoltStore // log store and stable store
+	store raftStore // log store and stable store
+	kind  string    // store's kind: LogStoreBolt or LogStoreWAL
 	// logs is the log store Raft uses (store behind a cache): readiness
 	// reads the types of the newest committed entries from it.
 	logs    raft.LogStore
@@ -92,20 +93,25 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		}
 	}()
 
-	dbPath := filepath.Join(dir, raftDBFile)
 	mark, hasMark, err := readWatermark(dir)
 	if err != nil {
 		return nil, err
 	}
+	kind, err := pickLogStore(dir, cfg.LogStore, mark, hasMark)
+	if err != nil {
+		return nil, err
+	}
+	n.kind = kind
+	dbPath := storePath(dir, kind)
 	recoverDB := func(why error) error {
 		aside, err := moveAside(dbPath)
 		if err != nil {
 			return err
 		}
-		logger.Warn("-recover-from-snapshot: raft.db moved aside", "path", aside, "reason", why.Error())
+		logger.Warn("-recover-from-snapshot: raft log moved aside", "path", aside, "reason", why.Error())
 		return nil
 	}
-	if err := verifyBolt(dbPath); err != nil {
+	if err := verifyStore(kind, dbPath, logger); err != nil {
 		if !cfg.RecoverFromSnapshot {
 			return nil, fmt.Errorf("%w; %s", err, recoverHint)
 		}
@@ -113,7 +119,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 			return nil, err
 		}
 	}
-	missing, err := dbMissing(dbPath)
+	missing, err := storeMissing(kind, dbPath)
 	if err != nil {
 		return nil, err
 	}
@@ -126,10 +132,10 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	}
 	f.snaps, f.snapsDir = n.snaps, filepath.Join(dir, snapshotsDir)
 	if !missing && hasMark {
-		if n.store, err = openBolt(dbPath); err != nil {
+		if n.store, err = openStore(kind, dbPath, logger); err != nil {
 			return nil, err
 		}
-		if err = checkRollback(dir, n.store, n.snaps, mark); err != nil {
+		if err = checkRollback(dir, dbPath, n.store, n.snaps, mark); err != nil {
 			if !cfg.RecoverFromSnapshot {
 				return nil, err
 			}
@@ -141,18 +147,29 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 			missing = true
 		}
 	}
-	rebuild, err := checkMissingDB(dir, missing, mark, hasMark, cfg.RecoverFromSnapshot)
+	rebuild, err := checkMissingDB(dir, dbPath, missing, mark, hasMark, cfg.RecoverFromSnapshot)
 	if err != nil {
 		return nil, err
 	}
+	if missing && kind == LogStoreWAL {
+		// A WAL directory without its meta file does not open (raft-wal
+		// fails on it): keep it aside and start an empty one.
+		if _, err := os.Stat(dbPath); err == nil {
+			aside, err := moveAside(dbPath)
+			if err != nil {
+				return nil, err
+			}
+			logger.Warn("raft log without its meta file moved aside", "path", aside)
+		}
+	}
 	if n.store == nil {
-		if n.store, err = openBolt(dbPath); err != nil {
+		if n.store, err = openStore(kind, dbPath, logger); err != nil {
 			return nil, err
 		}
 	}
 	n.mark = mark
 	if rebuild {
-		desc, err := rebuildFromSnapshot(dir, n.snaps, n.store, mark)
+		desc, err := rebuildFromSnapshot(dir, dbPath, n.snaps, n.store, mark)
 		if err != nil {
 			return nil, err
 		}
@@ -332,8 +349,8 @@ func boltOptions() *bbolt.Options {
 }
 
 // hasExistingState wraps raft.HasExistingState, recovering from a panic in
-// bolt on a damaged file.
-func hasExistingState(store *raftboltdb.BoltStore, snaps raft.SnapshotStore, path string) (ok bool, err error) {
+// the store on a damaged file.
+func hasExistingState(store raftStore, snaps raft.SnapshotStore, path string) (ok bool, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("allocator: read raft log %s: corrupt database: %v", path, r)
@@ -384,7 +401,7 @@ func checkSnapshots(store *raft.FileSnapshotStore, dir string) error {
 // checkLogCoverage fails when the log was compacted (it does not start at
 // index 1) but no snapshot covers the entries before it: the state would be
 // silently incomplete.
-func checkLogCoverage(store *raftboltdb.BoltStore, snaps *raft.FileSnapshotStore, dir string) (err error) {
+func checkLogCoverage(store raft.LogStore, snaps *raft.FileSnapshotStore, dir string) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("allocator: read raft log in %s: corrupt database: %v", dir, r)

@@ -549,6 +549,13 @@ func TestConfigValidate(t *testing.T) {
 	if err := good.Validate(); err != nil {
 		t.Fatalf("default config invalid: %v", err)
 	}
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		c := good
+		c.LogStore = kind
+		if err := c.Validate(); err != nil {
+			t.Fatalf("log store %s: %v", kind, err)
+		}
+	}
 	static := good
 	static.StaticSlots = 100
 	if err := static.Validate(); err != nil {
@@ -568,6 +575,7 @@ func TestConfigValidate(t *testing.T) {
 		"static ttl < 0":     func(c *Config) { c.StaticTTL = -time.Second },
 		"static ttl in µs":   func(c *Config) { c.StaticTTL = 1500 * time.Microsecond },
 		"static groups":      func(c *Config) { c.StaticSlots, c.Groups, c.Bootstrap = 4, 2, true },
+		"unknown log store":  func(c *Config) { c.LogStore = "rocksdb" },
 	} {
 		c := good
 		mut(&c)

@@ -3,7 +3,7 @@
 //
 //	<data-dir>/cluster.json           {"format":1,"cluster_id":"…","node_id":"…"}
 //	<data-dir>/groups/<id>/group.json {"format":1,"cluster_id":"…","group":<id>}
-//	<data-dir>/groups/<id>/…          the group's raft.db, snapshots/ and watermark
+//	<data-dir>/groups/<id>/…          the group's raft.db (or wal/), snapshots/ and watermark
 //
 // Init writes cluster.json for a new node (bootstrapping or joining);
 // Open reads it back at a restart, and Layout.Check compares it with the
@@ -12,7 +12,7 @@
 // refuses a missing directory, or one whose group.json names another
 // cluster or group, with an error naming the path; CheckGroups does that
 // for every group the node hosts. A data dir of a single-group node (raft.db
-// at its root, no cluster.json) is refused with ErrLegacy until
+// or wal/ at its root, no cluster.json) is refused with ErrLegacy until
 // MigrateLegacy moves its files into groups/0/; the migration resumes
 // where it stopped if the node dies during it.
 //

@@ -28,7 +28,9 @@ const (
 
 // The files a single-group node keeps at the root of its data dir, which
 // MigrateLegacy moves into groups/0/.
-var legacyFiles = []string{"raft.db", "snapshots", "raft-watermark.json"}
+// (raft.db is the bolt log store, wal/ the raft-wal one: a data dir holds
+// one of the two.)
+var legacyFiles = []string{"raft.db", "wal", "snapshots", "raft-watermark.json"}
 
 // Sentinels the errors wrap.
 var (
@@ -97,7 +99,7 @@ func Init(root, clusterID, nodeID string) (*Layout, error) {
 }
 
 // Open reads root's cluster.json. A root without one is ErrNotInitialized,
-// or ErrLegacy when it holds a single-group node's raft.db.
+// or ErrLegacy when it holds a single-group node's files.
 func Open(root string) (*Layout, error) {
 	path := filepath.Join(root, ClusterFile)
 	var cf clusterFile
@@ -106,8 +108,8 @@ func Open(root string) (*Layout, error) {
 		if legacy, err := isLegacy(root); err != nil {
 			return nil, err
 		} else if legacy {
-			return nil, fmt.Errorf("%w: %s holds a single-group node's %s and no %s: migrate it (MigrateLegacy) before starting with groups",
-				ErrLegacy, root, legacyFiles[0], ClusterFile)
+			return nil, fmt.Errorf("%w: %s holds a single-group node's raft log and no %s: migrate it (MigrateLegacy) before starting with groups",
+				ErrLegacy, root, ClusterFile)
 		}
 		// cluster.json is written last, by Init and by MigrateLegacy: an
 		// empty groups/ is an interrupted Init, a group 0 an interrupted
@@ -290,7 +292,7 @@ func isLegacy(root string) (bool, error) {
 }
 
 // MigrateLegacy turns a single-group node's data dir into a Layout whose
-// group 0 holds its files. It builds groups/0.tmp/, moves raft.db,
+// group 0 holds its files. It builds groups/0.tmp/, moves raft.db (or wal/),
 // snapshots/ and raft-watermark.json into it, renames it to groups/0/ and
 // writes cluster.json last: a node that dies at any step finds the
 // migration unfinished (no cluster.json) and MigrateLegacy resumes it.

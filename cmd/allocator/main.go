@@ -95,6 +95,7 @@ func parse(args []string) (*options, error) {
 	var (
 		nodeID        = fs.String("node-id", "", "node id, stable across restarts (default: hostname-<raft port>)")
 		dataDir       = fs.String("data-dir", "", "data directory (default: allot-data/<node-id>)")
+		logStore      = fs.String("log-store", "", "Raft log store of a new data dir: bolt (raft.db) or wal (hashicorp/raft-wal, wal/: one fsync an append, less CPU); empty: the one the data dir holds, bolt for a new one")
 		grpcAddr      = fs.String("grpc-addr", def.GRPCAddr, "gRPC listen address (also advertised unless -advertise-grpc-addr)")
 		raftAddr      = fs.String("raft-addr", def.RaftAddr, "Raft listen address (also advertised unless -advertise-raft-addr)")
 		httpAddr      = fs.String("http-addr", def.HTTPAddr, "HTTP address for /healthz, /readyz, /metrics, /debug/pprof (empty: off)")
@@ -141,7 +142,7 @@ func parse(args []string) (*options, error) {
 		burnCPU       = fs.Int("debug-burn-cpu", 0, "deprecated, no effect: the CPU burner left the production binary (bench/gateway -burn)")
 		insecure      = fs.Bool("insecure", false, "allow a non-loopback -grpc-addr or -raft-addr without client certificates or an admin token (logs a WARN at start and every hour)")
 		pprofOn       = fs.Bool("pprof", false, "serve /debug/pprof/ on -http-addr, to an admin bearer token only (needs -admin-token-file)")
-		recoverSnap   = fs.Bool("recover-from-snapshot", false, "start a node whose raft.db is missing, empty, damaged or rolled back from its newest snapshot (the file is moved aside; entries after the snapshot are lost on this node)")
+		recoverSnap   = fs.Bool("recover-from-snapshot", false, "start a node whose raft log (raft.db or wal/) is missing, empty, damaged or rolled back from its newest snapshot (it is moved aside; entries after the snapshot are lost on this node)")
 		readyMaxLag   = fs.Duration("ready-max-lag", def.ReadyMaxLag, "a follower behind the leader's commit index, or out of contact with the leader, for longer than this answers /readyz 503 (negative: no bound)")
 		otelOn        = fs.Bool("otel", false, "OpenTelemetry tracing: export spans of Acquire, admin and forwarded calls over OTLP, configured by the OTEL_* environment variables (docs/operations.md#tracing)")
 		ruleFiles     stringList
@@ -257,6 +258,7 @@ func parse(args []string) (*options, error) {
 	cfg.OpenReads = *openReads
 	cfg.Insecure, cfg.Pprof = *insecure, *pprofOn
 	cfg.RecoverFromSnapshot, cfg.ReadyMaxLag = *recoverSnap, *readyMaxLag
+	cfg.LogStore = *logStore
 
 	// Overload.
 	cfg.MaxInflight, cfg.MaxQueuedAcquires = *callCap, *queueCap

@@ -23,10 +23,11 @@ func TestLeaderKill(t *testing.T) { runKill(t, true, 1) }
 func TestFollowerKill(t *testing.T) { runKill(t, false, 1) }
 
 // runKill kills the leader (with groups: the node that leads the most
-// data groups) or a follower, with groups data groups.
-func runKill(t *testing.T, leader bool, groups int) {
+// data groups) or a follower, with groups data groups and the allocators'
+// extra flags args.
+func runKill(t *testing.T, leader bool, groups int, args ...string) {
 	checkLeaks(t)
-	e := newEnv(t, envConfig{groups: groups})
+	e := newEnv(t, envConfig{groups: groups, args: args})
 	e.gateway("gw-a", e.c.GRPCAddrs())
 	e.gateway("gw-b", e.c.GRPCAddrs())
 	lin := e.startLin(4)

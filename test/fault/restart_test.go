@@ -21,16 +21,17 @@ import (
 // under load and restarted on the same data directories. The nodes take
 // Raft snapshots every ~50 entries (cmd/allocator's -snapshot-interval and
 // -snapshot-threshold), so the state comes back
-// from a snapshot plus the bolt log. The rules, a lease, a drained bucket
+// from a snapshot plus the Raft log. The rules, a lease, a drained bucket
 // and the agent's idempotency record all survive; the gateways fail open
 // during the outage (zero 5xx, within the fallback bound) and lease again
 // after the restart.
 func TestFullClusterRestart(t *testing.T) { runFullRestart(t, 1) }
 
-// runFullRestart restarts a cluster of groups data groups; with groups,
-// the frozen agent holds a slow key in every data group, and every
-// group's state must come back from its own snapshot.
-func runFullRestart(t *testing.T, groups int) {
+// runFullRestart restarts a cluster of groups data groups (the
+// allocators run with the extra flags args); with groups, the frozen
+// agent holds a slow key in every data group, and every group's state
+// must come back from its own snapshot.
+func runFullRestart(t *testing.T, groups int, args ...string) {
 	checkLeaks(t)
 	bins := testproc.Build(t)
 	e := newEnv(t, envConfig{
@@ -39,8 +40,8 @@ func runFullRestart(t *testing.T, groups int) {
 		groups:    groups,
 		// A long cold-key lease and agent TTL, so that the frozen agent's
 		// lease outlives the outage.
-		args: []string{"-max-lease-ttl", "60s", "-agent-ttl", "120s",
-			"-snapshot-interval", "300ms", "-snapshot-threshold", "50"},
+		args: append([]string{"-max-lease-ttl", "60s", "-agent-ttl", "120s",
+			"-snapshot-interval", "300ms", "-snapshot-threshold", "50"}, args...),
 	})
 	e.gateway("gw-a", e.c.GRPCAddrs())
 	e.gateway("gw-b", e.c.GRPCAddrs())

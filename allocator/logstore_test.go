@@ -1,0 +1,116 @@
+package allocator
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestPickLogStore: a data dir runs on the store it holds, or the one its
+// watermark names when the log is gone; a new dir on the one asked for
+// (bolt by default); asking for the other store than the dir holds, or
+// holding both, is an error naming the paths.
+func TestPickLogStore(t *testing.T) {
+	bolt := func(dir string) {
+		if err := os.WriteFile(filepath.Join(dir, raftDBFile), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wal := func(dir string) {
+		if err := os.MkdirAll(filepath.Join(dir, walDir), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, walDir, "wal-meta.db"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emptyWAL := func(dir string) { // a directory without its meta file
+		if err := os.MkdirAll(filepath.Join(dir, walDir), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	none := func(string) {}
+	for _, c := range []struct {
+		name    string
+		make    func(dir string)
+		mark    *watermark
+		want    string
+		got     string
+		errWith []string
+	}{
+		{name: "new dir", make: none, got: LogStoreBolt},
+		{name: "new dir, wal", make: none, want: LogStoreWAL, got: LogStoreWAL},
+		{name: "new dir, bolt", make: none, want: LogStoreBolt, got: LogStoreBolt},
+		{name: "bolt dir", make: bolt, got: LogStoreBolt},
+		{name: "bolt dir, wal asked", make: bolt, want: LogStoreWAL, errWith: []string{raftDBFile, "-log-store wal"}},
+		{name: "wal dir", make: wal, got: LogStoreWAL},
+		{name: "wal dir, bolt asked", make: wal, want: LogStoreBolt, errWith: []string{walDir, "-log-store bolt"}},
+		{name: "both", make: func(d string) { bolt(d); wal(d) }, errWith: []string{raftDBFile, walDir}},
+		{name: "wal dir without meta", make: emptyWAL, want: LogStoreWAL, got: LogStoreWAL},
+		{name: "log gone, watermark names wal", make: none, mark: &watermark{Term: 3, LogStore: LogStoreWAL}, got: LogStoreWAL},
+		{name: "log gone, watermark names wal, bolt asked", make: none, mark: &watermark{Term: 3, LogStore: LogStoreWAL},
+			want: LogStoreBolt, errWith: []string{"-log-store bolt"}},
+		{name: "log gone, watermark without a store", make: none, mark: &watermark{Term: 3}, got: LogStoreBolt},
+		{name: "log gone, watermark without a store, wal asked", make: none, mark: &watermark{Term: 3},
+			want: LogStoreWAL, errWith: []string{"-log-store wal"}},
+		{name: "unknown store", make: none, want: "rocks", errWith: []string{`"rocks"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c.make(dir)
+			var mark watermark
+			if c.mark != nil {
+				mark = *c.mark
+			}
+			got, err := pickLogStore(dir, c.want, mark, c.mark != nil)
+			if c.errWith != nil {
+				if err == nil {
+					t.Fatalf("pickLogStore = %q, want an error naming %q", got, c.errWith)
+				}
+				for _, p := range c.errWith {
+					if !strings.Contains(err.Error(), p) {
+						t.Fatalf("error %q does not name %q", err, p)
+					}
+				}
+				return
+			}
+			if err != nil || got != c.got {
+				t.Fatalf("pickLogStore = %q, %v; want %q", got, err, c.got)
+			}
+		})
+	}
+}
+
+// TestLogStoreRestart: a node on each store keeps its rules, term and
+// entries across a restart, and its data dir holds that store only.
+func TestLogStoreRestart(t *testing.T) {
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(kind, func(t *testing.T) {
+			tc := newTestCluster(t, 1, withLogStore(kind))
+			putRulesV2(t, tc, 0)
+			term := tc.node(0).node.raft.CurrentTerm()
+			last := tc.node(0).node.raft.LastIndex()
+			tc.stop(0, true)
+			other := LogStoreWAL
+			if kind == LogStoreWAL {
+				other = LogStoreBolt
+			}
+			if _, err := os.Stat(storePath(tc.cfgs[0].DataDir, other)); !os.IsNotExist(err) {
+				t.Fatalf("%s exists beside the %s store: %v", storePath(tc.cfgs[0].DataDir, other), kind, err)
+			}
+			// Started without naming a store, the node finds its own.
+			tc.cfgs[0].LogStore = ""
+			tc.restart(0)
+			tc.waitReady(0)
+			s := tc.node(0)
+			if v := s.rulesVersion(); v != 2 {
+				t.Fatalf("rules version %d after restart, want 2", v)
+			}
+			if s.node.kind != kind || s.node.raft.CurrentTerm() <= term || s.node.raft.LastIndex() <= last {
+				t.Fatalf("after restart: store %q term %d last index %d; want %q, past term %d and index %d",
+					s.node.kind, s.node.raft.CurrentTerm(), s.node.raft.LastIndex(), kind, term, last)
+			}
+		})
+	}
+}
