@@ -294,6 +294,15 @@ type Config struct {
 	// has them). Without it, such a data dir is an error naming the file.
 	RecoverFromSnapshot bool
 
+	// trailingLogs, when set (tests), is how many entries Raft keeps
+	// after a snapshot (hashicorp/raft's TrailingLogs, default 10240): a
+	// follower further behind than that catches up from a snapshot.
+	trailingLogs uint64
+	// walSegmentSize, when set (tests), is raft-wal's segment size in
+	// bytes (default 64 MiB): small segments rotate, and a compaction
+	// then deletes whole ones.
+	walSegmentSize int
+
 	// beforeApply, when set (tests), runs before the FSM applies each
 	// command entry: a test delays this node's FSM with it.
 	beforeApply func(l *raft.Log)

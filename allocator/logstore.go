@@ -119,7 +119,7 @@ func walMissing(path string) (bool, error) {
 // verifyStore reads the whole log store of kind at path before Raft opens
 // it, so that damage is an error naming the path rather than a panic or a
 // fault inside Raft. A missing store is not checked.
-func verifyStore(kind, path string, logger hclog.Logger) error {
+func verifyStore(kind, path string, logger hclog.Logger, segSize int) error {
 	if kind != LogStoreWAL {
 		return verifyBolt(path)
 	}
@@ -131,7 +131,7 @@ func verifyStore(kind, path string, logger hclog.Logger) error {
 	if err := verifyBolt(filepath.Join(path, metadb.FileName)); err != nil {
 		return err
 	}
-	w, err := openWAL(path, logger)
+	w, err := openWAL(path, logger, segSize)
 	if err != nil {
 		return err
 	}
@@ -172,12 +172,13 @@ func readWholeLog(s raft.LogStore, path string) (err error) {
 	return nil
 }
 
-// openStore opens (creating when absent) the log store of kind at path.
-func openStore(kind, path string, logger hclog.Logger) (raftStore, error) {
+// openStore opens (creating when absent) the log store of kind at path;
+// segSize > 0 sets raft-wal's segment size (tests).
+func openStore(kind, path string, logger hclog.Logger, segSize int) (raftStore, error) {
 	var s raftStore
 	var err error
 	if kind == LogStoreWAL {
-		s, err = openWAL(path, logger)
+		s, err = openWAL(path, logger, segSize)
 	} else {
 		s, err = openBolt(path)
 	}
@@ -204,7 +205,7 @@ func (w *walStore) Close() error {
 
 // openWAL opens the raft-wal directory at path, creating it when absent,
 // and turns a panic while reading a damaged file into an error naming it.
-func openWAL(path string, logger hclog.Logger) (w *walStore, err error) {
+func openWAL(path string, logger hclog.Logger, segSize int) (w *walStore, err error) {
 	if err := os.MkdirAll(path, 0o750); err != nil {
 		return nil, fmt.Errorf("allocator: create raft log %s: %w", path, err)
 	}
@@ -221,7 +222,11 @@ func openWAL(path string, logger hclog.Logger) (w *walStore, err error) {
 			_ = meta.Close()
 		}
 	}()
-	wal, err := raftwal.Open(path, raftwal.WithLogger(logger.Named("wal")), raftwal.WithMetaStore(meta))
+	size := raftwal.DefaultSegmentSize
+	if segSize > 0 {
+		size = segSize
+	}
+	wal, err := raftwal.Open(path, raftwal.WithLogger(logger.Named("wal")), raftwal.WithMetaStore(meta), raftwal.WithSegmentSize(size))
 	if err != nil {
 		return nil, fmt.Errorf("allocator: open raft log %s: %w", path, err)
 	}

@@ -1,10 +1,15 @@
 package allocator
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/raft"
 )
 
 // TestPickLogStore: a data dir runs on the store it holds, or the one its
@@ -110,6 +115,60 @@ func TestLogStoreRestart(t *testing.T) {
 			if s.node.kind != kind || s.node.raft.CurrentTerm() <= term || s.node.raft.LastIndex() <= last {
 				t.Fatalf("after restart: store %q term %d last index %d; want %q, past term %d and index %d",
 					s.node.kind, s.node.raft.CurrentTerm(), s.node.raft.LastIndex(), kind, term, last)
+			}
+		})
+	}
+}
+
+// TestLogStoreSnapshotCatchUp: a follower further behind than the
+// leader's log (compacted by a snapshot) catches up from the snapshot and
+// then appends the entries after it, on each store. raft-wal refuses a
+// gap in the log, so Raft must clear the follower's old log when it
+// installs the snapshot: it does so only if it sees the store as
+// monotonic through the wrappers around it.
+func TestLogStoreSnapshotCatchUp(t *testing.T) {
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(kind, func(t *testing.T) {
+			tc := newTestCluster(t, 3, withLogStore(kind), func(_ int, c *Config) { c.trailingLogs, c.walSegmentSize = 2, 1024 })
+			l := tc.leader()
+			f := (l + 1) % 3
+			behind := tc.node(f).node.raft.LastIndex()
+			tc.stop(f, true)
+			alloc, _ := tc.clients(l)
+			ctx := ctxT(t)
+			for i := range 20 {
+				acquireGrants(ctx, t, alloc, acquireReq("catch-up", uint64(i+1), key("user", fmt.Sprintf("u%d", i), 5)))
+			}
+			if err := tc.node(l).node.raft.Snapshot().Error(); err != nil {
+				t.Fatal(err)
+			}
+			first, err := tc.node(l).node.logs.FirstIndex()
+			if err != nil || first <= behind+1 {
+				t.Fatalf("leader's log starts at %d (%v); the stopped follower has up to %d: no snapshot needed", first, err, behind)
+			}
+			var gone raft.Log
+			if err := tc.node(l).node.logs.GetLog(behind+1, &gone); !errors.Is(err, raft.ErrLogNotFound) {
+				t.Fatalf("leader's entry %d after compaction: %v, want ErrLogNotFound", behind+1, err)
+			}
+			snapIdx := tc.node(l).node.raft.LastIndex()
+			tc.restart(f)
+			tc.waitReady(f)
+			putRulesV2(t, tc, f) // an entry after the snapshot, appended and applied
+			s := tc.node(f)
+			last, err := s.node.logs.LastIndex()
+			if err != nil || last < tc.node(tc.leader()).node.raft.CommitIndex() {
+				t.Fatalf("follower's log ends at %d (%v), before the leader's commit index %d", last, err, tc.node(tc.leader()).node.raft.CommitIndex())
+			}
+			if err := s.node.appendErr.Load(); err != nil {
+				t.Fatalf("follower's appends fail: %v", err.err)
+			}
+			if got, err := strconv.ParseUint(s.node.raft.Stats()["last_snapshot_index"], 10, 64); err != nil || got < snapIdx {
+				t.Fatalf("follower's last snapshot index %d (%v), want the leader's snapshot (≥ %d): it caught up without one", got, err, snapIdx)
+			}
+			// Raft sees through the wrappers whether the store refuses gaps.
+			m, ok := s.node.logs.(raft.MonotonicLogStore)
+			if !ok || m.IsMonotonic() != (kind == LogStoreWAL) {
+				t.Fatalf("log store %s: monotonic %v, %v", kind, ok, ok && m.IsMonotonic())
 			}
 		})
 	}

@@ -111,7 +111,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		logger.Warn("-recover-from-snapshot: raft log moved aside", "path", aside, "reason", why.Error())
 		return nil
 	}
-	if err := verifyStore(kind, dbPath, logger); err != nil {
+	if err := verifyStore(kind, dbPath, logger, cfg.walSegmentSize); err != nil {
 		if !cfg.RecoverFromSnapshot {
 			return nil, fmt.Errorf("%w; %s", err, recoverHint)
 		}
@@ -132,7 +132,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	}
 	f.snaps, f.snapsDir = n.snaps, filepath.Join(dir, snapshotsDir)
 	if !missing && hasMark {
-		if n.store, err = openStore(kind, dbPath, logger); err != nil {
+		if n.store, err = openStore(kind, dbPath, logger, cfg.walSegmentSize); err != nil {
 			return nil, err
 		}
 		if err = checkRollback(dir, dbPath, n.store, n.snaps, mark); err != nil {
@@ -163,7 +163,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		}
 	}
 	if n.store == nil {
-		if n.store, err = openStore(kind, dbPath, logger); err != nil {
+		if n.store, err = openStore(kind, dbPath, logger, cfg.walSegmentSize); err != nil {
 			return nil, err
 		}
 	}
@@ -208,6 +208,9 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	if cfg.trailingLogs > 0 {
+		rc.TrailingLogs = cfg.trailingLogs
+	}
 	rc.Logger = logger
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("allocator: raft config: %w", err)

@@ -280,6 +280,14 @@ type watchedLog struct {
 
 func (w *watchedLog) StoreLog(l *raft.Log) error { return w.StoreLogs([]*raft.Log{l}) }
 
+// IsMonotonic passes on the store's raft.MonotonicLogStore answer (raft's
+// LogCache passes it on from here): a store that refuses a gap in its log
+// (raft-wal) needs Raft to clear the old log when it installs a snapshot.
+func (w *watchedLog) IsMonotonic() bool {
+	m, ok := w.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 func (w *watchedLog) StoreLogs(logs []*raft.Log) error {
 	if w.running != nil {
 		w.running.Store(time.Now().UnixNano())
