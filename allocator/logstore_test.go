@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
@@ -169,6 +170,65 @@ func TestLogStoreSnapshotCatchUp(t *testing.T) {
 			m, ok := s.node.logs.(raft.MonotonicLogStore)
 			if !ok || m.IsMonotonic() != (kind == LogStoreWAL) {
 				t.Fatalf("log store %s: monotonic %v, %v", kind, ok, ok && m.IsMonotonic())
+			}
+		})
+	}
+}
+
+// TestLogStoreTailTruncationRestart: a log whose tail Raft cleared (a
+// follower dropping entries a new leader overwrites: "clearing log
+// suffix") and then appended to again reopens whole, on each store.
+// raft-wal before v0.4.1 marked the truncated segment sealed without
+// writing its index, and the next start failed ("sealed segment has no
+// index block").
+func TestLogStoreTailTruncationRestart(t *testing.T) {
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(kind, func(t *testing.T) {
+			path := storePath(t.TempDir(), kind)
+			logger := hclog.NewNullLogger()
+			entries := func(from, to uint64, term uint64) []*raft.Log {
+				var out []*raft.Log
+				for i := from; i <= to; i++ {
+					out = append(out, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("entry %d term %d", i, term))})
+				}
+				return out
+			}
+			s, err := openStore(kind, path, logger, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.StoreLogs(entries(1, 10, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.DeleteRange(8, 10); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.StoreLogs(entries(8, 12, 2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := verifyStore(kind, path, logger, 0); err != nil {
+				t.Fatalf("reopen after a tail truncation: %v", err)
+			}
+			s, err = openStore(kind, path, logger, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			for i := uint64(1); i <= 12; i++ {
+				var l raft.Log
+				if err := s.GetLog(i, &l); err != nil {
+					t.Fatalf("entry %d: %v", i, err)
+				}
+				want := uint64(1)
+				if i >= 8 {
+					want = 2
+				}
+				if l.Term != want || string(l.Data) != fmt.Sprintf("entry %d term %d", i, want) {
+					t.Fatalf("entry %d: term %d %q, want term %d", i, l.Term, l.Data, want)
+				}
 			}
 		})
 	}
