@@ -298,6 +298,9 @@ type Config struct {
 	// after a snapshot (hashicorp/raft's TrailingLogs, default 10240): a
 	// follower further behind than that catches up from a snapshot.
 	trailingLogs uint64
+	// newLogStore is the store of a new data dir when LogStore is empty
+	// (a node's new data group takes its group 0's); empty: bolt.
+	newLogStore string
 	// walSegmentSize, when set (tests), is raft-wal's segment size in
 	// bytes (default 64 MiB): small segments rotate, and a compaction
 	// then deletes whole ones.

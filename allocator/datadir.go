@@ -37,6 +37,9 @@ type watermark struct {
 	LogStore string `json:"log_store,omitempty"`
 }
 
+// errLocked: another process holds the log store open.
+var errLocked = errors.New("locked by another process")
+
 // recoverHint is how every refusal below ends.
 const recoverHint = "to start from the newest snapshot anyway (losing what was committed after it), " +
 	"run once with -recover-from-snapshot (Config.RecoverFromSnapshot); or move the data dir aside and rejoin the node " +
@@ -164,8 +167,9 @@ func checkMissingDB(dir, dbPath string, missing bool, mark watermark, hasMark, r
 	return true, nil
 }
 
-// checkRollback refuses a raft.db whose term or last index is below the
-// watermark (an older copy put back, or a file that lost its tail).
+// checkRollback refuses a raft log whose term or last index is below the
+// watermark (an older copy put back, or a file that lost its tail), and a
+// log that refuses gaps (raft-wal) but ends before the newest snapshot.
 func checkRollback(dir, dbPath string, store raftStore, snaps *raft.FileSnapshotStore, mark watermark) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -182,6 +186,20 @@ func checkRollback(dir, dbPath string, store raftStore, snaps *raft.FileSnapshot
 	}
 	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
 		last = max(last, metas[0].Index)
+	}
+	if m, ok := store.(raft.MonotonicLogStore); ok && m.IsMonotonic() {
+		// A log that refuses gaps must reach the newest snapshot when it
+		// holds any entry: a shorter one lost its tail (raft-wal reads a
+		// damaged tail as a torn write and ends the log before it), and
+		// Raft's next append after the snapshot would fail for ever.
+		logLast, err := store.LastIndex()
+		if err != nil {
+			return fmt.Errorf("allocator: read raft log %s: %w", dbPath, err)
+		}
+		if metas, err := snaps.List(); err == nil && len(metas) > 0 && logLast > 0 && logLast < metas[0].Index {
+			return fmt.Errorf("allocator: %s ends at entry %d, before the newest snapshot (%d, %s): its tail is lost or damaged; %s",
+				dbPath, logLast, metas[0].Index, filepath.Join(dir, snapshotsDir, metas[0].ID), recoverHint)
+		}
 	}
 	if term < mark.Term || last < mark.Applied {
 		return fmt.Errorf("allocator: %s holds term %d and entries up to %d, but this node had reached term %d and "+
@@ -247,7 +265,7 @@ func verifyBolt(path string) (err error) {
 	db, err = bbolt.Open(path, 0o600, &opts)
 	if err != nil {
 		if errors.Is(err, bbolt.ErrTimeout) {
-			return fmt.Errorf("allocator: open raft log %s: locked by another process: %w", path, err)
+			return fmt.Errorf("allocator: open raft log %s: %w: %w", path, errLocked, err)
 		}
 		return fmt.Errorf("allocator: open raft log %s: %w", path, err)
 	}

@@ -316,6 +316,9 @@ func (s *Server) openDataGroup(id slots.GroupID, boot bool, peers []raft.Server)
 	}
 	cfg := s.cfg
 	cfg.DataDir = dir
+	if s.node != nil {
+		cfg.newLogStore = s.node.kind // a new group's store is group 0's
+	}
 	cfg.Bootstrap = boot
 	cfg.bootPeers = peers
 	if g.node, err = openNode(cfg, g.fsm, newHCLogAdapter(log, "raft"), stream, s.mux.BoundAddr()); err != nil {

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,7 +12,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
+	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
+	"go.etcd.io/bbolt"
 )
 
 // Raft log stores a data dir can hold (Config.LogStore, -log-store).
@@ -47,9 +52,9 @@ func storePath(dir, kind string) string {
 // pickLogStore decides which log store dir's node runs on: the one the
 // dir holds; when it holds none, the one its watermark records (a log
 // that went missing: checkMissingDB then refuses or rebuilds it); for a
-// new dir, want (bolt when empty). A want that differs from what the dir
+// new dir, want, else fallback, else bolt. A want that differs from what the dir
 // holds is refused: the two stores do not read each other's files.
-func pickLogStore(dir, want string, mark watermark, hasMark bool) (string, error) {
+func pickLogStore(dir, want, fallback string, mark watermark, hasMark bool) (string, error) {
 	switch want {
 	case "", LogStoreBolt, LogStoreWAL:
 	default:
@@ -87,6 +92,8 @@ func pickLogStore(dir, want string, mark watermark, hasMark bool) (string, error
 		return have, nil
 	case want != "":
 		return want, nil
+	case fallback != "":
+		return fallback, nil
 	}
 	return LogStoreBolt, nil
 }
@@ -131,12 +138,58 @@ func verifyStore(kind, path string, logger hclog.Logger, segSize int) error {
 	if err := verifyBolt(filepath.Join(path, metadb.FileName)); err != nil {
 		return err
 	}
+	if err := checkWALSegments(path); err != nil {
+		return err
+	}
 	w, err := openWAL(path, logger, segSize)
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 	return readWholeLog(w, path)
+}
+
+// checkWALSegments refuses a WAL directory holding a segment file newer
+// than its meta file knows of: raft-wal commits the meta file before it
+// creates a segment, so only an older meta file put back over newer
+// segments leaves one, and opening the WAL would delete it.
+func checkWALSegments(path string) error {
+	metaPath := filepath.Join(path, metadb.FileName)
+	opts := *boltOptions()
+	opts.ReadOnly = true
+	db, err := bbolt.Open(metaPath, 0o600, &opts)
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return fmt.Errorf("allocator: open raft log %s: %w: %w", metaPath, errLocked, err)
+		}
+		return fmt.Errorf("allocator: open raft log %s: %w", metaPath, err)
+	}
+	defer db.Close()
+	var st types.PersistentState
+	err = db.View(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(metadb.MetaBucket))
+		if b == nil {
+			return nil
+		}
+		if raw := b.Get([]byte(metadb.MetaKey)); raw != nil {
+			return json.Unmarshal(raw, &st)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("allocator: read raft log %s: %w", metaPath, err)
+	}
+	files, err := segment.NewFiler(path, walfs.New()).List()
+	if err != nil {
+		return fmt.Errorf("allocator: list raft log segments in %s: %w", path, err)
+	}
+	for id, base := range files {
+		if id >= st.NextSegmentID {
+			return fmt.Errorf("allocator: raft log %s: segment %s is newer than %s knows of (next segment %d): an older meta file put back?",
+				path, segment.FileName(types.SegmentInfo{BaseIndex: base, ID: id}), metaPath, st.NextSegmentID)
+		}
+	}
+	return nil
 }
 
 // readWholeLog reads every entry of s, recovering from a panic on a
@@ -188,8 +241,9 @@ func openStore(kind, path string, logger hclog.Logger, segSize int) (raftStore, 
 	return s, nil
 }
 
-// walStore is a raft-wal WAL whose Close also closes its meta file
-// (raft-wal's own Close leaves the meta file open, and its lock held).
+// walStore is a raft-wal WAL whose Close also closes the meta file it
+// was opened with (a second close of it does nothing), so that its lock
+// is released whatever raft-wal's Close does.
 type walStore struct {
 	*raftwal.WAL
 	meta *metadb.BoltMetaDB

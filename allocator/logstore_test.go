@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,16 +39,20 @@ func TestPickLogStore(t *testing.T) {
 	}
 	none := func(string) {}
 	for _, c := range []struct {
-		name    string
-		make    func(dir string)
-		mark    *watermark
-		want    string
-		got     string
-		errWith []string
+		name     string
+		make     func(dir string)
+		mark     *watermark
+		want     string
+		fallback string
+		got      string
+		errWith  []string
 	}{
 		{name: "new dir", make: none, got: LogStoreBolt},
 		{name: "new dir, wal", make: none, want: LogStoreWAL, got: LogStoreWAL},
 		{name: "new dir, bolt", make: none, want: LogStoreBolt, got: LogStoreBolt},
+		{name: "new dir, group 0 on wal", make: none, fallback: LogStoreWAL, got: LogStoreWAL},
+		{name: "new dir, group 0 on wal, bolt asked", make: none, want: LogStoreBolt, fallback: LogStoreWAL, got: LogStoreBolt},
+		{name: "bolt dir, group 0 on wal", make: bolt, fallback: LogStoreWAL, got: LogStoreBolt},
 		{name: "bolt dir", make: bolt, got: LogStoreBolt},
 		{name: "bolt dir, wal asked", make: bolt, want: LogStoreWAL, errWith: []string{raftDBFile, "-log-store wal"}},
 		{name: "wal dir", make: wal, got: LogStoreWAL},
@@ -69,7 +74,7 @@ func TestPickLogStore(t *testing.T) {
 			if c.mark != nil {
 				mark = *c.mark
 			}
-			got, err := pickLogStore(dir, c.want, mark, c.mark != nil)
+			got, err := pickLogStore(dir, c.want, c.fallback, mark, c.mark != nil)
 			if c.errWith != nil {
 				if err == nil {
 					t.Fatalf("pickLogStore = %q, want an error naming %q", got, c.errWith)
@@ -229,6 +234,128 @@ func TestLogStoreTailTruncationRestart(t *testing.T) {
 				if l.Term != want || string(l.Data) != fmt.Sprintf("entry %d term %d", i, want) {
 					t.Fatalf("entry %d: term %d %q, want term %d", i, l.Term, l.Data, want)
 				}
+			}
+		})
+	}
+}
+
+// walSegments lists the segment files of the WAL at path by base index.
+func walSegments(t *testing.T, path string) map[uint64]string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(path, "*.wal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]string{}
+	for _, f := range files {
+		var base, id uint64
+		if _, err := fmt.Sscanf(filepath.Base(f), "%020d-%016x.wal", &base, &id); err != nil {
+			t.Fatalf("segment %s: %v", f, err)
+		}
+		out[base] = f
+	}
+	return out
+}
+
+// TestWALOlderMetaRefused: an older wal-meta.db put back over newer
+// segments is refused before raft-wal opens the directory (which would
+// delete the segments it does not know of), and every segment is still
+// there after the refusal.
+func TestWALOlderMetaRefused(t *testing.T) {
+	path := storePath(t.TempDir(), LogStoreWAL)
+	logger := hclog.NewNullLogger()
+	store := func(from, to uint64) {
+		s, err := openStore(LogStoreWAL, path, logger, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := from; i <= to; i++ {
+			if err := s.StoreLogs([]*raft.Log{{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte(strings.Repeat("x", 200))}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(1, 3)
+	meta := filepath.Join(path, "wal-meta.db")
+	old := filepath.Join(t.TempDir(), "wal-meta.db")
+	copyFile(t, meta, old)
+	store(4, 60)
+	before := walSegments(t, path)
+	if len(before) < 3 {
+		t.Fatalf("%d segments; want several", len(before))
+	}
+	copyFile(t, old, meta)
+	err := verifyStore(LogStoreWAL, path, logger, 1024)
+	if err == nil || !strings.Contains(err.Error(), "newer than") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("verify = %v, want a refusal naming a newer segment in %s", err, path)
+	}
+	if after := walSegments(t, path); len(after) != len(before) {
+		t.Fatalf("%d segments after the refusal, %d before", len(after), len(before))
+	}
+}
+
+// TestWALDamagedSegments: on small segments, garbage over a sealed segment
+// is an error naming the WAL (every entry is read before Raft opens it),
+// and a tail lost or damaged back past the newest snapshot (raft-wal ends
+// the log before a damaged tail, as at a torn write) is refused even when
+// the snapshot covers the watermark: Raft's next append after the
+// snapshot would fail for ever. -recover-from-snapshot starts it again.
+func TestWALDamagedSegments(t *testing.T) {
+	for _, which := range []string{"sealed", "tail"} {
+		t.Run(which, func(t *testing.T) {
+			tc := newTestCluster(t, 1, withLogStore(LogStoreWAL), func(_ int, c *Config) { c.walSegmentSize = 1024 })
+			alloc, _ := tc.clients(0)
+			ctx := ctxT(t)
+			for i := range 40 {
+				acquireGrants(ctx, t, alloc, acquireReq("segments", uint64(i+1), key("user", fmt.Sprintf("u%d", i), 5)))
+			}
+			putRulesV2(t, tc, 0)
+			if err := tc.node(0).node.raft.Snapshot().Error(); err != nil {
+				t.Fatal(err)
+			}
+			snap := tc.node(0).node.raft.LastIndex()
+			tc.stop(0, false)
+			path := storePath(tc.cfgs[0].DataDir, LogStoreWAL)
+			segs := walSegments(t, path)
+			var bases []uint64
+			for b := range segs {
+				bases = append(bases, b)
+			}
+			slices.Sort(bases)
+			if len(bases) < 3 {
+				t.Fatalf("%d segments; want several", len(bases))
+			}
+			want := "before the newest snapshot"
+			if which == "sealed" {
+				garble(t, segs[bases[1]], 64, 1<<20)
+				want = "read raft log"
+			} else {
+				// Every segment from the one holding the snapshot's
+				// entry on: the log then ends before the snapshot.
+				from := bases[0]
+				for _, b := range bases {
+					if b <= snap {
+						from = b
+					}
+				}
+				if from == bases[0] {
+					t.Fatalf("the snapshot's entry %d is in the first segment", snap)
+				}
+				for _, b := range bases {
+					if b >= from {
+						garble(t, segs[b], 64, 1<<20)
+					}
+				}
+			}
+			wantErr(t, startErr(tc, 0), path, want)
+			tc.cfgs[0].RecoverFromSnapshot = true
+			tc.restart(0)
+			tc.waitReady(0)
+			if v := tc.node(0).rulesVersion(); v != 2 {
+				t.Fatalf("recovered rules version %d, want 2 (the snapshot's)", v)
 			}
 		})
 	}

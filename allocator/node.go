@@ -97,7 +97,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	if err != nil {
 		return nil, err
 	}
-	kind, err := pickLogStore(dir, cfg.LogStore, mark, hasMark)
+	kind, err := pickLogStore(dir, cfg.LogStore, cfg.newLogStore, mark, hasMark)
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +112,9 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		return nil
 	}
 	if err := verifyStore(kind, dbPath, logger, cfg.walSegmentSize); err != nil {
+		if errors.Is(err, errLocked) {
+			return nil, err // another process runs on it: nothing to recover
+		}
 		if !cfg.RecoverFromSnapshot {
 			return nil, fmt.Errorf("%w; %s", err, recoverHint)
 		}
@@ -131,7 +134,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		return nil, err
 	}
 	f.snaps, f.snapsDir = n.snaps, filepath.Join(dir, snapshotsDir)
-	if !missing && hasMark {
+	if !missing {
 		if n.store, err = openStore(kind, dbPath, logger, cfg.walSegmentSize); err != nil {
 			return nil, err
 		}
@@ -152,8 +155,10 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		return nil, err
 	}
 	if missing && kind == LogStoreWAL {
-		// A WAL directory without its meta file does not open (raft-wal
-		// fails on it): keep it aside and start an empty one.
+		// A WAL directory whose meta file is empty does not open (raft-wal
+		// fails on it), and one whose meta file is gone would open as a
+		// new log with its segments deleted: keep it aside, for
+		// inspection, and start an empty one.
 		if _, err := os.Stat(dbPath); err == nil {
 			aside, err := moveAside(dbPath)
 			if err != nil {

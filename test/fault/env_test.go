@@ -144,6 +144,11 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	if e.groups > 1 {
 		e.waitSpread(30 * time.Second)
 	}
+	for i, a := range cfg.args {
+		if a == "-log-store" && i+1 < len(cfg.args) && cfg.args[i+1] == "wal" {
+			e.wantWAL()
+		}
+	}
 	e.up = testproc.StartUpstream(t)
 	return e
 }

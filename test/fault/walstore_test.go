@@ -1,6 +1,10 @@
 package fault
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
 
 // The allocators on the raft-wal log store (-log-store wal): the same
 // faults as on bolt, the store that the other tests run on.
@@ -8,9 +12,27 @@ import "testing"
 // TestLeaderKillWAL: TestLeaderKill with every allocator on -log-store
 // wal: the killed leader restarts on its WAL (a kill -9 in the middle of
 // appends), catches up, and the history is linearizable.
-func TestLeaderKillWAL(t *testing.T) { runKill(t, true, 1, "-log-store", "wal") }
+func TestLeaderKillWAL(t *testing.T) {
+	runKill(t, true, 1, "-log-store", "wal")
+}
 
 // TestFullClusterRestartWAL: TestFullClusterRestart with every allocator
 // on -log-store wal: the rules, a lease, a drained bucket and an
 // idempotency record come back from a snapshot plus the WAL.
-func TestFullClusterRestartWAL(t *testing.T) { runFullRestart(t, 1, "-log-store", "wal") }
+func TestFullClusterRestartWAL(t *testing.T) {
+	runFullRestart(t, 1, "-log-store", "wal")
+}
+
+// wantWAL fails the test unless every node's data dir holds a WAL and no
+// bolt log: the flag reached the nodes.
+func (e *env) wantWAL() {
+	e.t.Helper()
+	for _, n := range e.c.Nodes {
+		if fi, err := os.Stat(filepath.Join(n.DataDir, "wal", "wal-meta.db")); err != nil || fi.Size() == 0 {
+			e.t.Fatalf("%s: no WAL in %s: %v", n.ID, n.DataDir, err)
+		}
+		if _, err := os.Stat(filepath.Join(n.DataDir, "raft.db")); err == nil {
+			e.t.Fatalf("%s: raft.db beside the WAL in %s", n.ID, n.DataDir)
+		}
+	}
+}
