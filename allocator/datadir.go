@@ -25,8 +25,12 @@ const watermarkFile = "raft-watermark.json"
 // (and at shutdown).
 const watermarkInterval = 5 * time.Second
 
-// keyCurrentTerm is the stable-store key hashicorp/raft keeps its term in.
-var keyCurrentTerm = []byte("CurrentTerm")
+// keyCurrentTerm and keyLastVoteTerm are the stable-store keys
+// hashicorp/raft keeps its term and its last vote's term in.
+var (
+	keyCurrentTerm  = []byte("CurrentTerm")
+	keyLastVoteTerm = []byte("LastVoteTerm")
+)
 
 // watermark is watermarkFile's content.
 type watermark struct {
@@ -189,15 +193,18 @@ func checkRollback(dir, dbPath string, store raftStore, snaps *raft.FileSnapshot
 	}
 	if m, ok := store.(raft.MonotonicLogStore); ok && m.IsMonotonic() {
 		// A log that refuses gaps must reach the newest snapshot when it
-		// holds any entry: a shorter one lost its tail (raft-wal reads a
-		// damaged tail as a torn write and ends the log before it), and
-		// Raft's next append after the snapshot would fail for ever.
+		// holds any entry, or Raft's next append after the snapshot fails
+		// for ever. A shorter one either lost its tail (raft-wal reads a
+		// damaged tail as a torn write and ends the log before it) or
+		// belongs to a node stopped while installing a snapshot from the
+		// leader (the snapshot is written before the old log is cleared).
 		logLast, err := store.LastIndex()
 		if err != nil {
 			return fmt.Errorf("allocator: read raft log %s: %w", dbPath, err)
 		}
 		if metas, err := snaps.List(); err == nil && len(metas) > 0 && logLast > 0 && logLast < metas[0].Index {
-			return fmt.Errorf("allocator: %s ends at entry %d, before the newest snapshot (%d, %s): its tail is lost or damaged; %s",
+			return fmt.Errorf("allocator: %s ends at entry %d, before the newest snapshot (%d, %s): either the node stopped while "+
+				"installing that snapshot from the leader (nothing is lost: -recover-from-snapshot is safe), or the log's tail is lost or damaged; %s",
 				dbPath, logLast, metas[0].Index, filepath.Join(dir, snapshotsDir, metas[0].ID), recoverHint)
 		}
 	}
@@ -212,9 +219,10 @@ func checkRollback(dir, dbPath string, store raftStore, snaps *raft.FileSnapshot
 // rebuildFromSnapshot prepares a data dir for a start from its newest
 // snapshot (Config.RecoverFromSnapshot): a damaged or rolled-back raft.db
 // is moved aside, and the new one gets a term past any this node may have
-// voted in (the snapshot's and the watermark's, plus one), so it can
-// never vote twice in one term.
-func rebuildFromSnapshot(dir, dbPath string, snaps *raft.FileSnapshotStore, store raftStore, mark watermark) (string, error) {
+// voted in (the snapshot's, the watermark's and, when it could be read,
+// the old log's current and last-vote terms, plus one), so it can never
+// vote twice in one term.
+func rebuildFromSnapshot(dir, dbPath string, snaps *raft.FileSnapshotStore, store raftStore, mark watermark, seenTerm uint64) (string, error) {
 	metas, err := snaps.List()
 	if err != nil {
 		return "", fmt.Errorf("allocator: list snapshots in %s: %w", filepath.Join(dir, snapshotsDir), err)
@@ -222,11 +230,23 @@ func rebuildFromSnapshot(dir, dbPath string, snaps *raft.FileSnapshotStore, stor
 	if len(metas) == 0 {
 		return "", fmt.Errorf("allocator: -recover-from-snapshot: no snapshot in %s", filepath.Join(dir, snapshotsDir))
 	}
-	term := max(metas[0].Term, mark.Term) + 1
+	term := max(metas[0].Term, mark.Term, seenTerm) + 1
 	if err := store.SetUint64(keyCurrentTerm, term); err != nil {
 		return "", fmt.Errorf("allocator: -recover-from-snapshot: write term to %s: %w", dbPath, err)
 	}
 	return fmt.Sprintf("snapshot %s (index %d, term %d); term set to %d", metas[0].ID, metas[0].Index, metas[0].Term, term), nil
+}
+
+// storedTerms returns the highest of the current term and the last vote's
+// term that store records (0 for what it cannot read).
+func storedTerms(store raft.StableStore) (term uint64) {
+	defer func() { _ = recover() }() // a damaged store: what was read so far
+	for _, k := range [][]byte{keyCurrentTerm, keyLastVoteTerm} {
+		if v, err := store.GetUint64(k); err == nil {
+			term = max(term, v)
+		}
+	}
+	return term
 }
 
 // moveAside renames a damaged raft.db out of the way, keeping it for

@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"go.etcd.io/bbolt"
 )
 
 // TestPickLogStore: a data dir runs on the store it holds, or the one its
@@ -356,6 +358,85 @@ func TestWALDamagedSegments(t *testing.T) {
 			tc.waitReady(0)
 			if v := tc.node(0).rulesVersion(); v != 2 {
 				t.Fatalf("recovered rules version %d, want 2 (the snapshot's)", v)
+			}
+		})
+	}
+}
+
+// TestRebuildTermPastVotes: a log rebuilt from a snapshot gets a term past
+// the snapshot's, the watermark's and the terms the old log recorded (its
+// current term and its last vote's), whichever is highest.
+func TestRebuildTermPastVotes(t *testing.T) {
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			logger := hclog.NewNullLogger()
+			old, err := openStore(kind, storePath(t.TempDir(), kind), logger, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := old.SetUint64(keyCurrentTerm, 5); err != nil {
+				t.Fatal(err)
+			}
+			if err := old.SetUint64(keyLastVoteTerm, 9); err != nil {
+				t.Fatal(err)
+			}
+			seen := storedTerms(old)
+			old.Close()
+			if seen != 9 {
+				t.Fatalf("storedTerms = %d, want 9 (the last vote's)", seen)
+			}
+			snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, trans := raft.NewInmemTransport("solo")
+			sink, err := snaps.Create(raft.SnapshotVersionMax, 5, 2, raft.Configuration{Servers: []raft.Server{{ID: "solo", Address: "solo"}}}, 1, trans)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sink.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				mark, seen, want uint64
+			}{{0, 0, 3}, {4, 0, 5}, {4, seen, 10}} {
+				s, err := openStore(kind, storePath(t.TempDir(), kind), logger, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := rebuildFromSnapshot(dir, "log", snaps, s, watermark{Term: c.mark}, c.seen); err != nil {
+					t.Fatal(err)
+				}
+				if got, _ := s.GetUint64(keyCurrentTerm); got != c.want {
+					t.Fatalf("snapshot term 2, watermark %d, old log %d: term %d, want %d", c.mark, c.seen, got, c.want)
+				}
+				s.Close()
+			}
+		})
+	}
+}
+
+// TestLockedDataDirNotRecovered: a log store another process holds open is
+// refused as locked, and -recover-from-snapshot does not move it aside.
+func TestLockedDataDirNotRecovered(t *testing.T) {
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(kind, func(t *testing.T) {
+			tc, dir := singleNodeWithSnapshot(t, kind)
+			path := storePath(dir, kind)
+			file := path
+			if kind == LogStoreWAL {
+				file = filepath.Join(path, "wal-meta.db")
+			}
+			db, err := bbolt.Open(file, 0o600, nil) // holds the lock
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			tc.cfgs[0].RecoverFromSnapshot = true
+			wantErr(t, startErr(tc, 0), file, "locked by another process")
+			if _, err := os.Stat(file); err != nil {
+				t.Fatalf("%s after the refusal: %v", file, err)
 			}
 		})
 	}

@@ -134,6 +134,10 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 		return nil, err
 	}
 	f.snaps, f.snapsDir = n.snaps, filepath.Join(dir, snapshotsDir)
+	// seenTerm: the highest term a log moved aside below had recorded (its
+	// current term and the term of its last vote), which a rebuilt log
+	// must pass so that the node never votes twice in a term.
+	var seenTerm uint64
 	if !missing {
 		if n.store, err = openStore(kind, dbPath, logger, cfg.walSegmentSize); err != nil {
 			return nil, err
@@ -142,6 +146,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 			if !cfg.RecoverFromSnapshot {
 				return nil, err
 			}
+			seenTerm = storedTerms(n.store)
 			_ = n.store.Close()
 			n.store = nil
 			if err = recoverDB(err); err != nil {
@@ -174,7 +179,7 @@ func openNode(cfg Config, f *fsm, logger hclog.Logger, stream raft.StreamLayer, 
 	}
 	n.mark = mark
 	if rebuild {
-		desc, err := rebuildFromSnapshot(dir, dbPath, n.snaps, n.store, mark)
+		desc, err := rebuildFromSnapshot(dir, dbPath, n.snaps, n.store, mark, seenTerm)
 		if err != nil {
 			return nil, err
 		}
