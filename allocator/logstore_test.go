@@ -3,7 +3,6 @@ package allocator
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -386,18 +385,7 @@ func TestRebuildTermPastVotes(t *testing.T) {
 			if seen != 9 {
 				t.Fatalf("storedTerms = %d, want 9 (the last vote's)", seen)
 			}
-			snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, trans := raft.NewInmemTransport("solo")
-			sink, err := snaps.Create(raft.SnapshotVersionMax, 5, 2, raft.Configuration{Servers: []raft.Server{{ID: "solo", Address: "solo"}}}, 1, trans)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := sink.Close(); err != nil {
-				t.Fatal(err)
-			}
+			snaps := writeSnapshot(t, dir, 5, 2, nil)
 			for _, c := range []struct {
 				mark, seen, want uint64
 			}{{0, 0, 3}, {4, 0, 5}, {4, seen, 10}} {

@@ -425,20 +425,8 @@ func TestCorruptDataDir(t *testing.T) {
 	})
 	t.Run("snapshot that does not restore", func(t *testing.T) {
 		dir := t.TempDir()
-		store, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, trans := raft.NewInmemTransport("solo")
-		sink, err := store.Create(raft.SnapshotVersionMax, 5, 1, raft.Configuration{Servers: []raft.Server{{ID: "solo", Address: "solo"}}}, 1, trans)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = sink.Write([]byte("valid CRC, invalid state"))
-		if err := sink.Close(); err != nil {
-			t.Fatal(err)
-		}
-		_, err = New(testNodeConfig(t, dir))
+		writeSnapshot(t, dir, 5, 1, []byte("valid CRC, invalid state"))
+		_, err := New(testNodeConfig(t, dir))
 		if err == nil || !strings.Contains(err.Error(), "restore") || !strings.Contains(err.Error(), dir) {
 			t.Fatalf("New = %v, want a restore error naming %s", err, dir)
 		}
@@ -472,6 +460,26 @@ func TestCorruptDataDir(t *testing.T) {
 			t.Fatalf("New = %v, want a missing-snapshot error", err)
 		}
 	})
+}
+
+// writeSnapshot writes a snapshot at index and term holding state into
+// dir's file snapshot store, and returns the store.
+func writeSnapshot(t *testing.T, dir string, index, term uint64, state []byte) *raft.FileSnapshotStore {
+	t.Helper()
+	store, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trans := raft.NewInmemTransport("solo")
+	sink, err := store.Create(raft.SnapshotVersionMax, index, term, raft.Configuration{Servers: []raft.Server{{ID: "solo", Address: "solo"}}}, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = sink.Write(state)
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return store
 }
 
 // testNodeConfig is a one-node bootstrap config over TCP on free ports.
