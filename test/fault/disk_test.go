@@ -22,6 +22,12 @@ import (
 //
 // A disk that turns read-only is TestDataDirReadOnly.
 func TestDataDirFull(t *testing.T) {
+	if a := logStoreArgs(); len(a) == 2 && a[1] == "wal" {
+		// raft-wal appends into a preallocated 64 MiB segment: a full disk
+		// stops its appends only at the next rotation, and a node cannot
+		// start on a tmpfs this small (a start-up error naming the path).
+		t.Skip("a bolt scenario: on -log-store wal a full disk is felt at the next segment rotation")
+	}
 	checkLeaks(t)
 	testproc.Build(t) // skips under -short before anything is mounted
 	mnt := filepath.Join(t.TempDir(), "n0-tmpfs")

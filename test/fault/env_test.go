@@ -34,6 +34,16 @@ func TestMain(m *testing.M) {
 // soak reports whether the long versions run (ALLOT_SOAK=1).
 func soak() bool { return os.Getenv("ALLOT_SOAK") == "1" }
 
+// logStoreArgs are the allocator flags every test's cluster starts with
+// for ALLOT_FAULT_LOG_STORE (bolt or wal; unset: the allocator's default),
+// so that the whole suite runs on either Raft log store.
+func logStoreArgs() []string {
+	if s := os.Getenv("ALLOT_FAULT_LOG_STORE"); s != "" {
+		return []string{"-log-store", s}
+	}
+	return nil
+}
+
 // The gateways' rule: every API key has its own token bucket of R = 20/s,
 // B = 20 (domain "fault").
 const (
@@ -136,7 +146,7 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	}
 	e.c = testproc.StartCluster(t, testproc.ClusterConfig{
 		Bin: bin, Dir: e.dir, Rules: e.rules,
-		Args:          append(append([]string{}, testproc.FastLeaseArgs...), cfg.args...),
+		Args:          append(append(append([]string{}, testproc.FastLeaseArgs...), logStoreArgs()...), cfg.args...),
 		BootstrapArgs: boot,
 		DataDir:       cfg.dataDir,
 		Advertise:     cfg.advertise,
@@ -144,8 +154,9 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	if e.groups > 1 {
 		e.waitSpread(30 * time.Second)
 	}
-	for i, a := range cfg.args {
-		if a == "-log-store" && i+1 < len(cfg.args) && cfg.args[i+1] == "wal" {
+	args := append(logStoreArgs(), cfg.args...)
+	for i, a := range args {
+		if a == "-log-store" && i+1 < len(args) && args[i+1] == "wal" {
 			e.wantWAL()
 		}
 	}

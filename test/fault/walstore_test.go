@@ -7,7 +7,8 @@ import (
 )
 
 // The allocators on the raft-wal log store (-log-store wal): the same
-// faults as on bolt, the store that the other tests run on.
+// faults as on bolt, the store that the other tests run on (all of them
+// run on raft-wal with ALLOT_FAULT_LOG_STORE=wal).
 
 // TestLeaderKillWAL: TestLeaderKill with every allocator on -log-store
 // wal: the killed leader restarts on its WAL (a kill -9 in the middle of
@@ -23,16 +24,25 @@ func TestFullClusterRestartWAL(t *testing.T) {
 	runFullRestart(t, 1, "-log-store", "wal")
 }
 
-// wantWAL fails the test unless every node's data dir holds a WAL and no
-// bolt log: the flag reached the nodes.
+// wantWAL fails the test unless every node's data dir (every group's,
+// with groups) holds a WAL and no bolt log: the flag reached the nodes.
 func (e *env) wantWAL() {
 	e.t.Helper()
 	for _, n := range e.c.Nodes {
-		if fi, err := os.Stat(filepath.Join(n.DataDir, "wal", "wal-meta.db")); err != nil || fi.Size() == 0 {
-			e.t.Fatalf("%s: no WAL in %s: %v", n.ID, n.DataDir, err)
+		dirs := []string{n.DataDir}
+		if e.groups > 1 {
+			var err error
+			if dirs, err = filepath.Glob(filepath.Join(n.DataDir, "groups", "[0-9]*")); err != nil || len(dirs) == 0 {
+				e.t.Fatalf("%s: no group directories in %s: %v", n.ID, n.DataDir, err)
+			}
 		}
-		if _, err := os.Stat(filepath.Join(n.DataDir, "raft.db")); err == nil {
-			e.t.Fatalf("%s: raft.db beside the WAL in %s", n.ID, n.DataDir)
+		for _, d := range dirs {
+			if fi, err := os.Stat(filepath.Join(d, "wal", "wal-meta.db")); err != nil || fi.Size() == 0 {
+				e.t.Fatalf("%s: no WAL in %s: %v", n.ID, d, err)
+			}
+			if _, err := os.Stat(filepath.Join(d, "raft.db")); err == nil {
+				e.t.Fatalf("%s: raft.db beside the WAL in %s", n.ID, d)
+			}
 		}
 	}
 }
