@@ -280,14 +280,8 @@ func verifyBolt(path string) (err error) {
 			_ = db.Close()
 		}
 	}()
-	opts := *boltOptions()
-	opts.ReadOnly = true
-	db, err = bbolt.Open(path, 0o600, &opts)
-	if err != nil {
-		if errors.Is(err, bbolt.ErrTimeout) {
-			return fmt.Errorf("allocator: open raft log %s: %w: %w", path, errLocked, err)
-		}
-		return fmt.Errorf("allocator: open raft log %s: %w", path, err)
+	if db, err = openBoltReadOnly(path); err != nil {
+		return err
 	}
 	var sink byte
 	err = db.View(func(tx *bbolt.Tx) error {
@@ -306,6 +300,21 @@ func verifyBolt(path string) (err error) {
 		return fmt.Errorf("allocator: read raft log %s: %w", path, err)
 	}
 	return nil
+}
+
+// openBoltReadOnly opens the bolt file at path read-only, with an error
+// naming it (errLocked when another process holds it).
+func openBoltReadOnly(path string) (*bbolt.DB, error) {
+	opts := *boltOptions()
+	opts.ReadOnly = true
+	db, err := bbolt.Open(path, 0o600, &opts)
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return nil, fmt.Errorf("allocator: open raft log %s: %w: %w", path, errLocked, err)
+		}
+		return nil, fmt.Errorf("allocator: open raft log %s: %w", path, err)
+	}
+	return db, nil
 }
 
 // watermarkLoop rewrites watermarkFile every watermarkInterval until the

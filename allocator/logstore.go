@@ -110,14 +110,12 @@ func storeMissing(kind, path string) (bool, error) {
 // walMissing reports whether the WAL directory at path is absent or has no
 // meta file (or an empty one): raft-wal would start it as a new, empty log.
 func walMissing(path string) (bool, error) {
-	fi, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	switch fi, err := os.Stat(path); {
+	case errors.Is(err, fs.ErrNotExist):
 		return true, nil
-	}
-	if err != nil {
+	case err != nil:
 		return false, fmt.Errorf("allocator: %s: %w", path, err)
-	}
-	if !fi.IsDir() {
+	case !fi.IsDir():
 		return false, fmt.Errorf("allocator: %s is not a directory", path)
 	}
 	return dbMissing(filepath.Join(path, metadb.FileName))
@@ -155,14 +153,9 @@ func verifyStore(kind, path string, logger hclog.Logger, segSize int) error {
 // segments leaves one, and opening the WAL would delete it.
 func checkWALSegments(path string) error {
 	metaPath := filepath.Join(path, metadb.FileName)
-	opts := *boltOptions()
-	opts.ReadOnly = true
-	db, err := bbolt.Open(metaPath, 0o600, &opts)
+	db, err := openBoltReadOnly(metaPath)
 	if err != nil {
-		if errors.Is(err, bbolt.ErrTimeout) {
-			return fmt.Errorf("allocator: open raft log %s: %w: %w", metaPath, errLocked, err)
-		}
-		return fmt.Errorf("allocator: open raft log %s: %w", metaPath, err)
+		return err
 	}
 	defer db.Close()
 	var st types.PersistentState
