@@ -32,7 +32,8 @@ type Config struct {
 	// LogStore is the Raft log store of a new data dir: LogStoreBolt
 	// (raft-boltdb/v2) or LogStoreWAL (hashicorp/raft-wal: one fsync an
 	// append instead of two, and less CPU; docs/operations.md, "Raft log
-	// store"). Empty: the store the data dir holds, bolt for a new one.
+	// store"). Empty: the store the data dir holds; for a new one bolt (a
+	// node's new data group: its group 0's store).
 	// A data dir keeps the store it was created with: naming the other is
 	// an error.
 	LogStore string

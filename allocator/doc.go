@@ -4,9 +4,10 @@
 //
 // A Server wires together:
 //
-//   - Raft (hashicorp/raft) with a bolt log and stable store (fsynced on
-//     every commit, the newest entries also cached in memory for
-//     replication) and file snapshots in Config.DataDir, over TCP
+//   - Raft (hashicorp/raft) with a log and stable store, bolt or raft-wal
+//     (Config.LogStore; fsynced on every commit, the newest entries also
+//     cached in memory for replication; logstore.go, datadir.go) and file
+//     snapshots in Config.DataDir, over TCP
 //     through group 0 of an allocator/raftmux listener, which speaks the
 //     bare Raft protocol (node.go);
 //   - the replicated state machine, an unexported raft.FSM over

@@ -234,25 +234,11 @@ func openStore(kind, path string, logger hclog.Logger, segSize int) (raftStore, 
 	return s, nil
 }
 
-// walStore is a raft-wal WAL whose Close also closes the meta file it
-// was opened with (a second close of it does nothing), so that its lock
-// is released whatever raft-wal's Close does.
-type walStore struct {
-	*raftwal.WAL
-	meta *metadb.BoltMetaDB
-}
-
-func (w *walStore) Close() error {
-	err := w.WAL.Close()
-	if cerr := w.meta.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // openWAL opens the raft-wal directory at path, creating it when absent,
 // and turns a panic while reading a damaged file into an error naming it.
-func openWAL(path string, logger hclog.Logger, segSize int) (w *walStore, err error) {
+// The WAL's Close closes its meta file; when Open fails, the meta file
+// (and its lock) is closed here.
+func openWAL(path string, logger hclog.Logger, segSize int) (w *raftwal.WAL, err error) {
 	if err := os.MkdirAll(path, 0o750); err != nil {
 		return nil, fmt.Errorf("allocator: create raft log %s: %w", path, err)
 	}
@@ -273,9 +259,9 @@ func openWAL(path string, logger hclog.Logger, segSize int) (w *walStore, err er
 	if segSize > 0 {
 		size = segSize
 	}
-	wal, err := raftwal.Open(path, raftwal.WithLogger(logger.Named("wal")), raftwal.WithMetaStore(meta), raftwal.WithSegmentSize(size))
+	w, err = raftwal.Open(path, raftwal.WithLogger(logger.Named("wal")), raftwal.WithMetaStore(meta), raftwal.WithSegmentSize(size))
 	if err != nil {
 		return nil, fmt.Errorf("allocator: open raft log %s: %w", path, err)
 	}
-	return &walStore{WAL: wal, meta: meta}, nil
+	return w, nil
 }

@@ -95,7 +95,7 @@ func parse(args []string) (*options, error) {
 	var (
 		nodeID        = fs.String("node-id", "", "node id, stable across restarts (default: hostname-<raft port>)")
 		dataDir       = fs.String("data-dir", "", "data directory (default: allot-data/<node-id>)")
-		logStore      = fs.String("log-store", "", "Raft log store of a new data dir: bolt (raft.db) or wal (hashicorp/raft-wal, wal/: one fsync an append, less CPU); empty: the one the data dir holds, bolt for a new one")
+		logStore      = fs.String("log-store", "", "Raft log store of a new data dir: bolt (raft.db) or wal (hashicorp/raft-wal, wal/: one fsync an append, less CPU); empty: the one the data dir holds, bolt for a new one (a new data group: its group 0's)")
 		grpcAddr      = fs.String("grpc-addr", def.GRPCAddr, "gRPC listen address (also advertised unless -advertise-grpc-addr)")
 		raftAddr      = fs.String("raft-addr", def.RaftAddr, "Raft listen address (also advertised unless -advertise-raft-addr)")
 		httpAddr      = fs.String("http-addr", def.HTTPAddr, "HTTP address for /healthz, /readyz, /metrics, /debug/pprof (empty: off)")
