@@ -72,6 +72,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -957,6 +958,7 @@ type fsyncProbe struct {
 	every time.Duration
 	from  time.Time
 	worst []time.Duration // the longest fsync begun in each second since from
+	cpu   time.Duration   // the probe thread's CPU time in its fsyncs, summed
 }
 
 // startFsyncProbe runs the probe until end; every 0: none (report prints
@@ -969,6 +971,10 @@ func startFsyncProbe(dir string, every time.Duration, end time.Time) *fsyncProbe
 	}
 	go func() { // ends by end; report waits for it
 		defer close(p.done)
+		// On its own thread, so that the thread's CPU time around an
+		// fsync is the fsync's.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		f, err := os.CreateTemp(dir, "fsync-probe-")
 		if err != nil {
 			p.err = err
@@ -982,12 +988,16 @@ func startFsyncProbe(dir string, every time.Duration, end time.Time) *fsyncProbe
 				p.err = err
 				return
 			}
+			c0, _ := proccpu.Thread()
 			t0 := time.Now()
 			if err := f.Sync(); err != nil {
 				p.err = err
 				return
 			}
 			d := time.Since(t0)
+			if c1, err := proccpu.Thread(); err == nil {
+				p.cpu += c1 - c0
+			}
 			_ = p.hist.RecordValue(d.Microseconds())
 			sec := int(t0.Sub(p.from) / time.Second)
 			for len(p.worst) <= sec {
@@ -1012,8 +1022,9 @@ func (p *fsyncProbe) report() error {
 	us := func(v int64) string {
 		return (time.Duration(v) * time.Microsecond).Round(10 * time.Microsecond).String()
 	}
-	fmt.Printf("disk: fsync of a 4 KB write in the data directory every %v, same window: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d)\n",
-		p.every, us(p.hist.ValueAtQuantile(50)), us(p.hist.ValueAtQuantile(99)), us(p.hist.ValueAtQuantile(99.9)), us(p.hist.Max()), p.hist.TotalCount())
+	fmt.Printf("disk: fsync of a 4 KB write in the data directory every %v, same window: p50 %s  p99 %s  p99.9 %s  max %s  (n=%d); CPU %s an fsync (the probe thread's, mean)\n",
+		p.every, us(p.hist.ValueAtQuantile(50)), us(p.hist.ValueAtQuantile(99)), us(p.hist.ValueAtQuantile(99.9)), us(p.hist.Max()), p.hist.TotalCount(),
+		(p.cpu / time.Duration(p.hist.TotalCount())).Round(time.Microsecond))
 	worst := make([]string, len(p.worst))
 	for i, d := range p.worst {
 		worst[i] = fmtMs(d)

@@ -24,6 +24,18 @@ func Self() (time.Duration, error) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
+// Thread is the CPU time the calling OS thread has used, from getrusage
+// (RUSAGE_THREAD). Call it from a goroutine locked to its thread
+// (runtime.LockOSThread), or the figure mixes threads.
+func Thread() (time.Duration, error) {
+	const rusageThread = 1 // RUSAGE_THREAD (Linux)
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+		return 0, err
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
 // Of is the CPU time process pid has used, from /proc/<pid>/stat (in clock
 // ticks of 10 ms); pid 0 means this process.
 func Of(pid int) (time.Duration, error) {

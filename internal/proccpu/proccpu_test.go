@@ -2,6 +2,7 @@ package proccpu
 
 import (
 	"os"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -62,4 +63,39 @@ func TestSchedAndMachine(t *testing.T) {
 		}
 	}
 	t.Fatal("5 s of spinning did not show as run time")
+}
+
+// TestThread: a locked thread's spinning shows in its own Thread time and
+// not in another thread's.
+func TestThread(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t0, err := Thread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := make(chan time.Duration)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		o0, _ := Thread()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			if o1, _ := Thread(); o1-o0 >= 50*time.Millisecond {
+				break
+			}
+		}
+		o1, _ := Thread()
+		other <- o1 - o0
+	}()
+	spun := <-other // this thread blocked meanwhile
+	t1, err := Thread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spun < 50*time.Millisecond {
+		t.Fatalf("5 s of spinning showed as %v of the spinning thread's CPU", spun)
+	}
+	if t1-t0 >= spun/2 {
+		t.Fatalf("a blocked thread's CPU rose %v while another spun %v", t1-t0, spun)
+	}
 }
