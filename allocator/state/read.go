@@ -270,7 +270,7 @@ func (s *State) ListAgents(nowNanos int64) *allotv1.ListAgentsResponse {
 		if ss := s.st.static; ss != nil {
 			if hd := ss.holders[a.num]; hd != nil {
 				ag := resp.Agents[len(resp.Agents)-1]
-				ag.StaticSlot, ag.HotVersionAcked = true, hd.ack
+				ag.StaticSlot, ag.HotVersionAcked = true, hd.eff()
 			}
 		}
 	}

@@ -658,8 +658,9 @@ func TestStaticInspect(t *testing.T) {
 		t.Fatalf("StaticStatus: %v", st)
 	}
 	ags := s.ListAgents(now).GetAgents()
-	// a's promotion acknowledged v; b has acknowledged nothing yet.
-	if len(ags) != 2 || !ags[0].StaticSlot || ags[0].HotVersionAcked != v || !ags[1].StaticSlot || ags[1].HotVersionAcked != 0 {
+	// a's promotion acknowledged v; b has sent no acknowledgement, and
+	// counts as having acknowledged v, the version it joined at.
+	if len(ags) != 2 || !ags[0].StaticSlot || ags[0].HotVersionAcked != v || !ags[1].StaticSlot || ags[1].HotVersionAcked != v {
 		t.Fatalf("ListAgents: %v", ags)
 	}
 	sacquire(t, s, now, "b", 2, vh)

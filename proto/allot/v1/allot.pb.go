@@ -2347,7 +2347,7 @@ type AgentInfo struct {
 	FallbackKeys      uint32                 `protobuf:"varint,5,opt,name=fallback_keys,json=fallbackKeys,proto3" json:"fallback_keys,omitempty"`
 	LastRequestId     uint64                 `protobuf:"varint,6,opt,name=last_request_id,json=lastRequestId,proto3" json:"last_request_id,omitempty"`
 	StaticSlot        bool                   `protobuf:"varint,7,opt,name=static_slot,json=staticSlot,proto3" json:"static_slot,omitempty"`                  // holds a static-share slot
-	HotVersionAcked   uint64                 `protobuf:"varint,8,opt,name=hot_version_acked,json=hotVersionAcked,proto3" json:"hot_version_acked,omitempty"` // the hot-key set version it acknowledged (with a slot)
+	HotVersionAcked   uint64                 `protobuf:"varint,8,opt,name=hot_version_acked,json=hotVersionAcked,proto3" json:"hot_version_acked,omitempty"` // the hot-key set version it has acknowledged (with a slot): the later of its last acknowledgement and the version it joined at
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
