@@ -22,10 +22,15 @@
 // "ratelimit-policy", "ratelimit" and "retry-after" (delay-seconds, as the
 // HTTP 429). A stream is checked once, when it opens.
 //
-// A metadata value longer than MaxValueBytes fails the call with
-// InvalidArgument (a fixed message, never the value). A call with no
-// descriptor (a metadata key absent) runs unchecked. A limiter error runs
-// the call unchecked (fail open), logged at most once a second; rules with
+// Bad input fails the call with InvalidArgument (a fixed message naming
+// the metadata key, never the value), before anything is consumed and
+// without running the handler: a metadata value longer than MaxValueBytes,
+// one that is not valid text (rules.ValidText: invalid UTF-8, such as the
+// raw bytes of a -bin key, or a control character such as a tab), and
+// descriptors the Checker refuses as invalid (agent.ErrInvalid, e.g. one
+// longer than agent.MaxKeyBytes). A call with no descriptor (a metadata
+// key absent) runs unchecked. Any other Checker error runs the call
+// unchecked (fail open), logged at most once a second; rules with
 // failure_mode closed are enforced by the agent itself.
 package grpclimit
 
@@ -53,7 +58,8 @@ import (
 )
 
 // Checker decides a call. *agent.Agent implements it. Check must not
-// retain descs after it returns.
+// retain descs after it returns. An error wrapping agent.ErrInvalid fails
+// the call with InvalidArgument; any other error runs it unchecked.
 type Checker interface {
 	Check(ctx context.Context, domain string, descs []agent.Descriptor, hits uint32) (agent.Decision, error)
 }
@@ -179,15 +185,20 @@ func compileEntry(e EntryConfig) (entrySpec, error) {
 	return s, nil
 }
 
-// errTooLong is the InvalidArgument of a call whose metadata value is over
-// the bound; it names the key, never the value.
-func errTooLong(key string) error {
-	return status.Error(codes.InvalidArgument, "grpclimit: metadata "+strconv.Quote(key)+" is too long")
+// errBadValue is the InvalidArgument of a call whose metadata value is
+// unusable (why: "too long", "not valid UTF-8 text"); it names the key,
+// never the value.
+func errBadValue(key, why string) error {
+	return status.Error(codes.InvalidArgument, "grpclimit: metadata "+strconv.Quote(key)+" is "+why)
 }
+
+// errInvalidDescriptors is the InvalidArgument of a call whose descriptors
+// the Checker refused as invalid (agent.ErrInvalid).
+var errInvalidDescriptors = status.Error(codes.InvalidArgument, "grpclimit: the call's rate-limit descriptors are invalid")
 
 // Descriptors returns the call's descriptors. Descriptors whose metadata
 // is absent are left out; the result may be empty. A value over the bound
-// is an InvalidArgument status error.
+// or not valid text (rules.ValidText) is an InvalidArgument status error.
 func (l *Limiter) Descriptors(ctx context.Context, fullMethod string) ([]agent.Descriptor, error) {
 	if len(l.descs) == 0 {
 		return nil, nil
@@ -212,7 +223,10 @@ func (l *Limiter) Descriptors(ctx context.Context, fullMethod string) ([]agent.D
 					v = strings.TrimSpace(vs[0])
 				}
 				if len(v) > l.maxValue {
-					return nil, errTooLong(e.md)
+					return nil, errBadValue(e.md, "too long")
+				}
+				if !rules.ValidText(v) {
+					return nil, errBadValue(e.md, "not valid UTF-8 text")
 				}
 			}
 			if v == "" {
@@ -255,6 +269,11 @@ func (l *Limiter) check(ctx context.Context, fullMethod string) (header, trailer
 		hits = l.Hits(ctx, fullMethod)
 	}
 	d, err := l.checker.Check(ctx, l.domain, descs, hits)
+	if errors.Is(err, agent.ErrInvalid) {
+		// The call's own values are unusable, not the limiter: running
+		// it would skip every other limit on it.
+		return nil, nil, errInvalidDescriptors
+	}
 	if err != nil {
 		l.limiterError(err)
 		return nil, nil, nil

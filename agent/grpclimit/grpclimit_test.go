@@ -1,15 +1,21 @@
 package grpclimit
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/net/http2"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -67,22 +73,36 @@ func (h *countingHealth) Watch(req *healthpb.HealthCheckRequest, s healthpb.Heal
 // standalone agent with a frozen clock, and returns a client connection
 // and the service (to count the calls that got through).
 func start(t *testing.T, cfg Config, c Checker) (healthpb.HealthClient, *countingHealth) {
+	cc, svc := startAt(t, cfg, c)
+	return healthpb.NewHealthClient(cc), svc
+}
+
+// frozenAgent is a standalone agent with the rules yaml and a frozen
+// clock, closed at the end of the test.
+func frozenAgent(t *testing.T, yaml string) *agent.Agent {
+	t.Helper()
+	set, err := rules.Compile(1, []rules.File{{Name: "grpc.yaml", Source: []byte(yaml)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg := agent.DefaultConfig()
+	acfg.Rules = set
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	acfg.Now = func() int64 { return now }
+	a, err := agent.New(acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(context.Background()) })
+	return a
+}
+
+// startAt is start returning the client connection itself (its Target is
+// the server's address).
+func startAt(t *testing.T, cfg Config, c Checker) (*grpc.ClientConn, *countingHealth) {
 	t.Helper()
 	if c == nil {
-		set, err := rules.Compile(1, []rules.File{{Name: "grpc.yaml", Source: []byte(testRules)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		acfg := agent.DefaultConfig()
-		acfg.Rules = set
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-		acfg.Now = func() int64 { return now }
-		a, err := agent.New(acfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close(context.Background()) })
-		c = a
+		c = frozenAgent(t, testRules)
 	}
 	lim, err := New(cfg, c)
 	if err != nil {
@@ -106,7 +126,7 @@ func start(t *testing.T, cfg Config, c Checker) (healthpb.HealthClient, *countin
 		g.Stop()
 		<-done
 	})
-	return healthpb.NewHealthClient(cc), svc
+	return cc, svc
 }
 
 func withKey(key string) (context.Context, context.CancelFunc) {
@@ -245,6 +265,110 @@ func TestOversizedMetadataIsInvalidArgument(t *testing.T) {
 	}
 	if svc.calls.Load() != 0 {
 		t.Fatal("an invalid call reached the service")
+	}
+}
+
+// methodRules limit each method to one call a minute, whatever the api
+// key, and each api key to 100.
+const methodRules = `
+domain: grpc-test
+descriptors:
+  - key: method
+    rate_limit: {unit: minute, requests_per_unit: 1, name: per_method}
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 100, name: per_key}
+`
+
+// rawCall makes a gRPC call of method (an empty request) over plain
+// HTTP/2, with x-api-key set to key as given: unlike grpc-go's client it
+// sends any bytes a header field may hold (obs-text, a tab), as other
+// clients can. It returns the grpc-status.
+func rawCall(t *testing.T, addr, method, key string) codes.Code {
+	t.Helper()
+	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+method, bytes.NewReader([]byte{0, 0, 0, 0, 0}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header["Content-Type"] = []string{"application/grpc"}
+	req.Header["Te"] = []string{"trailers"}
+	req.Header["X-Api-Key"] = []string{key}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	v := resp.Trailer.Get("Grpc-Status")
+	if v == "" {
+		v = resp.Header.Get("Grpc-Status") // a trailers-only answer
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: grpc-status %q", method, v)
+	}
+	return codes.Code(n)
+}
+
+// TestInvalidMetadataIsInvalidArgumentNotFailOpen pins a bypass: a
+// metadata value the agent refuses (invalid UTF-8, a control character, a
+// descriptor over agent.MaxKeyBytes) made Check fail with agent.ErrInvalid,
+// which the interceptors took for a limiter error: the call ran unchecked,
+// past every other limit on it (here one call a minute per method). Such
+// calls fail with InvalidArgument, consume nothing and never reach the
+// handler, unary and streaming alike.
+func TestInvalidMetadataIsInvalidArgumentNotFailOpen(t *testing.T) {
+	cfg := Config{Domain: "grpc-test", MaxValueBytes: 2 * agent.MaxKeyBytes, Descriptors: []DescriptorConfig{
+		{{Source: SourceMethod}},
+		{{Source: SourceMetadata, Key: "api_key", Metadata: "x-api-key"}},
+	}}
+	cc, svc := startAt(t, cfg, frozenAgent(t, methodRules))
+	c := healthpb.NewHealthClient(cc)
+	const check, watch = "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"
+	for _, method := range []string{check, watch} {
+		for _, key := range []string{"k\xff", "a\tb", "k\xc0\x80"} {
+			if got := rawCall(t, cc.Target(), method, key); got != codes.InvalidArgument {
+				t.Fatalf("%s with x-api-key %q: %v, want InvalidArgument", method, key, got)
+			}
+		}
+	}
+	// Valid text, but a descriptor longer than the agent takes.
+	long := strings.Repeat("s", agent.MaxKeyBytes)
+	ctx, cancel := withKey(long)
+	defer cancel()
+	_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.InvalidArgument || strings.Contains(err.Error(), "sss") {
+		t.Fatalf("Check with a %d-byte key: %v, want InvalidArgument not echoing the value", len(long), err)
+	}
+	s, err := c.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = s.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Watch with a %d-byte key: %v, want InvalidArgument", len(long), err)
+	}
+	if n := svc.calls.Load(); n != 0 {
+		t.Fatalf("the service saw %d calls with invalid metadata, want 0", n)
+	}
+	// Nothing was consumed: each method still has its one call, and then
+	// none.
+	for _, method := range []string{check, watch} {
+		if got := rawCall(t, cc.Target(), method, "k"); got != codes.OK {
+			t.Fatalf("%s, first valid call: %v, want OK", method, got)
+		}
+		if got := rawCall(t, cc.Target(), method, "k"); got != codes.ResourceExhausted {
+			t.Fatalf("%s, second valid call: %v, want ResourceExhausted", method, got)
+		}
+	}
+	if n := svc.calls.Load(); n != 2 {
+		t.Fatalf("the service saw %d calls, want 2", n)
 	}
 }
 
