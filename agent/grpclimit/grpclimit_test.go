@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/internal/agenttest"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/sfv/sfvtest"
 )
@@ -77,32 +78,12 @@ func start(t *testing.T, cfg Config, c Checker) (healthpb.HealthClient, *countin
 	return healthpb.NewHealthClient(cc), svc
 }
 
-// frozenAgent is a standalone agent with the rules yaml and a frozen
-// clock, closed at the end of the test.
-func frozenAgent(t *testing.T, yaml string) *agent.Agent {
-	t.Helper()
-	set, err := rules.Compile(1, []rules.File{{Name: "grpc.yaml", Source: []byte(yaml)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg := agent.DefaultConfig()
-	acfg.Rules = set
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-	acfg.Now = func() int64 { return now }
-	a, err := agent.New(acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(context.Background()) })
-	return a
-}
-
 // startAt is start returning the client connection itself (its Target is
 // the server's address).
 func startAt(t *testing.T, cfg Config, c Checker) (*grpc.ClientConn, *countingHealth) {
 	t.Helper()
 	if c == nil {
-		c = frozenAgent(t, testRules)
+		c = agenttest.Frozen(t, testRules)
 	}
 	lim, err := New(cfg, c)
 	if err != nil {
@@ -329,7 +310,7 @@ func TestInvalidMetadataIsInvalidArgumentNotFailOpen(t *testing.T) {
 		{{Source: SourceMethod}},
 		{{Source: SourceMetadata, Key: "api_key", Metadata: "x-api-key"}},
 	}}
-	cc, svc := startAt(t, cfg, frozenAgent(t, methodRules))
+	cc, svc := startAt(t, cfg, agenttest.Frozen(t, methodRules))
 	c := healthpb.NewHealthClient(cc)
 	const check, watch = "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"
 	for _, method := range []string{check, watch} {

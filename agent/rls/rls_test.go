@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/internal/agenttest"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -50,23 +51,12 @@ func startServer(t *testing.T) rlsv3.RateLimitServiceClient {
 	return serveGRPC(t, srv, func() { a.Close(context.Background()) })
 }
 
-// newTestServer returns a standalone agent with testRules and a frozen
-// clock (no refill between calls), and a Server over it. The caller closes
-// the agent.
+// newTestServer returns a frozen agent with testRules (agenttest.Frozen:
+// no refill between calls), and a Server over it. The agent is closed when
+// the test ends, or before by the caller.
 func newTestServer(t testing.TB) (*agent.Agent, *Server) {
 	t.Helper()
-	set, err := rules.Compile(1, []rules.File{{Name: "rls.yaml", Source: []byte(testRules)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := agent.DefaultConfig()
-	cfg.Rules = set
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-	cfg.Now = func() int64 { return now }
-	a, err := agent.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := agenttest.Frozen(t, testRules)
 	srv, err := New(a, Options{})
 	if err != nil {
 		a.Close(context.Background())
