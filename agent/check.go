@@ -265,7 +265,7 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 				}
 			}
 		}
-		if !denied && (reported < 0 || st.Remaining < reportedSt.Remaining) {
+		if !denied && (reported < 0 || reportedBefore(&st, &reportedSt)) {
 			reported, reportedSt = i, st
 		}
 		if withStatuses {
@@ -301,6 +301,16 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 		a.met.checkSeconds.Observe(float64(checkNanos()-t0) / 1e9)
 	}
 	return out
+}
+
+// reportedBefore reports whether st, of an allowed request, is reported
+// rather than cur: an enforced limit before one in shadow mode (which no
+// transport advertises), then the lower Remaining.
+func reportedBefore(st, cur *Status) bool {
+	if s, c := st.Rule.ShadowMode, cur.Rule.ShadowMode; s != c {
+		return c
+	}
+	return st.Remaining < cur.Remaining
 }
 
 // match runs the rules on a request the memo does not hold (apart from

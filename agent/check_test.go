@@ -454,3 +454,35 @@ descriptors:
 		t.Fatalf("check 3, 0.5 s later: NextAfter %v, want 1.5s", got.NextAfter)
 	}
 }
+
+// TestReportedLimitIsEnforced pins a shadow-mode limit reported in place
+// of the enforced ones: the decision reported the lowest Remaining among
+// every matched limit, shadow or not, and the transports, which never
+// advertise a shadow-mode rule, then sent no RateLimit fields at all. An
+// allowed request reports the enforced limit with the lowest Remaining,
+// before and after the shadow limit would deny; a shadow limit is
+// reported only when no enforced limit matched.
+func TestReportedLimitIsEnforced(t *testing.T) {
+	const yaml = `
+domain: test
+descriptors:
+  - key: route
+    shadow_mode: true
+    rate_limit: {name: trial_route, unit: minute, requests_per_unit: 2}
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 100}
+  - key: region
+    rate_limit: {name: per_region, unit: minute, requests_per_unit: 50}
+`
+	clock := newFakeClock()
+	a := newAgent(t, Config{Rules: mustCompile(t, 1, yaml), Now: clock.now})
+	for i := 1; i <= 4; i++ {
+		got := check(t, a, desc("route", "/x"), desc("api_key", "k"), desc("region", "eu"))
+		if !got.Allowed || got.Shadow != (i > 2) || got.Policy != "per_region" || got.Remaining != int64(50-i) || got.Rule.ShadowMode {
+			t.Fatalf("check %d: %+v, want allowed under per_region with %d left (shadow %v)", i, got, 50-i, i > 2)
+		}
+	}
+	if got := check(t, a, desc("route", "/y")); !got.Allowed || got.Policy != "trial_route" || got.Remaining != 1 {
+		t.Fatalf("shadow limit alone: %+v, want it reported, allowed with 1 left", got)
+	}
+}

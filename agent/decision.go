@@ -78,8 +78,10 @@ type Status struct {
 // Allowed is false when any non-shadow descriptor is over its limit. The
 // reported limit (Policy, Quota, Window, Remaining, ResetAfter, RetryAfter)
 // is the one of the denying descriptor or, when the request is allowed, the
-// matched limit with the lowest Remaining (what Envoy reports in
-// x-ratelimit-*), so headers show the closest limit.
+// enforced limit with the lowest Remaining (what Envoy reports in
+// x-ratelimit-*), so headers show the closest limit. A shadow-mode limit
+// is reported only when no enforced limit matched (the transports never
+// advertise it).
 type Decision struct {
 	Allowed    bool
 	Shadow     bool   // some descriptor would have denied but its rule is in shadow mode

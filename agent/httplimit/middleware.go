@@ -21,8 +21,8 @@
 // Content-Type: application/json and the body DeniedBody.
 //
 // The reported policy is the agent's Decision: the denying limit, or, when
-// allowed, the matched limit with the lowest remaining. Limits in shadow
-// mode never deny and are not advertised. A request whose values exceed
+// allowed, the enforced limit with the lowest remaining. Limits in shadow
+// mode never deny and are never advertised. A request whose values exceed
 // the bounds or are not valid text (rules.ValidText), or that the agent
 // refuses as invalid (agent.ErrInvalid), gets a 400 JSON answer. A limiter error never turns into a 5xx:
 // the request is forwarded without fields (fail open); rules with
