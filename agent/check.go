@@ -62,10 +62,13 @@ var scratchPool = sync.Pool{New: func() any {
 // charged hits tokens (a descriptor's HitsAddend overrides hits; hits 0
 // means 1) and the request is allowed unless a non-shadow descriptor is over
 // its limit. On a deny, tokens already taken for the request's other
-// descriptors are given back. A descriptor with HitsAddendSet and
-// HitsAddend 0 is checked without consuming: allowed unless the budget is
-// exhausted (in debt, or denied by the allocator). An unknown domain or no
-// match is allowed (SourceUnlimited).
+// descriptors are given back, and the descriptors after the denying one
+// are evaluated without consuming, so that the decision reports the
+// longest wait of the limits that deny (see Decision): those whose key
+// this agent holds, and none of the Redis backend. A descriptor with
+// HitsAddendSet and HitsAddend 0 is checked without consuming: allowed
+// unless the budget is exhausted (in debt, or denied by the allocator).
+// An unknown domain or no match is allowed (SourceUnlimited).
 //
 // Check never performs network I/O (except through Config.Redis for rules
 // with the redis backend) and does not allocate on its fast paths. The only
@@ -77,7 +80,8 @@ func (a *Agent) Check(ctx context.Context, domain string, descs []Descriptor, hi
 
 // CheckStatuses is Check plus one Status per descriptor, appended to
 // out[:0] (pass the previous result back to avoid allocating). After an
-// enforced deny, the remaining descriptors are evaluated without consuming,
+// enforced deny, the remaining descriptors are evaluated in full without
+// consuming (keys not seen before are tracked, the Redis backend is asked),
 // so every status is meaningful; Remaining counts down exactly by the
 // tokens each descriptor took.
 func (a *Agent) CheckStatuses(ctx context.Context, domain string, descs []Descriptor, hits uint32, out []Status) (d Decision, st []Status, err error) {
@@ -220,11 +224,18 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 	reported := -1
 	var reportedSt Status
 	denied := false
-	decided := 0 // descriptors the loop reached (it stops at a deny without statuses)
 	for i, r := range matched {
 		outs[i] = outcome{}
+		// After an enforced deny nothing more is consumed. With statuses
+		// the remaining descriptors are evaluated in full, so that each
+		// status is meaningful; without, they are only peeked at, to
+		// report the longest wait (see decide): neither counted nor
+		// looked up beyond what this agent holds.
+		peek := denied && !withStatuses
 		if r == nil || r.Unlimited {
-			a.met.unlimitedDecision(hint, ri, domain, r)
+			if !peek {
+				a.met.unlimitedDecision(hint, ri, domain, r)
+			}
 			if withStatuses {
 				out = append(out, Status{Rule: r, Allowed: true, Source: SourceUnlimited})
 			}
@@ -234,38 +245,44 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 		if me != nil {
 			known = me.keys[i]
 		}
-		st, oc := a.decide(ctx, r, domain, descs[i].Entries, known, now, hitsFor(&descs[i], hits), !denied)
-		// A memo entry without this key (it left the table, or the
-		// entry was recorded after a deny stopped the loop) is recorded
-		// again, with the key decided on.
+		if peek && r.ShadowMode {
+			outs[i].ks = known // it never denies: nothing to learn
+			continue
+		}
+		st, oc := a.decide(ctx, r, domain, descs[i].Entries, known, now, hitsFor(&descs[i], hits), !denied, peek)
+		// A memo entry without this key (it left the table, or was not
+		// in it when the entry was recorded) is recorded again, with the
+		// key decided on.
 		memoMiss = memoMiss || (me != nil && oc.ks != known && !a.remote(r))
 		outs[i] = oc
-		decided = i + 1
 		if !st.Allowed && r.ShadowMode {
 			st.Allowed, st.Shadow = true, true
 			dec.Shadow = true
 			a.met.shadow(hint)
 		}
-		a.met.ruleDecision(hint, ri, r, &st)
-		if !st.Allowed {
-			if !denied {
-				denied = true
-				dec.Allowed = false
+		if !peek {
+			a.met.ruleDecision(hint, ri, r, &st)
+		}
+		switch {
+		case st.Allowed:
+			if !denied && (reported < 0 || reportedBefore(&st, &reportedSt)) {
 				reported, reportedSt = i, st
-				for j := 0; j < i; j++ {
-					if t := outs[j].taken; t > 0 {
-						a.refund(&outs[j], now, matched[j], domain, descs[j].Entries)
-						if withStatuses {
-							out[j].Remaining += t
-						}
+			}
+		case !denied:
+			denied = true
+			dec.Allowed = false
+			reported, reportedSt = i, st
+			for j := 0; j < i; j++ {
+				if t := outs[j].taken; t > 0 {
+					a.refund(&outs[j], now, matched[j], domain, descs[j].Entries)
+					if withStatuses {
+						out[j].Remaining += t
 					}
 				}
-				if !withStatuses {
-					break
-				}
 			}
-		}
-		if !denied && (reported < 0 || reportedBefore(&st, &reportedSt)) {
+		case st.RetryAfter > reportedSt.RetryAfter:
+			// The request cannot succeed before every denying limit
+			// allows it: report the longest wait.
 			reported, reportedSt = i, st
 		}
 		if withStatuses {
@@ -273,7 +290,7 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 		}
 	}
 	if memoMiss {
-		a.memoize(mh, set, domain, descs, iw, matched, outs[:decided])
+		a.memoize(mh, set, domain, descs, iw, matched, outs)
 	}
 	if sc != nil {
 		clear(sc.outs[:len(descs)])
@@ -331,11 +348,10 @@ func (a *Agent) match(set *rules.Set, domain string, descs []Descriptor, sc *scr
 	return matched
 }
 
-// memoize records a fully decided request in the memo: its matched rules
-// and the key each rule was decided on (none for the Redis backend, which
-// check sends down the slow path).
-// outs covers the descriptors decided (a prefix of matched); later ones get
-// no key and take the slow path on a hit, which then records them.
+// memoize records a decided request in the memo: its matched rules and
+// the key each rule was decided on (none for the Redis backend, which
+// check sends down the slow path, nor for a key a peek did not find: a hit
+// looks it up, and records it once found).
 func (a *Agent) memoize(h uint64, set *rules.Set, domain string, descs []Descriptor, iw *identWords, matched []*rules.Rule, outs []outcome) {
 	if !a.memo.wants(h, set) {
 		return
@@ -391,12 +407,17 @@ func (a *Agent) refund(oc *outcome, now int64, r *rules.Rule, domain string, ent
 }
 
 // decide evaluates one descriptor under rule r. With consume false (after
-// an enforced deny, in CheckStatuses) or n == 0 it changes nothing. known,
-// when not nil, is the key the request memo found for it: decided on
-// unless it has left the table since (then the table is searched, as
-// without it).
-func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, known *keyState, now, n int64, consume bool) (Status, outcome) {
+// an enforced deny) or n == 0 it changes nothing. peek (consume false)
+// evaluates only what this agent holds, with no I/O and no new key: a key
+// not in the table, or a rule of the Redis backend, is reported allowed
+// (its wait is not known here). known, when not nil, is the key the
+// request memo found for it: decided on unless it has left the table
+// since (then the table is searched, as without it).
+func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entries []rules.Entry, known *keyState, now, n int64, consume, peek bool) (Status, outcome) {
 	if a.remote(r) {
+		if peek {
+			return Status{Rule: r, Allowed: true, Source: SourceRedis}, outcome{}
+		}
 		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
 			var oc outcome
 			if consume && n > 0 && st.Allowed {
@@ -433,6 +454,10 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		sh = a.keys.shard(h)
 		sh.mu.RLock()
 		ks = sh.lookupRLocked(h, r, domain, entries)
+		if ks == nil && peek {
+			sh.mu.RUnlock()
+			return Status{Rule: r, Allowed: true}, outcome{}
+		}
 		for ks == nil {
 			// First sight: insert under the write lock, then decide
 			// under the read lock like any other check (looking the key

@@ -486,3 +486,71 @@ descriptors:
 		t.Fatalf("shadow limit alone: %+v, want it reported, allowed with 1 left", got)
 	}
 }
+
+// TestDeniedReportsLongestWait pins a Retry-After shorter than the true
+// wait: Check stopped at the first denying descriptor and reported its
+// wait (30 s of per_key) though another enforced limit also denied the
+// request (route_daily, 8 h), so a client retrying on time was denied
+// again. A denied request reports the denying limit with the longest wait,
+// in either order of the descriptors and with statuses too, and still
+// consumes nothing. Keys this agent has not seen are not looked up for it
+// (no new key, so no Acquire, on the deny path).
+func TestDeniedReportsLongestWait(t *testing.T) {
+	const yaml = `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 2}
+  - key: route
+    rate_limit: {name: route_daily, unit: day, requests_per_unit: 3}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {name: shadowed, unit: day, requests_per_unit: 1}
+`
+	clock := newFakeClock()
+	a := newAgent(t, Config{Rules: mustCompile(t, 1, yaml), Now: clock.now})
+	k1, k2, route := desc("api_key", "k1"), desc("api_key", "k2"), desc("route", "/x")
+	check(t, a, desc("shadow", "s"))
+	for i, d := range []Descriptor{k1, k1, k2} {
+		if got := check(t, a, d, route); !got.Allowed {
+			t.Fatalf("request %d: %+v, want allowed", i+1, got)
+		}
+	}
+	const day = 8 * time.Hour // route_daily's next token: 3/day
+	for _, descs := range [][]Descriptor{
+		{k1, route}, {route, k1}, {k1, desc("shadow", "s"), route}, {k1, route, k1},
+	} {
+		for range 2 { // the second through the request memo
+			got := check(t, a, descs...)
+			if got.Allowed || got.Policy != "route_daily" || got.RetryAfter != day || got.Remaining != 0 {
+				t.Fatalf("%v: %+v, want denied by route_daily, retry in %v", descs, got, day)
+			}
+			_, sts, err := a.CheckStatuses(context.Background(), "test", descs, 1, nil)
+			if err != nil || len(sts) != len(descs) {
+				t.Fatalf("%v: statuses %+v, %v", descs, sts, err)
+			}
+		}
+		got, _, _ := a.CheckStatuses(context.Background(), "test", descs, 1, nil)
+		if got.Allowed || got.Policy != "route_daily" || got.RetryAfter != day {
+			t.Fatalf("%v with statuses: %+v, want denied by route_daily, retry in %v", descs, got, day)
+		}
+	}
+	// Denied by per_key alone: its own wait.
+	if got := check(t, a, k1); got.Allowed || got.Policy != "per_key" || got.RetryAfter != 30*time.Second {
+		t.Fatalf("k1 alone: %+v, want denied by per_key, retry in 30s", got)
+	}
+	// The denied requests took nothing: per_key's next token comes 30 s
+	// after the two it admitted.
+	clock.advance(30 * time.Second)
+	if got := check(t, a, k1); !got.Allowed || got.Remaining != 0 {
+		t.Fatalf("k1 30 s later: %+v, want allowed with 0 left", got)
+	}
+	// A key not seen before, after the deny: not looked up, not tracked.
+	fresh := desc("api_key", "fresh")
+	if got := check(t, a, route, fresh); got.Allowed || got.Policy != "route_daily" {
+		t.Fatalf("route, fresh key: %+v, want denied by route_daily", got)
+	}
+	if keyOf(t, a, fresh) != nil {
+		t.Fatalf("a denied request's later key was tracked: the deny path made a new key")
+	}
+}

@@ -77,7 +77,12 @@ type Status struct {
 //
 // Allowed is false when any non-shadow descriptor is over its limit. The
 // reported limit (Policy, Quota, Window, Remaining, ResetAfter, RetryAfter)
-// is the one of the denying descriptor or, when the request is allowed, the
+// is, when the request is denied, the denying limit with the longest
+// RetryAfter, so a client that waits RetryAfter is not denied again by
+// another limit. Check weighs only the limits it can evaluate without I/O:
+// a limit on a key this agent has not seen yet, or of the Redis backend,
+// can have a longer wait that RetryAfter does not show (CheckStatuses
+// evaluates every descriptor). When the request is allowed, it is the
 // enforced limit with the lowest Remaining (what Envoy reports in
 // x-ratelimit-*), so headers show the closest limit. A shadow-mode limit
 // is reported only when no enforced limit matched (the transports never

@@ -52,3 +52,30 @@ descriptors:
 		}
 	}
 }
+
+// TestRetryAfterIsTheLongestWait pins a 429 whose Retry-After (and t) was
+// the first denying limit's, 30 s of per_key, while route_daily, also
+// exhausted, admits nothing for 8 h: a client that retried on time was
+// denied again. The 429 reports the longest wait and its policy.
+func TestRetryAfterIsTheLongestWait(t *testing.T) {
+	h := agentHandler(t, `
+domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 2}
+  - key: route
+    rate_limit: {name: route_daily, unit: day, requests_per_unit: 3}
+`, true)
+	for i, key := range []string{"k1", "k1", "k2"} {
+		if w := serve(h, req("GET", "/x", "X-API-Key", key)); w.Code != http.StatusOK {
+			t.Fatalf("request %d: %d, want 200", i+1, w.Code)
+		}
+	}
+	w := serve(h, req("GET", "/x", "X-API-Key", "k1"))
+	hd := w.Header()
+	if w.Code != http.StatusTooManyRequests || hd.Get("Retry-After") != "28800" ||
+		hd.Get(HeaderRateLimitPolicy) != `"route_daily";q=3;w=86400` || hd.Get(HeaderRateLimit) != `"route_daily";r=0;t=28800` {
+		t.Fatalf("k1, both limits exhausted: %d Retry-After %q RateLimit-Policy %q RateLimit %q, want 429 with route_daily's 28800 s",
+			w.Code, hd.Get("Retry-After"), hd.Get(HeaderRateLimitPolicy), hd.Get(HeaderRateLimit))
+	}
+}
