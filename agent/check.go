@@ -310,7 +310,7 @@ func (a *Agent) checkAll(ctx context.Context, dec *Decision, set *rules.Set, dom
 		if !dec.Allowed {
 			dec.RetryAfter = reportedSt.RetryAfter
 		} else {
-			dec.NextAfter = r.Limit.NextAfter(now, dec.ResetAfter)
+			dec.NextAfter = reportedSt.NextAfter
 		}
 	}
 	a.met.decision(hint, dec.Source, dec.Allowed)
@@ -420,8 +420,11 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		}
 		if st, ok := a.decideRemote(ctx, r, domain, entries, n, consume); ok {
 			var oc outcome
-			if consume && n > 0 && st.Allowed {
-				oc = outcome{taken: n, kind: takeRemote}
+			if st.Allowed {
+				st.NextAfter = r.Limit.NextAfter(now, st.ResetAfter) // the backend's bucket is the rule's
+				if consume && n > 0 {
+					oc = outcome{taken: n, kind: takeRemote}
+				}
 			}
 			return st, oc
 		}
@@ -546,6 +549,7 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 			Source:     SourceLease,
 		}
 		if charge && consume && n > 0 && ks.keepPromise(a.preciseNow(), n, st.RetryAfter) {
+			st.NextAfter = r.Limit.NextAfter(now, st.ResetAfter)
 			return a.promised(ks, st, n)
 		}
 		return st, outcome{}
@@ -585,8 +589,9 @@ func (a *Agent) decideLease(ks *keyState, r *rules.Rule, now, n int64, consume b
 }
 
 // promised admits a request of a leased key that the lease path denied
-// with st, because the key's latest denial promised it (promise.go): the n
-// tokens are charged to the allocator.
+// with st (its NextAfter that of the limit that denied), because the key's
+// latest denial promised it (promise.go): the n tokens are charged to the
+// allocator.
 func (a *Agent) promised(ks *keyState, st Status, n int64) (Status, outcome) {
 	ks.spent.Add(n)
 	ks.charged.Add(n)
@@ -598,11 +603,13 @@ func (a *Agent) promised(ks *keyState, st Status, n int64) (Status, outcome) {
 // leaseStatus is the status of a check allowed from ks's lease, with
 // balance tokens left in it.
 func leaseStatus(ks *keyState, r *rules.Rule, now, balance int64) Status {
+	reset := until(ks.resetAt.Load(), now)
 	return Status{
 		Rule:       r,
 		Allowed:    true,
 		Remaining:  ks.remaining.Load() + balance,
-		ResetAfter: until(ks.resetAt.Load(), now),
+		ResetAfter: reset,
+		NextAfter:  r.Limit.NextAfter(now, reset),
 		Source:     SourceLease,
 	}
 }
@@ -648,14 +655,15 @@ func (a *Agent) checkLeasedHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		return false
 	}
 	// As leaseStatus.
-	a.allowedHit(dec, set, r, SourceLease, now, ks.remaining.Load()+left, until(ks.resetAt.Load(), now), t0)
+	reset := until(ks.resetAt.Load(), now)
+	a.allowedHit(dec, set, r, SourceLease, ks.remaining.Load()+left, reset, r.Limit.NextAfter(now, reset), t0)
 	return true
 }
 
 // allowedHit counts a fast path's check allowed under r (of set) from src,
 // SourceLease or SourceStatic, fills *dec for it (as checkAll does for one
 // descriptor), and times a sampled check (t0).
-func (a *Agent) allowedHit(dec *Decision, set *rules.Set, r *rules.Rule, src Source, now, remaining int64, resetAfter time.Duration, t0 int64) {
+func (a *Agent) allowedHit(dec *Decision, set *rules.Set, r *rules.Rule, src Source, remaining int64, resetAfter, nextAfter time.Duration, t0 int64) {
 	hint := uintptr(unsafe.Pointer(dec))
 	ri := a.met.ruleIndexFor(set)
 	slot := ruleLeaseCheck
@@ -676,7 +684,7 @@ func (a *Agent) allowedHit(dec *Decision, set *rules.Set, r *rules.Rule, src Sou
 	dec.Window = r.Window
 	dec.Remaining = remaining
 	dec.ResetAfter = resetAfter
-	dec.NextAfter = r.Limit.NextAfter(now, resetAfter)
+	dec.NextAfter = nextAfter
 	if t0 != 0 {
 		a.met.checkSeconds.Observe(float64(checkNanos()-t0) / 1e9)
 	}
@@ -755,6 +763,7 @@ func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume 
 		peek := ks.fbLimit.Peek(ks.fbState, now)
 		res.Remaining, res.ResetAfter = peek.Remaining, peek.ResetAfter
 	}
+	next := ks.fbLimit.NextAfter(now, res.ResetAfter) // R/N in fallback, not the rule's R
 	ks.mu.Unlock()
 	if oc.taken > 0 {
 		ks.spent.Add(n)
@@ -764,6 +773,7 @@ func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume 
 		Allowed:    res.Allowed,
 		Remaining:  res.Remaining,
 		ResetAfter: res.ResetAfter,
+		NextAfter:  next,
 		Source:     src,
 	}
 	if !res.Allowed {

@@ -554,3 +554,40 @@ descriptors:
 		t.Fatalf("a denied request's later key was tracked: the deny path made a new key")
 	}
 }
+
+// TestNextAfterFromTheDecidingLimit pins t computed from the wrong limit:
+// an allowed request's NextAfter came from the rule's full rate even when
+// this agent's own, slower bucket decided it. In fallback with 4 live
+// agents, 60/minute burst 4 is a bucket of 15/minute burst 1 here: its
+// next token is 4 s away, not 1 s, and the next request is denied for
+// those 4 s. A static share (4 slots of 40/hour: 10/hour) is the same,
+// on the memo's fast path too.
+func TestNextAfterFromTheDecidingLimit(t *testing.T) {
+	s := newStepped(t, `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 60, burst: 4}
+`)
+	s.liveAgents.Store(4)
+	d := desc("api_key", "fb")
+	for i := range 2 {
+		got := check(t, s.Agent, d)
+		if !got.Allowed || got.Source != SourceFallback || got.Remaining != 0 || got.NextAfter != 4*time.Second {
+			t.Fatalf("check %d: %+v, want allowed from the fallback bucket, next token in 4s", 2*i+1, got)
+		}
+		if got := check(t, s.Agent, d); got.Allowed || got.RetryAfter != 4*time.Second {
+			t.Fatalf("check %d: %+v, want denied for 4s", 2*i+2, got)
+		}
+		s.clock.advance(4 * time.Second)
+	}
+
+	st := newStatic(t)
+	slow := desc("slow", "a")
+	for i := range 3 { // the first on the slow path, then through the memo
+		got := wantSource(t, st, slow, SourceStatic)
+		if got.Remaining != int64(9-i) || got.NextAfter != 6*time.Minute {
+			t.Fatalf("static check %d: %+v, want %d left, next token in 6m (10/hour)", i+1, got, 9-i)
+		}
+	}
+}

@@ -70,7 +70,12 @@ type Status struct {
 	Remaining  int64
 	ResetAfter time.Duration
 	RetryAfter time.Duration
-	Source     Source
+	// NextAfter is how long until the limit that decided has more quota
+	// (bucket.Limit.NextAfter): the rule's limit on the lease and Redis
+	// paths, this agent's share of it (fallback, static) where its own
+	// bucket decided; 0 when the limit is full or it is not known.
+	NextAfter time.Duration
+	Source    Source
 }
 
 // Decision is the outcome of Agent.Check.
@@ -99,7 +104,9 @@ type Decision struct {
 	RetryAfter time.Duration // zero when allowed
 	// NextAfter, when allowed, is how long until the reported limit has
 	// more quota: the next token (token bucket, GCRA) or the next window
-	// boundary (windows); 0 when it is full (bucket.Limit.NextAfter).
+	// boundary (windows); 0 when it is full (bucket.Limit.NextAfter). It
+	// is computed from the limit that decided (Status.NextAfter): in
+	// fallback, this agent's share of the rule.
 	NextAfter time.Duration
 	Rule      *rules.Rule // the reported rule; nil when unlimited
 }

@@ -214,6 +214,7 @@ func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume 
 	if promote {
 		ks.smode.Store(staticPromote)
 	}
+	next := ks.fbLimit.NextAfter(now, res.ResetAfter) // the share's rate, not the rule's
 	ks.mu.Unlock()
 	if promote {
 		a.enqueue(ks)
@@ -221,7 +222,7 @@ func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume 
 	if oc.taken > 0 {
 		ks.spent.Add(n)
 	}
-	st = Status{Rule: r, Allowed: res.Allowed, Remaining: res.Remaining, ResetAfter: res.ResetAfter, Source: SourceStatic}
+	st = Status{Rule: r, Allowed: res.Allowed, Remaining: res.Remaining, ResetAfter: res.ResetAfter, NextAfter: next, Source: SourceStatic}
 	if !res.Allowed {
 		st.RetryAfter = res.RetryAfter
 	}
@@ -305,6 +306,7 @@ func (a *Agent) checkStaticHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		ks.mu.Unlock()
 		return false
 	}
+	next := ks.fbLimit.NextAfter(now, res.ResetAfter)
 	ks.mu.Unlock()
 	ks.spent.Add(n)
 	if ks.lastUse.Load() != now {
@@ -323,7 +325,7 @@ func (a *Agent) checkStaticHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 	if ks.dormant.Load() {
 		a.wake(ks) // after every change above: see due.go
 	}
-	a.allowedHit(dec, set, r, SourceStatic, now, res.Remaining, res.ResetAfter, t0)
+	a.allowedHit(dec, set, r, SourceStatic, res.Remaining, res.ResetAfter, next, t0)
 	return true
 }
 
