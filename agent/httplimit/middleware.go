@@ -17,7 +17,8 @@
 //
 // Denied: 429 without calling the next handler, with Retry-After
 // (delay-seconds, the retry delay rounded up, at least 1), the same two
-// fields (t then equals Retry-After), Cache-Control: no-store,
+// fields (t then equals Retry-After; a deny-all rule, requests_per_unit: 0,
+// has q=0), Cache-Control: no-store,
 // Content-Type: application/json and the body DeniedBody.
 //
 // The reported policy is the agent's Decision: the denying limit, or, when
@@ -261,9 +262,10 @@ func RetryAfterSeconds(d agent.Decision) int64 {
 }
 
 // reported reports whether d's limit is advertised: a limited rule that is
-// not in shadow mode.
+// not in shadow mode. A deny-all rule (requests_per_unit: 0) is advertised
+// with q=0, which draft 10 allows (q is a non-negative Integer).
 func reported(d agent.Decision) bool {
-	if d.Rule == nil || d.Policy == "" || d.Quota <= 0 {
+	if d.Rule == nil || d.Policy == "" || d.Quota < 0 || (d.Quota == 0 && !d.Rule.DenyAll) {
 		return false
 	}
 	return !d.Rule.ShadowMode

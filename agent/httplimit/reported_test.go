@@ -3,9 +3,11 @@ package httplimit
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/allot/allot/agent/internal/agenttest"
+	"github.com/allot/allot/pkg/sfv/sfvtest"
 )
 
 // agentHandler is a Middleware over a frozen agent (agenttest.Frozen) with
@@ -71,11 +73,41 @@ descriptors:
 			t.Fatalf("request %d: %d, want 200", i+1, w.Code)
 		}
 	}
-	w := serve(h, req("GET", "/x", "X-API-Key", "k1"))
+	wantDenied(t, "k1, both limits exhausted", serve(h, req("GET", "/x", "X-API-Key", "k1")),
+		"28800", `"route_daily";q=3;w=86400`, `"route_daily";r=0;t=28800`)
+}
+
+// wantDenied fails unless w is a 429 with exactly these Retry-After,
+// RateLimit-Policy and RateLimit values, the fields valid Structured
+// Fields Lists.
+func wantDenied(t *testing.T, what string, w *httptest.ResponseRecorder, retryAfter, policy, rateLimit string) {
+	t.Helper()
 	hd := w.Header()
-	if w.Code != http.StatusTooManyRequests || hd.Get("Retry-After") != "28800" ||
-		hd.Get(HeaderRateLimitPolicy) != `"route_daily";q=3;w=86400` || hd.Get(HeaderRateLimit) != `"route_daily";r=0;t=28800` {
-		t.Fatalf("k1, both limits exhausted: %d Retry-After %q RateLimit-Policy %q RateLimit %q, want 429 with route_daily's 28800 s",
-			w.Code, hd.Get("Retry-After"), hd.Get(HeaderRateLimitPolicy), hd.Get(HeaderRateLimit))
+	if w.Code != http.StatusTooManyRequests || hd.Get("Retry-After") != retryAfter ||
+		hd.Get(HeaderRateLimitPolicy) != policy || hd.Get(HeaderRateLimit) != rateLimit {
+		t.Fatalf("%s: %d Retry-After %q RateLimit-Policy %q RateLimit %q, want 429 with %q, %q and %q",
+			what, w.Code, hd.Get("Retry-After"), hd.Get(HeaderRateLimitPolicy), hd.Get(HeaderRateLimit), retryAfter, policy, rateLimit)
 	}
+	for _, f := range []string{HeaderRateLimitPolicy, HeaderRateLimit} {
+		if _, err := sfvtest.ParseList(hd.Get(f)); err != nil {
+			t.Fatalf("%s: %s %q: %v", what, f, hd.Get(f), err)
+		}
+	}
+}
+
+// TestDenyAllHasBothFields pins a 429 of a deny-all rule
+// (requests_per_unit: 0) without RateLimit-Policy and RateLimit: the
+// fields were written only for a quota above 0. Draft 10's q is a
+// non-negative Integer: the denial carries q=0 and r=0, with t equal to
+// Retry-After (the next window boundary).
+func TestDenyAllHasBothFields(t *testing.T) {
+	h := agentHandler(t, `
+domain: d
+descriptors:
+  - key: api_key
+    value: banned
+    rate_limit: {name: blocked, unit: hour, requests_per_unit: 0}
+`, false)
+	wantDenied(t, "a blocked key", serve(h, req("GET", "/x", "X-API-Key", "banned")),
+		"3600", `"blocked";q=0;w=3600`, `"blocked";r=0;t=3600`)
 }
