@@ -23,6 +23,10 @@ const DefaultMaxRequestBodyBytes = 10 << 20
 // DefaultRequestBodyTimeout is DefaultConfig's request body read bound.
 const DefaultRequestBodyTimeout = 60 * time.Second
 
+// DefaultRLSMaxRequestBytes is DefaultConfig's bound on one RLS request,
+// 64 KiB: Envoy's requests carry a few descriptors, a few hundred bytes.
+const DefaultRLSMaxRequestBytes = 64 << 10
+
 // Config configures a Gateway. Start it from DefaultConfig: the zero value
 // has no proxy listener and no upstream. Start calls Validate.
 type Config struct {
@@ -69,6 +73,12 @@ type Config struct {
 	// server pings it, and how long the ping may go unanswered before the
 	// connection is closed (half-open peers). DefaultConfig: 30s.
 	RLSKeepalive time.Duration
+	// RLSMaxRequestBytes bounds one RLS request message: a larger one is
+	// refused with ResourceExhausted before it is decoded. 0 means
+	// DefaultRLSMaxRequestBytes. The largest request the agent's bounds
+	// admit (agent.MaxDescriptors descriptors of agent.MaxKeyBytes) is
+	// about 260 KiB.
+	RLSMaxRequestBytes int
 
 	// RLSServerOptions are added to the RLS gRPC server's options, after
 	// the gateway's own (a stats handler for tracing, say). nil: none.
@@ -104,8 +114,9 @@ type Config struct {
 // DefaultConfig returns the gateway's defaults: the proxy on
 // 127.0.0.1:8080, RLS on 127.0.0.1:8081, the check endpoints on
 // 127.0.0.1:8082, metrics and health on 127.0.0.1:9090, a 10 MiB body bound read within 60 s, at most 1024 RLS
-// connections pinged when idle for 30 s, and agent.DefaultConfig(). Upstream
-// and Extraction are left for the caller.
+// connections pinged when idle for 30 s, RLS requests of at most 64 KiB,
+// and agent.DefaultConfig(). Upstream and Extraction are left for the
+// caller.
 func DefaultConfig() Config {
 	return Config{
 		Listen:              "127.0.0.1:8080",
@@ -116,14 +127,15 @@ func DefaultConfig() Config {
 		RequestBodyTimeout:  DefaultRequestBodyTimeout,
 		RLSMaxConns:         1024,
 		RLSKeepalive:        30 * time.Second,
+		RLSMaxRequestBytes:  DefaultRLSMaxRequestBytes,
 		Agent:               agent.DefaultConfig(),
 		ShutdownTimeout:     10 * time.Second,
 	}
 }
 
 // Validate reports the first problem of c: no proxy listener, no usable
-// upstream, an invalid extraction or Redis config, a negative shutdown
-// timeout. The agent's own fields are checked by agent.New.
+// upstream, an invalid extraction or Redis config, an RLS keepalive under
+// 1 s or a negative RLS request bound, a negative shutdown timeout. The agent's own fields are checked by agent.New.
 func (c *Config) Validate() error {
 	if c.Listen == "" {
 		return errors.New("gateway: Listen is required")
@@ -141,6 +153,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RLSAddr != "" && c.RLSKeepalive < time.Second {
 		return errors.New("gateway: RLSKeepalive must be at least 1s")
+	}
+	if c.RLSMaxRequestBytes < 0 {
+		return errors.New("gateway: RLSMaxRequestBytes must not be negative")
 	}
 	if c.ShutdownTimeout < 0 {
 		return errors.New("gateway: ShutdownTimeout must not be negative")

@@ -81,9 +81,6 @@ type Gateway struct {
 // Addrs are the addresses a Gateway bound; "" for a listener that is off.
 type Addrs struct{ Proxy, RLS, HTTP, Check string }
 
-// rlsMaxRecvMsgSize bounds one RLS request (Envoy sends a few descriptors).
-const rlsMaxRecvMsgSize = 1 << 20
-
 // Start validates cfg, builds the agent, the middleware and the proxy,
 // and starts the listeners. On error, whatever was started is stopped
 // again (bounded by cfg.ShutdownTimeout).
@@ -188,12 +185,17 @@ func (g *Gateway) startRLS(cfg Config, srv *rls.Server) error {
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 	}
-	// Envoy's RateLimitRequests are small: bound what a client can send.
+	// Envoy's RateLimitRequests are small: bound what a client can send
+	// (and so what decoding a request allocates before it is validated).
 	// Pings more often than every 10 s (a ping flood) close the
 	// connection; an idle connection is pinged after RLSKeepalive and
 	// closed if the ping goes unanswered (a half-open peer); a handshake
 	// must finish within 10 s; at most RLSMaxConns are open.
-	opts = append(opts, grpc.MaxRecvMsgSize(rlsMaxRecvMsgSize),
+	maxRecv := cfg.RLSMaxRequestBytes
+	if maxRecv == 0 {
+		maxRecv = DefaultRLSMaxRequestBytes
+	}
+	opts = append(opts, grpc.MaxRecvMsgSize(maxRecv),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.RLSKeepalive, Timeout: cfg.RLSKeepalive}),
 		grpc.ConnectionTimeout(10*time.Second))

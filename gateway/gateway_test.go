@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,8 +12,16 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/allot/allot/agent"
 	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
@@ -134,5 +143,60 @@ func TestStartServesTheLimitedProxy(t *testing.T) {
 	}
 	if ok, why := g.Ready(); ok || why != "shutting down" {
 		t.Errorf("Ready() after Shutdown = %v, %q", ok, why)
+	}
+}
+
+// TestRLSRequestSizeBound pins the RLS port's receive bound: it took
+// requests of up to 1 MiB, whose protobuf decoding alone allocates tens
+// of MiB before a request's counts are checked. A request over
+// RLSMaxRequestBytes (64 KiB by default) is refused with
+// ResourceExhausted, a raised bound takes it, and Validate refuses a
+// negative one.
+func TestRLSRequestSizeBound(t *testing.T) {
+	big := &rlsv3.RateLimitRequest{Domain: "test"}
+	for i := range agent.MaxDescriptors { // a valid request of ~70 KiB
+		big.Descriptors = append(big.Descriptors, &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{
+			{Key: "api_key", Value: fmt.Sprintf("%04d%s", i, strings.Repeat("k", 1100))}}})
+	}
+	small := &rlsv3.RateLimitRequest{Domain: "test", Descriptors: big.Descriptors[:1]}
+	if n := proto.Size(big); n <= DefaultRLSMaxRequestBytes || n > 2*DefaultRLSMaxRequestBytes {
+		t.Fatalf("the big request is %d bytes, want just over %d", n, DefaultRLSMaxRequestBytes)
+	}
+	for _, tc := range []struct {
+		bound   int
+		bigCode codes.Code
+	}{{0, codes.ResourceExhausted}, {2 * DefaultRLSMaxRequestBytes, codes.OK}} {
+		cfg := testConfig(t, "http://127.0.0.1:9")
+		cfg.RLSMaxRequestBytes = tc.bound
+		g, err := Start(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := grpc.NewClient(g.Addrs().RLS, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := rlsv3.NewRateLimitServiceClient(cc)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for _, r := range []struct {
+			name string
+			req  *rlsv3.RateLimitRequest
+			want codes.Code
+		}{{"small", small, codes.OK}, {"big", big, tc.bigCode}} {
+			resp, err := c.ShouldRateLimit(ctx, r.req)
+			if status.Code(err) != r.want || (err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK) {
+				t.Errorf("bound %d, %s request (%d bytes): %v %v, want %v", tc.bound, r.name, proto.Size(r.req), resp.GetOverallCode(), err, r.want)
+			}
+		}
+		cancel()
+		cc.Close()
+		if err := g.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig(t, "http://127.0.0.1:9")
+	cfg.RLSMaxRequestBytes = -1
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "RLSMaxRequestBytes") {
+		t.Fatalf("Validate with RLSMaxRequestBytes -1: %v", err)
 	}
 }

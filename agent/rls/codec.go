@@ -86,8 +86,8 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return c.std.Unmarshal(data, v)
 }
 
-// maxFastRequest bounds the requests decodeRequest takes (cmd/gateway
-// refuses larger ones anyway).
+// maxFastRequest bounds the requests decodeRequest takes (the gateway
+// refuses larger ones by default: gateway.DefaultRLSMaxRequestBytes).
 const maxFastRequest = 64 << 10
 
 // decodeRequest decodes the RateLimitRequest s into c, fresh from getRequest,
@@ -100,17 +100,23 @@ func decodeRequest(s string, c *request) bool {
 	}
 	c.decoded, c.fast, c.ndescs = true, true, n.descs
 	if n.descs <= agent.MaxDescriptors {
-		c.grow(n.descs, n.entries)
+		entries := n.entries
+		if n.widest > agent.MaxEntries {
+			entries = 0 // answer refuses the request: its entries are not copied
+		}
+		c.grow(n.descs, entries)
 	}
 	walkRequest(s, &counts{}, c)
 	return true
 }
 
-type counts struct{ descs, entries int }
+// counts are what a checking pass counts: descriptors, entries in all,
+// and the most entries in one descriptor.
+type counts struct{ descs, entries, widest int }
 
 // walkRequest checks and counts (c nil) or fills (c set, after a checking
 // pass succeeded) a RateLimitRequest. It fills c's descriptors when c has
-// room for them (c.grow).
+// room for them (c.grow), and their entries when it has room for those.
 func walkRequest(s string, n *counts, c *request) bool {
 	fill := c != nil && len(c.descs) == c.ndescs
 	for len(s) > 0 {
@@ -134,14 +140,20 @@ func walkRequest(s string, n *counts, c *request) bool {
 			if l < 0 {
 				return false
 			}
-			if fill {
-				first := n.entries
-				if !walkDescriptor(v, n, c, n.descs) {
-					return false
-				}
-				c.descs[n.descs].Entries = c.entries[first:n.entries:n.entries]
-			} else if !walkDescriptor(v, n, nil, 0) {
+			first := n.entries
+			dc := c
+			if !fill {
+				dc = nil
+			}
+			if !walkDescriptor(v, n, dc, n.descs) {
 				return false
+			}
+			n.widest = max(n.widest, n.entries-first)
+			if fill {
+				c.nentries[n.descs] = n.entries - first
+				if len(c.entries) > 0 {
+					c.descs[n.descs].Entries = c.entries[first:n.entries:n.entries]
+				}
 			}
 			n.descs++
 			s = s[l:]
@@ -162,7 +174,7 @@ func walkRequest(s string, n *counts, c *request) bool {
 }
 
 // walkDescriptor checks and counts a descriptor, and fills descriptor i
-// of c when c is set.
+// of c when c is set (its entries when c has room for them).
 func walkDescriptor(s string, n *counts, c *request, i int) bool {
 	hitsSeen := false
 	for len(s) > 0 {
@@ -181,7 +193,7 @@ func walkDescriptor(s string, n *counts, c *request, i int) bool {
 			if !walkEntry(v, &key, &value) {
 				return false
 			}
-			if c != nil {
+			if c != nil && len(c.entries) > 0 {
 				e := &c.entries[n.entries]
 				e.Key, e.Value = key, value
 			}

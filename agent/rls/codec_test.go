@@ -41,6 +41,11 @@ func codecSeeds() []*rlsv3.RateLimitRequest {
 		{Domain: "one", Descriptors: []*rlcommon.RateLimitDescriptor{
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("a", "1"), entry("b", "2"), entry("c", "3"), entry("d", "4")}}}},
 		{},
+		// A descriptor over agent.MaxEntries: counted, no entry copied.
+		{Domain: "wide", Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("a", "1")}},
+			{Entries: slices.Repeat([]*rlcommon.RateLimitDescriptor_Entry{entry("k", "v")}, agent.MaxEntries+1)},
+			{IsNegativeHits: true}}},
 		// Left to the standard codec: a limit override.
 		{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{{
 			Entries: []*rlcommon.RateLimitDescriptor_Entry{entry("a", "b")},
@@ -56,6 +61,7 @@ type requestView struct {
 	NDescs   int
 	Descs    []descView
 	Negative []bool
+	NEntries []int
 }
 
 type descView struct {
@@ -65,7 +71,7 @@ type descView struct {
 }
 
 func viewOf(r *request) requestView {
-	v := requestView{Decoded: r.decoded, Domain: r.domain, Hits: r.hits, NDescs: r.ndescs, Negative: clone(r.negative)}
+	v := requestView{Decoded: r.decoded, Domain: r.domain, Hits: r.hits, NDescs: r.ndescs, Negative: clone(r.negative), NEntries: clone(r.nentries)}
 	for _, d := range r.descs {
 		v.Descs = append(v.Descs, descView{clone(d.Entries), d.HitsAddend, d.HitsAddendSet})
 	}

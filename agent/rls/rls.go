@@ -7,8 +7,9 @@
 // Request mapping, following envoyproxy/ratelimit's semantics:
 //
 //   - domain and descriptors are required (InvalidArgument otherwise, as are
-//     descriptors with no entries or an empty entry key, and more than
-//     agent.MaxDescriptors descriptors).
+//     descriptors with no entries or an empty entry key, more than
+//     agent.MaxDescriptors descriptors and more than agent.MaxEntries
+//     entries in one, which are counted before the entries are copied).
 //   - hits_addend: request level, 0 means 1; a descriptor's hits_addend,
 //     when present, overrides it, and a present 0 checks the descriptor
 //     without consuming. Values above 2³²−1 saturate.
@@ -153,8 +154,7 @@ func (s *Server) answer(ctx context.Context, c *request) (*reply, agent.Decision
 		s.byCode[outInvalid].Inc()
 		return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: %d descriptors, at most %d", c.ndescs, agent.MaxDescriptors)
 	}
-	for i := range c.descs {
-		n := len(c.descs[i].Entries)
+	for i, n := range c.nentries {
 		if n == 0 || n > agent.MaxEntries {
 			s.byCode[outInvalid].Inc()
 			return nil, agent.Decision{}, status.Errorf(codes.InvalidArgument, "rls: descriptor %d has %d entries, want 1 to %d", i, n, agent.MaxEntries)

@@ -75,6 +75,10 @@ type request struct {
 	ndescs   int    // descriptors in the request; descs holds them when ≤ agent.MaxDescriptors
 	descs    []agent.Descriptor
 	negative []bool // is_negative_hits, per descriptor
+	// nentries counts each descriptor's entries. The entries themselves
+	// are held only when no descriptor has more than agent.MaxEntries (a
+	// request answer refuses is not copied).
+	nentries []int
 	entries  []rules.Entry
 	statuses []agent.Status
 }
@@ -97,25 +101,31 @@ func putRequest(c *request) {
 	}
 	clear(c.descs)
 	clear(c.negative)
+	clear(c.nentries)
 	clear(c.entries)
 	clear(c.statuses)
 	c.decoded, c.fast, c.domain, c.hits, c.ndescs = false, false, "", 0, 0
-	c.descs, c.negative, c.entries, c.statuses = c.descs[:0], c.negative[:0], c.entries[:0], c.statuses[:0]
+	c.descs, c.negative, c.nentries = c.descs[:0], c.negative[:0], c.nentries[:0]
+	c.entries, c.statuses = c.entries[:0], c.statuses[:0]
 	requestPool.Put(c)
 }
 
-// grow makes room for descs descriptors of entries entries in all, and
-// sets the lengths (the elements are zero: putRequest clears what a call
-// used).
+// grow makes room for descs descriptors (at most agent.MaxDescriptors) of
+// entries entries in all, and sets the lengths (the elements are zero:
+// putRequest clears what a call used). entries is 0 for a request with a
+// descriptor of more than agent.MaxEntries: what a request can make the
+// server allocate before answer refuses it is bounded by the limits, not
+// by its size.
 func (c *request) grow(descs, entries int) {
 	if cap(c.descs) < descs {
 		c.descs = make([]agent.Descriptor, descs)
 		c.negative = make([]bool, descs)
+		c.nentries = make([]int, descs)
 	}
 	if cap(c.entries) < entries {
 		c.entries = make([]rules.Entry, entries)
 	}
-	c.descs, c.negative, c.entries = c.descs[:descs], c.negative[:descs], c.entries[:entries]
+	c.descs, c.negative, c.nentries, c.entries = c.descs[:descs], c.negative[:descs], c.nentries[:descs], c.entries[:entries]
 }
 
 // fromRequest sets c (fresh from getRequest, or holding only its embedded
@@ -128,19 +138,27 @@ func (c *request) fromRequest(req *rlsv3.RateLimitRequest) {
 	if len(in) > agent.MaxDescriptors {
 		return
 	}
-	total := 0
+	total, widest := 0, 0
 	for _, d := range in {
 		total += len(d.GetEntries())
+		widest = max(widest, len(d.GetEntries()))
+	}
+	if widest > agent.MaxEntries {
+		total = 0
 	}
 	c.grow(len(in), total)
 	total = 0
 	for i, d := range in {
-		start := total
-		for _, e := range d.GetEntries() {
-			c.entries[total] = rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
-			total++
+		c.nentries[i] = len(d.GetEntries())
+		var ad agent.Descriptor
+		if len(c.entries) > 0 {
+			start := total
+			for _, e := range d.GetEntries() {
+				c.entries[total] = rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
+				total++
+			}
+			ad.Entries = c.entries[start:total:total]
 		}
-		ad := agent.Descriptor{Entries: c.entries[start:total:total]}
 		if h := d.GetHitsAddend(); h != nil {
 			ad.HitsAddendSet = true
 			ad.HitsAddend = uint32(min(h.GetValue(), math.MaxUint32))

@@ -87,7 +87,7 @@ func start(ctx context.Context, o options, cfg fileConfig, logger *slog.Logger, 
 	gc.Extraction = cfg.Config
 	gc.MaxRequestBodyBytes = cfg.bodyLimit()
 	gc.RequestBodyTimeout = cfg.bodyTimeout()
-	gc.RLSMaxConns, gc.RLSKeepalive = o.rlsMaxConns, o.rlsKeepalive
+	gc.RLSMaxConns, gc.RLSKeepalive, gc.RLSMaxRequestBytes = o.rlsMaxConns, o.rlsKeepalive, o.rlsMaxRequest
 	gc.Redis = cfg.Redis
 	gc.Logger, gc.Registry, gc.ShutdownTimeout = logger, reg, o.shutdownTimeout
 	if gc.UpstreamTLS, err = cfg.UpstreamTLS.clientTLS("upstream_tls"); err != nil {

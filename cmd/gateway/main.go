@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/allot/allot/gateway"
 	"github.com/allot/allot/internal/cliflags"
 )
 
@@ -59,9 +60,11 @@ type options struct {
 	agentID         string
 	// rlsMaxConns caps the RLS port's open connections (0: no cap);
 	// rlsKeepalive is how long an RLS connection may be idle before the
-	// server pings it, and how long the ping may go unanswered.
-	rlsMaxConns  int
-	rlsKeepalive time.Duration
+	// server pings it, and how long the ping may go unanswered;
+	// rlsMaxRequest bounds one RLS request's bytes.
+	rlsMaxConns   int
+	rlsKeepalive  time.Duration
+	rlsMaxRequest int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -88,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.agentID, "agent-id", "", "agent id (default: hostname-pid-random)")
 	fs.IntVar(&o.rlsMaxConns, "rls-max-conns", 1024, "open connections the RLS port accepts at once; more wait in the listen backlog (0: no cap)")
 	fs.DurationVar(&o.rlsKeepalive, "rls-keepalive", 30*time.Second, "an RLS connection idle this long is pinged, and closed if the ping is not answered within as long (half-open connections)")
+	fs.IntVar(&o.rlsMaxRequest, "rls-max-request-bytes", gateway.DefaultRLSMaxRequestBytes, "largest RLS request accepted, in bytes; a larger one is refused (ResourceExhausted) before it is decoded")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -99,6 +103,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.rlsKeepalive < time.Second {
 		return o, errors.New("-rls-keepalive must be at least 1s")
+	}
+	if o.rlsMaxRequest < 1 {
+		return o, errors.New("-rls-max-request-bytes must be at least 1")
 	}
 	for _, a := range strings.Split(allocators, ",") {
 		if a = strings.TrimSpace(a); a != "" {
