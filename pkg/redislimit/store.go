@@ -24,6 +24,7 @@ type call struct {
 	p      params
 	op     op
 	now    int64 // Unix ns; < 0: Redis's clock
+	pinned bool  // run at now even with Config.ServerTime
 	n      int64
 	shards int64 // op promote
 	ttl    int64 // op promote: promoted until now + ttl (ns)
@@ -57,7 +58,7 @@ type redisStore struct {
 
 func (s *redisStore) do(ctx context.Context, c *call) (outcome, error) {
 	nowMs := int64(-1)
-	if !s.useTIME {
+	if !s.useTIME || c.pinned {
 		nowMs = max(c.now, 0) / nsPerMs
 	}
 	v, err := s.script.Run(ctx, s.client, []string{c.key},
@@ -116,7 +117,7 @@ func (s *memStore) do(_ context.Context, c *call) (outcome, error) {
 	}
 	if k.shards > 0 {
 		if k.until > now {
-			if c.op != opPromote {
+			if c.op != opPromote && c.op != opExtend {
 				return outcome{code: codePromoted, now: now, shards: k.shards, until: k.until}, nil
 			}
 			k.until = max(k.until, now+msFloor(c.ttl))
@@ -140,6 +141,8 @@ func (s *memStore) do(_ context.Context, c *call) (outcome, error) {
 		l.GiveBack(&k.st, now, c.n)
 	case opDebit:
 		l.Debit(&k.st, now, c.n)
+	case opDrain:
+		l.Drain(&k.st, now)
 	case opPromote:
 		o.code = codeMarked
 		o.state = k.st
