@@ -81,6 +81,10 @@ type promotion struct {
 	until  int64
 }
 
+// maxRedirects bounds the MOVED and ASK redirects a cluster call follows
+// (a slot moved, a failover).
+const maxRedirects = 3
+
 // maxPromotions bounds the remembered promotions; past it the memory is
 // cleared (forgetting costs one extra call per key, which finds the marker
 // again).
@@ -88,10 +92,13 @@ const maxPromotions = 1 << 16
 
 // New returns a Backend for cfg's Redis, using go-redis's UniversalClient:
 // reads and writes go to the primary only (no replica reads; in cluster mode
-// ReadOnly, RouteByLatency and RouteRandomly are off), and go-redis does not
-// retry (a check has a 5 ms budget; the breaker and the caller's failure
-// mode handle errors). New does no I/O: an unreachable Redis shows up as
-// errors on the first calls.
+// ReadOnly, RouteByLatency and RouteRandomly are off), and a script call is
+// never sent twice: go-redis does not retry one after an error, which may
+// have come after the script ran (a check has a 5 ms budget; the breaker
+// and the caller's failure mode handle errors). In cluster mode it still
+// follows up to maxRedirects MOVED or ASK redirects, which Redis answers
+// without running the script. New does no I/O: an unreachable Redis shows
+// up as errors on the first calls.
 func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -105,6 +112,7 @@ func New(cfg Config) (*Backend, error) {
 		DB:                    cfg.DB,
 		TLSConfig:             cfg.TLS,
 		MaxRetries:            -1,
+		MaxRedirects:          maxRedirects,
 		DialTimeout:           max(cfg.Timeout, time.Second), // the call's context bounds it to Timeout
 		DialerRetries:         1,
 		ReadTimeout:           cfg.Timeout,

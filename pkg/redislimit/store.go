@@ -2,6 +2,7 @@ package redislimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -46,8 +47,8 @@ type outcome struct {
 // msFloor truncates a Unix ns instant to the millisecond.
 func msFloor(ns int64) int64 { return ns - ns%nsPerMs }
 
-// redisStore runs the Lua script with EVALSHA (go-redis falls back to EVAL
-// on NOSCRIPT, which also loads it).
+// redisStore runs the Lua script with EVALSHA, and with EVAL (which also
+// loads it) on NOSCRIPT.
 type redisStore struct {
 	client   redis.UniversalClient
 	script   *redis.Script
@@ -61,9 +62,12 @@ func (s *redisStore) do(ctx context.Context, c *call) (outcome, error) {
 	if !s.useTIME || c.pinned {
 		nowMs = max(c.now, 0) / nsPerMs
 	}
-	v, err := s.script.Run(ctx, s.client, []string{c.key},
-		int64(c.op), c.p.fam, nowMs, c.n, c.p.p1, c.p.p2, c.p.p3, s.slackMs,
-		c.shards, c.ttl/nsPerMs).Int64Slice()
+	args := []any{c.key, int64(c.op), c.p.fam, nowMs, c.n, c.p.p1, c.p.p2, c.p.p3, s.slackMs, c.shards, c.ttl / nsPerMs}
+	cmd := s.eval(ctx, "evalsha", s.script.Hash(), args)
+	if err := cmd.Err(); errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = s.eval(ctx, "eval", scriptSource, args)
+	}
+	v, err := cmd.Int64Slice()
 	if err != nil {
 		return outcome{}, err
 	}
@@ -82,6 +86,26 @@ func (s *redisStore) do(ctx context.Context, c *call) (outcome, error) {
 	o.state, err = c.p.stateFrom(c.lim, o.now, v[3:])
 	return o, err
 }
+
+// eval sends EVAL or EVALSHA (name) of payload for one key (args[0]) as a
+// scriptCmd.
+func (s *redisStore) eval(ctx context.Context, name, payload string, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, append([]any{name, payload, 1}, args...)...)
+	cmd.SetFirstKeyPos(3)
+	_ = s.client.Process(ctx, scriptCmd{cmd})
+	return cmd
+}
+
+// scriptCmd is a script call that go-redis never sends again once it may
+// have reached Redis. ClusterClient re-sends a command after a network
+// error, a timeout, LOADING or CLUSTERDOWN (up to MaxRedirects times); a
+// script that ran but whose reply was lost would run twice (a GiveBack
+// given twice over-admits). Redirects (MOVED, ASK), which Redis answers
+// without running the script, are still followed.
+type scriptCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to re-send the command after an error.
+func (scriptCmd) NoRetry() bool { return true }
 
 func (s *redisStore) close() error {
 	if s.ownClose {
