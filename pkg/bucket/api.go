@@ -13,7 +13,8 @@
 //
 // Most callers want Limit.AllowN (check-and-take). The allocator grants
 // leases with TakeUpTo and takes unspent tokens back with GiveBack; Debit
-// charges tokens that were admitted before they could be leased.
+// charges tokens that were admitted before they could be leased; Drain
+// empties a state (pkg/redislimit empties sub-keys before they go live).
 //
 // The arithmetic is exact: integers, with 128-bit intermediates
 // (math/bits) where products may overflow, and no floating point. A token

@@ -118,6 +118,12 @@ func (l *Limit) gcraDebit(s *State, now, n int64) {
 	s.A, s.B = tat.ns, int64(tat.frac)
 }
 
+func (l *Limit) gcraDrain(s *State, now int64) {
+	if empty := l.vadd(vt{now, 0}, l.tau); l.gcraTat(s, now).less(empty) {
+		s.A, s.B = empty.ns, int64(empty.frac)
+	}
+}
+
 func (l *Limit) gcraPeek(s State, now int64) Result {
 	tat := l.gcraTat(&s, now)
 	r := Result{Remaining: l.gcraRemaining(tat, now), ResetAfter: dur(gcraReset(tat, now))}

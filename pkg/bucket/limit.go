@@ -364,6 +364,28 @@ func (l Limit) Debit(s *State, now, n int64) {
 	}
 }
 
+// Drain empties s at now, without going into debt: afterwards no token is
+// available, and s refills no sooner than a full state emptied at now
+// would (for the window algorithms, the current window has counted at
+// least the quota). A state that is already that empty, or in debt, is left
+// as it is, so draining twice is draining once.
+func (l Limit) Drain(s *State, now int64) {
+	if l.quota == 0 {
+		return
+	}
+	now = clampTime(now)
+	switch l.alg {
+	case TokenBucket:
+		l.tbDrain(s, now)
+	case GCRA:
+		l.gcraDrain(s, now)
+	case SlidingWindow:
+		l.swDrain(s, now)
+	default:
+		l.fwDrain(s, now)
+	}
+}
+
 // Peek reports s at now without changing it: Remaining is the tokens
 // available (negative in debt), Allowed is Remaining ≥ 1, RetryAfter (when
 // not Allowed) is how long until one token is available, and ResetAfter is

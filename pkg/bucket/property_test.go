@@ -175,7 +175,7 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 				at -= drawDt(t, tb, "backwards")
 			}
 			n := drawN(t, tb, "n")
-			switch op := rapid.IntRange(0, 4).Draw(t, "op"); op {
+			switch op := rapid.IntRange(0, 5).Draw(t, "op"); op {
 			case 0:
 				if r1, r2 := tb.AllowN(&s1, at, n), g.AllowN(&s2, at, n); r1 != r2 {
 					t.Fatalf("step %d: AllowN(%d): token bucket %+v, GCRA %+v", i, n, r1, r2)
@@ -190,6 +190,9 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 			case 3:
 				tb.Debit(&s1, at, n)
 				g.Debit(&s2, at, n)
+			case 5:
+				tb.Drain(&s1, at)
+				g.Drain(&s2, at)
 			case 4:
 				if r1, r2 := tb.Peek(s1, at), g.Peek(s2, at); r1 != r2 {
 					t.Fatalf("step %d: Peek: token bucket %+v, GCRA %+v", i, r1, r2)
@@ -202,10 +205,22 @@ func TestGCRAMatchesTokenBucket(t *testing.T) {
 	})
 }
 
+// randomHistory returns the state after up to 10 random operations from
+// full, and the instant of the last.
+func randomHistory(t *rapid.T, l Limit) (State, int64) {
+	var st State
+	now := base
+	for range rapid.IntRange(0, 10).Draw(t, "prefix") {
+		now += drawDt(t, l, "dt")
+		applyRandom(t, l, &st, now)
+	}
+	return st, now
+}
+
 // applyRandom applies one random operation to st at now.
 func applyRandom(t *rapid.T, l Limit, st *State, now int64) {
 	n := drawN(t, l, "n")
-	switch rapid.IntRange(0, 3).Draw(t, "op") {
+	switch rapid.IntRange(0, 4).Draw(t, "op") {
 	case 0:
 		l.AllowN(st, now, n)
 	case 1:
@@ -214,6 +229,8 @@ func applyRandom(t *rapid.T, l Limit, st *State, now int64) {
 		l.GiveBack(st, now, n)
 	case 3:
 		l.Debit(st, now, n)
+	case 4:
+		l.Drain(st, now)
 	}
 }
 
@@ -226,12 +243,7 @@ func TestTakeThenGiveBackNeverMints(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			rapid.Check(t, func(t *rapid.T) {
 				l := drawLimit(t, a)
-				var st State
-				now := base
-				for range rapid.IntRange(0, 10).Draw(t, "prefix") {
-					now += drawDt(t, l, "dt")
-					applyRandom(t, l, &st, now)
-				}
+				st, now := randomHistory(t, l)
 				without := st
 				ta := now + drawDt(t, l, "ta")
 				took := l.TakeUpTo(&st, ta, drawN(t, l, "take"))

@@ -135,6 +135,12 @@ func (l *Limit) tbDebit(s *State, now, n int64) {
 	l.storeFull(s, now, d)
 }
 
+func (l *Limit) tbDrain(s *State, now int64) {
+	if d := l.deficit(l.loadFull(s), now); d.less(l.bw(l.burst)) {
+		l.storeFull(s, now, l.bw(l.burst))
+	}
+}
+
 func (l *Limit) tbPeek(s State, now int64) Result {
 	f := l.loadFull(&s)
 	d := l.deficit(f, now)

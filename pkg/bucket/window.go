@@ -80,6 +80,12 @@ func (l *Limit) fwDebit(s *State, now, n int64) {
 	s.A, s.B = start, min64(count+n, 2*l.quota)
 }
 
+func (l *Limit) fwDrain(s *State, now int64) {
+	if _, start, count := l.fwLoad(s, now); count < l.quota {
+		s.A, s.B = start, l.quota
+	}
+}
+
 func (l *Limit) fwPeek(s State, now int64) Result {
 	now, start, count := l.fwLoad(&s, now)
 	r := Result{Remaining: l.fwRemaining(count), ResetAfter: dur(l.fwReset(now, start, count))}
@@ -226,6 +232,12 @@ func (l *Limit) swDebit(s *State, now, n int64) {
 	}
 	room, _ := floor.sub(e).divmod(uint64(l.window)) // ≤ 2·quota
 	swStore(s, start, prev, curr+min64(n, int64(room)))
+}
+
+func (l *Limit) swDrain(s *State, now int64) {
+	if _, start, prev, curr := l.swLoad(s, now); curr < l.quota {
+		swStore(s, start, prev, l.quota)
+	}
 }
 
 func (l *Limit) swPeek(s State, now int64) Result {

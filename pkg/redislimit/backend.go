@@ -81,6 +81,10 @@ type promotion struct {
 	until  int64
 }
 
+// maxRedirects bounds the MOVED and ASK redirects a cluster call follows
+// (a slot moved, a failover).
+const maxRedirects = 3
+
 // maxPromotions bounds the remembered promotions; past it the memory is
 // cleared (forgetting costs one extra call per key, which finds the marker
 // again).
@@ -88,10 +92,13 @@ const maxPromotions = 1 << 16
 
 // New returns a Backend for cfg's Redis, using go-redis's UniversalClient:
 // reads and writes go to the primary only (no replica reads; in cluster mode
-// ReadOnly, RouteByLatency and RouteRandomly are off), and go-redis does not
-// retry (a check has a 5 ms budget; the breaker and the caller's failure
-// mode handle errors). New does no I/O: an unreachable Redis shows up as
-// errors on the first calls.
+// ReadOnly, RouteByLatency and RouteRandomly are off), and a script call is
+// never sent twice: go-redis does not retry one after an error, which may
+// have come after the script ran (a check has a 5 ms budget; the breaker
+// and the caller's failure mode handle errors). In cluster mode it still
+// follows up to maxRedirects MOVED or ASK redirects, which Redis answers
+// without running the script. New does no I/O: an unreachable Redis shows
+// up as errors on the first calls.
 func New(cfg Config) (*Backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -105,6 +112,7 @@ func New(cfg Config) (*Backend, error) {
 		DB:                    cfg.DB,
 		TLSConfig:             cfg.TLS,
 		MaxRetries:            -1,
+		MaxRedirects:          maxRedirects,
 		DialTimeout:           max(cfg.Timeout, time.Second), // the call's context bounds it to Timeout
 		DialerRetries:         1,
 		ReadTimeout:           cfg.Timeout,
@@ -441,13 +449,23 @@ func (b *Backend) single(ctx context.Context, key string, lim bucket.Limit, shar
 // promotion extended to now + ttl if that is later. It returns the
 // promotion's shard count (Shards(lim, shards)) and end.
 //
-// Promotion never admits more than the limit: the marker is set atomically
-// with reading the key's remaining tokens, and each sub-key is then debited
-// down to its share of them. When the promotion ends the key restarts empty
-// at the end instant (its budget was with the sub-keys), so demotion
-// under-admits for up to one refill of the burst instead of over-admitting.
-// Checks that ran on the sub-keys between the marker and the debits are
-// still charged (the debits add to their deficit).
+// Promotion never admits more than the limit, even when calls fail part
+// way. The sub-keys are emptied (bucket.Limit.Drain) before the marker
+// makes them live: a failure there leaves the key unpromoted, with sub-keys
+// no check uses, and Promote may simply be called again (emptying twice is
+// emptying once). The marker is then set atomically with reading the key's
+// remaining tokens, and each sub-key is given back its share of them; a
+// failure there loses that share (the key under-admits until it refills)
+// and cannot over-admit, nor can a marker call that ran although it failed
+// (the key is then promoted with empty sub-keys). Every step runs at the
+// instant of the first call (Redis's clock with Config.ServerTime), so
+// nothing refills between the steps. A sub-key emptied after another
+// agent's promotion gave it its share (two agents promoting at once) loses
+// that share: under-admission again.
+//
+// When the promotion ends the key restarts empty at the end instant (its
+// budget was with the sub-keys), so demotion under-admits for up to one
+// refill of the burst instead of over-admitting.
 func (b *Backend) Promote(ctx context.Context, key string, lim bucket.Limit, shards int, now int64, ttl time.Duration) (int, time.Time, error) {
 	n := effectiveShards(lim, shards)
 	if lim.IsZero() || n <= 1 {
@@ -461,12 +479,29 @@ func (b *Backend) Promote(ctx context.Context, key string, lim bucket.Limit, sha
 		return 0, time.Time{}, err
 	}
 	h := xxhash.Sum64String(key)
-	c := call{key: b.mainKey(key, h), lim: lim, p: p, op: opPromote, now: now, shards: int64(n), ttl: int64(ttl)}
-	o, err := b.do(ctx, &c)
+	mark := call{key: b.mainKey(key, h), lim: lim, p: p, op: opExtend, now: now, shards: int64(n), ttl: int64(ttl)}
+	o, err := b.do(ctx, &mark)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
 	if o.code == codeExtended {
+		b.remember(key, promotion{shards: int(o.shards), until: o.until})
+		return int(o.shards), time.Unix(0, o.until), nil
+	}
+	at := o.now
+	for i := range n {
+		if _, err := b.subCall(ctx, key, lim, n, i, opDrain, at, 0); err != nil {
+			return 0, time.Time{}, fmt.Errorf("redislimit: %s not promoted: emptying sub-key %d failed: %w", rules.RedactKey(key), i, err)
+		}
+	}
+	mark.op, mark.now, mark.pinned = opPromote, at, true
+	o, err = b.do(ctx, &mark)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if o.code == codeExtended {
+		// Another agent promoted the key meanwhile: its sub-keys are
+		// live, and what this call took from them stays taken.
 		b.remember(key, promotion{shards: int(o.shards), until: o.until})
 		return int(o.shards), time.Unix(0, o.until), nil
 	}
@@ -479,18 +514,25 @@ func (b *Backend) Promote(ctx context.Context, key string, lim bucket.Limit, sha
 		if err != nil {
 			return 0, time.Time{}, err
 		}
-		// Sub-key i keeps its share of what the key had left.
-		share := int64(0)
-		if rem > 0 {
-			share = min(splitPart(rem, n, i), sub.Burst())
-		}
-		if debit := sub.Burst() - share; debit > 0 {
-			if err := b.Debit(ctx, key, lim, n, i, o.now, debit); err != nil {
-				return 0, time.Time{}, fmt.Errorf("redislimit: promoted %s but seeding sub-key %d failed: %w", rules.RedactKey(key), i, err)
+		if share := min(splitPart(rem, n, i), sub.Burst()); share > 0 {
+			if _, err := b.subCall(ctx, key, lim, n, i, opGive, at, share); err != nil {
+				b.log.Warn("redislimit: promoted a key but could not give a sub-key its share (it under-admits until it refills)",
+					"key", rules.RedactKey(key), "shard", i, "tokens", share, "err", err)
 			}
 		}
 	}
 	return n, time.Unix(0, until), nil
+}
+
+// subCall runs op with n tokens on sub-key i of shards at the instant at,
+// whatever Config.ServerTime says.
+func (b *Backend) subCall(ctx context.Context, key string, lim bucket.Limit, shards, i int, o op, at, n int64) (outcome, error) {
+	rk, l, p, err := b.target(key, lim, shards, i)
+	if err != nil {
+		return outcome{}, err
+	}
+	c := call{key: rk, lim: l, p: p, op: o, now: at, n: n, pinned: true}
+	return b.do(ctx, &c)
 }
 
 // promotion returns the remembered promotion of key, if still current.

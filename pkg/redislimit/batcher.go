@@ -69,6 +69,10 @@ func (c BatchConfig) Validate() error {
 // admitted count can exceed the limit by what refills during Hold. Use it
 // for keys whose rate makes per-request calls too costly.
 //
+// A holding whose key turns out to be promoted (Backend.Promote) takes from
+// one of its sub-keys until the promotion ends, then from the key again, so
+// the bound holds across a promotion's start and end.
+//
 // A Batcher is safe for concurrent use; it owns one sweeper goroutine,
 // stopped by Close.
 type Batcher struct {
@@ -95,11 +99,13 @@ type batchShard struct {
 type holding struct {
 	mu         sync.Mutex // guards the fields below; never held across I/O
 	lim        bucket.Limit
-	ruleShards int   // the shards asked for with lim
-	shards     int   // where the tokens come from: ≤ 1 the key, else sub-key `shard` of shards
-	shard      int   //
-	tokens     int64 // spendable until takenAt + Hold
-	takenAt    int64
+	ruleShards int     // the shards asked for with lim
+	shards     int     // where the tokens come from: ≤ 1 the key, else sub-key `shard` of shards
+	shard      int     //
+	promoUntil int64   // > 0: shards is the key's promotion, which ends then (Unix ns)
+	gen        int64   // counts changes of the source (lim, shards, shard)
+	tokens     int64   // spendable until expiry
+	takenAt    int64   // when the oldest of tokens was asked for
 	remote     int64   // the key's remaining (estimate) at the last refill
 	demand     float64 // tokens/s, EWMA
 	last       int64   // last use
@@ -148,10 +154,11 @@ func (bt *Batcher) AllowNAt(ctx context.Context, key string, lim bucket.Limit, s
 		return bt.b.AllowNAt(ctx, key, lim, shards, now, n)
 	}
 	n = max(n, 0)
+	hold := int64(bt.cfg.Hold)
+	h.mu.Lock()
+	h.observe(now, n, bt.cfg.Hold)
 	for {
-		h.mu.Lock()
-		h.observe(now, n, bt.cfg.Hold)
-		if now < h.takenAt+int64(bt.cfg.Hold) && h.tokens >= n && (n > 0 || h.tokens > 0) {
+		if now < h.expiry(hold) && h.tokens >= n && (n > 0 || h.tokens > 0) {
 			h.tokens -= n
 			r := bucket.Result{Allowed: true, Remaining: max(h.remote, 0) + h.tokens}
 			h.mu.Unlock()
@@ -178,6 +185,7 @@ func (bt *Batcher) AllowNAt(ctx context.Context, key string, lim bucket.Limit, s
 			h.mu.Unlock()
 			select {
 			case <-wait:
+				h.mu.Lock()
 				continue
 			case <-ctx.Done():
 				return bucket.Result{}, fmt.Errorf("%w: %w", ErrUnavailable, ctx.Err())
@@ -197,6 +205,16 @@ func (bt *Batcher) AllowNAt(ctx context.Context, key string, lim bucket.Limit, s
 	}
 }
 
+// expiry returns when h's tokens stop being spendable: Hold after they were
+// asked for, or when the promotion they were taken under ends, whichever
+// comes first.
+func (h *holding) expiry(hold int64) int64 {
+	if h.promoUntil > 0 {
+		return min(h.takenAt+hold, h.promoUntil)
+	}
+	return h.takenAt + hold
+}
+
 // observe updates the demand EWMA (time constant Hold) with n tokens at now.
 func (h *holding) observe(now, n int64, tau time.Duration) {
 	if dt := now - h.last; dt > 0 && h.last != 0 {
@@ -206,22 +224,62 @@ func (h *holding) observe(now, n int64, tau time.Duration) {
 	h.last = max(h.last, now)
 }
 
+// setSource points h (h.mu held) at a new source of tokens: sub-key
+// `shard` of `shards` (the key itself when shards ≤ 1), under a promotion
+// until promoUntil (0: the rule's own shards). A refill that began under the
+// old source drops its result (see refill). Tokens h holds stay; they are
+// the key's budget whichever of its (sub-)keys they go back to.
+func (h *holding) setSource(shards, shard int, promoUntil int64) {
+	h.shards, h.shard, h.promoUntil = shards, shard, promoUntil
+	h.remote, h.deniedUntil = 0, 0
+	h.gen++
+}
+
+// ruleSource points h back at the source its rule names: the key, or one
+// of its rule's sub-keys.
+func (bt *Batcher) ruleSource(h *holding, key string) {
+	shard := 0
+	if n := Shards(h.lim, h.ruleShards); n > 1 {
+		shard = bt.b.pick(xxhash.Sum64String(key), n)
+	}
+	h.setSource(h.ruleShards, shard, 0)
+}
+
 // refill runs with h.mu held and h.refilling set; it unlocks h.mu for the
 // I/O. It takes a batch, keeps n of it for this request when it can, and
 // returns the decision.
+//
+// A holding that follows a promotion goes back to the key when the
+// promotion has ended (unless this Backend has seen it extended): the key
+// restarts empty at the promotion's end, so at every instant tokens come
+// from one budget, the sub-keys' or the key's, never both. If the holding's
+// source changed while the I/O ran (a new rule), the batch is not added to
+// it: this request is decided from the batch and the rest is given back
+// where it was taken.
 func (bt *Batcher) refill(ctx context.Context, h *holding, key string, now, n int64) (bucket.Result, error) {
-	lim, shards, shard := h.lim, h.shards, h.shard
-	// Tokens past their hold are no longer spendable: give them back.
+	hold := int64(bt.cfg.Hold)
+	// Tokens past their hold or their promotion are no longer spendable:
+	// give them back.
 	var stale int64
-	if now >= h.takenAt+int64(bt.cfg.Hold) {
+	staleLim, staleShards, staleShard := h.lim, h.shards, h.shard
+	if now >= h.expiry(hold) {
 		stale, h.tokens = h.tokens, 0
 	}
+	if h.promoUntil > 0 && now >= h.promoUntil {
+		if p, ok := bt.b.promotion(key, now); ok && p.shards == h.shards {
+			h.promoUntil = p.until // extended: the sub-keys are still live
+		} else {
+			bt.ruleSource(h, key)
+		}
+	}
+	gen := h.gen
+	lim, shards, shard, promoUntil := h.lim, h.shards, h.shard, h.promoUntil
 	have := h.tokens
 	want := int64(math.Ceil(h.demand * bt.cfg.Horizon.Seconds()))
 	h.mu.Unlock()
 
 	if stale > 0 {
-		_ = bt.b.GiveBack(ctx, key, lim, shards, shard, now, stale) // lost tokens only under-admit
+		_ = bt.b.GiveBack(ctx, key, staleLim, staleShards, staleShard, now, stale) // lost tokens only under-admit
 	}
 	tries := 1
 	if Shards(lim, shards) > 1 {
@@ -239,8 +297,9 @@ func (bt *Batcher) refill(ctx context.Context, h *holding, key string, now, n in
 		o, err := bt.b.single(ctx, key, lim, shards, shard, opTake, now, batch)
 		var pe *PromotedError
 		if errors.As(err, &pe) {
-			// The key was promoted: hold tokens from one of its sub-keys.
-			shards = pe.Shards
+			// The key is promoted: hold tokens from one of its sub-keys
+			// until the promotion ends.
+			shards, promoUntil = pe.Shards, pe.Until.UnixNano()
 			shard = bt.b.pick(xxhash.Sum64String(key), Shards(lim, shards))
 			tries = 2
 			o, err = bt.b.single(ctx, key, lim, shards, shard, opTake, now, batch)
@@ -252,15 +311,30 @@ func (bt *Batcher) refill(ctx context.Context, h *holding, key string, now, n in
 		last, lastLim = o, sub
 		if have+o.taken >= n || try == tries-1 {
 			h.mu.Lock()
-			h.shards, h.shard = shards, shard
+			if h.gen != gen {
+				h.mu.Unlock()
+				return bt.decideAside(ctx, key, lim, shards, shard, o, sub, now, n)
+			}
+			if shards != h.shards || shard != h.shard || promoUntil != h.promoUntil {
+				h.setSource(shards, shard, promoUntil)
+				gen = h.gen
+			}
+			// takenAt stays the oldest held token's: tokens are spent
+			// oldest first, so it moves to now only when none is left.
+			older := h.tokens
 			h.tokens += o.taken
-			h.takenAt = now
 			h.remote = lastLim.Peek(o.state, o.now).Remaining * int64(Shards(lim, shards))
 			if h.tokens >= n {
 				h.tokens -= n
+				if older <= n {
+					h.takenAt = now
+				}
 				r := bucket.Result{Allowed: true, Remaining: max(h.remote, 0) + h.tokens}
 				h.mu.Unlock()
 				return r, nil
+			}
+			if older == 0 {
+				h.takenAt = now
 			}
 			h.mu.Unlock()
 			break
@@ -276,20 +350,48 @@ func (bt *Batcher) refill(ctx context.Context, h *holding, key string, now, n in
 	}
 	// Denied: say when n tokens will be there, and deny the key locally
 	// until a batch could be taken (pacing refills to one per batch).
+	r := denial(lastLim, last, n, have, Shards(lim, shards))
 	st := last.state
-	r := lastLim.AllowN(&st, last.now, n-have)
-	r.Allowed, r.Remaining = false, max(r.Remaining, 0)*int64(Shards(lim, shards))+have
-	if r.RetryAfter <= 0 {
-		r.RetryAfter = time.Millisecond
-	}
-	st = last.state
 	batch := min(max(want, n), bt.cfg.MaxBatch, max(lastLim.Burst()/4, 1))
 	pace := lastLim.AllowN(&st, last.now, max(batch-have, 1)).RetryAfter
 	pace = min(max(pace, r.RetryAfter), bt.cfg.Hold)
 	h.mu.Lock()
-	h.deniedUntil, h.deny = now+int64(pace), r
+	if h.gen == gen {
+		h.deniedUntil, h.deny = now+int64(pace), r
+	}
 	h.mu.Unlock()
 	return r, nil
+}
+
+// denial is the Result of a refill that could not give n tokens (have were
+// held already): the (sub-)key's state o says when n will be there.
+func denial(sub bucket.Limit, o outcome, n, have int64, shards int) bucket.Result {
+	st := o.state
+	r := sub.AllowN(&st, o.now, n-have)
+	r.Allowed, r.Remaining = false, max(r.Remaining, 0)*int64(shards)+have
+	if r.RetryAfter <= 0 {
+		r.RetryAfter = time.Millisecond
+	}
+	return r
+}
+
+// decideAside decides a request from the o.taken tokens a refill took from
+// sub-key `shard` of `shards` after its holding's source changed: n of them
+// if there are that many, and the rest go back.
+func (bt *Batcher) decideAside(ctx context.Context, key string, lim bucket.Limit, shards, shard int, o outcome, sub bucket.Limit, now, n int64) (bucket.Result, error) {
+	keep := int64(0)
+	if o.taken >= n {
+		keep = n
+	}
+	if back := o.taken - keep; back > 0 {
+		if err := bt.b.GiveBack(ctx, key, lim, shards, shard, now, back); err != nil {
+			return bucket.Result{}, err
+		}
+	}
+	if keep < n {
+		return denial(sub, o, n, 0, Shards(lim, shards)), nil
+	}
+	return bucket.Result{Allowed: true, Remaining: max(sub.Peek(o.state, o.now).Remaining, 0) * int64(Shards(lim, shards))}, nil
 }
 
 func (bt *Batcher) subLimit(lim bucket.Limit, shards, shard int) (bucket.Limit, error) {
@@ -324,10 +426,8 @@ func (bt *Batcher) holding(key string, lim bucket.Limit, shards int, now int64) 
 	h.mu.Lock()
 	if h.lim != lim || h.ruleShards != shards {
 		oldLim, oldShards, oldShard, oldTokens := h.lim, h.shards, h.shard, h.tokens
-		h.lim, h.ruleShards, h.shards, h.tokens, h.remote, h.deniedUntil = lim, shards, shards, 0, 0, 0
-		if n := Shards(lim, shards); n > 1 {
-			h.shard = bt.b.pick(hash, n)
-		}
+		h.lim, h.ruleShards, h.tokens = lim, shards, 0
+		bt.ruleSource(h, key)
 		h.mu.Unlock()
 		if oldTokens > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), bt.b.cfg.Timeout)
@@ -375,7 +475,7 @@ func (bt *Batcher) sweep(ctx context.Context, now int64, all bool) error {
 		sh.mu.Lock()
 		for key, h := range sh.m {
 			h.mu.Lock()
-			if h.tokens > 0 && (all || now >= h.takenAt+hold || now-h.last >= int64(bt.cfg.Sweep)) {
+			if h.tokens > 0 && (all || now >= h.expiry(hold) || now-h.last >= int64(bt.cfg.Sweep)) {
 				out = append(out, giveBack{key, h.lim, h.shards, h.shard, h.tokens})
 				h.tokens = 0
 			}

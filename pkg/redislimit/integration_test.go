@@ -1,6 +1,7 @@
 package redislimit
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/allot/allot/pkg/bucket"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestRedisAtomicity: 64 concurrent clients on one key admit exactly the
@@ -526,4 +528,143 @@ func TestRedisSentinelFailover(t *testing.T) {
 	}
 	t.Logf("recovered on the promoted replica after %v; %d checks failed meanwhile (%d fast-failed by the breaker)",
 		time.Since(start).Round(time.Millisecond), failed, b.Stats().FastFails)
+}
+
+// fakeNode is a Redis Cluster node on loopback that claims every slot and
+// answers scripts (EVAL, EVALSHA) with onScript; anything else but CLUSTER
+// SLOTS, PING and COMMAND gets an error. onScript returns the raw reply, or "" to
+// close the connection without one (the reply lost after the script ran).
+type fakeNode struct {
+	ln       net.Listener
+	scripts  atomic.Int64
+	onScript func() string
+	wg       sync.WaitGroup
+}
+
+func startFakeNode(t *testing.T, onScript func() string) *fakeNode {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &fakeNode{ln: ln, onScript: onScript}
+	n.wg.Add(1)
+	go n.accept()
+	t.Cleanup(func() { _ = ln.Close(); n.wg.Wait() })
+	return n
+}
+
+func (n *fakeNode) addr() string { return n.ln.Addr().String() }
+
+func (n *fakeNode) accept() {
+	defer n.wg.Done()
+	for {
+		c, err := n.ln.Accept()
+		if err != nil {
+			return
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			defer c.Close()
+			n.serve(c)
+		}()
+	}
+}
+
+func (n *fakeNode) serve(c net.Conn) {
+	r := bufio.NewReader(c)
+	for {
+		args, err := readCommand(r)
+		if err != nil {
+			return
+		}
+		var reply string
+		switch strings.ToLower(args[0]) {
+		case "eval", "evalsha":
+			n.scripts.Add(1)
+			if reply = n.onScript(); reply == "" {
+				return
+			}
+		case "cluster":
+			host, port, _ := net.SplitHostPort(n.addr())
+			reply = fmt.Sprintf("*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$%d\r\n%s\r\n:%s\r\n$40\r\n%s\r\n", len(host), host, port, strings.Repeat("a", 40))
+		case "ping":
+			reply = "+PONG\r\n"
+		case "command":
+			reply = "*0\r\n"
+		default:
+			reply = "-ERR unknown command\r\n"
+		}
+		if _, err := io.WriteString(c, reply); err != nil {
+			return
+		}
+	}
+}
+
+// readCommand reads one RESP array of bulk strings.
+func readCommand(r *bufio.Reader) ([]string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	count, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "*")))
+	if err != nil || count < 1 {
+		return nil, fmt.Errorf("bad command header %q", line)
+	}
+	args := make([]string, count)
+	for i := range args {
+		if line, err = r.ReadString('\n'); err != nil {
+			return nil, err
+		}
+		size, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+		if err != nil || size < 0 {
+			return nil, fmt.Errorf("bad bulk header %q", line)
+		}
+		buf := make([]byte, size+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		args[i] = string(buf[:size])
+	}
+	return args, nil
+}
+
+// TestClusterScriptSentOnce: in cluster mode a script whose connection
+// breaks after it was sent (it may have run) is not sent again, while a
+// MOVED redirect, answered before anything ran, is followed.
+func TestClusterScriptSentOnce(t *testing.T) {
+	lim := mustLimit(t, bucket.TokenBucket, 10, time.Second, 10)
+	newCluster := func(addr string) *Backend {
+		b := newTestBackend(t, func(c *Config) { c.Mode = ModeCluster }, addr)
+		cc, ok := b.Client().(*redis.ClusterClient)
+		if !ok {
+			t.Fatalf("cluster mode client is a %T", b.Client())
+		}
+		if o := cc.Options(); o.MaxRetries != -1 || o.MaxRedirects != maxRedirects {
+			t.Fatalf("cluster options: MaxRetries %d, MaxRedirects %d; want -1, %d", o.MaxRetries, o.MaxRedirects, maxRedirects)
+		}
+		return b
+	}
+
+	lost := startFakeNode(t, func() string { return "" })
+	_, err := newCluster(lost.addr()).AllowNAt(bg, "k", lim, 1, base, 1)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("reply lost: %v, want ErrUnavailable", err)
+	}
+	if got := lost.scripts.Load(); got != 1 {
+		t.Fatalf("reply lost: the script was sent %d times, want once", got)
+	}
+
+	target := startFakeNode(t, func() string {
+		return fmt.Sprintf("*4\r\n:1\r\n:%d\r\n:0\r\n:0\r\n", base/nsPerMs) // allowed, full
+	})
+	moved := startFakeNode(t, func() string { return "-MOVED 1 " + target.addr() + "\r\n" })
+	r, err := newCluster(moved.addr()).AllowNAt(bg, "k", lim, 1, base, 1)
+	if err != nil || !r.Allowed {
+		t.Fatalf("after MOVED: %+v, %v; want allowed", r, err)
+	}
+	if m, tg := moved.scripts.Load(), target.scripts.Load(); m != 1 || tg != 1 {
+		t.Fatalf("after MOVED: the script reached the first node %d times and the target %d, want once each", m, tg)
+	}
 }

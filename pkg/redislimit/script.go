@@ -16,7 +16,10 @@ import (
 //
 // KEYS[1] is the key. ARGV: op, family, now (ms; < 0 = use Redis TIME), n,
 // p1, p2, p3 (the family's parameters, below), slack (ms added to TTLs),
-// shards and ttl (ms; for op promote: promoted until now + ttl).
+// shards and ttl (ms; for op promote: promoted until now + ttl). Op promote
+// marks the key, or extends its promotion; op extend only extends a
+// promotion, and on a key that is not promoted returns its state, changing
+// nothing. Op drain is pkg/bucket's Drain.
 //
 // Lua numbers are doubles: every quantity below is an integer kept under
 // 2⁵³ (see limitParams), integer division goes through idiv, which corrects
@@ -37,11 +40,11 @@ import (
 //
 // Reply: {code, now, taken, v1, v2, v3}: code 1 allowed / done, 0 denied,
 // 2 the key is promoted (v1 shards, v2 until), 3 the key was promoted by this
-// call, 4 an existing promotion was extended; taken is the tokens op take
+// call, 4 an existing promotion was extended (or is already longer); taken is the tokens op take
 // took; v* is the state at now after the operation: bucket {d}, fixed
 // {start, count}, sliding {start, prev, curr}.
 const scriptSource = `
-local OP_ALLOW, OP_TAKE, OP_GIVE, OP_DEBIT, OP_PEEK, OP_PROMOTE = 1, 2, 3, 4, 5, 6
+local OP_ALLOW, OP_TAKE, OP_GIVE, OP_DEBIT, OP_PEEK, OP_PROMOTE, OP_EXTEND, OP_DRAIN = 1, 2, 3, 4, 5, 6, 7, 8
 local key = KEYS[1]
 local op = tonumber(ARGV[1])
 local fam = tonumber(ARGV[2])
@@ -79,7 +82,7 @@ end
 local demoted = nil
 if kind == 'p' then
   if x > now then
-    if op ~= OP_PROMOTE then return {2, now, 0, tonumber(f[3]), x} end
+    if op ~= OP_PROMOTE and op ~= OP_EXTEND then return {2, now, 0, tonumber(f[3]), x} end
     local u = now + tonumber(ARGV[10])
     if u > x then
       redis.call('SET', key, 'p:' .. fmt(u) .. ':' .. f[3], 'PX', fmt(u - x + redis.call('PTTL', key)))
@@ -138,6 +141,8 @@ if fam == 1 then
       if d > 2 * cap then d = 2 * cap end
       write = true
     end
+  elseif op == OP_DRAIN then
+    if d < cap then d = cap; write = true end
   end
   if write then
     -- A full bucket is still written (it expires after slack): full at now
@@ -207,6 +212,8 @@ else
       curr = curr + room
       write = true
     end
+  elseif op == OP_DRAIN then
+    if curr < quota then curr = quota; write = true end
   end
   if write then
     -- Empty windows are written too: they pin the window for a clock behind.
@@ -243,6 +250,8 @@ const (
 	opDebit
 	opPeek
 	opPromote
+	opExtend
+	opDrain // Limit.Drain
 )
 
 // Script families (ARGV[2]).
@@ -258,7 +267,7 @@ const (
 	codeOK       = 1
 	codePromoted = 2 // the key is promoted; the call did nothing
 	codeMarked   = 3 // op promote marked the key
-	codeExtended = 4 // op promote extended an existing promotion
+	codeExtended = 4 // op promote or extend found the key promoted and extended the promotion
 )
 
 // ErrUnsupportedLimit is wrapped by the error for a limit the script cannot

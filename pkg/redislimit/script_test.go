@@ -15,7 +15,7 @@ const base = int64(1_700_006_400) * int64(time.Second)
 // tstep is one operation at base+at.
 type tstep struct {
 	at time.Duration
-	op op // opAllow, opTake, opGive or opDebit
+	op op // opAllow, opTake, opGive, opDebit or opDrain
 	n  int64
 }
 
@@ -68,6 +68,10 @@ func sharedTable(t testing.TB) []struct {
 			{2 * time.Second, opTake, 100}, {7 * time.Second, opGive, 1000}, {7 * time.Second, opAllow, 1000},
 			{61 * time.Second, opAllow, 1}, {61 * time.Second, opTake, 2}, {125 * time.Second, opDebit, 100},
 			{125 * time.Second, opAllow, 0}, {126 * time.Second, opGive, 1}, {400 * time.Second, opAllow, 1},
+			{400 * time.Second, opDrain, 0}, {400*time.Second + ms, opAllow, 1}, {401 * time.Second, opGive, 2},
+			{401 * time.Second, opDrain, 0}, {401 * time.Second, opDrain, 0}, {399 * time.Second, opDrain, 0},
+			{430 * time.Second, opAllow, 1}, {431 * time.Second, opDebit, 3}, {431 * time.Second, opDrain, 0},
+			{432 * time.Second, opAllow, 0},
 		},
 	)
 	var cases []struct {
@@ -135,6 +139,11 @@ func runAgainstBucket(t tb, b *Backend, key string, lim bucket.Limit, steps []ts
 			if err := b.Debit(bg, key, lim, 1, 0, now, st.n); err != nil {
 				t.Fatalf("step %d: Debit: %v", i, err)
 			}
+		case opDrain:
+			lim.Drain(&s, ref)
+			if _, err := b.single(bg, key, lim, 1, 0, opDrain, now, 0); err != nil {
+				t.Fatalf("step %d: Drain: %v", i, err)
+			}
 		}
 	}
 }
@@ -180,7 +189,7 @@ func TestRedisScriptMatchesBucket(t *testing.T) {
 			for range rapid.IntRange(1, 40).Draw(rt, "len") {
 				at += time.Duration(rapid.Int64Range(-2000, 5000).Draw(rt, "dt")) * time.Millisecond
 				at = max(at, -time.Minute)
-				o := rapid.SampledFrom([]op{opAllow, opAllow, opAllow, opTake, opGive, opDebit}).Draw(rt, "op")
+				o := rapid.SampledFrom([]op{opAllow, opAllow, opAllow, opTake, opGive, opDebit, opDrain}).Draw(rt, "op")
 				n := rapid.Int64Range(-1, burst+1).Draw(rt, "n")
 				steps = append(steps, tstep{at, o, n})
 			}

@@ -2,6 +2,7 @@ package redislimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -24,6 +25,7 @@ type call struct {
 	p      params
 	op     op
 	now    int64 // Unix ns; < 0: Redis's clock
+	pinned bool  // run at now even with Config.ServerTime
 	n      int64
 	shards int64 // op promote
 	ttl    int64 // op promote: promoted until now + ttl (ns)
@@ -45,8 +47,8 @@ type outcome struct {
 // msFloor truncates a Unix ns instant to the millisecond.
 func msFloor(ns int64) int64 { return ns - ns%nsPerMs }
 
-// redisStore runs the Lua script with EVALSHA (go-redis falls back to EVAL
-// on NOSCRIPT, which also loads it).
+// redisStore runs the Lua script with EVALSHA, and with EVAL (which also
+// loads it) on NOSCRIPT.
 type redisStore struct {
 	client   redis.UniversalClient
 	script   *redis.Script
@@ -57,12 +59,15 @@ type redisStore struct {
 
 func (s *redisStore) do(ctx context.Context, c *call) (outcome, error) {
 	nowMs := int64(-1)
-	if !s.useTIME {
+	if !s.useTIME || c.pinned {
 		nowMs = max(c.now, 0) / nsPerMs
 	}
-	v, err := s.script.Run(ctx, s.client, []string{c.key},
-		int64(c.op), c.p.fam, nowMs, c.n, c.p.p1, c.p.p2, c.p.p3, s.slackMs,
-		c.shards, c.ttl/nsPerMs).Int64Slice()
+	args := []any{c.key, int64(c.op), c.p.fam, nowMs, c.n, c.p.p1, c.p.p2, c.p.p3, s.slackMs, c.shards, c.ttl / nsPerMs}
+	cmd := s.eval(ctx, "evalsha", s.script.Hash(), args)
+	if err := cmd.Err(); errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = s.eval(ctx, "eval", scriptSource, args)
+	}
+	v, err := cmd.Int64Slice()
 	if err != nil {
 		return outcome{}, err
 	}
@@ -81,6 +86,26 @@ func (s *redisStore) do(ctx context.Context, c *call) (outcome, error) {
 	o.state, err = c.p.stateFrom(c.lim, o.now, v[3:])
 	return o, err
 }
+
+// eval sends EVAL or EVALSHA (name) of payload for one key (args[0]) as a
+// scriptCmd.
+func (s *redisStore) eval(ctx context.Context, name, payload string, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, append([]any{name, payload, 1}, args...)...)
+	cmd.SetFirstKeyPos(3)
+	_ = s.client.Process(ctx, scriptCmd{cmd})
+	return cmd
+}
+
+// scriptCmd is a script call that go-redis never sends again once it may
+// have reached Redis. ClusterClient re-sends a command after a network
+// error, a timeout, LOADING or CLUSTERDOWN (up to MaxRedirects times); a
+// script that ran but whose reply was lost would run twice (a GiveBack
+// given twice over-admits). Redirects (MOVED, ASK), which Redis answers
+// without running the script, are still followed.
+type scriptCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to re-send the command after an error.
+func (scriptCmd) NoRetry() bool { return true }
 
 func (s *redisStore) close() error {
 	if s.ownClose {
@@ -116,7 +141,7 @@ func (s *memStore) do(_ context.Context, c *call) (outcome, error) {
 	}
 	if k.shards > 0 {
 		if k.until > now {
-			if c.op != opPromote {
+			if c.op != opPromote && c.op != opExtend {
 				return outcome{code: codePromoted, now: now, shards: k.shards, until: k.until}, nil
 			}
 			k.until = max(k.until, now+msFloor(c.ttl))
@@ -140,6 +165,8 @@ func (s *memStore) do(_ context.Context, c *call) (outcome, error) {
 		l.GiveBack(&k.st, now, c.n)
 	case opDebit:
 		l.Debit(&k.st, now, c.n)
+	case opDrain:
+		l.Drain(&k.st, now)
 	case opPromote:
 		o.code = codeMarked
 		o.state = k.st
