@@ -143,3 +143,41 @@ func TestRedisRefundOnDeny(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisFailOpenTakesShare: with the Redis backend failing, an agent
+// that talks to an allocator decides a failure_mode open rule from its
+// share of the limit (R/N, burst ⌈B/N⌉ with N live gateways), as the
+// allocator's own fallback does, so the fleet admits no more than the
+// limit; a standalone agent, which knows no N, takes the whole limit.
+// 8/hour with 4 live gateways: 2 here, then denied for the next token's
+// 30 minutes.
+func TestRedisFailOpenTakesShare(t *testing.T) {
+	const yaml = `
+domain: test
+descriptors:
+  - key: hot
+    rate_limit: {name: hot, unit: hour, requests_per_unit: 8, backend: redis}
+`
+	remote := &fakeRemote{fail: true}
+	s := newSteppedWith(t, func(c *Config) { c.Redis = remote }, yaml)
+	s.liveAgents.Store(4)
+	d := desc("hot", "k")
+	for i := range 2 {
+		if got := check(t, s.Agent, d); !got.Allowed || got.Source != SourceFallback {
+			t.Fatalf("check %d: %+v, want allowed from this gateway's share", i+1, got)
+		}
+	}
+	if got := check(t, s.Agent, d); got.Allowed || got.Source != SourceFallback || got.RetryAfter != 30*time.Minute {
+		t.Fatalf("third: %+v, want denied by the share (2 of 8/hour) for 30m", got)
+	}
+
+	alone := newAgent(t, Config{Rules: mustCompile(t, 1, yaml), Redis: &fakeRemote{fail: true}})
+	for i := range 8 {
+		if got := check(t, alone, d); !got.Allowed || got.Source != SourceFallback {
+			t.Fatalf("standalone check %d: %+v, want allowed from the whole limit", i+1, got)
+		}
+	}
+	if got := check(t, alone, d); got.Allowed {
+		t.Fatalf("standalone ninth: %+v, want denied", got)
+	}
+}

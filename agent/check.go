@@ -503,11 +503,19 @@ func (a *Agent) decide(ctx context.Context, r *rules.Rule, domain string, entrie
 		if !ks.local.Load() {
 			ks.local.Store(true)
 		}
-		src := SourceLocal
+		src, nAgents := SourceLocal, uint32(1)
 		if r.Backend == rules.BackendRedis && a.redis != nil {
-			src = SourceFallback // the Redis backend failed; fail open
+			// The Redis backend failed; fail open. An agent that talks to
+			// an allocator knows how many gateways are live: each takes
+			// its share (R/N, as the allocator's fallback does), so the
+			// fleet admits no more than B + R·T. A standalone agent does
+			// not, and takes the whole limit.
+			src = SourceFallback
+			if !a.standalone && r.Routing != rules.RoutingConsistentHash {
+				nAgents = max(a.liveAgents.Load(), 1)
+			}
 		}
-		st, oc = a.decideBucket(ks, r, now, n, consume, 1, src)
+		st, oc = a.decideBucket(ks, r, now, n, consume, nAgents, src)
 	}
 	if !st.Allowed && consume {
 		ks.denied.Add(1)
