@@ -46,7 +46,8 @@ import (
 // returned to it, never exceed what the pool received from the global
 // cluster plus what it minted, less what it handed back. Tokens gateways
 // admit from their own fallback buckets and charge are taken from the
-// pool too, into debt when it holds too few; a debt is paid first out of
+// pool too, into debt when it holds too few, and so are the tokens a send
+// hands back; a debt is paid first out of
 // what the pool receives next (a mint may keep part of what it mints for
 // the gateways, see UpstreamMint.Keep, and pay the debt with the rest), so
 // over any span the region admits what it received and minted plus its
@@ -68,16 +69,20 @@ import (
 //	       uvarint the global cluster's rules version
 //
 // Grants are written as version 2 (they carry the global cluster's limit
-// of each key); sends as version 1; mints as version 1 unless a key keeps
-// part of its mint from the debt (then version 2, with keep); forgets and
-// fails as version 3. A node stops at an entry of a version it does not
-// know with an "upgrade this node" error, so a regional cluster is
-// upgraded followers first.
+// of each key); mints as version 1 unless a key keeps part of its mint
+// from the debt (then version 2, with keep); sends, forgets and fails as
+// version 3. A send of version 3 hands back all it says: what a pool no
+// longer holds when it applies (its gateways were granted it after the
+// leader read the pool, and the global cluster credits it all the same)
+// becomes the pool's debt, repaid out of what it receives next; one of
+// an earlier version hands back at most what the pool holds. A node
+// stops at an entry of a version it does not know with an "upgrade this
+// node" error, so a regional cluster is upgraded followers first.
 const (
 	upstreamMarker    = 0x01
 	upstreamVersion   = 1
 	upstreamVersionV2 = 2 // grants carry the global limit; mints what they keep
-	upstreamVersionV3 = 3 // forgets and fails
+	upstreamVersionV3 = 3 // forgets and fails; a send's return beyond the pool is its debt
 
 	opSend   = 1
 	opGrant  = 2
@@ -315,14 +320,6 @@ type UpstreamMint struct {
 	Keep int64
 }
 
-func appendUpHeader(dst []byte, now int64, op byte) []byte {
-	v := byte(upstreamVersion)
-	if op == opGrant {
-		v = upstreamVersionV2
-	}
-	return appendUpHeaderV(dst, now, op, v)
-}
-
 func appendUpHeaderV(dst []byte, now int64, op, v byte) []byte {
 	dst = append(dst, upstreamMarker, v)
 	dst = binary.AppendUvarint(dst, uint64(now))
@@ -330,9 +327,10 @@ func appendUpHeaderV(dst []byte, now int64, op, v byte) []byte {
 }
 
 // AppendUpstreamSend appends a send entry: the call with request id seq,
-// encoded as req, handing back and charging what keys say.
+// encoded as req, handing back and charging what keys say. What it hands
+// back beyond what a pool holds when it applies becomes the pool's debt.
 func AppendUpstreamSend(dst []byte, now int64, seq uint64, req []byte, keys []UpstreamReturn) []byte {
-	dst = appendUpHeader(dst, now, opSend)
+	dst = appendUpHeaderV(dst, now, opSend, upstreamVersionV3)
 	dst = binary.AppendUvarint(dst, seq)
 	dst = binary.AppendUvarint(dst, uint64(len(req)))
 	dst = append(dst, req...)
@@ -347,7 +345,7 @@ func AppendUpstreamSend(dst []byte, now int64, seq uint64, req []byte, keys []Up
 
 // AppendUpstreamGrant appends a grant entry answering the send seq.
 func AppendUpstreamGrant(dst []byte, now int64, seq uint64, keys []UpstreamGrant) []byte {
-	dst = appendUpHeader(dst, now, opGrant)
+	dst = appendUpHeaderV(dst, now, opGrant, upstreamVersionV2)
 	dst = binary.AppendUvarint(dst, seq)
 	dst = binary.AppendUvarint(dst, uint64(len(keys)))
 	for _, k := range keys {
@@ -544,9 +542,12 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 		c.up.seq, c.up.pending = seq, req
 		for _, k := range keys {
 			if p := c.pools[k.hash]; p != nil {
-				r := min(max(k.a, 0), p.avail)
-				p.avail -= r
-				p.returned += r
+				r := max(k.a, 0)
+				if !v3 {
+					r = min(r, p.avail)
+				}
+				p.charge(r)
+				p.returned = sat(p.returned, r)
 				p.owed -= min(max(k.b, 0), p.owed)
 			}
 		}

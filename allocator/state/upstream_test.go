@@ -102,7 +102,11 @@ func TestRegionalPoolBoundsSubGrants(t *testing.T) {
 	}
 	// A mint adds fallback tokens, owed upstream until a send reports them.
 	applyUp(t, s, AppendUpstreamMint(nil, at(7*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 5}}))
-	applyUp(t, s, AppendUpstreamSend(nil, at(8*time.Millisecond), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 100, Charged: 5}}))
+	// A send of version 1 hands back at most what the pool holds (one of
+	// version 3 puts the rest into debt: TestRegionalSendBeyondPoolIsDebt).
+	send := AppendUpstreamSend(nil, at(8*time.Millisecond), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 100, Charged: 5}})
+	send[1] = upstreamVersion
+	applyUp(t, s, send)
 	if p, _ := s.PoolOf(h, at(8*time.Millisecond)); p.Available != 0 || p.Returned != 25 || p.Owed != 0 || p.Minted != 5 {
 		t.Fatalf("step 13: pool %+v, want 0 available, 25 returned (capped), 0 owed, 5 minted", p)
 	}
@@ -516,5 +520,33 @@ func TestRegionalLedgerEntryVersions(t *testing.T) {
 	next[1] = upstreamVersionV3 + 1
 	if _, err := s.ApplyUpstream(next); !errors.Is(err, ErrUnknownCommand) {
 		t.Errorf("a version-4 entry: %v, want ErrUnknownCommand", err)
+	}
+}
+
+// A send hands back what the leader read the pool to hold beyond its
+// target; gateways granted part of it before the send applied. The
+// global cluster credits all the send hands back, so what the pool no
+// longer holds becomes its debt, repaid out of the next grant: the region
+// never sub-grants tokens the global cluster counts as handed back.
+func TestRegionalSendBeyondPoolIsDebt(t *testing.T) {
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 0, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	applyUp(t, s, AppendUpstreamSend(nil, at(1), 1, []byte("call-1"), []UpstreamReturn{{Hash: h}}))
+	applyUp(t, s, AppendUpstreamGrant(nil, at(2), 1, []UpstreamGrant{{Hash: h, Granted: 30}}))
+	// The leader reads 30 and hands back 20; a gateway takes 25 first.
+	if g := mustAcquire(t, s, at(3), "gw2", 1, ka("g", "x", 25, 0, 0, 0)).Grants[0]; g.Granted != 25 {
+		t.Fatalf("step 1: granted %d, want 25", g.Granted)
+	}
+	applyUp(t, s, AppendUpstreamSend(nil, at(4), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 20}}))
+	if p, _ := s.PoolOf(h, at(4)); p.Available != 0 || p.Debt != 15 || p.Returned != 20 {
+		t.Fatalf("step 2: pool %+v, want 0 available, 15 in debt, 20 returned", p)
+	}
+	applyUp(t, s, AppendUpstreamGrant(nil, at(5), 2, []UpstreamGrant{{Hash: h, Granted: 40}}))
+	if p, _ := s.PoolOf(h, at(5)); p.Available != 25 || p.Debt != 0 {
+		t.Fatalf("step 3: pool %+v, want the debt repaid: 25 available", p)
+	}
+	if g := mustAcquire(t, s, at(6), "gw3", 1, ka("g", "x", 50, 0, 0, 0)).Grants[0]; g.Granted != 25 {
+		t.Fatalf("step 4: granted %d, want 25: received 70 − returned 20 − granted 25", g.Granted)
 	}
 }
