@@ -60,6 +60,9 @@ func (r RegionConfig) validate(c Config) []error {
 	if len(r.GlobalAllocators) > 0 && r.Name == "" {
 		bad("-global-allocators needs -region: only a regional cluster leases from a global one")
 	}
+	if r.Name != "" && c.Groups > 1 {
+		bad("-region with -groups %d: a regional cluster runs a single group (docs/regions.md)", c.Groups)
+	}
 	seen := map[string]bool{}
 	for _, a := range r.GlobalAllocators {
 		if _, _, err := net.SplitHostPort(a); err != nil {
@@ -148,6 +151,14 @@ func (s *Server) cycleError(addr string, st *allotv1.ClusterStatusResponse) erro
 	}
 	return nil
 }
+
+// errRegionGroups: a regional node in a cluster with several data groups
+// (one that joined such a cluster, or whose data dir holds one). A
+// region's pools live with its keys, in the data groups, while its
+// upstream runner reads and commits to the meta group's ledger only, so
+// such a region would never be granted a global key. Config.Validate
+// refuses -region with -groups N up front.
+var errRegionGroups = errors.New("allocator: -region needs a single-group cluster, and this node's cluster has several data groups (-groups); a regional cluster runs a single group (docs/regions.md)")
 
 // setupRegion creates the region's link (none unless Config.Region names
 // one) and refuses a cycle in the allocator chain.

@@ -1,12 +1,16 @@
 package allocator
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/allot/allot/allocator/groupdir"
 	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/rules"
+	"github.com/allot/allot/pkg/slots"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -35,6 +39,7 @@ func TestRegionConfigValidate(t *testing.T) {
 		"no port":      {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1"} }, `-global-allocators "10.0.0.1"`},
 		"twice":        {func(c *Config) { c.Region.GlobalAllocators = []string{"10.0.0.1:1", "10.0.0.1:1"} }, "twice"},
 		"negative rtt": {func(c *Config) { c.Region.Upstream.RTT = -time.Second }, "RTT"},
+		"groups":       {func(c *Config) { c.Bootstrap, c.Groups = true, 2 }, "-region with -groups 2"},
 	} {
 		c := good
 		c.Region.GlobalAllocators = append([]string(nil), good.Region.GlobalAllocators...)
@@ -96,4 +101,37 @@ func TestRegionCycleFoundLate(t *testing.T) {
 		t.Errorf("upstream calls: cycle %v, ok %v; want one refused, none answered", cycles, testutilCounter(reg.calls.WithLabelValues("ok")))
 	}
 	t.Logf("upstream calls: %v failed while nothing answered, 1 refused as a cycle", errs)
+}
+
+// -region with several data groups is refused: at validation with
+// -groups N, and at startup on a node whose data dir holds a cluster of
+// several groups (the region's runner serves only the meta group, where
+// no pool lives).
+func TestRegionRefusesGroups(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NodeID, cfg.DataDir = "r0", t.TempDir()
+	cfg.GRPCAddr, cfg.RaftAddr, cfg.HTTPAddr = "127.0.0.1:0", "127.0.0.1:0", ""
+	cfg.Logger = testLogger(t, 0)
+	cfg.Region = RegionConfig{Name: "eu", GlobalAllocators: []string{"127.0.0.1:1"}, SkipCycleCheck: true}
+	l, err := groupdir.Init(cfg.DataDir, groupdir.NewClusterID(), cfg.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []slots.GroupID{0, 1, 2} {
+		if _, err := l.CreateGroup(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeHosted(cfg.DataDir, []slots.GroupID{0, 1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	}
+	if !errors.Is(err, errRegionGroups) {
+		t.Fatalf("New of a region in a cluster of several groups: %v, want %v", err, errRegionGroups)
+	}
 }

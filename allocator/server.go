@@ -204,6 +204,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Region.Name != "" && s.multi() {
+		err = errRegionGroups
+		return nil, err
+	}
 	if s.node, err = openNode(g0, s.fsm, newHCLogAdapter(s.log, "raft"), stream, bound); err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -25,12 +27,20 @@ import (
 // (allocator/upstream), commits what the policy decides through Raft and
 // makes the upstream calls. It is owned by the leader's duties: started
 // after the term's Barrier, stopped when leadership ends.
+//
+// One upstream call is in flight at a time: the ledger records one
+// pending send, which a new leader makes again. A call carries at most
+// maxKeys keys (the protocol's bound). When more are due, the keys are
+// evaluated in turn from where the last full call stopped (in key hash
+// order, wrapping around), and the next call follows as soon as the last
+// is answered, so that every key is evaluated within ⌈due/maxKeys⌉ calls.
 type regional struct {
-	s     *Server
-	name  string
-	agent string // the region's agent id at the global cluster
-	cfg   upstream.Config
-	addrs []string
+	s       *Server
+	name    string
+	agent   string // the region's agent id at the global cluster
+	cfg     upstream.Config
+	addrs   []string
+	maxKeys int // keys per upstream call
 
 	calls   *prometheus.CounterVec // result
 	tokens  *prometheus.CounterVec // kind: received, returned, minted
@@ -72,7 +82,7 @@ func (s *Server) newRegional() (*regional, error) {
 	}
 	g := &regional{
 		s: s, name: r.Name, agent: regionAgentPrefix + r.Name, cfg: r.Upstream, addrs: r.GlobalAllocators,
-		state: "not_leader", since: time.Now(), keys: map[uint64]keyView{},
+		maxKeys: allotv1.MaxKeysPerCall, state: "not_leader", since: time.Now(), keys: map[uint64]keyView{},
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Name: "upstream_calls_total",
 			Help: "Calls of this regional leader to the global cluster, by result (ok, error, cycle)."}, []string{"result"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Name: "upstream_tokens_total",
@@ -142,6 +152,35 @@ func (g *regional) run(ctx context.Context) {
 	var calls sync.WaitGroup
 	defer calls.Wait()
 	inflight := false
+	// cursor: the key the next evaluation starts from; more: the last
+	// one left keys unevaluated, for want of room in its call.
+	var cursor uint64
+	more := false
+	call := func(due []due) {
+		if len(due) == 0 {
+			return
+		}
+		c, ok := g.send(ctx, due)
+		if !ok {
+			return
+		}
+		inflight = true
+		calls.Add(1)
+		go func() {
+			defer calls.Done()
+			// No global allocator answered the cycle check yet: the
+			// first to answer is checked before it is leased from.
+			if !g.isVerified() {
+				if err := g.verify(ctx); errors.Is(err, errCycle) {
+					c.err = err
+					results <- c
+					return
+				}
+			}
+			c.resp, c.err = g.acquire(ctx, c.req)
+			results <- c // buffered for the one call in flight
+		}()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -153,31 +192,21 @@ func (g *regional) run(ctx context.Context) {
 				s.log.Error("refusing to lease from the global allocators", "err", res.err)
 				upstreamOK = false
 			}
+			if more && upstreamOK && ctx.Err() == nil {
+				// The keys the last call had no room for: now, not at
+				// the next Tick.
+				var due []due
+				due, more = g.tick(ctx, keys, upstreamOK, true, &cursor)
+				call(due)
+			}
 		case <-t.C:
-			due := g.tick(ctx, keys, upstreamOK, !inflight)
-			if len(due) == 0 {
+			if inflight {
+				g.tick(ctx, keys, upstreamOK, false, &cursor)
 				continue
 			}
-			c, ok := g.send(due)
-			if !ok {
-				continue
-			}
-			inflight = true
-			calls.Add(1)
-			go func() {
-				defer calls.Done()
-				// No global allocator answered the cycle check yet: the
-				// first to answer is checked before it is leased from.
-				if !g.isVerified() {
-					if err := g.verify(ctx); errors.Is(err, errCycle) {
-						c.err = err
-						results <- c
-						return
-					}
-				}
-				c.resp, c.err = g.acquire(ctx, c.req)
-				results <- c // buffered for the one call in flight
-			}()
+			var due []due
+			due, more = g.tick(ctx, keys, upstreamOK, true, &cursor)
+			call(due)
 		}
 	}
 }
@@ -214,7 +243,8 @@ func (g *regional) isVerified() bool {
 // request id: the global cluster answers a repeated id with the answer it
 // recorded, so a grant the previous leader never committed reaches the
 // pools once. A call that fails again is given up (what it may have been
-// granted is not admitted: the safe side).
+// granted is not admitted: the safe side), and what it reported as
+// outage_charged is owed again.
 func (g *regional) recover(ctx context.Context) {
 	s := g.s
 	seq, raw := s.st.PendingUpstream()
@@ -226,17 +256,29 @@ func (g *regional) recover(ctx context.Context) {
 		s.log.Error("pending upstream call does not decode; given up", "seq", seq, "err", err)
 		return
 	}
+	set := s.st.Rules()
+	giveUp := func(msg string, err error) {
+		s.log.Warn(msg, "seq", seq, "err", err)
+		charges := make([]state.UpstreamReturn, len(req.GetKeys()))
+		for i, k := range req.GetKeys() {
+			charges[i] = state.UpstreamReturn{Hash: keyHashOf(set, k), Charged: k.GetOutageCharged()}
+		}
+		if err := g.commit(state.AppendUpstreamFail(nil, s.stamp(), seq, charges)); err != nil && ctx.Err() == nil {
+			s.log.Warn("given-up upstream call not committed", "seq", seq, "err", err)
+		}
+	}
 	resp, err := g.acquire(ctx, req)
 	if err != nil {
-		s.log.Warn("previous leader's upstream call not answered; given up", "seq", seq, "err", err)
+		if ctx.Err() == nil {
+			giveUp("previous leader's upstream call not answered; given up", err)
+		}
 		return
 	}
 	gs, err := allotv1.GrantsOf(resp)
 	if err != nil {
-		s.log.Warn("previous leader's upstream call answered with grants that do not decode; given up", "seq", seq, "err", err)
+		giveUp("previous leader's upstream call answered with grants that do not decode; given up", err)
 		return
 	}
-	set := s.st.Rules()
 	var grants []state.UpstreamGrant
 	for i, k := range req.GetKeys() {
 		if i >= len(gs) {
@@ -272,15 +314,24 @@ type due struct {
 	req upstream.Request
 }
 
-// tick evaluates every global key once and returns the keys with an
-// upstream call to make (none unless canCall: a call is in flight).
-func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK, canCall bool) []due {
+// tick evaluates the global keys and returns those with an upstream call
+// to make, at most maxKeys of them (none unless canCall: a call is in
+// flight). With canCall, it evaluates the keys from *cursor on, in key
+// hash order and wrapping around, until maxKeys are due; more reports
+// that it stopped there, and *cursor is where the next evaluation starts.
+// Every key's pool is read back, and its fallback minted, either way.
+// Idle keys that hold nothing and owe nothing are forgotten (with
+// canCall: no key of the last call is left to answer).
+func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK, canCall bool, cursor *uint64) (calls []due, more bool) {
 	s := g.s
 	now := time.Now().UnixNano()
 	set := s.st.Rules()
 	pools := s.st.Pools(now)
-	var calls []due
+	// From the cursor on, wrapping around.
+	from := sort.Search(len(pools), func(i int) bool { return pools[i].Hash >= *cursor })
+	pools = slices.Concat(pools[from:], pools[:from])
 	var mints []state.UpstreamMint
+	var forget []uint64
 	views := make(map[uint64]keyView, len(pools))
 	fallbackKeys := 0
 	for _, p := range pools {
@@ -319,8 +370,12 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 		// The pool cut a gateway's want: the region is short of tokens,
 		// and what it sub-grants is no reading of its demand.
 		k.Short(p.ShortAt)
-		if !canCall {
-			// Left for the Tick after the answer.
+		if canCall && !more && len(calls) == g.maxKeys {
+			// No room left in this call: the next evaluation starts here.
+			*cursor, more = p.Hash, true
+		}
+		if !canCall || more {
+			// Left for the evaluation after the answer.
 		} else if r, ok := k.Tick(now, p.Demand); ok {
 			if upstreamOK {
 				calls = append(calls, due{p: p, rk: rk, req: r})
@@ -345,6 +400,9 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			fallbackKeys++
 		}
 		views[p.Hash] = keyView{share: st.Share, fallback: st.FallbackRt, cutOff: st.CutOff || !upstreamOK, notLeased: rk.notLeased}
+		if canCall && upstreamOK && forgettable(k, p, now) {
+			forget = append(forget, p.Hash)
+		}
 	}
 	g.fbKeys.Set(float64(fallbackKeys))
 	if len(mints) > 0 {
@@ -352,10 +410,41 @@ func (g *regional) tick(ctx context.Context, keys map[uint64]*regKey, upstreamOK
 			s.log.Warn("fallback mint not committed", "err", err)
 		}
 	}
+	if len(forget) > 0 {
+		if err := g.commit(state.AppendUpstreamForget(nil, s.stamp(), forget)); err != nil && ctx.Err() == nil {
+			s.log.Warn("idle global keys not forgotten", "keys", len(forget), "err", err)
+		}
+		for _, h := range forget {
+			delete(views, h)
+		}
+	}
+	// The keys whose pools are gone (forgotten, or no longer global):
+	// a pool made again starts a new key from the ledger.
+	for h := range keys {
+		if _, ok := views[h]; !ok {
+			delete(keys, h)
+		}
+	}
 	g.mu.Lock()
 	g.keys = views
+	for h := range g.warned {
+		if _, ok := views[h]; !ok {
+			delete(g.warned, h)
+		}
+	}
 	g.mu.Unlock()
-	return calls
+	return calls, more
+}
+
+// forgettable reports whether the pool p of key k may be forgotten at
+// now: the key is idle (upstream.Key.Idle) with no call in flight, and
+// the pool holds nothing, owes no report, is owed no debt and no gateway
+// holds an unexpired lease of it; the ledger checks the last three again
+// when the forget applies. Its lease at the global cluster runs out
+// unrefreshed: the region hands back what it held when the key turned
+// idle, before it holds nothing.
+func forgettable(k *upstream.Key, p state.Pool, now int64) bool {
+	return k.Idle(now) && !k.Status().InFlight && p.Available == 0 && p.Owed == 0 && p.Debt == 0 && p.Leases == 0
 }
 
 // keep is what a mint of n keeps from the pool's debt for the gateways
@@ -380,22 +469,11 @@ type callResult struct {
 
 // send commits the send of an upstream Acquire for the keys due (its
 // request id and what it hands back) and returns the call to make.
-func (g *regional) send(calls []due) (callResult, bool) {
+func (g *regional) send(ctx context.Context, calls []due) (callResult, bool) {
 	s := g.s
 	seq, _ := s.st.PendingUpstream()
 	seq++
-	req := &allotv1.AcquireRequest{AgentId: g.agent, RequestId: seq, Keys: make([]*allotv1.KeyAcquire, len(calls))}
-	returns := make([]state.UpstreamReturn, len(calls))
-	for i, c := range calls {
-		ka := &allotv1.KeyAcquire{Domain: c.p.Domain, Entries: make([]*allotv1.Entry, len(c.p.Entries)),
-			Want: min(c.req.Want+c.p.Debt, upstream.MaxWant), Held: c.req.Held, Returned: c.req.Returned,
-			Demand: c.req.Demand, OutageCharged: c.req.OutageCharged, WantShare: true}
-		for j, e := range c.p.Entries {
-			ka.Entries[j] = &allotv1.Entry{Key: e.Key, Value: e.Value}
-		}
-		req.Keys[i] = ka
-		returns[i] = state.UpstreamReturn{Hash: c.p.Hash, Returned: c.req.Returned, Charged: c.req.OutageCharged}
-	}
+	req, returns := g.request(seq, calls)
 	res := callResult{seq: seq, due: calls, req: req}
 	raw, err := proto.Marshal(req)
 	if err == nil {
@@ -403,7 +481,7 @@ func (g *regional) send(calls []due) (callResult, bool) {
 	}
 	if err != nil {
 		res.err = err
-		g.failed(res)
+		g.failed(ctx, res)
 		return res, false
 	}
 	for _, r := range returns {
@@ -412,13 +490,44 @@ func (g *regional) send(calls []due) (callResult, bool) {
 	return res, true
 }
 
+// request is the upstream Acquire with request id seq for the keys due,
+// and what it hands back and reports of each. The policy bounds every
+// amount of a key (upstream.MaxWant); want adds the pool's debt, within
+// the bound too.
+func (g *regional) request(seq uint64, calls []due) (*allotv1.AcquireRequest, []state.UpstreamReturn) {
+	req := &allotv1.AcquireRequest{AgentId: g.agent, RequestId: seq, Keys: make([]*allotv1.KeyAcquire, len(calls))}
+	returns := make([]state.UpstreamReturn, len(calls))
+	for i, c := range calls {
+		ka := &allotv1.KeyAcquire{Domain: c.p.Domain, Entries: make([]*allotv1.Entry, len(c.p.Entries)),
+			Want: min(c.req.Want+min(c.p.Debt, upstream.MaxWant), upstream.MaxWant), Held: c.req.Held, Returned: c.req.Returned,
+			Demand: c.req.Demand, OutageCharged: c.req.OutageCharged, WantShare: true}
+		for j, e := range c.p.Entries {
+			ka.Entries[j] = &allotv1.Entry{Key: e.Key, Value: e.Value}
+		}
+		req.Keys[i] = ka
+		returns[i] = state.UpstreamReturn{Hash: c.p.Hash, Returned: c.req.Returned, Charged: c.req.OutageCharged}
+	}
+	return req, returns
+}
+
 // failed ends a call that was not answered, or not made because the
 // global allocator that answered the cycle check is a region or this
-// cluster: its keys are cut off.
-func (g *regional) failed(res callResult) {
+// cluster: its keys are cut off, and it is given up in the ledger, so
+// that what it reported as outage_charged is owed again and goes with a
+// later call. A call that reached the global cluster and whose answer
+// was lost is then charged twice: the global bucket admits less, never
+// more.
+func (g *regional) failed(ctx context.Context, res callResult) {
+	s := g.s
 	now := time.Now().UnixNano()
-	for _, c := range res.due {
+	charges := make([]state.UpstreamReturn, len(res.due))
+	for i, c := range res.due {
 		_ = c.rk.k.Failed(now, c.req.ID)
+		charges[i] = state.UpstreamReturn{Hash: c.p.Hash, Charged: c.req.OutageCharged}
+	}
+	if err := g.commit(state.AppendUpstreamFail(nil, s.stamp(), res.seq, charges)); err != nil && ctx.Err() == nil {
+		// The next leader makes the call again (recover).
+		s.log.Warn("failed upstream call not given up in the ledger", "seq", res.seq, "err", err)
 	}
 	result, st := "error", "cut_off"
 	if errors.Is(res.err, errCycle) {
@@ -449,7 +558,7 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 	}
 	if res.err != nil {
 		if ctx.Err() == nil {
-			g.failed(res)
+			g.failed(ctx, res)
 		}
 		return
 	}
@@ -459,7 +568,9 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 		gr := gs[i]
 		g.checkLeased(c, gr.GetStatus())
 		// A reply after the key's CallTimeout is stale to the policy; the
-		// ledger still takes the grant, and the next Sync reads it.
+		// ledger still takes the grant, and the next Sync reads it. The
+		// policy owes the call's outage charge again (it failed the
+		// call) and reports it twice: the safe direction.
 		_ = c.rk.k.Granted(now, upstream.Grant{ID: c.req.ID, Granted: gr.GetGranted(),
 			RefreshAfter: time.Duration(gr.GetRefreshAfterMs()) * time.Millisecond, Share: gr.GetShare(), HasShare: gr.Share != nil})
 		grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Granted: gr.GetGranted(), Share: c.rk.k.Status().Share,

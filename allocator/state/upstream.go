@@ -32,13 +32,22 @@ import (
 //   - a new leader finds an unanswered send pending and makes the same
 //     call again, with the same request id: the global cluster answers a
 //     repeated request id with its recorded answer, so a grant made to the
-//     previous leader reaches the pools once.
+//     previous leader reaches the pools once;
+//   - it commits a fail when a call is given up (it failed, or it was not
+//     answered): the outage charges the send took out of the pools are
+//     owed again, for a later call to report, and the send is no longer
+//     pending;
+//   - it commits a forget for pools of keys that are idle (upstream.Key.Idle)
+//     and hold nothing, owe nothing and are owed nothing: such a pool is
+//     dropped unless one of its gateways holds an unexpired lease, and a
+//     gateway that uses the key again starts an empty one.
 //
 // Invariant: the tokens a region sub-grants from a pool, less those
 // returned to it, never exceed what the pool received from the global
 // cluster plus what it minted, less what it handed back. Tokens gateways
 // admit from their own fallback buckets and charge are taken from the
-// pool too, into debt when it holds too few; a debt is paid first out of
+// pool too, into debt when it holds too few, and so are the tokens a send
+// hands back; a debt is paid first out of
 // what the pool receives next (a mint may keep part of what it mints for
 // the gateways, see UpstreamMint.Keep, and pay the debt with the rest), so
 // over any span the region admits what it received and minted plus its
@@ -52,23 +61,34 @@ import (
 //	grant  op 2: uvarint seq, uvarint n, n × (fixed64 key hash, varint granted,
 //	       fixed64 share as float64 bits[, global limit])
 //	mint   op 3: uvarint n, n × (fixed64 key hash, varint minted[, varint keep])
+//	forget op 4 (version 3): uvarint n, n × fixed64 key hash
+//	fail   op 5 (version 3): uvarint seq, uvarint n, n × (fixed64 key hash,
+//	       varint charged)
 //	global limit (version 2 grants only): byte 0 (none) or 1, then byte
 //	       unit, byte algorithm, uvarint requests_per_unit, varint burst,
 //	       uvarint the global cluster's rules version
 //
 // Grants are written as version 2 (they carry the global cluster's limit
-// of each key); sends as version 1; mints as version 1 unless a key keeps
-// part of its mint from the debt (then version 2, with keep). A node that
-// reads version 1 only stops at a version-2 entry with an "upgrade this
+// of each key); mints as version 1 unless a key keeps part of its mint
+// from the debt (then version 2, with keep); sends, forgets and fails as
+// version 3. A send of version 3 hands back all it says: what a pool no
+// longer holds when it applies (its gateways were granted it after the
+// leader read the pool, and the global cluster credits it all the same)
+// becomes the pool's debt, repaid out of what it receives next; one of
+// an earlier version hands back at most what the pool holds. A node
+// stops at an entry of a version it does not know with an "upgrade this
 // node" error, so a regional cluster is upgraded followers first.
 const (
 	upstreamMarker    = 0x01
 	upstreamVersion   = 1
 	upstreamVersionV2 = 2 // grants carry the global limit; mints what they keep
+	upstreamVersionV3 = 3 // forgets and fails; a send's return beyond the pool is its debt
 
-	opSend  = 1
-	opGrant = 2
-	opMint  = 3
+	opSend   = 1
+	opGrant  = 2
+	opMint   = 3
+	opForget = 4
+	opFail   = 5
 )
 
 // poolRefresh: a gateway whose want a pool cut comes back after at most
@@ -300,14 +320,6 @@ type UpstreamMint struct {
 	Keep int64
 }
 
-func appendUpHeader(dst []byte, now int64, op byte) []byte {
-	v := byte(upstreamVersion)
-	if op == opGrant {
-		v = upstreamVersionV2
-	}
-	return appendUpHeaderV(dst, now, op, v)
-}
-
 func appendUpHeaderV(dst []byte, now int64, op, v byte) []byte {
 	dst = append(dst, upstreamMarker, v)
 	dst = binary.AppendUvarint(dst, uint64(now))
@@ -315,9 +327,10 @@ func appendUpHeaderV(dst []byte, now int64, op, v byte) []byte {
 }
 
 // AppendUpstreamSend appends a send entry: the call with request id seq,
-// encoded as req, handing back and charging what keys say.
+// encoded as req, handing back and charging what keys say. What it hands
+// back beyond what a pool holds when it applies becomes the pool's debt.
 func AppendUpstreamSend(dst []byte, now int64, seq uint64, req []byte, keys []UpstreamReturn) []byte {
-	dst = appendUpHeader(dst, now, opSend)
+	dst = appendUpHeaderV(dst, now, opSend, upstreamVersionV3)
 	dst = binary.AppendUvarint(dst, seq)
 	dst = binary.AppendUvarint(dst, uint64(len(req)))
 	dst = append(dst, req...)
@@ -332,7 +345,7 @@ func AppendUpstreamSend(dst []byte, now int64, seq uint64, req []byte, keys []Up
 
 // AppendUpstreamGrant appends a grant entry answering the send seq.
 func AppendUpstreamGrant(dst []byte, now int64, seq uint64, keys []UpstreamGrant) []byte {
-	dst = appendUpHeader(dst, now, opGrant)
+	dst = appendUpHeaderV(dst, now, opGrant, upstreamVersionV2)
 	dst = binary.AppendUvarint(dst, seq)
 	dst = binary.AppendUvarint(dst, uint64(len(keys)))
 	for _, k := range keys {
@@ -407,13 +420,41 @@ func AppendUpstreamMint(dst []byte, now int64, keys []UpstreamMint) []byte {
 	return dst
 }
 
+// AppendUpstreamForget appends a forget entry: the pools of keys (by
+// hash) that are dropped if, when it applies, they hold nothing, owe
+// nothing, are owed nothing and no gateway holds an unexpired lease of
+// the key.
+func AppendUpstreamForget(dst []byte, now int64, hashes []uint64) []byte {
+	dst = appendUpHeaderV(dst, now, opForget, upstreamVersionV3)
+	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
+	for _, h := range hashes {
+		dst = binary.LittleEndian.AppendUint64(dst, h)
+	}
+	return dst
+}
+
+// AppendUpstreamFail appends a fail entry: the send seq is given up, and
+// what it reported of each key as outage_charged (UpstreamReturn.Charged)
+// is owed again. The tokens it handed back stay handed back: the global
+// cluster may have applied the call.
+func AppendUpstreamFail(dst []byte, now int64, seq uint64, keys []UpstreamReturn) []byte {
+	dst = appendUpHeaderV(dst, now, opFail, upstreamVersionV3)
+	dst = binary.AppendUvarint(dst, seq)
+	dst = binary.AppendUvarint(dst, uint64(len(keys)))
+	for _, k := range keys {
+		dst = binary.LittleEndian.AppendUint64(dst, k.Hash)
+		dst = binary.AppendVarint(dst, k.Charged)
+	}
+	return dst
+}
+
 // errUpstream: an upstream entry does not decode.
 var errUpstream = errors.New("state: upstream entry does not decode")
 
 // UpstreamResult is ApplyUpstream's result.
 type UpstreamResult struct {
-	// Applied is false for a grant that does not answer the pending send
-	// (it changed nothing).
+	// Applied is false for a grant or a fail that does not answer the
+	// pending send, and a send older than the last (it changed nothing).
 	Applied bool
 }
 
@@ -438,16 +479,19 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 	if len(s) < 3 || s[0] != upstreamMarker {
 		return UpstreamResult{}, fmt.Errorf("%w: no marker", errUpstream)
 	}
-	if s[1] != upstreamVersion && s[1] != upstreamVersionV2 {
+	if s[1] < upstreamVersion || s[1] > upstreamVersionV3 {
 		return UpstreamResult{}, fmt.Errorf("%w: upstream entry version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
-	v2 := s[1] == upstreamVersionV2
+	v2, v3 := s[1] >= upstreamVersionV2, s[1] >= upstreamVersionV3
 	d := &allotv1.Reader{S: s, P: 2, Base: errUpstream}
 	now := max(int64(d.Uvarint()), c.now)
 	op := d.Byte()
+	if (op == opForget || op == opFail) && !v3 {
+		return UpstreamResult{}, fmt.Errorf("%w: op %d in a version %d entry", errUpstream, op, s[1])
+	}
 	var seq uint64
 	var req string
-	if op == opSend || op == opGrant {
+	if op == opSend || op == opGrant || op == opFail {
 		seq = d.Uvarint()
 	}
 	if op == opSend {
@@ -476,6 +520,9 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 			if v2 {
 				k.b = d.Varint()
 			}
+		case opForget:
+		case opFail:
+			k.b = d.Varint()
 		default:
 			return UpstreamResult{}, fmt.Errorf("%w: unknown op %d", errUpstream, op)
 		}
@@ -495,9 +542,12 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 		c.up.seq, c.up.pending = seq, req
 		for _, k := range keys {
 			if p := c.pools[k.hash]; p != nil {
-				r := min(max(k.a, 0), p.avail)
-				p.avail -= r
-				p.returned += r
+				r := max(k.a, 0)
+				if !v3 {
+					r = min(r, p.avail)
+				}
+				p.charge(r)
+				p.returned = sat(p.returned, r)
 				p.owed -= min(max(k.b, 0), p.owed)
 			}
 		}
@@ -530,6 +580,25 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 				p.keeping = k.b > 0
 				p.minted = sat(p.minted, k.a)
 				p.owed = sat(p.owed, k.a)
+			}
+		}
+	case opFail:
+		if c.up.pending == "" || seq != c.up.seq {
+			return UpstreamResult{}, nil
+		}
+		c.up.pending = ""
+		for _, k := range keys {
+			if p := c.pools[k.hash]; p != nil && k.b > 0 {
+				p.owed = sat(p.owed, k.b)
+			}
+		}
+	case opForget:
+		var e entry
+		for _, k := range keys {
+			if p := c.pools[k.hash]; p != nil && p.avail == 0 && p.owed == 0 && p.debt == 0 {
+				if n, _ := c.liveLeases(&e, k.hash, now); n == 0 {
+					delete(c.pools, k.hash)
+				}
 			}
 		}
 	}
@@ -612,6 +681,8 @@ type Pool struct {
 	// answer carried it (nil until one did); the limit in force in the
 	// region from then on.
 	Global *GlobalLimit
+	// Leases: the key's unexpired gateway leases.
+	Leases int
 }
 
 // Pools returns the region's pools in key hash order (none unless
@@ -644,25 +715,27 @@ func (s *State) PoolOf(h uint64, now int64) (Pool, bool) {
 
 // view is p as a Pool (read lock held).
 func (p *pool) view(c *core, e *entry, h uint64, now int64) Pool {
+	n, d := c.liveLeases(e, h, now)
 	return Pool{Hash: h, Key: p.key, Domain: p.domain, Entries: p.ents, Available: p.avail,
-		Demand: c.demandOf(e, h, now), Share: p.share, Received: p.received, Returned: p.returned,
-		Minted: p.minted, Owed: p.owed, Debt: p.debt, Global: p.global, ShortAt: p.shortAt}
+		Demand: d, Share: p.share, Received: p.received, Returned: p.returned,
+		Minted: p.minted, Owed: p.owed, Debt: p.debt, Global: p.global, ShortAt: p.shortAt, Leases: n}
 }
 
-// demandOf sums the demand of the key's unexpired leases (read lock held).
-func (c *core) demandOf(e *entry, h uint64, now int64) float64 {
+// liveLeases counts the key's unexpired leases and sums their demand
+// (read lock held).
+func (c *core) liveLeases(e *entry, h uint64, now int64) (n int, demand float64) {
 	i := c.tab.find(h)
 	if i < 0 || c.tab.at(i).link == 0 {
-		return 0
+		return 0, 0
 	}
 	c.loadEntry(e, h, c.tab.at(i).link)
-	d := 0.0
 	for _, l := range e.leases {
 		if l.expiry > now {
-			d += float64(l.demand)
+			n++
+			demand += float64(l.demand)
 		}
 	}
-	return d
+	return n, demand
 }
 
 // PendingUpstream returns the last upstream send's sequence number and,

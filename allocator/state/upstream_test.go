@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -101,7 +102,11 @@ func TestRegionalPoolBoundsSubGrants(t *testing.T) {
 	}
 	// A mint adds fallback tokens, owed upstream until a send reports them.
 	applyUp(t, s, AppendUpstreamMint(nil, at(7*time.Millisecond), []UpstreamMint{{Hash: h, Minted: 5}}))
-	applyUp(t, s, AppendUpstreamSend(nil, at(8*time.Millisecond), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 100, Charged: 5}}))
+	// A send of version 1 hands back at most what the pool holds (one of
+	// version 3 puts the rest into debt: TestRegionalSendBeyondPoolIsDebt).
+	send := AppendUpstreamSend(nil, at(8*time.Millisecond), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 100, Charged: 5}})
+	send[1] = upstreamVersion
+	applyUp(t, s, send)
 	if p, _ := s.PoolOf(h, at(8*time.Millisecond)); p.Available != 0 || p.Returned != 25 || p.Owed != 0 || p.Minted != 5 {
 		t.Fatalf("step 13: pool %+v, want 0 available, 25 returned (capped), 0 owed, 5 minted", p)
 	}
@@ -139,6 +144,8 @@ func FuzzApplyUpstream(f *testing.F) {
 	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 2}}))
 	f.Add(AppendUpstreamMint(nil, t0, []UpstreamMint{{Hash: 1, Minted: 4, Keep: 2}}))
 	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3, Limit: &GlobalLimit{RequestsPerUnit: 5, Unit: rules.UnitSecond, Burst: 5}}}))
+	f.Add(AppendUpstreamForget(nil, t0, []uint64{1, 2}))
+	f.Add(AppendUpstreamFail(nil, t0, 1, []UpstreamReturn{{Hash: 1, Charged: 3}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg := testConfig()
 		cfg.Regional = true
@@ -188,7 +195,7 @@ func TestRegionalLedgerConservation(t *testing.T) {
 			if hash != 0 {
 				before, _ = s.PoolOf(hash, now)
 			}
-			switch rapid.IntRange(0, 6).Draw(rt, "op") {
+			switch rapid.IntRange(0, 7).Draw(rt, "op") {
 			case 0, 1: // a gateway's call
 				k := ka("g", "x", int64(rapid.IntRange(0, 80).Draw(rt, "want")), 0,
 					int64(rapid.IntRange(0, 30).Draw(rt, "returned")), int64(rapid.IntRange(0, 5).Draw(rt, "charged")))
@@ -250,6 +257,12 @@ func TestRegionalLedgerConservation(t *testing.T) {
 					rt.Fatalf("step %d: Restore: %v", i, err)
 				}
 				s = r
+			case 7: // a send given up, perhaps an older one: its charge is owed again
+				if hash == 0 {
+					continue
+				}
+				id := seq - uint64(rapid.IntRange(0, 1).Draw(rt, "older"))
+				applyUpT(rt, s, AppendUpstreamFail(nil, now, id, []UpstreamReturn{{Hash: hash, Charged: int64(rapid.IntRange(0, 5).Draw(rt, "owed-again"))}}))
 			}
 			if hash == 0 {
 				continue
@@ -390,4 +403,150 @@ func ledgerRoundTrip(t *testing.T, s *State, version byte) *State {
 		t.Fatal("restored state persists to other bytes")
 	}
 	return r
+}
+
+// poolHashes returns the pools' key hashes by their entry's value.
+func poolHashes(s *State, now int64) map[string]uint64 {
+	hs := map[string]uint64{}
+	for _, p := range s.Pools(now) {
+		hs[p.Entries[0].Value] = p.Hash
+	}
+	return hs
+}
+
+// A fail gives up the pending send: what it reported as outage_charged
+// is owed again, for a later call to report, and its grant no longer
+// counts. A fail of any other send changes nothing.
+func TestRegionalFailOwesChargeAgain(t *testing.T) {
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 50, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	owed := func(step int, want int64) {
+		t.Helper()
+		if p, _ := s.PoolOf(h, at(0)); p.Owed != want {
+			t.Fatalf("step %d: owed %d, want %d", step, p.Owed, want)
+		}
+	}
+	applyUp(t, s, AppendUpstreamMint(nil, at(1), []UpstreamMint{{Hash: h, Minted: 5}}))
+	owed(1, 5)
+	applyUp(t, s, AppendUpstreamSend(nil, at(2), 1, []byte("call-1"), []UpstreamReturn{{Hash: h, Charged: 5}}))
+	owed(2, 0)
+	if applyUp(t, s, AppendUpstreamFail(nil, at(3), 2, []UpstreamReturn{{Hash: h, Charged: 5}})) {
+		t.Fatal("step 3: a fail of a send that was never made applied")
+	}
+	owed(3, 0)
+	if !applyUp(t, s, AppendUpstreamFail(nil, at(4), 1, []UpstreamReturn{{Hash: h, Charged: 5}})) {
+		t.Fatal("step 4: the fail of the pending send not applied")
+	}
+	owed(4, 5)
+	if seq, req := s.PendingUpstream(); seq != 1 || req != nil {
+		t.Fatalf("step 5: pending %d %q, want none after send 1", seq, req)
+	}
+	if applyUp(t, s, AppendUpstreamGrant(nil, at(5), 1, []UpstreamGrant{{Hash: h, Granted: 30}})) {
+		t.Fatal("step 6: a grant of a send given up applied")
+	}
+	if applyUp(t, s, AppendUpstreamFail(nil, at(6), 1, []UpstreamReturn{{Hash: h, Charged: 5}})) {
+		t.Fatal("step 7: a repeated fail applied")
+	}
+	owed(7, 5)
+	// The next send reports it; once answered, it is reported.
+	applyUp(t, s, AppendUpstreamSend(nil, at(7), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Charged: 5}}))
+	applyUp(t, s, AppendUpstreamGrant(nil, at(8), 2, []UpstreamGrant{{Hash: h, Granted: 30}}))
+	owed(8, 0)
+	r := ledgerRoundTrip(t, s, snapVersionLedger)
+	if p, _ := r.PoolOf(h, at(8)); p.Available != 35 || p.Owed != 0 { // 5 minted, 30 granted
+		t.Fatalf("after restore: pool %+v", p)
+	}
+}
+
+// A forget drops a pool that holds nothing, owes nothing, is owed nothing
+// and whose key no gateway holds an unexpired lease of; every other pool
+// stays. A gateway that uses the key again starts an empty pool.
+func TestRegionalForgetIdlePool(t *testing.T) {
+	s := newRegionalState(t)
+	for i, v := range []string{"leased", "holds", "owes", "debt", "idle"} {
+		k := ka("g", v, 50, 0, 0, 0)
+		if v == "debt" {
+			k.Charged = 5 // a gateway's fallback admitted 5 beyond the empty pool
+		}
+		mustAcquire(t, s, at(0), "gw1", uint64(i+1), k)
+	}
+	hs := poolHashes(s, at(0))
+	applyUp(t, s, AppendUpstreamMint(nil, at(1), []UpstreamMint{{Hash: hs["owes"], Minted: 3}}))
+	applyUp(t, s, AppendUpstreamSend(nil, at(2), 1, []byte("call-1"), []UpstreamReturn{{Hash: hs["holds"]}, {Hash: hs["owes"], Returned: 3}}))
+	applyUp(t, s, AppendUpstreamGrant(nil, at(3), 1, []UpstreamGrant{{Hash: hs["holds"], Granted: 10}}))
+	late := at(time.Minute)
+	mustAcquire(t, s, late, "gw2", 1, ka("g", "leased", 0, 0, 0, 0), ka("g", "leased", 1, 0, 0, 0))
+	forget := at(time.Minute + time.Second)
+	all := []uint64{hs["leased"], hs["holds"], hs["owes"], hs["debt"], hs["idle"], 12345}
+	if !applyUp(t, s, AppendUpstreamForget(nil, forget, all)) {
+		t.Fatal("forget not applied")
+	}
+	left := poolHashes(s, forget)
+	for _, v := range []string{"leased", "holds", "owes", "debt"} {
+		if _, ok := left[v]; !ok {
+			t.Errorf("the pool of %s was dropped", v)
+		}
+	}
+	if _, ok := left["idle"]; ok || len(left) != 4 {
+		t.Errorf("pools %v after the forget, want all but idle", left)
+	}
+	r := ledgerRoundTrip(t, s, snapVersionLedger)
+	if len(r.Pools(forget)) != 4 {
+		t.Fatalf("%d pools after restore, want 4", len(r.Pools(forget)))
+	}
+	g := mustAcquire(t, r, forget, "gw1", 10, ka("g", "idle", 50, 0, 0, 0)).Grants[0]
+	if p, ok := r.PoolOf(hs["idle"], forget); !ok || g.Granted != 0 || p.Available != 0 || p.Received != 0 || p.ShortAt != forget {
+		t.Fatalf("a gateway back on a forgotten key: granted %d, pool %+v (found %v); want an empty new pool that cut its want", g.Granted, p, ok)
+	}
+}
+
+// Forgets and fails are version-3 entries: in an older version they do
+// not decode, and a version this binary does not know asks for an
+// upgrade.
+func TestRegionalLedgerEntryVersions(t *testing.T) {
+	s := newRegionalState(t)
+	for _, e := range [][]byte{AppendUpstreamForget(nil, t0, []uint64{1}), AppendUpstreamFail(nil, t0, 1, []UpstreamReturn{{Hash: 1}})} {
+		if e[1] != upstreamVersionV3 {
+			t.Fatalf("entry %x written as version %d, want 3", e, e[1])
+		}
+		old := bytes.Clone(e)
+		old[1] = upstreamVersionV2
+		if _, err := s.ApplyUpstream(old); err == nil || errors.Is(err, ErrUnknownCommand) {
+			t.Errorf("entry %x as version 2: %v, want an entry that does not decode", e, err)
+		}
+	}
+	next := AppendUpstreamForget(nil, t0, nil)
+	next[1] = upstreamVersionV3 + 1
+	if _, err := s.ApplyUpstream(next); !errors.Is(err, ErrUnknownCommand) {
+		t.Errorf("a version-4 entry: %v, want ErrUnknownCommand", err)
+	}
+}
+
+// A send hands back what the leader read the pool to hold beyond its
+// target; gateways granted part of it before the send applied. The
+// global cluster credits all the send hands back, so what the pool no
+// longer holds becomes its debt, repaid out of the next grant: the region
+// never sub-grants tokens the global cluster counts as handed back.
+func TestRegionalSendBeyondPoolIsDebt(t *testing.T) {
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 0, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	applyUp(t, s, AppendUpstreamSend(nil, at(1), 1, []byte("call-1"), []UpstreamReturn{{Hash: h}}))
+	applyUp(t, s, AppendUpstreamGrant(nil, at(2), 1, []UpstreamGrant{{Hash: h, Granted: 30}}))
+	// The leader reads 30 and hands back 20; a gateway takes 25 first.
+	if g := mustAcquire(t, s, at(3), "gw2", 1, ka("g", "x", 25, 0, 0, 0)).Grants[0]; g.Granted != 25 {
+		t.Fatalf("step 1: granted %d, want 25", g.Granted)
+	}
+	applyUp(t, s, AppendUpstreamSend(nil, at(4), 2, []byte("call-2"), []UpstreamReturn{{Hash: h, Returned: 20}}))
+	if p, _ := s.PoolOf(h, at(4)); p.Available != 0 || p.Debt != 15 || p.Returned != 20 {
+		t.Fatalf("step 2: pool %+v, want 0 available, 15 in debt, 20 returned", p)
+	}
+	applyUp(t, s, AppendUpstreamGrant(nil, at(5), 2, []UpstreamGrant{{Hash: h, Granted: 40}}))
+	if p, _ := s.PoolOf(h, at(5)); p.Available != 25 || p.Debt != 0 {
+		t.Fatalf("step 3: pool %+v, want the debt repaid: 25 available", p)
+	}
+	if g := mustAcquire(t, s, at(6), "gw3", 1, ka("g", "x", 50, 0, 0, 0)).Grants[0]; g.Granted != 25 {
+		t.Fatalf("step 4: granted %d, want 25: received 70 − returned 20 − granted 25", g.Granted)
+	}
 }

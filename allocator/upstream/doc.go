@@ -5,12 +5,14 @@
 // report), and sub-grants them to its own gateways, never more than it
 // holds. It refills ahead of need, with the cross-region round trip in its
 // low watermark, so no request and no regional refill waits on the
-// cross-region hop; it hands back what demand no longer needs; and when it
-// is cut off from the global cluster (or its call is overdue) it spends
-// what it holds, then falls to a bounded share of the rule's rate: the
-// fair share the global cluster sent with its last grant (global_fallback:
-// fair_share, the default; see Key.Granted) or a static fraction of the
-// rate (global_fallback: static).
+// cross-region hop; it hands back what demand no longer needs, and all it
+// holds once its gateways no longer use the key (Key.Idle), after which it
+// makes no call for the key; and when it is cut off from the global
+// cluster (or its call is overdue) it spends what it holds, then falls to
+// a bounded share of the rule's rate: the fair share the global cluster
+// sent with its last grant (global_fallback: fair_share, the default; see
+// Key.Granted) or a static fraction of the rate (global_fallback:
+// static).
 //
 // Key is the policy of one key. It is deterministic and single-threaded:
 // every method takes the time (Unix nanoseconds) and the event as
@@ -29,5 +31,5 @@
 //     round trips; see Key.OverdueAfter), admits beyond its lease at most
 //     its fallback share of the rate for as long as it is so and its
 //     lease is spent, and reports every token it minted as
-//     outage_charged.
+//     outage_charged: a call that fails owes its charge again.
 package upstream

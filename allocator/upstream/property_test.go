@@ -83,9 +83,10 @@ type reply struct {
 //     fallback rate integrated over the time it was cut off or its call
 //     overdue, plus one tick of it and one token;
 //   - every fallback token sub-granted is reported upstream as
-//     outage_charged or still owed: an overdue call that is answered
-//     after all leaves its region's mints to be charged, as a partition
-//     does;
+//     outage_charged by a call that did not fail, or still owed: a
+//     failed call's charge is owed again, and an overdue call that is
+//     answered after all leaves its region's mints to be charged, as a
+//     partition does;
 //   - a region's share is at most the rule's rate, and, when the global
 //     cluster sends shares, the one the last grant it accepted carried.
 func TestPropertyInvariants(t *testing.T) {
@@ -108,7 +109,17 @@ func TestPropertyInvariants(t *testing.T) {
 		keys := make([]*Key, n)
 		cut := make([]bool, n)
 		allowance := make([]float64, n) // ∫ fallback rate over time cut off or overdue, tokens
-		charged := make([]int64, n)     // outage_charged in the calls made
+		charged := make([]int64, n)     // outage_charged in the calls made and not failed
+		lastCharge := make([]int64, n)  // outage_charged in the last call made
+		failures := make([]int64, n)    // the calls failed so far
+		// failed takes the charge of a call that failed out of charged:
+		// only the last call made can be in flight.
+		failed := func(i int) {
+			if f := keys[i].Status().Failures; f > failures[i] {
+				failures[i] = f
+				charged[i] -= lastCharge[i]
+			}
+		}
 		maxCapRate := 0.0
 		for i := range keys {
 			r := Rule{Rate: rate, Burst: burst}
@@ -137,7 +148,11 @@ func TestPropertyInvariants(t *testing.T) {
 			switch rapid.IntRange(0, 7).Draw(t, "action") {
 			case 0, 1: // tick: a call reaches the global cluster unless partitioned
 				r, ok := k.Tick(now, rapid.Float64Range(0, 3000).Draw(t, "demand"))
-				charged[i] += r.OutageCharged
+				failed(i) // the call in flight may have timed out
+				if ok {
+					charged[i] += r.OutageCharged
+					lastCharge[i] = r.OutageCharged
+				}
 				if ok && !cut[i] {
 					pending = append(pending, reply{i, g.serve(now, i, r)})
 				}
@@ -158,6 +173,7 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 			case 4: // the call in flight fails
 				_ = k.Failed(now, k.sent.ID)
+				failed(i)
 			case 5, 6: // a gateway asks: the leader caps its want, then sub-grants
 				want := rapid.Int64Range(0, 400).Draw(t, "want")
 				c := k.Cap(now, want)

@@ -14,7 +14,7 @@ import (
 // -rewrite rewrites the answers). Times (t=) are durations since the
 // script's start; the key's clock never runs backwards.
 //
-//	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [overdue=250ms] [backoff=1s] [window=4s] rate=<tokens/s> [burst=] [static=<fraction>]
+//	key [rtt=150ms] [tick=100ms] [horizon=1s] [timeout=1s] [overdue=250ms] [backoff=1s] [window=4s] [idle=10s] rate=<tokens/s> [burst=] [static=<fraction>]
 //	                                              a new key (static: global_fallback static)
 //	tick t= demand=<tokens/s>                     → the call made, or "no call"
 //	grant t= id= n=<tokens> [refresh=<dur>] [share=<tokens/s>]
@@ -22,6 +22,7 @@ import (
 //	                                              share it computed; none from an older one)
 //	fail t= id=                                   the call failed
 //	cap t= want=                                  → what a gateway's want is capped at
+//	short t=                                      the regional state cut a gateway's want
 //	sub t= want=                                  → tokens sub-granted to a gateway
 //	subret t= n=                                  a gateway hands tokens back
 //	release t=                                    → the final call
@@ -71,7 +72,7 @@ func do(t *testing.T, kp **Key, cmd string, args map[string]string) string {
 	now := epoch + int64(d("t"))
 	if cmd == "key" {
 		cfg := Config{RTT: d("rtt"), Tick: d("tick"), Horizon: d("horizon"), CallTimeout: d("timeout"),
-			OverdueMin: d("overdue"), RetryBackoff: d("backoff"), ShareWindow: d("window")}
+			OverdueMin: d("overdue"), RetryBackoff: d("backoff"), ShareWindow: d("window"), IdleAfter: d("idle")}
 		r := Rule{Rate: f("rate"), Burst: i("burst")}
 		if _, ok := args["static"]; ok {
 			r.Fallback, r.Fraction = rules.FallbackStatic, f("static")

@@ -9,8 +9,10 @@ import (
 	"github.com/allot/allot/pkg/rules"
 )
 
-// MaxWant bounds want, returned and outage_charged, as the allocator bounds
-// them in an Acquire.
+// MaxWant bounds want, held, returned, outage_charged and demand, as the
+// allocator bounds them in an Acquire (allotv1.MaxAmount): a region's
+// demand, the sum of its gateways' reports, may exceed it, and is sent
+// as MaxWant then.
 const MaxWant = 1_000_000_000_000
 
 // maxReports bounds the demand reports remembered for the fall reading
@@ -84,6 +86,10 @@ type Config struct {
 	// FallWindow is the span over which a fall of demand is read. Default
 	// 500 ms.
 	FallWindow time.Duration
+	// IdleAfter: a key none of whose gateways reported demand, had a want
+	// cut or was sub-granted anything for this long is idle (see
+	// Key.Idle). Default 10 s.
+	IdleAfter time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -98,6 +104,7 @@ func DefaultConfig() Config {
 		ShareWindow:  4 * time.Second,
 		DemandTau:    time.Second,
 		FallWindow:   500 * time.Millisecond,
+		IdleAfter:    10 * time.Second,
 	}
 }
 
@@ -107,7 +114,8 @@ func (c Config) Validate() error {
 		name string
 		d    time.Duration
 	}{{"RTT", c.RTT}, {"Tick", c.Tick}, {"Horizon", c.Horizon}, {"CallTimeout", c.CallTimeout},
-		{"OverdueMin", c.OverdueMin}, {"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}, {"DemandTau", c.DemandTau}, {"FallWindow", c.FallWindow}} {
+		{"OverdueMin", c.OverdueMin}, {"RetryBackoff", c.RetryBackoff}, {"ShareWindow", c.ShareWindow}, {"DemandTau", c.DemandTau}, {"FallWindow", c.FallWindow},
+		{"IdleAfter", c.IdleAfter}} {
 		if f.d < 0 || f.d > time.Hour {
 			return fmt.Errorf("upstream: %s must be between 0 and 1h, got %v", f.name, f.d)
 		}
@@ -119,7 +127,7 @@ func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	for _, p := range []struct{ v, def *time.Duration }{{&c.RTT, &d.RTT}, {&c.Tick, &d.Tick}, {&c.Horizon, &d.Horizon},
 		{&c.CallTimeout, &d.CallTimeout}, {&c.OverdueMin, &d.OverdueMin}, {&c.RetryBackoff, &d.RetryBackoff}, {&c.ShareWindow, &d.ShareWindow},
-		{&c.DemandTau, &d.DemandTau}, {&c.FallWindow, &d.FallWindow}} {
+		{&c.DemandTau, &d.DemandTau}, {&c.FallWindow, &d.FallWindow}, {&c.IdleAfter, &d.IdleAfter}} {
 		if *p.v == 0 {
 			*p.v = *p.def
 		}
@@ -238,6 +246,7 @@ type Key struct {
 	rLen    int
 	flowNow int64 // tokens sub-granted since the last Tick
 	shortAt int64 // the last time Cap cut a want (0: never)
+	usedAt  int64 // the last demand reported or token sub-granted (0: none since NewKey)
 	now     int64 // the latest time seen (time never runs backwards here)
 
 	c Counters
@@ -372,11 +381,16 @@ func ceilTokens(x float64, floor int64) int64 {
 // upstream call to make, if one is due: when the lease is below the low
 // watermark, at the server-directed refresh, when there is an excess to
 // hand back, or, when cut off, once the retry backoff has passed. A call
-// in flight past CallTimeout has failed.
+// in flight past CallTimeout has failed. An idle key (see Idle) makes a
+// call only to hand back all it holds and to report what it minted; it
+// wants nothing.
 func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 	k.advance(now)
 	if !(demand >= 0) || math.IsInf(demand, 0) {
 		demand = 0
+	}
+	if demand > 0 {
+		k.usedAt = now
 	}
 	demand = k.fallen(now, demand)
 	k.demand = demand
@@ -389,12 +403,18 @@ func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 	if k.cut && now < k.retryAt {
 		return Request{}, false
 	}
+	idle := k.Idle(now)
 	low, target := k.LowWater(demand), k.Target(demand)
 	excess := int64(0)
-	if !k.cut && k.avail > 2*target {
+	switch {
+	case idle:
+		excess = k.avail
+	case !k.cut && k.avail > 2*target:
 		excess = k.avail - target
 	}
-	due := !k.connected || k.cut || k.avail < low || (k.refreshAt != 0 && now >= k.refreshAt) || excess > 0 || k.fbOwed > 0
+	excess = min(excess, MaxWant)
+	due := excess > 0 || k.fbOwed > 0 ||
+		!idle && (!k.connected || k.cut || k.avail < low || (k.refreshAt != 0 && now >= k.refreshAt))
 	if !due {
 		return Request{}, false
 	}
@@ -405,11 +425,11 @@ func (k *Key) Tick(now int64, demand float64) (Request, bool) {
 		Want:          max(0, min(target-k.avail, MaxWant)),
 		Held:          min(k.avail, MaxWant),
 		Returned:      excess,
-		Demand:        demand,
+		Demand:        min(demand, MaxWant),
 		OutageCharged: min(k.fbOwed, MaxWant),
 	}
-	if k.rule.Rate == 0 {
-		r.Want = 0 // a deny-all or unlimited rule: nothing to lease
+	if k.rule.Rate == 0 || idle {
+		r.Want = 0 // a deny-all or unlimited rule, or an idle key: nothing to lease
 	}
 	k.fbOwed -= r.OutageCharged
 	k.send(now, r)
@@ -472,6 +492,19 @@ func (k *Key) fallen(now int64, d float64) float64 {
 	return d
 }
 
+// Idle reports whether the key is idle at now: for IdleAfter, or since
+// NewKey, its region reported no demand for it, cut no gateway's want
+// (Cap, Short) and sub-granted none of its tokens. An idle key wants
+// nothing upstream, hands back what it holds, mints nothing and is not
+// refreshed, so that its lease at the global cluster runs out; a key
+// that is idle, holds nothing and owes no report has nothing left at the
+// global cluster, and the regional leader forgets its pool. A gateway's
+// want cut for want of tokens ends it at once.
+func (k *Key) Idle(now int64) bool {
+	last := max(k.usedAt, k.shortAt)
+	return last == 0 || now-last >= int64(k.cfg.IdleAfter)
+}
+
 func (k *Key) send(now int64, r Request) {
 	k.nextID = r.ID
 	k.inflight, k.sent, k.sentAt = true, r, now
@@ -479,13 +512,13 @@ func (k *Key) send(now int64, r Request) {
 }
 
 // Release returns the call that gives the key up: everything the lease
-// holds is handed back. The key holds nothing afterwards; its gateways'
-// leases run out on their own.
+// holds is handed back (MaxWant at most). The key holds nothing
+// afterwards; its gateways' leases run out on their own.
 func (k *Key) Release(now int64) Request {
 	k.advance(now)
-	r := Request{ID: k.nextID + 1, Returned: k.avail, Final: true, OutageCharged: min(k.fbOwed, MaxWant)}
-	k.c.Returned += k.avail
-	k.avail, k.fb, k.fbOwed = 0, 0, 0
+	r := Request{ID: k.nextID + 1, Returned: min(k.avail, MaxWant), Final: true, OutageCharged: min(k.fbOwed, MaxWant)}
+	k.c.Returned += r.Returned
+	k.avail, k.fb, k.fbOwed = 0, 0, k.fbOwed-r.OutageCharged
 	k.send(now, r)
 	return r
 }
@@ -568,10 +601,14 @@ func (k *Key) Failed(now int64, id uint64) error {
 }
 
 // fail ends the call in flight as failed. The tokens it returned stay
-// returned (the global cluster may have applied the call), and its outage
-// charge stays reported.
+// returned (the global cluster may have applied the call: handing them
+// back twice would credit the global bucket twice). Its outage charge is
+// owed again and goes with the next call: when the global cluster did
+// apply the failed call and only its answer was lost, those tokens are
+// charged twice, which only makes the global bucket admit less.
 func (k *Key) fail(now int64) {
 	k.inflight = false
+	k.fbOwed += k.sent.OutageCharged
 	k.c.Failures++
 	if !k.cut {
 		k.cut, k.cutAt = true, now
@@ -619,6 +656,7 @@ func (k *Key) SubGrant(now, want int64) int64 {
 	if want <= 0 {
 		return 0
 	}
+	k.usedAt = now
 	n := min(want, k.avail)
 	k.avail -= n
 	k.out += n
@@ -713,6 +751,7 @@ func (k *Key) Sync(now, avail int64) {
 		k.out += d
 		k.c.SubGranted += d
 		k.flowNow += d
+		k.usedAt = now
 	case d < 0:
 		back := min(-d, k.out)
 		k.out -= back
@@ -744,8 +783,10 @@ func (k *Key) Keep(now, minted, debt int64) int64 {
 // Mint takes the fallback tokens accrued while the region is cut off, or
 // its call in flight is overdue (see OverdueAfter), and its lease is
 // spent, for the regional state to sub-grant; they are reported upstream
-// as outage_charged with the next call after one is answered. It returns
-// 0 unless the key is cut off or overdue and holds nothing.
+// as outage_charged: each call carries what is owed, and a call that
+// fails owes it again (see Failed), so the first call answered reports
+// all. It returns 0 unless the key is cut off or overdue and holds
+// nothing, and 0 for an idle key (see Idle): no gateway asks for it.
 //
 // Once it has minted, the share accrues continuously until a call is
 // answered again, and what it hands out keeps the minted tokens the
@@ -754,7 +795,7 @@ func (k *Key) Keep(now, minted, debt int64) int64 {
 // Ticks.
 func (k *Key) Mint(now int64) int64 {
 	k.advance(now)
-	if !k.fallingBack(now) || (k.avail > 0 && !k.minted) {
+	if !k.fallingBack(now) || (k.avail > 0 && !k.minted) || k.Idle(now) {
 		return 0
 	}
 	n := min(int64(k.fb), int64(k.fallbackCap())-k.avail)
