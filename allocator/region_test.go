@@ -135,3 +135,37 @@ func TestRegionRefusesGroups(t *testing.T) {
 		t.Fatalf("New of a region in a cluster of several groups: %v, want %v", err, errRegionGroups)
 	}
 }
+
+// TestNextUpstreamSeq: a region's upstream request ids rise by one at
+// least, and follow the clock in microseconds, so a region restored from a
+// backup whose ledger ends at a lower id does not reuse an id the global
+// cluster has answered since (it would replay that answer onto other keys).
+func TestNextUpstreamSeq(t *testing.T) {
+	now := time.Date(2026, 12, 4, 20, 0, 0, 0, time.UTC).UnixNano()
+	us := uint64(now / 1000)
+	for _, c := range []struct {
+		last uint64
+		now  int64
+		want uint64
+	}{
+		{0, now, us},              // a new region starts at the clock
+		{us, now, us + 1},         // two calls within a microsecond
+		{us + 50, now, us + 51},   // the clock behind the last id
+		{us - 3_000_000, now, us}, // restored from a backup 3 s old
+		{7, 0, 8}, {7, -1, 8},     // no clock: one past the last
+		{^uint64(0) - 1, now, ^uint64(0)},
+	} {
+		if got := nextUpstreamSeq(c.last, c.now); got != c.want {
+			t.Errorf("nextUpstreamSeq(%d, %d) = %d, want %d", c.last, c.now, got, c.want)
+		}
+	}
+	// Restored: every id the region sent before the backup's last is below
+	// the restored region's next one.
+	sent := nextUpstreamSeq(0, now)
+	for i := range 1000 {
+		sent = nextUpstreamSeq(sent, now+int64(i)*1000)
+	}
+	if next := nextUpstreamSeq(us, now+int64(time.Second)); next <= sent {
+		t.Fatalf("restored region's next id %d does not pass %d, sent before", next, sent)
+	}
+}

@@ -458,6 +458,18 @@ func keep(k *upstream.Key, now, n, debt int64, upstreamOK bool) int64 {
 	return k.Keep(now, n, debt)
 }
 
+// nextUpstreamSeq is the request id of the region's next upstream call,
+// given the last one's and the leader's clock (Unix ns): the later of
+// last+1 and the clock in microseconds. The global cluster answers a
+// repeated id with its recorded answer to that id, whatever keys the call
+// carries; ids that follow the clock keep rising past any the region sent
+// before, even after it is restored from an older backup (whose ledger
+// holds a lower last id), as long as its clock is not behind the time of
+// its last call.
+func nextUpstreamSeq(last uint64, nowNanos int64) uint64 {
+	return max(last+1, uint64(max(nowNanos, 0)/1000))
+}
+
 // callResult is an upstream call and its outcome.
 type callResult struct {
 	seq  uint64
@@ -471,13 +483,14 @@ type callResult struct {
 // request id and what it hands back) and returns the call to make.
 func (g *regional) send(ctx context.Context, calls []due) (callResult, bool) {
 	s := g.s
-	seq, _ := s.st.PendingUpstream()
-	seq++
+	last, _ := s.st.PendingUpstream()
+	stamp := s.stamp()
+	seq := nextUpstreamSeq(last, stamp)
 	req, returns := g.request(seq, calls)
 	res := callResult{seq: seq, due: calls, req: req}
 	raw, err := proto.Marshal(req)
 	if err == nil {
-		err = g.commit(state.AppendUpstreamSend(nil, s.stamp(), seq, raw, returns))
+		err = g.commit(state.AppendUpstreamSend(nil, stamp, seq, raw, returns))
 	}
 	if err != nil {
 		res.err = err
