@@ -518,11 +518,23 @@ func (s *Server) applySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntry
 	return resp, err
 }
 
-// ApplySlotEntry is the move driver's call to a data group's leader.
+// ApplySlotEntry is the move driver's call to a data group's leader (only
+// allocator nodes may make it: classPeer). The entry must carry a fence no
+// higher than the meta group's term on this node: a fence above every
+// meta leader's term would make the group refuse every later driver's
+// entry (InvalidArgument, nothing applied).
 func (a *adminService) ApplySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntryRequest) (*allotv1.ApplySlotEntryResponse, error) {
 	s := a.s
 	if !s.multi() {
 		return nil, status.Error(codes.FailedPrecondition, "allocator: this cluster has one group and no slots to move")
+	}
+	se, err := state.DecodeSlotEntry(req.GetEntry())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: %v", err)
+	}
+	if term := s.node.raft.CurrentTerm(); se.Fence == 0 || se.Fence > term {
+		return nil, status.Errorf(codes.InvalidArgument,
+			"allocator: slot entry fenced by meta term %d: want a fence from 1 to the meta group's term here, %d", se.Fence, term)
 	}
 	resp, err := s.applySlotEntry(ctx, req)
 	if err != nil {
