@@ -309,10 +309,19 @@ func (a *Agent) callGroup(ctx context.Context, req *allotv1.AcquireRequest) (*al
 }
 
 // moved takes a key the allocator answered MOVED: nothing was applied for
-// it, so what its entry k carried goes back to it, and it is sent again at
-// its next refill (to the owner of the newest topology).
-func (a *Agent) moved(ks *keyState, k *allotv1.KeyAcquire) {
-	unsend(ks, k, a.loopNow())
+// it in this attempt, so what its entry k carried goes back to it, and it
+// is sent again at its next refill (to the owner of the newest topology).
+// On a retry (retried: the same request id sent again after a lost
+// answer) the first attempt may have been applied by the group that owned
+// the key then, whose answer the MOVED one replaces: the charges go back
+// (at worst charged twice) but not the returned tokens (credited to the
+// bucket already, at worst wasted).
+func (a *Agent) moved(ks *keyState, k *allotv1.KeyAcquire, retried bool) {
+	if retried {
+		unsendRetried(ks, k)
+	} else {
+		unsend(ks, k, a.loopNow())
+	}
 	ks.Inflight = false
 	a.rf.awaken(ks)
 	a.met.keysMoved.Inc()

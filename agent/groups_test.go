@@ -651,3 +651,34 @@ func TestGroupsMoveAdmissionBound(t *testing.T) {
 		t.Fatalf("the new owner was charged %d, want the %d fallback admissions of the move", b.charged, admitted-b0)
 	}
 }
+
+// TestGroupsMovedRetryKeepsReturnedTokens: a key answered MOVED on a retry
+// (the same request id sent again after a lost answer) may have been
+// applied by its former owner, which credited the tokens the call
+// returned: the agent takes its charges back to report them again, but
+// not its returned tokens, which would be admitted a second time. On a
+// first attempt MOVED means nothing was applied, and both go back.
+func TestGroupsMovedRetryKeepsReturnedTokens(t *testing.T) {
+	s, c := groupSetup(t, 2, false)
+	ds, _ := groupKeys(c, 1)
+	checkAllowed(t, s.Agent, ds[0])
+	s.step()
+	ks := keyOf(t, s.Agent, ds[0])
+	if ks.expiry.Load() <= s.loopNow() {
+		t.Fatal("the key holds no lease")
+	}
+	for _, retried := range []bool{true, false} {
+		balance, charged := ks.balance.Load(), ks.charged.Load()
+		s.moved(ks, &allotv1.KeyAcquire{Returned: 10, Charged: 3}, retried)
+		wantBalance := balance + 10
+		if retried {
+			wantBalance = balance
+		}
+		if got := ks.balance.Load(); got != wantBalance {
+			t.Errorf("retried %v: balance %d after MOVED, want %d", retried, got, wantBalance)
+		}
+		if got := ks.charged.Load(); got != charged+3 {
+			t.Errorf("retried %v: charged %d after MOVED, want %d", retried, got, charged+3)
+		}
+	}
+}

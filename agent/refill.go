@@ -57,6 +57,10 @@ type batch struct {
 	denied    []int64
 	lent      []int64 // a first use's charge, lent by the fallback bucket (see policy.FirstUse)
 	firstSent int64   // Unix nanos of the first attempt: leases are measured from it
+	// sentID is the request id of the last attempt, and retried whether
+	// the answer being applied is to a second attempt under that id.
+	sentID  uint64
+	retried bool
 	// reportsShort: a pending static report had no room in this call
 	// (see buildReports).
 	reportsShort bool

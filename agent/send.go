@@ -28,6 +28,8 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 		b.firstSent = sent
 	}
 	rf.unacked = b
+	b.retried = b.sentID != 0 && b.sentID == b.req.RequestId
+	b.sentID = b.req.RequestId
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
 	start := time.Now()
 	wire := a.wire(b.req)
@@ -150,11 +152,19 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 // applied took from it: its charges, and its returned tokens while its
 // lease lives.
 func unsend(ks *keyState, k *allotv1.KeyAcquire, now int64) {
-	ks.charged.Add(k.Charged)
-	ks.outage.Add(k.OutageCharged)
+	unsendRetried(ks, k)
 	if k.Returned > 0 && now < ks.expiry.Load() {
 		ks.balance.Add(k.Returned)
 	}
+}
+
+// unsendRetried gives back to ks what its entry k of a call that may or
+// may not have been applied took from it: its charges only (reported
+// again: at worst charged twice), never its returned tokens (at worst
+// wasted), so that no token is admitted twice either way.
+func unsendRetried(ks *keyState, k *allotv1.KeyAcquire) {
+	ks.charged.Add(k.Charged)
+	ks.outage.Add(k.OutageCharged)
 }
 
 // keyRefused counts and logs (rate-limited, by hash: never the key itself)
@@ -190,7 +200,7 @@ func (a *Agent) apply(b *batch, resp *allotv1.AcquireResponse, recv int64) {
 	var granted, charged, returned, paid int64
 	for i, ks := range b.keys {
 		if i < len(grants) && grants[i].GetStatus() == allotv1.KeyStatus_KEY_STATUS_MOVED {
-			a.moved(ks, b.req.Keys[i]) // groups.go
+			a.moved(ks, b.req.Keys[i], b.retried) // groups.go
 			continue
 		}
 		a.rf.core.Acked(&ks.Key, b.spent[i], b.denied[i])

@@ -14,8 +14,9 @@ import (
 // whole, its keys packed or not, to the group's batcher on this node when
 // it leads the group, else to the group's leader in one forwarded hop.
 // Nothing is unpacked into messages or rebuilt on the way; the node only
-// reads each key to check its slot's owner (a data group's state machine
-// serves every slot no move has taken from it, so the slot map decides).
+// reads each key to check its slot's owner in its slot map (the group's
+// state machine refuses the keys of slots it does not own too, once the
+// move driver has told it its slots: settleOwned).
 // The answer carries the topology when the caller's is older than this
 // node's or a key was answered MOVED (a slot frozen by a move the slot
 // map does not show yet).

@@ -37,6 +37,10 @@ const (
 	classRead
 	// classJoin: AddVoter (an admin, or an allocator joining).
 	classJoin
+	// classPeer: calls only allocator nodes make of each other (the move
+	// driver's ApplySlotEntry): the immediate caller's certificate has the
+	// allocator role; an admin may not make them.
+	classPeer
 	// classAdmin: every other Admin RPC, and any method not listed.
 	classAdmin
 )
@@ -52,6 +56,7 @@ var methodClasses = map[string]methodClass{
 	allotv1.Admin_TopKeys_FullMethodName:        classRead,
 	allotv1.Admin_ClusterStatus_FullMethodName:  classRead,
 	allotv1.Admin_AddVoter_FullMethodName:       classJoin,
+	allotv1.Admin_ApplySlotEntry_FullMethodName: classPeer,
 	// PutRules, Check, RemoveServer, TransferLeadership: classAdmin.
 }
 
@@ -203,6 +208,14 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 			return nil
 		}
 		return needAdmin(p, method)
+	case classPeer:
+		if p.cert.Is(tlsconfig.RoleAllocator) {
+			return nil
+		}
+		if id.IsZero() {
+			return unauthenticated("%s is called by allocator nodes only: a client certificate with the allocator role", method)
+		}
+		return denied("%s may not call %s: only allocator nodes (a certificate with the allocator role) may", id, method)
 	case classAgent:
 		agentID := ""
 		if r, ok := req.(interface{ GetAgentId() string }); ok {

@@ -87,7 +87,7 @@ func toStatus(err error, hint leaderHint) error {
 
 	case errors.Is(err, state.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, state.ErrStaleRequest), errors.Is(err, state.ErrFailedPrecondition):
+	case errors.Is(err, state.ErrStaleRequest), errors.Is(err, state.ErrFailedPrecondition), errors.Is(err, state.ErrMoved):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, state.ErrUnknownAgent):
 		return status.Error(codes.NotFound, err.Error())

@@ -37,11 +37,23 @@ import (
 // group carries the meta term of the leader that proposed it (its fence),
 // and a data group refuses an entry of an older term than one it applied,
 // so a deposed leader's entries still in flight cannot act on slots a
-// newer leader has since moved. A move whose freeze or
-// import is refused is aborted (before Transferred only) and the source
-// thaws its slots. Slots a group holds frozen while no move in flight
-// takes them from it are settled by the map: dropped when another group
-// owns them, thawed when the group still does.
+// newer leader has since moved. A move whose freeze or import is
+// refused is aborted (before Transferred only): the target stops serving
+// the slots if it does (an import that applied), then the source thaws
+// them. A target that refuses the disown holds keys of the slots that are
+// not known to be the source's export: it freezes them, they are
+// dropped, and the step is retried.
+//
+// A data group's state machine serves every slot no slot entry has taken
+// from it, so the driver also tells each group which slots are its own:
+// a group that serves a slot that the slot map gives to another group,
+// and that no move has transferred to it, freezes it (settleOwned). Slots
+// a group holds frozen while no move in flight takes them from it are
+// settled by the map: dropped when another group owns them, thawed when
+// the group still does. A group therefore serves only its own slots in
+// its state machine too (keys of others are answered KEY_STATUS_MOVED),
+// and the target of a move holds none of the moving slots' keys but the
+// import's.
 
 // moveRetry is how long the move driver waits before retrying a step that
 // failed (no leader in a group, an election, a lost proposal).
@@ -142,32 +154,42 @@ func (s *Server) moveStep(ctx context.Context, fence uint64, m meta.Move) error 
 		}
 		// The export travels to the target's leader in one gRPC call.
 		if limit := s.cfg.MaxRecvMsgSize - exportHeadroom; len(export) > limit {
-			return s.abortMove(m, fmt.Sprintf("the slots' export is %d bytes, over the %d a gRPC call between nodes may carry (4 MiB less headroom): move fewer slots at a time",
+			return s.abortFrozen(ctx, fence, m, fmt.Sprintf("the slots' export is %d bytes, over the %d a gRPC call between nodes may carry (4 MiB less headroom): move fewer slots at a time",
 				len(export), limit))
 		}
-		// The target has served no key of the slots (calls for them went
-		// to the source): it disowns them so that the import may fill them.
-		// Refused when it did already, or imported them already.
-		if _, err := s.proposeSlot(ctx, fence, m.To, state.SlotDisown, rs, nil); err != nil {
+		// The target serves none of the slots (settleOwned froze and
+		// dropped any it served), so the disown is a no-op, unless this
+		// node's replica lagged. It is refused when the target holds keys
+		// of the slots: an import that applied after all (proposed by a
+		// deposed meta leader, or by this one before a lost answer), or
+		// keys it served before it was told its slots. Neither is known
+		// to be this export: the target freezes them, settleFrozen drops
+		// them, and the step is retried.
+		res, err := s.proposeSlot(ctx, fence, m.To, state.SlotDisown, rs, nil)
+		if err != nil {
 			return err
+		}
+		if res.GetRefused() != "" {
+			if err := s.unserve(ctx, fence, m.To, m.Range); err != nil {
+				return err
+			}
+			return fmt.Errorf("target group %d refused to disown the slots (%s): frozen there, to be dropped before the import",
+				m.To, res.GetRefused())
 		}
 		var owned []slots.Range
 		s.grp.meta.view(func(st *meta.State) { sm := st.SlotMap(); owned = sm.RangesOf(m.To) })
 		owned = append(owned, m.Range)
 		slices.SortFunc(owned, func(a, b slots.Range) int { return cmp.Compare(a.First, b.First) })
-		res, err := s.proposeSlot(ctx, fence, m.To, state.SlotImport, owned, export)
+		// The import is the one the driver commits: an import proposed
+		// earlier (before a leader change, or a retry) that applied since
+		// makes this one refused, and the move is aborted rather than
+		// committed on a copy the driver did not check.
+		res, err = s.proposeSlot(ctx, fence, m.To, state.SlotImport, owned, export)
 		if err != nil {
 			return err
 		}
 		if res.GetRefused() != "" {
-			served, err := s.slotsIn(ctx, m.To, res.GetIndex(), m.Range)
-			if err != nil {
-				return err
-			}
-			if served != slotsServed {
-				return s.abortMove(m, "target refused the import: "+res.GetRefused())
-			}
-			// An import proposed before a leader change applied already.
+			return s.abortFrozen(ctx, fence, m, "target refused the import: "+res.GetRefused())
 		}
 		return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_TRANSFERRED, MoveId: m.ID, Index: res.GetIndex()})
 	case meta.PhaseTransferred:
@@ -222,6 +244,39 @@ func (s *Server) verifyMetaLeader(fence uint64) error {
 	return nil
 }
 
+// abortFrozen aborts move m, past its freeze: the target first stops
+// serving the slots (a Freeze; settleFrozen then drops them there), in
+// case an import of them applied (proposed by an earlier driver, or by
+// this one before a lost answer), so that the source never serves them
+// again while the target does.
+func (s *Server) abortFrozen(ctx context.Context, fence uint64, m meta.Move, reason string) error {
+	if err := s.unserve(ctx, fence, m.To, m.Range); err != nil {
+		return err
+	}
+	return s.abortMove(m, reason)
+}
+
+// unserve freezes slots r in group id, which does not own them, and
+// returns once it serves none of them (they are frozen or gone there).
+func (s *Server) unserve(ctx context.Context, fence uint64, id slots.GroupID, r slots.Range) error {
+	res, err := s.proposeSlot(ctx, fence, id, state.SlotFreeze, []slots.Range{r}, nil)
+	if err != nil {
+		return err
+	}
+	if res.GetRefused() == "" {
+		return nil
+	}
+	// Refused when a slot is gone there: the group must serve none.
+	n, err := s.servedIn(ctx, id, res.GetIndex(), r)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return fmt.Errorf("group %d serves %d of slots %s and refused to freeze them: %s", id, n, r, res.GetRefused())
+	}
+	return nil
+}
+
 func (s *Server) abortMove(m meta.Move, reason string) error {
 	s.log.Warn("slot move aborted", "move", m.String(), "reason", reason)
 	return s.metaCmd(&allotv1.MetaCommand{Op: allotv1.MetaOp_META_OP_ABORT, MoveId: m.ID, Reason: reason})
@@ -241,6 +296,9 @@ func (s *Server) metaCmd(c *allotv1.MetaCommand) error {
 // settled.
 func (s *Server) settleFrozen(ctx context.Context, fence uint64) error {
 	if err := s.verifyMetaLeader(fence); err != nil {
+		return err
+	}
+	if err := s.settleOwned(ctx, fence); err != nil {
 		return err
 	}
 	var moves []meta.Move
@@ -280,6 +338,50 @@ func (s *Server) settleFrozen(ctx context.Context, fence uint64) error {
 		}
 	}
 	return nil
+}
+
+// settleOwned freezes the slots a data group serves that are not its
+// own: those the slot map gives to another group, unless a move in
+// flight has transferred them to it (settleFrozen then drops them). A new
+// group's state machine serves every slot, and so does one restored from
+// a snapshot taken before its group was told its slots: this entry is how
+// it learns them, replicated. It reads this node's replicas, which may
+// lag: a freeze of slots already frozen is a no-op.
+func (s *Server) settleOwned(ctx context.Context, fence uint64) error {
+	var moves []meta.Move
+	var sm slots.Map
+	s.grp.meta.view(func(st *meta.State) { moves, sm = st.Moves(), st.SlotMap() })
+	for _, g := range s.dataGroups() {
+		frozen, gone := g.st.SlotModes()
+		var stray []slots.Range
+		for sl := range slots.Count {
+			sl := slots.Slot(sl)
+			if sm.Owner(sl) == g.id || inAny(frozen, sl) || inAny(gone, sl) ||
+				slices.ContainsFunc(moves, func(m meta.Move) bool {
+					return m.To == g.id && m.Phase == meta.PhaseTransferred && m.Range.Contains(sl)
+				}) {
+				continue
+			}
+			stray = addSlot(stray, sl)
+		}
+		if len(stray) == 0 {
+			continue
+		}
+		res, err := s.proposeSlot(ctx, fence, g.id, state.SlotFreeze, stray, nil)
+		if err != nil {
+			return err
+		}
+		if err := s.waitApplied(ctx, g.node.raft, res.GetIndex()); err != nil {
+			return err
+		}
+		s.log.Info("slots of other groups frozen", "group", g.id, "slots", slots.FormatRanges(stray), "refused", res.GetRefused())
+	}
+	return nil
+}
+
+// inAny reports whether slot sl is in one of rs.
+func inAny(rs []slots.Range, sl slots.Slot) bool {
+	return slices.ContainsFunc(rs, func(r slots.Range) bool { return r.Contains(sl) })
 }
 
 // addSlot appends slot sl to rs (in slot order), extending the last range
@@ -330,6 +432,26 @@ func (s *Server) slotsIn(ctx context.Context, id slots.GroupID, index uint64, r 
 		return slotsServed, nil
 	}
 	return slotsMixed, nil
+}
+
+// servedIn waits until this node's replica of group id has applied index,
+// and returns how many slots of r it serves.
+func (s *Server) servedIn(ctx context.Context, id slots.GroupID, index uint64, r slots.Range) (int, error) {
+	g := s.dataGroup(id)
+	if g == nil {
+		return 0, fmt.Errorf("group %d: this node hosts no replica of it", id)
+	}
+	if err := s.waitApplied(ctx, g.node.raft, index); err != nil {
+		return 0, err
+	}
+	frozen, gone := g.st.SlotModes()
+	n := 0
+	for sl := int(r.First); sl <= int(r.Last); sl++ {
+		if !inAny(frozen, slots.Slot(sl)) && !inAny(gone, slots.Slot(sl)) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // waitApplied waits until the Raft group r has applied index on this node.
@@ -396,11 +518,23 @@ func (s *Server) applySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntry
 	return resp, err
 }
 
-// ApplySlotEntry is the move driver's call to a data group's leader.
+// ApplySlotEntry is the move driver's call to a data group's leader (only
+// allocator nodes may make it: classPeer). The entry must carry a fence no
+// higher than the meta group's term on this node: a fence above every
+// meta leader's term would make the group refuse every later driver's
+// entry (InvalidArgument, nothing applied).
 func (a *adminService) ApplySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntryRequest) (*allotv1.ApplySlotEntryResponse, error) {
 	s := a.s
 	if !s.multi() {
 		return nil, status.Error(codes.FailedPrecondition, "allocator: this cluster has one group and no slots to move")
+	}
+	se, err := state.DecodeSlotEntry(req.GetEntry())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: %v", err)
+	}
+	if term := s.node.raft.CurrentTerm(); se.Fence == 0 || se.Fence > term {
+		return nil, status.Errorf(codes.InvalidArgument,
+			"allocator: slot entry fenced by meta term %d: want a fence from 1 to the meta group's term here, %d", se.Fence, term)
 	}
 	resp, err := s.applySlotEntry(ctx, req)
 	if err != nil {

@@ -7,9 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/slots"
+	"github.com/allot/allot/pkg/tlsconfig"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -90,5 +94,60 @@ func TestGroupsSlotFence(t *testing.T) {
 	resp, err = alloc.Acquire(ctx, &allotv1.AcquireRequest{AgentId: "a", RequestId: 2, Keys: []*allotv1.KeyAcquire{key("user", "u1", 20)}})
 	if err != nil || resp.GetGrants()[0].GetStatus() != allotv1.KeyStatus_KEY_STATUS_OK {
 		t.Fatalf("Acquire after the thaw: %v, %v", resp, err)
+	}
+}
+
+// TestGroupsApplySlotEntryRefusesFenceAboveMetaTerm: Admin.ApplySlotEntry
+// refuses (InvalidArgument, nothing applied) an entry fenced above the
+// meta group's term, which would make the group refuse every later
+// driver's entry for its slots, and an entry without a fence. The slot
+// stays served and a move of it still commits.
+func TestGroupsApplySlotEntryRefusesFenceAboveMetaTerm(t *testing.T) {
+	s := startOneNodeGroups(t, 2)
+	alloc, admin := dial(t, s.GRPCAddr())
+	sl, owner, other := ownerTestSlot()
+	rs := []slots.Range{{First: sl, Last: sl}}
+	for name, entry := range map[string][]byte{
+		"fence 2^40": state.AppendFencedSlotEntry(nil, state.SlotFreeze, 1<<40, time.Now().UnixNano(), rs, nil),
+		"no fence":   state.AppendSlotEntry(nil, state.SlotFreeze, time.Now().UnixNano(), rs, nil),
+	} {
+		res, err := admin.ApplySlotEntry(ctxT(t), &allotv1.ApplySlotEntryRequest{Group: uint32(owner), Entry: entry})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("ApplySlotEntry, freeze with %s: %v, %v; want InvalidArgument", name, res, err)
+		}
+	}
+	r, err := alloc.Acquire(ctxT(t), &allotv1.AcquireRequest{AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{key("user", "u1", 20)}})
+	if err != nil || r.GetGrants()[0].GetStatus() != allotv1.KeyStatus_KEY_STATUS_OK {
+		t.Fatalf("acquire in slot %d after the refused entries: %v, %v; want OK", sl, r, err)
+	}
+	mv, err := admin.MoveSlots(ctxT(t), &allotv1.MoveSlotsRequest{Slots: rs[0].String(), To: uint32(other)})
+	if err != nil || !mv.GetMove().GetCommitted() {
+		t.Fatalf("move of slot %d after the refused entries: %v, %v; want committed", sl, mv, err)
+	}
+}
+
+// TestApplySlotEntryPeersOnly: only a caller whose certificate has the
+// allocator role may call Admin.ApplySlotEntry; an admin (certificate or
+// token) may not.
+func TestApplySlotEntryPeersOnly(t *testing.T) {
+	g := &guard{}
+	m := allotv1.Admin_ApplySlotEntry_FullMethodName
+	for _, c := range []struct {
+		name string
+		p    principal
+		want codes.Code
+	}{
+		{"allocator certificate", principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAllocator, Name: "n1"}}, codes.OK},
+		{"admin certificate", principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAdmin, Name: "ops"}}, codes.PermissionDenied},
+		{"admin token", principal{token: true}, codes.PermissionDenied},
+		{"anonymous", principal{}, codes.Unauthenticated},
+	} {
+		var err error
+		if aerr := g.authorize(c.p, classify(m), m, &allotv1.ApplySlotEntryRequest{}); aerr != nil {
+			err = aerr.err
+		}
+		if got := status.Code(err); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
 	}
 }

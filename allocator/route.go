@@ -396,13 +396,13 @@ func (s *Server) applyRelease(r *raft.Raft, req *allotv1.ReleaseRequest) (*allot
 }
 
 // checkGroup returns the data group that serves a Check in a cluster
-// with several groups: the one it is addressed to, or the one that owns
-// its keys. A check whose keys are in several groups is refused: a
-// check-and-take is atomic only within one group.
+// with several groups: the one that owns its keys. A check whose keys are
+// in several groups is refused: a check-and-take is atomic only within
+// one group. A check addressed to a group (CheckRequest.group) that does
+// not own its keys is refused too (FailedPrecondition, naming the owner
+// and its leader), as Acquire answers such keys KEY_STATUS_MOVED: a group
+// serves a key only from the slot owner's bucket.
 func (s *Server) checkGroup(req *allotv1.CheckRequest) (slots.GroupID, error) {
-	if req.GetGroup() != 0 {
-		return slots.GroupID(req.GetGroup()), nil
-	}
 	rt := s.router()
 	if !rt.ok {
 		return 0, errNoGroups
@@ -419,6 +419,12 @@ func (s *Server) checkGroup(req *allotv1.CheckRequest) (slots.GroupID, error) {
 				"allocator: check: the descriptors' keys are in groups %d and %d; a check-and-take spans one group: check them separately", owner, g)
 		}
 		owner = g
+	}
+	if want := slots.GroupID(req.GetGroup()); want != 0 && want != owner {
+		h := s.groupHint(owner)
+		return 0, status.Errorf(codes.FailedPrecondition,
+			"allocator: check: the keys are group %d's (leader %q at %q), not group %d's: address the check to group %d or to no group",
+			owner, h.id, h.addr, want, owner)
 	}
 	return owner, nil
 }

@@ -22,7 +22,9 @@ import (
 // Slots. In a cluster of several Raft groups each group's State serves the
 // keys of the slots (pkg/slots: the low ten bits of the key's hash) its
 // group owns. A State serves every slot until told otherwise, so a cluster
-// of one group never sees any of this. Each slot of a State is in one of
+// of one group never sees any of this; in a cluster of several, the move
+// driver freezes and then drops the slots a group serves that the slot
+// map gives to another group, so that each group serves its own only. Each slot of a State is in one of
 // three modes:
 //
 //	served  Acquire and Release apply to its keys as usual.
