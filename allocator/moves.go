@@ -511,7 +511,7 @@ func (s *Server) applySlotEntry(ctx context.Context, req *allotv1.ApplySlotEntry
 			return nil
 		},
 		func(ctx context.Context, cc *grpc.ClientConn) error {
-			r, err := allotv1.NewAdminClient(cc).ApplySlotEntry(ctx, req)
+			r, err := allotv1.NewAdminClient(cc).ApplySlotEntry(s.withJoinToken(ctx), req)
 			resp = r
 			return err
 		})

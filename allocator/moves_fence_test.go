@@ -150,4 +150,23 @@ func TestApplySlotEntryPeersOnly(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
+	// Without TLS no node has a certificate: a node proves itself with
+	// the admin token every node's file holds.
+	g = &guard{noTLS: true}
+	for _, c := range []struct {
+		name string
+		p    principal
+		want codes.Code
+	}{
+		{"admin token, no TLS", principal{token: true}, codes.OK},
+		{"anonymous, no TLS", principal{}, codes.Unauthenticated},
+	} {
+		var err error
+		if aerr := g.authorize(c.p, classify(m), m, &allotv1.ApplySlotEntryRequest{}); aerr != nil {
+			err = aerr.err
+		}
+		if got := status.Code(err); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
 }

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/internal/testproc"
@@ -325,4 +327,67 @@ func rangesLen(rs []slots.Range) int {
 		n += r.Len()
 	}
 	return n
+}
+
+// TestGroupsMoveTokenCluster: in a cluster authenticated by admin tokens
+// alone (no TLS, so no node has a certificate), the meta leader's move
+// driver proves itself to the other nodes' ApplySlotEntry with the token
+// every node's file holds, as a joining node does to AddVoter, and a move
+// whose groups lead on other nodes commits. A caller without the token is
+// refused.
+func TestGroupsMoveTokenCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster: skipped with -short")
+	}
+	tokArgs, tok, err := testproc.AdminToken(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
+		"-agent-ttl", "3s", "-expire-interval", "200ms", "-open-reads"}, tokArgs...)
+	c := startProcessClusterArgs(t, 3, args, "-groups", "2")
+	cc, err := grpc.NewClient(c.Nodes[1].GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(testproc.Bearer(tok)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	admin := allotv1.NewAdminClient(cc)
+	// The data groups' leaders spread over two nodes: whichever node leads
+	// the meta group, the driver's entries for one of the groups go to
+	// another node.
+	waitFor(t, 30*time.Second, "3 groups of 3 voters, the data groups led by two nodes", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err := admin.ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+		if err != nil || len(st.GetGroups()) != 3 {
+			return false
+		}
+		leaders := map[uint32]string{}
+		for _, g := range st.GetGroups() {
+			if len(g.GetMembers()) != 3 || g.GetLeaderId() == "" {
+				return false
+			}
+			leaders[g.GetId()] = g.GetLeaderId()
+		}
+		return leaders[1] != leaders[2]
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, anon := dial(t, c.Nodes[1].GRPC)
+	if _, err := anon.MoveSlots(ctx, &allotv1.MoveSlotsRequest{Slots: "0-127", To: 2}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("MoveSlots without the token: %v, want Unauthenticated", err)
+	}
+	if _, err := anon.ApplySlotEntry(ctx, &allotv1.ApplySlotEntryRequest{Group: 1}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ApplySlotEntry without the token: %v, want Unauthenticated", err)
+	}
+	for _, to := range []uint32{2, 1} {
+		resp, err := admin.MoveSlots(ctx, &allotv1.MoveSlotsRequest{Slots: "0-127", To: to})
+		if err != nil {
+			t.Fatalf("move of 0-127 to group %d: %v", to, err)
+		}
+		if mv := resp.GetMove(); !mv.GetCommitted() || mv.GetTo() != to {
+			t.Fatalf("move to group %d: %v, want committed", to, mv)
+		}
+	}
 }
