@@ -128,39 +128,24 @@ func TestGroupsApplySlotEntryRefusesFenceAboveMetaTerm(t *testing.T) {
 
 // TestApplySlotEntryPeersOnly: only a caller whose certificate has the
 // allocator role may call Admin.ApplySlotEntry; an admin (certificate or
-// token) may not.
+// token) may not. Without TLS no node has a certificate: there a node
+// proves itself with the admin token every node's file holds.
 func TestApplySlotEntryPeersOnly(t *testing.T) {
-	g := &guard{}
 	m := allotv1.Admin_ApplySlotEntry_FullMethodName
 	for _, c := range []struct {
-		name string
-		p    principal
-		want codes.Code
+		name  string
+		noTLS bool
+		p     principal
+		want  codes.Code
 	}{
-		{"allocator certificate", principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAllocator, Name: "n1"}}, codes.OK},
-		{"admin certificate", principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAdmin, Name: "ops"}}, codes.PermissionDenied},
-		{"admin token", principal{token: true}, codes.PermissionDenied},
-		{"anonymous", principal{}, codes.Unauthenticated},
+		{"allocator certificate", false, principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAllocator, Name: "n1"}}, codes.OK},
+		{"admin certificate", false, principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAdmin, Name: "ops"}}, codes.PermissionDenied},
+		{"admin token", false, principal{token: true}, codes.PermissionDenied},
+		{"anonymous", false, principal{}, codes.Unauthenticated},
+		{"admin token, no TLS", true, principal{token: true}, codes.OK},
+		{"anonymous, no TLS", true, principal{}, codes.Unauthenticated},
 	} {
-		var err error
-		if aerr := g.authorize(c.p, classify(m), m, &allotv1.ApplySlotEntryRequest{}); aerr != nil {
-			err = aerr.err
-		}
-		if got := status.Code(err); got != c.want {
-			t.Errorf("%s: %v, want %v", c.name, err, c.want)
-		}
-	}
-	// Without TLS no node has a certificate: a node proves itself with
-	// the admin token every node's file holds.
-	g = &guard{noTLS: true}
-	for _, c := range []struct {
-		name string
-		p    principal
-		want codes.Code
-	}{
-		{"admin token, no TLS", principal{token: true}, codes.OK},
-		{"anonymous, no TLS", principal{}, codes.Unauthenticated},
-	} {
+		g := &guard{noTLS: c.noTLS}
 		var err error
 		if aerr := g.authorize(c.p, classify(m), m, &allotv1.ApplySlotEntryRequest{}); aerr != nil {
 			err = aerr.err
