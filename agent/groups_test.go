@@ -667,18 +667,5 @@ func TestGroupsMovedRetryKeepsReturnedTokens(t *testing.T) {
 	if ks.expiry.Load() <= s.loopNow() {
 		t.Fatal("the key holds no lease")
 	}
-	for _, retried := range []bool{true, false} {
-		balance, charged := ks.balance.Load(), ks.charged.Load()
-		s.moved(ks, &allotv1.KeyAcquire{Returned: 10, Charged: 3}, retried)
-		wantBalance := balance + 10
-		if retried {
-			wantBalance = balance
-		}
-		if got := ks.balance.Load(); got != wantBalance {
-			t.Errorf("retried %v: balance %d after MOVED, want %d", retried, got, wantBalance)
-		}
-		if got := ks.charged.Load(); got != charged+3 {
-			t.Errorf("retried %v: charged %d after MOVED, want %d", retried, got, charged+3)
-		}
-	}
+	checkUndone(t, "MOVED", ks, func(k *allotv1.KeyAcquire, retried bool) { s.moved(ks, k, retried) })
 }

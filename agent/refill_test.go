@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allot/allot/agent/internal/policy"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // TestRetryUsesSameRequestID: an Acquire whose answer was lost is retried
@@ -268,5 +269,47 @@ func TestRebaseRoundsUp(t *testing.T) {
 	ks.mu.Unlock()
 	if want := (rem + 19) / 20; avail != want || want < 1 {
 		t.Fatalf("fallback re-based to %d tokens with %d remaining over 20 agents, want ⌈%d/20⌉ = %d", avail, rem, rem, want)
+	}
+}
+
+// TestRejectedRetryKeepsReturnedTokens: a rejected call applied nothing,
+// so what its keys carried goes back to them; but a rejected retry (the
+// same request id after a lost answer) may follow a first attempt that
+// was applied, whose returned tokens the allocator credited already: its
+// charges go back (at worst charged twice), its returned tokens do not
+// (restoring them would admit them twice).
+func TestRejectedRetryKeepsReturnedTokens(t *testing.T) {
+	s := newStepped(t)
+	d := desc("api_key", "rr")
+	check(t, s.Agent, d)
+	s.step()
+	ks := keyOf(t, s.Agent, d)
+	if ks.expiry.Load() <= s.loopNow() {
+		t.Fatal("the key holds no lease")
+	}
+	checkUndone(t, "rejected", ks, func(k *allotv1.KeyAcquire, retried bool) {
+		s.reject(&batch{req: &allotv1.AcquireRequest{Keys: []*allotv1.KeyAcquire{k}}, keys: []*keyState{ks}, retried: retried}, false, false)
+	})
+}
+
+// checkUndone checks what undo (the agent's handling of a call that did
+// not apply its entry k: rejected, or answered MOVED) gives back to ks:
+// the charges always, the returned tokens only when the call was not a
+// retry (retried false), whose first attempt may have been applied.
+func checkUndone(t *testing.T, what string, ks *keyState, undo func(k *allotv1.KeyAcquire, retried bool)) {
+	t.Helper()
+	for _, retried := range []bool{true, false} {
+		balance, charged := ks.balance.Load(), ks.charged.Load()
+		undo(&allotv1.KeyAcquire{Returned: 10, Charged: 3}, retried)
+		wantBalance := balance + 10
+		if retried {
+			wantBalance = balance
+		}
+		if got := ks.balance.Load(); got != wantBalance {
+			t.Errorf("%s, retried %v: balance %d, want %d", what, retried, got, wantBalance)
+		}
+		if got := ks.charged.Load(); got != charged+3 {
+			t.Errorf("%s, retried %v: charged %d, want %d", what, retried, got, charged+3)
+		}
 	}
 }

@@ -120,7 +120,12 @@ func encodeFailed(err error) bool {
 
 // reject undoes b's moves: the allocator applied nothing of it (it
 // validates before applying, and answers a retry of an applied call from
-// its record, invariant (b), so a rejected call was never applied). Its
+// its record, invariant (b), so a rejected call was never applied). A
+// rejected retry (b.retried) is the exception: its first attempt, whose
+// answer was lost, may have been applied where the retry can no longer
+// reach that record (a slot moved, the rules changed, credentials were
+// rotated in between), so only its charges go back (at worst charged
+// twice), not its returned tokens (at worst wasted), as for MOVED. Its
 // keys wait policy.NotLeasedRetry and are then sent one per call, so a key
 // the allocator or the encoder refuses costs only itself. A key refused
 // alone is counted and logged; one that could not be encoded (unencodable)
@@ -133,7 +138,11 @@ func (a *Agent) reject(b *batch, unencodable, invalid bool) {
 	now := a.loopNow()
 	alone := len(b.keys) == 1 && b.keys[0].Suspect
 	for i, ks := range b.keys {
-		unsend(ks, b.req.Keys[i], now)
+		if b.retried {
+			unsendRetried(ks, b.req.Keys[i])
+		} else {
+			unsend(ks, b.req.Keys[i], now)
+		}
 		if b.req.Keys[i].Promote {
 			a.staticEnd(ks, false)
 		}
