@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +24,9 @@ const (
 	MaxDepth = 32
 	// maxNodes bounds the YAML nodes visited per file, aliases expanded.
 	maxNodes = 1 << 20
+	// maxMergeDepth bounds a chain of merge keys (<<) whose mappings merge
+	// further mappings.
+	maxMergeDepth = 32
 	// MaxBurst bounds burst, matching the allocator's 1e12 bound on token
 	// counts.
 	MaxBurst = 1_000_000_000_000
@@ -95,10 +99,11 @@ type compiler struct {
 	set      *Set
 	file     string
 	domain   string
-	budget   int      // YAML nodes left to visit
-	warnings []string // non-fatal findings
-	rules    []*Rule  // this file's rules, for the replaces check
-	scope    scoping  // the domain's scope fields, the rules' defaults
+	budget   int          // YAML nodes left to visit
+	merging  []*yaml.Node // the mappings being read, outermost first: a merge chain
+	warnings []string     // non-fatal findings
+	rules    []*Rule      // this file's rules, for the replaces check
+	scope    scoping      // the domain's scope fields, the rules' defaults
 }
 
 func (c *compiler) errf(n *yaml.Node, key, format string, args ...any) *Error {
@@ -215,6 +220,8 @@ type field struct {
 // mapping checks a mapping's keys against allowed and returns its fields by
 // name. Merge keys (<<) are honoured: explicit keys win over merged ones.
 func (c *compiler) mapping(n *yaml.Node, allowed []string, where string) (map[string]field, error) {
+	c.merging = append(c.merging, n)
+	defer func() { c.merging = c.merging[:len(c.merging)-1] }()
 	out := make(map[string]field, len(n.Content)/2)
 	var merged []field
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -224,7 +231,7 @@ func (c *compiler) mapping(n *yaml.Node, allowed []string, where string) (map[st
 			return nil, c.errf(n, "", "config error, document too large or has a dangling alias")
 		}
 		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
-			m, err := c.mergeFields(v, allowed, where)
+			m, err := c.mergeFields(k, v, allowed, where)
 			if err != nil {
 				return nil, err
 			}
@@ -254,7 +261,11 @@ func (c *compiler) mapping(n *yaml.Node, allowed []string, where string) (map[st
 	return out, nil
 }
 
-func (c *compiler) mergeFields(v *yaml.Node, allowed []string, where string) ([]field, error) {
+// mergeFields reads the mappings that the merge key k names (v, resolved).
+// A mapping that is being read already (it merges itself, directly or
+// through others) is a cycle, refused, as is a chain of merges deeper than
+// maxMergeDepth.
+func (c *compiler) mergeFields(k, v *yaml.Node, allowed []string, where string) ([]field, error) {
 	var srcs []*yaml.Node
 	switch v.Kind {
 	case yaml.MappingNode:
@@ -270,8 +281,14 @@ func (c *compiler) mergeFields(v *yaml.Node, allowed []string, where string) ([]
 	default:
 		return nil, c.errf(v, "<<", "config error, a merge key needs a mapping or a list of mappings")
 	}
+	if len(c.merging) >= maxMergeDepth {
+		return nil, c.errf(k, "<<", "config error, merge keys nested deeper than %d levels", maxMergeDepth)
+	}
 	var out []field
 	for _, m := range srcs {
+		if slices.Contains(c.merging, m) {
+			return nil, c.errf(k, "<<", "config error, a merge key refers to a mapping that contains it (a cycle)")
+		}
 		fs, err := c.mapping(m, allowed, where)
 		if err != nil {
 			return nil, err

@@ -204,3 +204,40 @@ func TestMergeOrderDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// A mapping that merges itself (directly, through another mapping, or as a
+// descriptor) is a cycle: it is refused at the merge key's line after
+// visiting a handful of nodes, not expanded until the node budget runs out
+// (a million nested calls and hundreds of megabytes of stack).
+func TestSelfMergeRefusedAsCycle(t *testing.T) {
+	for _, c := range []struct {
+		src  string
+		line int
+	}{
+		{"<<: &a {<<: *a}\n", 1},
+		{"domain: d\ndescriptors:\n  - &a {key: k, <<: *a}\n", 3},
+		{"domain: d\n<<: &x {<<: {<<: *x}}\n", 2},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: &l\n      unit: second\n      <<: [{requests_per_unit: 1}, *l]\n", 6},
+	} {
+		cp := &compiler{set: &Set{domains: map[string]*domainTree{}, nameIDs: map[string]int32{}}, file: "f.yaml", budget: maxNodes}
+		_, _, _, err := cp.compileFile([]byte(c.src))
+		var e *Error
+		if !errors.As(err, &e) || e.Line != c.line || e.Key != "<<" || !strings.Contains(e.Msg, "cycle") {
+			t.Errorf("%q: err = %v, want f.yaml:%d: <<: …cycle…", c.src, err, c.line)
+		}
+		if used := maxNodes - cp.budget; used > 100 {
+			t.Errorf("%q: visited %d nodes before refusing", c.src, used)
+		}
+	}
+}
+
+// A long chain of merges (each mapping merging the next) is refused past
+// maxMergeDepth, naming the merge key.
+func TestMergeChainDepthBounded(t *testing.T) {
+	src := "domain: d\n<<: " + strings.Repeat("{<<: ", 2*maxMergeDepth) + "{}" + strings.Repeat("}", 2*maxMergeDepth) + "\n"
+	_, err := Compile(1, []File{{Name: "f.yaml", Source: []byte(src)}})
+	var e *Error
+	if !errors.As(err, &e) || e.Line != 2 || e.Key != "<<" || !strings.Contains(e.Msg, "nested deeper than") {
+		t.Fatalf("err = %v, want a merge depth error", err)
+	}
+}
