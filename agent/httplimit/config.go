@@ -258,6 +258,22 @@ func validHeaderName(h string) bool {
 	return true
 }
 
+// FieldError is a configuration error of one field. Field is the field's
+// path in the configuration: "domain", "tier.default",
+// "descriptors[0][1].value". The gateway's config loader turns it into the
+// file's line.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+// Error returns "httplimit: field: msg".
+func (e *FieldError) Error() string { return "httplimit: " + e.Field + ": " + e.Msg }
+
+func fieldErrorf(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
 // Validate reports the first problem with c, prefixed "httplimit: ".
 func (c Config) Validate() error {
 	_, err := NewExtractor(c)

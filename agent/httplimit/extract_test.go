@@ -357,3 +357,45 @@ descriptors: [[client_ip, tier], [route, method], [{key: h, header: X-H}]]
 		}
 	})
 }
+
+// The text a configuration puts into descriptors (the domain, keys,
+// constant values, route patterns and default, tiers) is checked at
+// start-up, naming the field: the agent would refuse it on every request.
+func TestNewExtractorRefusesValuesTheAgentRefuses(t *testing.T) {
+	long := strings.Repeat("x", 5000)
+	for _, tc := range []struct{ yaml, field string }{
+		{"domain: \"public\\tapi\"\ndescriptors: [[{generic_key: all}]]", "domain"},
+		{"domain: \"d\\x85\"", "domain"},
+		{"domain: d\ndescriptors: [[{generic_key: \"a\\u0085b\"}]]", "descriptors[0][0].value"},
+		{"domain: d\ndescriptors: [[api_key], [api_key, {key: \"e\\u0000\", value: x}]]", "descriptors[1][1].key"},
+		{"domain: d\ndescriptors: [[{key: \"h\\n\", header: X-H}]]", "descriptors[0][0].key"},
+		{"domain: d\ndescriptors: [[{source: tier, key: \"t\\x7f\"}]]", "descriptors[0][0].key"},
+		{"domain: d\ndescriptors: [[{key: edge, value: " + long + "}]]", "descriptors[0]"},
+		{"domain: d\ntier: {default: \"free\\t\"}\ndescriptors: [[tier]]", "tier.default"},
+		{"domain: d\ntier: {default: " + long + "}\ndescriptors: [[tier]]", "tier.default"},
+		{"domain: d\ntier: {keys: {k1: \"gold\\r\"}}\ndescriptors: [[tier]]", "tier.keys"},
+		{"domain: d\ntier: {keys: {\"k\\u0001\": gold}}\ndescriptors: [[tier]]", "tier.keys"},
+		{"domain: d\nroutes: {default: \"\\u009f\"}\ndescriptors: [[route]]", "routes.default"},
+		{"domain: d\nmax_value_bytes: 4\nroutes: {default: other}\ndescriptors: [[route]]", "routes.default"},
+		{"domain: d\nroutes: {paths: [\"/a\\tb\"]}\ndescriptors: [[route]]", "routes.paths"},
+	} {
+		var cfg Config
+		if err := yaml.Unmarshal([]byte(tc.yaml), &cfg); err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		_, err := NewExtractor(cfg)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%.60q: NewExtractor error %v, want a FieldError for %s", tc.yaml, err, tc.field)
+		}
+	}
+	// At the bounds: accepted.
+	var cfg Config
+	ok := "domain: d\ntier: {default: " + strings.Repeat("t", DefaultMaxValueBytes) + "}\ndescriptors: [[tier], [{key: edge, value: " + strings.Repeat("v", 4000) + "}]]"
+	if err := yaml.Unmarshal([]byte(ok), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewExtractor(cfg); err != nil {
+		t.Fatalf("config at the bounds refused: %v", err)
+	}
+}
