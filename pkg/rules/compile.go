@@ -30,6 +30,11 @@ const (
 	// MaxBurst bounds burst, matching the allocator's 1e12 bound on token
 	// counts.
 	MaxBurst = 1_000_000_000_000
+	// MaxKeyBytes bounds a rule's descriptor: its domain plus, per level,
+	// the key, the value and 2 bytes of separators. It is the protocol's
+	// bound on a key (allotv1.MaxKeyBytes): the agent refuses a longer
+	// descriptor, so a longer rule could never match.
+	MaxKeyBytes = 4096
 	// MaxShards bounds shards.
 	MaxShards = 1024
 	// MaxWindow bounds unit × unit_multiplier (bucket.MaxWindow, about 36
@@ -161,6 +166,9 @@ func (c *compiler) compileFile(src []byte) (string, int, *domainTree, error) {
 	}
 	if domain == "" {
 		return "", 0, nil, &Error{File: c.file, Line: domainLine, Key: "domain", Msg: "config file cannot have empty domain"}
+	}
+	if !ValidText(domain) {
+		return "", 0, nil, &Error{File: c.file, Line: domainLine, Key: "domain", Msg: "the domain " + notText}
 	}
 	c.domain = domain
 	if c.scope, err = c.scoping(fields, scoping{}); err != nil {
@@ -450,6 +458,12 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 			return err
 		}
 	}
+	if !ValidText(key) {
+		return c.errf(keyNode, "key", "the key %s", notText)
+	}
+	if !ValidText(value) {
+		return c.errf(fs["value"].key, "value", "the value %s", notText)
+	}
 	flags := map[string]bool{}
 	for _, name := range []string{"shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "quota_mode"} {
 		if kv, ok := fs[name]; ok {
@@ -480,6 +494,9 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 		c.warnings = append(c.warnings, fmt.Sprintf("%s:%d: share_threshold has no effect on a descriptor without a wildcard value", c.file, d.Line))
 	}
 	path := append(append([]level(nil), parent...), lv)
+	if size := keyBytes(c.domain, path); size > MaxKeyBytes {
+		return c.errf(keyNode, "key", "the descriptor takes %d bytes (domain, keys and values, 2 per entry), at most %d", size, MaxKeyBytes)
+	}
 
 	g := groups[key]
 	if g == nil {
@@ -530,6 +547,19 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 		}
 	}
 	return nil
+}
+
+// notText completes an error about text a descriptor cannot carry.
+const notText = "is not valid text (invalid UTF-8 or control characters): a request could never carry it"
+
+// keyBytes is the size of a descriptor of domain and path as the agent
+// counts it against MaxKeyBytes.
+func keyBytes(domain string, path []level) int {
+	n := len(domain)
+	for _, l := range path {
+		n += len(l.key) + len(l.value) + 2
+	}
+	return n
 }
 
 // compositeKey renders a path the way Envoy's error messages do:

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // Every validation error names file, line and key. Line numbers below count
@@ -71,6 +73,15 @@ func TestValidationErrors(t *testing.T) {
 		{"two documents", "domain: d\n---\ndomain: e\n", 2, "", "more than one YAML document"},
 		{"nested too deep", deepYAML(33), 0, "descriptors", "nested deeper than 32 levels"},
 		{"quoted number", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: \"10\"\n", 6, "requests_per_unit", `must be an integer, not "10"`},
+		// Text a request can never carry: the agent refuses such
+		// descriptors, so the rule could never match.
+		{"domain with a tab", "domain: \"a\\tb\"\ndescriptors: []\n", 1, "domain", "the domain is not valid text"},
+		{"domain with a C1 control", "# c\ndomain: \"\\u0085\"\n", 2, "domain", "the domain is not valid text"},
+		{"key with NUL", "domain: d\ndescriptors:\n  - key: \"x\\u0000\"\n" + okLimit, 3, "key", "the key is not valid text"},
+		{"value with NEL", "domain: d\ndescriptors:\n  - key: k\n    value: \"\\u0085\"\n" + okLimit, 4, "value", "the value is not valid text"},
+		{"nested value with DEL", "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        value: \"a\\x7f\"\n", 6, "value", "the value is not valid text"},
+		{"value too long", "domain: d\ndescriptors:\n  - key: k\n    value: " + strings.Repeat("v", MaxKeyBytes) + "\n", 3, "key", "takes 4100 bytes"},
+		{"nested path too long", "domain: d\ndescriptors:\n  - key: k\n    value: " + strings.Repeat("v", 3000) + "\n    descriptors:\n      - key: j\n        value: " + strings.Repeat("w", 1100) + "\n", 6, "key", "at most 4096"},
 	}
 	checkErrors(t, cases)
 }
@@ -114,6 +125,18 @@ func deepYAML(depth int) string {
 		}
 	}
 	return b.String()
+}
+
+// A descriptor of exactly MaxKeyBytes, the protocol's bound, compiles.
+func TestMaxKeyBytesAccepted(t *testing.T) {
+	if MaxKeyBytes != allotv1.MaxKeyBytes {
+		t.Fatalf("MaxKeyBytes = %d, the protocol's is %d", MaxKeyBytes, allotv1.MaxKeyBytes)
+	}
+	v := strings.Repeat("v", MaxKeyBytes-len("d")-len("k")-2)
+	s := compileOne(t, "f.yaml", "domain: d\ndescriptors:\n  - key: k\n    value: "+v+"\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	if r := s.Match("d", []Entry{{"k", v}}); r == nil {
+		t.Fatal("the rule at the bound does not match")
+	}
 }
 
 func TestMaxDepthAccepted(t *testing.T) {
