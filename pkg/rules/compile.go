@@ -73,7 +73,7 @@ func Compile(version uint64, files []File) (*Set, error) {
 	}
 	domainFile := map[string]string{}
 	for _, f := range files {
-		c := &compiler{set: s, file: f.Name, budget: maxNodes}
+		c := newCompiler(s, f.Name)
 		domain, line, tree, err := c.compileFile(f.Source)
 		if err != nil {
 			return nil, err
@@ -104,11 +104,16 @@ type compiler struct {
 	set      *Set
 	file     string
 	domain   string
-	budget   int          // YAML nodes left to visit
-	merging  []*yaml.Node // the mappings being read, outermost first: a merge chain
-	warnings []string     // non-fatal findings
-	rules    []*Rule      // this file's rules, for the replaces check
-	scope    scoping      // the domain's scope fields, the rules' defaults
+	budget   int                // YAML nodes left to visit
+	merging  []*yaml.Node       // the mappings being read, outermost first: a merge chain
+	wilds    map[wildValue]bool // the wildcard values of each key group, for the duplicate check
+	warnings []string           // non-fatal findings
+	rules    []*Rule            // this file's rules, for the replaces check
+	scope    scoping            // the domain's scope fields, the rules' defaults
+}
+
+func newCompiler(set *Set, file string) *compiler {
+	return &compiler{set: set, file: file, budget: maxNodes, wilds: map[wildValue]bool{}}
 }
 
 func (c *compiler) errf(n *yaml.Node, key, format string, args ...any) *Error {
@@ -217,6 +222,12 @@ func (c *compiler) resolve(n *yaml.Node) *yaml.Node {
 		return nil
 	}
 	return n
+}
+
+// wildValue is a wildcard value in a key group.
+type wildValue struct {
+	g     *keyGroup
+	value string
 }
 
 // field is one key/value pair of a mapping.
@@ -520,11 +531,10 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 		}
 		g.exact[value] = n
 	case matchWildcard:
-		for _, w := range g.wild {
-			if w.lvl.value == value {
-				return c.errf(fs["value"].key, "value", "duplicate descriptor composite key '%s'", c.compositeKey(path))
-			}
+		if c.wilds[wildValue{g, value}] {
+			return c.errf(fs["value"].key, "value", "duplicate descriptor composite key '%s'", c.compositeKey(path))
 		}
+		c.wilds[wildValue{g, value}] = true
 		n.w = compileWildcard(value)
 		g.wild = append(g.wild, n)
 	}

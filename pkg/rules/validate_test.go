@@ -242,7 +242,7 @@ func TestSelfMergeRefusedAsCycle(t *testing.T) {
 		{"domain: d\n<<: &x {<<: {<<: *x}}\n", 2},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: &l\n      unit: second\n      <<: [{requests_per_unit: 1}, *l]\n", 6},
 	} {
-		cp := &compiler{set: &Set{domains: map[string]*domainTree{}, nameIDs: map[string]int32{}}, file: "f.yaml", budget: maxNodes}
+		cp := newCompiler(&Set{domains: map[string]*domainTree{}, nameIDs: map[string]int32{}}, "f.yaml")
 		_, _, _, err := cp.compileFile([]byte(c.src))
 		var e *Error
 		if !errors.As(err, &e) || e.Line != c.line || e.Key != "<<" || !strings.Contains(e.Msg, "cycle") {
