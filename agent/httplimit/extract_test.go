@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -397,5 +398,40 @@ func TestNewExtractorRefusesValuesTheAgentRefuses(t *testing.T) {
 	}
 	if _, err := NewExtractor(cfg); err != nil {
 		t.Fatalf("config at the bounds refused: %v", err)
+	}
+}
+
+// The JSON config (the Caddy module's) takes every entry form the YAML
+// one does, strictly: unknown keys and non-string values are refused.
+func TestEntryConfigJSONTakesTheYAMLForms(t *testing.T) {
+	for _, tc := range []struct{ yml, js string }{
+		{`[[{key: plan, header: X-Plan}]]`, `[[{"key":"plan","header":"X-Plan"}]]`},
+		{`[[{generic_key: all}]]`, `[[{"generic_key":"all"}]]`},
+		{`[[api_key, {source: client_ip, key: ip}]]`, `[["api_key",{"source":"client_ip","key":"ip"}]]`},
+		{`[[{key: edge, value: eu}]]`, `[[{"key":"edge","value":"eu"}]]`},
+		{`[[tier, route, method]]`, `[["tier","route","method"]]`},
+	} {
+		var y, j Config
+		if err := yaml.Unmarshal([]byte("domain: d\ndescriptors: "+tc.yml), &y); err != nil {
+			t.Fatalf("YAML %s: %v", tc.yml, err)
+		}
+		dec := json.NewDecoder(strings.NewReader(`{"domain":"d","descriptors":` + tc.js + `}`))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&j); err != nil {
+			t.Errorf("JSON %s: %v", tc.js, err)
+			continue
+		}
+		if !reflect.DeepEqual(y, j) {
+			t.Errorf("JSON %s = %+v, YAML %s = %+v", tc.js, j.Descriptors, tc.yml, y.Descriptors)
+		}
+		if err := j.Validate(); err != nil {
+			t.Errorf("JSON %s: %v", tc.js, err)
+		}
+	}
+	for _, bad := range []string{`[["nope"]]`, `[[{"key":"a","bogus":"b"}]]`, `[[{"key":"a","value":1}]]`, `[[7]]`} {
+		var c Config
+		if err := json.Unmarshal([]byte(`{"domain":"d","descriptors":`+bad+`}`), &c); err == nil {
+			t.Errorf("JSON %s accepted: %+v", bad, c.Descriptors)
+		}
 	}
 }
