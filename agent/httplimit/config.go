@@ -1,10 +1,12 @@
 package httplimit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"sort"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -154,8 +156,8 @@ var defaultKeys = map[Source]string{
 	SourceMethod:   "method",
 }
 
-// EntryConfig is one descriptor entry. In YAML it is either a bare source
-// name (api_key, client_ip, route, tier, method), or a mapping:
+// EntryConfig is one descriptor entry. In YAML and JSON it is either a bare
+// source name (api_key, client_ip, route, tier, method), or a mapping:
 //
 //	{source: client_ip, key: ip}        # a source under another key
 //	{key: plan, header: X-Plan}         # a request header
@@ -173,11 +175,11 @@ type EntryConfig struct {
 func (e *EntryConfig) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.ScalarNode:
-		s := Source(n.Value)
-		if _, ok := defaultKeys[s]; !ok {
-			return fmt.Errorf("line %d: %q: unknown entry source (want api_key, client_ip, route, tier, method, or a mapping)", n.Line, n.Value)
+		out, err := bareEntry(n.Value)
+		if err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
 		}
-		*e = EntryConfig{Source: s}
+		*e = out
 		return nil
 	case yaml.MappingNode:
 	default:
@@ -189,31 +191,89 @@ func (e *EntryConfig) UnmarshalYAML(n *yaml.Node) error {
 		if v.Kind != yaml.ScalarNode {
 			return fmt.Errorf("line %d: %s: must be a string", v.Line, k.Value)
 		}
-		switch k.Value {
-		case "key":
-			out.Key = v.Value
-		case "source":
-			out.Source = Source(v.Value)
-		case "header":
-			out.Header = v.Value
-		case "value":
-			out.Value = v.Value
-		case "generic_key":
-			out.Key, out.Value, out.Source = "generic_key", v.Value, SourceStatic
-		default:
-			return fmt.Errorf("line %d: %s: unknown key in a descriptor entry", k.Line, k.Value)
+		if err := out.set(k.Value, v.Value); err != nil {
+			return fmt.Errorf("line %d: %w", k.Line, err)
 		}
 	}
-	if out.Source == "" {
-		switch {
-		case out.Header != "":
-			out.Source = SourceHeader
-		case out.Value != "":
-			out.Source = SourceStatic
-		}
-	}
-	*e = out
+	*e = out.inferSource()
 	return nil
+}
+
+// UnmarshalJSON accepts the forms UnmarshalYAML does: a bare source name
+// ("api_key") or an object ({"key": "plan", "header": "X-Plan"},
+// {"generic_key": "all"}, {"key": "edge", "value": "eu"}), rejecting
+// unknown keys. A generic_key is applied after the other keys.
+func (e *EntryConfig) UnmarshalJSON(b []byte) error {
+	var name string
+	if json.Unmarshal(b, &name) == nil {
+		out, err := bareEntry(name)
+		if err != nil {
+			return err
+		}
+		*e = out
+		return nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		return errors.New("a descriptor entry must be a source name or an object of strings")
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i] != "generic_key" && (keys[j] == "generic_key" || keys[i] < keys[j])
+	})
+	var out EntryConfig
+	for _, k := range keys {
+		if err := out.set(k, m[k]); err != nil {
+			return err
+		}
+	}
+	*e = out.inferSource()
+	return nil
+}
+
+// bareEntry is the entry of a bare source name.
+func bareEntry(name string) (EntryConfig, error) {
+	s := Source(name)
+	if _, ok := defaultKeys[s]; !ok {
+		return EntryConfig{}, fmt.Errorf("%q: unknown entry source (want api_key, client_ip, route, tier, method, or a mapping)", name)
+	}
+	return EntryConfig{Source: s}, nil
+}
+
+// set sets the field of one key of the mapping form.
+func (e *EntryConfig) set(k, v string) error {
+	switch k {
+	case "key":
+		e.Key = v
+	case "source":
+		e.Source = Source(v)
+	case "header":
+		e.Header = v
+	case "value":
+		e.Value = v
+	case "generic_key":
+		e.Key, e.Value, e.Source = "generic_key", v, SourceStatic
+	default:
+		return fmt.Errorf("%s: unknown key in a descriptor entry", k)
+	}
+	return nil
+}
+
+// inferSource returns e with the source a header or value implies when
+// none is given.
+func (e EntryConfig) inferSource() EntryConfig {
+	if e.Source == "" {
+		switch {
+		case e.Header != "":
+			e.Source = SourceHeader
+		case e.Value != "":
+			e.Source = SourceStatic
+		}
+	}
+	return e
 }
 
 // validate checks one entry and fills its default key.
@@ -256,6 +316,22 @@ func validHeaderName(h string) bool {
 		}
 	}
 	return true
+}
+
+// FieldError is a configuration error of one field. Field is the field's
+// path in the configuration: "domain", "tier.default",
+// "descriptors[0][1].value". The gateway's config loader turns it into the
+// file's line.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+// Error returns "httplimit: field: msg".
+func (e *FieldError) Error() string { return "httplimit: " + e.Field + ": " + e.Msg }
+
+func fieldErrorf(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Validate reports the first problem with c, prefixed "httplimit: ".

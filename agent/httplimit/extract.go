@@ -71,7 +71,7 @@ func NewExtractor(cfg Config) (*Extractor, error) {
 	case OnMissingDeny:
 		x.denyMissing = true
 	default:
-		return nil, fmt.Errorf("httplimit: forward_auth.on_missing: %q: want allow or deny", cfg.ForwardAuth.OnMissing)
+		return nil, fieldErrorf("forward_auth.on_missing", "%q: want allow or deny", cfg.ForwardAuth.OnMissing)
 	}
 	dc, err := descconf.Compile("httplimit", bounds, cfg.Domain, cfg.MaxValueBytes, cfg.Descriptors,
 		func(e EntryConfig) (entrySpec, error) {
@@ -84,55 +84,112 @@ func NewExtractor(cfg Config) (*Extractor, error) {
 		return nil, err
 	}
 	x.maxValue, x.descs, x.totalEntries = dc.MaxValue, dc.Descs, dc.Total
+	if err := x.checkValues(cfg); err != nil {
+		return nil, err
+	}
 	hs := cfg.APIKey.Headers
 	if len(hs) == 0 {
 		hs = []string{"Authorization", "X-API-Key"}
 	}
 	if x.apiKeyHeaders, err = canonicalHeaders(hs); err != nil {
-		return nil, fmt.Errorf("httplimit: api_key.headers: %v", err)
+		return nil, fieldErrorf("api_key.headers", "%v", err)
 	}
 	for _, s := range cfg.ClientIP.TrustedProxies {
 		p, err := parsePrefix(strings.TrimSpace(s))
 		if err != nil {
-			return nil, fmt.Errorf("httplimit: client_ip.trusted_proxies: %q: not a CIDR or address", s)
+			return nil, fieldErrorf("client_ip.trusted_proxies", "%q: not a CIDR or address", s)
 		}
 		x.trusted = append(x.trusted, p)
 	}
 	x.fwdHeader = "X-Forwarded-For"
 	if h := cfg.ClientIP.Header; h != "" {
 		if !validHeaderName(h) {
-			return nil, fmt.Errorf("httplimit: client_ip.header: %q is not a valid header name", h)
+			return nil, fieldErrorf("client_ip.header", "%q is not a valid header name", h)
 		}
 		x.fwdHeader = http.CanonicalHeaderKey(h)
 	}
 	if len(cfg.Routes.Paths) > maxRoutes {
-		return nil, fmt.Errorf("httplimit: routes.paths: %d patterns, at most %d", len(cfg.Routes.Paths), maxRoutes)
+		return nil, fieldErrorf("routes.paths", "%d patterns, at most %d", len(cfg.Routes.Paths), maxRoutes)
 	}
 	for _, p := range cfg.Routes.Paths {
 		if !strings.Contains(p, "{") {
 			if !strings.HasPrefix(p, "/") {
-				return nil, fmt.Errorf("httplimit: routes.paths: %q must start with /", p)
+				return nil, fieldErrorf("routes.paths", "%q must start with /", p)
 			}
 			if _, dup := x.exact[path.Clean(p)]; dup {
-				return nil, fmt.Errorf("httplimit: routes.paths: %q listed twice", p)
+				return nil, fieldErrorf("routes.paths", "%q listed twice", p)
 			}
 			x.exact[path.Clean(p)] = p
 			continue
 		}
 		t, err := compileTemplate(p)
 		if err != nil {
-			return nil, fmt.Errorf("httplimit: routes.paths: %v", err)
+			return nil, fieldErrorf("routes.paths", "%v", err)
 		}
 		x.templates = append(x.templates, t)
 	}
 	if h := cfg.Tier.Header; h != "" {
 		if !validHeaderName(h) {
-			return nil, fmt.Errorf("httplimit: tier.header: %q is not a valid header name", h)
+			return nil, fieldErrorf("tier.header", "%q is not a valid header name", h)
 		}
 		x.tierHeader = http.CanonicalHeaderKey(h)
 	}
 	return x, nil
 }
+
+// checkValues checks the text the configuration itself puts into
+// descriptors, which the agent would otherwise refuse on every request: the
+// domain, entry keys, constant values, route patterns and default, tier
+// values and the API keys of tier.keys must be valid text (rules.ValidText).
+// Values standing in for extracted ones (routes.default, tiers, tier.keys'
+// API keys) are bounded by max_value_bytes like the values they stand for, and a
+// descriptor's fixed part (the domain, its keys and constant values, 2 bytes
+// per entry) by agent.MaxKeyBytes.
+func (x *Extractor) checkValues(cfg Config) error {
+	if !rules.ValidText(cfg.Domain) {
+		return fieldErrorf("domain", "%s", notText)
+	}
+	for i, d := range cfg.Descriptors {
+		size := len(cfg.Domain)
+		for j, e := range d {
+			at := fmt.Sprintf("descriptors[%d][%d]", i, j)
+			if !rules.ValidText(e.Key) {
+				return fieldErrorf(at+".key", "%s", notText)
+			}
+			if !rules.ValidText(e.Value) {
+				return fieldErrorf(at+".value", "%s", notText)
+			}
+			size += len(x.descs[i][j].key) + len(e.Value) + 2
+		}
+		if size > agent.MaxKeyBytes {
+			return fieldErrorf(fmt.Sprintf("descriptors[%d]", i), "the domain, keys and constant values take %d bytes, at most %d", size, agent.MaxKeyBytes)
+		}
+	}
+	for _, p := range cfg.Routes.Paths {
+		if !rules.ValidText(p) {
+			return fieldErrorf("routes.paths", "%q: %s", p, notText)
+		}
+	}
+	values := []struct{ field, v string }{{"routes.default", cfg.Routes.Default}, {"tier.default", cfg.Tier.Default}}
+	for k, v := range cfg.Tier.Keys {
+		// The API key is not echoed: the message names its tier.
+		if !rules.ValidText(k) || len(k) > x.maxValue {
+			return fieldErrorf("tier.keys", "the API key of tier %q is not valid text or is longer than max_value_bytes (%d)", v, x.maxValue)
+		}
+		values = append(values, struct{ field, v string }{"tier.keys", v})
+	}
+	for _, v := range values {
+		if !rules.ValidText(v.v) {
+			return fieldErrorf(v.field, "%q: %s", v.v, notText)
+		}
+		if len(v.v) > x.maxValue {
+			return fieldErrorf(v.field, "%d bytes, longer than max_value_bytes (%d)", len(v.v), x.maxValue)
+		}
+	}
+	return nil
+}
+
+const notText = "not valid text (invalid UTF-8 or control characters)"
 
 // Domain returns the configured domain.
 func (x *Extractor) Domain() string { return x.domain }

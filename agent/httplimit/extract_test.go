@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -356,4 +357,81 @@ descriptors: [[client_ip, tier], [route, method], [{key: h, header: X-H}]]
 			}
 		}
 	})
+}
+
+// The text a configuration puts into descriptors (the domain, keys,
+// constant values, route patterns and default, tiers) is checked at
+// start-up, naming the field: the agent would refuse it on every request.
+func TestNewExtractorRefusesValuesTheAgentRefuses(t *testing.T) {
+	long := strings.Repeat("x", 5000)
+	for _, tc := range []struct{ yaml, field string }{
+		{"domain: \"public\\tapi\"\ndescriptors: [[{generic_key: all}]]", "domain"},
+		{"domain: \"d\\x85\"", "domain"},
+		{"domain: d\ndescriptors: [[{generic_key: \"a\\u0085b\"}]]", "descriptors[0][0].value"},
+		{"domain: d\ndescriptors: [[api_key], [api_key, {key: \"e\\u0000\", value: x}]]", "descriptors[1][1].key"},
+		{"domain: d\ndescriptors: [[{key: \"h\\n\", header: X-H}]]", "descriptors[0][0].key"},
+		{"domain: d\ndescriptors: [[{source: tier, key: \"t\\x7f\"}]]", "descriptors[0][0].key"},
+		{"domain: d\ndescriptors: [[{key: edge, value: " + long + "}]]", "descriptors[0]"},
+		{"domain: d\ntier: {default: \"free\\t\"}\ndescriptors: [[tier]]", "tier.default"},
+		{"domain: d\ntier: {default: " + long + "}\ndescriptors: [[tier]]", "tier.default"},
+		{"domain: d\ntier: {keys: {k1: \"gold\\r\"}}\ndescriptors: [[tier]]", "tier.keys"},
+		{"domain: d\ntier: {keys: {\"k\\u0001\": gold}}\ndescriptors: [[tier]]", "tier.keys"},
+		{"domain: d\nroutes: {default: \"\\u009f\"}\ndescriptors: [[route]]", "routes.default"},
+		{"domain: d\nmax_value_bytes: 4\nroutes: {default: other}\ndescriptors: [[route]]", "routes.default"},
+		{"domain: d\nroutes: {paths: [\"/a\\tb\"]}\ndescriptors: [[route]]", "routes.paths"},
+	} {
+		var cfg Config
+		if err := yaml.Unmarshal([]byte(tc.yaml), &cfg); err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		_, err := NewExtractor(cfg)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("%.60q: NewExtractor error %v, want a FieldError for %s", tc.yaml, err, tc.field)
+		}
+	}
+	// At the bounds: accepted.
+	var cfg Config
+	ok := "domain: d\ntier: {default: " + strings.Repeat("t", DefaultMaxValueBytes) + "}\ndescriptors: [[tier], [{key: edge, value: " + strings.Repeat("v", 4000) + "}]]"
+	if err := yaml.Unmarshal([]byte(ok), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewExtractor(cfg); err != nil {
+		t.Fatalf("config at the bounds refused: %v", err)
+	}
+}
+
+// The JSON config (the Caddy module's) takes every entry form the YAML
+// one does, strictly: unknown keys and non-string values are refused.
+func TestEntryConfigJSONTakesTheYAMLForms(t *testing.T) {
+	for _, tc := range []struct{ yml, js string }{
+		{`[[{key: plan, header: X-Plan}]]`, `[[{"key":"plan","header":"X-Plan"}]]`},
+		{`[[{generic_key: all}]]`, `[[{"generic_key":"all"}]]`},
+		{`[[api_key, {source: client_ip, key: ip}]]`, `[["api_key",{"source":"client_ip","key":"ip"}]]`},
+		{`[[{key: edge, value: eu}]]`, `[[{"key":"edge","value":"eu"}]]`},
+		{`[[tier, route, method]]`, `[["tier","route","method"]]`},
+	} {
+		var y, j Config
+		if err := yaml.Unmarshal([]byte("domain: d\ndescriptors: "+tc.yml), &y); err != nil {
+			t.Fatalf("YAML %s: %v", tc.yml, err)
+		}
+		dec := json.NewDecoder(strings.NewReader(`{"domain":"d","descriptors":` + tc.js + `}`))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&j); err != nil {
+			t.Errorf("JSON %s: %v", tc.js, err)
+			continue
+		}
+		if !reflect.DeepEqual(y, j) {
+			t.Errorf("JSON %s = %+v, YAML %s = %+v", tc.js, j.Descriptors, tc.yml, y.Descriptors)
+		}
+		if err := j.Validate(); err != nil {
+			t.Errorf("JSON %s: %v", tc.js, err)
+		}
+	}
+	for _, bad := range []string{`[["nope"]]`, `[[{"key":"a","bogus":"b"}]]`, `[[{"key":"a","value":1}]]`, `[[7]]`} {
+		var c Config
+		if err := json.Unmarshal([]byte(`{"domain":"d","descriptors":`+bad+`}`), &c); err == nil {
+			t.Errorf("JSON %s accepted: %+v", bad, c.Descriptors)
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -156,6 +157,12 @@ func parseConfig(name string, src []byte) (fileConfig, error) {
 		return fileConfig{}, fmt.Errorf("%s:%d: only one YAML document is allowed", name, extra.Line)
 	}
 	if _, err := httplimit.NewExtractor(cfg.Config); err != nil {
+		var fe *httplimit.FieldError
+		if errors.As(err, &fe) {
+			if line := fieldLine(src, fe.Field); line > 0 {
+				return fileConfig{}, fmt.Errorf("%s:%d: %w", name, line, err)
+			}
+		}
 		return fileConfig{}, fmt.Errorf("%s: %w", name, err)
 	}
 	if cfg.MaxRequestBodyBytes < -1 {
@@ -167,6 +174,44 @@ func parseConfig(name string, src []byte) (fileConfig, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// fieldLine returns the line of a field path ("tier.default",
+// "descriptors[0][1].value") in the YAML document src, or of the deepest
+// part of it that is present: a bare entry such as "api_key" has no
+// ".value". It returns 0 when not even the first part is present.
+func fieldLine(src []byte, path string) int {
+	var doc yaml.Node
+	if yaml.Unmarshal(src, &doc) != nil || len(doc.Content) == 0 {
+		return 0
+	}
+	n, line := doc.Content[0], 0
+	for _, part := range strings.Split(path, ".") {
+		name, idx, _ := strings.Cut(part, "[")
+		next := (*yaml.Node)(nil)
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == name {
+					next, line = n.Content[i+1], n.Content[i].Line
+				}
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		for idx != "" {
+			var is string
+			is, idx, _ = strings.Cut(idx, "]")
+			idx = strings.TrimPrefix(idx, "[")
+			i, err := strconv.Atoi(is)
+			if err != nil || n.Kind != yaml.SequenceNode || i < 0 || i >= len(n.Content) {
+				return line
+			}
+			n, line = n.Content[i], n.Content[i].Line
+		}
+	}
+	return line
 }
 
 var (

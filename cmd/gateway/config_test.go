@@ -38,6 +38,15 @@ func TestParseConfigErrors(t *testing.T) {
 		{"descriptors: [[api_key]]\n", "gw.yaml: httplimit: domain: must be set"},
 		{"domain: d\n---\ndomain: e\n", "only one YAML document"},
 		{"domain: [\n", "gw.yaml"},
+		// Extraction values the agent would refuse on every request stop
+		// the gateway at start-up, naming the line and key.
+		{"upstream: http://a\ndomain: \"public\\tapi\"\ndescriptors: [[{generic_key: all}]]\n", "gw.yaml:2: httplimit: domain: not valid text"},
+		{"domain: d\ndescriptors:\n  - [api_key]\n  - [{generic_key: \"a\\u0085b\"}]\n", "gw.yaml:4: httplimit: descriptors[1][0].value: not valid text"},
+		{"domain: d\ndescriptors:\n  - - api_key\n    - {key: \"e\\u0000\", value: x}\n", "gw.yaml:4: httplimit: descriptors[0][1].key: not valid text"},
+		{"domain: d\ntier:\n  keys: {k: gold}\n  default: \"free\\t\"\ndescriptors: [[tier]]\n", "gw.yaml:4: httplimit: tier.default:"},
+		{"domain: d\nroutes:\n  default: \"\\u009f\"\ndescriptors: [[route]]\n", "gw.yaml:3: httplimit: routes.default:"},
+		{"domain: d\ndescriptors:\n  - [{key: edge, value: " + strings.Repeat("x", 5000) + "}]\n", "gw.yaml:3: httplimit: descriptors[0]: the domain, keys and constant values take"},
+		{"domain: d\nclient_ip:\n  header: \"X Bad\"\n", "gw.yaml:3: httplimit: client_ip.header:"},
 	}
 	for _, tc := range tests {
 		_, err := parseConfig("gw.yaml", []byte(tc.src))

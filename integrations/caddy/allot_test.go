@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/allot/allot/agent/httplimit"
@@ -98,5 +99,24 @@ func TestCaddyfileErrors(t *testing.T) {
 		if err := tc.h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.h, err, tc.want)
 		}
+	}
+}
+
+// Caddy loads the module's JSON strictly; the documented entry forms of
+// the gateway's config file are accepted there.
+func TestJSONConfigTakesTheEntryForms(t *testing.T) {
+	src := `{"domain":"d","descriptors":[["api_key"],[{"generic_key":"all"}],[{"key":"plan","header":"X-Plan"}],[{"key":"edge","value":"eu"}]]}`
+	var h Handler
+	if err := caddy.StrictUnmarshalJSON([]byte(src), &h); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Config.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.Config.Descriptors; len(d) != 4 || d[1][0].Key != "generic_key" || d[2][0].Header != "X-Plan" || d[3][0].Value != "eu" {
+		t.Fatalf("%+v", d)
+	}
+	if err := caddy.StrictUnmarshalJSON([]byte(`{"domain":"d","descriptors":[[{"key":"a","bogus":"b"}]]}`), &h); err == nil {
+		t.Fatal("an unknown entry key was accepted")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,9 +24,17 @@ const (
 	MaxDepth = 32
 	// maxNodes bounds the YAML nodes visited per file, aliases expanded.
 	maxNodes = 1 << 20
+	// maxMergeDepth bounds a chain of merge keys (<<) whose mappings merge
+	// further mappings.
+	maxMergeDepth = 32
 	// MaxBurst bounds burst, matching the allocator's 1e12 bound on token
 	// counts.
 	MaxBurst = 1_000_000_000_000
+	// MaxKeyBytes bounds a rule's descriptor: its domain plus, per level,
+	// the key, the value and 2 bytes of separators. It is the protocol's
+	// bound on a key (allotv1.MaxKeyBytes): the agent refuses a longer
+	// descriptor, so a longer rule could never match.
+	MaxKeyBytes = 4096
 	// MaxShards bounds shards.
 	MaxShards = 1024
 	// MaxWindow bounds unit × unit_multiplier (bucket.MaxWindow, about 36
@@ -64,7 +73,7 @@ func Compile(version uint64, files []File) (*Set, error) {
 	}
 	domainFile := map[string]string{}
 	for _, f := range files {
-		c := &compiler{set: s, file: f.Name, budget: maxNodes}
+		c := newCompiler(s, f.Name)
 		domain, line, tree, err := c.compileFile(f.Source)
 		if err != nil {
 			return nil, err
@@ -95,10 +104,16 @@ type compiler struct {
 	set      *Set
 	file     string
 	domain   string
-	budget   int      // YAML nodes left to visit
-	warnings []string // non-fatal findings
-	rules    []*Rule  // this file's rules, for the replaces check
-	scope    scoping  // the domain's scope fields, the rules' defaults
+	budget   int                // YAML nodes left to visit
+	merging  []*yaml.Node       // the mappings being read, outermost first: a merge chain
+	wilds    map[wildValue]bool // the wildcard values of each key group, for the duplicate check
+	warnings []string           // non-fatal findings
+	rules    []*Rule            // this file's rules, for the replaces check
+	scope    scoping            // the domain's scope fields, the rules' defaults
+}
+
+func newCompiler(set *Set, file string) *compiler {
+	return &compiler{set: set, file: file, budget: maxNodes, wilds: map[wildValue]bool{}}
 }
 
 func (c *compiler) errf(n *yaml.Node, key, format string, args ...any) *Error {
@@ -157,6 +172,9 @@ func (c *compiler) compileFile(src []byte) (string, int, *domainTree, error) {
 	if domain == "" {
 		return "", 0, nil, &Error{File: c.file, Line: domainLine, Key: "domain", Msg: "config file cannot have empty domain"}
 	}
+	if !ValidText(domain) {
+		return "", 0, nil, &Error{File: c.file, Line: domainLine, Key: "domain", Msg: "the domain " + notText}
+	}
 	c.domain = domain
 	if c.scope, err = c.scoping(fields, scoping{}); err != nil {
 		return "", 0, nil, err
@@ -206,6 +224,12 @@ func (c *compiler) resolve(n *yaml.Node) *yaml.Node {
 	return n
 }
 
+// wildValue is a wildcard value in a key group.
+type wildValue struct {
+	g     *keyGroup
+	value string
+}
+
 // field is one key/value pair of a mapping.
 type field struct {
 	name     string
@@ -215,6 +239,8 @@ type field struct {
 // mapping checks a mapping's keys against allowed and returns its fields by
 // name. Merge keys (<<) are honoured: explicit keys win over merged ones.
 func (c *compiler) mapping(n *yaml.Node, allowed []string, where string) (map[string]field, error) {
+	c.merging = append(c.merging, n)
+	defer func() { c.merging = c.merging[:len(c.merging)-1] }()
 	out := make(map[string]field, len(n.Content)/2)
 	var merged []field
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -224,7 +250,7 @@ func (c *compiler) mapping(n *yaml.Node, allowed []string, where string) (map[st
 			return nil, c.errf(n, "", "config error, document too large or has a dangling alias")
 		}
 		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
-			m, err := c.mergeFields(v, allowed, where)
+			m, err := c.mergeFields(k, v, allowed, where)
 			if err != nil {
 				return nil, err
 			}
@@ -254,7 +280,11 @@ func (c *compiler) mapping(n *yaml.Node, allowed []string, where string) (map[st
 	return out, nil
 }
 
-func (c *compiler) mergeFields(v *yaml.Node, allowed []string, where string) ([]field, error) {
+// mergeFields reads the mappings that the merge key k names (v, resolved).
+// A mapping that is being read already (it merges itself, directly or
+// through others) is a cycle, refused, as is a chain of merges deeper than
+// maxMergeDepth.
+func (c *compiler) mergeFields(k, v *yaml.Node, allowed []string, where string) ([]field, error) {
 	var srcs []*yaml.Node
 	switch v.Kind {
 	case yaml.MappingNode:
@@ -270,8 +300,14 @@ func (c *compiler) mergeFields(v *yaml.Node, allowed []string, where string) ([]
 	default:
 		return nil, c.errf(v, "<<", "config error, a merge key needs a mapping or a list of mappings")
 	}
+	if len(c.merging) >= maxMergeDepth {
+		return nil, c.errf(k, "<<", "config error, merge keys nested deeper than %d levels", maxMergeDepth)
+	}
 	var out []field
 	for _, m := range srcs {
+		if slices.Contains(c.merging, m) {
+			return nil, c.errf(k, "<<", "config error, a merge key refers to a mapping that contains it (a cycle)")
+		}
 		fs, err := c.mapping(m, allowed, where)
 		if err != nil {
 			return nil, err
@@ -433,6 +469,12 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 			return err
 		}
 	}
+	if !ValidText(key) {
+		return c.errf(keyNode, "key", "the key %s", notText)
+	}
+	if !ValidText(value) {
+		return c.errf(fs["value"].key, "value", "the value %s", notText)
+	}
 	flags := map[string]bool{}
 	for _, name := range []string{"shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "quota_mode"} {
 		if kv, ok := fs[name]; ok {
@@ -463,6 +505,9 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 		c.warnings = append(c.warnings, fmt.Sprintf("%s:%d: share_threshold has no effect on a descriptor without a wildcard value", c.file, d.Line))
 	}
 	path := append(append([]level(nil), parent...), lv)
+	if size := keyBytes(c.domain, path); size > MaxKeyBytes {
+		return c.errf(keyNode, "key", "the descriptor takes %d bytes (domain, keys and values, 2 per entry), at most %d", size, MaxKeyBytes)
+	}
 
 	g := groups[key]
 	if g == nil {
@@ -486,11 +531,10 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 		}
 		g.exact[value] = n
 	case matchWildcard:
-		for _, w := range g.wild {
-			if w.lvl.value == value {
-				return c.errf(fs["value"].key, "value", "duplicate descriptor composite key '%s'", c.compositeKey(path))
-			}
+		if c.wilds[wildValue{g, value}] {
+			return c.errf(fs["value"].key, "value", "duplicate descriptor composite key '%s'", c.compositeKey(path))
 		}
+		c.wilds[wildValue{g, value}] = true
 		n.w = compileWildcard(value)
 		g.wild = append(g.wild, n)
 	}
@@ -513,6 +557,19 @@ func (c *compiler) descriptor(d *yaml.Node, parent []level, depth int, groups ma
 		}
 	}
 	return nil
+}
+
+// notText completes an error about text a descriptor cannot carry.
+const notText = "is not valid text (invalid UTF-8 or control characters): a request could never carry it"
+
+// keyBytes is the size of a descriptor of domain and path as the agent
+// counts it against MaxKeyBytes.
+func keyBytes(domain string, path []level) int {
+	n := len(domain)
+	for _, l := range path {
+		n += len(l.key) + len(l.value) + 2
+	}
+	return n
 }
 
 // compositeKey renders a path the way Envoy's error messages do:

@@ -24,6 +24,8 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(scopeYAML))
 	f.Add([]byte(scopeJSON))
 	f.Add([]byte("domain: d\nscope: global\nglobal_fallback: static\nstatic_fraction: {a: 0.5, '*': 1}\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, scope: regional}\n"))
+	f.Add([]byte("<<: &a {<<: *a}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - &a {key: k, <<: *a}\n"))
 	f.Fuzz(func(t *testing.T, src []byte) {
 		s, err := Compile(1, []File{{Name: "fuzz.yaml", Source: src}})
 		if err != nil {

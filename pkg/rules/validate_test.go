@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // Every validation error names file, line and key. Line numbers below count
@@ -71,6 +73,15 @@ func TestValidationErrors(t *testing.T) {
 		{"two documents", "domain: d\n---\ndomain: e\n", 2, "", "more than one YAML document"},
 		{"nested too deep", deepYAML(33), 0, "descriptors", "nested deeper than 32 levels"},
 		{"quoted number", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: \"10\"\n", 6, "requests_per_unit", `must be an integer, not "10"`},
+		// Text a request can never carry: the agent refuses such
+		// descriptors, so the rule could never match.
+		{"domain with a tab", "domain: \"a\\tb\"\ndescriptors: []\n", 1, "domain", "the domain is not valid text"},
+		{"domain with a C1 control", "# c\ndomain: \"\\u0085\"\n", 2, "domain", "the domain is not valid text"},
+		{"key with NUL", "domain: d\ndescriptors:\n  - key: \"x\\u0000\"\n" + okLimit, 3, "key", "the key is not valid text"},
+		{"value with NEL", "domain: d\ndescriptors:\n  - key: k\n    value: \"\\u0085\"\n" + okLimit, 4, "value", "the value is not valid text"},
+		{"nested value with DEL", "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        value: \"a\\x7f\"\n", 6, "value", "the value is not valid text"},
+		{"value too long", "domain: d\ndescriptors:\n  - key: k\n    value: " + strings.Repeat("v", MaxKeyBytes) + "\n", 3, "key", "takes 4100 bytes"},
+		{"nested path too long", "domain: d\ndescriptors:\n  - key: k\n    value: " + strings.Repeat("v", 3000) + "\n    descriptors:\n      - key: j\n        value: " + strings.Repeat("w", 1100) + "\n", 6, "key", "at most 4096"},
 	}
 	checkErrors(t, cases)
 }
@@ -114,6 +125,18 @@ func deepYAML(depth int) string {
 		}
 	}
 	return b.String()
+}
+
+// A descriptor of exactly MaxKeyBytes, the protocol's bound, compiles.
+func TestMaxKeyBytesAccepted(t *testing.T) {
+	if MaxKeyBytes != allotv1.MaxKeyBytes {
+		t.Fatalf("MaxKeyBytes = %d, the protocol's is %d", MaxKeyBytes, allotv1.MaxKeyBytes)
+	}
+	v := strings.Repeat("v", MaxKeyBytes-len("d")-len("k")-2)
+	s := compileOne(t, "f.yaml", "domain: d\ndescriptors:\n  - key: k\n    value: "+v+"\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	if r := s.Match("d", []Entry{{"k", v}}); r == nil {
+		t.Fatal("the rule at the bound does not match")
+	}
 }
 
 func TestMaxDepthAccepted(t *testing.T) {
@@ -202,5 +225,42 @@ func TestMergeOrderDeterministic(t *testing.T) {
 		if r := s.Match("d", E("a=x")); r.Unit != UnitSecond || r.RequestsPerUnit != 1 {
 			t.Fatalf("run %d: merged rule = %v/%d, want second/1", i, r.Unit, r.RequestsPerUnit)
 		}
+	}
+}
+
+// A mapping that merges itself (directly, through another mapping, or as a
+// descriptor) is a cycle: it is refused at the merge key's line after
+// visiting a handful of nodes, not expanded until the node budget runs out
+// (a million nested calls and hundreds of megabytes of stack).
+func TestSelfMergeRefusedAsCycle(t *testing.T) {
+	for _, c := range []struct {
+		src  string
+		line int
+	}{
+		{"<<: &a {<<: *a}\n", 1},
+		{"domain: d\ndescriptors:\n  - &a {key: k, <<: *a}\n", 3},
+		{"domain: d\n<<: &x {<<: {<<: *x}}\n", 2},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: &l\n      unit: second\n      <<: [{requests_per_unit: 1}, *l]\n", 6},
+	} {
+		cp := newCompiler(&Set{domains: map[string]*domainTree{}, nameIDs: map[string]int32{}}, "f.yaml")
+		_, _, _, err := cp.compileFile([]byte(c.src))
+		var e *Error
+		if !errors.As(err, &e) || e.Line != c.line || e.Key != "<<" || !strings.Contains(e.Msg, "cycle") {
+			t.Errorf("%q: err = %v, want f.yaml:%d: <<: …cycle…", c.src, err, c.line)
+		}
+		if used := maxNodes - cp.budget; used > 100 {
+			t.Errorf("%q: visited %d nodes before refusing", c.src, used)
+		}
+	}
+}
+
+// A long chain of merges (each mapping merging the next) is refused past
+// maxMergeDepth, naming the merge key.
+func TestMergeChainDepthBounded(t *testing.T) {
+	src := "domain: d\n<<: " + strings.Repeat("{<<: ", 2*maxMergeDepth) + "{}" + strings.Repeat("}", 2*maxMergeDepth) + "\n"
+	_, err := Compile(1, []File{{Name: "f.yaml", Source: []byte(src)}})
+	var e *Error
+	if !errors.As(err, &e) || e.Line != 2 || e.Key != "<<" || !strings.Contains(e.Msg, "nested deeper than") {
+		t.Fatalf("err = %v, want a merge depth error", err)
 	}
 }

@@ -94,8 +94,9 @@ func (u *countingUpstream) seen(key string) int {
 	return u.byKey[key]
 }
 
-// env is a running gateway (standalone, rulesYAML) with its check
-// endpoints, and the counting upstream.
+// env is a running gateway (standalone, rulesYAML, gatewayConfig and the
+// extra config lines startEnv was given) with its check endpoints, and the
+// counting upstream.
 type env struct {
 	dir      string
 	gw       *testproc.Gateway
@@ -103,14 +104,14 @@ type env struct {
 	upstream string // host:port
 }
 
-func startEnv(t *testing.T) *env {
+func startEnv(t *testing.T, extraConfig ...string) *env {
 	t.Helper()
 	bins := testproc.Build(t)
 	e := &env{dir: t.TempDir(), up: &countingUpstream{byKey: map[string]int{}}}
 	srv := testproc.Serve(t, e.up)
 	e.upstream = srv
 	rules := testproc.WriteFile(t, e.dir, "rules.yaml", rulesYAML)
-	e.gw = testproc.StartGateway(t, bins.Gateway, e.dir, "gateway", gatewayConfig("http://"+srv, rules), nil,
+	e.gw = testproc.StartGateway(t, bins.Gateway, e.dir, "gateway", gatewayConfig("http://"+srv, rules)+strings.Join(extraConfig, ""), nil,
 		"-check-addr", "127.0.0.1:0")
 	testproc.Eventually(t, 30*time.Second, "the gateway's rules", e.gw.Ready)
 	if e.gw.Check == "" {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/internal/testproc"
 )
 
@@ -58,10 +59,10 @@ func docConfig(t *testing.T, lang, listen, upstream, check string) string {
 
 // TestNginxAuthRequest: nginx's auth_request asks the gateway's
 // forward-auth endpoint; the error_page mapping carries its 429 and
-// headers to the client.
+// headers, its 400 and its 403 (on_missing: deny) to the client as JSON.
 func TestNginxAuthRequest(t *testing.T) {
 	nginx := requireProgram(t, "nginx")
-	e := startEnv(t)
+	e := startEnv(t, "forward_auth: {on_missing: deny}\n")
 	dir := t.TempDir()
 	listen := testproc.FreeAddrs(t, 1)[0]
 	conf := testproc.WriteFile(t, dir, "nginx.conf", fmt.Sprintf(nginxMain, dir, docConfig(t, "nginx", listen, e.upstream, e.gw.Check)))
@@ -71,6 +72,22 @@ func TestNginxAuthRequest(t *testing.T) {
 	p.Start(t)
 	waitHTTP(t, p, "http://"+listen+"/ping")
 	exhaust(t, e, "http://"+listen+"/v1/search?q=1", "k_nginx", true)
+
+	// A key over max_value_bytes: the gateway's 400, a JSON body (nginx
+	// does not pass the check's body on: the documented generic message).
+	a := getWithKey(t, "http://"+listen+"/v1/search", strings.Repeat("k", 300))
+	if a.code != 400 || !strings.HasPrefix(a.h.Get("Content-Type"), "application/json") ||
+		a.body != `{"error":"bad_request","message":"The request could not be rate limited."}` {
+		t.Fatalf("a key too long: %d %s %q, want 400 with the JSON body", a.code, a.h.Get("Content-Type"), a.body)
+	}
+	// No key with on_missing: deny: the gateway's 403 and its body.
+	a = getWithKey(t, "http://"+listen+"/v1/search", "")
+	if a.code != 403 || !strings.HasPrefix(a.h.Get("Content-Type"), "application/json") || a.body != httplimit.ForbiddenBody {
+		t.Fatalf("no key: %d %s %q, want 403 with the JSON body", a.code, a.h.Get("Content-Type"), a.body)
+	}
+	if n := e.up.seen(""); n != 0 {
+		t.Fatalf("the upstream saw %d requests without a key, want 0", n)
+	}
 
 	// The gateway away: nginx answers 500 (auth_request fails closed).
 	if err := e.gw.Proc.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
