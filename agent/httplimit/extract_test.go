@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -434,4 +435,55 @@ func TestEntryConfigJSONTakesTheYAMLForms(t *testing.T) {
 			t.Errorf("JSON %s accepted: %+v", bad, c.Descriptors)
 		}
 	}
+}
+
+// FuzzConfigJSON feeds arbitrary JSON to the Config decoder as the Caddy
+// module loads it (strictly): it never panics, what it accepts validates
+// or is refused with an error, encodes back to JSON that decodes to the
+// same config, and a valid config extracts from a request.
+func FuzzConfigJSON(f *testing.F) {
+	for _, d := range []string{
+		`[[{"key":"plan","header":"X-Plan"}]]`, `[[{"generic_key":"all"}]]`,
+		`[["api_key",{"source":"client_ip","key":"ip"}]]`, `[[{"key":"edge","value":"eu"}]]`,
+		`[["tier","route","method"]]`, `[["nope"]]`, `[[{"key":"a","bogus":"b"}]]`,
+		`[[{"key":"a","value":1}]]`, `[[7]]`, `[[{"generic_key":"all","key":"k","source":"header"}]]`,
+		`[[null]]`, `[[{}]]`, `[[""]]`,
+	} {
+		f.Add([]byte(`{"domain":"d","descriptors":` + d + `}`))
+	}
+	f.Add([]byte(`{"domain":"public-api","api_key":{"headers":["Authorization","X-API-Key"]},` +
+		`"client_ip":{"trusted_proxies":["10.0.0.0/8","::1"],"header":"X-Real-IP"},` +
+		`"routes":{"paths":["/v1/search","/v1/items/{id}","/files/{path...}"],"default":"other"},` +
+		`"tier":{"header":"X-Tier","keys":{"k_free_demo":"free"},"default":"free"},` +
+		`"max_value_bytes":64,"forward_auth":{"on_missing":"deny"},"descriptors":[["tier","route","api_key"]]}`))
+	decode := func(b []byte) (Config, error) {
+		var c Config
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		return c, dec.Decode(&c)
+	}
+	f.Fuzz(func(t *testing.T, src []byte) {
+		c, err := decode(src)
+		if err != nil {
+			return
+		}
+		out, err := json.Marshal(c)
+		if err != nil {
+			t.Fatalf("%+v does not encode: %v", c, err)
+		}
+		back, err := decode(out)
+		if err != nil {
+			t.Fatalf("%s does not decode: %v", out, err)
+		}
+		if again, _ := json.Marshal(back); !bytes.Equal(again, out) {
+			t.Fatalf("JSON round trip:\n%s\n%s", out, again)
+		}
+		x, err := NewExtractor(c)
+		if err != nil {
+			return
+		}
+		r := req("GET", "/v1/items/1", "X-API-Key", "k_free_demo", "X-Tier", "gold", "X-Plan", "p")
+		r.RemoteAddr = "10.0.0.1:1234"
+		_, _ = x.Extract(r)
+	})
 }

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -15,7 +16,7 @@ const forwardYAML = devYAML + `
 client_ip: {trusted_proxies: [127.0.0.1]}
 `
 
-func newForwardAuth(t *testing.T, c Checker, y string) *ForwardAuth {
+func newForwardAuth(t testing.TB, c Checker, y string) *ForwardAuth {
 	t.Helper()
 	m, err := NewForwardAuthMetrics(prometheus.NewRegistry())
 	if err != nil {
@@ -175,4 +176,56 @@ func TestForwardAuthBadInput(t *testing.T) {
 	if len(fc.descs) != 3 || fc.descs[1].Entries[1].Value != "other" {
 		t.Fatalf("no URI: descriptors %v, want the default route", fc.descs)
 	}
+}
+
+// FuzzForwardedRequest feeds arbitrary forwarded headers to forward-auth:
+// the request is reconstructed or refused with a BadRequestError, never a
+// panic, the subrequest itself is left as it was, and the answer is 200,
+// or a 4xx with a JSON body.
+func FuzzForwardedRequest(f *testing.F) {
+	f.Add("GET", "/v1/search?q=1", "", "k_free_demo")
+	f.Add("POST", "/v1/items/42", "/ignored", "Bearer k_premium_demo")
+	f.Add("DELETE", "/v1//search/", "", "k_live_abc123")
+	f.Add("PUT", "/files/a/b%20c", "", "k")
+	f.Add("", "", "/v1/search", "k_free_demo")
+	f.Add("GE T", "/v1/search", "", "")
+	f.Add("GET", "no-slash", "", "")
+	f.Add("GET", "/"+strings.Repeat("a", maxForwardedURI), "", "")
+	f.Add("GET", "/v1/search", "", "k_"+strings.Repeat("s", DefaultMaxValueBytes))
+	f.Add(" \t", " *", "http://host/x?y#z", "k\xff")
+	f.Add("GET", "/%zz", "//host/../..", "")
+	fa := newForwardAuth(f, &fakeChecker{d: allowedDecision()}, forwardYAML+"forward_auth: {on_missing: deny}\n")
+	f.Fuzz(func(t *testing.T, method, fwdURI, origURI, apiKey string) {
+		r := req("GET", "/forward-auth/check", "X-Forwarded-For", "203.0.113.7")
+		r.RemoteAddr = "127.0.0.1:40000"
+		r.Header[HeaderForwardedMethod] = []string{method}
+		r.Header[HeaderForwardedURI] = []string{fwdURI}
+		r.Header[HeaderOriginalURI] = []string{origURI}
+		r.Header["X-Api-Key"] = []string{apiKey}
+		fr, err := forwardedRequest(r, DefaultMaxValueBytes)
+		if err != nil {
+			var bre *BadRequestError
+			if !errors.As(err, &bre) || fr != nil {
+				t.Fatalf("err = %v (%T), request %v: want a BadRequestError and no request", err, err, fr)
+			}
+		} else if fr.Method == "" || fr.Header == nil {
+			t.Fatalf("forwarded request with method %q, header %v", fr.Method, fr.Header)
+		}
+		if r.Method != "GET" || r.URL.Path != "/forward-auth/check" {
+			t.Fatalf("the subrequest changed: %s %v", r.Method, r.URL)
+		}
+		rec := serve(fa, r)
+		switch {
+		case rec.Code == http.StatusOK:
+		case rec.Code >= 400 && rec.Code < 500:
+			if ct := rec.Header().Get("Content-Type"); ct != "application/json" || !json.Valid(rec.Body.Bytes()) {
+				t.Fatalf("%d answered with %q: %q", rec.Code, ct, rec.Body)
+			}
+		default:
+			t.Fatalf("answered %d %q", rec.Code, rec.Body)
+		}
+		if err != nil && rec.Code != http.StatusBadRequest {
+			t.Fatalf("forwardedRequest error %v, answer %d", err, rec.Code)
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -12,8 +13,8 @@ import (
 	"github.com/allot/allot/agent/httplimit"
 )
 
-func TestCaddyfile(t *testing.T) {
-	d := caddyfile.NewTestDispenser(`allot {
+// exampleCaddyfile is an allot block with every option.
+const exampleCaddyfile = `allot {
 		allocators 10.0.0.1:7420 10.0.0.2:7420
 		domain public-api
 		api_key_headers Authorization X-API-Key
@@ -25,7 +26,10 @@ func TestCaddyfile(t *testing.T) {
 		max_value_bytes 128
 		descriptors tier api_key
 		descriptors plan=header:X-Plan edge=value:eu ip=client_ip
-	}`)
+	}`
+
+func TestCaddyfile(t *testing.T) {
+	d := caddyfile.NewTestDispenser(exampleCaddyfile)
 	var h Handler
 	if err := h.UnmarshalCaddyfile(d); err != nil {
 		t.Fatal(err)
@@ -72,16 +76,20 @@ func TestCaddyfile(t *testing.T) {
 	}
 }
 
+// caddyfileErrorTests are allot blocks UnmarshalCaddyfile refuses, with
+// a part of the error.
+var caddyfileErrorTests = []struct{ in, want string }{
+	{"allot extra", "wrong argument count"},
+	{"allot {\n bogus x\n}", "unknown allot option"},
+	{"allot {\n domain a b\n}", "takes one value"},
+	{"allot {\n tier_key k\n}", "tier_key takes"},
+	{"allot {\n max_value_bytes many\n}", "not an integer"},
+	{"allot {\n descriptors\n}", "at least one entry"},
+	{"allot {\n descriptors =api_key\n}", "empty key"},
+}
+
 func TestCaddyfileErrors(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"allot extra", "wrong argument count"},
-		{"allot {\n bogus x\n}", "unknown allot option"},
-		{"allot {\n domain a b\n}", "takes one value"},
-		{"allot {\n tier_key k\n}", "tier_key takes"},
-		{"allot {\n max_value_bytes many\n}", "not an integer"},
-		{"allot {\n descriptors\n}", "at least one entry"},
-		{"allot {\n descriptors =api_key\n}", "empty key"},
-	} {
+	for _, tc := range caddyfileErrorTests {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.in))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -119,4 +127,45 @@ func TestJSONConfigTakesTheEntryForms(t *testing.T) {
 	if err := caddy.StrictUnmarshalJSON([]byte(`{"domain":"d","descriptors":[[{"key":"a","bogus":"b"}]]}`), &h); err == nil {
 		t.Fatal("an unknown entry key was accepted")
 	}
+}
+
+// FuzzCaddyfile feeds arbitrary Caddyfile text to the allot block's
+// parser: it never panics, what it accepts is validated with errors
+// (never a panic), and it is the same handler once through the module's
+// JSON.
+func FuzzCaddyfile(f *testing.F) {
+	f.Add(exampleCaddyfile)
+	for _, tc := range caddyfileErrorTests {
+		f.Add(tc.in)
+	}
+	f.Add("allot {\n rules r.yaml\n agent_id a\n forwarded_header X-Real-IP\n tier_header X-Tier\n descriptors method k=route \"\" =\n}")
+	f.Add("allot {\n descriptors k=header: k=value: header:X value:v k==x\n max_value_bytes 99999999999999999999\n}")
+	f.Add("allot {\n routes \"/a/{x\" \"/a/{x...}/b\"\n trusted_proxies 10.0.0.0/33\n tier_key a b\n tier_key a c\n}")
+	f.Add("allot\nallot {\n}\n{\n}")
+	f.Fuzz(func(t *testing.T, src string) {
+		tokens, err := caddyfile.Tokenize([]byte(src), "Caddyfile")
+		if err != nil {
+			return
+		}
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens)); err != nil {
+			return
+		}
+		_ = h.Validate()
+		_ = h.Config.Validate()
+		if !utf8.ValidString(src) { // JSON replaces invalid UTF-8
+			return
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Handler
+		if err := caddy.StrictUnmarshalJSON(b, &back); err != nil {
+			t.Fatalf("JSON %s: %v", b, err)
+		}
+		if !reflect.DeepEqual(back, h) {
+			t.Fatalf("JSON %s\nback %+v\nwant %+v", b, back, h)
+		}
+	})
 }
