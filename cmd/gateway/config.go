@@ -153,7 +153,11 @@ func parseConfig(name string, src []byte) (fileConfig, error) {
 		return fileConfig{}, yamlError(name, err)
 	}
 	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return fileConfig{}, yamlError(name, err)
+	default:
 		return fileConfig{}, fmt.Errorf("%s:%d: only one YAML document is allowed", name, extra.Line)
 	}
 	if _, err := httplimit.NewExtractor(cfg.Config); err != nil {
@@ -220,7 +224,9 @@ var (
 )
 
 // yamlError rewrites yaml.v3's "line N: ..." messages as "file:N: ...",
-// and "field x not found in type T" as "x: unknown key".
+// and "field x not found in type T" as "x: unknown key". A message without
+// a line (the reader's: control characters, invalid UTF-8) reads
+// "file: ...".
 func yamlError(name string, err error) error {
 	var msgs []string
 	var te *yaml.TypeError

@@ -42,7 +42,12 @@ var configErrorTests = []struct {
 	{"domain: d\ndescriptors:\n  - [api_key]\n  - [{key: a, nope: b}]\n", "gw.yaml:4: nope: unknown key in a descriptor entry"},
 	{"domain: d\ntls:\n  cert: x\n", "gw.yaml:3: cert: unknown key"},
 	{"descriptors: [[api_key]]\n", "gw.yaml: httplimit: domain: must be set"},
-	{"domain: d\n---\ndomain: e\n", "only one YAML document"},
+	{"domain: d\n---\ndomain: e\n", "gw.yaml:2: only one YAML document"},
+	// YAML errors name their line when the decoder gives one, else only
+	// the file.
+	{"domain: d\n---\n[\n", "gw.yaml:3: did not find expected node content"},
+	{"domain: \x01\n", "gw.yaml: control characters are not allowed"},
+	{"domain: d\n---\ndomain: \xff\n", "gw.yaml: invalid leading UTF-8 octet"},
 	{"domain: [\n", "gw.yaml"},
 	// Extraction values the agent would refuse on every request stop
 	// the gateway at start-up, naming the line and key.
@@ -58,16 +63,16 @@ var configErrorTests = []struct {
 func TestParseConfigErrors(t *testing.T) {
 	for _, tc := range configErrorTests {
 		_, err := parseConfig("gw.yaml", []byte(tc.src))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "gw.yaml:0") {
 			t.Errorf("parseConfig(%q) = %v, want an error containing %q", tc.src, err, tc.want)
 		}
 	}
 }
 
 // FuzzParseConfig feeds arbitrary files to the config loader: it never
-// panics, its errors name the file, and a config it accepts is one the
-// gateway's own validation accepts; the Redis block's batched and
-// promote parts are accepted or refused with an error.
+// panics, its errors name the file (and never line 0), and a config it
+// accepts is one the gateway's own validation accepts; the Redis block's
+// batched and promote parts are accepted or refused with an error.
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(exampleConfig))
 	for _, tc := range configErrorTests {
@@ -86,8 +91,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, src []byte) {
 		cfg, err := parseConfig("fuzz.yaml", src)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
-				t.Fatalf("error %q does not name the file", err)
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") || strings.HasPrefix(err.Error(), "fuzz.yaml:0:") {
+				t.Fatalf("error %q does not name the file, or names line 0", err)
 			}
 			return
 		}

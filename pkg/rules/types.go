@@ -296,13 +296,14 @@ type Error struct {
 	Msg  string
 }
 
-// Error returns "file:line: key: msg" (the key part is left out when Key is
-// empty).
+// Error returns "file:line: key: msg" (the line part is left out when Line
+// is 0, the key part when Key is empty).
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString(e.File)
-	b.WriteByte(':')
-	fmt.Fprintf(&b, "%d", e.Line)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+	}
 	b.WriteString(": ")
 	if e.Key != "" {
 		b.WriteString(e.Key)

@@ -86,6 +86,24 @@ func TestValidationErrors(t *testing.T) {
 	checkErrors(t, cases)
 }
 
+// TestYAMLErrorLines: a YAML error that carries a line is reported at it;
+// one that does not (the reader's: control characters, invalid UTF-8) is
+// reported without a line rather than at line 0.
+func TestYAMLErrorLines(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"domain: \x01\n", "f.yaml: error loading config file: control characters are not allowed"},
+		{"domain: d\ndescriptors:\n  - key: \x7f\n", "f.yaml: error loading config file: control characters are not allowed"},
+		{"domain: \xff\n", "f.yaml: error loading config file: invalid leading UTF-8 octet"},
+		{"domain: d\n---\n[\n", "f.yaml:3: error loading config file: did not find expected node content"},
+		{"a: b\n c: d\n", "f.yaml:2: error loading config file: mapping values are not allowed in this context"},
+	} {
+		_, err := Compile(1, []File{{Name: "f.yaml", Source: []byte(tc.src)}})
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.src, err, tc.want)
+		}
+	}
+}
+
 // errCase is a file that must fail to compile with an *Error at line (0:
 // any line) and key whose Msg contains msg.
 type errCase struct {
