@@ -43,9 +43,10 @@ type Config struct {
 	// 127.0.0.1:9090.
 	HTTPAddr string
 	// CheckAddr serves the check endpoints: POST /json (envoyproxy/
-	// ratelimit's JSON API over the RLS service) and any path under
-	// /forward-auth/ (nginx auth_request, Caddy forward_auth, Traefik
-	// ForwardAuth). DefaultConfig: 127.0.0.1:8082.
+	// ratelimit's JSON API over the RLS service) and /forward-auth with
+	// any path under it (nginx auth_request, Caddy forward_auth, Traefik
+	// ForwardAuth); any other path is a JSON 404. DefaultConfig:
+	// 127.0.0.1:8082.
 	CheckAddr string
 	// TLS, when set, serves the proxy listener and the RLS listener over
 	// TLS with it. nil: plain TCP.
@@ -84,7 +85,7 @@ type Config struct {
 	// the gateway's own (a stats handler for tracing, say). nil: none.
 	RLSServerOptions []grpc.ServerOption
 	// CheckHandler, when set, wraps the check listener's handler (the
-	// /json and /forward-auth/ routes), e.g. with tracing. nil: the
+	// /json and /forward-auth routes), e.g. with tracing. nil: the
 	// handler is served as is.
 	CheckHandler func(http.Handler) http.Handler
 

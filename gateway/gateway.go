@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,7 +69,7 @@ type Gateway struct {
 	proxy        *http.Server
 	admin        *http.Server // nil without an HTTP listener
 	grpc         *grpc.Server // nil without an RLS listener
-	check        *http.Server // POST /json and /forward-auth/; nil without a check listener
+	check        *http.Server // POST /json and /forward-auth; nil without a check listener
 	wg           sync.WaitGroup
 	failed       chan error          // a listener stopped on its own
 	redis        *redislimit.Backend // nil without Config.Redis
@@ -217,26 +218,36 @@ func (g *Gateway) startRLS(cfg Config, srv *rls.Server) error {
 	return nil
 }
 
+// ForwardAuthPath is the check listener's forward-auth endpoint: it and
+// every path under it (ForwardAuthPath + "/...") answer a forward-auth
+// check.
+const ForwardAuthPath = "/forward-auth"
+
+// IsForwardAuthPath reports whether the check listener answers path with a
+// forward-auth check: ForwardAuthPath or a path under it.
+func IsForwardAuthPath(path string) bool {
+	rest, ok := strings.CutPrefix(path, ForwardAuthPath)
+	return ok && (rest == "" || rest[0] == '/')
+}
+
 // startCheck serves the check endpoints on cfg.CheckAddr: POST /json (the
-// RLS service as envoyproxy/ratelimit's JSON API) and any path under
-// /forward-auth/ (the proxy's decision for a forwarded request).
+// RLS service as envoyproxy/ratelimit's JSON API) and ForwardAuthPath
+// (the proxy's decision for a forwarded request).
 func (g *Gateway) startCheck(cfg Config, srv *rls.Server, ex *httplimit.Extractor, reg prometheus.Registerer) error {
 	met, err := httplimit.NewForwardAuthMetrics(reg)
 	if err != nil {
 		return err
 	}
 	fa := &httplimit.ForwardAuth{Middleware: &httplimit.Middleware{Checker: g.agent, Extractor: ex, Metrics: met, Logger: g.logger}}
-	mux := http.NewServeMux()
-	mux.Handle(rls.JSONPath, srv.JSONHandler(0))
-	mux.Handle("/forward-auth/", fa)
+	routes := checkRoutes(srv.JSONHandler(0), fa)
 	ln, err := listen(cfg.CheckAddr, cfg.TLS)
 	if err != nil {
 		return fmt.Errorf("gateway: check listener: %w", err)
 	}
 	g.addrs.Check = ln.Addr().String()
-	var h http.Handler = mux
+	h := routes
 	if cfg.CheckHandler != nil {
-		h = cfg.CheckHandler(mux)
+		h = cfg.CheckHandler(routes)
 	}
 	g.check = &http.Server{
 		Handler:           h,
@@ -247,6 +258,23 @@ func (g *Gateway) startCheck(cfg Config, srv *rls.Server, ex *httplimit.Extracto
 	}
 	g.serve("check", func() error { return g.check.Serve(ln) })
 	return nil
+}
+
+// checkRoutes routes the check listener: rls.JSONPath to jsonH,
+// ForwardAuthPath and every path under it to fa, any other path to a JSON
+// 404. Paths are taken as sent, never cleaned or redirected: nginx's
+// auth_request answers a redirected check with a 500.
+func checkRoutes(jsonH, fa http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch p := r.URL.Path; {
+		case p == rls.JSONPath:
+			jsonH.ServeHTTP(w, r)
+		case IsForwardAuthPath(p):
+			fa.ServeHTTP(w, r)
+		default:
+			writeNotFound(w)
+		}
+	})
 }
 
 // startHTTP serves /metrics, /healthz and /readyz on addr.

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,6 +55,23 @@ func testConfig(t *testing.T, upstream string) Config {
 	return cfg
 }
 
+// startReady starts a gateway with cfg, shut down when the test ends, and
+// waits until it is ready.
+func startReady(t *testing.T, cfg Config) *Gateway {
+	t.Helper()
+	g, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Shutdown(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.WaitReady(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestValidate(t *testing.T) {
@@ -92,16 +110,7 @@ func TestStartServesTheLimitedProxy(t *testing.T) {
 		io.WriteString(w, "up")
 	}))
 	defer up.Close()
-	g, err := Start(testConfig(t, up.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Shutdown(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := g.WaitReady(ctx, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	g := startReady(t, testConfig(t, up.URL))
 	a := g.Addrs()
 	if a.Proxy == "" || a.RLS == "" || a.HTTP == "" {
 		t.Fatalf("Addrs() = %+v", a)
@@ -143,6 +152,44 @@ func TestStartServesTheLimitedProxy(t *testing.T) {
 	}
 	if ok, why := g.Ready(); ok || why != "shutting down" {
 		t.Errorf("Ready() after Shutdown = %v, %q", ok, why)
+	}
+}
+
+// TestCheckListenerPaths: the check listener answers /forward-auth as it
+// answers /forward-auth/ and the paths under it (no redirect, which nginx
+// auth_request turns into a 500), and any other path with a JSON 404.
+func TestCheckListenerPaths(t *testing.T) {
+	g := startReady(t, testConfig(t, "http://127.0.0.1:9"))
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		json         bool
+	}{
+		{"GET", "/forward-auth", 200, false},
+		{"GET", "/forward-auth/", 200, false},
+		{"POST", "/forward-auth/any/path", 200, false},
+		{"GET", "/forward-auth?x=1", 200, false},
+		{"GET", "/forward-authx", 404, true},
+		{"GET", "/", 404, true},
+		{"GET", "/nope", 404, true},
+		{"POST", "/json/", 404, true},
+		{"GET", "//forward-auth", 404, true},
+		{"GET", "/json", 405, true},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://"+g.Addrs().Check+tc.path, nil)
+		req.Header.Set("X-API-Key", "k-"+tc.path)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		isJSON := resp.Header.Get("Content-Type") == "application/json" && json.Valid(body)
+		if resp.StatusCode != tc.code || isJSON != tc.json {
+			t.Errorf("%s %s: %d %q %q, want %d (JSON body: %v)", tc.method, tc.path, resp.StatusCode,
+				resp.Header.Get("Content-Type"), body, tc.code, tc.json)
+		}
 	}
 }
 

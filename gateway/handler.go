@@ -126,6 +126,14 @@ func writeTooLarge(w http.ResponseWriter, limit int64) {
 	fmt.Fprintf(w, `{"error":"request_too_large","message":"The request body is larger than %d bytes."}`, limit)
 }
 
+// writeNotFound answers a check listener path that serves nothing.
+func writeNotFound(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNotFound)
+	io.WriteString(w, `{"error":"not_found","message":"No check endpoint here: use POST /json or /forward-auth."}`)
+}
+
 // NewProxy is the reverse proxy to target (tc: the transport's TLS config,
 // nil for Go's defaults). It appends the client address to
 // X-Forwarded-For, drops the upstream's own RateLimit fields (the

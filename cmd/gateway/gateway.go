@@ -175,10 +175,13 @@ func (g *gw) shutdown(ctx context.Context) error {
 // checkSpanName names a check listener request's span: its route, never
 // the raw path (forward-auth paths are the client's).
 func checkSpanName(r *http.Request) string {
-	if r.URL.Path == rls.JSONPath {
+	switch p := r.URL.Path; {
+	case p == rls.JSONPath:
 		return "POST " + rls.JSONPath
+	case gateway.IsForwardAuthPath(p):
+		return "forward-auth"
 	}
-	return "forward-auth"
+	return "not found"
 }
 
 func parseUpstream(s string) (*url.URL, error) {

@@ -78,7 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.configFile, "config", "", "YAML config file: descriptor extraction, domain, rules files, TLS, upstream")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9090", "address for /metrics, /healthz and /readyz (empty: off)")
 	fs.StringVar(&o.rlsAddr, "rls-addr", "127.0.0.1:8081", "Envoy RLS v3 gRPC address (empty: off)")
-	fs.StringVar(&o.checkAddr, "check-addr", "127.0.0.1:8082", "POST /json (envoyproxy/ratelimit's JSON API) and /forward-auth/ (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth) address (empty: off)")
+	fs.StringVar(&o.checkAddr, "check-addr", "127.0.0.1:8082", "POST /json (envoyproxy/ratelimit's JSON API) and /forward-auth[/...] (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth) address (empty: off)")
 	o.log.Register(fs)
 	o.tls.Register(fs, cliflags.TLSUsage{
 		Cert:   "PEM client certificate (agent role) presented to the allocators, with -tls-key (replaces the config file's allocator_tls)",
