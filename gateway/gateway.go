@@ -450,10 +450,12 @@ func (g *Gateway) serve(name string, f func() error) {
 }
 
 // Shutdown reports not ready (/readyz 503, gRPC health NOT_SERVING),
-// stops accepting, drains the proxy's and the RLS server's in-flight
-// requests together (bounded by ctx; past it, what is left is cut),
-// closes the agent (releasing its leases), the Redis backend, then the
-// HTTP endpoints. Safe to call twice.
+// stops accepting, drains the proxy's, the check listener's and the RLS
+// server's in-flight requests together (bounded by ctx; past it, what is
+// left is cut), closes the agent (releasing its leases), the Redis
+// backend, then the HTTP endpoints. It returns every failure joined; an
+// HTTP server whose drain was cut names itself ("check shutdown: context
+// deadline exceeded"). Safe to call twice.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.shutOnce.Do(func() {
 		g.stopping.Store(true)
@@ -462,25 +464,20 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		}
 		close(g.stop)
 		var errs []error
-		var drain sync.WaitGroup // the two drains, joined here
-		var proxyErr error
+		var drain sync.WaitGroup // the drains, joined here
+		var proxyErr, checkErr error
 		if g.proxy != nil {
 			drain.Add(1)
 			go func() {
 				defer drain.Done()
-				if err := g.proxy.Shutdown(ctx); err != nil {
-					proxyErr = fmt.Errorf("proxy shutdown: %w", err)
-					g.proxy.Close()
-				}
+				proxyErr = shutdownHTTP(ctx, "proxy", g.proxy)
 			}()
 		}
 		if g.check != nil {
 			drain.Add(1)
 			go func() {
 				defer drain.Done()
-				if err := g.check.Shutdown(ctx); err != nil {
-					g.check.Close()
-				}
+				checkErr = shutdownHTTP(ctx, "check", g.check)
 			}()
 		}
 		if g.grpc != nil {
@@ -498,9 +495,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 			}()
 		}
 		drain.Wait()
-		if proxyErr != nil {
-			errs = append(errs, proxyErr)
-		}
+		errs = append(errs, proxyErr, checkErr)
 		if g.agent != nil {
 			if err := g.agent.Close(ctx); err != nil {
 				errs = append(errs, err)
@@ -517,14 +512,22 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 			}
 		}
 		if g.admin != nil {
-			if err := g.admin.Shutdown(ctx); err != nil {
-				g.admin.Close()
-			}
+			errs = append(errs, shutdownHTTP(ctx, "http", g.admin))
 		}
 		g.wg.Wait()
 		g.shutErr = errors.Join(errs...)
 	})
 	return g.shutErr
+}
+
+// shutdownHTTP drains s within ctx and closes what is left past it; the
+// error names the server.
+func shutdownHTTP(ctx context.Context, name string, s *http.Server) error {
+	if err := s.Shutdown(ctx); err != nil {
+		s.Close()
+		return fmt.Errorf("%s shutdown: %w", name, err)
+	}
+	return nil
 }
 
 func listen(addr string, tc *tls.Config) (net.Listener, error) {

@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -190,6 +193,34 @@ func TestCheckListenerPaths(t *testing.T) {
 			t.Errorf("%s %s: %d %q %q, want %d (JSON body: %v)", tc.method, tc.path, resp.StatusCode,
 				resp.Header.Get("Content-Type"), body, tc.code, tc.json)
 		}
+	}
+}
+
+// TestShutdownReportsCheckDrainCut: a check request still in its handler
+// when ctx ends makes Shutdown return an error naming the check listener,
+// as the proxy's does.
+func TestShutdownReportsCheckDrainCut(t *testing.T) {
+	g := startReady(t, testConfig(t, "http://127.0.0.1:9"))
+	conn, err := net.Dial("tcp", g.Addrs().Check)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The JSON handler reads the body: the server answers 100 Continue
+	// once the handler runs, and the handler then waits for a body that
+	// never comes.
+	if _, err := io.WriteString(conn, "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(line, "100 Continue") {
+		t.Fatalf("read %q, %v: want 100 Continue", line, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = g.Shutdown(ctx)
+	if err == nil || !strings.Contains(err.Error(), "check shutdown: ") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown() = %v, want a check shutdown error", err)
 	}
 }
 
