@@ -181,3 +181,52 @@ descriptors:
 		t.Fatalf("standalone ninth: %+v, want denied", got)
 	}
 }
+
+// TestRedisOnlyGatewayLearnsLiveAgents: a gateway that talks to an
+// allocator but whose traffic is all on Redis rules has no key to lease,
+// so no call to make; it sends an empty Acquire every presenceEvery, stays
+// counted among the live gateways and learns their number, so failing open
+// it decides from its R/N share (8/hour with 4 live gateways: 2).
+func TestRedisOnlyGatewayLearnsLiveAgents(t *testing.T) {
+	const yaml = `
+domain: test
+descriptors:
+  - key: hot
+    rate_limit: {name: hot, unit: hour, requests_per_unit: 8, backend: redis}
+`
+	remote := &fakeRemote{}
+	s := newSteppedWith(t, func(c *Config) { c.Redis = remote }, yaml)
+	s.fake.with(func(f *fakeAllocator) { f.live = 4 })
+	d := desc("hot", "k")
+	check(t, s.Agent, d)
+	s.step()
+	if got := s.liveAgents.Load(); got != 4 {
+		t.Fatalf("after the first tick: %d live gateways learned, want 4", got)
+	}
+	calls, _, _ := s.fake.counts()
+	s.clock.advance(presenceEvery - time.Second)
+	s.step()
+	if c, _, _ := s.fake.counts(); c != calls {
+		t.Fatalf("%d calls before presenceEvery passed, want none", c-calls)
+	}
+	s.fake.with(func(f *fakeAllocator) { f.live = 5 })
+	s.clock.advance(time.Second)
+	s.step()
+	if c, _, _ := s.fake.counts(); c != calls+1 || s.liveAgents.Load() != 5 {
+		t.Fatalf("after presenceEvery: %d calls, %d live gateways; want one call, 5", c-calls, s.liveAgents.Load())
+	}
+	s.fake.with(func(f *fakeAllocator) { f.live = 4 })
+	s.clock.advance(presenceEvery)
+	s.step()
+	remote.mu.Lock()
+	remote.fail = true
+	remote.mu.Unlock()
+	for i := range 2 {
+		if got := check(t, s.Agent, d); !got.Allowed || got.Source != SourceFallback {
+			t.Fatalf("Redis down, check %d: %+v, want allowed from the share", i+1, got)
+		}
+	}
+	if got := check(t, s.Agent, d); got.Allowed {
+		t.Fatalf("Redis down, third: %+v, want denied by the share (2 of 8/hour)", got)
+	}
+}

@@ -47,6 +47,26 @@ type refiller struct {
 	alwaysAwake bool
 	fbKeys      int  // keys decided by their fallback bucket between the last two scans
 	packedKeys  bool // the last answer said the allocator reads packed keys
+	// lastCall is the loop time of the last Acquire sent (0: none yet).
+	lastCall int64
+}
+
+// presenceEvery is how often an agent with the Redis backend that has
+// nothing else to send calls the allocator with an empty Acquire (see
+// presenceDue).
+const presenceEvery = 30 * time.Second
+
+// presenceDue reports whether the agent should send an empty Acquire to
+// stay counted among the live gateways and learn their number: it talks
+// to an allocator and has the Redis backend, whose rules it decides
+// without one. Failing open on a Redis rule it decides from its R/N share,
+// N being the live gateways the allocator counts (decide), and a gateway
+// whose traffic is all on Redis rules would otherwise never call: its N
+// would stay 1, and the other gateways' would not count it. Every
+// presenceEvery keeps it well inside the allocator's agent TTL (2 minutes
+// by default).
+func (a *Agent) presenceDue(now int64) bool {
+	return a.redis != nil && !a.standalone && (a.rf.lastCall == 0 || now-a.rf.lastCall >= int64(presenceEvery))
 }
 
 // batch is one Acquire request and the key states its entries belong to.
@@ -105,10 +125,11 @@ func (a *Agent) refillOnce(ctx context.Context) {
 	}
 	a.drainPending(now)
 	if len(rf.pick) == 0 {
-		if rf.core.Probing() || a.staticRenew(now) {
+		if rf.core.Probing() || a.staticRenew(now) || a.presenceDue(now) {
 			// Probe with an empty Acquire: nothing needs the allocator,
 			// but the breaker must learn whether it is back; or renew
-			// the static shares' permission (static.go).
+			// the static shares' permission (static.go); or stay
+			// counted among the live gateways (presenceDue).
 			a.send(ctx, a.build(now, nil))
 		}
 		return

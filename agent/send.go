@@ -28,6 +28,7 @@ func (a *Agent) send(ctx context.Context, b *batch) bool {
 		b.firstSent = sent
 	}
 	rf.unacked = b
+	rf.lastCall = sent
 	b.retried = b.sentID != 0 && b.sentID == b.req.RequestId
 	b.sentID = b.req.RequestId
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.CallTimeout)
