@@ -144,6 +144,15 @@ func TestRedisRefundOnDeny(t *testing.T) {
 	}
 }
 
+// redisShareRules: 8/hour on the Redis backend, a share of 2 with 4 live
+// gateways.
+const redisShareRules = `
+domain: test
+descriptors:
+  - key: hot
+    rate_limit: {name: hot, unit: hour, requests_per_unit: 8, backend: redis}
+`
+
 // TestRedisFailOpenTakesShare: with the Redis backend failing, an agent
 // that talks to an allocator decides a failure_mode open rule from its
 // share of the limit (R/N, burst ⌈B/N⌉ with N live gateways), as the
@@ -152,14 +161,8 @@ func TestRedisRefundOnDeny(t *testing.T) {
 // 8/hour with 4 live gateways: 2 here, then denied for the next token's
 // 30 minutes.
 func TestRedisFailOpenTakesShare(t *testing.T) {
-	const yaml = `
-domain: test
-descriptors:
-  - key: hot
-    rate_limit: {name: hot, unit: hour, requests_per_unit: 8, backend: redis}
-`
 	remote := &fakeRemote{fail: true}
-	s := newSteppedWith(t, func(c *Config) { c.Redis = remote }, yaml)
+	s := newSteppedWith(t, func(c *Config) { c.Redis = remote }, redisShareRules)
 	s.liveAgents.Store(4)
 	d := desc("hot", "k")
 	for i := range 2 {
@@ -171,7 +174,7 @@ descriptors:
 		t.Fatalf("third: %+v, want denied by the share (2 of 8/hour) for 30m", got)
 	}
 
-	alone := newAgent(t, Config{Rules: mustCompile(t, 1, yaml), Redis: &fakeRemote{fail: true}})
+	alone := newAgent(t, Config{Rules: mustCompile(t, 1, redisShareRules), Redis: &fakeRemote{fail: true}})
 	for i := range 8 {
 		if got := check(t, alone, d); !got.Allowed || got.Source != SourceFallback {
 			t.Fatalf("standalone check %d: %+v, want allowed from the whole limit", i+1, got)
@@ -188,14 +191,8 @@ descriptors:
 // counted among the live gateways and learns their number, so failing open
 // it decides from its R/N share (8/hour with 4 live gateways: 2).
 func TestRedisOnlyGatewayLearnsLiveAgents(t *testing.T) {
-	const yaml = `
-domain: test
-descriptors:
-  - key: hot
-    rate_limit: {name: hot, unit: hour, requests_per_unit: 8, backend: redis}
-`
 	remote := &fakeRemote{}
-	s := newSteppedWith(t, func(c *Config) { c.Redis = remote }, yaml)
+	s := newSteppedWith(t, func(c *Config) { c.Redis = remote }, redisShareRules)
 	s.fake.with(func(f *fakeAllocator) { f.live = 4 })
 	d := desc("hot", "k")
 	check(t, s.Agent, d)
