@@ -367,12 +367,20 @@ func (s *Server) settleOwned(ctx context.Context, fence uint64) error {
 		if len(stray) == 0 {
 			continue
 		}
+		// One group that cannot take the freeze now (no leader yet, no
+		// quorum, a replica catching up) holds up neither the others nor
+		// the moves: it is settled at a later tick, and until then the
+		// nodes' routing keeps its stray slots' keys away from it.
 		res, err := s.proposeSlot(ctx, fence, g.id, state.SlotFreeze, stray, nil)
-		if err != nil {
-			return err
+		if err == nil {
+			err = s.waitApplied(ctx, g.node.raft, res.GetIndex())
 		}
-		if err := s.waitApplied(ctx, g.node.raft, res.GetIndex()); err != nil {
-			return err
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			s.log.Warn("slots of other groups not frozen yet; retrying", "group", g.id, "slots", slots.FormatRanges(stray), "err", err)
+			continue
 		}
 		s.log.Info("slots of other groups frozen", "group", g.id, "slots", slots.FormatRanges(stray), "refused", res.GetRefused())
 	}
