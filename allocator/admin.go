@@ -436,7 +436,7 @@ func (a *adminService) RemoveServer(ctx context.Context, req *allotv1.RemoveServ
 			}
 			// The data groups first, while the member records still name
 			// their leaders' addresses.
-			if err := s.removeFromGroups(id); err != nil {
+			if err := s.removeFromGroups(ctx, id); err != nil {
 				return err
 			}
 			// Forget the addresses first: after removing itself the leader

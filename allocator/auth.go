@@ -266,6 +266,40 @@ func forwardMetadata(ctx context.Context, nodeID string) []string {
 	return kv
 }
 
+// asCaller returns the context for the calls this node makes of other
+// nodes to carry out the call of ctx (the data groups' part of an admin's
+// RemoveServer): they present the caller's identity and authorization, as
+// a forwarded call does, and the receiving node checks them. It is
+// derived from the Server's context, bounded by ForwardTimeout, so that
+// the caller going away does not stop a change halfway, and it does not
+// carry ctx's forwarding mark: this node forwards these calls itself.
+func (s *Server) asCaller(ctx context.Context) (context.Context, context.CancelFunc) {
+	out, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	if p, ok := principalFrom(ctx); ok {
+		out = withPrincipal(out, p)
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if auth := md.Get("authorization"); len(auth) > 0 {
+			out = metadata.NewIncomingContext(out, metadata.MD{"authorization": auth})
+		}
+	}
+	return out, cancel
+}
+
+// nodeIdentity is the identity a node's own calls forward: the allocator
+// role its certificate proves to the receiving node.
+var nodeIdentity = tlsconfig.Identity{Role: tlsconfig.RoleAllocator}
+
+// asNode returns the context for the calls a node makes of others as
+// itself (adding a joining node to the data groups): with client
+// certificates its certificate proves the allocator role and it forwards
+// that identity; without them it presents its admin token (withJoinToken).
+// It is bounded by ForwardTimeout.
+func (s *Server) asNode() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	return s.withJoinToken(withPrincipal(ctx, principal{cert: nodeIdentity})), cancel
+}
+
 // errorReason returns the metrics reason of a guard refusal.
 func errorReason(err error) string {
 	var ae *authError
