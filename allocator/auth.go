@@ -39,10 +39,11 @@ const (
 	classJoin
 	// classPeer: calls only allocator nodes make of each other (the move
 	// driver's ApplySlotEntry): the immediate caller's certificate has the
-	// allocator role; an admin may not make them. A node without TLS has
-	// no certificate to prove that with: there (a cluster authenticated by
-	// tokens alone) a node presents the admin token every node's file
-	// holds, as it does to join, and a token is accepted.
+	// allocator role; an admin may not make them. Where client
+	// certificates are not verified (ClientAuth none, with or without
+	// TLS) a node has no certificate to prove that with: there (a cluster
+	// authenticated by tokens alone) a node presents the admin token every
+	// node's file holds, as it does to join, and a token is accepted.
 	classPeer
 	// classAdmin: every other Admin RPC, and any method not listed.
 	classAdmin
@@ -212,7 +213,7 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 		}
 		return needAdmin(p, method)
 	case classPeer:
-		if p.cert.Is(tlsconfig.RoleAllocator) || (g.noTLS && p.token && !p.forwarded) {
+		if p.cert.Is(tlsconfig.RoleAllocator) || (g.noCerts && p.token && !p.forwarded) {
 			return nil
 		}
 		if id.IsZero() {

@@ -40,7 +40,7 @@ const overloadRetry = 100 * time.Millisecond
 type guard struct {
 	authOn       bool // authentication configured (Config.authEnabled)
 	requireCerts bool // ClientAuth require: agents must present certificates
-	noTLS        bool // the node serves without TLS: peers have no certificates
+	noCerts      bool // ClientAuth none: no caller, peers included, presents a certificate
 	openReads    bool
 	tokens       atomic.Pointer[tlsconfig.Tokens]
 
@@ -58,7 +58,7 @@ func newGuard(cfg Config, log *slog.Logger) *guard {
 	g := &guard{
 		authOn:       cfg.authEnabled(),
 		requireCerts: cfg.ClientAuth == tlsconfig.ClientAuthRequire,
-		noTLS:        !cfg.TLS.Enabled(),
+		noCerts:      cfg.ClientAuth == tlsconfig.ClientAuthNone,
 		openReads:    cfg.OpenReads,
 		maxInflight:  int64(cfg.MaxInflight),
 		log:          log,
