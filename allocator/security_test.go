@@ -468,3 +468,46 @@ func retryInfo(err error) (string, time.Duration) {
 	}
 	return reason, d
 }
+
+// TestAuditLogNoDescriptorValueInErrors: a call whose error message quotes
+// a descriptor value (a PutRules refused for a duplicate per-key rule, an
+// InspectKey of a malformed key) is audited without that value at any
+// level, while the caller gets the whole message.
+func TestAuditLogNoDescriptorValueInErrors(t *testing.T) {
+	logs := &syncBuffer{}
+	tc := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: levelTrace}))
+	})
+	_, admin := tc.clients(0)
+	const secret = "sk_live_SECRET_api_key_42"
+	dup := "domain: extra\ndescriptors:\n  - key: api_key\n    value: " + secret +
+		"\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: api_key\n    value: " + secret +
+		"\n    rate_limit: {unit: second, requests_per_unit: 6}\n"
+	_, err := admin.PutRules(ctxT(t), &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "x.yaml", Yaml: []byte(dup)}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), secret) {
+		t.Errorf("PutRules with a duplicate per-key rule: %v, want InvalidArgument naming the key", err)
+	}
+	_, err = admin.InspectKey(ctxT(t), &allotv1.InspectKeyRequest{Key: "test:user=alice," + secret})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), secret) {
+		t.Errorf("InspectKey of a malformed key: %v, want InvalidArgument quoting the entry", err)
+	}
+	out := logs.String()
+	if l := grepLines(out, secret); l != "" {
+		t.Errorf("a descriptor value reached the log:\n%s", l)
+	}
+	if !strings.Contains(out, "admin call") || !strings.Contains(out, "code=InvalidArgument") {
+		t.Errorf("no audit line of the refused calls")
+	}
+}
+
+func TestRedactQuoted(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`entry "a=b\"c" has no '='`, `entry "` + redactKey(`a=b\"c`) + `" has no '` + redactKey("=") + `'`},
+		{"the node's key 'v", "the node's key '" + redactKey("v")},
+		{"no quotes", "no quotes"},
+	} {
+		if got := redactQuoted(c.in); got != c.want {
+			t.Errorf("redactQuoted(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
