@@ -5,6 +5,8 @@ import (
 	"context"
 
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -509,5 +511,41 @@ func TestRedactQuoted(t *testing.T) {
 		if got := redactQuoted(c.in); got != c.want {
 			t.Errorf("redactQuoted(%q) = %q, want %q", c.in, got, c.want)
 		}
+	}
+}
+
+// TestReloadAdminTokensFailureKeepsPrevious: a token file that fails to
+// reload (a bad line, no token left) keeps every previous token valid,
+// the one being revoked included, and each failure is counted in
+// allot_allocator_admin_token_reload_failures_total.
+func TestReloadAdminTokensFailureKeepsPrevious(t *testing.T) {
+	tc := newTestCluster(t, 1, func(_ int, c *Config) { c.AdminTokens = []string{testToken} })
+	s := tc.node(0)
+	path := filepath.Join(t.TempDir(), "tokens")
+	for i, content := range []string{"rotated-admin-token-987654321\nshort\n", "# every token removed\n"} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReloadAdminTokens(path); err == nil {
+			t.Fatalf("reload %d of %q: no error", i, content)
+		}
+		if !s.guard.tokens.Load().Valid(testToken) {
+			t.Fatalf("reload %d failed but revoked the previous token", i)
+		}
+		if got := testutilCounter(s.metrics.tokenReloadFailures); got != float64(i+1) {
+			t.Errorf("after failed reload %d: admin_token_reload_failures_total = %v, want %d", i, got, i+1)
+		}
+	}
+	if err := os.WriteFile(path, []byte("rotated-admin-token-987654321\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReloadAdminTokens(path); err != nil {
+		t.Fatal(err)
+	}
+	if tok := s.guard.tokens.Load(); tok.Valid(testToken) || !tok.Valid("rotated-admin-token-987654321") {
+		t.Error("a good reload did not replace the tokens")
+	}
+	if got := testutilCounter(s.metrics.tokenReloadFailures); got != 2 {
+		t.Errorf("after a good reload: admin_token_reload_failures_total = %v, want 2", got)
 	}
 }
