@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/metadata"
 
+	"github.com/allot/allot/pkg/tlsconfig"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -55,11 +56,13 @@ func recordedAs(rec, m *allotv1.Member) bool {
 }
 
 // withJoinToken adds the admin token to a node-to-node call that needs a
-// join or read permission: with a certificate the node proves the
-// allocator role instead; without one, a cluster authenticated by tokens
-// needs an admin token.
+// join, read or peer permission in a cluster that does not verify client
+// certificates (ClientAuth none, with or without TLS): there a node has
+// no certificate to prove the allocator role with, and the cluster is
+// authenticated by tokens alone. Where client certificates are verified
+// the node's certificate proves the role instead.
 func (s *Server) withJoinToken(ctx context.Context) context.Context {
-	if tok := s.joinToken.Load(); tok != nil && s.tls == nil {
+	if tok := s.joinToken.Load(); tok != nil && s.cfg.ClientAuth == tlsconfig.ClientAuthNone {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+*tok)
 	}
 	return ctx

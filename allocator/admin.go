@@ -376,6 +376,9 @@ func (a *adminService) AddVoter(ctx context.Context, req *allotv1.AddVoterReques
 	if req.GetId() == "" || req.GetRaftAddr() == "" || len(req.GetId()) > allotv1.MaxIDBytes {
 		return nil, status.Error(codes.InvalidArgument, "allocator: add voter: id (at most 256 bytes) and raft_addr are required")
 	}
+	if err := s.checkVoterAddrs(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "allocator: add voter %s: %v", req.GetId(), err)
+	}
 	if s.multi() && req.GetGroup() != 0 {
 		return s.addGroupVoter(ctx, req)
 	}
@@ -394,6 +397,25 @@ func (a *adminService) AddVoter(ctx context.Context, req *allotv1.AddVoterReques
 		return nil, s.status(err)
 	}
 	return &allotv1.AddVoterResponse{}, nil
+}
+
+// checkVoterAddrs checks a new voter's addresses before anything is
+// committed (a voter no node can reach would cost the group its quorum for
+// good): each is host:port with a host and a port in 1..65535, the gRPC
+// and HTTP addresses when given. The Raft address is the transport's: an
+// injected transport (Config.transport) names its own.
+func (s *Server) checkVoterAddrs(req *allotv1.AddVoterRequest) error {
+	for _, a := range []struct{ name, addr string }{
+		{"raft_addr", req.GetRaftAddr()}, {"grpc_addr", req.GetGrpcAddr()}, {"http_addr", req.GetHttpAddr()},
+	} {
+		if a.name == "raft_addr" && s.cfg.transport != nil {
+			continue
+		}
+		if err := checkAdvertiseAddr(a.addr); err != nil {
+			return fmt.Errorf("%s %q: %w", a.name, a.addr, err)
+		}
+	}
+	return nil
 }
 
 // addVoter runs on the leader.
@@ -436,7 +458,7 @@ func (a *adminService) RemoveServer(ctx context.Context, req *allotv1.RemoveServ
 			}
 			// The data groups first, while the member records still name
 			// their leaders' addresses.
-			if err := s.removeFromGroups(id); err != nil {
+			if err := s.removeFromGroups(ctx, id); err != nil {
 				return err
 			}
 			// Forget the addresses first: after removing itself the leader

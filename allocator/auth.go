@@ -39,10 +39,11 @@ const (
 	classJoin
 	// classPeer: calls only allocator nodes make of each other (the move
 	// driver's ApplySlotEntry): the immediate caller's certificate has the
-	// allocator role; an admin may not make them. A node without TLS has
-	// no certificate to prove that with: there (a cluster authenticated by
-	// tokens alone) a node presents the admin token every node's file
-	// holds, as it does to join, and a token is accepted.
+	// allocator role; an admin may not make them. Where client
+	// certificates are not verified (ClientAuth none, with or without
+	// TLS) a node has no certificate to prove that with: there (a cluster
+	// authenticated by tokens alone) a node presents the admin token every
+	// node's file holds, as it does to join, and a token is accepted.
 	classPeer
 	// classAdmin: every other Admin RPC, and any method not listed.
 	classAdmin
@@ -212,7 +213,7 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 		}
 		return needAdmin(p, method)
 	case classPeer:
-		if p.cert.Is(tlsconfig.RoleAllocator) || (g.noTLS && p.token && !p.forwarded) {
+		if p.cert.Is(tlsconfig.RoleAllocator) || (g.noCerts && p.token && !p.forwarded) {
 			return nil
 		}
 		if id.IsZero() {
@@ -264,6 +265,40 @@ func forwardMetadata(ctx context.Context, nodeID string) []string {
 		}
 	}
 	return kv
+}
+
+// asCaller returns the context for the calls this node makes of other
+// nodes to carry out the call of ctx (the data groups' part of an admin's
+// RemoveServer): they present the caller's identity and authorization, as
+// a forwarded call does, and the receiving node checks them. It is
+// derived from the Server's context, bounded by ForwardTimeout, so that
+// the caller going away does not stop a change halfway, and it does not
+// carry ctx's forwarding mark: this node forwards these calls itself.
+func (s *Server) asCaller(ctx context.Context) (context.Context, context.CancelFunc) {
+	out, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	if p, ok := principalFrom(ctx); ok {
+		out = withPrincipal(out, p)
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if auth := md.Get("authorization"); len(auth) > 0 {
+			out = metadata.NewIncomingContext(out, metadata.MD{"authorization": auth})
+		}
+	}
+	return out, cancel
+}
+
+// nodeIdentity is the identity a node's own calls forward: the allocator
+// role its certificate proves to the receiving node.
+var nodeIdentity = tlsconfig.Identity{Role: tlsconfig.RoleAllocator}
+
+// asNode returns the context for the calls a node makes of others as
+// itself (adding a joining node to the data groups): with client
+// certificates its certificate proves the allocator role and it forwards
+// that identity; without them it presents its admin token (withJoinToken).
+// It is bounded by ForwardTimeout.
+func (s *Server) asNode() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	return s.withJoinToken(withPrincipal(ctx, principal{cert: nodeIdentity})), cancel
 }
 
 // errorReason returns the metrics reason of a guard refusal.

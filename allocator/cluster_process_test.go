@@ -263,6 +263,13 @@ func startProcessClusterOf(t *testing.T, size int, bootArgs ...string) *testproc
 // with bootArgs.
 func startProcessClusterArgs(t *testing.T, size int, args []string, bootArgs ...string) *testproc.Cluster {
 	t.Helper()
+	return startProcessClusterConfig(t, testproc.ClusterConfig{Size: size, Args: args, BootstrapArgs: bootArgs})
+}
+
+// startProcessClusterConfig starts cfg with the allocator binary built
+// for it and the test rules (cfg's Bin, Dir and Rules are set here).
+func startProcessClusterConfig(t *testing.T, cfg testproc.ClusterConfig) *testproc.Cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("multi-process cluster: skipped with -short")
 	}
@@ -271,9 +278,6 @@ func startProcessClusterArgs(t *testing.T, size int, args []string, bootArgs ...
 		t.Fatal(err)
 	}
 	rulesPath := testproc.WriteFile(t, dir, "test.yaml", testRules)
-	return testproc.StartCluster(t, testproc.ClusterConfig{
-		Bin: filepath.Join(dir, "allocator"), Dir: dir, Size: size, Rules: []string{rulesPath},
-		BootstrapArgs: bootArgs,
-		Args:          args,
-	})
+	cfg.Bin, cfg.Dir, cfg.Rules = filepath.Join(dir, "allocator"), dir, []string{rulesPath}
+	return testproc.StartCluster(t, cfg)
 }

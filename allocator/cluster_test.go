@@ -917,3 +917,34 @@ func TestLeaderHeartbeatTimeouts(t *testing.T) {
 	})
 	check()
 }
+
+// TestAddVoterRefusesBadAddresses: AddVoter with an address that is not
+// host:port with a port in 1..65535 is InvalidArgument and commits
+// nothing: a voter nobody can reach would leave a one-node cluster
+// without a quorum for good.
+func TestAddVoterRefusesBadAddresses(t *testing.T) {
+	tc := newTCPTestCluster(t, 1)
+	_, admin := tc.clients(0)
+	good := tc.node(0).self()
+	for _, req := range []*allotv1.AddVoterRequest{
+		{Id: "typo", RaftAddr: "not an address", GrpcAddr: good.GrpcAddr},
+		{Id: "typo", RaftAddr: "127.0.0.1:0", GrpcAddr: good.GrpcAddr},
+		{Id: "typo", RaftAddr: "127.0.0.1:70000", GrpcAddr: good.GrpcAddr},
+		{Id: "typo", RaftAddr: ":7421", GrpcAddr: good.GrpcAddr},
+		{Id: "typo", RaftAddr: "127.0.0.1:7421", GrpcAddr: "also bad"},
+		{Id: "typo", RaftAddr: "127.0.0.1:7421", GrpcAddr: good.GrpcAddr, HttpAddr: "localhost"},
+	} {
+		_, err := admin.AddVoter(ctxT(t), req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("AddVoter(raft %q, grpc %q, http %q) = %v, want InvalidArgument", req.RaftAddr, req.GrpcAddr, req.HttpAddr, err)
+		}
+	}
+	st, err := admin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{})
+	if err != nil || len(st.GetMembers()) != 1 {
+		t.Fatalf("members after the refused calls: %v, %v; want n0 alone", st.GetMembers(), err)
+	}
+	put := &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "extra.yaml", Yaml: []byte(extraRules)}}}
+	if _, err := admin.PutRules(ctxT(t), put); err != nil {
+		t.Errorf("PutRules after the refused calls: %v", err)
+	}
+}

@@ -323,14 +323,13 @@ func (s *Server) groupsStatus(resp *allotv1.ClusterStatusResponse) {
 // its members, and makes it a member of the data groups
 // meta.GroupsToJoin names (meta leader): recorded in the meta state
 // first, so that the node opens its replica (hostLoop), then added as a
-// voter by the group's leader. A retry finishes what a failed call began.
+// voter by the group's leader, which this node asks as itself
+// (asNode). A retry finishes what a failed call began.
 func (s *Server) addVoterToGroups(req *allotv1.AddVoterRequest) error {
 	if !s.multi() {
 		return nil
 	}
-	// The call may have been forwarded here; the data groups' leaders are
-	// other nodes, which this node's own calls may reach.
-	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	ctx, cancel := s.asNode()
 	defer cancel()
 	s.grp.joinMu.Lock()
 	defer s.grp.joinMu.Unlock()
@@ -386,17 +385,27 @@ func (s *Server) addGroupVoter(ctx context.Context, req *allotv1.AddVoterRequest
 }
 
 // removeFromGroups removes a server from every data group and from the
-// groups' member lists in the meta state (meta leader).
-func (s *Server) removeFromGroups(id string) error {
+// groups' member lists in the meta state (meta leader), on behalf of the
+// caller of ctx (asCaller): each data group's leader checks that caller.
+// Each group's step is idempotent, and the meta group's list is changed
+// last, so a retry after a failure finishes the removal.
+func (s *Server) removeFromGroups(ctx context.Context, id string) error {
 	if !s.multi() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(s.baseCtx, s.cfg.ForwardTimeout)
+	ctx, cancel := s.asCaller(ctx)
 	defer cancel()
 	s.grp.joinMu.Lock()
 	defer s.grp.joinMu.Unlock()
 	var groups []meta.Group
 	s.grp.meta.view(func(st *meta.State) { groups = st.Groups() })
+	metaLast := func(g meta.Group) int {
+		if g.ID == 0 {
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(groups, func(a, b meta.Group) int { return cmp.Compare(metaLast(a), metaLast(b)) })
 	for _, g := range groups {
 		if g.ID != 0 {
 			if _, err := s.removeGroupServer(ctx, &allotv1.RemoveServerRequest{Id: id, Group: uint32(g.ID)}); err != nil {

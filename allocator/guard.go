@@ -40,7 +40,7 @@ const overloadRetry = 100 * time.Millisecond
 type guard struct {
 	authOn       bool // authentication configured (Config.authEnabled)
 	requireCerts bool // ClientAuth require: agents must present certificates
-	noTLS        bool // the node serves without TLS: peers have no certificates
+	noCerts      bool // ClientAuth none: no caller, peers included, presents a certificate
 	openReads    bool
 	tokens       atomic.Pointer[tlsconfig.Tokens]
 
@@ -58,7 +58,7 @@ func newGuard(cfg Config, log *slog.Logger) *guard {
 	g := &guard{
 		authOn:       cfg.authEnabled(),
 		requireCerts: cfg.ClientAuth == tlsconfig.ClientAuthRequire,
-		noTLS:        !cfg.TLS.Enabled(),
+		noCerts:      cfg.ClientAuth == tlsconfig.ClientAuthNone,
 		openReads:    cfg.OpenReads,
 		maxInflight:  int64(cfg.MaxInflight),
 		log:          log,
@@ -110,7 +110,8 @@ func (g *guard) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, 
 // audit logs an admin call: who (the certificate identity or "token",
 // "anonymous" without authentication), what (the method and its redacted
 // arguments), from where (the peer address) and the result (the gRPC
-// code). Changes are logged at Info, reads at Debug. A call forwarded by
+// code, and the error without descriptor values: errAttrs). Changes are
+// logged at Info, reads at Debug. A call forwarded by
 // another node was logged there.
 func (g *guard) audit(ctx context.Context, class methodClass, method string, p principal, req any, err error) {
 	from := ""
@@ -119,7 +120,7 @@ func (g *guard) audit(ctx context.Context, class methodClass, method string, p p
 	}
 	attrs := append([]any{"method", method, "caller", p.String(), "from", from, "code", status.Code(err).String()}, auditAttrs(req)...)
 	if err != nil {
-		attrs = append(attrs, "err", status.Convert(err).Message())
+		attrs = append(attrs, errAttrs(err)...)
 	}
 	g.log.Log(ctx, auditLevel(class), "admin call", attrs...)
 }

@@ -83,6 +83,10 @@ type testCluster struct {
 	// tcpRaft: Raft runs over TCP on loopback (Config.RaftAddr), not over
 	// trans (which stays nil).
 	tcpRaft bool
+	// opts and dir make the configuration of a node added later (add).
+	opts []clusterOpt
+	dir  string
+	log  *slog.Logger
 }
 
 type clusterOpt func(i int, c *Config)
@@ -103,31 +107,9 @@ func newTCPTestCluster(t testing.TB, n int, opts ...clusterOpt) *testCluster {
 
 func startTestCluster(t testing.TB, n int, tcpRaft bool, opts ...clusterOpt) *testCluster {
 	t.Helper()
-	tc := &testCluster{t: t, tcpRaft: tcpRaft}
-	logger := testLogger(t, slog.LevelInfo)
-	base := t.TempDir()
+	tc := &testCluster{t: t, tcpRaft: tcpRaft, opts: opts, dir: t.TempDir(), log: testLogger(t, slog.LevelInfo)}
 	for i := range n {
-		cfg := DefaultConfig()
-		cfg.NodeID = fmt.Sprintf("n%d", i)
-		cfg.DataDir = filepath.Join(base, cfg.NodeID)
-		cfg.GRPCAddr = "127.0.0.1:0"
-		cfg.RaftAddr = "127.0.0.1:0"
-		cfg.HTTPAddr = ""
-		// Short, but with room for a loaded 2-core machine.
-		cfg.HeartbeatTimeout = 250 * time.Millisecond
-		cfg.ElectionTimeout = 250 * time.Millisecond
-		cfg.LeaderLeaseTimeout = 125 * time.Millisecond
-		cfg.ExpireInterval = 100 * time.Millisecond
-		cfg.ForwardWait = 3 * time.Second
-		cfg.Logger = logger.With("test_node", cfg.NodeID)
-		if i == 0 {
-			cfg.Bootstrap = true
-			cfg.InitialRules = testRuleFiles()
-		}
-		for _, o := range opts {
-			o(i, &cfg)
-		}
-		tc.cfgs = append(tc.cfgs, cfg)
+		tc.cfgs = append(tc.cfgs, tc.config(i))
 	}
 	tc.nodes = make([]*Server, n)
 	tc.trans = make([]*raft.InmemTransport, n)
@@ -149,6 +131,52 @@ func startTestCluster(t testing.TB, n int, tcpRaft bool, opts ...clusterOpt) *te
 	tc.waitVoters(n)
 	tc.waitMembers(n)
 	return tc
+}
+
+// config returns node i's configuration: node 0 bootstraps with the test
+// rules; the cluster's options apply to every node.
+func (tc *testCluster) config(i int) Config {
+	cfg := DefaultConfig()
+	cfg.NodeID = fmt.Sprintf("n%d", i)
+	cfg.DataDir = filepath.Join(tc.dir, cfg.NodeID)
+	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.RaftAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = ""
+	// Short, but with room for a loaded 2-core machine.
+	cfg.HeartbeatTimeout = 250 * time.Millisecond
+	cfg.ElectionTimeout = 250 * time.Millisecond
+	cfg.LeaderLeaseTimeout = 125 * time.Millisecond
+	cfg.ExpireInterval = 100 * time.Millisecond
+	cfg.ForwardWait = 3 * time.Second
+	cfg.Logger = tc.log.With("test_node", cfg.NodeID)
+	if i == 0 {
+		cfg.Bootstrap = true
+		cfg.InitialRules = testRuleFiles()
+	}
+	for _, o := range tc.opts {
+		o(i, &cfg)
+	}
+	return cfg
+}
+
+// add starts one more node, joining through node join, waits until it
+// is ready, and returns its index.
+func (tc *testCluster) add(join int) int {
+	tc.t.Helper()
+	tc.mu.Lock()
+	i := len(tc.nodes)
+	tc.nodes = append(tc.nodes, nil)
+	tc.trans = append(tc.trans, nil)
+	tc.mu.Unlock()
+	cfg := tc.config(i)
+	cfg.Join = tc.node(join).GRPCAddr()
+	tc.cfgs = append(tc.cfgs, cfg)
+	if !tc.tcpRaft {
+		tc.newTransport(i)
+	}
+	tc.start(i)
+	tc.waitReady(i)
+	return i
 }
 
 // waitMembers waits until every running node has n member records with

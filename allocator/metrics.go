@@ -36,15 +36,18 @@ type metrics struct {
 	acquireCalls   *prometheus.CounterVec
 	forwarded      prometheus.Counter
 	leaderChanges  prometheus.Counter
-	xdsUpdates     *prometheus.CounterVec
-	granted        prometheus.Counter
-	returned       prometheus.Counter
-	charged        prometheus.Counter
-	commands       *prometheus.CounterVec
-	expired        prometheus.Counter
-	rulesVersion   prometheus.Gauge
-	rejected       *prometheus.CounterVec
-	inflight       prometheus.GaugeFunc
+	// tokenReloadFailures counts admin token reloads that failed and kept
+	// the previous tokens.
+	tokenReloadFailures prometheus.Counter
+	xdsUpdates          *prometheus.CounterVec
+	granted             prometheus.Counter
+	returned            prometheus.Counter
+	charged             prometheus.Counter
+	commands            *prometheus.CounterVec
+	expired             prometheus.Counter
+	rulesVersion        prometheus.Gauge
+	rejected            *prometheus.CounterVec
+	inflight            prometheus.GaugeFunc
 
 	snapCapture   prometheus.Histogram
 	snapPersist   prometheus.Histogram
@@ -148,6 +151,10 @@ func newMetricsVecs(inflight func() float64) *metrics {
 			Namespace: metricsNamespace, Name: "leadership_changes_total",
 			Help: "Times this node gained or lost leadership.",
 		}),
+		tokenReloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "admin_token_reload_failures_total",
+			Help: "Admin token reloads that failed (unreadable file, a bad line, no token left); each kept the previous tokens.",
+		}),
 		xdsUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "xds_updates_total",
 			Help: "Rule updates from the xDS server answered by this node as leader, by result (ack, nack).",
@@ -236,7 +243,7 @@ func (m *metrics) observeSnapshot(ev snapshotEvent) {
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.applyLatency, m.acquireLatency, m.batchQueue, m.raftCommit, m.fsmApply, m.forwardLatency, m.batchRequests, m.batchKeys, m.acquireCalls, m.forwarded,
-		m.leaderChanges, m.xdsUpdates, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
+		m.leaderChanges, m.tokenReloadFailures, m.xdsUpdates, m.granted, m.returned, m.charged, m.commands, m.expired, m.rulesVersion,
 		m.rejected, m.inflight,
 		m.snapCapture, m.snapPersist, m.snapBytes, m.snapRestore, m.snapFailures, m.snapLastIndex, m.snapLastTime,
 	}

@@ -128,24 +128,25 @@ func TestGroupsApplySlotEntryRefusesFenceAboveMetaTerm(t *testing.T) {
 
 // TestApplySlotEntryPeersOnly: only a caller whose certificate has the
 // allocator role may call Admin.ApplySlotEntry; an admin (certificate or
-// token) may not. Without TLS no node has a certificate: there a node
+// token) may not. Where client certificates are not verified (ClientAuth
+// none, with or without TLS) no node has a certificate: there a node
 // proves itself with the admin token every node's file holds.
 func TestApplySlotEntryPeersOnly(t *testing.T) {
 	m := allotv1.Admin_ApplySlotEntry_FullMethodName
 	for _, c := range []struct {
-		name  string
-		noTLS bool
-		p     principal
-		want  codes.Code
+		name    string
+		noCerts bool
+		p       principal
+		want    codes.Code
 	}{
 		{"allocator certificate", false, principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAllocator, Name: "n1"}}, codes.OK},
 		{"admin certificate", false, principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAdmin, Name: "ops"}}, codes.PermissionDenied},
 		{"admin token", false, principal{token: true}, codes.PermissionDenied},
 		{"anonymous", false, principal{}, codes.Unauthenticated},
-		{"admin token, no TLS", true, principal{token: true}, codes.OK},
-		{"anonymous, no TLS", true, principal{}, codes.Unauthenticated},
+		{"admin token, no client certificates", true, principal{token: true}, codes.OK},
+		{"anonymous, no client certificates", true, principal{}, codes.Unauthenticated},
 	} {
-		g := &guard{noTLS: c.noTLS}
+		g := &guard{noCerts: c.noCerts}
 		var err error
 		if aerr := g.authorize(c.p, classify(m), m, &allotv1.ApplySlotEntryRequest{}); aerr != nil {
 			err = aerr.err

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -11,11 +12,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/internal/testproc"
 	"github.com/allot/allot/pkg/slots"
+	"github.com/allot/allot/pkg/tlsconfig"
+	"github.com/allot/allot/pkg/tlsconfig/tlstest"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -330,29 +334,61 @@ func rangesLen(rs []slots.Range) int {
 }
 
 // TestGroupsMoveTokenCluster: in a cluster authenticated by admin tokens
-// alone (no TLS, so no node has a certificate), the meta leader's move
-// driver proves itself to the other nodes' ApplySlotEntry with the token
-// every node's file holds, as a joining node does to AddVoter, and a move
-// whose groups lead on other nodes commits. A caller without the token is
-// refused.
+// alone (no client certificates: without TLS, or with server certificates
+// only), the nodes join, and the meta leader's move driver proves itself
+// to the other nodes' ApplySlotEntry with the token every node's file
+// holds, as a joining node does to AddVoter, and a move whose groups lead
+// on other nodes commits. A caller without the token is refused.
 func TestGroupsMoveTokenCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process cluster: skipped with -short")
 	}
+	// Server certificates for the address the processes listen on.
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t, "allot test CA")
+	spec := tlstest.Role(tlsconfig.RoleAllocator, "")
+	spec.IPs = []net.IP{net.ParseIP(testproc.ClusterHost())}
+	alloc := tlstest.Files(t, dir, "allocator", ca, ca.Issue(t, spec))
+	for _, tt := range []struct {
+		name  string
+		args  []string
+		creds func(t *testing.T) credentials.TransportCredentials
+	}{
+		{"plaintext", nil, func(*testing.T) credentials.TransportCredentials { return insecure.NewCredentials() }},
+		{"TLS without client certificates", []string{"-tls-cert", alloc.CertFile, "-tls-key", alloc.KeyFile,
+			"-tls-ca", alloc.CAFile, "-tls-client-auth", "none"},
+			func(t *testing.T) credentials.TransportCredentials {
+				o := tlstest.Files(t, dir, "ca", ca, nil)
+				o.ReloadInterval = -1
+				l, err := tlsconfig.Load(o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return l.ClientCredentials("")
+			}},
+	} {
+		t.Run(tt.name, func(t *testing.T) { testGroupsMoveTokenCluster(t, tt.args, tt.creds(t)) })
+	}
+}
+
+func testGroupsMoveTokenCluster(t *testing.T, extra []string, creds credentials.TransportCredentials) {
 	tokArgs, tok, err := testproc.AdminToken(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := append([]string{"-lease-ttl", "1s", "-max-lease-ttl", "2s", "-refresh-interval", "200ms",
 		"-agent-ttl", "3s", "-expire-interval", "200ms", "-open-reads"}, tokArgs...)
-	c := startProcessClusterArgs(t, 3, args, "-groups", "2")
-	cc, err := grpc.NewClient(c.Nodes[1].GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(testproc.Bearer(tok)))
-	if err != nil {
-		t.Fatal(err)
+	args = append(args, extra...)
+	c := startProcessClusterConfig(t, testproc.ClusterConfig{Size: 3, Args: args, BootstrapArgs: []string{"-groups", "2"}, Creds: creds})
+	dialNode := func(perRPC ...grpc.DialOption) allotv1.AdminClient {
+		cc, err := grpc.NewClient(c.Nodes[1].GRPC, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, perRPC...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return allotv1.NewAdminClient(cc)
 	}
-	t.Cleanup(func() { cc.Close() })
-	admin := allotv1.NewAdminClient(cc)
+	admin := dialNode(grpc.WithPerRPCCredentials(testproc.Bearer(tok)))
 	// The data groups' leaders spread over two nodes: whichever node leads
 	// the meta group, the driver's entries for one of the groups go to
 	// another node.
@@ -374,7 +410,7 @@ func TestGroupsMoveTokenCluster(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, anon := dial(t, c.Nodes[1].GRPC)
+	anon := dialNode()
 	if _, err := anon.MoveSlots(ctx, &allotv1.MoveSlotsRequest{Slots: "0-127", To: 2}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("MoveSlots without the token: %v, want Unauthenticated", err)
 	}

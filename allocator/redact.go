@@ -2,10 +2,15 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
+	"unicode"
+
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/pkg/tlsconfig"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -104,6 +109,52 @@ func auditAttrs(req any) []any {
 		return []any{"id", r.GetId()}
 	}
 	return nil
+}
+
+// errAttrs describes a failed call's error for the log without descriptor
+// values (the caller still gets the whole message): a rules.Error by its
+// file, line and key; any other error by its message with every quoted
+// span redacted (redactQuoted), since rule and key errors quote the
+// values they refuse.
+func errAttrs(err error) []any {
+	var re *rules.Error
+	if errors.As(err, &re) {
+		return []any{"file", re.File, "line", re.Line, "key", re.Key}
+	}
+	return []any{"err", redactQuoted(status.Convert(err).Message())}
+}
+
+// redactQuoted replaces the content of every span of msg quoted with '
+// ", or ` by redactKey of it. A quote opens a span at the start or after
+// a character that is not a letter or digit (an apostrophe in a word
+// does not); a span that is not closed runs to the end of msg. Inside "…"
+// a backslash escapes the next byte, as %q writes.
+func redactQuoted(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		q := msg[i]
+		opens := (q == '\'' || q == '"' || q == '`') &&
+			(i == 0 || !unicode.IsLetter(rune(msg[i-1])) && !unicode.IsDigit(rune(msg[i-1])))
+		if !opens {
+			b.WriteByte(q)
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(msg) && msg[j] != q {
+			if q == '"' && msg[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		b.WriteByte(q)
+		b.WriteString(redactKey(msg[i+1 : min(j, len(msg))]))
+		if j < len(msg) {
+			b.WriteByte(q)
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 // auditLevel is the level of a call's audit line: changes at Info, reads

@@ -5,6 +5,8 @@ import (
 	"context"
 
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -467,4 +469,83 @@ func retryInfo(err error) (string, time.Duration) {
 		}
 	}
 	return reason, d
+}
+
+// TestAuditLogNoDescriptorValueInErrors: a call whose error message quotes
+// a descriptor value (a PutRules refused for a duplicate per-key rule, an
+// InspectKey of a malformed key) is audited without that value at any
+// level, while the caller gets the whole message.
+func TestAuditLogNoDescriptorValueInErrors(t *testing.T) {
+	logs := &syncBuffer{}
+	tc := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: levelTrace}))
+	})
+	_, admin := tc.clients(0)
+	const secret = "sk_live_SECRET_api_key_42"
+	dup := "domain: extra\ndescriptors:\n  - key: api_key\n    value: " + secret +
+		"\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: api_key\n    value: " + secret +
+		"\n    rate_limit: {unit: second, requests_per_unit: 6}\n"
+	_, err := admin.PutRules(ctxT(t), &allotv1.PutRulesRequest{Files: []*allotv1.RuleFile{{Name: "x.yaml", Yaml: []byte(dup)}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), secret) {
+		t.Errorf("PutRules with a duplicate per-key rule: %v, want InvalidArgument naming the key", err)
+	}
+	_, err = admin.InspectKey(ctxT(t), &allotv1.InspectKeyRequest{Key: "test:user=alice," + secret})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), secret) {
+		t.Errorf("InspectKey of a malformed key: %v, want InvalidArgument quoting the entry", err)
+	}
+	out := logs.String()
+	if l := grepLines(out, secret); l != "" {
+		t.Errorf("a descriptor value reached the log:\n%s", l)
+	}
+	if !strings.Contains(out, "admin call") || !strings.Contains(out, "code=InvalidArgument") {
+		t.Errorf("no audit line of the refused calls")
+	}
+}
+
+func TestRedactQuoted(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`entry "a=b\"c" has no '='`, `entry "` + redactKey(`a=b\"c`) + `" has no '` + redactKey("=") + `'`},
+		{"the node's key 'v", "the node's key '" + redactKey("v")},
+		{"no quotes", "no quotes"},
+	} {
+		if got := redactQuoted(c.in); got != c.want {
+			t.Errorf("redactQuoted(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestReloadAdminTokensFailureKeepsPrevious: a token file that fails to
+// reload (a bad line, no token left) keeps every previous token valid,
+// the one being revoked included, and each failure is counted in
+// allot_allocator_admin_token_reload_failures_total.
+func TestReloadAdminTokensFailureKeepsPrevious(t *testing.T) {
+	tc := newTestCluster(t, 1, func(_ int, c *Config) { c.AdminTokens = []string{testToken} })
+	s := tc.node(0)
+	path := filepath.Join(t.TempDir(), "tokens")
+	for i, content := range []string{"rotated-admin-token-987654321\nshort\n", "# every token removed\n"} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReloadAdminTokens(path); err == nil {
+			t.Fatalf("reload %d of %q: no error", i, content)
+		}
+		if !s.guard.tokens.Load().Valid(testToken) {
+			t.Fatalf("reload %d failed but revoked the previous token", i)
+		}
+		if got := testutilCounter(s.metrics.tokenReloadFailures); got != float64(i+1) {
+			t.Errorf("after failed reload %d: admin_token_reload_failures_total = %v, want %d", i, got, i+1)
+		}
+	}
+	if err := os.WriteFile(path, []byte("rotated-admin-token-987654321\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReloadAdminTokens(path); err != nil {
+		t.Fatal(err)
+	}
+	if tok := s.guard.tokens.Load(); tok.Valid(testToken) || !tok.Valid("rotated-admin-token-987654321") {
+		t.Error("a good reload did not replace the tokens")
+	}
+	if got := testutilCounter(s.metrics.tokenReloadFailures); got != 2 {
+		t.Errorf("after a good reload: admin_token_reload_failures_total = %v, want 2", got)
+	}
 }

@@ -348,6 +348,23 @@ func (s *Server) SetAdminTokens(tokens []string) error {
 	return nil
 }
 
+// ReloadAdminTokens re-reads the admin token file at path
+// (tlsconfig.ReadTokens) and replaces the tokens with its content. On
+// error (the file does not read, a line is bad, no token is left, or
+// SetAdminTokens refuses them) every previous token stays valid, a
+// token being revoked included, and
+// allot_allocator_admin_token_reload_failures_total counts the failure.
+func (s *Server) ReloadAdminTokens(path string) error {
+	tokens, err := tlsconfig.ReadTokens(path)
+	if err == nil {
+		err = s.SetAdminTokens(tokens)
+	}
+	if err != nil {
+		s.metrics.tokenReloadFailures.Inc()
+	}
+	return err
+}
+
 func (s *Server) setJoinToken(tokens []string) {
 	if len(tokens) == 0 {
 		s.joinToken.Store(nil)

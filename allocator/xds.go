@@ -3,7 +3,6 @@ package allocator
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -142,7 +141,7 @@ func (s *Server) xdsStream(ctx context.Context) (accepted bool, err error) {
 			} else {
 				nacked, pause = resp.GetVersionInfo(), lo
 				s.metrics.xdsUpdates.WithLabelValues("nack").Inc()
-				s.log.Warn("xds: update rejected (NACK); rules unchanged", append([]any{"version", resp.GetVersionInfo()}, xdsErrAttrs(err)...)...)
+				s.log.Warn("xds: update rejected (NACK); rules unchanged", append([]any{"version", resp.GetVersionInfo()}, errAttrs(err)...)...)
 			}
 			if t := resp.GetTypeUrl(); t != RateLimitConfigTypeURL {
 				reply.TypeUrl = t
@@ -164,16 +163,6 @@ func (s *Server) xdsStream(ctx context.Context) (accepted bool, err error) {
 			return accepted, err
 		}
 	}
-}
-
-// xdsErrAttrs describes a rejected update for the log without rule values
-// (a rules.Error's message may quote them; the NACK carries it whole).
-func xdsErrAttrs(err error) []any {
-	var re *rules.Error
-	if errors.As(err, &re) {
-		return []any{"file", re.File, "line", re.Line, "key", re.Key}
-	}
-	return []any{"err", err}
 }
 
 // commitXDSRules commits files as the whole rule set unless it already is

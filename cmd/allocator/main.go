@@ -356,12 +356,8 @@ func reload(logger *slog.Logger, srv *allocator.Server, tokenFile string) {
 	if tokenFile == "" {
 		return
 	}
-	tokens, err := tlsconfig.ReadTokens(tokenFile)
-	if err == nil {
-		err = srv.SetAdminTokens(tokens)
-	}
-	if err != nil {
-		logger.Error("SIGHUP: admin tokens not reloaded; keeping the previous ones", "err", err)
+	if err := srv.ReloadAdminTokens(tokenFile); err != nil {
+		logger.Error("SIGHUP: admin tokens not reloaded; keeping the previous ones, revoked ones included", "err", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	allotv1 "github.com/allot/allot/proto/allot/v1"
@@ -33,6 +34,9 @@ type ClusterConfig struct {
 	// proxy in front of it; it is passed as -advertise-raft-addr, so every
 	// Raft connection to the node goes through it from the start.
 	Advertise func(i int, raftBind string) string
+	// Creds, when set, are the transport credentials of the test's own
+	// gRPC clients of the nodes (default: plaintext).
+	Creds credentials.TransportCredentials
 }
 
 // Node is one allocator process.
@@ -41,6 +45,7 @@ type Node struct {
 	GRPC, Raft, HTTP string
 	DataDir          string
 	Proc             *Proc
+	creds            credentials.TransportCredentials
 
 	connOnce sync.Once
 	conn     *grpc.ClientConn
@@ -79,6 +84,7 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 			ID:   fmt.Sprintf("n%d", i),
 			GRPC: addrs[3*i], Raft: addrs[3*i+1], HTTP: addrs[3*i+2],
 			DataDir: filepath.Join(cfg.Dir, fmt.Sprintf("data-n%d", i)),
+			creds:   cfg.Creds,
 		}
 		if cfg.DataDir != nil {
 			n.DataDir = cfg.DataDir(i)
@@ -113,7 +119,11 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 func (n *Node) clients(t testing.TB) (allotv1.AdminClient, allotv1.AllocatorClient) {
 	t.Helper()
 	n.connOnce.Do(func() {
-		n.conn, n.connErr = grpc.NewClient(n.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds := n.creds
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		n.conn, n.connErr = grpc.NewClient(n.GRPC, grpc.WithTransportCredentials(creds))
 		if n.connErr != nil {
 			return
 		}

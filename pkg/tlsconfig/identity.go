@@ -90,7 +90,10 @@ func IdentityFromCert(c *x509.Certificate) (Identity, error) {
 	}
 	var found []*url.URL
 	for _, u := range c.URIs {
-		if strings.EqualFold(u.Scheme, "spiffe") && strings.EqualFold(u.Host, TrustDomain) {
+		// The trust domain matched loosely (any case, a port, a trailing
+		// dot), so that a malformed allot SAN is found and refused by
+		// identityFromURI rather than passed over for the subject.
+		if strings.EqualFold(u.Scheme, "spiffe") && strings.EqualFold(strings.TrimSuffix(u.Hostname(), "."), TrustDomain) {
 			found = append(found, u)
 		}
 	}

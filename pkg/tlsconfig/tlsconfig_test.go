@@ -65,6 +65,11 @@ func TestIdentityFromCert(t *testing.T) {
 		{"uri with query", certWith([]string{"spiffe://allot/admin?x=1"}, nil, ""), ""},
 		{"uri with port", certWith([]string{"spiffe://allot:1/admin"}, nil, ""), ""},
 		{"upper case trust domain", certWith([]string{"spiffe://ALLOT/admin"}, nil, ""), ""},
+		// A malformed allot SAN is an error, never a fallback to the OU.
+		{"uri with port, OU admin", certWith([]string{"spiffe://allot:8443/agent/gw-1"}, []string{"admin"}, "ops"), ""},
+		{"uri with empty port, OU admin", certWith([]string{"spiffe://allot:/agent/gw-1"}, []string{"admin"}, "ops"), ""},
+		{"trust domain with trailing dot, OU admin", certWith([]string{"spiffe://allot./agent/gw-1"}, []string{"admin"}, "ops"), ""},
+		{"uri with user, OU admin", certWith([]string{"spiffe://x@allot/agent/gw-1"}, []string{"admin"}, "ops"), ""},
 		{"unknown role uri, no fallback", certWith([]string{"spiffe://allot/root"}, []string{"admin"}, "x"), ""},
 		{"two uris", certWith([]string{"spiffe://allot/agent/a", "spiffe://allot/admin"}, nil, ""), ""},
 		{"two role OUs", certWith(nil, []string{"agent", "admin"}, "x"), ""},

@@ -65,6 +65,8 @@ type Spec struct {
 	OU, CN string
 	// Server adds serverAuth and the SANs localhost, 127.0.0.1 and ::1.
 	Server bool
+	// IPs are more IP SANs (with Server), e.g. another loopback address.
+	IPs []net.IP
 	// Client adds clientAuth.
 	Client bool
 	// NotAfter overrides the expiry (default: a day from now).
@@ -131,7 +133,7 @@ func (ca *CA) Issue(t testing.TB, s Spec) *Leaf {
 	if s.Server {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 		tmpl.DNSNames = []string{"localhost"}
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+		tmpl.IPAddresses = append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, s.IPs...)
 	}
 	if s.Client {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
