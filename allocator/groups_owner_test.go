@@ -119,6 +119,14 @@ func TestGroupsMoveKeepsSourceStateOverStrayTargetKey(t *testing.T) {
 	alloc, admin := dial(t, s.GRPCAddr())
 	sl, _, other := ownerTestSlot()
 	rs := []slots.Range{{First: sl, Last: sl}}
+	// The meta leader first settles every group's slots (a new group
+	// serves every slot until then): wait until the target has dropped
+	// this one, so that the settling does not freeze the stray copy made
+	// next before it is made.
+	waitFor(t, 10*time.Second, "the target group to have dropped the slot", func() bool {
+		frozen, gone := s.dataGroup(other).st.SlotModes()
+		return !inAny(frozen, sl) && inAny(gone, sl)
+	})
 	// The stray copy at the target, serving the slot: 1 hit taken.
 	fence := s.barrierTerm.Load()
 	if _, err := s.proposeSlot(ctxT(t), fence, other, state.SlotDisown, rs, nil); err != nil {
