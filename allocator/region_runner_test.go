@@ -1,10 +1,13 @@
 package allocator
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/allocator/upstream"
@@ -28,6 +31,10 @@ func newRegionPair(t *testing.T, rule string, ucfg upstream.Config) (global, reg
 	})
 	return global, region
 }
+
+// staticGlobalRule: a global key g/k whose fallback is a static share
+// (half its rate) for region eu.
+const staticGlobalRule = "domain: g\nscope: global\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 100, global_fallback: static, static_fraction: {eu: 0.5}}\n"
 
 func tenants(from, to int, want int64) []*allotv1.KeyAcquire {
 	var keys []*allotv1.KeyAcquire
@@ -126,12 +133,11 @@ func TestRegionForgetsIdleKey(t *testing.T) {
 // charge again, so while no call was answered the ledger owes every
 // token it minted.
 func TestRegionOwesOutageChargeAcrossFailedCalls(t *testing.T) {
-	const static = "domain: g\nscope: global\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 100, global_fallback: static, static_fraction: {eu: 0.5}}\n"
 	reg := newTestCluster(t, 1, func(_ int, c *Config) {
 		c.NodeID = "r0"
 		c.Region = RegionConfig{Name: "eu", GlobalAllocators: []string{testproc.FreeAddr(t)}, SkipCycleCheck: true,
 			Upstream: upstream.Config{CallTimeout: 200 * time.Millisecond, RetryBackoff: 200 * time.Millisecond}}
-		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(static)})
+		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(staticGlobalRule)})
 	})
 	alloc, _ := reg.clients(0)
 	s, r := reg.node(0), reg.node(0).region
@@ -179,5 +185,82 @@ func TestRegionRequestWithinProtocolBounds(t *testing.T) {
 	req, _ := g.request(1, []due{{p: p, rk: &regKey{k: k}, req: r}})
 	if err := state.ValidateAcquire(req); err != nil {
 		t.Errorf("the global cluster refuses the region's call: %v (key %v)", err, req.GetKeys()[0])
+	}
+}
+
+// A new regional leader gives up the previous leader's call that fails
+// again; a give-up whose commit fails is committed again, so that the
+// call's outage charges are owed in the ledger before the runner sends
+// anything else (a new send would replace the pending one).
+func TestRegionRecoverRetriesGiveUpCommit(t *testing.T) {
+	// No global allocators: the node's own runner mints (each minted
+	// token owed) and sends nothing.
+	reg := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.NodeID = "r0"
+		c.Region = RegionConfig{Name: "eu", SkipCycleCheck: true}
+		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(staticGlobalRule)})
+	})
+	alloc, _ := reg.clients(0)
+	s := reg.node(0)
+	key := &allotv1.KeyAcquire{Domain: "g", Entries: []*allotv1.Entry{{Key: "k"}}, Want: 10, Demand: 50}
+	id := uint64(0)
+	var pool state.Pool
+	waitFor(t, 20*time.Second, "tokens minted and owed", func() bool {
+		id++
+		if _, err := alloc.Acquire(ctxT(t), acquireReq("gw", id, key)); err != nil {
+			t.Fatal(err)
+		}
+		ps := s.st.Pools(time.Now().UnixNano())
+		if len(ps) != 1 || ps[0].Owed == 0 {
+			return false
+		}
+		pool = ps[0]
+		return true
+	})
+	if h := keyHashOf(s.st.Rules(), key); h != pool.Hash {
+		t.Fatalf("key hash %x, pool %x", h, pool.Hash)
+	}
+	// A previous leader's call, unanswered, that reported all it owed.
+	charged := pool.Owed
+	sent := &allotv1.KeyAcquire{Domain: "g", Entries: key.Entries, Want: 10, Demand: 50, OutageCharged: charged}
+	raw, err := proto.Marshal(&allotv1.AcquireRequest{Keys: []*allotv1.KeyAcquire{sent}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, _ := s.st.PendingUpstream()
+	seq := nextUpstreamSeq(last, s.stamp())
+	if _, err := s.proposeData(state.AppendUpstreamSend(nil, s.stamp(), seq, raw,
+		[]state.UpstreamReturn{{Hash: pool.Hash, Charged: charged}})); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := s.st.PendingUpstream(); p != seq {
+		t.Fatalf("pending seq %d, want %d", p, seq)
+	}
+	// A runner of this node's term, with an unreachable global allocator,
+	// whose first give-up commit fails.
+	g := &regional{s: s, name: "eu", agent: regionAgentPrefix + "eu", addrs: []string{testproc.FreeAddr(t)},
+		cfg: upstream.Config{CallTimeout: 200 * time.Millisecond}, maxKeys: allotv1.MaxKeysPerCall}
+	fails := 0
+	g.giveUpCommit = func(data []byte) error {
+		if fails == 0 {
+			fails++
+			return errors.New("enqueue timeout")
+		}
+		return g.commit(data)
+	}
+	g.recover(ctxT(t))
+	if fails != 1 {
+		t.Fatalf("the give-up commit failed %d times, want 1", fails)
+	}
+	if _, raw := s.st.PendingUpstream(); raw != nil {
+		t.Error("the previous leader's call is still pending after recover")
+	}
+	p, ok := s.st.PoolOf(pool.Hash, time.Now().UnixNano())
+	if !ok {
+		t.Fatal("pool gone")
+	}
+	// Every minted token is owed, the recovered call's charges too.
+	if p.Owed != p.Minted {
+		t.Errorf("owed %d of %d minted tokens (the recovered call charged %d)", p.Owed, p.Minted, charged)
 	}
 }

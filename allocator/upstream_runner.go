@@ -55,6 +55,10 @@ type regional struct {
 	err      string
 	keys     map[uint64]keyView           // by key hash, as of the runner's last Tick
 	warned   map[uint64]state.GlobalLimit // the mismatch last logged, by key hash
+
+	// giveUpCommit commits recover's give-up entry; nil: commit. A test's
+	// seam, read only by recover.
+	giveUpCommit func([]byte) error
 }
 
 // keyView is what the runner knows of a key beyond the ledger.
@@ -139,6 +143,9 @@ func (g *regional) run(ctx context.Context) {
 		g.recover(ctx)
 	}
 	defer g.setState("not_leader", nil)
+	if ctx.Err() != nil {
+		return // a pending send may stand: the next leader recovers it
+	}
 	tick := g.cfg.Tick
 	if tick <= 0 {
 		tick = upstream.DefaultConfig().Tick
@@ -244,7 +251,11 @@ func (g *regional) isVerified() bool {
 // recorded, so a grant the previous leader never committed reaches the
 // pools once. A call that fails again is given up (what it may have been
 // granted is not admitted: the safe side), and what it reported as
-// outage_charged is owed again.
+// outage_charged is owed again. The give-up is committed again and again
+// (after giveUpRetry) until it is, or the term ends: until then the call
+// stays the ledger's pending send, and a new send would replace it with
+// its outage charges owed nowhere (the term's per-key policies were
+// built from the ledger, which lacks them).
 func (g *regional) recover(ctx context.Context) {
 	s := g.s
 	seq, raw := s.st.PendingUpstream()
@@ -263,8 +274,21 @@ func (g *regional) recover(ctx context.Context) {
 		for i, k := range req.GetKeys() {
 			charges[i] = state.UpstreamReturn{Hash: keyHashOf(set, k), Charged: k.GetOutageCharged()}
 		}
-		if err := g.commit(state.AppendUpstreamFail(nil, s.stamp(), seq, charges)); err != nil && ctx.Err() == nil {
-			s.log.Warn("given-up upstream call not committed", "seq", seq, "err", err)
+		commit := g.giveUpCommit
+		if commit == nil {
+			commit = g.commit
+		}
+		for {
+			err := commit(state.AppendUpstreamFail(nil, s.stamp(), seq, charges))
+			if err == nil || ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("given-up upstream call not committed; trying again", "seq", seq, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(giveUpRetry):
+			}
 		}
 	}
 	resp, err := g.acquire(ctx, req)
@@ -297,6 +321,9 @@ func (g *regional) recover(ctx context.Context) {
 	}
 	s.log.Info("previous leader's upstream call recovered", "seq", seq, "keys", len(grants))
 }
+
+// giveUpRetry is the wait before recover commits a give-up again.
+const giveUpRetry = 100 * time.Millisecond
 
 // keyHashOf returns the regional key hash of a key of an upstream call.
 func keyHashOf(set *rules.Set, k *allotv1.KeyAcquire) uint64 {
