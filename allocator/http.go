@@ -49,7 +49,10 @@ func (s *Server) adminOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := tlsconfig.BearerToken(r.Header.Get("Authorization"))
 		if !ok || !s.guard.tokens.Load().Valid(tok) {
-			s.log.Warn("pprof refused: no valid admin token", "from", r.RemoteAddr, "path", r.URL.Path)
+			// At most a line a second, however fast refused requests come.
+			if n, ok := s.pprofLog.allow(time.Now().UnixNano()); ok {
+				s.log.Warn("pprof refused: no valid admin token", "from", r.RemoteAddr, "path", r.URL.Path, "suppressed", n)
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("WWW-Authenticate", "Bearer")
 			w.WriteHeader(http.StatusUnauthorized)

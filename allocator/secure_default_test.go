@@ -182,3 +182,34 @@ func TestPprofOffByDefault(t *testing.T) {
 		t.Errorf("pprof with the admin token: %d, want 200", code)
 	}
 }
+
+// TestPprofRefusalsLogged: refused /debug/pprof/ requests are logged at
+// most once a second, with how many were not, so that anyone who can reach
+// the HTTP port cannot flood the log.
+func TestPprofRefusalsLogged(t *testing.T) {
+	logs := &syncBuffer{}
+	on := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.HTTPAddr = "127.0.0.1:0"
+		c.Pprof = true
+		c.AdminTokens = []string{testToken}
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	url := "http://" + on.node(0).HTTPAddr() + "/debug/pprof/cmdline"
+	start := time.Now()
+	const n = 200
+	for range n {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("pprof without a token: %d, want 401", resp.StatusCode)
+		}
+	}
+	secs := int(time.Since(start)/time.Second) + 1
+	lines := strings.Count(logs.String(), "pprof refused")
+	if lines < 1 || lines > secs+1 {
+		t.Fatalf("%d refusals in %d s logged %d lines, want 1 to %d", n, secs, lines, secs+1)
+	}
+}

@@ -42,12 +42,13 @@ type Server struct {
 	batcher *batcher
 	// grp is the runtime of a cluster with several groups (groups.go);
 	// nil in a single-group cluster.
-	grp     *groupSet
-	fwd     *forwarder
-	guard   *guard
-	tls     *tlsconfig.Loader // nil without TLS
-	metrics *metrics
-	gather  prometheus.Gatherer
+	grp      *groupSet
+	fwd      *forwarder
+	guard    *guard
+	pprofLog logGate           // refused /debug/pprof/ requests logged
+	tls      *tlsconfig.Loader // nil without TLS
+	metrics  *metrics
+	gather   prometheus.Gatherer
 	// registries and registered: where the metrics went, for unregistering.
 	registries []prometheus.Registerer
 	registered []prometheus.Collector
