@@ -306,8 +306,9 @@ func (a *Agent) checkStaticHit(dec *Decision, me *memoEntry, set *rules.Set, d *
 		ks.mu.Unlock()
 		return false
 	}
-	next := ks.fbLimit.NextAfter(now, res.ResetAfter)
+	lim := ks.fbLimit // the share's NextAfter, computed after the unlock
 	ks.mu.Unlock()
+	next := lim.NextAfter(now, res.ResetAfter)
 	ks.spent.Add(n)
 	if ks.lastUse.Load() != now {
 		ks.lastUse.Store(now)
