@@ -21,8 +21,9 @@
 // has q=0), Cache-Control: no-store,
 // Content-Type: application/json and the body DeniedBody.
 //
-// The reported policy is the agent's Decision: the denying limit, or, when
-// allowed, the enforced limit with the lowest remaining. Limits in shadow
+// The reported policy is the agent's Decision: the denying limit with the
+// longest wait, or, when allowed, the enforced limit with the lowest
+// remaining. Limits in shadow
 // mode never deny and are never advertised. A request whose values exceed
 // the bounds or are not valid text (rules.ValidText), or that the agent
 // refuses as invalid (agent.ErrInvalid), gets a 400 JSON answer. A limiter error never turns into a 5xx:
