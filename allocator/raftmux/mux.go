@@ -205,6 +205,9 @@ func (m *Mux) acceptLoop() {
 	var backoff time.Duration
 	for {
 		c, err := m.ln.Accept()
+		if err == nil {
+			c = quiet(c)
+		}
 		if err != nil {
 			select {
 			case <-m.done:
@@ -407,6 +410,7 @@ func (s *Stream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Co
 	if err != nil {
 		return nil, err
 	}
+	c = quiet(c)
 	conn := c
 	_ = c.SetDeadline(deadline)
 	if s.m.client != nil {
