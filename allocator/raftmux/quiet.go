@@ -7,9 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync/atomic"
 	"syscall"
-	"unsafe"
 )
 
 // quietConn reads and writes a TCP connection with raw system calls on
@@ -22,14 +20,21 @@ import (
 // each that way, most of an idle allocator's CPU. A non-blocking read or
 // write returns at once, so the scheduler need not know of it.
 // Deadlines, Close and the rest behave as the wrapped *net.TCPConn's.
+//
+// The socket must stay non-blocking: a raw call that blocked would hold
+// its scheduler slot unknown to the runtime (a garbage collection could
+// not stop the world). quiet wraps only a socket it finds non-blocking,
+// and nothing here makes one blocking (as os.File.Fd on a copy from
+// TCPConn.File would). Under the race detector the calls are the syscall
+// package's, which tell the detector what they read and write
+// (quiet_race.go).
 type quietConn struct {
 	*net.TCPConn
-	raw    syscall.RawConn
-	closed atomic.Bool
+	raw syscall.RawConn
 }
 
-// quiet wraps c when it is a TCP connection whose descriptor it can reach,
-// and returns c as it is otherwise.
+// quiet wraps c when it is a TCP connection with a non-blocking descriptor
+// it can reach, and returns c as it is otherwise.
 func quiet(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
@@ -39,25 +44,32 @@ func quiet(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
+	nonblock := false
+	if err := raw.Control(func(fd uintptr) {
+		flags, _, e := syscall.RawSyscall(syscall.SYS_FCNTL, fd, syscall.F_GETFL, 0)
+		nonblock = e == 0 && flags&syscall.O_NONBLOCK != 0
+	}); err != nil || !nonblock {
+		return c
+	}
 	return &quietConn{TCPConn: tc, raw: raw}
 }
 
 func (c *quietConn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
-		return 0, nil
+		return c.TCPConn.Read(b) // nothing to wait for; a closed connection's error
 	}
 	var n int
 	var errno syscall.Errno
 	err := c.raw.Read(func(fd uintptr) bool {
 		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+			r, e := sysRead(fd, b)
 			switch e {
 			case syscall.EINTR:
 				continue
 			case syscall.EAGAIN:
 				return false
 			}
-			n, errno = int(r), e
+			n, errno = r, e
 			return true
 		}
 	})
@@ -75,16 +87,16 @@ func (c *quietConn) Read(b []byte) (int, error) {
 
 func (c *quietConn) Write(b []byte) (int, error) {
 	if len(b) == 0 {
-		return 0, nil
+		return c.TCPConn.Write(b)
 	}
 	var n int
 	var errno syscall.Errno
 	err := c.raw.Write(func(fd uintptr) bool {
 		for n < len(b) {
-			r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n))
+			r, e := sysWrite(fd, b[n:])
 			switch e {
 			case 0:
-				n += int(r)
+				n += r
 			case syscall.EINTR:
 			case syscall.EAGAIN:
 				return false
@@ -104,20 +116,13 @@ func (c *quietConn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-func (c *quietConn) Close() error {
-	c.closed.Store(true)
-	return c.TCPConn.Close()
-}
-
-// opError reports err as net.Conn does: a deadline as a timeout, a
-// closed connection as net.ErrClosed.
+// opError reports err as net.Conn does, under the operation's name: the
+// poller's errors (os.ErrDeadlineExceeded, net.ErrClosed) unwrapped from
+// RawConn's "raw-read" or "raw-write" error.
 func (c *quietConn) opError(op string, err error) error {
 	var oe *net.OpError
 	if errors.As(err, &oe) {
 		err = oe.Err
-	}
-	if c.closed.Load() && !errors.Is(err, os.ErrDeadlineExceeded) {
-		err = net.ErrClosed
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }

@@ -136,3 +136,53 @@ func TestQuietLeavesOtherConnsAlone(t *testing.T) {
 		t.Fatal("quiet wrapped a connection that is not TCP")
 	}
 }
+
+func TestQuietConnZeroLengthOnClosed(t *testing.T) {
+	q, _ := quietPair(t)
+	if n, err := q.Write(nil); n != 0 || err != nil {
+		t.Fatalf("Write(nil) = %d, %v", n, err)
+	}
+	q.Close()
+	if _, err := q.Read(nil); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Read(nil) on a closed connection = %v, want net.ErrClosed", err)
+	}
+	if _, err := q.Write(nil); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write(nil) on a closed connection = %v, want net.ErrClosed", err)
+	}
+}
+
+// A socket that has been made blocking (os.File.Fd on a copy from File
+// does that to the shared file description) is left unwrapped: a raw
+// call on it could block unknown to the scheduler.
+func TestQuietLeavesBlockingSocketAlone(t *testing.T) {
+	q, _ := quietPair(t)
+	f, err := q.TCPConn.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_ = f.Fd() // puts the file description in blocking mode
+	if c := quiet(q.TCPConn); c != net.Conn(q.TCPConn) {
+		t.Fatalf("quiet wrapped a blocking socket: %T", c)
+	}
+}
+
+// Closing the TCP connection underneath, not through the wrapper, ends a
+// parked Read with net.ErrClosed too.
+func TestQuietConnInnerCloseUnblocksRead(t *testing.T) {
+	q, _ := quietPair(t)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := q.Read(make([]byte, 1))
+		errc <- err
+	}()
+	time.AfterFunc(10*time.Millisecond, func() { q.TCPConn.Close() })
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Read = %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Read did not return after the close")
+	}
+}
