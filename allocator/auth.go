@@ -42,11 +42,11 @@ const (
 	// classPeer: calls only allocator nodes make of each other (the move
 	// driver's ApplySlotEntry): the immediate caller's certificate has the
 	// allocator role (and a name in Config.PeerNames when that is set); an
-	// admin may not make them. Where client
-	// certificates are not verified (ClientAuth none, with or without
-	// TLS) a node has no certificate to prove that with: there (a cluster
-	// authenticated by tokens alone) a node presents the admin token every
-	// node's file holds, as it does to join, and a token is accepted.
+	// admin may not make them. Where client certificates are not verified
+	// (ClientAuth none, with or without TLS) a node has no certificate to
+	// prove that with: there (a cluster authenticated by tokens alone) a
+	// node presents the admin token every node's file holds, as it does to
+	// join, and a token is accepted.
 	classPeer
 	// classAdmin: every other Admin RPC, and any method not listed.
 	classAdmin
@@ -83,8 +83,8 @@ type principal struct {
 	// cert is the identity in the immediate caller's verified certificate
 	// (zero without one).
 	cert tlsconfig.Identity
-	// forwarded: the immediate caller is an allocator (cert role) that
-	// forwarded the call; via is then the original caller's identity
+	// forwarded: the immediate caller is a node (guard.isPeer of cert)
+	// that forwarded the call; via is then the original caller's identity
 	// (zero: anonymous).
 	forwarded bool
 	via       tlsconfig.Identity
@@ -228,7 +228,8 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 		return needAdmin(p, method)
 	case classJoin:
 		// A forwarded allocator identity was authorized by the forwarding
-		// node, itself a node (authenticate).
+		// node, itself a node (authenticate); a node adding itself to the
+		// data groups forwards the nameless nodeIdentity.
 		if id.Is(tlsconfig.RoleAdmin) || g.isPeer(id) || (p.forwarded && id.Is(tlsconfig.RoleAllocator)) {
 			return nil
 		}
