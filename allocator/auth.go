@@ -20,7 +20,8 @@ import (
 // identityKey carries, on a call one node forwards to another, the
 // identity the forwarding node authenticated (tlsconfig.Identity.String();
 // absent for an anonymous caller). The receiving node trusts it only when
-// the forwarding node proved the allocator role with its certificate.
+// the forwarding node proved with its certificate that it is a node: the
+// allocator role, and a name in Config.PeerNames when that is set.
 const identityKey = "x-allot-identity"
 
 // methodClass is what a method requires of its caller.
@@ -35,15 +36,17 @@ const (
 	classWatch
 	// classRead: the read-only Admin RPCs (an admin, unless OpenReads).
 	classRead
-	// classJoin: AddVoter (an admin, or an allocator joining).
+	// classJoin: AddVoter (an admin, or an allocator joining: a node, per
+	// Config.PeerNames when that is set).
 	classJoin
 	// classPeer: calls only allocator nodes make of each other (the move
 	// driver's ApplySlotEntry): the immediate caller's certificate has the
-	// allocator role; an admin may not make them. Where client
-	// certificates are not verified (ClientAuth none, with or without
-	// TLS) a node has no certificate to prove that with: there (a cluster
-	// authenticated by tokens alone) a node presents the admin token every
-	// node's file holds, as it does to join, and a token is accepted.
+	// allocator role (and a name in Config.PeerNames when that is set); an
+	// admin may not make them. Where client certificates are not verified
+	// (ClientAuth none, with or without TLS) a node has no certificate to
+	// prove that with: there (a cluster authenticated by tokens alone) a
+	// node presents the admin token every node's file holds, as it does to
+	// join, and a token is accepted.
 	classPeer
 	// classAdmin: every other Admin RPC, and any method not listed.
 	classAdmin
@@ -80,8 +83,8 @@ type principal struct {
 	// cert is the identity in the immediate caller's verified certificate
 	// (zero without one).
 	cert tlsconfig.Identity
-	// forwarded: the immediate caller is an allocator (cert role) that
-	// forwarded the call; via is then the original caller's identity
+	// forwarded: the immediate caller is a node (guard.isPeer of cert)
+	// that forwarded the call; via is then the original caller's identity
 	// (zero: anonymous).
 	forwarded bool
 	via       tlsconfig.Identity
@@ -162,6 +165,9 @@ func (g *guard) authenticate(ctx context.Context) (principal, *authError) {
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	if p.cert.Is(tlsconfig.RoleAllocator) && len(md.Get(forwardedKey)) > 0 {
+		if !g.isPeer(p.cert) {
+			return p, notPeer(p.cert, "forward calls")
+		}
 		p.forwarded = true
 		if v := md.Get(identityKey); len(v) > 0 && v[0] != "" {
 			id, err := tlsconfig.ParseIdentity(v[0])
@@ -187,6 +193,19 @@ func (g *guard) authenticate(ctx context.Context) (principal, *authError) {
 	return p, nil
 }
 
+// isPeer reports whether a certificate identity is one of this cluster's
+// nodes: it has the allocator role and, when Config.PeerNames is set, a
+// name listed there.
+func (g *guard) isPeer(id tlsconfig.Identity) bool {
+	return id.Is(tlsconfig.RoleAllocator) && (g.peers == nil || g.peers[id.Name])
+}
+
+// notPeer is the refusal for an allocator certificate that is not one of
+// the cluster's nodes (Config.PeerNames) doing what only nodes do.
+func notPeer(id tlsconfig.Identity, what string) *authError {
+	return denied("%s may not %s: it is not one of this cluster's nodes (-peer-names)", id, what)
+}
+
 // needAdmin is the refusal for a caller without the admin role.
 func needAdmin(p principal, method string) *authError {
 	id := p.acting()
@@ -208,13 +227,22 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 		}
 		return needAdmin(p, method)
 	case classJoin:
-		if id.Is(tlsconfig.RoleAdmin, tlsconfig.RoleAllocator) {
+		// A forwarded allocator identity was authorized by the forwarding
+		// node, itself a node (authenticate); a node adding itself to the
+		// data groups forwards the nameless nodeIdentity.
+		if id.Is(tlsconfig.RoleAdmin) || g.isPeer(id) || (p.forwarded && id.Is(tlsconfig.RoleAllocator)) {
 			return nil
+		}
+		if id.Is(tlsconfig.RoleAllocator) {
+			return notPeer(id, "call "+method)
 		}
 		return needAdmin(p, method)
 	case classPeer:
-		if p.cert.Is(tlsconfig.RoleAllocator) || (g.noCerts && p.token && !p.forwarded) {
+		if g.isPeer(p.cert) || (g.noCerts && p.token && !p.forwarded) {
 			return nil
+		}
+		if p.cert.Is(tlsconfig.RoleAllocator) {
+			return notPeer(p.cert, "call "+method)
 		}
 		if id.IsZero() {
 			return unauthenticated("%s is called by allocator nodes only: a client certificate with the allocator role", method)

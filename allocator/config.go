@@ -229,6 +229,17 @@ type Config struct {
 	// RaftTLS carries Raft over mutual TLS with the TLS files: both ends
 	// must present certificates with the allocator role signed by the CA.
 	RaftTLS bool
+	// PeerNames, when non-empty, are the names (tlsconfig.Identity.Name)
+	// of the allocator certificates that are this cluster's nodes, this
+	// node's own included: only they may forward calls (with the caller's
+	// identity), make the calls nodes make of each other (ApplySlotEntry,
+	// joining by AddVoter) and, with RaftTLS, speak Raft. Another
+	// certificate with the allocator role (a regional cluster's node,
+	// docs/regions.md) keeps what any non-node caller with that role may
+	// do. It needs verified client certificates (ClientAuth optional or
+	// require). Empty: every allocator-role certificate from the CA is a
+	// node.
+	PeerNames []string
 	// AdminTokens are bearer tokens ("authorization: Bearer <token>") that
 	// grant the admin role; SetAdminTokens replaces them at run time.
 	AdminTokens []string
@@ -643,6 +654,18 @@ func (c Config) validateSecurity() []error {
 	if c.RaftTLS {
 		if !hasCert || c.TLS.CAFile == "" {
 			bad("RaftTLS needs TLS with a certificate, key and CA file")
+		}
+	}
+	if len(c.PeerNames) > 0 {
+		if c.ClientAuth == tlsconfig.ClientAuthNone {
+			bad("PeerNames (-peer-names) needs verified client certificates (ClientAuth optional or require, with TLS): " +
+				"a peer name is the name in a node's allocator certificate; a cluster without client certificates " +
+				"authenticates its nodes by admin token")
+		}
+		for _, n := range c.PeerNames {
+			if _, err := tlsconfig.ParseIdentity(string(tlsconfig.RoleAllocator) + "/" + n); err != nil {
+				bad("PeerNames (-peer-names) %q: %v", n, err)
+			}
 		}
 	}
 	if !c.authEnabled() && !c.Insecure {

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -8,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/allot/allot/pkg/tlsconfig"
+	"github.com/allot/allot/pkg/tlsconfig/tlstest"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -15,10 +18,18 @@ import (
 // meta leader's calls to a data group led by another node carry
 // credentials that node accepts: the meta leader's own when a node joins
 // (AddVoter of the data group), the admin's when an admin removes a node
-// (RemoveServer of the data group). Both with tokens alone and with
-// client certificates.
+// (RemoveServer of the data group). With tokens alone, with client
+// certificates, and with client certificates and PeerNames naming every
+// node's certificate.
 func TestGroupsMembershipAcrossNodesAuthenticated(t *testing.T) {
 	p := newTestPKI(t)
+	ca, dir := tlstest.NewCA(t, "allot test CA"), t.TempDir()
+	named := make([]tlsconfig.Options, 4)
+	for i := range named {
+		name := fmt.Sprintf("n%d", i)
+		named[i] = tlstest.Files(t, dir, name, ca, ca.Issue(t, tlstest.Role(tlsconfig.RoleAllocator, name)))
+	}
+	namedAdmin := tlstest.Files(t, dir, "admin", ca, ca.Issue(t, tlstest.Role(tlsconfig.RoleAdmin, "")))
 	for _, tt := range []struct {
 		name  string
 		auth  clusterOpt
@@ -27,6 +38,13 @@ func TestGroupsMembershipAcrossNodesAuthenticated(t *testing.T) {
 		{"tokens", func(_ int, c *Config) { c.AdminTokens = []string{testToken} }, tokenAdmin},
 		{"client certificates", withTLS(p), func(t *testing.T, addr string) allotv1.AdminClient {
 			_, admin := dialAs(t, addr, p.admin, "")
+			return admin
+		}},
+		{"client certificates, peer names", func(i int, c *Config) {
+			c.TLS, c.ClientAuth, c.RaftTLS = named[i], tlsconfig.ClientAuthRequire, true
+			c.PeerNames = []string{"n0", "n1", "n2", "n3"}
+		}, func(t *testing.T, addr string) allotv1.AdminClient {
+			_, admin := dialAs(t, addr, namedAdmin, "")
 			return admin
 		}},
 	} {

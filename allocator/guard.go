@@ -43,6 +43,9 @@ type guard struct {
 	noCerts      bool // ClientAuth none: no caller, peers included, presents a certificate
 	openReads    bool
 	tokens       atomic.Pointer[tlsconfig.Tokens]
+	// peers are Config.PeerNames (nil: every allocator certificate is a
+	// node); see isPeer.
+	peers map[string]bool
 
 	agents      atomic.Pointer[agentLimiter] // nil: no per-agent limit
 	maxInflight int64
@@ -65,6 +68,12 @@ func newGuard(cfg Config, log *slog.Logger) *guard {
 		now:          func() int64 { return time.Now().UnixNano() },
 	}
 	g.tokens.Store(tlsconfig.NewTokens(cfg.AdminTokens))
+	if len(cfg.PeerNames) > 0 {
+		g.peers = make(map[string]bool, len(cfg.PeerNames))
+		for _, n := range cfg.PeerNames {
+			g.peers[n] = true
+		}
+	}
 	if cfg.AgentRate > 0 {
 		g.agents.Store(newAgentLimiter(cfg.AgentRate, cfg.AgentBurst))
 	}

@@ -470,12 +470,16 @@ func (n *node) close() {
 
 // listenRaft binds cfg.RaftAddr for Raft: a raftmux.Mux, advertised as
 // cfg.AdvertiseRaftAddr when set, speaking mutual TLS between
-// allocator-role certificates with a non-nil l. The node's Raft group is
-// the Mux's group 0, which speaks the bare Raft protocol (no connection
-// header). Closing the Mux closes the group's stream and every
-// connection.
+// allocator-role certificates (named in cfg.PeerNames when set) with a
+// non-nil l. The node's Raft group is the Mux's group 0, which speaks the
+// bare Raft protocol (no connection header). Closing the Mux closes the
+// group's stream and every connection.
 func listenRaft(cfg Config, l *tlsconfig.Loader, log *slog.Logger) (*raftmux.Mux, *raftmux.Stream, error) {
-	m, err := raftmux.Listen(cfg.RaftAddr, raftmux.Config{Advertise: cfg.AdvertiseRaftAddr, TLS: l, Logger: log})
+	mc := raftmux.Config{Advertise: cfg.AdvertiseRaftAddr, TLS: l, Logger: log}
+	if l != nil {
+		mc.PeerNames = cfg.PeerNames
+	}
+	m, err := raftmux.Listen(cfg.RaftAddr, mc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("allocator: raft: %w", err)
 	}

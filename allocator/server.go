@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,10 +146,15 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("allocator: %w", err)
 		}
 		s.tls = l
-		if id, err := l.Identity(); err != nil || id.Role != tlsconfig.RoleAllocator {
+		id, err := l.Identity()
+		if err != nil || id.Role != tlsconfig.RoleAllocator {
 			// The other nodes refuse its forwarded calls and Raft traffic.
 			s.log.Warn("this node's certificate does not carry the allocator role; peers will refuse it",
 				"identity", id.String(), "err", err)
+		}
+		if len(cfg.PeerNames) > 0 && (err != nil || id.Role != tlsconfig.RoleAllocator || !slices.Contains(cfg.PeerNames, id.Name)) {
+			return nil, fmt.Errorf("allocator: this node's certificate (%s) is not one of PeerNames (-peer-names %s): "+
+				"its peers would refuse it", id, strings.Join(cfg.PeerNames, ","))
 		}
 	}
 	s.setJoinToken(cfg.AdminTokens)

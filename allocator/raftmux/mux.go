@@ -33,6 +33,12 @@ type Config struct {
 	// TLS, when non-nil, makes every connection, accepted and dialed,
 	// mutual TLS between allocator-role certificates.
 	TLS *tlsconfig.Loader
+	// PeerNames, when non-empty (it needs TLS), are the allocator
+	// certificate names (tlsconfig.Identity.Name) this Mux talks Raft
+	// with: a connection, accepted or dialed, whose peer certificate names
+	// another, or none, is closed after the handshake. Empty: any
+	// allocator-role certificate.
+	PeerNames []string
 	// HeaderTimeout bounds an accepted connection's TLS handshake and
 	// header, and its hand-off to its group; and a dialed connection's
 	// TLS handshake and header write when Dial is given no timeout.
@@ -58,6 +64,8 @@ type Mux struct {
 	// a peer's host (its certificate must name it).
 	server *tls.Config
 	client func(host string) *tls.Config
+	// peers are Config.PeerNames (nil: any allocator certificate).
+	peers map[string]bool
 
 	mu      sync.Mutex // guards groups, pending and closed
 	groups  map[uint32]*Stream
@@ -126,6 +134,18 @@ func New(cfg Config) (*Mux, error) {
 		}
 		m.server = srv
 		m.client = func(host string) *tls.Config { return l.Client(host, tlsconfig.RoleAllocator) }
+	}
+	if len(cfg.PeerNames) > 0 {
+		if cfg.TLS == nil {
+			return nil, errors.New("raftmux: PeerNames needs TLS")
+		}
+		m.peers = make(map[string]bool, len(cfg.PeerNames))
+		for _, n := range cfg.PeerNames {
+			if _, err := tlsconfig.ParseIdentity(string(tlsconfig.RoleAllocator) + "/" + n); err != nil {
+				return nil, fmt.Errorf("raftmux: peer name: %w", err)
+			}
+			m.peers[n] = true
+		}
 	}
 	m.wg.Add(1)
 	go m.acceptLoop()
@@ -302,6 +322,9 @@ func (m *Mux) readHeader(c net.Conn) (net.Conn, uint32, error) {
 		if err := tc.Handshake(); err != nil {
 			return nil, 0, fmt.Errorf("raftmux: TLS handshake: %w", err)
 		}
+		if err := m.checkPeer(tc.ConnectionState()); err != nil {
+			return nil, 0, err
+		}
 		conn = tc
 	}
 	var h [HeaderLen]byte
@@ -324,6 +347,22 @@ func (m *Mux) readHeader(c net.Conn) (net.Conn, uint32, error) {
 		return nil, 0, err
 	}
 	return conn, id, nil
+}
+
+// checkPeer checks, after the TLS handshake, that the peer's certificate
+// names one of Config.PeerNames (when set).
+func (m *Mux) checkPeer(cs tls.ConnectionState) error {
+	if m.peers == nil {
+		return nil
+	}
+	id, err := tlsconfig.PeerIdentity(cs)
+	if err != nil {
+		return fmt.Errorf("raftmux: peer certificate: %w", err)
+	}
+	if !id.Is(tlsconfig.RoleAllocator) || !m.peers[id.Name] {
+		return fmt.Errorf("raftmux: peer certificate %s is not one of the peer names", id)
+	}
+	return nil
 }
 
 // Stream is one group's raft.StreamLayer on a Mux: Accept returns the
@@ -423,6 +462,10 @@ func (s *Stream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Co
 		if err := tc.Handshake(); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("raftmux: TLS handshake with %s: %w", address, err)
+		}
+		if err := s.m.checkPeer(tc.ConnectionState()); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("raftmux: %s: %w", address, err)
 		}
 		conn = tc
 	}

@@ -356,3 +356,96 @@ func TestGroupsThroughFaultnet(t *testing.T) {
 		c.waitReplicated(id, []string{"during"})
 	}
 }
+
+// With PeerNames, a Mux talks Raft only with allocator certificates whose
+// names are listed: it closes an accepted connection from another (an
+// allocator certificate of the same CA with another name, or none) with a
+// log line, and refuses to dial one; listed peers connect both ways.
+func TestPeerNames(t *testing.T) {
+	ca := tlstest.NewCA(t, "raftmux")
+	var logs logBuf
+	listen := func(name string, peers ...string) (*Mux, *Stream) {
+		t.Helper()
+		m, err := Listen("127.0.0.1:0", Config{TLS: tlsLoader(t, ca, "c-"+name, tlstest.Role(tlsconfig.RoleAllocator, name)),
+			PeerNames: peers, HeaderTimeout: 2 * time.Second, Logger: logs.logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		s, err := m.Group(5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, s
+	}
+	a, sa := listen("n1", "n1", "n2")
+	_, sb := listen("n2")
+	x, sx := listen("eu-1")
+	_, sNameless := listen("")
+	addr := func(m *Mux) raft.ServerAddress { return raft.ServerAddress(m.Addr().String()) }
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := sa.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+
+	// Listed: accepted and dialed.
+	conn, err := sb.Dial(addr(a), 2*time.Second)
+	if err != nil {
+		t.Fatalf("n2 dials n1: %v", err)
+	}
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(3 * time.Second):
+		t.Fatal("n1 did not accept n2's connection")
+	}
+	conn.Close()
+
+	// Unlisted: closed on accept, with a log line.
+	for name, s := range map[string]*Stream{"allocator/eu-1": sx, "allocator": sNameless} {
+		conn, err := s.Dial(addr(a), 2*time.Second)
+		if err != nil {
+			t.Fatalf("%s: dial: %v", name, err)
+		}
+		_, _ = conn.Write([]byte{0})
+		expectClosed(t, conn, 5*time.Second)
+		conn.Close()
+		waitFor(t, 3*time.Second, "the refusal of "+name+" in the log", func() bool {
+			return strings.Contains(logs.String(), "peer certificate "+name+" is not one of the peer names")
+		})
+	}
+	select {
+	case c := <-accepted:
+		c.Close()
+		t.Error("n1 accepted an unlisted peer's connection")
+	default:
+	}
+
+	// Unlisted: refused on dial.
+	if conn, err := sa.Dial(addr(x), 2*time.Second); err == nil {
+		conn.Close()
+		t.Error("n1 dialed allocator/eu-1")
+	} else if !strings.Contains(err.Error(), "not one of the peer names") {
+		t.Errorf("n1 dials allocator/eu-1: %v, want a peer-name refusal", err)
+	}
+}
+
+func TestPeerNamesConfig(t *testing.T) {
+	ca := tlstest.NewCA(t, "raftmux")
+	l := tlsLoader(t, ca, "n1", tlstest.Role(tlsconfig.RoleAllocator, "n1"))
+	for name, cfg := range map[string]Config{
+		"no TLS":   {PeerNames: []string{"n1"}},
+		"bad name": {TLS: l, PeerNames: []string{"n1", "a/b"}},
+	} {
+		if m, err := Listen("127.0.0.1:0", cfg); err == nil {
+			m.Close()
+			t.Errorf("%s: Listen succeeded", name)
+		}
+	}
+}

@@ -26,12 +26,13 @@
 //
 // Security (docs/security.md): -tls-cert/-tls-key/-tls-ca serve gRPC over
 // TLS and require client certificates (-tls-client-auth), -raft-tls
-// carries Raft over mutual TLS with the same files, and -admin-token-file
-// adds bearer tokens for admin calls:
+// carries Raft over mutual TLS with the same files, -peer-names names the
+// allocator certificates that are the cluster's nodes, and
+// -admin-token-file adds bearer tokens for admin calls:
 //
 //	allocator -node-id a -data-dir /var/lib/allot/a -bootstrap -rules rules/api.yaml \
 //	    -tls-cert certs/allocator.crt -tls-key certs/allocator.key -tls-ca certs/ca.crt \
-//	    -raft-tls -admin-token-file /etc/allot/admin-tokens
+//	    -raft-tls -peer-names a,b,c -admin-token-file /etc/allot/admin-tokens
 //
 //	allocator -node-id a -data-dir /var/lib/allot/a -bootstrap -rules rules/api.yaml
 //	allocator -node-id b -data-dir /var/lib/allot/b -grpc-addr 127.0.0.1:7430 \
@@ -154,6 +155,8 @@ func parse(args []string) (*options, error) {
 		globalAllocs  stringList
 		upstreamRTT   = fs.Duration("upstream-rtt", 0, "round trip to the global cluster, part of a regional leader's low watermark (default 150ms)")
 	)
+	var peerNames stringList
+	fs.Var(&peerNames, "peer-names", "names in the allocator certificates of this cluster's nodes, this node's included (comma-separated or repeatable): only they forward calls, join and, with -raft-tls, speak Raft; another allocator-role certificate from the CA is not a node (empty: any is; needs client certificates)")
 	fs.Var(&globalAllocs, "global-allocators", "gRPC addresses HOST:PORT,... of the global cluster's allocators (with -region; repeatable)")
 	logFlags.Register(fs)
 	tlsFlags.Register(fs, cliflags.TLSUsage{
@@ -250,6 +253,7 @@ func parse(args []string) (*options, error) {
 		return nil, errors.New("-raft-tls needs -tls-cert, -tls-key and -tls-ca")
 	}
 	cfg.RaftTLS = *raftTLS
+	cfg.PeerNames = peerNames
 	if *tokenFile != "" {
 		if cfg.AdminTokens, err = tlsconfig.ReadTokens(*tokenFile); err != nil {
 			return nil, fmt.Errorf("-admin-token-file: %w", err)

@@ -63,6 +63,10 @@ func TestParseSecurityFlags(t *testing.T) {
 		t.Errorf("parsed config: TLS %+v, client auth %v, raft TLS %v, %d tokens, agent rate %d, max in flight %d",
 			cfg.TLS, cfg.ClientAuth, cfg.RaftTLS, len(cfg.AdminTokens), cfg.AgentRate, cfg.MaxInflight)
 	}
+	o, err = parse(append(append(base, tls...), "-peer-names", "n1,n2", "-peer-names", "n3"))
+	if err != nil || strings.Join(o.cfg.PeerNames, ",") != "n1,n2,n3" {
+		t.Errorf("-peer-names n1,n2 -peer-names n3: %v, %v; want PeerNames n1,n2,n3", o, err)
+	}
 	o, err = parse(append(append(base, tls...), "-tls-client-auth", "optional", "-tls-min-version", "1.3"))
 	if err != nil || o.cfg.ClientAuth != tlsconfig.ClientAuthOptional || o.cfg.TLS.MinVersion != 0x0304 {
 		t.Errorf("optional, 1.3: %+v, %v", o, err)
@@ -82,6 +86,10 @@ func TestParseSecurityFlags(t *testing.T) {
 		{[]string{"-tls-cert", c.allocator.CertFile, "-tls-key", c.allocator.KeyFile, "-tls-client-auth", "require"}, "needs -tls-ca"},
 		{append(append([]string{}, tls...), "-tls-min-version", "1.1"), "-tls-min-version"},
 		{[]string{"-raft-tls"}, "-raft-tls needs"},
+		{append(append([]string{}, tls...), "-peer-names", "n1,eu/1"), `-peer-names) "eu/1"`},
+		{[]string{"-admin-token-file", c.tokenFile, "-peer-names", "n1"}, "-peer-names) needs verified client certificates"},
+		{append(append([]string{}, tls...), "-tls-client-auth", "none", "-admin-token-file", c.tokenFile, "-peer-names", "n1"),
+			"-peer-names) needs verified client certificates"},
 		{[]string{"-admin-token-file", filepath.Join(c.dir, "missing")}, "-admin-token-file"},
 		{[]string{"-max-concurrent-streams", "0"}, "-max-concurrent-streams"},
 		{[]string{"-grpc-addr", "0.0.0.0:7420", "-advertise-grpc-addr", "a.example:7420"}, "not a loopback address"},

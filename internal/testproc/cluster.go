@@ -27,6 +27,9 @@ type ClusterConfig struct {
 	Args []string
 	// BootstrapArgs are added to node 0's flags only (-groups).
 	BootstrapArgs []string
+	// NodeArgs, when set, returns flags added to node i's only (its own
+	// certificate).
+	NodeArgs func(i int) []string
 	// DataDir, when set, overrides node i's data directory.
 	DataDir func(i int) string
 	// Advertise, when set, returns the Raft address the other nodes must
@@ -92,6 +95,9 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 		args := []string{"-node-id", n.ID, "-data-dir", n.DataDir, "-grpc-addr", n.GRPC,
 			"-raft-addr", n.Raft, "-http-addr", n.HTTP, "-log-level", "info"}
 		args = append(args, cfg.Args...)
+		if cfg.NodeArgs != nil {
+			args = append(args, cfg.NodeArgs(i)...)
+		}
 		if cfg.Advertise != nil {
 			args = append(args, "-advertise-raft-addr", cfg.Advertise(i, n.Raft))
 		}

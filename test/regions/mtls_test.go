@@ -72,9 +72,9 @@ func (n *tlsNode) upstream() *allotv1.UpstreamStatus {
 
 // TestRegionOverMTLS: a global cluster and two regions, every allocator
 // serving gRPC over TLS with client certificates required. The region
-// "good" holds an allocator certificate of the cluster's CA: its leader
-// leases the global key over mutual TLS, and its gateway admits its whole
-// demand. The region "bad" holds an allocator certificate of another CA
+// "good" holds an allocator certificate of the cluster's CA that the
+// global cluster's -peer-names does not list: its leader leases the
+// global key over mutual TLS, and its gateway admits its whole demand. The region "bad" holds an allocator certificate of another CA
 // (its own CA bundle trusts both, so it verifies the global cluster): the
 // global cluster refuses its handshake, the region reports cut_off with
 // the TLS error in its status, and its gateway is served from the rule's
@@ -104,8 +104,10 @@ func TestRegionOverMTLS(t *testing.T) {
 	admin := issue("admin", &issuer{ca: ca, bundle: bundle}, tlsconfig.RoleAdmin, "")
 	rulesFile := testproc.WriteFile(t, dir, "reg.yaml", staticRules)
 
-	global := startTLSNode(t, bins.Allocator, dir, "global", issue("global", ours, tlsconfig.RoleAllocator, ""), admin,
-		"-rules", rulesFile)
+	// The regions' certificates come from the global cluster's CA: the
+	// global node lists its own as the only node (docs/regions.md).
+	global := startTLSNode(t, bins.Allocator, dir, "global", issue("global", ours, tlsconfig.RoleAllocator, "global"), admin,
+		"-rules", rulesFile, "-peer-names", "global")
 	good := startTLSNode(t, bins.Allocator, dir, "good", issue("good", ours, tlsconfig.RoleAllocator, ""), admin,
 		"-rules", rulesFile, "-region", "good", "-global-allocators", global.grpc, "-upstream-rtt", "20ms")
 	bad := startTLSNode(t, bins.Allocator, dir, "bad", issue("bad", theirs, tlsconfig.RoleAllocator, ""), admin,
