@@ -14,9 +14,11 @@ import (
 //
 //   - each region reports itself cut off, and admits over the outage at
 //     most its fallback share S_r (its share at the last grant) times the
-//     outage, plus what it held and a tick (the same bound as a partition);
+//     outage, plus what it held, a tick and the debt its gateways ran up
+//     meanwhile (the same bound as a partition);
 //   - across regions the total admitted from the start stays within
-//     B + R·t plus Σ S_r over the outage and its detection;
+//     B + R·t plus the regions' fallback debt and overdue minting before
+//     the outage, plus Σ S_r over the outage and its detection;
 //   - no gateway answers anything but 200 or 429, and every region is
 //     granted again once the global cluster is back.
 func TestGlobalClusterDown(t *testing.T) {
@@ -24,6 +26,15 @@ func TestGlobalClusterDown(t *testing.T) {
 	w, load, _ := loadedFullWorld(t, perRegion)
 	start := load.start
 
+	// The regions' fallback debt and overdue minting before the outage
+	// (checkPrefixes).
+	connected := 0.0
+	debtBefore := make([]int64, len(w.regions))
+	for i, r := range w.regions {
+		k := heldKey(t, r)
+		connected += float64(k.GetDebt() + k.GetMinted())
+		debtBefore[i] = k.GetDebt()
+	}
 	downAt := time.Now()
 	for _, n := range w.global.Nodes {
 		n.Proc.Kill()
@@ -31,6 +42,7 @@ func TestGlobalClusterDown(t *testing.T) {
 	testproc.Eventually(t, 30*time.Second, "6 s with the global cluster down", func() bool { return time.Since(downAt) > 6*time.Second })
 	shares := make([]float64, len(w.regions))
 	received := make([]int64, len(w.regions))
+	debtRun := make([]int64, len(w.regions)) // run up during the outage
 	for i, r := range w.regions {
 		k := heldKey(t, r)
 		if !k.GetCutOff() {
@@ -38,6 +50,7 @@ func TestGlobalClusterDown(t *testing.T) {
 		}
 		shares[i] = k.GetFallbackRate()
 		received[i] = k.GetReceived()
+		debtRun[i] = max(0, k.GetDebt()-debtBefore[i])
 		t.Logf("%s during the outage: fallback %.1f/s, minted %d, available %d, debt %d", r.name, k.GetFallbackRate(), k.GetMinted(), k.GetAvailable(), k.GetDebt())
 	}
 	upAt := time.Now()
@@ -64,11 +77,12 @@ func TestGlobalClusterDown(t *testing.T) {
 	end := tallies[0].slots()
 	outSecs := upAt.Sub(downAt).Seconds()
 	// Each region: its share over the outage, plus what it held (at most
-	// its lead, 1.5 s of its demand) and a tick.
+	// its lead, 1.5 s of its demand), a tick, and the debt its gateways'
+	// fallback buckets ran up meanwhile (regions.md).
 	sumShare := 0.0
 	for i, r := range w.regions {
 		adm, off := tallies[i].sum(at(downAt), at(upAt))
-		bound := shares[i]*outSecs + perRegion*1.5 + 1
+		bound := shares[i]*outSecs + perRegion*1.5 + 1 + float64(debtRun[i])
 		t.Logf("outage %.1f s: %s admitted %d of %d (bound %.0f: share %.1f/s)", outSecs, r.name, adm, off, bound, shares[i])
 		if float64(adm) > bound {
 			t.Errorf("%s admitted %d with the global cluster down, bound %.0f", r.name, adm, bound)
@@ -82,5 +96,5 @@ func TestGlobalClusterDown(t *testing.T) {
 	// Across regions, from the start: B + R·t, plus Σ S_r over the outage
 	// and its detection once it began.
 	extra := sumShare * (outSecs + 0.5)
-	checkPrefixes(t, tallies, slot, end, at(downAt), extra)
+	checkPrefixes(t, tallies, slot, end, connected, at(downAt), extra)
 }

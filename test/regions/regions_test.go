@@ -202,11 +202,15 @@ func (t *tally) add(at time.Time, ok bool) {
 
 // sum returns what was admitted and offered in slots [from, to).
 // checkPrefixes checks that the regions' tallies admitted, from the start,
-// at most B + R·t in every prefix of whole slots up to end, plus extra in
-// the prefixes that end past slot after. It reports every prefix over its
-// bound and returns the largest excess (negative: the closest margin) and
-// the prefix's length in seconds.
-func checkPrefixes(t *testing.T, tallies []*tally, slot time.Duration, end, after int, extra float64) (worst, worstAt float64) {
+// at most B + R·t plus connected in every prefix of whole slots up to end,
+// plus extra in the prefixes that end past slot after. connected is what
+// the regions reported, at the event the test measures, as their gateways'
+// fallback debt and their minting while a call was overdue (regions.md's
+// bound for connected regions); a debt run up and repaid before that
+// instant is not in it, so a prefix ending then is checked without it. It
+// reports every prefix over its bound and returns the largest excess
+// (negative: the closest margin) and the prefix's length in seconds.
+func checkPrefixes(t *testing.T, tallies []*tally, slot time.Duration, end int, connected float64, after int, extra float64) (worst, worstAt float64) {
 	t.Helper()
 	worst = -1e9
 	for to := 1; to <= end; to++ {
@@ -216,12 +220,13 @@ func checkPrefixes(t *testing.T, tallies []*tally, slot time.Duration, end, afte
 			adm += a
 		}
 		secs := float64(to) * slot.Seconds()
-		bound := burst + rate*secs
+		bound := burst + rate*secs + connected
 		if to > after {
 			bound += extra
 		}
 		if float64(adm) > bound {
-			t.Errorf("admitted %d in the first %.1f s across regions, bound B + R·t (+ %.0f past %.1f s) = %.0f", adm, secs, extra, float64(after)*slot.Seconds(), bound)
+			t.Errorf("admitted %d in the first %.1f s across regions, bound B + R·t + %.0f (the regions' debt and overdue minting) (+ %.0f past %.1f s) = %.0f",
+				adm, secs, connected, extra, float64(after)*slot.Seconds(), bound)
 		}
 		if float64(adm)-bound > worst {
 			worst, worstAt = float64(adm)-bound, secs
@@ -448,13 +453,15 @@ func loadedFullWorld(t *testing.T, perRegion float64) (*world, *gatewayLoad, tim
 // 60 requests/s each (180/s in all).
 //
 //   - Exact across regions: from the start, the total admitted by every
-//     region is at most B + R·t at every instant t, plus the partition's
-//     own over-admission below; and in every window of 1 s after the
+//     region is at most B + R·t at every instant t, plus the regions'
+//     fallback debt and overdue minting at the cut (regions.md's bound for
+//     connected regions) and the partition's own over-admission below; and in every window of 1 s after the
 //     first grants, at most B + R·t plus the lead the regions hold
 //     (docs/regions.md).
 //   - Partition: the region of three allocators cut off from the global
 //     cluster for 10 s admits at most its fallback share S (its share at
-//     the last grant) over the cut, plus what it held; the other two keep
+//     the last grant) over the cut, plus what it held and the debt its
+//     gateways' fallback buckets ran up meanwhile; the other two keep
 //     at least their share of R.
 //   - No answer other than 200 or 429 at any gateway.
 func TestAcrossRegions(t *testing.T) {
@@ -467,6 +474,21 @@ func TestAcrossRegions(t *testing.T) {
 	k0 := heldKey(t, cut)
 	share := k0.GetShare()
 	t.Logf("before the cut: %s share %.1f/s, holds %d", cut.name, share, k0.GetAvailable())
+	// What regions.md's bound for connected regions adds to B + R·t: the
+	// debt the gateways' fallback buckets ran up (admitted beyond a pool,
+	// repaid from later grants) and what a region minted while a call was
+	// overdue, as each region reports them at the cut.
+	connected := 0.0
+	var cutDebt int64 // the cut region's debt at the cut
+	for i, r := range w.regions {
+		k := heldKey(t, r)
+		if i == 0 {
+			cutDebt = k.GetDebt()
+		}
+		t.Logf("at the cut: %s received %d, minted %d, returned %d, available %d, debt %d", r.name,
+			k.GetReceived(), k.GetMinted(), k.GetReturned(), k.GetAvailable(), k.GetDebt())
+		connected += float64(k.GetDebt() + k.GetMinted())
+	}
 	cutAt := time.Now()
 	cut.partition()
 	testproc.Eventually(t, 30*time.Second, "10 s cut off", func() bool { return time.Since(cutAt) > 10*time.Second })
@@ -506,7 +528,7 @@ func TestAcrossRegions(t *testing.T) {
 	debt := max(fb.GetDebt(), heldKey(t, cut).GetDebt())
 	extra := fb.GetFallbackRate()*(cutSecs+0.5) + float64(debt)
 	// Exact from the start: every prefix [0, t].
-	worstPrefix, worstPrefixAt := checkPrefixes(t, tallies, slot, end, at(cutAt), extra)
+	worstPrefix, worstPrefixAt := checkPrefixes(t, tallies, slot, end, connected, at(cutAt), extra)
 	// Every 1 s window: B + R·t plus the lead (each region holds at most a
 	// horizon plus its low watermark of its demand, 60/s × 1.3 s, and its
 	// gateways a refresh interval, 60/s × 0.2 s), plus the partition's share
@@ -527,12 +549,15 @@ func TestAcrossRegions(t *testing.T) {
 			t.Errorf("admitted %d in the 1 s window from %.1f s, bound %.0f", adm, float64(from)/10, bound)
 		}
 	}
-	// The cut region: within what it held, its share over the cut, and the
-	// lead; the others keep at least their share of R (R/3 each).
+	// The cut region: within what it held (at most the lead), its share
+	// over the cut and a tick, and the debt its gateways' fallback buckets
+	// ran up meanwhile (regions.md: admitted beyond the pool, repaid out of
+	// later mints and grants); the others keep at least their share of R
+	// (R/3 each).
 	adm, off := tallies[0].sum(at(cutAt), at(healAt))
-	cutBound := fb.GetFallbackRate()*cutSecs + perRegion*1.5 + 1
-	t.Logf("partition %.1f s: %s admitted %d of %d offered (bound %.0f: share %.1f/s at the last grant %.1f/s)",
-		cutSecs, cut.name, adm, off, cutBound, fb.GetFallbackRate(), share)
+	cutBound := fb.GetFallbackRate()*cutSecs + perRegion*1.5 + 1 + float64(max(0, fb.GetDebt()-cutDebt))
+	t.Logf("partition %.1f s: %s admitted %d of %d offered (bound %.0f: share %.1f/s at the last grant %.1f/s, debt %d → %d)",
+		cutSecs, cut.name, adm, off, cutBound, fb.GetFallbackRate(), share, cutDebt, fb.GetDebt())
 	if float64(adm) > cutBound {
 		t.Errorf("%s admitted %d while cut off, bound %.0f", cut.name, adm, cutBound)
 	}
