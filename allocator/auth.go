@@ -227,10 +227,12 @@ func (g *guard) authorize(p principal, class methodClass, method string, req any
 		}
 		return needAdmin(p, method)
 	case classJoin:
-		// A forwarded allocator identity was authorized by the forwarding
-		// node, itself a node (authenticate); a node adding itself to the
-		// data groups forwards the nameless nodeIdentity.
-		if id.Is(tlsconfig.RoleAdmin) || g.isPeer(id) || (p.forwarded && id.Is(tlsconfig.RoleAllocator)) {
+		// A forwarded identity is a node's when it is one itself, or the
+		// nameless nodeIdentity a node adding itself to the data groups
+		// forwards (the forwarding node is a node: authenticate). Any other
+		// forwarded allocator identity is refused here too, so that a node
+		// started without the list does not pass an unlisted one's join on.
+		if id.Is(tlsconfig.RoleAdmin) || g.isPeer(id) || (p.forwarded && id == nodeIdentity) {
 			return nil
 		}
 		if id.Is(tlsconfig.RoleAllocator) {

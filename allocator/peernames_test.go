@@ -118,6 +118,10 @@ func TestPeerNamesPeerCalls(t *testing.T) {
 		{"nameless ApplySlotEntry", []string{"n1"}, nameless, apply, nil, codes.PermissionDenied},
 		{"listed AddVoter", []string{"n1"}, listed, join, nil, codes.OK},
 		{"forwarded join", []string{"n1"}, joinVia, join, nil, codes.OK},
+		// A listed node started without the list forwards an unlisted
+		// certificate's join: refused on arrival.
+		{"unlisted join forwarded", []string{"n1"}, principal{cert: alloc("n1"), forwarded: true, via: alloc("eu-1")}, join, nil, codes.PermissionDenied},
+		{"no peer names: forwarded named join", nil, principal{cert: alloc("n1"), forwarded: true, via: alloc("eu-1")}, join, nil, codes.OK},
 		{"admin AddVoter", []string{"n1"}, admin, join, nil, codes.OK},
 		{"unlisted AddVoter", []string{"n1"}, unlisted, join, nil, codes.PermissionDenied},
 		{"nameless AddVoter", []string{"n1"}, nameless, join, nil, codes.PermissionDenied},
