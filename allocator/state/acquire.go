@@ -152,12 +152,16 @@ func (c *core) packedGrants(cl *call, ag *agentRec, now int64, res *AcquireBatch
 // touchAhead is how many keys' memory touchKeys reads at once: enough
 // for their cache misses to overlap, few enough that what they bring
 // stays in the cache until the keys are applied. touchMinSlots is the
-// table capacity (8 MiB of slots) below which touchKeys reads nothing:
-// a table that small stays in the cache, and reading ahead would only
-// repeat the lookups.
+// table capacity (256 KiB of slots) below which touchKeys reads nothing:
+// a table that small stays in a core's own cache, and reading ahead
+// would only repeat the lookups. A larger one does not stay cached while
+// the node serves: the replicas, the gRPC and Raft buffers and whatever
+// else runs on the machine share the last-level cache, so even a 4 MiB
+// table (100,000 keys) misses on most lookups (see performance.md's
+// read-ahead row).
 const (
 	touchAhead    = 32
-	touchMinSlots = 1 << 18
+	touchMinSlots = 1 << 13
 )
 
 // hashKeys matches a call's keys to their rules and builds and hashes
