@@ -30,10 +30,24 @@ type forwarder struct {
 	closed bool
 }
 
-// newForwarder dials with l's certificate (and requires the other node's
-// to carry the allocator role) when l is non-nil, else plaintext unless
-// dialOpts bring credentials.
-func newForwarder(dialOpts []grpc.DialOption, l *tlsconfig.Loader) *forwarder {
+// newForwarder dials with l's certificate when l is non-nil, else
+// plaintext unless dialOpts bring credentials. With l, the server's
+// certificate must carry the allocator role and, when peerNames is
+// non-empty (Config.PeerNames, for the connections to this cluster's own
+// nodes), one of those names: another allocator certificate from the CA
+// (a region's) fails the handshake, so a call is never sent to it, with
+// the caller's identity and request, however Raft or a member record
+// names its address.
+//
+// The refused call fails Unavailable, gRPC's code for a failed handshake,
+// with the certificate's identity in the message (tlsconfig's error),
+// and is passed through toStatus unchanged, as a handshake with a server
+// from another CA is. Not PermissionDenied: that code says the caller's
+// own credentials are not enough, while here nothing is wrong with them;
+// the node it reached will not talk to the leader it knows, which a new
+// leader (a listed node) ends, so a caller retrying Unavailable is right
+// to.
+func newForwarder(dialOpts []grpc.DialOption, l *tlsconfig.Loader, peerNames []string) *forwarder {
 	opts := []grpc.DialOption{
 		// Find a dead connection to a leader that vanished (the servers
 		// allow pings every 10 s).
@@ -51,7 +65,7 @@ func newForwarder(dialOpts []grpc.DialOption, l *tlsconfig.Loader) *forwarder {
 		}),
 	}
 	if l != nil {
-		opts = append(opts, grpc.WithTransportCredentials(l.ClientCredentials("", tlsconfig.RoleAllocator)))
+		opts = append(opts, grpc.WithTransportCredentials(l.ClientCredentialsNamed("", peerNames, tlsconfig.RoleAllocator)))
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}

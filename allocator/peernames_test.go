@@ -6,8 +6,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -190,5 +193,103 @@ func TestPeerNamesConfig(t *testing.T) {
 		t.Fatal("New with its own name not in PeerNames succeeded")
 	} else if !strings.Contains(err.Error(), "allocator/n1") || !strings.Contains(err.Error(), "-peer-names n2,n3") {
 		t.Errorf("New: %v, want a refusal naming allocator/n1 and -peer-names", err)
+	}
+}
+
+// peerStandIn is a gRPC server with an allocator certificate that records
+// the forwarded calls it receives (a node, or another cluster's allocator
+// that Raft named as the leader).
+type peerStandIn struct {
+	allotv1.UnimplementedAdminServer
+	calls atomic.Int32
+	ident atomic.Value // string: the last call's x-allot-identity
+}
+
+func (p *peerStandIn) PutRules(ctx context.Context, _ *allotv1.PutRulesRequest) (*allotv1.PutRulesResponse, error) {
+	p.calls.Add(1)
+	md, _ := metadata.FromIncomingContext(ctx)
+	p.ident.Store(strings.Join(md.Get(identityKey), ","))
+	return &allotv1.PutRulesResponse{}, nil
+}
+
+func (p *peerStandIn) ClusterStatus(context.Context, *allotv1.ClusterStatusRequest) (*allotv1.ClusterStatusResponse, error) {
+	p.calls.Add(1)
+	return &allotv1.ClusterStatusResponse{NodeId: "global-1"}, nil
+}
+
+// servePeerStandIn serves a peerStandIn over TLS with o's certificate,
+// requiring an allocator client certificate, and returns it and its
+// address.
+func servePeerStandIn(t *testing.T, o tlsconfig.Options) (*peerStandIn, string) {
+	t.Helper()
+	l, err := tlsconfig.Load(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := l.Server(tlsconfig.ClientAuthRequire, tlsconfig.RoleAllocator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &peerStandIn{}
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
+	allotv1.RegisterAdminServer(gs, p)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	return p, ln.Addr().String()
+}
+
+// With PeerNames a node dials only listed certificates: a call it
+// forwards to a leader whose certificate is another allocator's from the
+// same CA (a region's, allocator/eu-1) fails the handshake, Unavailable
+// naming allocator/eu-1, and the stand-in receives nothing (neither the
+// admin's identity nor the request); the same call to a listed node
+// (allocator/n2) arrives with the admin's identity. The global allocators
+// (-global-allocators, another cluster) are dialed without the list.
+func TestPeerNamesForwardDial(t *testing.T) {
+	ca, dir := tlstest.NewCA(t, "allot test CA"), t.TempDir()
+	files := func(name string) tlsconfig.Options {
+		o := tlstest.Files(t, dir, name, ca, ca.Issue(t, tlstest.Role(tlsconfig.RoleAllocator, name)))
+		o.ReloadInterval = -1
+		return o
+	}
+	tc := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.TLS, c.ClientAuth, c.PeerNames = files("n1"), tlsconfig.ClientAuthRequire, []string{"n1", "n2"}
+	})
+	s := tc.node(0)
+	listed, listedAddr := servePeerStandIn(t, files("n2"))
+	rogue, rogueAddr := servePeerStandIn(t, files("eu-1"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctx = withPrincipal(ctx, principal{cert: tlsconfig.Identity{Role: tlsconfig.RoleAdmin, Name: "ops"}})
+	putRules := func(ctx context.Context, cc *grpc.ClientConn) error {
+		_, err := allotv1.NewAdminClient(cc).PutRules(ctx, &allotv1.PutRulesRequest{})
+		return err
+	}
+
+	if err := s.forward(ctx, leaderHint{id: "n2", addr: listedAddr}, putRules); err != nil {
+		t.Fatalf("forward to listed allocator/n2: %v", err)
+	}
+	if got, _ := listed.ident.Load().(string); listed.calls.Load() != 1 || got != "admin/ops" {
+		t.Fatalf("listed allocator/n2: %d calls, identity %q; want 1 call as admin/ops", listed.calls.Load(), got)
+	}
+
+	hint := leaderHint{id: "n3", addr: rogueAddr}
+	err := toStatus(s.forward(ctx, hint, putRules), hint)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "allocator/eu-1") {
+		t.Errorf("forward to unlisted allocator/eu-1: %v, want Unavailable naming allocator/eu-1", err)
+	}
+	if n := rogue.calls.Load(); n != 0 {
+		t.Errorf("unlisted allocator/eu-1 received %d forwarded calls, want none", n)
+	}
+
+	// The regional runner's dials to a global allocator keep the role
+	// check only: a global node's name is not in this cluster's list.
+	if st, err := s.upstreamStatus(ctx, rogueAddr); err != nil || st.GetNodeId() != "global-1" {
+		t.Errorf("upstream ClusterStatus of allocator/eu-1 as a global allocator: %v, %v", st, err)
 	}
 }

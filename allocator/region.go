@@ -127,7 +127,7 @@ func (s *Server) checkUpstream() error {
 
 // upstreamStatus asks a global allocator for its ClusterStatus.
 func (s *Server) upstreamStatus(ctx context.Context, addr string) (*allotv1.ClusterStatusResponse, error) {
-	cc, err := s.fwd.conn(addr)
+	cc, err := s.up.conn(addr)
 	if err != nil {
 		return nil, err
 	}

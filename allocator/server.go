@@ -44,8 +44,12 @@ type Server struct {
 	batcher *batcher
 	// grp is the runtime of a cluster with several groups (groups.go);
 	// nil in a single-group cluster.
-	grp      *groupSet
+	grp *groupSet
+	// fwd dials this cluster's nodes (with Config.PeerNames, only
+	// certificates with a listed name); up dials the global allocators
+	// (-global-allocators), any allocator certificate.
 	fwd      *forwarder
+	up       *forwarder
 	guard    *guard
 	pprofLog logGate           // refused /debug/pprof/ requests logged
 	tls      *tlsconfig.Loader // nil without TLS
@@ -159,7 +163,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.setJoinToken(cfg.AdminTokens)
 	s.guard = newGuard(cfg, s.log)
-	s.fwd = newForwarder(cfg.DialOptions, s.tls)
+	s.fwd = newForwarder(cfg.DialOptions, s.tls, cfg.PeerNames)
+	// The global allocators are another cluster: their names are not
+	// this cluster's PeerNames (docs/regions.md).
+	s.up = newForwarder(cfg.DialOptions, s.tls, nil)
 	s.fsm = &fsm{st: s.st, onRules: s.notifyRules, beforeApply: cfg.beforeApply}
 
 	var err error
@@ -278,6 +285,7 @@ func (s *Server) abortStart() {
 	s.node.close()
 	s.closeRaftListener()
 	s.fwd.close()
+	s.up.close()
 	s.unregisterMetrics()
 }
 
@@ -629,6 +637,7 @@ func (s *Server) shutdown(ctx context.Context, graceful bool) error {
 	}
 	s.serving.Wait()
 	s.fwd.close()
+	s.up.close()
 	s.unregisterMetrics()
 	s.log.Info("allocator stopped")
 	return errors.Join(errs...)

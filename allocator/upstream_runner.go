@@ -698,7 +698,7 @@ func (g *regional) acquire(term context.Context, req *allotv1.AcquireRequest) (*
 	var tried []string
 	for i := range g.addrs {
 		addr := g.addrs[(g.good()+i)%len(g.addrs)]
-		cc, err := g.s.fwd.conn(addr)
+		cc, err := g.s.up.conn(addr)
 		if err == nil {
 			var resp *allotv1.AcquireResponse
 			resp, err = allotv1.NewAllocatorClient(cc).Acquire(ctx, req)
@@ -808,7 +808,7 @@ func (g *regional) inspect(ctx context.Context, req *allotv1.InspectKeyRequest, 
 	}
 	var errs []error
 	for _, addr := range g.addrs {
-		cc, err := g.s.fwd.conn(addr)
+		cc, err := g.s.up.conn(addr)
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			var gr *allotv1.InspectKeyResponse

@@ -156,7 +156,7 @@ func parse(args []string) (*options, error) {
 		upstreamRTT   = fs.Duration("upstream-rtt", 0, "round trip to the global cluster, part of a regional leader's low watermark (default 150ms)")
 	)
 	var peerNames stringList
-	fs.Var(&peerNames, "peer-names", "names in the allocator certificates of this cluster's nodes, this node's included (comma-separated or repeatable): only they forward calls, join and, with -raft-tls, speak Raft; another allocator-role certificate from the CA is not a node (empty: any is; needs client certificates)")
+	fs.Var(&peerNames, "peer-names", "names in the allocator certificates of this cluster's nodes, this node's included (comma-separated or repeatable): only they forward calls, join and, with -raft-tls, speak Raft, and only they are dialed as nodes (not the -global-allocators); another allocator-role certificate from the CA is not a node (empty: any is; needs client certificates)")
 	fs.Var(&globalAllocs, "global-allocators", "gRPC addresses HOST:PORT,... of the global cluster's allocators (with -region; repeatable)")
 	logFlags.Register(fs)
 	tlsFlags.Register(fs, cliflags.TLSUsage{

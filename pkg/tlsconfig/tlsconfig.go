@@ -23,7 +23,9 @@
 // certificates for tests.
 //
 // Most callers need Load, then Server (listeners), Client or
-// ClientCredentials (dialers), and IdentityFromCert. A Loader is safe for
+// ClientCredentials (dialers; ClientNamed and ClientCredentialsNamed also
+// require the server's certificate to carry one of a list of names), and
+// IdentityFromCert. A Loader is safe for
 // concurrent use.
 package tlsconfig
 
@@ -35,6 +37,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -313,7 +317,7 @@ func (l *Loader) Server(auth ClientAuth, roles ...Role) (*tls.Config, error) {
 			c.ClientCAs = m.pool
 		}
 		if len(roles) > 0 {
-			c.VerifyConnection = verifyRoles("client", roles)
+			c.VerifyConnection = verifyPeer("client", roles, nil)
 		}
 		return c
 	}
@@ -330,6 +334,16 @@ func (l *Loader) Server(auth ClientAuth, roles ...Role) (*tls.Config, error) {
 // The CA bundle is the one loaded at the call; use ClientCredentials for
 // gRPC connections that must follow a rotated bundle.
 func (l *Loader) Client(serverName string, roles ...Role) *tls.Config {
+	return l.ClientNamed(serverName, nil, roles...)
+}
+
+// ClientNamed is Client with, when names is non-empty, one more check of
+// the server's certificate: its identity's Name must be one of names
+// (compared exactly; a certificate without a name never matches), or the
+// handshake fails with an error naming the certificate's identity. A
+// server that presents no certificate fails too. With names empty it is
+// Client.
+func (l *Loader) ClientNamed(serverName string, names []string, roles ...Role) *tls.Config {
 	m := l.material()
 	c := &tls.Config{
 		ServerName: serverName,
@@ -342,18 +356,22 @@ func (l *Loader) Client(serverName string, roles ...Role) *tls.Config {
 			return &tls.Certificate{}, nil // none: the server decides
 		},
 	}
-	if len(roles) > 0 {
-		c.VerifyConnection = verifyRoles("server", append([]Role(nil), roles...))
+	if len(roles) > 0 || len(names) > 0 {
+		c.VerifyConnection = verifyPeer("server", append([]Role(nil), roles...), append([]string(nil), names...))
 	}
 	return c
 }
 
-// verifyRoles checks, after chain verification, that the peer's verified
-// certificate names one of roles. A peer that presented no certificate
-// passes (the ClientAuth policy decides about that).
-func verifyRoles(peer string, roles []Role) func(tls.ConnectionState) error {
+// verifyPeer checks, after chain verification, that the peer's verified
+// certificate names one of roles (when given) and carries a Name in names
+// (when given). A peer that presented no certificate passes when names is
+// empty (the ClientAuth policy decides about that) and fails otherwise.
+func verifyPeer(peer string, roles []Role, names []string) func(tls.ConnectionState) error {
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
+			if len(names) > 0 {
+				return fmt.Errorf("tlsconfig: %s presented no certificate, want one named %s", peer, strings.Join(names, ","))
+			}
 			return nil
 		}
 		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
@@ -363,8 +381,11 @@ func verifyRoles(peer string, roles []Role) func(tls.ConnectionState) error {
 		if err != nil {
 			return fmt.Errorf("tlsconfig: %s certificate: %w", peer, err)
 		}
-		if !id.Is(roles...) {
+		if len(roles) > 0 && !id.Is(roles...) {
 			return fmt.Errorf("tlsconfig: %s certificate is %s, want role %v", peer, id, roles)
+		}
+		if len(names) > 0 && (id.Name == "" || !slices.Contains(names, id.Name)) {
+			return fmt.Errorf("tlsconfig: %s certificate is %s, not one of the allowed names %s", peer, id, strings.Join(names, ","))
 		}
 		return nil
 	}
@@ -386,17 +407,26 @@ func PeerIdentity(cs tls.ConnectionState) (Identity, error) {
 // Client(serverName, roles...) config at each handshake, so rotated files
 // (CA bundle included) apply to every new connection.
 func (l *Loader) ClientCredentials(serverName string, roles ...Role) credentials.TransportCredentials {
-	return &clientCreds{l: l, serverName: serverName, roles: append([]Role(nil), roles...)}
+	return l.ClientCredentialsNamed(serverName, nil, roles...)
+}
+
+// ClientCredentialsNamed is ClientCredentials with ClientNamed's check:
+// when names is non-empty, a server whose certificate's Name is not one of
+// them fails the handshake (gRPC reports the error, which names the
+// certificate, as the connection's failure: Unavailable).
+func (l *Loader) ClientCredentialsNamed(serverName string, names []string, roles ...Role) credentials.TransportCredentials {
+	return &clientCreds{l: l, serverName: serverName, names: append([]string(nil), names...), roles: append([]Role(nil), roles...)}
 }
 
 type clientCreds struct {
 	l          *Loader
 	serverName string
+	names      []string
 	roles      []Role
 }
 
 func (c *clientCreds) creds() credentials.TransportCredentials {
-	return credentials.NewTLS(c.l.Client(c.serverName, c.roles...))
+	return credentials.NewTLS(c.l.ClientNamed(c.serverName, c.names, c.roles...))
 }
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {

@@ -15,9 +15,11 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/allot/allot/pkg/tlsconfig"
 	"github.com/allot/allot/pkg/tlsconfig/tlstest"
@@ -279,6 +281,76 @@ func TestRoleRestrictions(t *testing.T) {
 	if _, _, cerr := handshake(t, gw, load(t, p.server).Client("localhost", tlsconfig.RoleAllocator)); cerr == nil ||
 		!strings.Contains(cerr.Error(), "want role") {
 		t.Errorf("allocator dialing a gateway: client error %v, want a role error", cerr)
+	}
+}
+
+// TestClientNamedForPeerNames: a client that wants an allocator named n1 or n2
+// accepts n1's certificate and refuses, naming the certificate, another
+// allocator's from the same CA (eu-1), a nameless allocator's, and a
+// gateway's named n1 (the role is checked too). Without names it is
+// Client: any allocator certificate passes. ClientCredentialsNamed makes
+// the same check for gRPC, where the refusal is Unavailable.
+func TestClientNamedForPeerNames(t *testing.T) {
+	p := newPKI(t)
+	issue := func(role tlsconfig.Role, name string) *tls.Config {
+		file := string(role) + "-" + name
+		return server(t, load(t, tlstest.Files(t, p.dir, file, p.ca, p.ca.Issue(t, tlstest.Role(role, name)))), tlsconfig.ClientAuthRequire)
+	}
+	cli := load(t, p.server)
+	names := []string{"n1", "n2"}
+	if _, serr, cerr := handshake(t, issue(tlsconfig.RoleAllocator, "n1"), cli.ClientNamed("localhost", names, tlsconfig.RoleAllocator)); serr != nil || cerr != nil {
+		t.Fatalf("listed allocator/n1: server %v, client %v", serr, cerr)
+	}
+	for _, c := range []struct {
+		role       tlsconfig.Role
+		name, want string
+	}{
+		{tlsconfig.RoleAllocator, "eu-1", "server certificate is allocator/eu-1, not one of the allowed names n1,n2"},
+		{tlsconfig.RoleAllocator, "", "server certificate is allocator, not one of the allowed names n1,n2"},
+		{tlsconfig.RoleGateway, "n1", "server certificate is gateway/n1, want role [allocator]"},
+	} {
+		id := tlsconfig.Identity{Role: c.role, Name: c.name}
+		srv := issue(c.role, c.name)
+		if _, _, cerr := handshake(t, srv, cli.ClientNamed("localhost", names, tlsconfig.RoleAllocator)); cerr == nil || !strings.Contains(cerr.Error(), c.want) {
+			t.Errorf("%s: client error %v, want %q", id, cerr, c.want)
+		}
+		// Without names, only the role counts.
+		_, _, cerr := handshake(t, srv, cli.ClientNamed("localhost", nil, tlsconfig.RoleAllocator))
+		if want := c.role == tlsconfig.RoleAllocator; (cerr == nil) != want {
+			t.Errorf("%s, no names: client error %v, want accepted %v", id, cerr, want)
+		}
+	}
+
+	// gRPC: the unlisted server is refused with Unavailable naming it, the
+	// listed one answers.
+	serve := func(srv *tls.Config) string {
+		gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(srv)))
+		healthpb.RegisterHealthServer(gs, health.NewServer())
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go gs.Serve(ln)
+		t.Cleanup(gs.Stop)
+		return ln.Addr().String()
+	}
+	check := func(addr string) error {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(cli.ClientCredentialsNamed("", names, tlsconfig.RoleAllocator)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	if err := check(serve(issue(tlsconfig.RoleAllocator, "n2"))); err != nil {
+		t.Errorf("gRPC to listed allocator/n2: %v", err)
+	}
+	err := check(serve(issue(tlsconfig.RoleAllocator, "eu-1")))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "allocator/eu-1, not one of the allowed names") {
+		t.Errorf("gRPC to unlisted allocator/eu-1: %v, want Unavailable naming allocator/eu-1", err)
 	}
 }
 
