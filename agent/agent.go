@@ -118,6 +118,7 @@ func New(cfg Config) (*Agent, error) {
 	a.liveAgents.Store(1)
 	a.rf.core = policy.NewCore(policy.Config{
 		Tick: cfg.RefillInterval, Scan: cfg.ScanInterval, IdleTimeout: cfg.IdleTimeout, Standalone: a.standalone,
+		MaxOutageKeys: cfg.MaxOutageKeys,
 		Breaker: breaker.Config{Threshold: cfg.FailureThreshold, Cooldown: cfg.ProbeBackoff,
 			MaxCooldown: cfg.MaxProbeBackoff, Jitter: a.jitter},
 		Jitter: a.jitter,

@@ -772,6 +772,9 @@ func (a *Agent) decideBucket(ks *keyState, r *rules.Rule, now, n int64, consume 
 		res.Remaining, res.ResetAfter = peek.Remaining, peek.ResetAfter
 	}
 	next := ks.fbLimit.NextAfter(now, res.ResetAfter) // R/N in fallback, not the rule's R
+	if !res.Allowed {
+		res.RetryAfter = shareRetryAfter(r, ks.fbLimit, now, n, res.RetryAfter)
+	}
 	ks.mu.Unlock()
 	if oc.taken > 0 {
 		ks.spent.Add(n)

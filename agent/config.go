@@ -72,6 +72,15 @@ type Config struct {
 	// IdleTimeout: a key not checked for this long hands back its lease
 	// balance and is forgotten. Default 10s.
 	IdleTimeout time.Duration
+	// MaxOutageKeys bounds the key table against keys kept only for the
+	// outage charge they owe: the fallback admissions made while the
+	// allocator was unreachable, reported once it is back. While the
+	// table holds more keys than this, a key idle for IdleTimeout whose
+	// only debt is its outage charge is forgotten and the charge forgiven
+	// (counted in allot_agent_outage_forgiven_tokens_total), so that a
+	// client sending a fresh key per request during an outage cannot grow
+	// the table without bound. Default 100000.
+	MaxOutageKeys int
 
 	// StaticShares asks the allocator for a static-share slot with every
 	// Acquire (docs/static-shares.md): while the allocator grants one, keys
@@ -131,8 +140,8 @@ const (
 var ErrInvalid = errors.New("agent: invalid request")
 
 // DefaultConfig returns the defaults: standalone (no allocators), a fresh
-// ID, 50ms refill ticks, 1s call timeout, breaker after 3 failures, static
-// shares asked for.
+// ID, 50ms refill ticks, 1s call timeout, breaker after 3 failures, at most
+// 100000 keys before outage charges are forgiven, static shares asked for.
 func DefaultConfig() Config {
 	return Config{
 		ID:                defaultID(),
@@ -144,6 +153,7 @@ func DefaultConfig() Config {
 		ProbeBackoff:      100 * time.Millisecond,
 		MaxProbeBackoff:   2 * time.Second,
 		IdleTimeout:       10 * time.Second,
+		MaxOutageKeys:     100_000,
 		StaticShares:      true,
 	}
 }
@@ -195,6 +205,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.MaxOutageKeys == 0 {
+		c.MaxOutageKeys = d.MaxOutageKeys
 	}
 	return c
 }
@@ -253,6 +266,9 @@ func (c Config) Validate() error {
 	}
 	if c.FailureThreshold < 0 {
 		return fmt.Errorf("agent: FailureThreshold must not be negative, got %d", c.FailureThreshold)
+	}
+	if c.MaxOutageKeys < 0 {
+		return fmt.Errorf("agent: MaxOutageKeys must not be negative, got %d", c.MaxOutageKeys)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/allot/allot/agent/internal/policy"
 	"github.com/allot/allot/pkg/bucket"
+	"github.com/allot/allot/pkg/rules"
 )
 
 // fallbackLimit derives an agent's share of limit l when n agents share the
@@ -73,4 +74,37 @@ func (ks *keyState) thinShare() bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	return ks.fbRule != nil && !ks.fbStatic && policy.ThinShare(ks.fbLimit.Quota(), ks.fbLimit.Window(), ks.fbN)
+}
+
+// shareRetryAfter is the RetryAfter of a request of n tokens that the
+// key's own bucket, of limit share (this agent's fallback or static share
+// of rule r), denied with retryAfter at now.
+//
+// The share's burst is ⌈B/N⌉, so a request of more tokens than that gets
+// bucket.Never from it, though it fits the rule's burst B: the share alone
+// can never admit it, but a lease can (once the key holds one with n
+// tokens; the refill loop asks for it, and while the allocator is
+// unreachable it asks again on recovery), and so can a larger share when
+// N falls. When that happens is not known here. The wait reported is the
+// time the rule's own limit takes to refill n tokens from empty: a client
+// that waits it asks again no sooner than the whole fleet's rate R could
+// have refilled the request (n/R for a token bucket or GCRA, until the
+// next window for the window algorithms). It may be denied again; it is
+// not told the request can never succeed. (On a leased key with the
+// breaker closed this wait is also the key's promise, promise.go: a retry
+// at that moment the lease path denies is admitted once and charged to
+// the allocator.) Only a request of more than the rule's burst keeps
+// bucket.Never: no lease can admit it either; the transports clamp it to
+// httplimit.MaxRetryAfter.
+func shareRetryAfter(r *rules.Rule, share bucket.Limit, now, n int64, retryAfter time.Duration) time.Duration {
+	l := r.Limit
+	if retryAfter != bucket.Never || n <= share.Burst() || n > l.Burst() || l.DeniesAll() || l.IsZero() {
+		return retryAfter
+	}
+	var s bucket.State
+	l.TakeUpTo(&s, now, capacity(l, now))
+	if ra := l.AllowN(&s, now, n).RetryAfter; ra > 0 && ra != bucket.Never {
+		return ra
+	}
+	return retryAfter
 }

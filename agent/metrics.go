@@ -43,6 +43,7 @@ type metrics struct {
 	callsRejected    prometheus.Counter
 	callsThrottled   prometheus.Counter
 	keysRefused      prometheus.Counter
+	outageForgiven   prometheus.Counter
 	keysMoved        prometheus.Counter
 	callSeconds      prometheus.Histogram
 	keysSent         prometheus.Counter
@@ -174,6 +175,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_agent_keys_refused_total",
 		Help: "Keys refused on their own, by the encoder (not valid UTF-8: never sent again) or by the allocator (InvalidArgument: asked again later); meanwhile they are out of every batch and decided by their fallback bucket.",
 	})
+	m.outageForgiven = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_agent_outage_forgiven_tokens_total",
+		Help: "Outage charges (fallback admissions while the allocator was unreachable) never reported: their idle keys were forgotten because the key table held more than MaxOutageKeys keys.",
+	})
 	m.keysMoved = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "allot_agent_keys_moved_total",
 		Help: "Keys answered MOVED (their slot is served by another allocator group, or is being moved): sent again to the owner; meanwhile decided from their lease and fallback bucket.",
@@ -217,7 +222,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "The static shares of each eligible rule (N) the latest answer gave this agent; 0: it holds no slot.",
 	})
 	m.collectors = []prometheus.Collector{stripedCollector{m}, transitions, calls, tokens, reloads,
-		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.keysMoved, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale,
+		m.fallback, m.callSeconds, m.keysSent, m.keysRefused, m.outageForgiven, m.keysMoved, m.keys, m.fallbackKeys, m.rulesVersion, m.redisErrors, m.checkSeconds, m.rulesStale,
 		m.staticPromotions, m.staticKeys, m.staticHotKeys, m.staticSlots}
 	if reg != nil {
 		for i, c := range m.collectors {

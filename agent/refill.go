@@ -215,6 +215,7 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 	if dt > 0 {
 		rf.record(now, dt, alpha)
 	}
+	rf.core.Keys = rf.tracked
 	fbKeys := 0
 	var idle []*keyState
 	awake := rf.awake[:0]
@@ -247,6 +248,10 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 	for _, ks := range idle {
 		keep := func(ks *keyState) bool { o := ks.obs(); return !rf.core.Forgettable(&ks.Key, &o, now) }
 		if a.keys.shard(ks.hash).remove(ks, keep) {
+			if t := ks.outage.Load(); t > 0 {
+				// Forgiven: the table was over MaxOutageKeys (policy.Core.Forgettable).
+				a.met.outageForgiven.Add(float64(t))
+			}
 			ks.awake = false
 			rf.tracked--
 			if ks.staticable {

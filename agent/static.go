@@ -215,6 +215,9 @@ func (a *Agent) decideStatic(ks *keyState, r *rules.Rule, now, n int64, consume 
 		ks.smode.Store(staticPromote)
 	}
 	next := ks.fbLimit.NextAfter(now, res.ResetAfter) // the share's rate, not the rule's
+	if !res.Allowed {
+		res.RetryAfter = shareRetryAfter(r, ks.fbLimit, now, n, res.RetryAfter)
+	}
 	ks.mu.Unlock()
 	if promote {
 		a.enqueue(ks)

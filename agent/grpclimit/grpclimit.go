@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -290,11 +291,18 @@ func (l *Limiter) check(ctx context.Context, fullMethod string) (header, trailer
 	st := status.New(codes.ResourceExhausted, "rate limit exceeded")
 	// The delay is Retry-After's: a client never retries earlier than the
 	// trailer says.
-	if ds, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(retry) * time.Second)}); derr == nil {
+	// Clamped before the multiplication, which would overflow to a
+	// negative delay past about 292 years.
+	delay := time.Duration(min(retry, maxRetryDelaySeconds)) * time.Second
+	if ds, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); derr == nil {
 		st = ds
 	}
 	return nil, fields, st.Err()
 }
+
+// maxRetryDelaySeconds is the longest RetryInfo delay, in seconds, that a
+// time.Duration holds.
+const maxRetryDelaySeconds = int64(math.MaxInt64 / time.Second)
 
 // fieldsMD returns the RateLimit fields of d as metadata (nil when d
 // reports no limit).

@@ -290,7 +290,7 @@ func (x *Extractor) source(r *http.Request, s Source, sv *sourceVals) (string, b
 		v, ok := x.clientIP(r)
 		return v, ok, nil
 	case SourceRoute:
-		if r.URL == nil { // a forward-auth check that names no URI
+		if r.URL == nil || r.URL.Path == "/" && noForwardedURI(r) { // a forward-auth check that names no URI
 			return x.routeDefault, x.routeDefault != "", nil
 		}
 		v, ok := x.route(r.URL.Path)

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strings"
@@ -90,7 +91,10 @@ func (f *ForwardAuth) missing(w http.ResponseWriter, r *http.Request) {
 }
 
 // forwardedRequest returns a shallow copy of r with the method and URL of
-// the request it was sent for (URL nil when no forwarded URI is given).
+// the request it was sent for. When no forwarded URI is given, the URL is
+// "/" (never nil: Middleware hooks may read r.URL.Path) and the request's
+// context says so (noForwardedURI), so that the extractor still takes the
+// route from routes.default rather than matching "/".
 func forwardedRequest(r *http.Request, maxValue int) (*http.Request, error) {
 	fr := new(http.Request)
 	*fr = *r
@@ -110,16 +114,28 @@ func forwardedRequest(r *http.Request, maxValue int) (*http.Request, error) {
 			break
 		}
 	}
-	fr.URL = nil
-	if uri != "" {
-		if len(uri) > maxForwardedURI {
-			return nil, &BadRequestError{Message: "the forwarded URI is too long"}
-		}
-		u, err := url.ParseRequestURI(uri)
-		if err != nil {
-			return nil, &BadRequestError{Message: "the forwarded URI is not a request URI"}
-		}
-		fr.URL = u
+	if uri == "" {
+		fr.URL = &url.URL{Path: "/"}
+		return fr.WithContext(context.WithValue(r.Context(), noURIKey{}, true)), nil
 	}
+	if len(uri) > maxForwardedURI {
+		return nil, &BadRequestError{Message: "the forwarded URI is too long"}
+	}
+	u, err := url.ParseRequestURI(uri)
+	if err != nil {
+		return nil, &BadRequestError{Message: "the forwarded URI is not a request URI"}
+	}
+	fr.URL = u
 	return fr, nil
+}
+
+// noURIKey marks, in a forwarded request's context, a forward-auth check
+// that names no URI (its URL is "/").
+type noURIKey struct{}
+
+// noForwardedURI reports whether r is a forward-auth check that names no
+// URI.
+func noForwardedURI(r *http.Request) bool {
+	v, _ := r.Context().Value(noURIKey{}).(bool)
+	return v
 }

@@ -44,6 +44,7 @@ import (
 	"unsafe"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 	"github.com/allot/allot/pkg/sfv"
 )
@@ -252,10 +253,18 @@ func ceilSeconds(d time.Duration) int64 {
 	return s
 }
 
+// MaxRetryAfter is the longest retry delay the transports advertise. A
+// request of more tokens than its rule's burst can never be admitted
+// (bucket.Never); it is told to wait this long, the longest window a rule
+// can have (bucket.MaxWindow, about 36.5 years), rather than the 292 years
+// of bucket.Never. No wait a limit computes for an admissible request is
+// longer, so the clamp never shortens one.
+const MaxRetryAfter = bucket.MaxWindow
+
 // RetryAfterSeconds is the Retry-After value for a denial: the retry delay
-// rounded up to whole seconds, at least 1.
+// rounded up to whole seconds, at least 1, at most MaxRetryAfter's.
 func RetryAfterSeconds(d agent.Decision) int64 {
-	s := ceilSeconds(d.RetryAfter)
+	s := ceilSeconds(min(d.RetryAfter, MaxRetryAfter))
 	if s < 1 {
 		s = 1
 	}

@@ -46,6 +46,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/httplimit"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -268,7 +269,9 @@ func (s *Server) fillStatus(b *statusBlock, st *agent.Status) {
 	out.LimitRemaining = uint32(max(0, min(st.Remaining, math.MaxUint32)))
 	reset := st.ResetAfter
 	if out.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.RetryAfter > 0 {
-		reset = st.RetryAfter
+		// At most the transports' longest wait: bucket.Never (a
+		// request over the rule's burst) is not 292 years either.
+		reset = min(st.RetryAfter, httplimit.MaxRetryAfter)
 	}
 	reset = max(reset, 0)
 	dur := &b.dur

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allot/allot/agent"
+	"github.com/allot/allot/agent/httplimit"
+	"github.com/allot/allot/pkg/bucket"
 	"github.com/allot/allot/pkg/rules"
 )
 
@@ -34,7 +36,7 @@ func descriptorStatus(st *agent.Status) *rlsv3.RateLimitResponse_DescriptorStatu
 	out.LimitRemaining = uint32(max(0, min(st.Remaining, math.MaxUint32)))
 	reset := st.ResetAfter
 	if out.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.RetryAfter > 0 {
-		reset = st.RetryAfter
+		reset = min(st.RetryAfter, httplimit.MaxRetryAfter)
 	}
 	out.DurationUntilReset = durationpb.New(max(reset, 0))
 	return out
@@ -68,6 +70,7 @@ func TestFillStatusMatchesReference(t *testing.T) {
 			{Allowed: true, Remaining: 3, ResetAfter: 1500 * time.Millisecond},
 			{Allowed: false, Remaining: 0, ResetAfter: time.Minute, RetryAfter: 250 * time.Millisecond},
 			{Allowed: false, Remaining: -4, ResetAfter: time.Minute},
+			{Allowed: false, Remaining: 0, ResetAfter: time.Minute, RetryAfter: bucket.Never},
 			{Allowed: true, Shadow: true, Remaining: math.MaxInt64, ResetAfter: -time.Second},
 			{Allowed: true, Remaining: 1 << 40},
 		} {
@@ -100,6 +103,27 @@ func TestFillStatusMatchesReference(t *testing.T) {
 		for i := range s.limits.slots {
 			s.limits.slots[i].Store(&limitEntry{rule: &rules.Rule{}, lim: &rlsv3.RateLimitResponse_RateLimit{Name: "other"}})
 		}
+	}
+}
+
+// TestOverLimitDurationNeverClamped: an over-limit status that can never
+// be admitted (bucket.Never) reports duration_until_reset at
+// httplimit.MaxRetryAfter, not 292 years.
+func TestOverLimitDurationNeverClamped(t *testing.T) {
+	set, err := rules.Compile(1, []rules.File{{Name: "rls.yaml", Source: []byte(testRules)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := set.Match("rls-test", []rules.Entry{{Key: "api_key", Value: "x"}})
+	s, err := New(fakeChecker{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, blk := newResponse(1)
+	s.fillStatus(&blk[0], &agent.Status{Rule: r, ResetAfter: time.Minute, RetryAfter: bucket.Never})
+	st := resp.Statuses[0]
+	if st.Code != rlsv3.RateLimitResponse_OVER_LIMIT || st.DurationUntilReset.AsDuration() != httplimit.MaxRetryAfter {
+		t.Fatalf("%v, duration_until_reset %v; want OVER_LIMIT and %v", st.Code, st.DurationUntilReset.AsDuration(), httplimit.MaxRetryAfter)
 	}
 }
 

@@ -76,6 +76,6 @@ func (rl *RuleLimiter) promote(ctx context.Context, k string, lim bucket.Limit, 
 	}
 	if _, _, err := rl.Backend.Promote(ctx, k, lim, cfg.Shards, now, cfg.TTL); err != nil && rl.Logger != nil {
 		// Retried on the key's next check; the key stays unsharded meanwhile.
-		rl.Logger.Debug("redislimit: promoting a hot key failed", "key", k, "err", err)
+		rl.Logger.Debug("redislimit: promoting a hot key failed", "key", rules.RedactKey(k), "err", err)
 	}
 }

@@ -21,6 +21,11 @@ type Config struct {
 	Tick        time.Duration // the refill interval
 	Scan        time.Duration // the scan interval
 	IdleTimeout time.Duration
+	// MaxOutageKeys bounds the key table against keys kept only for an
+	// outage charge they owe (see Forgettable): while the table holds
+	// more keys than this, an idle key whose only debt is its outage
+	// charge is forgotten, the charge forgiven. 0: no bound.
+	MaxOutageKeys int
 	// Standalone: no allocator; keys are scanned but never sent.
 	Standalone bool
 	Breaker    breaker.Config
@@ -67,6 +72,9 @@ type Core struct {
 	// closed and leases keep being spent.
 	throttledUntil int64
 	throttle       time.Duration
+	// Keys is the number of keys in the driver's table, set by the driver
+	// before each scan (see Config.MaxOutageKeys).
+	Keys int
 }
 
 // NewCore returns a core with a closed breaker; request ids start at 1.
@@ -187,6 +195,9 @@ func (c *Core) Visit(k *Key, o *Obs, now int64, dt, alpha float64) Verdict {
 			return Forget
 		}
 	} else {
+		if o.Outage > 0 && c.overKeys() && c.Forgettable(k, o, now) {
+			return Forget // before the outage charge picks it (needsAcquire)
+		}
 		if !c.cfg.Standalone && !k.Inflight && (fell && c.reportFall(k, o, now) || c.needsAcquire(k, o, now)) {
 			k.Inflight = true
 			return Pick
@@ -215,14 +226,34 @@ func (c *Core) reportFall(k *Key, o *Obs, now int64) bool {
 
 // Forgettable reports whether k is idle for IdleTimeout and owes nothing;
 // the driver asks again under the lock that drops the key.
+//
+// A key that owes an outage charge (fallback admissions while the
+// allocator was unreachable, reported on recovery) is kept for it, unless
+// the table holds more than Config.MaxOutageKeys keys: then its charge is
+// forgiven (the driver counts the tokens) and it is forgotten like a key
+// that owes nothing. Otherwise a client sending a fresh key per request
+// during an outage would grow the table without bound until the
+// allocator is back. The trade is bounded memory against an under-charge
+// that is bounded (each forgiven key's charge is at most what its
+// fallback bucket admitted) and counted. Such a key is forgotten even
+// while a check's hand-over queues it (the driver skips a dropped key it
+// dequeues): the queue does not drain while the allocator is unreachable.
+// A key in flight (in the one unacknowledged call, retried first) is kept.
 func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
-	if k.Inflight || o.Queued || !o.idle(now, c.cfg.IdleTimeout) || now < o.StaticFullAt {
+	forgive := o.Outage > 0 && c.overKeys()
+	if k.Inflight || o.Queued && !forgive || !o.idle(now, c.cfg.IdleTimeout) || now < o.StaticFullAt {
 		return false
 	}
 	if o.Local || k.Refused() {
 		return true
 	}
-	return o.Charged <= 0 && o.Outage <= 0 && (o.Balance == 0 || !o.live(now))
+	return o.Charged <= 0 && (o.Outage <= 0 || forgive) && (o.Balance == 0 || !o.live(now))
+}
+
+// overKeys reports whether the key table holds more keys than
+// Config.MaxOutageKeys (see Forgettable).
+func (c *Core) overKeys() bool {
+	return c.cfg.MaxOutageKeys > 0 && c.Keys > c.cfg.MaxOutageKeys
 }
 
 // renewMargin is how long before a lease's expiry it is renewed: two
