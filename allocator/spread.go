@@ -214,7 +214,7 @@ func (s *Server) liveVoters() []string {
 		resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
 		var st *allotv1.ClusterStatusResponse
 		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			st, err = allotv1.NewAdminClient(cc).ClusterStatus(ctx, &allotv1.ClusterStatusRequest{})
+			st, err = allotv1.NewAdminClient(cc).ClusterStatus(s.withJoinToken(ctx), &allotv1.ClusterStatusRequest{})
 		}
 		cancel()
 		if err == nil && inRaftContact(st, s.cfg.NodeID, s.cfg.HeartbeatTimeout) {
