@@ -241,7 +241,7 @@ func TestRegionRecoverRetriesGiveUpCommit(t *testing.T) {
 	g := &regional{s: s, name: "eu", agent: regionAgentPrefix + "eu", addrs: []string{testproc.FreeAddr(t)},
 		cfg: upstream.Config{CallTimeout: 200 * time.Millisecond}, maxKeys: allotv1.MaxKeysPerCall}
 	fails := 0
-	g.giveUpCommit = func(data []byte) error {
+	g.settleCommit = func(data []byte) error {
 		if fails == 0 {
 			fails++
 			return errors.New("enqueue timeout")

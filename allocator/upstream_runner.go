@@ -56,9 +56,17 @@ type regional struct {
 	keys     map[uint64]keyView           // by key hash, as of the runner's last Tick
 	warned   map[uint64]state.GlobalLimit // the mismatch last logged, by key hash
 
-	// giveUpCommit commits recover's give-up entry; nil: commit. A test's
-	// seam, read only by recover.
-	giveUpCommit func([]byte) error
+	// unsettled is the entry that settles the last call in the ledger
+	// (its fail or grant) when its commit failed: until it is committed
+	// the call stays the ledger's pending send, and a new send would
+	// replace it, with the outage charges that entry owes again owed
+	// nowhere. The runner commits it again before it sends anything
+	// (settle). Owned by the runner's goroutine; reset at each term.
+	unsettled []byte
+	// settleCommit commits the entries that settle a call (a give-up, a
+	// fail, a grant); nil: commit. A test's seam, read only by the
+	// runner's goroutine.
+	settleCommit func([]byte) error
 }
 
 // keyView is what the runner knows of a key beyond the ledger.
@@ -123,6 +131,7 @@ func (g *regional) setState(st string, err error) {
 // run is the runner of one term; it returns when ctx ends.
 func (g *regional) run(ctx context.Context) {
 	s := g.s
+	g.unsettled = nil // the pending send is the ledger's, recovered below
 	keys := map[uint64]*regKey{}
 	upstreamOK := len(g.addrs) > 0
 	if upstreamOK && !g.isVerified() {
@@ -199,7 +208,7 @@ func (g *regional) run(ctx context.Context) {
 				s.log.Error("refusing to lease from the global allocators", "err", res.err)
 				upstreamOK = false
 			}
-			if more && upstreamOK && ctx.Err() == nil {
+			if more && upstreamOK && ctx.Err() == nil && g.unsettled == nil {
 				// The keys the last call had no room for: now, not at
 				// the next Tick.
 				var due []due
@@ -207,7 +216,7 @@ func (g *regional) run(ctx context.Context) {
 				call(due)
 			}
 		case <-t.C:
-			if inflight {
+			if inflight || !g.settle(ctx) {
 				g.tick(ctx, keys, upstreamOK, false, &cursor)
 				continue
 			}
@@ -274,12 +283,8 @@ func (g *regional) recover(ctx context.Context) {
 		for i, k := range req.GetKeys() {
 			charges[i] = state.UpstreamReturn{Hash: keyHashOf(set, k), Charged: k.GetOutageCharged()}
 		}
-		commit := g.giveUpCommit
-		if commit == nil {
-			commit = g.commit
-		}
 		for {
-			err := commit(state.AppendUpstreamFail(nil, s.stamp(), seq, charges))
+			err := g.commitSettle(state.AppendUpstreamFail(nil, s.stamp(), seq, charges))
 			if err == nil || ctx.Err() != nil {
 				return
 			}
@@ -312,11 +317,18 @@ func (g *regional) recover(ctx context.Context) {
 		if gs[i].Share != nil {
 			share = gs[i].GetShare()
 		}
-		grants = append(grants, state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: share,
-			Limit: globalLimitOf(gs[i], resp.GetRulesVersion())})
+		gr := state.UpstreamGrant{Hash: keyHashOf(set, k), Granted: gs[i].GetGranted(), Share: share,
+			Limit: globalLimitOf(gs[i], resp.GetRulesVersion())}
+		if moved(gs[i]) {
+			gr.Granted, gr.Owed = 0, k.GetOutageCharged()
+		}
+		grants = append(grants, gr)
 	}
-	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)); err != nil {
+	entry := state.AppendUpstreamGrant(nil, s.stamp(), seq, grants)
+	if err := g.commitSettle(entry); err != nil {
+		// Committed again before the term's first send (settle).
 		s.log.Warn("recovered upstream grant not committed", "seq", seq, "err", err)
+		g.unsettled = entry
 		return
 	}
 	s.log.Info("previous leader's upstream call recovered", "seq", seq, "keys", len(grants))
@@ -565,9 +577,14 @@ func (g *regional) failed(ctx context.Context, res callResult) {
 		_ = c.rk.k.Failed(now, c.req.ID)
 		charges[i] = state.UpstreamReturn{Hash: c.p.Hash, Charged: c.req.OutageCharged}
 	}
-	if err := g.commit(state.AppendUpstreamFail(nil, s.stamp(), res.seq, charges)); err != nil && ctx.Err() == nil {
-		// The next leader makes the call again (recover).
-		s.log.Warn("failed upstream call not given up in the ledger", "seq", res.seq, "err", err)
+	entry := state.AppendUpstreamFail(nil, s.stamp(), res.seq, charges)
+	if err := g.commitSettle(entry); err != nil {
+		// Committed again before the next send (settle); a next leader
+		// makes the call again (recover).
+		g.unsettled = entry
+		if ctx.Err() == nil {
+			s.log.Warn("failed upstream call not given up in the ledger", "seq", res.seq, "err", err)
+		}
 	}
 	result, st := "error", "cut_off"
 	if errors.Is(res.err, errCycle) {
@@ -607,6 +624,17 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 	for i, c := range res.due {
 		gr := gs[i]
 		g.checkLeased(c, gr.GetStatus())
+		if moved(gr) {
+			// The global cluster did not serve the key (its slot is
+			// moving between groups): nothing granted, nothing charged.
+			// As for a failed call, the key's outage charge is owed
+			// again, in the policy and in the ledger, and a later call
+			// reports it; the key is served from what it holds, then
+			// from its fallback share, until a call is answered.
+			_ = c.rk.k.Failed(now, c.req.ID)
+			grants[i] = state.UpstreamGrant{Hash: c.p.Hash, Share: c.rk.k.Status().Share, Owed: c.req.OutageCharged}
+			continue
+		}
 		// A reply after the key's CallTimeout is stale to the policy; the
 		// ledger still takes the grant, and the next Sync reads it. The
 		// policy owes the call's outage charge again (it failed the
@@ -619,10 +647,48 @@ func (g *regional) finish(ctx context.Context, res callResult) {
 	}
 	g.calls.WithLabelValues("ok").Inc()
 	g.setState("connected", nil)
-	if err := g.commit(state.AppendUpstreamGrant(nil, s.stamp(), res.seq, grants)); err != nil && ctx.Err() == nil {
-		// The next leader makes the call again (recover).
-		s.log.Warn("upstream grant not committed", "seq", res.seq, "err", err)
+	entry := state.AppendUpstreamGrant(nil, s.stamp(), res.seq, grants)
+	if err := g.commitSettle(entry); err != nil {
+		// Committed again before the next send (settle); a next leader
+		// makes the call again (recover).
+		g.unsettled = entry
+		if ctx.Err() == nil {
+			s.log.Warn("upstream grant not committed", "seq", res.seq, "err", err)
+		}
 	}
+}
+
+// moved reports whether the global cluster answered a key without serving
+// it: a cluster of several groups answers KEY_STATUS_MOVED for a key whose
+// slot is moving between groups (or that the addressed group does not
+// own), with nothing granted, handed back or charged.
+func moved(gr *allotv1.KeyGrant) bool {
+	return gr.GetStatus() == allotv1.KeyStatus_KEY_STATUS_MOVED
+}
+
+// settle commits the entry that settles the last call (unsettled) if its
+// commit failed, and reports whether the runner may send: nothing is left
+// to settle.
+func (g *regional) settle(ctx context.Context) bool {
+	if g.unsettled == nil {
+		return true
+	}
+	if err := g.commitSettle(g.unsettled); err != nil {
+		if ctx.Err() == nil {
+			g.s.log.Warn("upstream call not settled in the ledger; no new call until it is", "err", err)
+		}
+		return false
+	}
+	g.unsettled = nil
+	return true
+}
+
+// commitSettle commits an entry that settles a call (settleCommit).
+func (g *regional) commitSettle(data []byte) error {
+	if g.settleCommit != nil {
+		return g.settleCommit(data)
+	}
+	return g.commit(data)
 }
 
 // globalLimitOf is the global cluster's limit of a key as its grant

@@ -28,7 +28,9 @@ import (
 //     request id is the ledger's next sequence number, and the tokens it
 //     hands back leave the pools then);
 //   - it commits a grant when the call is answered: the pools take the
-//     granted tokens only if the grant answers the pending send;
+//     granted tokens only if the grant answers the pending send, and the
+//     outage charge of a key the global cluster did not serve (MOVED) is
+//     owed again, as after a fail;
 //   - a new leader finds an unanswered send pending and makes the same
 //     call again, with the same request id: the global cluster answers a
 //     repeated request id with its recorded answer, so a grant made to the
@@ -59,17 +61,20 @@ import (
 //	send   op 1: uvarint seq, str request (an encoded AcquireRequest),
 //	       uvarint n, n × (fixed64 key hash, varint returned, varint charged)
 //	grant  op 2: uvarint seq, uvarint n, n × (fixed64 key hash, varint granted,
-//	       fixed64 share as float64 bits[, global limit])
+//	       fixed64 share as float64 bits[, global limit][, varint owed again])
 //	mint   op 3: uvarint n, n × (fixed64 key hash, varint minted[, varint keep])
 //	forget op 4 (version 3): uvarint n, n × fixed64 key hash
 //	fail   op 5 (version 3): uvarint seq, uvarint n, n × (fixed64 key hash,
 //	       varint charged)
-//	global limit (version 2 grants only): byte 0 (none) or 1, then byte
+//	global limit (grants of version 2 on): byte 0 (none) or 1, then byte
 //	       unit, byte algorithm, uvarint requests_per_unit, varint burst,
 //	       uvarint the global cluster's rules version
+//	owed again (grants of version 4 only): of the send's outage charge
+//	       for the key, what is owed again (UpstreamGrant.Owed)
 //
 // Grants are written as version 2 (they carry the global cluster's limit
-// of each key); mints as version 1 unless a key keeps part of its mint
+// of each key), or as version 4 when a key's outage charge is owed again
+// (the global cluster did not serve the key); mints as version 1 unless a key keeps part of its mint
 // from the debt (then version 2, with keep); sends, forgets and fails as
 // version 3. A send of version 3 hands back all it says: what a pool no
 // longer holds when it applies (its gateways were granted it after the
@@ -83,6 +88,7 @@ const (
 	upstreamVersion   = 1
 	upstreamVersionV2 = 2 // grants carry the global limit; mints what they keep
 	upstreamVersionV3 = 3 // forgets and fails; a send's return beyond the pool is its debt
+	upstreamVersionV4 = 4 // grants that owe a key's outage charge again
 
 	opSend   = 1
 	opGrant  = 2
@@ -307,6 +313,11 @@ type UpstreamGrant struct {
 	// Limit: the global cluster's limit of the key as the answer carried
 	// it (nil: the answer carried none; what the pool recorded stays).
 	Limit *GlobalLimit
+	// Owed: of what the send reported of the key as outage_charged, the
+	// tokens owed again: the global cluster answered the key without
+	// serving it (KEY_STATUS_MOVED: a multi-group global cluster moving
+	// its slot), so it charged nothing, and a later call reports them.
+	Owed int64
 }
 
 // UpstreamMint is fallback tokens minted for one key while cut off (or
@@ -343,9 +354,17 @@ func AppendUpstreamSend(dst []byte, now int64, seq uint64, req []byte, keys []Up
 	return dst
 }
 
-// AppendUpstreamGrant appends a grant entry answering the send seq.
+// AppendUpstreamGrant appends a grant entry answering the send seq. It is
+// written as version 2 unless a key's outage charge is owed again (then
+// version 4, with each key's UpstreamGrant.Owed).
 func AppendUpstreamGrant(dst []byte, now int64, seq uint64, keys []UpstreamGrant) []byte {
-	dst = appendUpHeaderV(dst, now, opGrant, upstreamVersionV2)
+	v := byte(upstreamVersionV2)
+	for _, k := range keys {
+		if k.Owed != 0 {
+			v = upstreamVersionV4
+		}
+	}
+	dst = appendUpHeaderV(dst, now, opGrant, v)
 	dst = binary.AppendUvarint(dst, seq)
 	dst = binary.AppendUvarint(dst, uint64(len(keys)))
 	for _, k := range keys {
@@ -353,6 +372,9 @@ func AppendUpstreamGrant(dst []byte, now int64, seq uint64, keys []UpstreamGrant
 		dst = binary.AppendVarint(dst, k.Granted)
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(k.Share))
 		dst = appendGlobalLimit(dst, k.Limit)
+		if v == upstreamVersionV4 {
+			dst = binary.AppendVarint(dst, k.Owed)
+		}
 	}
 	return dst
 }
@@ -479,14 +501,14 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 	if len(s) < 3 || s[0] != upstreamMarker {
 		return UpstreamResult{}, fmt.Errorf("%w: no marker", errUpstream)
 	}
-	if s[1] < upstreamVersion || s[1] > upstreamVersionV3 {
+	if s[1] < upstreamVersion || s[1] > upstreamVersionV4 {
 		return UpstreamResult{}, fmt.Errorf("%w: upstream entry version %d is not known to this binary", ErrUnknownCommand, s[1])
 	}
-	v2, v3 := s[1] >= upstreamVersionV2, s[1] >= upstreamVersionV3
+	v2, v3, v4 := s[1] >= upstreamVersionV2, s[1] >= upstreamVersionV3, s[1] >= upstreamVersionV4
 	d := &allotv1.Reader{S: s, P: 2, Base: errUpstream}
 	now := max(int64(d.Uvarint()), c.now)
 	op := d.Byte()
-	if (op == opForget || op == opFail) && !v3 {
+	if ((op == opForget || op == opFail) && !v3) || (v4 && op != opGrant) {
 		return UpstreamResult{}, fmt.Errorf("%w: op %d in a version %d entry", errUpstream, op, s[1])
 	}
 	var seq uint64
@@ -514,6 +536,9 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 			k.fshare = math.Float64frombits(d.Fixed64())
 			if v2 {
 				k.glim = readGlobalLimit(d)
+			}
+			if v4 {
+				k.b = d.Varint()
 			}
 		case opMint:
 			k.a = d.Varint()
@@ -571,6 +596,9 @@ func (c *core) applyUpstream(s string) (UpstreamResult, error) {
 				if k.fshare >= 0 && !math.IsInf(k.fshare, 0) {
 					p.share = k.fshare
 				}
+			}
+			if k.b > 0 {
+				p.owed = sat(p.owed, k.b)
 			}
 		}
 	case opMint:

@@ -146,6 +146,7 @@ func FuzzApplyUpstream(f *testing.F) {
 	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3, Limit: &GlobalLimit{RequestsPerUnit: 5, Unit: rules.UnitSecond, Burst: 5}}}))
 	f.Add(AppendUpstreamForget(nil, t0, []uint64{1, 2}))
 	f.Add(AppendUpstreamFail(nil, t0, 1, []UpstreamReturn{{Hash: 1, Charged: 3}}))
+	f.Add(AppendUpstreamGrant(nil, t0, 1, []UpstreamGrant{{Hash: 1, Granted: 2, Share: 3, Owed: 4}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg := testConfig()
 		cfg.Regional = true
@@ -236,12 +237,13 @@ func TestRegionalLedgerConservation(t *testing.T) {
 				seq++
 				applyUpT(rt, s, AppendUpstreamSend(nil, now, seq, []byte("r"), []UpstreamReturn{{Hash: hash,
 					Returned: int64(rapid.IntRange(0, 50).Draw(rt, "up-returned")), Charged: int64(rapid.IntRange(0, 5).Draw(rt, "up-charged"))}}))
-			case 3: // a grant, perhaps for an older send
+			case 3: // a grant, perhaps for an older send, perhaps owing a charge again
 				if hash == 0 {
 					continue
 				}
 				id := seq - uint64(rapid.IntRange(0, 1).Draw(rt, "older"))
-				applyUpT(rt, s, AppendUpstreamGrant(nil, now, id, []UpstreamGrant{{Hash: hash, Granted: int64(rapid.IntRange(0, 100).Draw(rt, "granted"))}}))
+				applyUpT(rt, s, AppendUpstreamGrant(nil, now, id, []UpstreamGrant{{Hash: hash, Granted: int64(rapid.IntRange(0, 100).Draw(rt, "granted")),
+					Owed: int64(rapid.IntRange(0, 1).Draw(rt, "moved") * rapid.IntRange(0, 5).Draw(rt, "owed-again"))}}))
 			case 4: // a mint
 				if hash == 0 {
 					continue
@@ -459,6 +461,55 @@ func TestRegionalFailOwesChargeAgain(t *testing.T) {
 	}
 }
 
+// A grant that answers a key without serving it (the global cluster
+// answered KEY_STATUS_MOVED) owes the key's outage charge again, as a fail
+// does, and is a version-4 entry; one that owes nothing again stays a
+// version-2 entry. A grant that does not answer the pending send owes
+// nothing again.
+func TestRegionalMovedGrantOwesChargeAgain(t *testing.T) {
+	s := newRegionalState(t)
+	mustAcquire(t, s, at(0), "gw1", 1, ka("g", "x", 50, 0, 0, 0))
+	h := s.Pools(at(0))[0].Hash
+	owed := func(step int, want int64) {
+		t.Helper()
+		if p, _ := s.PoolOf(h, at(0)); p.Owed != want {
+			t.Fatalf("step %d: owed %d, want %d", step, p.Owed, want)
+		}
+	}
+	if e := AppendUpstreamGrant(nil, at(0), 1, []UpstreamGrant{{Hash: h, Granted: 3}}); e[1] != upstreamVersionV2 {
+		t.Fatalf("a grant owing nothing again is version %d, want %d", e[1], upstreamVersionV2)
+	}
+	applyUp(t, s, AppendUpstreamMint(nil, at(1), []UpstreamMint{{Hash: h, Minted: 5}}))
+	applyUp(t, s, AppendUpstreamSend(nil, at(2), 1, []byte("call-1"), []UpstreamReturn{{Hash: h, Charged: 5}}))
+	owed(2, 0)
+	moved := AppendUpstreamGrant(nil, at(3), 1, []UpstreamGrant{{Hash: h, Owed: 5}})
+	if moved[1] != upstreamVersionV4 {
+		t.Fatalf("a grant owing a charge again is version %d, want %d", moved[1], upstreamVersionV4)
+	}
+	if applyUp(t, s, AppendUpstreamGrant(nil, at(3), 2, []UpstreamGrant{{Hash: h, Owed: 5}})) {
+		t.Fatal("step 3: a grant of a send that was never made applied")
+	}
+	owed(3, 0)
+	if !applyUp(t, s, moved) {
+		t.Fatal("step 4: the grant of the pending send not applied")
+	}
+	owed(4, 5)
+	if applyUp(t, s, moved) {
+		t.Fatal("step 5: a repeated grant applied")
+	}
+	owed(5, 5)
+	r := ledgerRoundTrip(t, s, snapVersionLedger)
+	if p, _ := r.PoolOf(h, at(5)); p.Owed != 5 || p.Minted != 5 {
+		t.Fatalf("after restore: pool %+v", p)
+	}
+	// Only grants are written as version 4.
+	fail := AppendUpstreamFail(nil, at(6), 1, []UpstreamReturn{{Hash: h, Charged: 5}})
+	fail[1] = upstreamVersionV4
+	if _, err := s.ApplyUpstream(fail); err == nil || errors.Is(err, ErrUnknownCommand) {
+		t.Errorf("a fail as version 4: %v, want an entry that does not decode", err)
+	}
+}
+
 // A forget drops a pool that holds nothing, owes nothing, is owed nothing
 // and whose key no gateway holds an unexpired lease of; every other pool
 // stays. A gateway that uses the key again starts an empty pool.
@@ -517,9 +568,9 @@ func TestRegionalLedgerEntryVersions(t *testing.T) {
 		}
 	}
 	next := AppendUpstreamForget(nil, t0, nil)
-	next[1] = upstreamVersionV3 + 1
+	next[1] = upstreamVersionV4 + 1
 	if _, err := s.ApplyUpstream(next); !errors.Is(err, ErrUnknownCommand) {
-		t.Errorf("a version-4 entry: %v, want ErrUnknownCommand", err)
+		t.Errorf("a version-%d entry: %v, want ErrUnknownCommand", next[1], err)
 	}
 }
 
