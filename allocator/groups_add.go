@@ -24,7 +24,11 @@ import (
 // (hostLoop): it creates the group's directory, opens its Raft instance
 // bootstrapped with the founders as voters (each founder bootstraps the
 // same configuration, so the group elects a leader however the members
-// start), and records it in hostedFile. Slots come to it by moves (slots
+// start), and records it in hostedFile. Founders bootstrap only a new
+// group (meta.Group.Bootstraps): the first change of its members clears
+// them, and a node is made a member of a group that still has founders
+// only once the group has a leader (addVoterToGroups), so that some
+// founder has bootstrapped it. Slots come to it by moves (slots
 // move, groups rebalance). A node that joins the cluster later becomes a
 // member of the groups meta.GroupsToJoin names (addVoterToGroups): the
 // meta state records it first, its hostLoop opens the group without a
@@ -72,9 +76,11 @@ func (s *Server) hostNewGroups() error {
 			return nil
 		default:
 		}
-		// A founder bootstraps the group's configuration (every founder
-		// the same); a member added later waits for the leader to add it.
-		boot := slices.Contains(g.Founders, s.cfg.NodeID)
+		// A founder of a new group bootstraps the group's configuration
+		// (every founder the same); a member added later, or a founder
+		// once the group's members changed (one back with an empty data
+		// dir), waits for the leader to add it.
+		boot := g.Bootstraps(s.cfg.NodeID)
 		var peers []raft.Server
 		if boot {
 			for _, id := range g.Founders {

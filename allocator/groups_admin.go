@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
@@ -347,6 +348,17 @@ func (s *Server) addVoterToGroups(req *allotv1.AddVoterRequest) error {
 	for _, g := range groups {
 		member := slices.Contains(g.Members, req.GetId())
 		if !member && (g.ID == 0 || slices.Contains(join, g.ID)) {
+			if g.ID != 0 && len(g.Founders) > 0 {
+				// Recording the member clears the founders (no node
+				// bootstraps the group after): a new group is joined
+				// once one of its founders has bootstrapped it.
+				wctx, wcancel := context.WithTimeout(ctx, newGroupLeaderWait)
+				_, err := s.waitGroupLeader(wctx, g.ID, g.Members)
+				wcancel()
+				if err != nil {
+					return status.Errorf(codes.Unavailable, "allocator: add voter %s to group %d: the new group has no leader yet; retry: %v", req.GetId(), g.ID, err)
+				}
+			}
 			_, err := s.apply(&allotv1.Command{Cmd: &allotv1.Command_Meta{Meta: &allotv1.MetaCommand{
 				Op: allotv1.MetaOp_META_OP_SET_MEMBERS, Group: uint32(g.ID), Members: append(slices.Clone(g.Members), req.GetId()),
 			}}})
@@ -366,6 +378,11 @@ func (s *Server) addVoterToGroups(req *allotv1.AddVoterRequest) error {
 	}
 	return nil
 }
+
+// newGroupLeaderWait bounds how long a join waits for a new data group
+// (one whose founders are still recorded) to have a leader before it
+// records the joining node as a member.
+const newGroupLeaderWait = 10 * time.Second
 
 // addGroupVoter adds a voter to data group req.Group, on its leader.
 func (s *Server) addGroupVoter(ctx context.Context, req *allotv1.AddVoterRequest) (*allotv1.AddVoterResponse, error) {

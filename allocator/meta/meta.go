@@ -54,10 +54,23 @@ type Group struct {
 	ID slots.GroupID `json:"id"`
 	// Members are the node ids that host a replica, sorted.
 	Members []string `json:"members"`
-	// Founders are the members the group was created with (sorted): each
-	// of them bootstraps the group's Raft configuration with them as its
-	// voters. A member added later joins the running group instead.
+	// Founders are the members the group was created with (sorted), until
+	// its members first change (SetMembers clears them): while the group
+	// is new, each founder bootstraps the group's Raft configuration with
+	// them as its voters (Bootstraps). A member added later, and a founder
+	// that comes back with an empty data dir once the group has run,
+	// joins the running group instead: bootstrapping again, it could elect
+	// itself leader of an empty copy of the group.
 	Founders []string `json:"founders,omitempty"`
+}
+
+// Bootstraps reports whether node bootstraps the group's Raft
+// configuration when it opens its replica without one: the group is new
+// (its members are still its founders) and node is a founder. Every other
+// member opens the group without a configuration and waits for the
+// group's leader to add it as a voter.
+func (g Group) Bootstraps(node string) bool {
+	return len(g.Founders) > 0 && slices.Equal(g.Founders, g.Members) && slices.Contains(g.Founders, node)
 }
 
 // Move is a move of slots in flight.
@@ -278,7 +291,9 @@ func (s *State) AddGroup(members []string) (slots.GroupID, error) {
 	return id, nil
 }
 
-// SetMembers replaces group id's member list.
+// SetMembers replaces group id's member list. The group's founders are
+// cleared: its members change through its running Raft group (the
+// leader adds or removes the voter), so no node bootstraps it again.
 func (s *State) SetMembers(id slots.GroupID, members []string) error {
 	if err := s.ready(); err != nil {
 		return err
@@ -291,7 +306,7 @@ func (s *State) SetMembers(id slots.GroupID, members []string) error {
 	if err != nil {
 		return err
 	}
-	g.Members = ms
+	g.Members, g.Founders = ms, nil
 	return nil
 }
 
