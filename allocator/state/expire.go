@@ -19,7 +19,8 @@ import (
 // taken), at most cmd.MaxEntries of them when that is set (the rest are
 // taken by the next Expire, and only whole past seconds are taken: a lease
 // ended late only counts in its key's hold caps a little longer, its
-// tokens are not credited back either way); agents are scanned (thousands
+// tokens are not credited back either way; the keys a budget reaches are
+// the same on every replica, see expireBudgeted); agents are scanned (thousands
 // at most);
 // and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
 // so an Expire does not touch every key.
@@ -35,7 +36,9 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 		sec--
 	}
 	c.expireLeft = 0
-	if taken := c.wheel.takeDue(sec, budget, func(s int64, link uint32) { c.expireEntry(s, link, now) }); budget > 0 && taken == budget {
+	if budget <= 0 {
+		c.wheel.takeDue(sec, func(s int64, link uint32) { c.expireEntry(s, link, now, false) })
+	} else if c.expireBudgeted(sec, budget, now) == budget {
 		c.expireLeft = c.wheel.dueCount(sec)
 	}
 
