@@ -23,7 +23,8 @@ import (
 // the same on every replica, see expireBudgeted); agents are scanned (thousands
 // at most);
 // and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
-// so an Expire does not touch every key.
+// so an Expire does not touch every key. Each Expire advances a running
+// arena compaction by one step.
 func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
 	sec, budget := floorDiv(now, 1e9), int(cmd.GetMaxEntries())
@@ -65,6 +66,12 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	}
 
 	if cmd.GetSkipSweep() {
+		// A compaction under way advances at every Expire: while it runs
+		// ExpireIdle is false, so the leader commits one every
+		// ExpireInterval. Only a sweep starts one.
+		if c.old != nil {
+			c.compactStep(c.compactBudget)
+		}
 		return
 	}
 	c.sweep(now, cmd.GetSweepSkip())
