@@ -28,7 +28,10 @@ import (
 // recognised when taken: the block is free, its key's slot has another
 // link, or its queued byte differs. Were a stale entry to pass those checks,
 // taking it would only end leases that are due anyway. The wheel is derived
-// state: Restore and compaction rebuild it.
+// state: Restore rebuilds it and compaction re-queues what it moves, so
+// which leases an Expire ends must not depend on its order or its stale
+// entries (core.expireBudgeted, which keeps what a budget leaves of a
+// second in the bucket's cut, sorted by key hash).
 type wheel struct {
 	buckets map[int64]*wbucket
 	secs    secHeap // the seconds that have a bucket
