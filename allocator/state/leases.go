@@ -272,8 +272,9 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 // Expire ends are, second by second, the first ones in hash order of the
 // keys whose earliest lease expiry is in that second.
 //
-// The Expire that first cuts a second hashes its entries (dropping the
-// stale ones) and sorts them, once; the entries left stay sorted (the
+// The Expire that first cuts a second resolves its entries (dropping the
+// stale ones, re-queueing the early and frozen ones) and sorts the keys
+// due by hash, once; the entries left stay sorted (the
 // bucket's cut) for the following Expires, which merge in only the
 // entries queued in the second since.
 func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
@@ -306,7 +307,7 @@ func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
 			add := make([]cutEntry, 0, b.len()-len(cut))
 			for _, pg := range b.pages {
 				for _, l := range pg {
-					if h, ok := c.linkHash(s, l); ok {
+					if h, ok := c.dueHash(s, l, now); ok {
 						add = append(add, cutEntry{h, l})
 					}
 				}
@@ -333,21 +334,27 @@ func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
 	return budget - left
 }
 
-// linkHash returns the hash of the key of the wheel entry (s, link), or
-// ok false if the entry is stale by its block. It need not be the key's
-// current entry: expireKnown checks that when the entry is taken.
-func (c *core) linkHash(s int64, link uint32) (uint64, bool) {
-	e := &c.scr.e
-	ps := c.pageSets()
-	b, ok := ps.head(link)
+// dueHash resolves the wheel entry (s, link) of a second a budget cuts,
+// as expireLoaded would but ending nothing: it drops a stale entry and
+// re-queues a frozen key or one queued early, and returns the hash of a
+// key due in s, for the cut. expireKnown checks the entry again when it is
+// taken.
+func (c *core) dueHash(s int64, link uint32, now int64) (uint64, bool) {
+	h, _, ok := c.entryHash(s, link)
 	if !ok {
 		return 0, false
 	}
-	if _, _, _, ok := parseHeader(b, e); !ok || e.queued != uint8(s) || int(e.tpl) >= len(c.tpls.strs) {
+	e := &c.scr.e
+	c.loadEntry(e, h, link)
+	if c.frozen(h) {
+		c.queueKey(e, link, floorDiv(now, 1e9)+1)
 		return 0, false
 	}
-	c.scr.key = c.keyOf(c.scr.key[:0], e)
-	return xxhash.Sum64(c.scr.key), true
+	if m := e.minSec(); m > s {
+		c.queueKey(e, link, m)
+		return 0, false
+	}
+	return h, true
 }
 
 // lessCut orders cut entries by hash (then link: a key's entries are
