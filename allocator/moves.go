@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -145,7 +145,7 @@ func (s *Server) moveStep(ctx context.Context, fence uint64, m meta.Move) error 
 		if src == nil {
 			return fmt.Errorf("group %d: this node hosts no replica of it", m.From)
 		}
-		if err := s.waitApplied(ctx, src.node.raft, m.SrcIndex); err != nil {
+		if err := s.waitApplied(ctx, src.node, m.SrcIndex); err != nil {
 			return err
 		}
 		export, err := src.st.Export(rs)
@@ -330,7 +330,7 @@ func (s *Server) settleFrozen(ctx context.Context, fence uint64) error {
 			if err != nil {
 				return err
 			}
-			if err := s.waitApplied(ctx, g.node.raft, res.GetIndex()); err != nil {
+			if err := s.waitApplied(ctx, g.node, res.GetIndex()); err != nil {
 				return err
 			}
 			s.log.Info("frozen slots settled", "group", g.id, "op", p.op.String(), "slots", slots.FormatRanges(p.rs),
@@ -373,7 +373,7 @@ func (s *Server) settleOwned(ctx context.Context, fence uint64) error {
 		// nodes' routing keeps its stray slots' keys away from it.
 		res, err := s.proposeSlot(ctx, fence, g.id, state.SlotFreeze, stray, nil)
 		if err == nil {
-			err = s.waitApplied(ctx, g.node.raft, res.GetIndex())
+			err = s.waitApplied(ctx, g.node, res.GetIndex())
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -418,7 +418,7 @@ func (s *Server) slotsIn(ctx context.Context, id slots.GroupID, index uint64, r 
 	if g == nil {
 		return slotsMixed, fmt.Errorf("group %d: this node hosts no replica of it", id)
 	}
-	if err := s.waitApplied(ctx, g.node.raft, index); err != nil {
+	if err := s.waitApplied(ctx, g.node, index); err != nil {
 		return slotsMixed, err
 	}
 	frozen, gone := g.st.SlotModes()
@@ -449,7 +449,7 @@ func (s *Server) servedIn(ctx context.Context, id slots.GroupID, index uint64, r
 	if g == nil {
 		return 0, fmt.Errorf("group %d: this node hosts no replica of it", id)
 	}
-	if err := s.waitApplied(ctx, g.node.raft, index); err != nil {
+	if err := s.waitApplied(ctx, g.node, index); err != nil {
 		return 0, err
 	}
 	frozen, gone := g.st.SlotModes()
@@ -462,20 +462,38 @@ func (s *Server) servedIn(ctx context.Context, id slots.GroupID, index uint64, r
 	return n, nil
 }
 
-// waitApplied waits until the Raft group r has applied index on this node.
-func (s *Server) waitApplied(ctx context.Context, r *raft.Raft, index uint64) error {
+// waitApplied waits until this node's replica of the Raft group n has
+// applied index: its state machine has applied the entry (Raft's
+// AppliedIndex moves when an entry is handed to the FSM goroutine, before
+// it is applied, as for readiness), or holds a snapshot that covers it
+// (restored, or taken after the FSM applied it; a restore does not move
+// the FSM's applied index).
+func (s *Server) waitApplied(ctx context.Context, n *node, index uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
 	defer cancel()
-	for r.AppliedIndex() < index {
+	for !appliedThrough(n, index) {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("applied index %d, waiting for %d: %w", r.AppliedIndex(), index, ctx.Err())
+			return fmt.Errorf("applied index %d, waiting for %d: %w", n.fsm.applied.Load(), index, ctx.Err())
 		case <-s.done:
 			return errShutdown
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
 	return nil
+}
+
+// appliedThrough reports whether n's state machine reflects every entry
+// up to index (see waitApplied).
+func appliedThrough(n *node, index uint64) bool {
+	if n.fsm.applied.Load() >= index {
+		return true
+	}
+	if n.raft.AppliedIndex() < index {
+		return false // not even handed to the FSM, nor in a restored snapshot
+	}
+	snap, err := strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
+	return err == nil && snap >= index
 }
 
 // proposeSlot proposes a slot entry in data group id, on its leader,

@@ -125,6 +125,33 @@ func (a *arena) canAlloc(size int) bool {
 	return a.free[size/2] != 0 || (a.cur >= 0 && a.off+size <= arenaPageSize) || a.fit(size) != 0
 }
 
+// canAllocAll reports whether allocs of sizes, one after another, will
+// all succeed. It counts the pages they open as if every block were bumped
+// from the current page or a new one, not cut from a free block (which
+// alloc tries first, opening no page): so it may refuse blocks that would
+// fit in free ones, never accept blocks that do not fit.
+func (a *arena) canAllocAll(sizes []int) bool {
+	pages := a.maxPages - len(a.pages) + len(a.freePages)
+	cur, off := a.cur >= 0, a.off
+	for _, size := range sizes {
+		size = blockSize(size)
+		switch {
+		case size > arenaLarge:
+			pages--
+		case cur && off+size <= arenaPageSize:
+			off += size
+			continue
+		default:
+			pages--
+			cur, off = true, size
+		}
+		if pages < 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // fit returns the smallest size s ≥ size+minBlock with a free block (0:
 // none), so that a block of size can be cut from it.
 func (a *arena) fit(size int) int {

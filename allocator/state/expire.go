@@ -19,10 +19,12 @@ import (
 // taken), at most cmd.MaxEntries of them when that is set (the rest are
 // taken by the next Expire, and only whole past seconds are taken: a lease
 // ended late only counts in its key's hold caps a little longer, its
-// tokens are not credited back either way); agents are scanned (thousands
+// tokens are not credited back either way; the keys a budget reaches are
+// the same on every replica, see expireBudgeted); agents are scanned (thousands
 // at most);
 // and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
-// so an Expire does not touch every key.
+// so an Expire does not touch every key. Each Expire advances a running
+// arena compaction by one step.
 func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
 	sec, budget := floorDiv(now, 1e9), int(cmd.GetMaxEntries())
@@ -35,7 +37,9 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 		sec--
 	}
 	c.expireLeft = 0
-	if taken := c.wheel.takeDue(sec, budget, func(s int64, link uint32) { c.expireEntry(s, link, now) }); budget > 0 && taken == budget {
+	if budget <= 0 {
+		c.wheel.takeDue(sec, func(s int64, link uint32) { c.expireEntry(s, link, now, false) })
+	} else if c.expireBudgeted(sec, budget, now) == budget {
 		c.expireLeft = c.wheel.dueCount(sec)
 	}
 
@@ -62,6 +66,12 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	}
 
 	if cmd.GetSkipSweep() {
+		// A compaction under way advances at every Expire: while it runs
+		// ExpireIdle is false, so the leader commits one every
+		// ExpireInterval. Only a sweep starts one.
+		if c.old != nil {
+			c.compactStep(c.compactBudget)
+		}
 		return
 	}
 	c.sweep(now, cmd.GetSweepSkip())

@@ -290,3 +290,46 @@ func TestArenaFull(t *testing.T) {
 	}
 	mustConsistent(t, s)
 }
+
+// An arena compaction under way advances at the Expires committed without
+// a sweep, which the leader commits every ExpireInterval while it runs
+// (ExpireIdle is false then), not only at the once-a-SweepInterval sweep.
+func TestSkipSweepExpireAdvancesCompaction(t *testing.T) {
+	s := newTestState(t)
+	var keys, rel []*allotv1.KeyAcquire
+	for i := range 20000 {
+		k := ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0)
+		keys = append(keys, k)
+		if i%10 != 0 {
+			rel = append(rel, k)
+		}
+	}
+	for i := range 20 {
+		mustAcquire(t, s, at(0), "a", uint64(i+1), keys[i*1000:(i+1)*1000]...)
+	}
+	for i := 0; i < len(rel); i += 1000 {
+		if _, err := release(s, at(time.Second), "a", uint64(100+i), false, rel[i:min(i+1000, len(rel))]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.st.compactBudget = 300
+	expire(s, at(time.Second)) // a sweep Expire starts it
+	if s.st.old == nil {
+		t.Fatal("no compaction started")
+	}
+	for i := 0; s.st.old != nil; i++ {
+		now := at(time.Second + time.Duration(i)*100*time.Millisecond)
+		if i == 20 {
+			t.Fatalf("20 SkipSweep Expires did not finish the compaction (2000 leased keys, 300 a step); cursor at %x", s.st.compactFrom)
+		}
+		if s.ExpireIdle(now, 4096) {
+			t.Fatalf("ExpireIdle true during compaction")
+		}
+		from := s.st.compactFrom
+		s.Apply(budgetedExpire(now, 4096))
+		mustConsistent(t, s)
+		if s.st.old != nil && s.st.compactFrom == from {
+			t.Fatalf("a SkipSweep Expire during a compaction did not advance it")
+		}
+	}
+}

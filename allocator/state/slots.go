@@ -605,14 +605,14 @@ func (c *core) importKeys(data []byte, owned []slots.Range) (int, error) {
 		}
 	}
 	// Room in the arena, checked before anything changes.
-	need := 0
+	var need []int
 	for _, k := range x.Keys {
 		if len(k.Leases) > 0 {
 			_, val, _ := splitKey([]byte(k.Key), nil, nil)
-			need += blockSize(entrySize(len(k.Leases), math.MaxUint32, len(val)))
+			need = append(need, entrySize(len(k.Leases), math.MaxUint32, len(val)))
 		}
 	}
-	if need > 0 && !c.ar.canAlloc(need) {
+	if !c.ar.canAllocAll(need) {
 		return 0, fmt.Errorf("%w: import: the leased keys exceed the arena", ErrSlotRefused)
 	}
 	e := &c.scr.e

@@ -656,3 +656,50 @@ func FuzzRestoreSlotModes(f *testing.F) {
 		}
 	})
 }
+
+// An import whose leased keys need more arena pages than are left is
+// refused (ErrSlotRefused) with nothing changed, though their summed size
+// is that of a single large block, which one unopened page would hold: an
+// entry every replica applies must not panic on every one of them.
+func TestImportRefusedWhenArenaPagesRunOut(t *testing.T) {
+	src := newTestState(t)
+	dst := newTestState(t)
+	if err := dst.Disown(at(0), []slots.Range{slots.All}); err != nil {
+		t.Fatal(err)
+	}
+	var keys []*allotv1.KeyAcquire
+	for i := range 4000 {
+		keys = append(keys, ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0))
+	}
+	for i := range 4 {
+		mustAcquire(t, src, at(0), "a", uint64(i+1), keys[i*1000:(i+1)*1000]...)
+	}
+	if err := src.Freeze(at(time.Second), []slots.Range{slots.All}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := src.Export([]slots.Range{slots.All})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst.st.ar.maxPages = 2 // one usable 64 KiB page; the export needs ~3
+	before := persist(t, dst)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("Import panicked: %v", r)
+			}
+		}()
+		_, err = dst.Import(at(2*time.Second), data, []slots.Range{slots.All})
+	}()
+	if !errors.Is(err, ErrSlotRefused) {
+		t.Fatalf("Import = %v, want ErrSlotRefused", err)
+	}
+	if !bytes.Equal(before, persist(t, dst)) {
+		t.Error("a refused import changed the state")
+	}
+	// With room, the same export imports.
+	dst.st.ar.maxPages = arenaMaxPages
+	if n, err := dst.Import(at(2*time.Second), data, []slots.Range{slots.All}); err != nil || n != 4000 {
+		t.Fatalf("Import with room = %d, %v", n, err)
+	}
+}

@@ -28,7 +28,10 @@ import (
 // recognised when taken: the block is free, its key's slot has another
 // link, or its queued byte differs. Were a stale entry to pass those checks,
 // taking it would only end leases that are due anyway. The wheel is derived
-// state: Restore and compaction rebuild it.
+// state: Restore rebuilds it and compaction re-queues what it moves, so
+// which leases an Expire ends must not depend on its order or its stale
+// entries (core.expireBudgeted, which keeps what a budget leaves of a
+// second in the bucket's cut, sorted by key hash).
 type wheel struct {
 	buckets map[int64]*wbucket
 	secs    secHeap // the seconds that have a bucket
@@ -38,6 +41,25 @@ type wheel struct {
 
 type wbucket struct {
 	pages [][]uint32
+	// cut holds, sorted by key hash, the entries a budgeted Expire left
+	// in this second (core.expireBudgeted); entries queued in the second
+	// since are in pages.
+	cut []cutEntry
+}
+
+// cutEntry is a wheel entry of a second a budget cut, with its key's hash.
+type cutEntry struct {
+	hash uint64
+	link uint32
+}
+
+// len returns the bucket's entries.
+func (b *wbucket) len() int {
+	n := len(b.cut)
+	for _, pg := range b.pages {
+		n += len(pg)
+	}
+	return n
 }
 
 const wheelPage = 1024 // entries per page
@@ -70,66 +92,70 @@ func (w *wheel) push(sec int64, link uint32) {
 	w.n++
 }
 
-// takeDue takes the entries of every bucket of a second ≤ sec, earliest
-// second first, and calls f for each; with max > 0 it stops after max
-// entries and leaves the rest queued (they are due at the next call). It
-// returns how many it took. Entries f queues go to new buckets and are not
-// taken by this call, even in a second ≤ sec.
-//
-// Within a bucket, entries are taken from its last page backwards, so what
-// a budget leaves is a prefix of the bucket; the order is a function of the
-// applied commands only, as replicas need.
-func (w *wheel) takeDue(sec int64, max int, f func(s int64, link uint32)) int {
-	var due []int64
-	for len(w.secs) > 0 && w.secs[0] <= sec {
-		due = append(due, heap.Pop(&w.secs).(int64))
+// popDue removes and returns the bucket of the earliest second, if that
+// second is ≤ sec. Its entries no longer count in w.n.
+func (w *wheel) popDue(sec int64) (int64, *wbucket, bool) {
+	if len(w.secs) == 0 || w.secs[0] > sec {
+		return 0, nil, false
 	}
-	taken := 0
-	for _, s := range due {
-		if max > 0 && taken >= max {
-			heap.Push(&w.secs, s) // untouched: its bucket is still in the map
-			continue
-		}
-		b := w.buckets[s]
-		delete(w.buckets, s)
-		for len(b.pages) > 0 && (max <= 0 || taken < max) {
-			k := len(b.pages) - 1
-			pg := b.pages[k]
-			n := len(pg)
-			if max > 0 {
-				n = min(n, max-taken)
-			}
-			part := pg[len(pg)-n:]
-			for _, l := range part {
-				f(s, l)
-			}
-			taken += n
-			w.n -= n
-			if n == len(pg) {
-				w.pool = append(w.pool, pg)
-				b.pages[k] = nil
-				b.pages = b.pages[:k]
-			} else {
-				b.pages[k] = pg[:len(pg)-n]
-			}
-		}
-		if len(b.pages) > 0 {
-			// Budget spent mid-bucket: the rest stays due, together with
-			// whatever f queued in the same second.
-			if nb := w.buckets[s]; nb != nil {
-				nb.pages = append(nb.pages, b.pages...)
-			} else {
-				w.buckets[s] = b
-				heap.Push(&w.secs, s)
-			}
-		}
+	s := heap.Pop(&w.secs).(int64)
+	b := w.buckets[s]
+	delete(w.buckets, s)
+	w.n -= b.len()
+	return s, b, true
+}
+
+// putBack queues the entries of b (popped by popDue) in second s again,
+// together with whatever was queued in s since.
+func (w *wheel) putBack(s int64, b *wbucket) {
+	w.n += b.len()
+	if nb := w.buckets[s]; nb != nil {
+		b.pages = append(b.pages, nb.pages...)
+		b.cut = append(b.cut, nb.cut...) // empty: nb is new
+		w.buckets[s] = b
+		return
 	}
-	// Keep at most a few idle pages.
+	w.buckets[s] = b
+	heap.Push(&w.secs, s)
+}
+
+// recycle returns page pg to the pool.
+func (w *wheel) recycle(pg []uint32) {
+	w.pool = append(w.pool, pg)
+}
+
+// trimPool keeps at most a few idle pages.
+func (w *wheel) trimPool() {
 	if len(w.pool) > 64 {
 		clear(w.pool[64:])
 		w.pool = w.pool[:64]
 	}
-	return taken
+}
+
+// takeDue takes every entry of every bucket of a second ≤ sec, earliest
+// second first, and calls f for each. Entries f queues go to new buckets
+// and are not taken by this call, even in a second ≤ sec. (A budgeted
+// Expire takes entries with core.expireBudgeted instead.)
+func (w *wheel) takeDue(sec int64, f func(s int64, link uint32)) {
+	var due []int64
+	for len(w.secs) > 0 && w.secs[0] <= sec {
+		due = append(due, heap.Pop(&w.secs).(int64))
+	}
+	for _, s := range due {
+		b := w.buckets[s]
+		delete(w.buckets, s)
+		w.n -= b.len()
+		for _, ce := range b.cut {
+			f(s, ce.link)
+		}
+		for _, pg := range b.pages {
+			for _, l := range pg {
+				f(s, l)
+			}
+			w.recycle(pg)
+		}
+	}
+	w.trimPool()
 }
 
 // dueCount returns how many entries are queued in seconds ≤ sec.
@@ -137,9 +163,7 @@ func (w *wheel) dueCount(sec int64) int {
 	n := 0
 	for _, s := range w.secs {
 		if s <= sec {
-			for _, pg := range w.buckets[s].pages {
-				n += len(pg)
-			}
+			n += w.buckets[s].len()
 		}
 	}
 	return n
@@ -148,6 +172,9 @@ func (w *wheel) dueCount(sec int64) int {
 // each calls f for every entry (for tests).
 func (w *wheel) each(f func(s int64, link uint32)) {
 	for s, b := range w.buckets {
+		for _, ce := range b.cut {
+			f(s, ce.link)
+		}
 		for _, pg := range b.pages {
 			for _, l := range pg {
 				f(s, l)
