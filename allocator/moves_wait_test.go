@@ -46,8 +46,13 @@ func TestWaitAppliedWaitsForTheFSM(t *testing.T) {
 		t.Fatal("the entry never reached the FSM")
 	}
 	idx := heldIdx.Load()
-	if got := s.node.raft.AppliedIndex(); got < idx {
-		t.Fatalf("raft AppliedIndex %d before the held entry %d was handed to the FSM", got, idx)
+	// Raft's main goroutine moves AppliedIndex after handing the batch to
+	// the FSM goroutine, which may reach the gate first: wait for it, so
+	// that AppliedIndex says the entry is applied while it is not.
+	for deadline := time.Now().Add(10 * time.Second); s.node.raft.AppliedIndex() < idx; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("raft AppliedIndex %d never reached the held entry %d", s.node.raft.AppliedIndex(), idx)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
 	defer cancel()
