@@ -41,6 +41,7 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.expireLeft = 0
 	if budget <= 0 {
 		c.wheel.takeDue(sec, func(u int64, links []uint32) {
+			c.touchEntries(links)
 			for _, l := range links {
 				c.expireEntry(u, l, now, false)
 			}

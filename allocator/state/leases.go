@@ -271,6 +271,7 @@ func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
 		// early goes to its earliest expiry's second (> u's), a frozen
 		// or renewed one past sec.
 		b.each(touchAhead, func(links []uint32) {
+			c.touchEntries(links)
 			for _, l := range links {
 				if c.expireEntry(u, l, now, true) {
 					ended++
@@ -281,6 +282,23 @@ func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
 	}
 	w.trimPool()
 	return ended
+}
+
+// touchEntries reads the blocks the wheel entries links name, as
+// touchKeys does for a call's keys: a unit's entries lie about 64 blocks
+// apart in the arena (its keys are 1/64 of the keys queued in the second,
+// mostly in the order they were allocated), so each misses the cache;
+// these reads are independent, and their misses overlap. It changes
+// nothing.
+func (c *core) touchEntries(links []uint32) {
+	ps := c.pageSets()
+	var x byte
+	for _, l := range links {
+		if b, ok := ps.head(l); ok {
+			x += b[0]
+		}
+	}
+	c.tab.sink += uint32(x)
 }
 
 // queueKey queues the key hashed h whose entry e is at link in second sec of the
