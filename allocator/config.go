@@ -130,9 +130,10 @@ type Config struct {
 	StaticTTL   time.Duration
 
 	// ExpireInterval is how often the leader commits an ExpireCommand
-	// (default 100 ms). Each one takes at most ExpireMaxEntries leased keys
-	// with a lease due (default 4096; negative: no limit) and leaves the rest for
-	// the next, which follows sooner while a backlog remains (expirePace),
+	// (default 100 ms). Each one ends the due leases of ExpireMaxEntries
+	// leased keys, or at most an expiry-wheel unit (1/64 of a second's
+	// expiring keys) more (default 4096; negative: no limit), and leaves
+	// the rest for the next, which follows sooner while a backlog remains (expirePace),
 	// so no Expire holds the state machine for long: every
 	// Acquire entry behind it waits (BenchmarkFSMSecondOfAcquireLoad
 	// measures the longest Expire under 20,000 key-grants/s).

@@ -62,6 +62,7 @@ func (s *State) consistency() error {
 	type want struct {
 		minSec int64
 		queued uint8
+		hash   uint64
 	}
 	wheelWant := make(map[uint32]want) // by link
 	tplRefs := make(map[uint32]uint32)
@@ -103,7 +104,7 @@ func (s *State) consistency() error {
 		tplRefs[e.tpl]++
 		live[linkTag(sl.link)] += int64(e.size)
 		blocks = append(blocks, block{sl.link, e.size, true})
-		wheelWant[sl.link] = want{e.minSec(), e.queued}
+		wheelWant[sl.link] = want{e.minSec(), e.queued, sl.hash}
 		for j, l := range e.leases {
 			if j > 0 && l.agent <= e.leases[j-1].agent {
 				return fmt.Errorf("key %016x: leases out of order", sl.hash)
@@ -203,9 +204,9 @@ func (s *State) consistency() error {
 	// Expiry wheel: every leased key has its current entry.
 	found := make(map[uint32]bool)
 	n = 0
-	c.wheel.each(func(s int64, l uint32) {
+	c.wheel.each(func(u int64, l uint32) {
 		n++
-		if w, ok := wheelWant[l]; ok && w.queued == uint8(s) && s <= w.minSec {
+		if w, ok := wheelWant[l]; ok && w.queued == uint8(unitSec(u)) && unitSec(u) <= w.minSec && u == unitOf(unitSec(u), w.hash) {
 			found[l] = true
 		}
 	})

@@ -16,12 +16,14 @@ import (
 //
 // Cost: the keys with a lease due are taken from the expiry wheel (one
 // entry per leased key; a renewed key is re-queued when its entry is
-// taken), at most cmd.MaxEntries of them when that is set (the rest are
-// taken by the next Expire, and only whole past seconds are taken: a lease
-// ended late only counts in its key's hold caps a little longer, its
-// tokens are not credited back either way; the keys a budget reaches are
-// the same on every replica, see expireBudgeted); agents are scanned (thousands
-// at most);
+// taken), when cmd.MaxEntries is set until the keys whose leases ended
+// reach it, in whole units of the wheel (a second's keys of one hash
+// prefix), so up to a unit's keys more (the rest are taken by the next
+// Expire, and only whole past seconds are taken: a lease ended late only
+// counts in its key's hold caps a little longer, its tokens are not
+// credited back either way; the keys a budget reaches are the same on
+// every replica, see expireBudgeted); agents are scanned (thousands at
+// most);
 // and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
 // so an Expire does not touch every key. Each Expire advances a running
 // arena compaction by one step.
@@ -38,8 +40,13 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	}
 	c.expireLeft = 0
 	if budget <= 0 {
-		c.wheel.takeDue(sec, func(s int64, link uint32) { c.expireEntry(s, link, now, false) })
-	} else if c.expireBudgeted(sec, budget, now) == budget {
+		c.wheel.takeDue(sec, func(u int64, links []uint32) {
+			c.touchEntries(links)
+			for _, l := range links {
+				c.expireEntry(u, l, now, false)
+			}
+		})
+	} else if c.expireBudgeted(sec, budget, now) >= budget {
 		c.expireLeft = c.wheel.dueCount(sec)
 	}
 
@@ -194,7 +201,7 @@ func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
 	if maxEntries > 0 {
 		sec-- // as applyExpire: whole past seconds only
 	}
-	if len(c.wheel.secs) > 0 && c.wheel.secs[0] <= sec || c.old != nil {
+	if m, ok := c.wheel.minSec(); ok && m <= sec || c.old != nil {
 		return false
 	}
 	for _, a := range c.agents {
@@ -221,8 +228,7 @@ func (s *State) NextDue(maxEntries uint32) int64 {
 		return c.now
 	}
 	next := int64(math.MaxInt64)
-	if len(c.wheel.secs) > 0 {
-		sec := c.wheel.secs[0]
+	if sec, ok := c.wheel.minSec(); ok {
 		if maxEntries > 0 {
 			sec++
 		}

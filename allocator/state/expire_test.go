@@ -11,8 +11,9 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
-// An Expire with a MaxEntries budget takes at most that many due keys and
-// leaves the rest due, earliest second first, and takes whole past seconds
+// An Expire with a MaxEntries budget takes that many due keys, or the few
+// more that complete a wheel unit (budgetedEnds), and leaves the rest
+// due, earliest unit first, and takes whole past seconds
 // only; budgeted Expires repeated until the backlog is gone end exactly the
 // leases one unbounded Expire ends at the end of that second.
 func TestPropertyExpireBudget(t *testing.T) {
@@ -39,10 +40,11 @@ func TestPropertyExpireBudget(t *testing.T) {
 		whole.Apply(&allotv1.Command{NowUnixNanos: next - 1, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{SkipSweep: true}}})
 		for i := 0; ; i++ {
 			before := budgeted.Stats().Leases
+			want := budgetedEnds(budgeted, next, int(budget))
 			budgeted.Apply(&allotv1.Command{NowUnixNanos: next, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{MaxEntries: budget, SkipSweep: true}}})
 			st := budgeted.Stats()
-			if ended := before - st.Leases; ended > uint64(budget) {
-				t.Fatalf("Expire %d with budget %d ended %d leases", i, budget, ended)
+			if ended := before - st.Leases; ended != uint64(want) {
+				t.Fatalf("Expire %d with budget %d ended %d leases, want %d (whole wheel units)", i, budget, ended, want)
 			}
 			if err := budgeted.consistency(); err != nil {
 				t.Fatalf("after budgeted Expire %d: %v", i, err)

@@ -154,7 +154,7 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 	if push || m < oldMin {
 		e.queued = uint8(m)
 		setQueued(b, e.queued)
-		c.wheel.push(m, e.link)
+		c.wheel.push(m, h, e.link)
 	}
 	if old != 0 {
 		in.release(c, old, oldSize)
@@ -168,35 +168,38 @@ func setQueued(b []byte, q uint8) {
 	binary.LittleEndian.PutUint64(b, w)
 }
 
-// expireEntry takes the wheel entry (s, link) at now: it ends the key's
-// due leases and re-queues the key, or ignores the entry if it is stale.
-// With budgeted (an Expire with MaxEntries, which takes whole past
-// seconds only), an entry queued before the second of its key's earliest
-// expiry (a renewal queues nothing) is re-queued in that second and ends
-// nothing yet, so that the key is met there, in the same order on every
-// replica (expireBudgeted). It reports whether it ended leases.
-func (c *core) expireEntry(s int64, link uint32, now int64, budgeted bool) bool {
-	h, idx, ok := c.entryHash(s, link)
+// expireEntry takes the wheel entry (u, link) of unit u at now: it ends
+// the key's due leases and re-queues the key, or ignores the entry if it
+// is stale. With budgeted (an Expire with MaxEntries, which takes whole
+// units of past seconds only), an entry queued before the second of its
+// key's earliest expiry (a renewal queues nothing) is re-queued in that
+// second and ends nothing yet, so that the key is met there
+// (expireBudgeted). It reports whether it ended leases.
+func (c *core) expireEntry(u int64, link uint32, now int64, budgeted bool) bool {
+	h, idx, ok := c.entryHash(u, link)
 	if !ok {
 		return false
 	}
-	return c.expireLoaded(s, h, idx, link, now, budgeted)
+	return c.expireLoaded(unitSec(u), h, idx, link, now, budgeted)
 }
 
 // entryHash returns the hash and table index of the key of the wheel entry
-// (s, link), or ok false if the entry is stale.
-func (c *core) entryHash(s int64, link uint32) (h uint64, idx int, ok bool) {
+// (u, link), or ok false if the entry is stale.
+func (c *core) entryHash(u int64, link uint32) (h uint64, idx int, ok bool) {
 	e := &c.scr.e
 	ps := c.pageSets()
 	b, ok := ps.head(link)
 	if !ok {
 		return 0, 0, false
 	}
-	if _, _, _, ok := parseHeader(b, e); !ok || e.queued != uint8(s) || int(e.tpl) >= len(c.tpls.strs) {
+	if _, _, _, ok := parseHeader(b, e); !ok || e.queued != uint8(unitSec(u)) || int(e.tpl) >= len(c.tpls.strs) {
 		return 0, 0, false
 	}
 	c.scr.key = c.keyOf(c.scr.key[:0], e)
 	h = xxhash.Sum64(c.scr.key)
+	if h>>(64-unitBits) != unitPrefix(u) {
+		return 0, 0, false // a block reused by a key of another unit
+	}
 	idx = c.tab.find(h)
 	if idx < 0 || c.tab.at(idx).link != link {
 		return 0, 0, false
@@ -204,39 +207,20 @@ func (c *core) entryHash(s int64, link uint32) (h uint64, idx int, ok bool) {
 	return h, idx, true
 }
 
-// expireKnown is expireEntry (budgeted) for an entry whose key hash h is
-// known (a cut bucket's).
-func (c *core) expireKnown(s int64, h uint64, link uint32, now int64) bool {
-	idx := c.tab.find(h)
-	if idx < 0 || c.tab.at(idx).link != link {
-		return false
-	}
-	e := &c.scr.e
-	ps := c.pageSets()
-	b, ok := ps.head(link)
-	if !ok {
-		return false
-	}
-	if _, _, _, ok := parseHeader(b, e); !ok || e.queued != uint8(s) {
-		return false
-	}
-	return c.expireLoaded(s, h, idx, link, now, true)
-}
-
-// expireLoaded is expireEntry for a live entry, the key's hash h and table
-// index idx found.
+// expireLoaded is expireEntry for a live entry of second s, the key's hash
+// h and table index idx found.
 func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, budgeted bool) bool {
 	e := &c.scr.e
 	c.loadEntry(e, h, link)
 	if c.frozen(h) {
 		// Frozen (slots.go): its leases move as they are; look again
 		// next second (thaw queues it at its earliest expiry again).
-		c.queueKey(e, link, floorDiv(now, 1e9)+1)
+		c.queueKey(e, h, link, floorDiv(now, 1e9)+1)
 		return false
 	}
 	oldMin := e.minSec()
 	if budgeted && oldMin > s {
-		c.queueKey(e, link, oldMin)
+		c.queueKey(e, h, link, oldMin)
 		return false
 	}
 	due := false
@@ -253,178 +237,77 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 		return true
 	}
 	// Nothing due yet: re-queue at the earliest expiry.
-	c.queueKey(e, link, oldMin)
+	c.queueKey(e, h, link, oldMin)
 	return false
 }
 
-// expireBudgeted takes the wheel entries of the seconds ≤ sec, earliest
-// second first, until the leases of budget keys have been ended, and
-// returns how many keys had leases ended.
+// expireBudgeted takes the wheel's units of the seconds ≤ sec, earliest
+// unit first, each whole, until the leases of budget keys or more have
+// been ended, and returns how many keys had leases ended. It stops only
+// between units: past the budget by less than a unit's due keys.
 //
 // Which keys those are is a function of the replicated state and the
 // command only, not of the wheel, which differs between a replica that
 // applied the log (entries in push order, stale entries, keys queued early
 // by a lazy renewal or a frozen slot) and one that restored a snapshot
 // (every leased key queued afresh): only an entry that ends leases counts,
-// an entry queued before its key's earliest expiry second is re-queued in
-// that second, and when the budget cuts a second, the keys whose leases
-// end are those of the second with the smallest hashes. So the keys an
-// Expire ends are, second by second, the first ones in hash order of the
-// keys whose earliest lease expiry is in that second.
-//
-// The Expire that first cuts a second resolves its entries (dropping the
-// stale ones, re-queueing the early and frozen ones) and sorts the keys
-// due by hash, once; the entries left stay sorted (the
-// bucket's cut) for the following Expires, which merge in only the
-// entries queued in the second since.
+// and an entry queued before its key's earliest expiry second is re-queued
+// in that second and ends nothing yet. When the earliest unit U is taken,
+// every served key whose earliest expiry is in U has its entry there (the
+// invariant, and no unit before U is left), and every key whose leases
+// the entries of U end is one of them. So taking U ends the leases due
+// of exactly those keys, in whatever order its entries are, and the
+// units an Expire takes, and the keys it ends, are the same on every
+// replica.
 func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
 	w := &c.wheel
-	left := budget
-	for left > 0 {
-		s, b, ok := w.popDue(sec)
+	ended := 0
+	for ended < budget {
+		u, b, ok := w.popDue(sec)
 		if !ok {
 			break
 		}
-		if b.len() <= left {
-			// Every key due in s fits the budget: the order is immaterial.
-			for _, ce := range b.cut {
-				if c.expireKnown(s, ce.hash, ce.link, now) {
-					left--
+		// Entries queued meanwhile go to other units: a key re-queued
+		// early goes to its earliest expiry's second (> u's), a frozen
+		// or renewed one past sec.
+		b.each(touchAhead, func(links []uint32) {
+			c.touchEntries(links)
+			for _, l := range links {
+				if c.expireEntry(u, l, now, true) {
+					ended++
 				}
 			}
-			for _, pg := range b.pages {
-				for _, l := range pg {
-					if c.expireEntry(s, l, now, true) {
-						left--
-					}
-				}
-				w.recycle(pg)
-			}
-			continue
-		}
-		cut := b.cut
-		if len(b.pages) > 0 {
-			add := make([]cutEntry, 0, b.len()-len(cut))
-			for _, pg := range b.pages {
-				for _, l := range pg {
-					if h, ok := c.dueHash(s, l, now); ok {
-						add = append(add, cutEntry{h, l})
-					}
-				}
-				w.recycle(pg)
-			}
-			b.pages = nil
-			if add = sortCut(add); len(cut) == 0 {
-				cut = add
-			} else {
-				cut = mergeCut(cut, add)
-			}
-		}
-		i := 0
-		for ; i < len(cut) && left > 0; i++ {
-			if c.expireKnown(s, cut[i].hash, cut[i].link, now) {
-				left--
-			}
-		}
-		if b.cut = cut[i:]; len(b.cut) > 0 {
-			w.putBack(s, b)
-		}
+		})
+		w.recycle(b)
 	}
 	w.trimPool()
-	return budget - left
+	return ended
 }
 
-// dueHash resolves the wheel entry (s, link) of a second a budget cuts,
-// as expireLoaded would but ending nothing: it drops a stale entry and
-// re-queues a frozen key or one queued early, and returns the hash of a
-// key due in s, for the cut. expireKnown checks the entry again when it is
-// taken.
-func (c *core) dueHash(s int64, link uint32, now int64) (uint64, bool) {
-	h, _, ok := c.entryHash(s, link)
-	if !ok {
-		return 0, false
-	}
-	e := &c.scr.e
-	c.loadEntry(e, h, link)
-	if c.frozen(h) {
-		c.queueKey(e, link, floorDiv(now, 1e9)+1)
-		return 0, false
-	}
-	if m := e.minSec(); m > s {
-		c.queueKey(e, link, m)
-		return 0, false
-	}
-	return h, true
-}
-
-// lessCut orders cut entries by hash (then link: a key's entries are
-// alike but for stale ones).
-func lessCut(a, b cutEntry) bool {
-	return a.hash < b.hash || a.hash == b.hash && a.link < b.link
-}
-
-// sortCut sorts a by lessCut: one pass of a radix sort on the hash's top
-// bits (hashes are uniform), then an insertion sort of each group of
-// about 16. It may return a new slice.
-func sortCut(a []cutEntry) []cutEntry {
-	if len(a) < 64 {
-		insertionSortCut(a)
-		return a
-	}
-	bitsN := uint(bits.Len(uint(len(a) / 16)))
-	shift := 64 - bitsN
-	end := make([]int, 1<<bitsN)
-	for _, e := range a {
-		end[e.hash>>shift]++
-	}
-	n := 0
-	for i, k := range end {
-		end[i] = n // start, advanced to the end by the scatter
-		n += k
-	}
-	out := make([]cutEntry, len(a))
-	for _, e := range a {
-		g := e.hash >> shift
-		out[end[g]] = e
-		end[g]++
-	}
-	start := 0
-	for _, x := range end {
-		insertionSortCut(out[start:x])
-		start = x
-	}
-	return out
-}
-
-func insertionSortCut(a []cutEntry) {
-	for i := 1; i < len(a); i++ {
-		for j := i; j > 0 && lessCut(a[j], a[j-1]); j-- {
-			a[j], a[j-1] = a[j-1], a[j]
+// touchEntries reads the blocks the wheel entries links name, as
+// touchKeys does for a call's keys: a unit's entries lie about 64 blocks
+// apart in the arena (its keys are 1/64 of the keys queued in the second,
+// mostly in the order they were allocated), so each misses the cache;
+// these reads are independent, and their misses overlap. It changes
+// nothing.
+func (c *core) touchEntries(links []uint32) {
+	ps := c.pageSets()
+	var x byte
+	for _, l := range links {
+		if b, ok := ps.head(l); ok {
+			x += b[0]
 		}
 	}
+	c.tab.sink += uint32(x)
 }
 
-// mergeCut merges the sorted runs a and b into a new slice.
-func mergeCut(a, b []cutEntry) []cutEntry {
-	out := make([]cutEntry, 0, len(a)+len(b))
-	for len(a) > 0 && len(b) > 0 {
-		if !lessCut(b[0], a[0]) {
-			out, a = append(out, a[0]), a[1:]
-		} else {
-			out, b = append(out, b[0]), b[1:]
-		}
-	}
-	out = append(out, a...)
-	return append(out, b...)
-}
-
-// queueKey queues the key whose entry e is at link in second sec of the
+// queueKey queues the key hashed h whose entry e is at link in second sec of the
 // expiry wheel, and sets its queued byte, which retires the key's earlier
 // wheel entries.
-func (c *core) queueKey(e *entry, link uint32, sec int64) {
+func (c *core) queueKey(e *entry, h uint64, link uint32, sec int64) {
 	e.queued = uint8(sec)
 	setQueued(c.arenaOf(link).mut(c, link, e.size), e.queued)
-	c.wheel.push(sec, link)
+	c.wheel.push(sec, h, link)
 }
 
 // rebuildWheel queues every leased key afresh (after Restore or
@@ -439,7 +322,7 @@ func (c *core) rebuildWheel() {
 			continue
 		}
 		c.loadEntry(e, s.hash, s.link)
-		c.queueKey(e, s.link, e.minSec())
+		c.queueKey(e, s.hash, s.link, e.minSec())
 	}
 }
 
@@ -502,7 +385,7 @@ func (c *core) compactStep(budget int) {
 		c.old.live -= int64(e.size) // the old arena is dropped whole
 		m := e.minSec()
 		setQueued(b, uint8(m))
-		c.wheel.push(m, l)
+		c.wheel.push(m, s.hash, l)
 		t.mut(c, i).link = l
 		budget--
 	}

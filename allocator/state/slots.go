@@ -222,7 +222,7 @@ func (c *core) thaw(rs []slots.Range) error {
 	c.eachKeyIn(rs, func(_ int, s *slot) {
 		if s.link != 0 {
 			c.loadEntry(e, s.hash, s.link)
-			c.queueKey(e, s.link, e.minSec())
+			c.queueKey(e, s.hash, s.link, e.minSec())
 		}
 	})
 	return nil

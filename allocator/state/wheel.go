@@ -1,21 +1,20 @@
 package state
 
-import (
-	"container/heap"
-)
-
 // The expiry wheel finds the leases an Expire must end without a node per
-// lease: it holds, per second, the links of the leased keys whose earliest
-// lease expires in that second, 4 bytes per entry in pooled pages.
+// lease: it holds, per unit, the links of the leased keys whose earliest
+// lease expires in that unit, 4 bytes per entry in pooled pages. A unit is
+// a second and one of 64 hash prefixes (the key hash's top 6 bits):
+// unitOf(sec, hash) = sec·64 + prefix, so units are ordered by second,
+// then prefix.
 //
 // Invariant: every leased key has a current wheel entry, whose link is the
-// key's link and whose second S matches the queued byte of the key's
-// entry; for a key in a served slot S ≤ the second of its earliest lease
-// expiry. So an Expire at now, which takes every bucket up to now's
-// second, meets every served key with a lease due. (A frozen key's leases
-// do not end: a taken entry re-queues it in the next second, and thawing
-// its slot queues it at its earliest expiry again.) Entries are queued
-// lazily:
+// key's link, whose unit has the key's hash prefix and whose second S
+// matches the queued byte of the key's entry; for a key in a served slot
+// S ≤ the second of its earliest lease expiry. So an Expire at now, which
+// takes every unit up to now's second, meets every served key with a lease
+// due. (A frozen key's leases do not end: a taken entry re-queues it in
+// the next second, and thawing its slot queues it at its earliest expiry
+// again.) Entries are queued lazily:
 //
 //   - a renewal that makes the earliest expiry later queues nothing (the
 //     current entry is early, and is re-queued when it is taken);
@@ -26,134 +25,165 @@ import (
 //
 // A stale entry (retired, or naming a block since freed or reused) is
 // recognised when taken: the block is free, its key's slot has another
-// link, or its queued byte differs. Were a stale entry to pass those checks,
-// taking it would only end leases that are due anyway. The wheel is derived
-// state: Restore rebuilds it and compaction re-queues what it moves, so
-// which leases an Expire ends must not depend on its order or its stale
-// entries (core.expireBudgeted, which keeps what a budget leaves of a
-// second in the bucket's cut, sorted by key hash).
+// link, its key's hash prefix is not the unit's, or its queued byte
+// differs. Were a stale entry to pass those checks, taking it would only
+// end leases of its unit that are due anyway. The wheel is derived state:
+// Restore rebuilds it and compaction re-queues what it moves, so which
+// leases an Expire ends must not depend on its order or its stale
+// entries: a budgeted Expire takes whole units only (core.expireBudgeted).
 type wheel struct {
-	buckets map[int64]*wbucket
-	secs    secHeap // the seconds that have a bucket
-	pool    [][]uint32
-	n       int // entries
+	buckets map[int64]*wbucket // by unit
+	units   unitHeap           // the units that have a bucket
+	pool    []*[wheelPage]uint32
+	free    []*wbucket // emptied buckets, for reuse
+	due     []int64    // takeDue's scratch
+	n       int        // entries
 }
 
+// wbucket holds a unit's entries: full pages, then last entries in the
+// last page.
 type wbucket struct {
-	pages [][]uint32
-	// cut holds, sorted by key hash, the entries a budgeted Expire left
-	// in this second (core.expireBudgeted); entries queued in the second
-	// since are in pages.
-	cut []cutEntry
-}
-
-// cutEntry is a wheel entry of a second a budget cut, with its key's hash.
-type cutEntry struct {
-	hash uint64
-	link uint32
+	pages []*[wheelPage]uint32
+	last  int
 }
 
 // len returns the bucket's entries.
 func (b *wbucket) len() int {
-	n := len(b.cut)
-	for _, pg := range b.pages {
-		n += len(pg)
+	if len(b.pages) == 0 {
+		return 0
 	}
-	return n
+	return (len(b.pages)-1)*wheelPage + b.last
 }
 
-const wheelPage = 1024 // entries per page
+// each calls f with b's entries, in order, at most k at a time.
+func (b *wbucket) each(k int, f func(links []uint32)) {
+	for i := range b.pages {
+		pg := b.page(i)
+		for j := 0; j < len(pg); j += k {
+			f(pg[j:min(j+k, len(pg))])
+		}
+	}
+}
+
+// page returns the entries of b's page i.
+func (b *wbucket) page(i int) []uint32 {
+	if i == len(b.pages)-1 {
+		return b.pages[i][:b.last]
+	}
+	return b.pages[i][:]
+}
+
+const (
+	wheelPage = 256 // entries per page
+	unitBits  = 6   // hash prefix bits of a unit
+)
+
+// unitOf returns the wheel unit of second sec for the key hashed h.
+func unitOf(sec int64, h uint64) int64 {
+	return sec<<unitBits | int64(h>>(64-unitBits))
+}
+
+// unitSec returns the second of unit u.
+func unitSec(u int64) int64 { return u >> unitBits }
+
+// unitPrefix returns the hash prefix of unit u.
+func unitPrefix(u int64) uint64 { return uint64(u) & (1<<unitBits - 1) }
 
 func (w *wheel) init() {
 	*w = wheel{buckets: make(map[int64]*wbucket)}
 }
 
-// push queues link in second sec.
-func (w *wheel) push(sec int64, link uint32) {
-	b := w.buckets[sec]
+// push queues link, the entry of the key hashed h, in second sec.
+func (w *wheel) push(sec int64, h uint64, link uint32) {
+	u := unitOf(sec, h)
+	b := w.buckets[u]
 	if b == nil {
-		b = &wbucket{}
-		w.buckets[sec] = b
-		heap.Push(&w.secs, sec)
+		if k := len(w.free); k > 0 {
+			b = w.free[k-1]
+			w.free[k-1] = nil
+			w.free = w.free[:k-1]
+		} else {
+			b = &wbucket{}
+		}
+		w.buckets[u] = b
+		w.units.push(u)
 	}
-	k := len(b.pages)
-	if k == 0 || len(b.pages[k-1]) == wheelPage {
-		var pg []uint32
+	if len(b.pages) == 0 || b.last == wheelPage {
+		var pg *[wheelPage]uint32
 		if p := len(w.pool); p > 0 {
-			pg = w.pool[p-1][:0]
+			pg = w.pool[p-1]
+			w.pool[p-1] = nil
 			w.pool = w.pool[:p-1]
 		} else {
-			pg = make([]uint32, 0, wheelPage)
+			pg = new([wheelPage]uint32)
 		}
 		b.pages = append(b.pages, pg)
-		k++
+		b.last = 0
 	}
-	b.pages[k-1] = append(b.pages[k-1], link)
+	b.pages[len(b.pages)-1][b.last] = link
+	b.last++
 	w.n++
 }
 
-// popDue removes and returns the bucket of the earliest second, if that
-// second is ≤ sec. Its entries no longer count in w.n.
+// minSec returns the earliest second that has a bucket.
+func (w *wheel) minSec() (int64, bool) {
+	if len(w.units) == 0 {
+		return 0, false
+	}
+	return unitSec(w.units[0]), true
+}
+
+// popDue removes and returns the bucket of the earliest unit, if its
+// second is ≤ sec. Its entries no longer count in w.n; entries queued in
+// the unit from now on go to a new bucket.
 func (w *wheel) popDue(sec int64) (int64, *wbucket, bool) {
-	if len(w.secs) == 0 || w.secs[0] > sec {
+	if len(w.units) == 0 || unitSec(w.units[0]) > sec {
 		return 0, nil, false
 	}
-	s := heap.Pop(&w.secs).(int64)
-	b := w.buckets[s]
-	delete(w.buckets, s)
+	u := w.units.pop()
+	b := w.buckets[u]
+	delete(w.buckets, u)
 	w.n -= b.len()
-	return s, b, true
+	return u, b, true
 }
 
-// putBack queues the entries of b (popped by popDue) in second s again,
-// together with whatever was queued in s since.
-func (w *wheel) putBack(s int64, b *wbucket) {
-	w.n += b.len()
-	if nb := w.buckets[s]; nb != nil {
-		b.pages = append(b.pages, nb.pages...)
-		b.cut = append(b.cut, nb.cut...) // empty: nb is new
-		w.buckets[s] = b
-		return
-	}
-	w.buckets[s] = b
-	heap.Push(&w.secs, s)
+// recycle returns b, popped and taken, and its pages to the pools.
+func (w *wheel) recycle(b *wbucket) {
+	w.pool = append(w.pool, b.pages...)
+	clear(b.pages)
+	b.pages, b.last = b.pages[:0], 0
+	w.free = append(w.free, b)
 }
 
-// recycle returns page pg to the pool.
-func (w *wheel) recycle(pg []uint32) {
-	w.pool = append(w.pool, pg)
-}
-
-// trimPool keeps at most a few idle pages.
+// trimPool keeps at most a few idle pages and buckets.
 func (w *wheel) trimPool() {
-	if len(w.pool) > 64 {
-		clear(w.pool[64:])
-		w.pool = w.pool[:64]
+	if len(w.pool) > 256 {
+		clear(w.pool[256:])
+		w.pool = w.pool[:256]
+	}
+	if len(w.free) > 256 {
+		clear(w.free[256:])
+		w.free = w.free[:256]
 	}
 }
 
-// takeDue takes every entry of every bucket of a second ≤ sec, earliest
-// second first, and calls f for each. Entries f queues go to new buckets
-// and are not taken by this call, even in a second ≤ sec. (A budgeted
-// Expire takes entries with core.expireBudgeted instead.)
-func (w *wheel) takeDue(sec int64, f func(s int64, link uint32)) {
-	var due []int64
-	for len(w.secs) > 0 && w.secs[0] <= sec {
-		due = append(due, heap.Pop(&w.secs).(int64))
+// takeDue takes every entry of every unit of a second ≤ sec, earliest
+// unit first, and calls f for them, a few of a unit at a time. Entries f
+// queues go to new buckets and are not taken by this call, even in a
+// second ≤ sec. (A budgeted Expire takes entries with
+// core.expireBudgeted instead.)
+func (w *wheel) takeDue(sec int64, f func(u int64, links []uint32)) {
+	due := w.due[:0]
+	for len(w.units) > 0 && unitSec(w.units[0]) <= sec {
+		due = append(due, w.units.pop())
 	}
-	for _, s := range due {
-		b := w.buckets[s]
-		delete(w.buckets, s)
+	w.due = due
+	for _, u := range due {
+		b := w.buckets[u]
+		delete(w.buckets, u)
 		w.n -= b.len()
-		for _, ce := range b.cut {
-			f(s, ce.link)
-		}
-		for _, pg := range b.pages {
-			for _, l := range pg {
-				f(s, l)
-			}
-			w.recycle(pg)
-		}
+		b.each(touchAhead, func(links []uint32) { f(u, links) })
+		w.recycle(b)
 	}
 	w.trimPool()
 }
@@ -161,37 +191,61 @@ func (w *wheel) takeDue(sec int64, f func(s int64, link uint32)) {
 // dueCount returns how many entries are queued in seconds ≤ sec.
 func (w *wheel) dueCount(sec int64) int {
 	n := 0
-	for _, s := range w.secs {
-		if s <= sec {
-			n += w.buckets[s].len()
+	for _, u := range w.units {
+		if unitSec(u) <= sec {
+			n += w.buckets[u].len()
 		}
 	}
 	return n
 }
 
 // each calls f for every entry (for tests).
-func (w *wheel) each(f func(s int64, link uint32)) {
-	for s, b := range w.buckets {
-		for _, ce := range b.cut {
-			f(s, ce.link)
-		}
-		for _, pg := range b.pages {
-			for _, l := range pg {
-				f(s, l)
+func (w *wheel) each(f func(u int64, link uint32)) {
+	for u, b := range w.buckets {
+		for i := range b.pages {
+			for _, l := range b.page(i) {
+				f(u, l)
 			}
 		}
 	}
 }
 
-type secHeap []int64
+// unitHeap is a binary min-heap of units.
+type unitHeap []int64
 
-func (h secHeap) Len() int           { return len(h) }
-func (h secHeap) Less(i, j int) bool { return h[i] < h[j] }
-func (h secHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *secHeap) Push(x any)        { *h = append(*h, x.(int64)) }
-func (h *secHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+func (h *unitHeap) push(u int64) {
+	*h = append(*h, u)
+	a := *h
+	for i := len(a) - 1; i > 0; {
+		p := (i - 1) / 2
+		if a[p] <= a[i] {
+			break
+		}
+		a[p], a[i] = a[i], a[p]
+		i = p
+	}
+}
+
+func (h *unitHeap) pop() int64 {
+	a := *h
+	u := a[0]
+	n := len(a) - 1
+	a[0] = a[n]
+	a = a[:n]
+	for i := 0; ; {
+		m, l, r := i, 2*i+1, 2*i+2
+		if l < n && a[l] < a[m] {
+			m = l
+		}
+		if r < n && a[r] < a[m] {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		a[i], a[m] = a[m], a[i]
+		i = m
+	}
+	*h = a
+	return u
 }

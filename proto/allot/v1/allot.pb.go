@@ -4914,9 +4914,10 @@ func (x *AcquireBatch) GetRequests() []*AcquireRequest {
 // written before these fields existed) takes every due lease and sweeps.
 type ExpireCommand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// At most this many expiry-wheel entries (one per leased key with a
-	// lease due) are taken; the rest stay due for the next Expire, earliest
-	// second first. 0: no limit.
+	// The keys whose due leases are ended reach this many, or at most one
+	// expiry-wheel unit (a second's keys of one of 64 hash prefixes) more;
+	// the rest stay due for the next Expire, earliest unit first. 0: no
+	// limit.
 	MaxEntries uint32 `protobuf:"varint,1,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
 	// Skip the sweep of idle keys and the incremental compaction (the leader
 	// sweeps on a slower cadence than it expires).
