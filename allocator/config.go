@@ -130,9 +130,12 @@ type Config struct {
 	StaticTTL   time.Duration
 
 	// ExpireInterval is how often the leader commits an ExpireCommand
-	// (default 100 ms). Each one ends the due leases of ExpireMaxEntries
-	// leased keys, or at most an expiry-wheel unit (1/64 of a second's
-	// expiring keys) more (default 4096; negative: no limit), and leaves
+	// (default 100 ms). Each one takes about ExpireMaxEntries expiry-wheel
+	// entries (default 4096; negative: no limit): its MaxEntries counts
+	// the keys whose due leases end, and the leader scales ExpireMaxEntries
+	// by the keys ended per entry taken in the last one (expireKeys), since
+	// early and stale entries end nothing but cost as much; it takes whole
+	// wheel units (1/64 of a second's entries each), and leaves
 	// the rest for the next, which follows sooner while a backlog remains (expirePace),
 	// so no Expire holds the state machine for long: every
 	// Acquire entry behind it waits (BenchmarkFSMSecondOfAcquireLoad

@@ -135,7 +135,9 @@ func (s *Server) leaderDuties(ctx context.Context) {
 func (s *Server) expireWait(st *state.State, sw *sweeper, tick time.Time) time.Duration {
 	now := time.Now()
 	next := sw.last.Add(s.cfg.SweepInterval)
-	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, st.Stats().ExpireBacklog)
+	stats := st.Stats()
+	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, stats.ExpireBacklog)
+	budget = expireKeys(budget, stats)
 	if due := st.NextDue(budget); due < next.UnixNano() {
 		next = time.Unix(0, due)
 	}
@@ -166,7 +168,7 @@ func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*al
 	}
 	stats := st.Stats()
 	budget, _ := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, stats.ExpireBacklog)
-	cmd := &allotv1.ExpireCommand{MaxEntries: budget, SkipSweep: !sweep}
+	cmd := &allotv1.ExpireCommand{MaxEntries: expireKeys(budget, stats), SkipSweep: !sweep}
 	if sweep {
 		cmd.SweepSkip = sw.skip
 	}
@@ -221,6 +223,24 @@ func expirePace(base int, interval time.Duration, backlog uint64) (uint32, time.
 	}
 	per := float64(backlog) * float64(wait) / float64(expireDrain)
 	return uint32(min(max(float64(base), math.Ceil(per)), 1<<31)), wait
+}
+
+// expireKeys turns entries, a budget of expiry-wheel entries (what
+// expirePace paces), into the MaxEntries of an ExpireCommand, which
+// counts the keys whose leases end: entries scaled by the keys ended per
+// entry taken in the last budgeted Expire this replica applied, at least
+// 1. Most entries a budgeted Expire takes may end nothing (a renewed
+// key's entry is early and re-queued, a moved entry's old one is stale),
+// and their work is what makes an Expire long. The ratio is this
+// replica's (its wheel's stale and early entries are its own), which is
+// fine: MaxEntries is decided here and carried in the entry, so every
+// replica ends the same keys whatever it is. 0 (no limit) stays 0.
+func expireKeys(entries uint32, st state.Stats) uint32 {
+	if entries == 0 || st.ExpireTaken == 0 || st.ExpireEnded >= st.ExpireTaken {
+		return entries
+	}
+	k := math.Ceil(float64(entries) * float64(st.ExpireEnded) / float64(st.ExpireTaken))
+	return uint32(max(k, 1))
 }
 
 func (s *Server) retryWhileLeader(ctx context.Context, what string, f func() error) {

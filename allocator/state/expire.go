@@ -46,8 +46,14 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 				c.expireEntry(u, l, now, false)
 			}
 		})
-	} else if c.expireBudgeted(sec, budget, now) >= budget {
-		c.expireLeft = c.wheel.dueCount(sec)
+	} else {
+		ended, taken := c.expireBudgeted(sec, budget, now)
+		if taken > 0 {
+			c.expireTaken, c.expireEnded = taken, ended
+		}
+		if ended >= budget {
+			c.expireLeft = c.wheel.dueCount(sec)
+		}
 	}
 
 	var dead []*agentRec

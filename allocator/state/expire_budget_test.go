@@ -227,3 +227,31 @@ func budgetedEnds(s *State, now int64, budget int) int {
 	}
 	return ended
 }
+
+// Stats reports the wheel entries the last budgeted Expire took and the
+// keys it ended leases of, early entries (a renewed key's) counted in the
+// first only; an Expire that takes no entry keeps them.
+func TestBudgetedExpireStatsTakenEnded(t *testing.T) {
+	s := newTestState(t)
+	var keys, renewed []*allotv1.KeyAcquire
+	for i := range 100 {
+		k := ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0)
+		keys = append(keys, k)
+		if i%2 == 0 {
+			renewed = append(renewed, k)
+		}
+	}
+	mustAcquire(t, s, at(0), "a", 1, keys...)
+	mustAcquire(t, s, at(5*time.Second), "a", 2, renewed...) // their entries are early now
+	ended := s.Stats().Leases
+	s.Apply(budgetedExpire(at(12*time.Second), 1000))
+	st := s.Stats()
+	ended -= st.Leases
+	if ended != 50 || st.ExpireEnded != 50 || st.ExpireTaken < 100 {
+		t.Fatalf("after a budgeted Expire: %d leases ended, stats ended %d, taken %d; want 50, 50, ≥ 100", ended, st.ExpireEnded, st.ExpireTaken)
+	}
+	s.Apply(budgetedExpire(at(13*time.Second), 1000))
+	if st2 := s.Stats(); st2.ExpireEnded != st.ExpireEnded || st2.ExpireTaken != st.ExpireTaken {
+		t.Fatalf("an Expire that took nothing changed the stats: %+v, was %+v", st2, st)
+	}
+}

@@ -243,7 +243,8 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 
 // expireBudgeted takes the wheel's units of the seconds ≤ sec, earliest
 // unit first, each whole, until the leases of budget keys or more have
-// been ended, and returns how many keys had leases ended. It stops only
+// been ended, and returns how many keys had leases ended and how many
+// entries it took (stale and early ones included). It stops only
 // between units: past the budget by less than a unit's due keys.
 //
 // Which keys those are is a function of the replicated state and the
@@ -259,14 +260,14 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 // of exactly those keys, in whatever order its entries are, and the
 // units an Expire takes, and the keys it ends, are the same on every
 // replica.
-func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
+func (c *core) expireBudgeted(sec int64, budget int, now int64) (ended, taken int) {
 	w := &c.wheel
-	ended := 0
 	for ended < budget {
 		u, b, ok := w.popDue(sec)
 		if !ok {
 			break
 		}
+		taken += b.len()
 		// Entries queued meanwhile go to other units: a key re-queued
 		// early goes to its earliest expiry's second (> u's), a frozen
 		// or renewed one past sec.
@@ -281,7 +282,7 @@ func (c *core) expireBudgeted(sec int64, budget int, now int64) int {
 		w.recycle(b)
 	}
 	w.trimPool()
-	return ended
+	return ended, taken
 }
 
 // touchEntries reads the blocks the wheel entries links name, as
