@@ -4,9 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/allocator/upstream"
-	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -15,33 +13,8 @@ import (
 // outage charge for that key is then owed again, in the ledger and in the
 // key's policy, and the next call reports it.
 func TestRegionMovedAnswerOwesOutageChargeAgain(t *testing.T) {
-	reg := newTestCluster(t, 1, func(_ int, c *Config) {
-		c.NodeID = "r0"
-		c.Region = RegionConfig{Name: "eu", SkipCycleCheck: true}
-		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(staticGlobalRule)})
-	})
-	alloc, _ := reg.clients(0)
-	s := reg.node(0)
-	key := &allotv1.KeyAcquire{Domain: "g", Entries: []*allotv1.Entry{{Key: "k"}}, Want: 10, Demand: 50}
-	id := uint64(0)
-	var pool state.Pool
-	waitFor(t, 20*time.Second, "tokens minted and owed", func() bool {
-		id++
-		if _, err := alloc.Acquire(ctxT(t), acquireReq("gw", id, key)); err != nil {
-			t.Fatal(err)
-		}
-		ps := s.st.Pools(time.Now().UnixNano())
-		if len(ps) != 1 || ps[0].Owed < 5 {
-			return false
-		}
-		pool = ps[0]
-		return true
-	})
-	g := &regional{s: s, name: "eu", agent: regionAgentPrefix + "eu", addrs: []string{"127.0.0.1:1"},
-		cfg: upstream.Config{}, maxKeys: allotv1.MaxKeysPerCall, keys: map[uint64]keyView{}}
-	// Register tokens counters used by send/finish.
-	nr := s.region
-	g.calls, g.tokens, g.fbKeys = nr.calls, nr.tokens, nr.fbKeys
+	s, _, pool := owingRegion(t, 5)
+	g := testRunner(s, []string{"127.0.0.1:1"}, upstream.Config{})
 	k, err := upstream.NewKey(upstream.Config{}, upstream.Rule{Rate: 100, Burst: 100})
 	if err != nil {
 		t.Fatal(err)

@@ -193,30 +193,7 @@ func TestRegionRequestWithinProtocolBounds(t *testing.T) {
 // call's outage charges are owed in the ledger before the runner sends
 // anything else (a new send would replace the pending one).
 func TestRegionRecoverRetriesGiveUpCommit(t *testing.T) {
-	// No global allocators: the node's own runner mints (each minted
-	// token owed) and sends nothing.
-	reg := newTestCluster(t, 1, func(_ int, c *Config) {
-		c.NodeID = "r0"
-		c.Region = RegionConfig{Name: "eu", SkipCycleCheck: true}
-		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(staticGlobalRule)})
-	})
-	alloc, _ := reg.clients(0)
-	s := reg.node(0)
-	key := &allotv1.KeyAcquire{Domain: "g", Entries: []*allotv1.Entry{{Key: "k"}}, Want: 10, Demand: 50}
-	id := uint64(0)
-	var pool state.Pool
-	waitFor(t, 20*time.Second, "tokens minted and owed", func() bool {
-		id++
-		if _, err := alloc.Acquire(ctxT(t), acquireReq("gw", id, key)); err != nil {
-			t.Fatal(err)
-		}
-		ps := s.st.Pools(time.Now().UnixNano())
-		if len(ps) != 1 || ps[0].Owed == 0 {
-			return false
-		}
-		pool = ps[0]
-		return true
-	})
+	s, key, pool := owingRegion(t, 1)
 	if h := keyHashOf(s.st.Rules(), key); h != pool.Hash {
 		t.Fatalf("key hash %x, pool %x", h, pool.Hash)
 	}
@@ -238,8 +215,7 @@ func TestRegionRecoverRetriesGiveUpCommit(t *testing.T) {
 	}
 	// A runner of this node's term, with an unreachable global allocator,
 	// whose first give-up commit fails.
-	g := &regional{s: s, name: "eu", agent: regionAgentPrefix + "eu", addrs: []string{testproc.FreeAddr(t)},
-		cfg: upstream.Config{CallTimeout: 200 * time.Millisecond}, maxKeys: allotv1.MaxKeysPerCall}
+	g := testRunner(s, []string{testproc.FreeAddr(t)}, upstream.Config{CallTimeout: 200 * time.Millisecond})
 	fails := 0
 	g.settleCommit = func(data []byte) error {
 		if fails == 0 {
@@ -263,4 +239,44 @@ func TestRegionRecoverRetriesGiveUpCommit(t *testing.T) {
 	if p.Owed != p.Minted {
 		t.Errorf("owed %d of %d minted tokens (the recovered call charged %d)", p.Owed, p.Minted, charged)
 	}
+}
+
+// owingRegion starts a one-node region "eu" with no global allocators, so
+// that its own runner mints (each minted token owed) and sends nothing,
+// and acquires the global key g/k until its pool owes at least minOwed
+// tokens. It returns the node, the key and the pool as it was then.
+func owingRegion(t *testing.T, minOwed int64) (*Server, *allotv1.KeyAcquire, state.Pool) {
+	t.Helper()
+	reg := newTestCluster(t, 1, func(_ int, c *Config) {
+		c.NodeID = "r0"
+		c.Region = RegionConfig{Name: "eu", SkipCycleCheck: true}
+		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(staticGlobalRule)})
+	})
+	alloc, _ := reg.clients(0)
+	s := reg.node(0)
+	key := &allotv1.KeyAcquire{Domain: "g", Entries: []*allotv1.Entry{{Key: "k"}}, Want: 10, Demand: 50}
+	id := uint64(0)
+	var pool state.Pool
+	waitFor(t, 20*time.Second, "tokens minted and owed", func() bool {
+		id++
+		if _, err := alloc.Acquire(ctxT(t), acquireReq("gw", id, key)); err != nil {
+			t.Fatal(err)
+		}
+		ps := s.st.Pools(time.Now().UnixNano())
+		if len(ps) != 1 || ps[0].Owed < minOwed {
+			return false
+		}
+		pool = ps[0]
+		return true
+	})
+	return s, key, pool
+}
+
+// testRunner returns a regional runner of s's term calling addrs, with the
+// node's region counters.
+func testRunner(s *Server, addrs []string, cfg upstream.Config) *regional {
+	nr := s.region
+	return &regional{s: s, name: "eu", agent: regionAgentPrefix + "eu", addrs: addrs, cfg: cfg,
+		maxKeys: allotv1.MaxKeysPerCall, keys: map[uint64]keyView{},
+		calls: nr.calls, tokens: nr.tokens, fbKeys: nr.fbKeys}
 }

@@ -9,10 +9,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/allot/allot/allocator/state"
 	"github.com/allot/allot/allocator/upstream"
 	"github.com/allot/allot/internal/testproc"
-	"github.com/allot/allot/pkg/rules"
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
@@ -24,37 +22,12 @@ import (
 // which resumes from the ledger, would never report it. Every minted
 // token stays owed in the ledger or reported by the pending send.
 func TestRegionFailedCallSettledBeforeNextSend(t *testing.T) {
-	// No global allocators: the node's own runner mints (each minted
-	// token owed) and sends nothing.
-	reg := newTestCluster(t, 1, func(_ int, c *Config) {
-		c.NodeID = "r0"
-		c.Region = RegionConfig{Name: "eu", SkipCycleCheck: true}
-		c.InitialRules = append(c.InitialRules, rules.File{Name: "g.yaml", Source: []byte(staticGlobalRule)})
-	})
-	alloc, _ := reg.clients(0)
-	s := reg.node(0)
-	key := &allotv1.KeyAcquire{Domain: "g", Entries: []*allotv1.Entry{{Key: "k"}}, Want: 10, Demand: 50}
-	id := uint64(0)
-	var pool state.Pool
-	waitFor(t, 20*time.Second, "tokens minted and owed", func() bool {
-		id++
-		if _, err := alloc.Acquire(ctxT(t), acquireReq("gw", id, key)); err != nil {
-			t.Fatal(err)
-		}
-		ps := s.st.Pools(time.Now().UnixNano())
-		if len(ps) != 1 || ps[0].Owed < 5 {
-			return false
-		}
-		pool = ps[0]
-		return true
-	})
+	s, _, pool := owingRegion(t, 5)
 	// A second runner of this node's term, with an unreachable global
 	// allocator: every call fails. The first fail entries do not commit.
-	g := &regional{s: s, name: "eu", agent: regionAgentPrefix + "eu", addrs: []string{testproc.FreeAddr(t)}, verified: true,
-		cfg:     upstream.Config{CallTimeout: 200 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, Tick: 20 * time.Millisecond},
-		maxKeys: allotv1.MaxKeysPerCall, keys: map[uint64]keyView{}}
-	nr := s.region
-	g.calls, g.tokens, g.fbKeys = nr.calls, nr.tokens, nr.fbKeys
+	g := testRunner(s, []string{testproc.FreeAddr(t)},
+		upstream.Config{CallTimeout: 200 * time.Millisecond, RetryBackoff: 20 * time.Millisecond, Tick: 20 * time.Millisecond})
+	g.verified = true
 	var mu sync.Mutex
 	refused, committed := 0, 0
 	g.settleCommit = func(data []byte) error {
