@@ -113,20 +113,7 @@ func tokenAdmin(t *testing.T, addr string) allotv1.AdminClient {
 // the meta group's leader if needed, and returns both leaders.
 func leadGroup1Elsewhere(t *testing.T, admin allotv1.AdminClient) (metaLeader, g1Leader string) {
 	t.Helper()
-	var st *allotv1.ClusterStatusResponse
-	waitFor(t, 30*time.Second, "3 groups of 3 voters with leaders", func() bool {
-		var err error
-		st, err = admin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{})
-		if err != nil || len(st.GetGroups()) != 3 {
-			return false
-		}
-		for _, g := range st.GetGroups() {
-			if len(g.GetMembers()) != 3 || g.GetLeaderId() == "" {
-				return false
-			}
-		}
-		return true
-	})
+	st := waitThreeGroupsLed(t, admin)
 	metaLeader = st.GetGroups()[0].GetLeaderId()
 	if st.GetGroups()[1].GetLeaderId() == metaLeader {
 		to := "n0"
@@ -144,4 +131,26 @@ func leadGroup1Elsewhere(t *testing.T, admin allotv1.AdminClient) (metaLeader, g
 			st.GetGroups()[1].GetLeaderId() != "" && st.GetGroups()[1].GetLeaderId() != metaLeader
 	})
 	return metaLeader, st.GetGroups()[1].GetLeaderId()
+}
+
+// waitThreeGroupsLed waits until admin's cluster reports three groups (the
+// meta group and two data groups) of three voters, each with a leader, and
+// returns that status.
+func waitThreeGroupsLed(t *testing.T, admin allotv1.AdminClient) *allotv1.ClusterStatusResponse {
+	t.Helper()
+	var st *allotv1.ClusterStatusResponse
+	waitFor(t, 30*time.Second, "3 groups of 3 voters with leaders", func() bool {
+		var err error
+		st, err = admin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{})
+		if err != nil || len(st.GetGroups()) != 3 {
+			return false
+		}
+		for _, g := range st.GetGroups() {
+			if len(g.GetMembers()) != 3 || g.GetLeaderId() == "" {
+				return false
+			}
+		}
+		return true
+	})
+	return st
 }

@@ -16,15 +16,7 @@ import (
 // an empty data dir joins the running data groups: it does not bootstrap
 // a group of its own.
 func TestGroupsRemovedFounderRejoinsRunningGroups(t *testing.T) {
-	tc := foundedGroups(t, 3, 0)
-	waitDataGroupVoters(t, tc, []int{0, 1, 2}, 2, 3)
-	tc.stop(0, false)
-	removeNode(t, tc, 1, "n0")
-	i := rejoinFresh(t, tc, 0, 1)
-	tc.start(i)
-	s := tc.node(i)
-	neverLeadsAlone(t, tc, i, 15*time.Second)
-	waitRejoinedGroups(t, s, 2, "n0", "n1", "n2")
+	founderRejoins(t, true)
 }
 
 // A founder of the data groups whose disk is wiped, still a member of
@@ -32,14 +24,24 @@ func TestGroupsRemovedFounderRejoinsRunningGroups(t *testing.T) {
 // data dir joins the running data groups: it does not bootstrap a group
 // of its own.
 func TestGroupsWipedFounderRejoinsRunningGroups(t *testing.T) {
+	founderRejoins(t, false)
+}
+
+// founderRejoins: 3 nodes, 2 data groups on all of them; n0, the founder,
+// stops (and is removed from the cluster when remove is set) and joins
+// again through n1 with an empty data dir. It must not lead a group of
+// its own, and ends up a voter of both running groups.
+func founderRejoins(t *testing.T, remove bool) {
 	tc := foundedGroups(t, 3, 0)
 	waitDataGroupVoters(t, tc, []int{0, 1, 2}, 2, 3)
 	tc.stop(0, false)
+	if remove {
+		removeNode(t, tc, 1, "n0")
+	}
 	i := rejoinFresh(t, tc, 0, 1)
 	tc.start(i)
-	s := tc.node(i)
 	neverLeadsAlone(t, tc, i, 15*time.Second)
-	waitRejoinedGroups(t, s, 2, "n0", "n1", "n2")
+	waitRejoinedGroups(t, tc.node(i), 2, "n0", "n1", "n2")
 }
 
 // As TestGroupsRemovedFounderRejoinsRunningGroups, with the data groups

@@ -2,9 +2,6 @@ package allocator
 
 import (
 	"testing"
-	"time"
-
-	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
 // In a cluster authenticated by admin tokens alone (no client
@@ -17,21 +14,7 @@ func TestSpreadLiveVotersTokenCluster(t *testing.T) {
 		}
 	})
 	admin := tokenAdmin(t, tc.node(0).GRPCAddr())
-	var st *allotv1.ClusterStatusResponse
-	waitFor(t, 30*time.Second, "3 groups of 3 voters with leaders", func() bool {
-		var err error
-		st, err = admin.ClusterStatus(ctxT(t), &allotv1.ClusterStatusRequest{})
-		if err != nil || len(st.GetGroups()) != 3 {
-			return false
-		}
-		for _, g := range st.GetGroups() {
-			if len(g.GetMembers()) != 3 || g.GetLeaderId() == "" {
-				return false
-			}
-		}
-		return true
-	})
-	metaLeader := st.GetGroups()[0].GetLeaderId()
+	metaLeader := waitThreeGroupsLed(t, admin).GetGroups()[0].GetLeaderId()
 	var s *Server
 	for i := 0; i < 3; i++ {
 		if tc.node(i).cfg.NodeID == metaLeader {
