@@ -248,7 +248,7 @@ func (a *Agent) scan(now int64, dt, alpha float64) {
 	for _, ks := range idle {
 		keep := func(ks *keyState) bool { o := ks.obs(); return !rf.core.Forgettable(&ks.Key, &o, now) }
 		if a.keys.shard(ks.hash).remove(ks, keep) {
-			if t := ks.outage.Load(); t > 0 {
+			if t := ks.outage.Load(); t > 0 && rf.core.OverKeys() {
 				// Forgiven: the table was over MaxOutageKeys (policy.Core.Forgettable).
 				a.met.outageForgiven.Add(float64(t))
 			}

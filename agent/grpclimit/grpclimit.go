@@ -39,7 +39,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -290,19 +289,14 @@ func (l *Limiter) check(ctx context.Context, fullMethod string) (header, trailer
 	fields[MetadataRetryAfter] = []string{strconv.FormatInt(retry, 10)}
 	st := status.New(codes.ResourceExhausted, "rate limit exceeded")
 	// The delay is Retry-After's: a client never retries earlier than the
-	// trailer says.
-	// Clamped before the multiplication, which would overflow to a
-	// negative delay past about 292 years.
-	delay := time.Duration(min(retry, maxRetryDelaySeconds)) * time.Second
+	// trailer says. RetryAfterSeconds is at most httplimit.MaxRetryAfter
+	// (about 36.5 years), so the multiplication cannot overflow.
+	delay := time.Duration(retry) * time.Second
 	if ds, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); derr == nil {
 		st = ds
 	}
 	return nil, fields, st.Err()
 }
-
-// maxRetryDelaySeconds is the longest RetryInfo delay, in seconds, that a
-// time.Duration holds.
-const maxRetryDelaySeconds = int64(math.MaxInt64 / time.Second)
 
 // fieldsMD returns the RateLimit fields of d as metadata (nil when d
 // reports no limit).

@@ -328,7 +328,7 @@ func (c *core) rebuildWheel() {
 }
 
 // compactBudget is the most entries an Expire moves while the arena is
-// compacted: about 2 ms (a million leased keys take ~120 Expires).
+// compacted (a million leased keys take ~120 Expires).
 const compactBudget = 8192
 
 // maybeCompact starts a compaction when more than a third of the arena is

@@ -195,7 +195,7 @@ func (c *Core) Visit(k *Key, o *Obs, now int64, dt, alpha float64) Verdict {
 			return Forget
 		}
 	} else {
-		if o.Outage > 0 && c.overKeys() && c.Forgettable(k, o, now) {
+		if o.Outage > 0 && c.OverKeys() && c.Forgettable(k, o, now) {
 			return Forget // before the outage charge picks it (needsAcquire)
 		}
 		if !c.cfg.Standalone && !k.Inflight && (fell && c.reportFall(k, o, now) || c.needsAcquire(k, o, now)) {
@@ -240,7 +240,7 @@ func (c *Core) reportFall(k *Key, o *Obs, now int64) bool {
 // dequeues): the queue does not drain while the allocator is unreachable.
 // A key in flight (in the one unacknowledged call, retried first) is kept.
 func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
-	forgive := o.Outage > 0 && c.overKeys()
+	forgive := o.Outage > 0 && c.OverKeys()
 	if k.Inflight || o.Queued && !forgive || !o.idle(now, c.cfg.IdleTimeout) || now < o.StaticFullAt {
 		return false
 	}
@@ -250,9 +250,9 @@ func (c *Core) Forgettable(k *Key, o *Obs, now int64) bool {
 	return o.Charged <= 0 && (o.Outage <= 0 || forgive) && (o.Balance == 0 || !o.live(now))
 }
 
-// overKeys reports whether the key table holds more keys than
+// OverKeys reports whether the key table holds more keys than
 // Config.MaxOutageKeys (see Forgettable).
-func (c *Core) overKeys() bool {
+func (c *Core) OverKeys() bool {
 	return c.cfg.MaxOutageKeys > 0 && c.Keys > c.cfg.MaxOutageKeys
 }
 

@@ -4919,8 +4919,8 @@ type ExpireCommand struct {
 	// the rest stay due for the next Expire, earliest unit first. 0: no
 	// limit.
 	MaxEntries uint32 `protobuf:"varint,1,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
-	// Skip the sweep of idle keys and the incremental compaction (the leader
-	// sweeps on a slower cadence than it expires).
+	// Skip the sweep of idle keys (the leader sweeps on a slower cadence
+	// than it expires); a compaction under way still takes its step.
 	SkipSweep bool `protobuf:"varint,2,opt,name=skip_sweep,json=skipSweep,proto3" json:"skip_sweep,omitempty"`
 	// The sweep passes over this many segments from its cursor before it
 	// sweeps one: segments in which the leader found no key to drop, so that
