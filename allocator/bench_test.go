@@ -161,7 +161,7 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 				f.Apply(&raft.Log{Type: raft.LogCommand, Data: entry()})
 			}
 			budget, _ := expirePace(maxEntries, expireEvery, st.Stats().ExpireBacklog)
-			cmd := &allotv1.ExpireCommand{MaxEntries: budget, SkipSweep: expires%sweepEach != 0}
+			cmd := expireCommand(st, now, budget, expires%sweepEach == 0)
 			expires++
 			exp, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: cmd}})
 			start := time.Now()

@@ -132,8 +132,8 @@ type Config struct {
 	// ExpireInterval is how often the leader commits an ExpireCommand
 	// (default 100 ms). Each one takes about ExpireMaxEntries expiry-wheel
 	// entries (default 4096; negative: no limit): its MaxEntries counts
-	// the keys whose due leases end, and the leader scales ExpireMaxEntries
-	// by the keys ended per entry taken in the last one (expireKeys), since
+	// the keys whose due leases end, and its LastUnit stops it where the
+	// leader's wheel holds that many due entries (expireCommand), since
 	// early and stale entries end nothing but cost as much; it takes whole
 	// wheel units (1/64 of a second's entries each), and leaves
 	// the rest for the next, which follows sooner while a backlog remains (expirePace),

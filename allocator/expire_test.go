@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"fmt"
-	"github.com/allot/allot/allocator/state"
 	"testing"
 	"time"
 )
@@ -121,30 +120,5 @@ func TestExpirePaceDrainsBacklog(t *testing.T) {
 				t.Fatalf("an Expire took %d entries at %d/s; want ≤ %d", maxTaken, rate, 2*base)
 			}
 		})
-	}
-}
-
-// TestExpireKeys: the leader turns expirePace's budget of wheel entries
-// into MaxEntries (keys whose leases end) by the last budgeted Expire's
-// keys ended per entry taken, so an Expire takes about that many entries
-// however many of them are early or stale.
-func TestExpireKeys(t *testing.T) {
-	for _, c := range []struct {
-		entries      uint32
-		taken, ended uint64
-		want         uint32
-	}{
-		{4096, 0, 0, 4096},        // no budgeted Expire yet
-		{4096, 20000, 5000, 1024}, // 1 key in 4 entries
-		{4096, 30000, 7000, 956},  // rounded up
-		{4096, 50000, 0, 1},       // nothing ended: at least 1
-		{4096, 1000, 1000, 4096},  // every entry ended a key
-		{0, 20000, 5000, 0},       // no limit stays no limit
-		{1 << 31, 4, 1, 1 << 29},  // a raised budget scales too
-	} {
-		got := expireKeys(c.entries, state.Stats{ExpireTaken: c.taken, ExpireEnded: c.ended})
-		if got != c.want {
-			t.Errorf("expireKeys(%d, taken %d, ended %d) = %d, want %d", c.entries, c.taken, c.ended, got, c.want)
-		}
 	}
 }

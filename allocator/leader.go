@@ -137,7 +137,6 @@ func (s *Server) expireWait(st *state.State, sw *sweeper, tick time.Time) time.D
 	next := sw.last.Add(s.cfg.SweepInterval)
 	stats := st.Stats()
 	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, stats.ExpireBacklog)
-	budget = expireKeys(budget, stats)
 	if due := st.NextDue(budget); due < next.UnixNano() {
 		next = time.Unix(0, due)
 	}
@@ -168,7 +167,7 @@ func (s *Server) expireOnce(ctx context.Context, st *state.State, apply func(*al
 	}
 	stats := st.Stats()
 	budget, _ := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, stats.ExpireBacklog)
-	cmd := &allotv1.ExpireCommand{MaxEntries: expireKeys(budget, stats), SkipSweep: !sweep}
+	cmd := expireCommand(st, now.UnixNano(), budget, sweep)
 	if sweep {
 		cmd.SweepSkip = sw.skip
 	}
@@ -225,22 +224,14 @@ func expirePace(base int, interval time.Duration, backlog uint64) (uint32, time.
 	return uint32(min(max(float64(base), math.Ceil(per)), 1<<31)), wait
 }
 
-// expireKeys turns entries, a budget of expiry-wheel entries (what
-// expirePace paces), into the MaxEntries of an ExpireCommand, which
-// counts the keys whose leases end: entries scaled by the keys ended per
-// entry taken in the last budgeted Expire this replica applied, at least
-// 1. Most entries a budgeted Expire takes may end nothing (a renewed
-// key's entry is early and re-queued, a moved entry's old one is stale),
-// and their work is what makes an Expire long. The ratio is this
-// replica's (its wheel's stale and early entries are its own), which is
-// fine: MaxEntries is decided here and carried in the entry, so every
-// replica ends the same keys whatever it is. 0 (no limit) stays 0.
-func expireKeys(entries uint32, st state.Stats) uint32 {
-	if entries == 0 || st.ExpireTaken == 0 || st.ExpireEnded >= st.ExpireTaken {
-		return entries
-	}
-	k := math.Ceil(float64(entries) * float64(st.ExpireEnded) / float64(st.ExpireTaken))
-	return uint32(max(k, 1))
+// expireCommand returns the ExpireCommand a leader of st commits at now
+// with expirePace's budget of wheel entries: MaxEntries counts the keys
+// whose leases end, and LastUnit stops it where this replica's wheel holds
+// budget due entries, early and stale ones included (most of a unit's
+// entries may end nothing: a renewed key's is early and re-queued, a moved
+// one's stale), so an Expire takes about budget entries either way.
+func expireCommand(st *state.State, now int64, budget uint32, sweep bool) *allotv1.ExpireCommand {
+	return &allotv1.ExpireCommand{MaxEntries: budget, LastUnit: st.ExpireLastUnit(now, budget), SkipSweep: !sweep}
 }
 
 func (s *Server) retryWhileLeader(ctx context.Context, what string, f func() error) {

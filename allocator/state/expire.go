@@ -17,8 +17,9 @@ import (
 // Cost: the keys with a lease due are taken from the expiry wheel (one
 // entry per leased key; a renewed key is re-queued when its entry is
 // taken), when cmd.MaxEntries is set until the keys whose leases ended
-// reach it, in whole units of the wheel (a second's keys of one hash
-// prefix), so up to a unit's keys more (the rest are taken by the next
+// reach it, and when cmd.LastUnit is set up to that unit, in whole units
+// of the wheel (a second's keys of one hash prefix), so up to a unit's
+// keys more (the rest are taken by the next
 // Expire, and only whole past seconds are taken: a lease ended late only
 // counts in its key's hold caps a little longer, its tokens are not
 // credited back either way; the keys a budget reaches are the same on
@@ -38,22 +39,20 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 		// times over. A lease ends at most 1 s + ExpireInterval late.
 		sec--
 	}
-	c.expireLeft = 0
+	last := cmd.GetLastUnit()
 	if budget <= 0 {
-		c.wheel.takeDue(sec, func(u int64, links []uint32) {
+		c.wheel.takeDue(sec, last, func(u int64, links []uint32) {
 			c.touchEntries(links)
 			for _, l := range links {
 				c.expireEntry(u, l, now, false)
 			}
 		})
 	} else {
-		ended, taken := c.expireBudgeted(sec, budget, now)
-		if taken > 0 {
-			c.expireTaken, c.expireEnded = taken, ended
-		}
-		if ended >= budget {
-			c.expireLeft = c.wheel.dueCount(sec)
-		}
+		c.expireBudgeted(sec, last, budget, now)
+	}
+	c.expireLeft = 0
+	if budget > 0 || last != 0 {
+		c.expireLeft = c.wheel.dueCount(sec)
 	}
 
 	var dead []*agentRec
@@ -216,6 +215,21 @@ func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
 		}
 	}
 	return true
+}
+
+// ExpireLastUnit returns the LastUnit of a budgeted Expire at now that
+// takes about entries expiry-wheel entries: the earliest due unit at which
+// the entries of the due units up to it reach entries (every entry this
+// replica's wheel holds, early and stale ones included: the work of taking
+// them), or 0 when the due units hold fewer or entries is 0. It reads the
+// wheel's units under the read lock.
+func (s *State) ExpireLastUnit(now int64, entries uint32) int64 {
+	if entries == 0 {
+		return 0
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.wheel.lastUnit(floorDiv(now, 1e9)-1, int(entries)) // as a budgeted applyExpire: whole past seconds
 }
 
 // NextDue returns the earliest time (Unix nanoseconds) at which ExpireIdle

@@ -121,7 +121,17 @@ func TestBudgetedExpireRestoredReplicaProperty(t *testing.T) {
 				k := ka("big", fmt.Sprint("k", rapid.IntRange(0, nKeys-1).Draw(rt, "key")), 0, 0, 0, 0)
 				apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Release{Release: &allotv1.ReleaseRequest{AgentId: ag, RequestId: ids[ag], Keys: []*allotv1.KeyAcquire{k}}}})
 			case op < 9:
-				apply(budgetedExpire(now, uint32(rapid.IntRange(1, 6).Draw(rt, "max"))))
+				cmd := budgetedExpire(now, uint32(rapid.IntRange(1, 6).Draw(rt, "max")))
+				if leader := rapid.IntRange(0, 2).Draw(rt, "lastUnitFrom"); leader > 0 {
+					// LastUnit as a leader computes it from its own wheel:
+					// either replica may lead.
+					from := a
+					if leader == 2 && b != nil {
+						from = b
+					}
+					cmd.GetExpire().LastUnit = from.ExpireLastUnit(now, uint32(rapid.IntRange(1, 20).Draw(rt, "lastEntries")))
+				}
+				apply(cmd)
 			default:
 				freeze := rapid.Bool().Draw(rt, "freeze")
 				frozen = freeze
@@ -228,30 +238,54 @@ func budgetedEnds(s *State, now int64, budget int) int {
 	return ended
 }
 
-// Stats reports the wheel entries the last budgeted Expire took and the
-// keys it ended leases of, early entries (a renewed key's) counted in the
-// first only; an Expire that takes no entry keeps them.
-func TestBudgetedExpireStatsTakenEnded(t *testing.T) {
+// A budgeted Expire whose due units hold only renewed keys' early entries
+// ends nothing, so MaxEntries does not stop it; LastUnit does: the Expire
+// takes the units up to the one at which ExpireLastUnit counted the
+// entries it was asked for, and leaves the rest due (ExpireBacklog).
+func TestBudgetedExpireLastUnitBoundsEarlyEntries(t *testing.T) {
 	s := newTestState(t)
-	var keys, renewed []*allotv1.KeyAcquire
-	for i := range 100 {
-		k := ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0)
-		keys = append(keys, k)
-		if i%2 == 0 {
-			renewed = append(renewed, k)
-		}
+	var keys []*allotv1.KeyAcquire
+	for i := range 1000 {
+		keys = append(keys, ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0))
 	}
 	mustAcquire(t, s, at(0), "a", 1, keys...)
-	mustAcquire(t, s, at(5*time.Second), "a", 2, renewed...) // their entries are early now
-	ended := s.Stats().Leases
-	s.Apply(budgetedExpire(at(12*time.Second), 1000))
-	st := s.Stats()
-	ended -= st.Leases
-	if ended != 50 || st.ExpireEnded != 50 || st.ExpireTaken < 100 {
-		t.Fatalf("after a budgeted Expire: %d leases ended, stats ended %d, taken %d; want 50, 50, ≥ 100", ended, st.ExpireEnded, st.ExpireTaken)
+	mustAcquire(t, s, at(5*time.Second), "a", 2, keys...) // every entry is early now
+	now := at(12 * time.Second)
+	if got := s.ExpireLastUnit(now, 0); got != 0 {
+		t.Fatalf("ExpireLastUnit(0 entries) = %d, want 0", got)
 	}
-	s.Apply(budgetedExpire(at(13*time.Second), 1000))
-	if st2 := s.Stats(); st2.ExpireEnded != st.ExpireEnded || st2.ExpireTaken != st.ExpireTaken {
-		t.Fatalf("an Expire that took nothing changed the stats: %+v, was %+v", st2, st)
+	if got := s.ExpireLastUnit(now, 1001); got != 0 {
+		t.Fatalf("ExpireLastUnit(more than are due) = %d, want 0", got)
+	}
+	last := s.ExpireLastUnit(now, 100)
+	var want int // entries of the units up to last: at least 100, under a unit more
+	var units []int64
+	s.st.wheel.each(func(u int64, _ uint32) {
+		if u <= last {
+			want++
+		}
+		units = append(units, u)
+	})
+	if last == 0 || want < 100 || want >= 100+64 {
+		t.Fatalf("ExpireLastUnit(100) = %d covering %d entries; want ≥ 100 entries, under a unit more", last, want)
+	}
+	cmd := budgetedExpire(now, 4096)
+	cmd.GetExpire().LastUnit = last
+	s.Apply(cmd)
+	st := s.Stats()
+	if st.Leases != 1000 || st.ExpireBacklog != uint64(1000-want) {
+		t.Fatalf("after the Expire: %d leases, backlog %d; want 1000 (renewed keys end nothing) and %d", st.Leases, st.ExpireBacklog, 1000-want)
+	}
+	s.st.wheel.each(func(u int64, _ uint32) {
+		if u <= last {
+			t.Fatalf("unit %d ≤ LastUnit %d still queued", u, last)
+		}
+	})
+	if err := s.consistency(); err != nil {
+		t.Fatal(err)
+	}
+	s.Apply(budgetedExpire(now, 4096)) // no LastUnit: the rest
+	if st := s.Stats(); st.ExpireBacklog != 0 || st.Leases != 1000 {
+		t.Fatalf("after an unbounded Expire: backlog %d, leases %d; want 0, 1000", st.ExpireBacklog, st.Leases)
 	}
 }

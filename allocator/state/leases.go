@@ -241,9 +241,9 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 	return false
 }
 
-// expireBudgeted takes the wheel's units of the seconds ≤ sec, earliest
-// unit first, each whole, until the leases of budget keys or more have
-// been ended, and returns how many keys had leases ended and how many
+// expireBudgeted takes the wheel's units of the seconds ≤ sec (and, if
+// last is not 0, none after unit last), earliest unit first, each whole,
+// until the leases of budget keys or more have been ended, and returns how many keys had leases ended and how many
 // entries it took (stale and early ones included). It stops only
 // between units: past the budget by less than a unit's due keys.
 //
@@ -259,11 +259,12 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 // the entries of U end is one of them. So taking U ends the leases due
 // of exactly those keys, in whatever order its entries are, and the
 // units an Expire takes, and the keys it ends, are the same on every
-// replica.
-func (c *core) expireBudgeted(sec int64, budget int, now int64) (ended, taken int) {
+// replica. (last names a unit, not a count of entries, for the same
+// reason.)
+func (c *core) expireBudgeted(sec, last int64, budget int, now int64) (ended, taken int) {
 	w := &c.wheel
 	for ended < budget {
-		u, b, ok := w.popDue(sec)
+		u, b, ok := w.popDue(sec, last)
 		if !ok {
 			break
 		}

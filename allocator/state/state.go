@@ -126,12 +126,6 @@ type Stats struct {
 	// lease due) the last Expire left for the next one because its
 	// MaxEntries budget ran out. Not replicated state: 0 after a restore.
 	ExpireBacklog uint64
-	// ExpireTaken and ExpireEnded are how many expiry-wheel entries the
-	// last budgeted Expire took (stale and early ones included: its work)
-	// and how many keys it ended leases of (what its MaxEntries counts).
-	// Like ExpireBacklog, local metrics, not replicated state; a leader
-	// sizes its next budget by their ratio.
-	ExpireTaken, ExpireEnded uint64
 	// Static shares (static.go): the keys in the hot-key set, the slots
 	// held, and the transitions that began less than a static TTL ago.
 	HotKeys           uint64
@@ -197,10 +191,6 @@ type core struct {
 	// expireLeft is the due wheel entries the last Expire left (a metric:
 	// derived, not snapshotted, never read by a decision).
 	expireLeft int
-	// expireTaken and expireEnded are the wheel entries the last budgeted
-	// Expire took and the keys it ended leases of (metrics, like
-	// expireLeft).
-	expireTaken, expireEnded int
 
 	wheel wheel // lease expiry index; not persisted: rebuilt on Restore
 
@@ -411,8 +401,6 @@ func (s *State) Stats() Stats {
 		RulesVersion:  c.rulesVersion(),
 		LastApplied:   c.now,
 		ExpireBacklog: uint64(c.expireLeft),
-		ExpireTaken:   uint64(c.expireTaken),
-		ExpireEnded:   uint64(c.expireEnded),
 	}
 	if ss := c.static; ss != nil {
 		st.HotKeys = uint64(len(ss.hot))

@@ -1,5 +1,7 @@
 package state
 
+import "slices"
+
 // The expiry wheel finds the leases an Expire must end without a node per
 // lease: it holds, per unit, the links of the leased keys whose earliest
 // lease expires in that unit, 4 bytes per entry in pooled pages. A unit is
@@ -133,11 +135,17 @@ func (w *wheel) minSec() (int64, bool) {
 	return unitSec(w.units[0]), true
 }
 
-// popDue removes and returns the bucket of the earliest unit, if its
-// second is ≤ sec. Its entries no longer count in w.n; entries queued in
-// the unit from now on go to a new bucket.
-func (w *wheel) popDue(sec int64) (int64, *wbucket, bool) {
-	if len(w.units) == 0 || unitSec(w.units[0]) > sec {
+// due reports whether unit u is due by second sec and, when last is not
+// 0, not after unit last.
+func due(u, sec, last int64) bool {
+	return unitSec(u) <= sec && (last == 0 || u <= last)
+}
+
+// popDue removes and returns the bucket of the earliest unit, if it is due
+// by second sec and last (due). Its entries no longer count in w.n;
+// entries queued in the unit from now on go to a new bucket.
+func (w *wheel) popDue(sec, last int64) (int64, *wbucket, bool) {
+	if len(w.units) == 0 || !due(w.units[0], sec, last) {
 		return 0, nil, false
 	}
 	u := w.units.pop()
@@ -167,18 +175,18 @@ func (w *wheel) trimPool() {
 	}
 }
 
-// takeDue takes every entry of every unit of a second ≤ sec, earliest
-// unit first, and calls f for them, a few of a unit at a time. Entries f
-// queues go to new buckets and are not taken by this call, even in a
-// second ≤ sec. (A budgeted Expire takes entries with
+// takeDue takes every entry of every unit due by second sec and last
+// (due), earliest unit first, and calls f for them, a few of a unit at a
+// time. Entries f queues go to new buckets and are not taken by this call,
+// even in a unit it takes. (A budgeted Expire takes entries with
 // core.expireBudgeted instead.)
-func (w *wheel) takeDue(sec int64, f func(u int64, links []uint32)) {
-	due := w.due[:0]
-	for len(w.units) > 0 && unitSec(w.units[0]) <= sec {
-		due = append(due, w.units.pop())
+func (w *wheel) takeDue(sec, last int64, f func(u int64, links []uint32)) {
+	units := w.due[:0]
+	for len(w.units) > 0 && due(w.units[0], sec, last) {
+		units = append(units, w.units.pop())
 	}
-	w.due = due
-	for _, u := range due {
+	w.due = units
+	for _, u := range units {
 		b := w.buckets[u]
 		delete(w.buckets, u)
 		w.n -= b.len()
@@ -197,6 +205,25 @@ func (w *wheel) dueCount(sec int64) int {
 		}
 	}
 	return n
+}
+
+// lastUnit returns the earliest unit of a second ≤ sec at which the
+// entries of that unit and the earlier ones reach n, or 0 if all those
+// units together hold fewer.
+func (w *wheel) lastUnit(sec int64, n int) int64 {
+	var units []int64
+	for _, u := range w.units {
+		if unitSec(u) <= sec {
+			units = append(units, u)
+		}
+	}
+	slices.Sort(units)
+	for _, u := range units {
+		if n -= w.buckets[u].len(); n <= 0 {
+			return u
+		}
+	}
+	return 0
 }
 
 // each calls f for every entry (for tests).

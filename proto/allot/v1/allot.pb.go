@@ -4927,7 +4927,14 @@ type ExpireCommand struct {
 	// it commits a sweep only where there is work. A replica that does not
 	// know the field sweeps the cursor's segment instead; which idle keys a
 	// replica still holds never changes a decision.
-	SweepSkip     uint32 `protobuf:"varint,3,opt,name=sweep_skip,json=sweepSkip,proto3" json:"sweep_skip,omitempty"`
+	SweepSkip uint32 `protobuf:"varint,3,opt,name=sweep_skip,json=sweepSkip,proto3" json:"sweep_skip,omitempty"`
+	// The last expiry-wheel unit this Expire may take (second·64 + hash
+	// prefix, the unit order): the leader names the unit at which its own
+	// wheel's due entries reach its budget, so that an Expire whose units
+	// hold mostly renewed keys' early entries (which end nothing, and do not
+	// count against max_entries) stays short. Units are named by time and
+	// hash, so every replica takes the same ones. 0: no such bound.
+	LastUnit      int64 `protobuf:"varint,4,opt,name=last_unit,json=lastUnit,proto3" json:"last_unit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4979,6 +4986,13 @@ func (x *ExpireCommand) GetSkipSweep() bool {
 func (x *ExpireCommand) GetSweepSkip() uint32 {
 	if x != nil {
 		return x.SweepSkip
+	}
+	return 0
+}
+
+func (x *ExpireCommand) GetLastUnit() int64 {
+	if x != nil {
+		return x.LastUnit
 	}
 	return 0
 }
@@ -5436,14 +5450,15 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\breplicas\x18\n" +
 	" \x01(\rR\breplicas\"D\n" +
 	"\fAcquireBatch\x124\n" +
-	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"n\n" +
+	"\brequests\x18\x01 \x03(\v2\x18.allot.v1.AcquireRequestR\brequests\"\x8b\x01\n" +
 	"\rExpireCommand\x12\x1f\n" +
 	"\vmax_entries\x18\x01 \x01(\rR\n" +
 	"maxEntries\x12\x1d\n" +
 	"\n" +
 	"skip_sweep\x18\x02 \x01(\bR\tskipSweep\x12\x1d\n" +
 	"\n" +
-	"sweep_skip\x18\x03 \x01(\rR\tsweepSkip\"Q\n" +
+	"sweep_skip\x18\x03 \x01(\rR\tsweepSkip\x12\x1b\n" +
+	"\tlast_unit\x18\x04 \x01(\x03R\blastUnit\"Q\n" +
 	"\rMemberCommand\x12(\n" +
 	"\x06member\x18\x01 \x01(\v2\x10.allot.v1.MemberR\x06member\x12\x16\n" +
 	"\x06remove\x18\x02 \x01(\bR\x06remove*\xb7\x01\n" +
