@@ -27,7 +27,7 @@ import (
 // most);
 // and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
 // so an Expire does not touch every key. Each Expire advances a running
-// arena compaction by one step.
+// arena compaction by one step (compactQuota).
 func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
 	sec, budget := floorDiv(now, 1e9), int(cmd.GetMaxEntries())
@@ -82,7 +82,7 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 		// ExpireIdle is false, so the leader commits one every
 		// ExpireInterval. Only a sweep starts one.
 		if c.old != nil {
-			c.compactStep(c.compactBudget)
+			c.compactStep(c.compactQuota(now))
 		}
 		return
 	}

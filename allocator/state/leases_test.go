@@ -333,3 +333,33 @@ func TestSkipSweepExpireAdvancesCompaction(t *testing.T) {
 		}
 	}
 }
+
+// A compaction step moves compactRate entries a second since the last
+// step, within [compactMinStep, compactBudget]: Expires that follow each
+// other closely take short steps, and the first step after a gap (or of a
+// compaction) is bounded either way.
+func TestCompactQuota(t *testing.T) {
+	s := newTestState(t)
+	c := s.st
+	c.now = at(time.Second)
+	c.startCompaction()
+	for _, step := range []struct {
+		at   time.Duration
+		want int
+	}{
+		{time.Second, compactMinStep},                          // the starting step
+		{time.Second + 10*time.Millisecond, compactMinStep},    // 163 entries' worth
+		{time.Second + 110*time.Millisecond, compactRate / 10}, // 100 ms
+		{time.Second + 100*time.Millisecond, compactBudget},    // time went back: the cap
+		{time.Second + 350*time.Millisecond, compactRate / 4},
+		{5 * time.Second, compactBudget}, // a gap
+	} {
+		if got := c.compactQuota(at(step.at)); got != step.want {
+			t.Fatalf("compactQuota at %v = %d, want %d", step.at, got, step.want)
+		}
+	}
+	c.compactBudget = 100 // tests lower the cap below the least step
+	if got := c.compactQuota(at(5*time.Second + time.Millisecond)); got != 100 {
+		t.Fatalf("compactQuota under a lowered cap = %d, want 100", got)
+	}
+}

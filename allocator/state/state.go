@@ -179,8 +179,9 @@ type core struct {
 	// compactFrom is its hash cursor (leases.go).
 	old           *arena
 	compactFrom   uint64
-	compactBudget int  // compactBudget; tests lower it
-	compactAlways bool // tests: compact whenever none is running
+	compactBudget int   // compactBudget; tests lower it
+	compactAt     int64 // the time of the last compaction step (compactQuota)
+	compactAlways bool  // tests: compact whenever none is running
 	// agents by id; byNum indexes the same records by their number.
 	agents    map[string]*agentRec
 	byNum     map[uint32]*agentRec
