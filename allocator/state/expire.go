@@ -17,7 +17,7 @@ import (
 // Cost: the keys with a lease due are taken from the expiry wheel (one
 // entry per leased key; a renewed key is re-queued when its entry is
 // taken), when cmd.MaxEntries is set until the keys whose leases ended
-// reach it, and when cmd.LastUnit is set up to that unit, in whole units
+// reach it and, if cmd.LastUnit is set, up to that unit, in whole units
 // of the wheel (a second's keys of one hash prefix), so up to a unit's
 // keys more (the rest are taken by the next
 // Expire, and only whole past seconds are taken: a lease ended late only
@@ -41,6 +41,12 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	}
 	last := cmd.GetLastUnit()
 	if budget <= 0 {
+		// Unbudgeted: every unit up to now's second. An unbudgeted Expire
+		// ends the due leases of whatever entry it takes, early ones
+		// included, so a bound on its units would end different leases on
+		// replicas whose wheels differ; last_unit applies to budgeted
+		// Expires only.
+		last = 0
 		c.wheel.takeDue(sec, last, func(u int64, links []uint32) {
 			c.touchEntries(links)
 			for _, l := range links {
@@ -221,15 +227,21 @@ func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
 // takes about entries expiry-wheel entries: the earliest due unit at which
 // the entries of the due units up to it reach entries (every entry this
 // replica's wheel holds, early and stale ones included: the work of taking
-// them), or 0 when the due units hold fewer or entries is 0. It reads the
-// wheel's units under the read lock.
+// them), or when the due units hold fewer, the last unit of the last
+// second due at now, so that an Expire stamped in a later second than now
+// (the leader's stamp follows its look) still stops there. 0 (no bound)
+// when entries is 0. It reads the wheel's units under the read lock.
 func (s *State) ExpireLastUnit(now int64, entries uint32) int64 {
 	if entries == 0 {
 		return 0
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.st.wheel.lastUnit(floorDiv(now, 1e9)-1, int(entries)) // as a budgeted applyExpire: whole past seconds
+	sec := floorDiv(now, 1e9) - 1 // as a budgeted applyExpire: whole past seconds
+	if u := s.st.wheel.lastUnit(sec, int(entries)); u != 0 {
+		return u
+	}
+	return unitOf(sec, math.MaxUint64)
 }
 
 // NextDue returns the earliest time (Unix nanoseconds) at which ExpireIdle

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -15,6 +16,16 @@ import (
 	allotv1 "github.com/allot/allot/proto/allot/v1"
 )
 
+// bigKeys returns n keys of the "big" descriptor, named prefix0, prefix1,
+// …, each wanting 1 token.
+func bigKeys(prefix string, n int) []*allotv1.KeyAcquire {
+	keys := make([]*allotv1.KeyAcquire, n)
+	for i := range keys {
+		keys[i] = ka("big", fmt.Sprint(prefix, i), 1, 0, 0, 0)
+	}
+	return keys
+}
+
 func budgetedExpire(now int64, max uint32) *allotv1.Command {
 	return &allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{MaxEntries: max, SkipSweep: true}}}
 }
@@ -24,10 +35,7 @@ func budgetedExpire(now int64, max uint32) *allotv1.Command {
 // state, whose expiry wheels hold the keys in different orders.
 func TestBudgetedExpireSameOnRestoredReplica(t *testing.T) {
 	a := newTestState(t)
-	var keys []*allotv1.KeyAcquire
-	for i := range 100 {
-		keys = append(keys, ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0))
-	}
+	keys := bigKeys("key-", 100)
 	mustAcquire(t, a, at(0), "a", 1, keys...)
 	b := newRestored(t, persist(t, a))
 	if !bytes.Equal(persist(t, a), persist(t, b)) {
@@ -121,15 +129,23 @@ func TestBudgetedExpireRestoredReplicaProperty(t *testing.T) {
 				k := ka("big", fmt.Sprint("k", rapid.IntRange(0, nKeys-1).Draw(rt, "key")), 0, 0, 0, 0)
 				apply(&allotv1.Command{NowUnixNanos: now, Cmd: &allotv1.Command_Release{Release: &allotv1.ReleaseRequest{AgentId: ag, RequestId: ids[ag], Keys: []*allotv1.KeyAcquire{k}}}})
 			case op < 9:
-				cmd := budgetedExpire(now, uint32(rapid.IntRange(1, 6).Draw(rt, "max")))
-				if leader := rapid.IntRange(0, 2).Draw(rt, "lastUnitFrom"); leader > 0 {
-					// LastUnit as a leader computes it from its own wheel:
-					// either replica may lead.
-					from := a
-					if leader == 2 && b != nil {
-						from = b
+				// max 0: unbudgeted, which must ignore LastUnit.
+				max := uint32(rapid.IntRange(0, 6).Draw(rt, "max"))
+				cmd := budgetedExpire(now, max)
+				switch from := rapid.IntRange(0, 3).Draw(rt, "lastUnitFrom"); from {
+				case 1, 2:
+					// LastUnit as a leader computes it from its own wheel
+					// (either replica may lead), for this time or one a
+					// little earlier (the leader looks before it stamps).
+					leader := a
+					if from == 2 && b != nil {
+						leader = b
 					}
-					cmd.GetExpire().LastUnit = from.ExpireLastUnit(now, uint32(rapid.IntRange(1, 20).Draw(rt, "lastEntries")))
+					look := now - int64(rapid.IntRange(0, 1500).Draw(rt, "lookEarlierMs"))*int64(time.Millisecond)
+					cmd.GetExpire().LastUnit = leader.ExpireLastUnit(look, uint32(rapid.IntRange(0, 20).Draw(rt, "lastEntries")))
+				case 3: // any unit of the last 70 seconds
+					back := int64(rapid.IntRange(0, 70).Draw(rt, "lastBack"))
+					cmd.GetExpire().LastUnit = unitOf(floorDiv(now, 1e9)-back, uint64(rapid.IntRange(0, 63).Draw(rt, "lastPrefix"))<<(64-unitBits))
 				}
 				apply(cmd)
 			default:
@@ -244,18 +260,15 @@ func budgetedEnds(s *State, now int64, budget int) int {
 // entries it was asked for, and leaves the rest due (ExpireBacklog).
 func TestBudgetedExpireLastUnitBoundsEarlyEntries(t *testing.T) {
 	s := newTestState(t)
-	var keys []*allotv1.KeyAcquire
-	for i := range 1000 {
-		keys = append(keys, ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0))
-	}
+	keys := bigKeys("key-", 1000)
 	mustAcquire(t, s, at(0), "a", 1, keys...)
 	mustAcquire(t, s, at(5*time.Second), "a", 2, keys...) // every entry is early now
 	now := at(12 * time.Second)
 	if got := s.ExpireLastUnit(now, 0); got != 0 {
 		t.Fatalf("ExpireLastUnit(0 entries) = %d, want 0", got)
 	}
-	if got := s.ExpireLastUnit(now, 1001); got != 0 {
-		t.Fatalf("ExpireLastUnit(more than are due) = %d, want 0", got)
+	if got, want := s.ExpireLastUnit(now, 1001), unitOf(floorDiv(now, 1e9)-1, math.MaxUint64); got != want {
+		t.Fatalf("ExpireLastUnit(more than are due) = %d, want %d (the last unit of the last second due)", got, want)
 	}
 	last := s.ExpireLastUnit(now, 100)
 	var want int // entries of the units up to last: at least 100, under a unit more
@@ -287,5 +300,78 @@ func TestBudgetedExpireLastUnitBoundsEarlyEntries(t *testing.T) {
 	s.Apply(budgetedExpire(now, 4096)) // no LastUnit: the rest
 	if st := s.Stats(); st.ExpireBacklog != 0 || st.Leases != 1000 {
 		t.Fatalf("after an unbounded Expire: backlog %d, leases %d; want 0, 1000", st.ExpireBacklog, st.Leases)
+	}
+}
+
+// An unbudgeted Expire ignores LastUnit: it ends the due leases of every
+// entry it takes, early ones included, so a bound on its units would end a
+// renewed key's leases on a replica whose wheel holds an early entry for
+// it and not on one restored from a snapshot.
+func TestUnbudgetedExpireIgnoresLastUnit(t *testing.T) {
+	a := newTestState(t)
+	keys := bigKeys("key-", 200)
+	mustAcquire(t, a, at(0), "a", 1, keys...)
+	mustAcquire(t, a, at(5*time.Second), "a", 2, keys...) // renewed: a's entries are early
+	b := newRestored(t, persist(t, a))                    // b's are at the earliest expiry
+	early, _ := a.st.wheel.minSec()
+	real, _ := b.st.wheel.minSec()
+	if early >= real {
+		t.Fatalf("setup: the log-applied replica's earliest entry second %d, the restored one's %d; want it earlier", early, real)
+	}
+	cmd := &allotv1.Command{NowUnixNanos: (real + 30) * int64(time.Second), Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{
+		LastUnit: unitOf(early, math.MaxUint64), SkipSweep: true}}} // every unit of the early second, none of the real one
+	a.Apply(cmd)
+	b.Apply(cmd)
+	if la, lb := a.Stats().Leases, b.Stats().Leases; la != lb || !bytes.Equal(persist(t, a), persist(t, b)) {
+		t.Fatalf("the same unbudgeted Expire with LastUnit: log-applied replica %d leases, restored replica %d", la, lb)
+	}
+}
+
+// The leader looks at its wheel at one time and stamps the Expire a little
+// later: when the due units held fewer entries than its budget at the look
+// and the stamp falls in the next second, LastUnit still stops the Expire
+// at the look's last due second, so a second of renewed keys' early
+// entries (which end nothing and do not count against MaxEntries) is not
+// taken in one Expire.
+func TestLastUnitBoundsAcrossSecondBoundary(t *testing.T) {
+	s := newTestState(t)
+	const n = 3000
+	keys, few := bigKeys("key-", n), bigKeys("few-", 10)
+	mustAcquire(t, s, at(0), "b", 1, few...)
+	first, _ := s.st.wheel.minSec()
+	for i := 0; i < n; i += 500 {
+		mustAcquire(t, s, at(2*time.Second), "a", uint64(i/500+1), keys[i:i+500]...)
+	}
+	for i := 0; i < n; i += 500 {
+		mustAcquire(t, s, at(7*time.Second), "a", uint64(100+i/500), keys[i:i+500]...) // renewed: every entry early
+	}
+	perSec := map[int64]int{}
+	s.st.wheel.each(func(u int64, _ uint32) { perSec[unitSec(u)]++ })
+	var full int64
+	for sec, k := range perSec {
+		if k >= n {
+			full = sec
+		}
+	}
+	if full <= first {
+		t.Fatalf("setup: the few keys in second %d, the others in %d (%v)", first, full, perSec)
+	}
+	const budget = 100
+	look := (full+1)*int64(time.Second) - int64(time.Millisecond) // the second after full's, 999 ms in: full is not yet due
+	stamp := look + 2*int64(time.Millisecond)                     // two seconds after full's: full is due
+	if s.ExpireIdle(look, budget) {
+		t.Fatal("setup: the leader's look is idle")
+	}
+	cmd := budgetedExpire(stamp, budget)
+	cmd.GetExpire().LastUnit = s.ExpireLastUnit(look, budget)
+	s.Apply(cmd)
+	left := 0
+	s.st.wheel.each(func(u int64, _ uint32) {
+		if unitSec(u) == full {
+			left++
+		}
+	})
+	if left < n-2*budget {
+		t.Fatalf("one budgeted Expire (MaxEntries %d, LastUnit %d) took %d of second %d's %d early entries", budget, cmd.GetExpire().LastUnit, n-left, full, n)
 	}
 }

@@ -243,8 +243,7 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 
 // expireBudgeted takes the wheel's units of the seconds ≤ sec (and, if
 // last is not 0, none after unit last), earliest unit first, each whole,
-// until the leases of budget keys or more have been ended, and returns how many keys had leases ended and how many
-// entries it took (stale and early ones included). It stops only
+// until the leases of budget keys or more have been ended. It stops only
 // between units: past the budget by less than a unit's due keys.
 //
 // Which keys those are is a function of the replicated state and the
@@ -261,14 +260,13 @@ func (c *core) expireLoaded(s int64, h uint64, idx int, link uint32, now int64, 
 // units an Expire takes, and the keys it ends, are the same on every
 // replica. (last names a unit, not a count of entries, for the same
 // reason.)
-func (c *core) expireBudgeted(sec, last int64, budget int, now int64) (ended, taken int) {
+func (c *core) expireBudgeted(sec, last int64, budget int, now int64) {
 	w := &c.wheel
-	for ended < budget {
+	for ended := 0; ended < budget; {
 		u, b, ok := w.popDue(sec, last)
 		if !ok {
 			break
 		}
-		taken += b.len()
 		// Entries queued meanwhile go to other units: a key re-queued
 		// early goes to its earliest expiry's second (> u's), a frozen
 		// or renewed one past sec.
@@ -283,7 +281,6 @@ func (c *core) expireBudgeted(sec, last int64, budget int, now int64) (ended, ta
 		w.recycle(b)
 	}
 	w.trimPool()
-	return ended, taken
 }
 
 // touchEntries reads the blocks the wheel entries links name, as

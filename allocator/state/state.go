@@ -124,7 +124,8 @@ type Stats struct {
 	LastApplied  int64 // the last applied command time, Unix nanoseconds
 	// ExpireBacklog is how many expiry-wheel entries (leased keys with a
 	// lease due) the last Expire left for the next one because its
-	// MaxEntries budget ran out. Not replicated state: 0 after a restore.
+	// MaxEntries budget ran out or its LastUnit stopped it. Not replicated
+	// state: 0 after a restore.
 	ExpireBacklog uint64
 	// Static shares (static.go): the keys in the hot-key set, the slots
 	// held, and the transitions that began less than a static TTL ago.

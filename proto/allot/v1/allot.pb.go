@@ -4933,7 +4933,8 @@ type ExpireCommand struct {
 	// wheel's due entries reach its budget, so that an Expire whose units
 	// hold mostly renewed keys' early entries (which end nothing, and do not
 	// count against max_entries) stays short. Units are named by time and
-	// hash, so every replica takes the same ones. 0: no such bound.
+	// hash, so every replica takes the same ones. 0: no such bound. Only
+	// with max_entries: an unbudgeted Expire takes every due unit.
 	LastUnit      int64 `protobuf:"varint,4,opt,name=last_unit,json=lastUnit,proto3" json:"last_unit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
