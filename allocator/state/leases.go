@@ -330,8 +330,10 @@ func (c *core) rebuildWheel() {
 // (by the commands' time), at least compactMinStep, so that Expires that
 // follow each other closely under load take short steps (each one holds
 // every Acquire entry behind it; an entry moved costs ~0.5–1 µs) and a
-// compaction moves about compactRate entries a second however often
-// Expires come: 100,000 leased keys in ~6 s, a million in ~1 min.
+// compaction moves about compactRate entries a second while Expires come
+// 16 ms to 0.5 s apart (the default -expire-interval is 100 ms; closer
+// ones move compactMinStep each, sparser ones compactBudget): 100,000
+// leased keys in ~6 s, a million in ~1 min.
 const (
 	compactBudget  = 8192
 	compactRate    = 16384
@@ -380,7 +382,14 @@ func (c *core) startCompaction() {
 // already. Once the cursor has passed every key, the old arena is dropped.
 // A moved entry is queued on the wheel at its new link; its old entries
 // there are stale.
-func (c *core) compactStep(budget int) {
+//
+// New leases are checked against the new arena only, so leases granted
+// while a compaction runs can fill it before the old arena's entries are
+// moved: a step that meets an entry the new arena has no room for stops
+// there, and reports false (the compaction resumes at that key once
+// expiries free room; meanwhile no new lease is granted, as with any full
+// arena). Moving never allocates without room.
+func (c *core) compactStep(budget int) bool {
 	t := &c.tab
 	e := &c.scr.e
 	scan := budget * 16
@@ -390,16 +399,22 @@ func (c *core) compactStep(budget int) {
 		if s.lim == 0 {
 			continue
 		}
+		move := s.link != 0 && linkTag(s.link) != c.ar.tag
+		if move {
+			c.loadEntry(e, s.hash, s.link)
+			if !c.ar.canAlloc(e.size) {
+				return false
+			}
+		}
 		scan--
 		if s.hash == math.MaxUint64 {
 			c.compactFrom = s.hash
 		} else {
 			c.compactFrom = s.hash + 1
 		}
-		if s.link == 0 || linkTag(s.link) == c.ar.tag {
+		if !move {
 			continue
 		}
-		c.loadEntry(e, s.hash, s.link)
 		l := c.ar.alloc(c, e.size)
 		b := c.ar.mut(c, l, e.size)
 		copy(b, c.old.bytes(s.link, e.size))
@@ -418,7 +433,7 @@ func (c *core) compactStep(budget int) {
 		// home to it are full): the cursor may skip to i's first hash.
 		if i >= t.capa {
 			c.old = nil // the rest is empty tail slack
-			return
+			return true
 		}
 		q, r := bits.Div64(uint64(i), 0, uint64(t.capa))
 		if r != 0 {
@@ -426,14 +441,15 @@ func (c *core) compactStep(budget int) {
 		}
 		c.compactFrom = max(c.compactFrom, q)
 	}
+	return true
 }
 
-// compact runs a whole compaction (for tests and tools).
+// compact runs a whole compaction (for tests and tools), as far as the
+// arena has room.
 func (c *core) compact() {
 	if c.old == nil {
 		c.startCompaction()
 	}
-	for c.old != nil {
-		c.compactStep(compactBudget)
+	for c.old != nil && c.compactStep(compactBudget) {
 	}
 }

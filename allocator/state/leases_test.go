@@ -192,8 +192,8 @@ func TestArenaCompaction(t *testing.T) {
 		t.Fatalf("%d pages after compaction, %d before", got, pages)
 	}
 
-	// Through Expire, 300 entries a step, with acquires, releases and a
-	// snapshot between the steps.
+	// Through Expire, steps of at most 300 entries (compactQuota), with
+	// acquires, releases and a snapshot between the steps.
 	s = setup()
 	s.st.compactBudget = 300
 	want := persist(t, s)
@@ -320,7 +320,7 @@ func TestSkipSweepExpireAdvancesCompaction(t *testing.T) {
 	for i := 0; s.st.old != nil; i++ {
 		now := at(time.Second + time.Duration(i)*100*time.Millisecond)
 		if i == 20 {
-			t.Fatalf("20 SkipSweep Expires did not finish the compaction (2000 leased keys, 300 a step); cursor at %x", s.st.compactFrom)
+			t.Fatalf("20 SkipSweep Expires did not finish the compaction (2000 leased keys, at most 300 a step); cursor at %x", s.st.compactFrom)
 		}
 		if s.ExpireIdle(now, 4096) {
 			t.Fatalf("ExpireIdle true during compaction")
@@ -361,5 +361,51 @@ func TestCompactQuota(t *testing.T) {
 	c.compactBudget = 100 // tests lower the cap below the least step
 	if got := c.compactQuota(at(5*time.Second + time.Millisecond)); got != 100 {
 		t.Fatalf("compactQuota under a lowered cap = %d, want 100", got)
+	}
+}
+
+// New leases are checked against the new arena only while a compaction
+// runs, so leases granted between two steps can fill it before the old
+// arena's entries are moved: the next step must stop at an entry it has no
+// room for (a replicated Expire that panicked would crash every replica),
+// and the compaction finish once expiries free room.
+func TestCompactionStepStopsWhenNewArenaIsFull(t *testing.T) {
+	s := newTestState(t)
+	s.st.ar.maxPages = 12 // page 0 reserved: 11 pages of 64 KiB
+	var id uint64
+	acquireAll := func(now int64, keys []*allotv1.KeyAcquire) {
+		for i := 0; i < len(keys); i += 1000 {
+			id++
+			mustAcquire(t, s, now, "a", id, keys[i:min(i+1000, len(keys))]...)
+		}
+	}
+	acquireAll(at(0), bigKeys("key-", 30000))
+	var rel []*allotv1.KeyAcquire // every other key: half the arena is free
+	for i := 0; i < 30000; i += 2 {
+		rel = append(rel, ka("big", fmt.Sprint("key-", i), 0, 0, 1, 0))
+	}
+	for i := 0; i < len(rel); i += 1000 {
+		id++
+		if _, err := release(s, at(time.Second), "a", id, false, rel[i:min(i+1000, len(rel))]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire(s, at(time.Second)) // the sweep starts a compaction, whose first step is small
+	if s.st.old == nil {
+		t.Fatal("no compaction started")
+	}
+	acquireAll(at(time.Second+50*time.Millisecond), bigKeys("new-", 30000)) // fills the new arena
+	s.Apply(budgetedExpire(at(time.Second+100*time.Millisecond), 4096))
+	mustConsistent(t, s)
+	if s.st.old == nil {
+		t.Fatal("setup: the compaction finished; the new arena never filled")
+	}
+	// Once every lease has ended, room is freed and the compaction ends.
+	for i := 0; s.st.old != nil; i++ {
+		if i == 100 {
+			t.Fatalf("the compaction did not finish after the leases ended (cursor %x)", s.st.compactFrom)
+		}
+		s.Apply(budgetedExpire(at(time.Minute+time.Duration(i)*100*time.Millisecond), 1<<20))
+		mustConsistent(t, s)
 	}
 }
