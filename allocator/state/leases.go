@@ -139,6 +139,16 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 	case size == e.size:
 	case size < e.size && e.size <= arenaLarge:
 		shrink = true
+	case size < e.size && !c.ar.canAlloc(size):
+		// A large block (its own page) shrinking with no room for the
+		// smaller one: only leases ended or released shrink an entry, and
+		// an Expire or Release must not fail for want of room, so the
+		// entry is encoded aside, its page freed, and the block allocated
+		// again, in the arena that has room (during a compaction, the old
+		// one the entry is in: its key is not past the cursor, which moves
+		// it later).
+		c.storeShrunk(h, idx, e, size, in)
+		return
 	default:
 		old = e.link
 		e.link, e.size, push, kept = c.ar.alloc(c, size), size, true, false
@@ -159,6 +169,30 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 	if old != 0 {
 		in.release(c, old, oldSize)
 	}
+}
+
+// storeShrunk writes e, key h's entry (slot idx) in the large block of
+// arena in, back to a new block of size bytes when the arena has no room
+// for it beside the old one: encoded into scratch, the old block released,
+// then allocated (releasing a large block frees its page, so one fits).
+// The entry is queued on the expiry wheel at its new link.
+func (c *core) storeShrunk(h uint64, idx int, e *entry, size int, in *arena) {
+	c.scr.shrunk = slices.Grow(c.scr.shrunk[:0], size)[:size]
+	me := c.codec.encode(c.scr.shrunk, e, h, false) // e.value and e.src alias the old block
+	in.release(c, e.link, e.size)
+	to := &c.ar
+	if !to.canAlloc(size) {
+		to = in
+	}
+	e.link, e.size = to.alloc(c, size), size
+	c.tab.mut(c, idx).link = e.link
+	b := to.mut(c, e.link, size)
+	copy(b, c.scr.shrunk)
+	m := floorDiv(me, 1e9)
+	e.queued = uint8(m)
+	setQueued(b, e.queued)
+	c.wheel.push(m, h, e.link)
+	c.loadEntry(e, h, e.link) // e.value and e.src named the released block and scratch
 }
 
 // setQueued writes the queued byte of the entry b.

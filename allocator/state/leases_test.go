@@ -409,3 +409,56 @@ func TestCompactionStepStopsWhenNewArenaIsFull(t *testing.T) {
 		mustConsistent(t, s)
 	}
 }
+
+// An Expire that ends one lease of a key whose entry is a large block
+// (> arenaLarge, its own page) moves the entry to a smaller block; with no
+// free page in the arena (full, or the new arena of a running compaction
+// full) it must still succeed, by freeing the old page first: a replicated
+// Expire that panicked would crash every replica.
+func TestExpireShrinksLargeEntryInFullArena(t *testing.T) {
+	s := newTestState(t)
+	putRules(t, s, t0, testRules+`  - key: huge
+    rate_limit: {unit: second, requests_per_unit: 1000000, burst: 1000000}
+`)
+	const agents = 800 // (16384-16)/22 = 744 leases make an entry larger than arenaLarge
+	mustAcquire(t, s, at(0), "ag-0", 1, ka("huge", "x", 1, 0, 0, 0))
+	for i := 1; i < agents; i++ {
+		mustAcquire(t, s, at(5*time.Second), fmt.Sprint("ag-", i), 1, ka("huge", "x", 1, 0, 0, 0))
+	}
+	c := s.st
+	idx := -1
+	for i := 0; i < c.tab.capa; i++ {
+		if sl := c.tab.at(i); sl.lim != 0 && sl.link != 0 {
+			idx = i
+		}
+	}
+	sl := *c.tab.at(idx) // a copy: inserts move the table's slots
+	c.loadEntry(&c.scr.e, sl.hash, sl.link)
+	if c.scr.e.size <= arenaLarge || len(c.scr.e.leases) != agents {
+		t.Fatalf("setup: entry of %d bytes, %d leases", c.scr.e.size, len(c.scr.e.leases))
+	}
+	// The arena is full: every page it may hold is in use.
+	// Leases of other keys take the free pages; then no page is left.
+	c.ar.maxPages = len(c.ar.pages)
+	for id := uint64(1); c.ar.canAlloc(arenaLarge + 1); id++ {
+		if id > 1000 {
+			t.Fatal("setup: the arena does not fill")
+		}
+		mustAcquire(t, s, at(5*time.Second), "filler", id, bigKeys(fmt.Sprint("f", id, "-"), 1000)...)
+	}
+	// ag-0's lease (granted at 0, LeaseTTL 10 s) is due at 11 s; the others are not.
+	before := s.Stats().Leases
+	s.Apply(&allotv1.Command{NowUnixNanos: at(11 * time.Second), Cmd: &allotv1.Command_Expire{Expire: &allotv1.ExpireCommand{SkipSweep: true}}})
+	if got := s.Stats().Leases; got != before-1 {
+		t.Fatalf("%d leases after the Expire, want %d (ag-0's ended)", got, before-1)
+	}
+	now := c.tab.at(c.tab.lowerBound(sl.hash))
+	if now.hash != sl.hash || now.link == 0 {
+		t.Fatal("the key's entry is gone")
+	}
+	c.loadEntry(&c.scr.e, sl.hash, now.link)
+	if len(c.scr.e.leases) != agents-1 {
+		t.Fatalf("the key holds %d leases after the Expire, want %d", len(c.scr.e.leases), agents-1)
+	}
+	mustConsistent(t, s)
+}

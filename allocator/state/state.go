@@ -237,6 +237,7 @@ type scratch struct {
 	ends    []int
 	keys    []byte
 	packed  []byte           // an Acquire's packed grants, as built
+	shrunk  []byte           // storeShrunk's entry, encoded aside
 	limits  []*allotv1.Limit // and their limit table
 	grant   allotv1.KeyGrant // the grant being packed
 	hashes  []uint64         // a call's key hashes, for table.touch
