@@ -43,7 +43,7 @@ func FuzzFSMApply(f *testing.F) {
 		return &allotv1.KeyAcquire{Domain: "f", Entries: []*allotv1.Entry{{Key: k, Value: v}},
 			Want: want, Held: held, Returned: ret, Charged: charged, Demand: float64(want)}
 	}
-	t0 := int64(1_800_000_000_000_000_000)
+	t0 := fuzzT0
 	seed(&allotv1.Command{NowUnixNanos: t0, Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{Requests: []*allotv1.AcquireRequest{
 		{AgentId: "a", RequestId: 1, Keys: []*allotv1.KeyAcquire{ka("k", "x", 5, 0, 0, 1), ka("g", "y", 3, 0, 0, 0), ka("blocked", "z", 1, 0, 0, 0)}},
 		{AgentId: "b", RequestId: 1, Keys: []*allotv1.KeyAcquire{ka("w", "x", 50, 2, 1, 0)}}}}}})
@@ -81,9 +81,13 @@ func FuzzFSMApply(f *testing.F) {
 	})
 }
 
+// fuzzT0 is the seeds' time, and that of the leases fuzzApply grants first.
+const fuzzT0 = int64(1_800_000_000_000_000_000)
+
 // fuzzApply applies the fuzzed entry data twice to a fresh state with the
-// fuzz rules (and, with static, static shares on: 4 slots, 2 s) and checks
-// that the state snapshots and restores byte-identically.
+// fuzz rules (and, with static, static shares on: 4 slots, 2 s) and a few
+// leases granted at fuzzT0 (so that an Expire has wheel entries to take),
+// and checks that the state snapshots and restores byte-identically.
 func fuzzApply(t *testing.T, data []byte, static bool) {
 	st := state.New(state.DefaultConfig())
 	m := &fsm{st: st}
@@ -100,6 +104,12 @@ func fuzzApply(t *testing.T, data []byte, static bool) {
 		}
 		next++
 	}
+	lease, _ := proto.Marshal(&allotv1.Command{NowUnixNanos: fuzzT0, Cmd: &allotv1.Command_Acquire{Acquire: &allotv1.AcquireBatch{Requests: []*allotv1.AcquireRequest{
+		{AgentId: "fuzz-lessee", RequestId: 1, Keys: []*allotv1.KeyAcquire{
+			{Domain: "f", Entries: []*allotv1.Entry{{Key: "k", Value: "l1"}}, Want: 2, Demand: 2},
+			{Domain: "f", Entries: []*allotv1.Entry{{Key: "g", Value: "l2"}}, Want: 1, Demand: 1}}}}}}})
+	m.Apply(&raft.Log{Type: raft.LogCommand, Index: next, Data: lease})
+	next++
 	// Twice: the second application exercises replays and stale ids.
 	for i := next; i < next+2; i++ {
 		m.Apply(&raft.Log{Type: raft.LogCommand, Index: i, Data: data})

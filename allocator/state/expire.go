@@ -30,15 +30,8 @@ import (
 // arena compaction by one step (compactQuota).
 func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
-	sec, budget := floorDiv(now, 1e9), int(cmd.GetMaxEntries())
-	if budget > 0 {
-		// Whole past seconds only. An unbudgeted Expire also takes now's
-		// second, whose entries are mostly not due yet and are re-queued
-		// into it; at the short interval budgeted Expires run at, that
-		// would take (and re-queue) the current second's entries several
-		// times over. A lease ends at most 1 s + ExpireInterval late.
-		sec--
-	}
+	budget := int(cmd.GetMaxEntries())
+	sec := dueSec(now, budget > 0)
 	last := cmd.GetLastUnit()
 	if budget <= 0 {
 		// Unbudgeted: every unit up to now's second. An unbudgeted Expire
@@ -94,6 +87,20 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	}
 	c.sweep(now, cmd.GetSweepSkip())
 	c.maybeCompact()
+}
+
+// dueSec returns the last second of the expiry wheel an Expire at now
+// takes: now's, or with a budget the one before. A budgeted Expire takes
+// whole past seconds only: now's second's entries are mostly not due yet
+// and would be re-queued into it, and at the short interval budgeted
+// Expires run at, taken (and re-queued) several times over. A lease ends
+// at most 1 s + ExpireInterval late.
+func dueSec(now int64, budgeted bool) int64 {
+	sec := floorDiv(now, 1e9)
+	if budgeted {
+		sec--
+	}
+	return sec
 }
 
 // sweepStripes is the number of hash ranges one sweep segment is made of.
@@ -208,10 +215,7 @@ func (s *State) ExpireIdle(now int64, maxEntries uint32) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	c := s.st
-	sec := floorDiv(now, 1e9)
-	if maxEntries > 0 {
-		sec-- // as applyExpire: whole past seconds only
-	}
+	sec := dueSec(now, maxEntries > 0)
 	if m, ok := c.wheel.minSec(); ok && m <= sec || c.old != nil {
 		return false
 	}
@@ -237,7 +241,7 @@ func (s *State) ExpireLastUnit(now int64, entries uint32) int64 {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	sec := floorDiv(now, 1e9) - 1 // as a budgeted applyExpire: whole past seconds
+	sec := dueSec(now, true)
 	if u := s.st.wheel.lastUnit(sec, int(entries)); u != 0 {
 		return u
 	}

@@ -188,10 +188,7 @@ func TestBudgetedExpireRestoredReplicaProperty(t *testing.T) {
 func TestBudgetedExpireRestoredMidSecond(t *testing.T) {
 	a := newTestState(t)
 	const n = 3000
-	keys := make([]*allotv1.KeyAcquire, n)
-	for i := range keys {
-		keys[i] = ka("big", fmt.Sprint("key-", i), 1, 0, 0, 0)
-	}
+	keys := bigKeys("key-", n)
 	for i := 0; i < n; i += 500 {
 		mustAcquire(t, a, at(0), "a", uint64(i+1), keys[i:i+500]...)
 	}

@@ -364,14 +364,14 @@ func TestCompactQuota(t *testing.T) {
 	}
 }
 
-// New leases are checked against the new arena only while a compaction
-// runs, so leases granted between two steps can fill it before the old
-// arena's entries are moved: the next step must stop at an entry it has no
-// room for (a replicated Expire that panicked would crash every replica),
-// and the compaction finish once expiries free room.
-func TestCompactionStepStopsWhenNewArenaIsFull(t *testing.T) {
+// compacting returns a state with 15,000 leased keys in an arena of at
+// most maxPages pages (30,000 leased, every other one released) whose
+// compaction an Expire at 1 s has started, and a function that leases keys
+// in calls of 1000.
+func compacting(t *testing.T, maxPages int) (*State, func(now int64, keys []*allotv1.KeyAcquire)) {
+	t.Helper()
 	s := newTestState(t)
-	s.st.ar.maxPages = 12 // page 0 reserved: 11 pages of 64 KiB
+	s.st.ar.maxPages = maxPages
 	var id uint64
 	acquireAll := func(now int64, keys []*allotv1.KeyAcquire) {
 		for i := 0; i < len(keys); i += 1000 {
@@ -394,11 +394,53 @@ func TestCompactionStepStopsWhenNewArenaIsFull(t *testing.T) {
 	if s.st.old == nil {
 		t.Fatal("no compaction started")
 	}
+	return s, acquireAll
+}
+
+// inOld returns how many keys have their entry in the arena a compaction
+// is emptying.
+func inOld(s *State) int {
+	n := 0
+	for i := 0; i < s.st.tab.size; i++ {
+		if sl := s.st.tab.at(i); sl.lim != 0 && sl.link != 0 && linkTag(sl.link) == s.st.old.tag {
+			n++
+		}
+	}
+	return n
+}
+
+// Expires without a sweep (most of them) take paced steps too: 10 ms after
+// the last step, the least step; 100 ms after, compactRate/10 entries.
+func TestSkipSweepExpireStepIsPaced(t *testing.T) {
+	s, _ := compacting(t, arenaMaxPages)
+	for _, step := range []struct {
+		after time.Duration
+		most  int
+	}{{10 * time.Millisecond, compactMinStep}, {110 * time.Millisecond, compactRate / 10}} {
+		before := inOld(s)
+		s.Apply(budgetedExpire(at(time.Second+step.after), 4096))
+		if moved := before - inOld(s); moved < step.most/2 || moved > step.most {
+			t.Fatalf("the SkipSweep Expire at 1 s + %v moved %d entries, want about %d and no more", step.after, moved, step.most)
+		}
+	}
+}
+
+// New leases are checked against the new arena only while a compaction
+// runs, so leases granted between two steps can fill it before the old
+// arena's entries are moved: the next step must stop at an entry it has no
+// room for (a replicated Expire that panicked would crash every replica),
+// and the compaction finish once expiries free room.
+func TestCompactionStepStopsWhenNewArenaIsFull(t *testing.T) {
+	s, acquireAll := compacting(t, 12)                                      // page 0 reserved: 11 pages of 64 KiB
 	acquireAll(at(time.Second+50*time.Millisecond), bigKeys("new-", 30000)) // fills the new arena
+	left := inOld(s)
 	s.Apply(budgetedExpire(at(time.Second+100*time.Millisecond), 4096))
 	mustConsistent(t, s)
 	if s.st.old == nil {
 		t.Fatal("setup: the compaction finished; the new arena never filled")
+	}
+	if s.st.ar.canAlloc(arenaLarge) || inOld(s) != left {
+		t.Fatalf("the step did not stop at a full new arena: %d keys left in the old arena, was %d", inOld(s), left)
 	}
 	// Once every lease has ended, room is freed and the compaction ends.
 	for i := 0; s.st.old != nil; i++ {

@@ -196,27 +196,32 @@ func (w *wheel) takeDue(sec, last int64, f func(u int64, links []uint32)) {
 	w.trimPool()
 }
 
+// dueUnits appends to dst the units of seconds ≤ sec, in heap order.
+func (w *wheel) dueUnits(dst []int64, sec int64) []int64 {
+	for _, u := range w.units {
+		if unitSec(u) <= sec {
+			dst = append(dst, u)
+		}
+	}
+	return dst
+}
+
 // dueCount returns how many entries are queued in seconds ≤ sec.
 func (w *wheel) dueCount(sec int64) int {
 	n := 0
-	for _, u := range w.units {
-		if unitSec(u) <= sec {
-			n += w.buckets[u].len()
-		}
+	w.due = w.dueUnits(w.due[:0], sec)
+	for _, u := range w.due {
+		n += w.buckets[u].len()
 	}
 	return n
 }
 
 // lastUnit returns the earliest unit of a second ≤ sec at which the
 // entries of that unit and the earlier ones reach n, or 0 if all those
-// units together hold fewer.
+// units together hold fewer. (It runs under the read lock: it does not
+// use w.due.)
 func (w *wheel) lastUnit(sec int64, n int) int64 {
-	var units []int64
-	for _, u := range w.units {
-		if unitSec(u) <= sec {
-			units = append(units, u)
-		}
-	}
+	units := w.dueUnits(nil, sec)
 	slices.Sort(units)
 	for _, u := range units {
 		if n -= w.buckets[u].len(); n <= 0 {

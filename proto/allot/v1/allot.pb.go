@@ -4928,13 +4928,15 @@ type ExpireCommand struct {
 	// know the field sweeps the cursor's segment instead; which idle keys a
 	// replica still holds never changes a decision.
 	SweepSkip uint32 `protobuf:"varint,3,opt,name=sweep_skip,json=sweepSkip,proto3" json:"sweep_skip,omitempty"`
-	// The last expiry-wheel unit this Expire may take (second·64 + hash
-	// prefix, the unit order): the leader names the unit at which its own
-	// wheel's due entries reach its budget, so that an Expire whose units
-	// hold mostly renewed keys' early entries (which end nothing, and do not
-	// count against max_entries) stays short. Units are named by time and
-	// hash, so every replica takes the same ones. 0: no such bound. Only
-	// with max_entries: an unbudgeted Expire takes every due unit.
+	// The last expiry-wheel unit this Expire may take (second·64 + the top
+	// 6 bits of the key's xxhash, the unit order): the leader names the
+	// unit at which its own wheel's due entries reach its budget, or, when
+	// they hold fewer, the last unit of the last second due when it looked,
+	// so that an Expire whose units hold mostly renewed keys' early entries
+	// (which end nothing, and do not count against max_entries) stays
+	// short. Units are named by time and hash, so every replica takes the
+	// same ones. 0: no such bound; a value below every due unit takes none.
+	// Only with max_entries: an unbudgeted Expire takes every due unit.
 	LastUnit      int64 `protobuf:"varint,4,opt,name=last_unit,json=lastUnit,proto3" json:"last_unit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
