@@ -411,7 +411,8 @@ func (c *core) startCompaction() {
 }
 
 // compactStep moves up to budget entries (looking at up to 16 keys per
-// entry) from the old arena into the new one, resuming at the hash cursor;
+// entry of c.compactBudget) from the old arena into the new one, resuming
+// at the hash cursor;
 // keys inserted, moved or reallocated meanwhile are in the new arena
 // already. Once the cursor has passed every key, the old arena is dropped.
 // A moved entry is queued on the wheel at its new link; its old entries
@@ -426,7 +427,11 @@ func (c *core) startCompaction() {
 func (c *core) compactStep(budget int) bool {
 	t := &c.tab
 	e := &c.scr.e
-	scan := budget * 16
+	// The scan is not paced with the moves: in a table of mostly
+	// unleased keys (charges, static shares) the cursor would otherwise
+	// crawl, and while a compaction runs the leader commits an Expire
+	// every ExpireInterval.
+	scan := c.compactBudget * 16
 	i := t.lowerBound(c.compactFrom)
 	for ; i < t.size && budget > 0 && scan > 0; i++ {
 		s := t.at(i)

@@ -106,6 +106,7 @@ descriptors:
 
 type options struct {
 	duration     time.Duration
+	warmup       time.Duration
 	rate         int
 	keysPerCall  int
 	clients      int
@@ -138,6 +139,7 @@ type options struct {
 func main() {
 	var o options
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "length of the throughput phase")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "load before the throughput phase, not measured")
 	flag.IntVar(&o.rate, "rate", 20000, "target key-grants per second")
 	flag.IntVar(&o.keysPerCall, "keys-per-call", 100, "keys per Acquire call")
 	flag.IntVar(&o.clients, "clients", 16, "client goroutines (one agent id each)")
@@ -347,7 +349,7 @@ func run(o options) error {
 	lg.start(ctx, &wg)
 
 	// Warm up, then measure.
-	time.Sleep(2 * time.Second)
+	time.Sleep(o.warmup)
 	lg.reset()
 	role, leaders, err := roles(admin, nodes, o.groups, leader)
 	if err != nil {
@@ -400,6 +402,7 @@ func run(o options) error {
 	cpuReport(nodes, role, cpu0, cpu1, keysOK, unit)
 	schedReport(nodes, role, cpu0, cpu1)
 	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
+	fmt.Printf("tracked keys (leader): %.0f at the start of the window, %.0f at the end\n", m0[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_keys"])
 	breakdown(nodes, leaders, m0, m1)
 	if err := probe.report(); err != nil {
 		return err
