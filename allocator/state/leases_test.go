@@ -504,3 +504,36 @@ func TestExpireShrinksLargeEntryInFullArena(t *testing.T) {
 	}
 	mustConsistent(t, s)
 }
+
+// A compaction step's scan is not paced with its moves: in a table of
+// mostly unleased keys (charges) a step whose quota moves few entries still
+// passes most of the table, so the compaction ends in a few Expires (the
+// leader commits one every ExpireInterval while a compaction runs).
+func TestCompactionScanNotPacedWithMoves(t *testing.T) {
+	s := newTestState(t)
+	var id uint64
+	mustAcquire(t, s, at(0), "a", 1, bigKeys("leased-", 100)...)
+	for i := 0; i < 60000; i += 1000 {
+		var keys []*allotv1.KeyAcquire
+		for j := i; j < i+1000; j++ {
+			keys = append(keys, ka("slow", fmt.Sprint("charged-", j), 0, 0, 0, 1)) // tracked, no lease
+		}
+		id++
+		mustAcquire(t, s, at(0), "b", id, keys...)
+	}
+	if st := s.Stats(); st.Keys < 60000 || st.Leases != 100 {
+		t.Fatalf("setup: %d keys, %d leases", st.Keys, st.Leases)
+	}
+	s.st.compactAlways = true
+	expire(s, at(time.Second)) // a sweep starts a compaction
+	s.st.compactAlways = false
+	steps := 0
+	for now := at(time.Second); s.st.old != nil; steps++ {
+		if steps == 4 {
+			t.Fatalf("4 Expires 10 ms apart (each moving at most %d entries) did not pass 60,100 keys; cursor at %x", compactMinStep, s.st.compactFrom)
+		}
+		now += int64(10 * time.Millisecond)
+		s.Apply(budgetedExpire(now, 4096))
+	}
+	mustConsistent(t, s)
+}
