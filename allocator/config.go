@@ -135,9 +135,9 @@ type Config struct {
 	// the keys whose due leases end, and its LastUnit stops it where the
 	// leader's wheel holds that many due entries (expireCommand), since
 	// early and stale entries end nothing but cost as much; it takes whole
-	// wheel units (1/64 of a second's entries each), and leaves
-	// the rest for the next, which follows sooner while a backlog remains (expirePace),
-	// so no Expire holds the state machine for long: every
+	// wheel units (1/64 of a second's entries each), and leaves the rest
+	// for the next, which follows sooner while a backlog remains
+	// (expirePace), so no Expire holds the state machine for long: every
 	// Acquire entry behind it waits (BenchmarkFSMSecondOfAcquireLoad
 	// measures the longest Expire under 20,000 key-grants/s).
 	// The idle-key sweep and compaction run with at most one Expire every

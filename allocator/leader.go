@@ -135,8 +135,7 @@ func (s *Server) leaderDuties(ctx context.Context) {
 func (s *Server) expireWait(st *state.State, sw *sweeper, tick time.Time) time.Duration {
 	now := time.Now()
 	next := sw.last.Add(s.cfg.SweepInterval)
-	stats := st.Stats()
-	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, stats.ExpireBacklog)
+	budget, wait := expirePace(s.cfg.ExpireMaxEntries, s.cfg.ExpireInterval, st.Stats().ExpireBacklog)
 	if due := st.NextDue(budget); due < next.UnixNano() {
 		next = time.Unix(0, due)
 	}

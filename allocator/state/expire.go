@@ -32,25 +32,23 @@ func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
 	budget := int(cmd.GetMaxEntries())
 	sec := dueSec(now, budget > 0)
-	last := cmd.GetLastUnit()
 	if budget <= 0 {
 		// Unbudgeted: every unit up to now's second. An unbudgeted Expire
 		// ends the due leases of whatever entry it takes, early ones
 		// included, so a bound on its units would end different leases on
 		// replicas whose wheels differ; last_unit applies to budgeted
 		// Expires only.
-		last = 0
-		c.wheel.takeDue(sec, last, func(u int64, links []uint32) {
+		c.wheel.takeDue(sec, func(u int64, links []uint32) {
 			c.touchEntries(links)
 			for _, l := range links {
 				c.expireEntry(u, l, now, false)
 			}
 		})
 	} else {
-		c.expireBudgeted(sec, last, budget, now)
+		c.expireBudgeted(sec, cmd.GetLastUnit(), budget, now)
 	}
 	c.expireLeft = 0
-	if budget > 0 || last != 0 {
+	if budget > 0 {
 		c.expireLeft = c.wheel.dueCount(sec)
 	}
 

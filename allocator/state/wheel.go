@@ -175,14 +175,13 @@ func (w *wheel) trimPool() {
 	}
 }
 
-// takeDue takes every entry of every unit due by second sec and last
-// (due), earliest unit first, and calls f for them, a few of a unit at a
-// time. Entries f queues go to new buckets and are not taken by this call,
+// takeDue takes every entry of every unit of a second ≤ sec, earliest
+// unit first, and calls f for them, a few of a unit at a time. Entries f queues go to new buckets and are not taken by this call,
 // even in a unit it takes. (A budgeted Expire takes entries with
 // core.expireBudgeted instead.)
-func (w *wheel) takeDue(sec, last int64, f func(u int64, links []uint32)) {
+func (w *wheel) takeDue(sec int64, f func(u int64, links []uint32)) {
 	units := w.due[:0]
-	for len(w.units) > 0 && due(w.units[0], sec, last) {
+	for len(w.units) > 0 && unitSec(w.units[0]) <= sec {
 		units = append(units, w.units.pop())
 	}
 	w.due = units

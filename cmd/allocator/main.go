@@ -117,7 +117,7 @@ func parse(args []string) (*options, error) {
 		staticSlots   = fs.Int("static-slots", 0, "static shares: the number of shares of each static-eligible rule, one per gateway that holds a slot; at least the number of gateways (0: off; docs/static-shares.md)")
 		staticTTL     = fs.Duration("static-ttl", def.StaticTTL, "static shares: how long an answer lets an agent decide from its shares; less than -agent-ttl")
 		expire        = fs.Duration("expire-interval", def.ExpireInterval, "how often the leader commits lease expiry")
-		expireMax     = fs.Int("expire-max-entries", def.ExpireMaxEntries, "expiry-wheel entries one expiry takes, about (whole units of 1/64 of a second's entries; the leader turns it into a count of keys whose leases end by the last expiry's keys per entry); the rest wait for the next (negative: no limit)")
+		expireMax     = fs.Int("expire-max-entries", def.ExpireMaxEntries, "expiry-wheel entries one expiry takes, about (whole units of 1/64 of a second's entries, up to the unit where the leader's wheel holds this many due entries); the rest wait for the next (negative: no limit)")
 		sweepEvery    = fs.Duration("sweep-interval", def.SweepInterval, "how often an expiry also sweeps idle keys and compacts")
 		snapEvery     = fs.Duration("snapshot-interval", def.SnapshotInterval, "how often Raft checks whether to take a snapshot")
 		snapAfter     = fs.Uint64("snapshot-threshold", def.SnapshotThreshold, "log entries since the last snapshot that trigger one")
