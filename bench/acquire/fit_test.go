@@ -12,7 +12,7 @@ import (
 // cpuFitRuns is the raw output the simulator's CPU model is fitted to
 // (bench/sim measuredCPU; docs/performance.md, the row "CPU per Raft entry
 // and per key-grant").
-const cpuFitRuns = "results/simfit-e1e63ad-*.txt"
+const cpuFitRuns = "results/simfit-6ae8f1e-*.txt"
 
 var (
 	fitEntries = regexp.MustCompile(`(?m)^raft: (\d+) acquire entries/s`)

@@ -27,17 +27,17 @@ func (m cpuModel) String() string {
 
 // measuredCPU: docs/performance.md's row "CPU per Raft entry and per
 // key-grant, 10k–200k offered in 100- and 1000-key calls", least squares
-// over 18 bench/acquire runs that vary Acquire entries/s (20–209) and
+// over 18 bench/acquire runs that vary Acquire entries/s (20–224) and
 // key-grants/s (10k–200k) apart (go test -run TestCPUFit -v
-// ./bench/acquire/): the three nodes 2.79 ms of CPU per entry plus
-// 4.67 µs per key-grant (R² 0.96), the leader 1.42 ms plus 1.65 µs (R²
-// 0.96). One core: the leader's FSM apply and Raft loop are one goroutine
+// ./bench/acquire/): the three nodes 2.08 ms of CPU per entry plus
+// 3.79 µs per key-grant (R² 0.98), the leader 1.17 ms plus 1.22 µs (R²
+// 0.97). One core: the leader's FSM apply and Raft loop are one goroutine
 // each, and the leader's node serves its clients too.
 var measuredCPU = cpuModel{
-	entry:      2790 * time.Microsecond,
-	key:        4670 * time.Nanosecond,
-	entryShare: 1.42 / 2.79,
-	keyShare:   1.65 / 4.67,
+	entry:      2080 * time.Microsecond,
+	key:        3790 * time.Nanosecond,
+	entryShare: 1.17 / 2.08,
+	keyShare:   1.22 / 3.79,
 	cores:      1,
 }
 
