@@ -30,25 +30,29 @@ func ownerTestSlot() (sl slots.Slot, owner, other slots.GroupID) {
 // TestGroupsCheckAddressedToOtherGroup: a Check addressed to a data group
 // that does not own the key's slot is refused (FailedPrecondition), not
 // served from a bucket of that group's own, which would admit the key's
-// burst a second time.
+// burst a second time. The key is a quota key (one token a second, a
+// burst of 100), so nothing refills between the calls but after a
+// second.
 func TestGroupsCheckAddressedToOtherGroup(t *testing.T) {
 	s := startOneNodeGroups(t, 2)
 	_, admin := dial(t, s.GRPCAddr())
-	sl, owner, other := ownerTestSlot()
-	r, err := admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: ownerTestDesc, Hits: 50})
+	desc := []*allotv1.Descriptor{{Entries: []*allotv1.Entry{{Key: "quota", Value: "q1"}}}}
+	sl := slots.OfKey("test:quota=q1")
+	owner, other := slots.GroupID(1), slots.GroupID(2)
+	if sl >= slots.Count/2 {
+		owner, other = 2, 1
+	}
+	r, err := admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: desc, Hits: 100})
 	if err != nil || r.GetOverallCode() != allotv1.Code_CODE_OK {
 		t.Fatalf("check at the owner: %v, %v", r, err)
 	}
-	r, err = admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: ownerTestDesc, Hits: 50, Group: uint32(other)})
+	r, err = admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: desc, Hits: 100, Group: uint32(other)})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("check addressed to group %d (slot %d is group %d's): %v, %v; want FailedPrecondition", other, sl, owner, r, err)
 	}
-	// The key refills 100 tokens a second, so a single hit could be
-	// admitted by what refilled since the burst was taken; a second burst
-	// must not be, unless half a second passed.
-	r, err = admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: ownerTestDesc, Hits: 50, Group: uint32(owner)})
+	r, err = admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: desc, Hits: 1, Group: uint32(owner)})
 	if err != nil || r.GetOverallCode() != allotv1.Code_CODE_OVER_LIMIT {
-		t.Fatalf("second burst addressed to the owner after its burst was taken: %v, %v; want OVER_LIMIT", r, err)
+		t.Fatalf("check addressed to the owner after its burst was taken: %v, %v; want OVER_LIMIT", r, err)
 	}
 }
 
