@@ -20,7 +20,13 @@ import (
 var ownerTestDesc = []*allotv1.Descriptor{{Entries: []*allotv1.Entry{{Key: "user", Value: "u1"}}}}
 
 func ownerTestSlot() (sl slots.Slot, owner, other slots.GroupID) {
-	sl = slots.OfKey("test:user=u1")
+	return keySlotOwner("test:user=u1")
+}
+
+// keySlotOwner is the slot of a canonical key, the group that owns it in
+// a new cluster of two groups and the other group.
+func keySlotOwner(key string) (sl slots.Slot, owner, other slots.GroupID) {
+	sl = slots.OfKey(key)
 	if sl >= slots.Count/2 {
 		return sl, 2, 1
 	}
@@ -37,11 +43,7 @@ func TestGroupsCheckAddressedToOtherGroup(t *testing.T) {
 	s := startOneNodeGroups(t, 2)
 	_, admin := dial(t, s.GRPCAddr())
 	desc := []*allotv1.Descriptor{{Entries: []*allotv1.Entry{{Key: "quota", Value: "q1"}}}}
-	sl := slots.OfKey("test:quota=q1")
-	owner, other := slots.GroupID(1), slots.GroupID(2)
-	if sl >= slots.Count/2 {
-		owner, other = 2, 1
-	}
+	sl, owner, other := keySlotOwner("test:quota=q1")
 	r, err := admin.Check(ctxT(t), &allotv1.CheckRequest{Domain: "test", Descriptors: desc, Hits: 100})
 	if err != nil || r.GetOverallCode() != allotv1.Code_CODE_OK {
 		t.Fatalf("check at the owner: %v, %v", r, err)
