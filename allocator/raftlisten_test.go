@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/allot/allot/internal/testproc"
 )
 
 // bindAgain fails unless addr can be listened on: whoever had it let go.
@@ -44,22 +46,11 @@ func TestRaftListenerReleased(t *testing.T) {
 		// The port, free above, was taken meanwhile by another process
 		// (tests of other packages run alongside): this start failed
 		// before binding, which is not the case under test. Another one.
-		cfg.RaftAddr = freeAddr(t)
+		cfg.RaftAddr = testproc.FreeAddr(t)
 		_, err = New(cfg)
 	}
 	if err == nil || !strings.Contains(err.Error(), db) {
 		t.Fatalf("New on a damaged %s: err = %v, want one naming it", db, err)
 	}
 	bindAgain(t, cfg.RaftAddr)
-}
-
-// freeAddr returns a loopback address no one listens on at the moment.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -17,17 +17,16 @@ import (
 // Cost: the keys with a lease due are taken from the expiry wheel (one
 // entry per leased key; a renewed key is re-queued when its entry is
 // taken), when cmd.MaxEntries is set until the keys whose leases ended
-// reach it and, if cmd.LastUnit is set, up to that unit, in whole units
-// of the wheel (a second's keys of one hash prefix), so up to a unit's
-// keys more (the rest are taken by the next
-// Expire, and only whole past seconds are taken: a lease ended late only
-// counts in its key's hold caps a little longer, its tokens are not
-// credited back either way; the keys a budget reaches are the same on
-// every replica, see expireBudgeted); agents are scanned (thousands at
-// most);
-// and unless cmd.SkipSweep the sweep visits 1/SweepSegments of the table,
-// so an Expire does not touch every key. Each Expire advances a running
-// arena compaction by one step (compactQuota).
+// reach it and, if cmd.LastUnit is set, up to that unit, in whole units of
+// the wheel (a second's keys of one hash prefix), so up to a unit's keys
+// more. The rest are taken by the next Expire, and a budgeted one takes
+// only whole past seconds: a lease ended late only counts in its key's
+// hold caps a little longer, and its tokens are not credited back either
+// way. The keys a budget reaches are the same on every replica (see
+// expireBudgeted). Agents are scanned (thousands at most), and unless
+// cmd.SkipSweep the sweep visits 1/SweepSegments of the table, so an
+// Expire does not touch every key. Each Expire advances a running arena
+// compaction by one step (compactQuota).
 func (c *core) applyExpire(cmd *allotv1.ExpireCommand, now int64) {
 	c.now = now
 	budget := int(cmd.GetMaxEntries())

@@ -176,9 +176,10 @@ func (w *wheel) trimPool() {
 }
 
 // takeDue takes every entry of every unit of a second ≤ sec, earliest
-// unit first, and calls f for them, a few of a unit at a time. Entries f queues go to new buckets and are not taken by this call,
-// even in a unit it takes. (A budgeted Expire takes entries with
-// core.expireBudgeted instead.)
+// unit first, and calls f for them, a few of a unit at a time. Entries f
+// queues go to new buckets and are not taken by this call, even in a unit
+// it takes. (A budgeted Expire takes entries with core.expireBudgeted
+// instead.)
 func (w *wheel) takeDue(sec int64, f func(u int64, links []uint32)) {
 	units := w.due[:0]
 	for len(w.units) > 0 && unitSec(w.units[0]) <= sec {
@@ -195,22 +196,13 @@ func (w *wheel) takeDue(sec int64, f func(u int64, links []uint32)) {
 	w.trimPool()
 }
 
-// dueUnits appends to dst the units of seconds ≤ sec, in heap order.
-func (w *wheel) dueUnits(dst []int64, sec int64) []int64 {
-	for _, u := range w.units {
-		if unitSec(u) <= sec {
-			dst = append(dst, u)
-		}
-	}
-	return dst
-}
-
 // dueCount returns how many entries are queued in seconds ≤ sec.
 func (w *wheel) dueCount(sec int64) int {
 	n := 0
-	w.due = w.dueUnits(w.due[:0], sec)
-	for _, u := range w.due {
-		n += w.buckets[u].len()
+	for _, u := range w.units {
+		if unitSec(u) <= sec {
+			n += w.buckets[u].len()
+		}
 	}
 	return n
 }
@@ -220,7 +212,12 @@ func (w *wheel) dueCount(sec int64) int {
 // units together hold fewer. (It runs under the read lock: it does not
 // use w.due.)
 func (w *wheel) lastUnit(sec int64, n int) int64 {
-	units := w.dueUnits(nil, sec)
+	var units []int64
+	for _, u := range w.units {
+		if unitSec(u) <= sec {
+			units = append(units, u)
+		}
+	}
 	slices.Sort(units)
 	for _, u := range units {
 		if n -= w.buckets[u].len(); n <= 0 {
