@@ -134,26 +134,27 @@ func keySlots(rulesPath string, n int) (func(i int) slots.Slot, []slots.Slot, er
 	return of, out, nil
 }
 
-// part is the keys of one call that one group serves.
-type part struct {
+// part is the keys of one call that one group serves (keys or key
+// numbers).
+type part[K any] struct {
 	group slots.GroupID
-	keys  []*allotv1.KeyAcquire
+	keys  []K
 }
 
 // split divides a call's keys (of slots sl) by the group that owns them
-// under t, in group order.
-func split(t *topology, keys []*allotv1.KeyAcquire, sl []slots.Slot) []part {
-	var parts []part
+// under t, in group order and key order within a group.
+func split[K any](t *topology, keys []K, sl []slots.Slot) []part[K] {
+	var parts []part[K]
 	for i, k := range keys {
 		g := t.m.Owner(sl[i])
-		j := slices.IndexFunc(parts, func(p part) bool { return p.group == g })
+		j := slices.IndexFunc(parts, func(p part[K]) bool { return p.group == g })
 		if j < 0 {
-			parts = append(parts, part{group: g})
+			parts = append(parts, part[K]{group: g})
 			j = len(parts) - 1
 		}
 		parts[j].keys = append(parts[j].keys, k)
 	}
-	slices.SortFunc(parts, func(a, b part) int { return int(a.group) - int(b.group) })
+	slices.SortFunc(parts, func(a, b part[K]) int { return int(a.group) - int(b.group) })
 	return parts
 }
 

@@ -498,7 +498,9 @@ type load struct {
 	addrs  []string     // the nodes' gRPC addresses, as conns
 	pinned atomic.Int32 // node index all calls go to, or -1
 	sem    chan struct{}
-	keys   []*allotv1.KeyAcquire // -mode grants: one message per budget key, shared read-only
+	// ks builds the calls' keys from key numbers: -mode grants prebuilds
+	// every budget key, -mode fleet the hot keys.
+	ks *keySet
 	// cold counts the fleet mode's first uses, so each cold key is new
 	// until the key space wraps.
 	cold atomic.Int64
@@ -566,11 +568,9 @@ func newLoad(o options, conns []*grpc.ClientConn) *load {
 		lag:       hdrhistogram.New(1, 600_000_000, 3)}
 	l.pinned.Store(-1)
 	if o.mode == "grants" {
-		l.keys = make([]*allotv1.KeyAcquire, o.keyspace)
-		for i := range l.keys {
-			l.keys[i] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(i)}},
-				Want: 5, Demand: 5}
-		}
+		l.ks = newKeySet(o.keyspace, grantsKey)
+	} else {
+		l.ks = newKeySet(o.hotKeys, hotKey)
 	}
 	return l
 }
@@ -621,6 +621,10 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 	var follow atomic.Int32 // -target follow: the node this client calls
 	follow.Store(int32(node))
 	keyN := c * 7919
+	// The key numbers and slots of the call being built (reused: a
+	// call's parts are packed or made messages before the next call).
+	var nums []int
+	var sl []slots.Slot
 	for n := int64(0); ctx.Err() == nil; n++ {
 		intended := first.Add(time.Duration(n) * interval)
 		if d := time.Until(intended); d > 0 {
@@ -635,25 +639,25 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 		case <-ctx.Done():
 			return
 		}
-		var keys []*allotv1.KeyAcquire
-		var sl []slots.Slot
-		keys, sl, keyN = l.keysFor(keyN)
+		nums, sl, keyN = l.keysFor(nums[:0], sl[:0], keyN)
 		ag := getAgent()
 		// One call per group that owns some of the keys, each with its
 		// own request id (a group sees each agent's ids increase).
-		parts := []part{{keys: keys}}
+		parts := []part[int]{{keys: nums}}
 		var topoVersion uint64
 		if t := l.topo.Load(); t != nil {
-			parts, topoVersion = split(t, keys, sl), t.version
+			parts, topoVersion = split(t, nums, sl), t.version
 		}
 		var sent sync.WaitGroup
 		var failed atomic.Bool
 		for _, p := range parts {
 			ag.req++
-			req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, Keys: p.keys, PackedGrants: l.o.packed,
+			req := &allotv1.AcquireRequest{AgentId: ag.id, RequestId: ag.req, PackedGrants: l.o.packed,
 				Group: uint32(p.group), TopologyVersion: topoVersion}
 			if l.o.packedKeys {
-				req.PackedKeys, req.Keys = allotv1.AppendPackedKeys(nil, p.keys), nil
+				req.PackedKeys = l.ks.packKeys(make([]byte, 0, packedSize(p.keys)), p.keys)
+			} else {
+				req.Keys = l.ks.keyMessages(p.keys)
 			}
 			fw := &follow
 			if p.group != 0 {
@@ -682,18 +686,19 @@ func (l *load) client(ctx context.Context, wg *sync.WaitGroup, c int, first time
 	}
 }
 
-// keysFor returns the keys of the next call, starting after keyN in the
-// key space, their slots (with -groups) and the new keyN.
-func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, []slots.Slot, int) {
-	keys := make([]*allotv1.KeyAcquire, l.o.keysPerCall)
-	var sl []slots.Slot
+// keysFor appends the key numbers of the next call (l.ks makes them
+// keys), starting after keyN in the key space, to nums and their slots
+// (with -groups) to sl, and returns both and the new keyN.
+func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Slot, int) {
+	nums = slices.Grow(nums, l.o.keysPerCall)[:l.o.keysPerCall]
+	keys := nums
 	if l.slotOf != nil {
-		sl = make([]slots.Slot, len(keys))
+		sl = slices.Grow(sl, len(keys))[:len(keys)]
 	}
 	if l.o.mode == "grants" {
 		for k := range keys {
 			keyN = (keyN + 1) % l.o.keyspace
-			keys[k] = l.keys[keyN]
+			keys[k] = keyN
 			if sl != nil {
 				sl[k] = l.keySlot[keyN]
 			}
@@ -707,16 +712,14 @@ func (l *load) keysFor(keyN int) ([]*allotv1.KeyAcquire, []slots.Slot, int) {
 	for k := range keys {
 		if float64(k) < l.o.coldFraction*float64(len(keys)) {
 			i := l.o.hotKeys + int(l.cold.Add(1)%int64(l.o.keyspace))
-			keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(i)}},
-				Charged: 1}
+			keys[k] = i
 			if sl != nil {
 				sl[k] = l.slotOf(i)
 			}
 			continue
 		}
 		keyN = (keyN + 1) % l.o.hotKeys
-		keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(keyN)}},
-			Want: 5, Demand: 5, Held: 2, Charged: 3}
+		keys[k] = keyN
 		if sl != nil {
 			sl[k] = l.slotOf(keyN)
 		}
@@ -786,15 +789,8 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 }
 
 func (l *load) record(now time.Time, lat, fromIntended time.Duration, group slots.GroupID, resp *allotv1.AcquireResponse) {
-	var ok, granted int64
 	// Grants that do not decode count as no key answered OK.
-	grants, _ := allotv1.GrantsOf(resp)
-	for _, g := range grants {
-		if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_OK {
-			ok++
-			granted += g.GetGranted()
-		}
-	}
+	ok, granted := grantCounts(resp)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_ = l.hist.RecordValue(lat.Microseconds())

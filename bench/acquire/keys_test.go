@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/allot/allot/pkg/slots"
+	allotv1 "github.com/allot/allot/proto/allot/v1"
+)
+
+// TestPackKeys: packKeys writes the bytes AppendPackedKeys writes for the
+// keys' messages, for prebuilt and cold keys of both modes, any mix and
+// count (as -groups' parts of a call), from 0 up.
+func TestPackKeys(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, ks := range []*keySet{newKeySet(1000, grantsKey), newKeySet(1000, hotKey)} {
+		for range 2000 {
+			nums := make([]int, rng.IntN(40))
+			for i := range nums {
+				switch rng.IntN(4) {
+				case 0:
+					nums[i] = rng.IntN(len(ks.msgs))
+				case 1:
+					nums[i] = len(ks.msgs) + rng.IntN(6_000_000)
+				case 2:
+					nums[i] = rng.IntN(20)
+				default:
+					nums[i] = rng.IntN(1 << 62)
+				}
+			}
+			prefix := []byte{7, 8}
+			got := ks.packKeys(slices.Clone(prefix), nums)
+			want := allotv1.AppendPackedKeys(slices.Clone(prefix), ks.keyMessages(nums))
+			if !bytes.Equal(got, want) {
+				t.Fatalf("keys %v: packed\n%x\nwant\n%x", nums, got, want)
+			}
+			if len(got)-len(prefix) > packedSize(nums) {
+				t.Fatalf("keys %v: %d bytes packed, packedSize %d", nums, len(got)-len(prefix), packedSize(nums))
+			}
+		}
+	}
+}
+
+// refKeysFor is the keys of a call as messages, built directly: the keys
+// keysFor must name, in its order.
+func refKeysFor(l *load, cold *int64, keyN int) ([]*allotv1.KeyAcquire, []slots.Slot, int) {
+	keys := make([]*allotv1.KeyAcquire, l.o.keysPerCall)
+	var sl []slots.Slot
+	if l.slotOf != nil {
+		sl = make([]slots.Slot, len(keys))
+	}
+	for k := range keys {
+		switch {
+		case l.o.mode == "grants":
+			keyN = (keyN + 1) % l.o.keyspace
+			keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(keyN)}},
+				Want: 5, Demand: 5}
+			if sl != nil {
+				sl[k] = l.slotOf(keyN)
+			}
+		case float64(k) < l.o.coldFraction*float64(len(keys)):
+			*cold++
+			i := l.o.hotKeys + int(*cold%int64(l.o.keyspace))
+			keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(i)}},
+				Charged: 1}
+			if sl != nil {
+				sl[k] = l.slotOf(i)
+			}
+		default:
+			keyN = (keyN + 1) % l.o.hotKeys
+			keys[k] = &allotv1.KeyAcquire{Domain: "bench", Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(keyN)}},
+				Want: 5, Demand: 5, Held: 2, Charged: 3}
+			if sl != nil {
+				sl[k] = l.slotOf(keyN)
+			}
+		}
+	}
+	return keys, sl, keyN
+}
+
+// TestKeysFor: successive calls of keysFor, made keys, are the reference
+// keys in order, with the same slots, in both modes, and split by a
+// topology they go in the same parts; each part packs as its messages do.
+func TestKeysFor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bench.yaml")
+	if err := os.WriteFile(path, []byte(benchRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	topo, err := parseTopology(&allotv1.Topology{Version: 1, Groups: []*allotv1.GroupRoute{
+		{Id: 1, Slots: "0-300"}, {Id: 2, Slots: "301-700"}, {Id: 3, Slots: "701-1023"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []options{
+		{mode: "grants", keysPerCall: 97, keyspace: 500},
+		{mode: "fleet", keysPerCall: 100, keyspace: 700, hotKeys: 60, coldFraction: 0.85},
+		{mode: "fleet", keysPerCall: 33, keyspace: 50, hotKeys: 7, coldFraction: 0.5},
+	} {
+		for _, groups := range []bool{false, true} {
+			l := newLoad(o, nil)
+			if groups {
+				if l.slotOf, l.keySlot, err = keySlots(path, o.keyspace); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var cold int64
+			var nums []int
+			var sl []slots.Slot
+			keyN, refN := 3*7919, 3*7919
+			for call := range 40 {
+				var want []*allotv1.KeyAcquire
+				var wantSl []slots.Slot
+				want, wantSl, refN = refKeysFor(l, &cold, refN)
+				nums, sl, keyN = l.keysFor(nums[:0], sl[:0], keyN)
+				got := l.ks.keyMessages(nums)
+				if keyN != refN || len(got) != len(want) || !slices.Equal(sl, wantSl) {
+					t.Fatalf("%s groups %v call %d: keyN %d, %d keys, slots %v; want %d, %d, %v", o.mode, groups, call, keyN, len(got), sl, refN, len(want), wantSl)
+				}
+				for i := range got {
+					if !proto.Equal(got[i], want[i]) {
+						t.Fatalf("%s call %d key %d: %v, want %v", o.mode, call, i, got[i], want[i])
+					}
+				}
+				if !groups {
+					if p, w := l.ks.packKeys(nil, nums), allotv1.AppendPackedKeys(nil, want); !bytes.Equal(p, w) {
+						t.Fatalf("%s call %d: packed keys differ", o.mode, call)
+					}
+					continue
+				}
+				parts, wantParts := split(topo, nums, sl), split(topo, want, wantSl)
+				if len(parts) != len(wantParts) {
+					t.Fatalf("%s call %d: %d parts, want %d", o.mode, call, len(parts), len(wantParts))
+				}
+				for j, p := range parts {
+					if p.group != wantParts[j].group {
+						t.Fatalf("%s call %d part %d: group %d, want %d", o.mode, call, j, p.group, wantParts[j].group)
+					}
+					if pk, w := l.ks.packKeys(nil, p.keys), allotv1.AppendPackedKeys(nil, wantParts[j].keys); !bytes.Equal(pk, w) {
+						t.Fatalf("%s call %d part %d: packed keys differ", o.mode, call, j)
+					}
+				}
+			}
+			if got := l.cold.Load(); got != cold {
+				t.Fatalf("%s: %d cold keys used, want %d", o.mode, got, cold)
+			}
+		}
+	}
+}
+
+// TestGrantCounts: grantCounts counts what GrantsOf decodes (OK keys and
+// their tokens), packed or not, and counts nothing for packed grants that
+// do not decode: every truncation and random bytes changed.
+func TestGrantCounts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	count := func(r *allotv1.AcquireResponse) (ok, granted int64) {
+		grants, _ := allotv1.GrantsOf(r)
+		for _, g := range grants {
+			if g.GetStatus() == allotv1.KeyStatus_KEY_STATUS_OK {
+				ok++
+				granted += g.GetGranted()
+			}
+		}
+		return ok, granted
+	}
+	check := func(what string, r *allotv1.AcquireResponse) {
+		t.Helper()
+		gotOK, gotG := grantCounts(r)
+		wantOK, wantG := count(r)
+		if gotOK != wantOK || gotG != wantG {
+			t.Fatalf("%s: %d OK, %d granted; GrantsOf: %d, %d", what, gotOK, gotG, wantOK, wantG)
+		}
+	}
+	limits := []*allotv1.Limit{{RequestsPerUnit: 10}, {RequestsPerUnit: 20}}
+	for iter := range 500 {
+		grants := make([]*allotv1.KeyGrant, rng.IntN(12))
+		for i := range grants {
+			g := &allotv1.KeyGrant{Key: strconv.Itoa(rng.IntN(1 << 30)), Status: allotv1.KeyStatus(rng.IntN(7)),
+				Granted: rng.Int64N(1<<40) - 1<<39, LeaseTtlMs: rng.Int64N(100000), Held: rng.Int64N(10) - 5,
+				Remaining: rng.Int64N(1 << 50), Agents: rng.Uint32()}
+			if rng.IntN(2) == 0 {
+				g.Limit = limits[rng.IntN(len(limits))]
+			}
+			if rng.IntN(4) == 0 {
+				s := rng.Float64()
+				g.Share = &s
+			}
+			grants[i] = g
+		}
+		check("messages", &allotv1.AcquireResponse{Grants: grants})
+		packed, lim := allotv1.AppendPackedGrants(nil, nil, grants)
+		check("packed", &allotv1.AcquireResponse{PackedGrants: packed, Limits: lim})
+		if len(lim) > 0 {
+			check("packed, a limit short", &allotv1.AcquireResponse{PackedGrants: packed, Limits: lim[:len(lim)-1]})
+		}
+		for n := range packed {
+			check("truncated", &allotv1.AcquireResponse{PackedGrants: packed[:n], Limits: lim})
+		}
+		check("trailing byte", &allotv1.AcquireResponse{PackedGrants: append(slices.Clone(packed), 0), Limits: lim})
+		for range 20 {
+			b := slices.Clone(packed)
+			for range 1 + rng.IntN(3) {
+				b[rng.IntN(len(b))] = byte(rng.Uint32())
+			}
+			check("bytes changed "+strconv.Itoa(iter), &allotv1.AcquireResponse{PackedGrants: b, Limits: lim})
+		}
+	}
+}
