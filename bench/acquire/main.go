@@ -789,8 +789,10 @@ func (l *load) send(ctx context.Context, clients []allotv1.AllocatorClient, node
 }
 
 func (l *load) record(now time.Time, lat, fromIntended time.Duration, group slots.GroupID, resp *allotv1.AcquireResponse) {
-	// Grants that do not decode count as no key answered OK.
-	ok, granted := grantCounts(resp)
+	// Grants that do not decode count as no key answered OK: GrantTotals
+	// returns zeros with its error.
+	n, granted, _ := allotv1.GrantTotals(resp)
+	ok := int64(n)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_ = l.hist.RecordValue(lat.Microseconds())

@@ -96,34 +96,11 @@ func UnpackGrants(data []byte, limits []*Limit) ([]*KeyGrant, error) {
 	var shares []float64 // one allocation for the grants' shares, if any
 	for i := range vals {
 		g := &vals[i]
-		status := d.Uvarint()
-		hasShare := status&packedShare != 0
-		if status &^= packedShare; status > uint64(^uint32(0)>>1) {
-			d.Fail()
-		}
-		g.Status = KeyStatus(status)
-		g.Key = d.Str()
-		for _, f := range [...]*int64{&g.Granted, &g.LeaseTtlMs, &g.RefreshAfterMs, &g.Remaining,
-			&g.ResetAfterMs, &g.RetryAfterMs, &g.Held} {
-			*f = d.Varint()
-		}
-		agents := d.Uvarint()
-		if agents > uint64(^uint32(0)) {
-			d.Fail()
-		}
-		g.Agents = uint32(agents)
-		switch li := d.Uvarint(); {
-		case li == 0:
-		case li <= uint64(len(limits)):
-			g.Limit = limits[li-1]
-		default:
-			d.Fail()
-		}
-		if hasShare {
+		if share, ok := readGrant(&d, g, limits); ok {
 			if shares == nil {
 				shares = make([]float64, 0, len(vals)-i)
 			}
-			shares = append(shares, math.Float64frombits(d.Fixed64()))
+			shares = append(shares, share)
 			g.Share = &shares[len(shares)-1]
 		}
 		if d.Err != nil {
@@ -135,6 +112,77 @@ func UnpackGrants(data []byte, limits []*Limit) ([]*KeyGrant, error) {
 		return nil, fmt.Errorf("%w: %d trailing bytes", errPacked, d.Left())
 	}
 	return out, nil
+}
+
+// readGrant reads one packed grant's record into g, all but its Share, and
+// returns the share the record carries, if it carries one. A malformed
+// record fails d.
+func readGrant(d *Reader, g *KeyGrant, limits []*Limit) (share float64, hasShare bool) {
+	status := d.Uvarint()
+	hasShare = status&packedShare != 0
+	if status &^= packedShare; status > uint64(^uint32(0)>>1) {
+		d.Fail()
+	}
+	g.Status = KeyStatus(status)
+	g.Key = d.Str()
+	for _, f := range [...]*int64{&g.Granted, &g.LeaseTtlMs, &g.RefreshAfterMs, &g.Remaining,
+		&g.ResetAfterMs, &g.RetryAfterMs, &g.Held} {
+		*f = d.Varint()
+	}
+	agents := d.Uvarint()
+	if agents > uint64(^uint32(0)) {
+		d.Fail()
+	}
+	g.Agents = uint32(agents)
+	switch li := d.Uvarint(); {
+	case li == 0:
+		g.Limit = nil
+	case li <= uint64(len(limits)):
+		g.Limit = limits[li-1]
+	default:
+		d.Fail()
+	}
+	if hasShare {
+		share = math.Float64frombits(d.Fixed64())
+	}
+	return share, hasShare
+}
+
+// GrantTotals returns how many of r's grants, packed or not, have status
+// OK and the tokens those grant. Packed grants are read as UnpackGrants
+// reads them, and refused as it refuses them, without a message per grant.
+func GrantTotals(r *AcquireResponse) (ok int, granted int64, err error) {
+	p := r.GetPackedGrants()
+	if len(p) == 0 {
+		for _, g := range r.GetGrants() {
+			if g.GetStatus() == KeyStatus_KEY_STATUS_OK {
+				ok++
+				granted += g.GetGranted()
+			}
+		}
+		return ok, granted, nil
+	}
+	limits := r.GetLimits()
+	d := Reader{S: string(p), Base: errPacked}
+	n := d.Uvarint()
+	if d.Err != nil || n > uint64(len(d.S)/11) {
+		return 0, 0, fmt.Errorf("%w: count", errPacked)
+	}
+	var g KeyGrant
+	for i := range n {
+		readGrant(&d, &g, limits)
+		if d.Err != nil {
+			return 0, 0, fmt.Errorf("grant %d: %w", i, d.Err)
+		}
+		if g.Status == KeyStatus_KEY_STATUS_OK {
+			ok++
+			granted += g.Granted
+		}
+	}
+	if d.P != len(d.S) {
+		return 0, 0, fmt.Errorf("%w: %d trailing bytes", errPacked, d.Left())
+	}
+	return ok, granted, nil
 }
 
 // GrantsOf returns r's grants, unpacking them if they came packed.

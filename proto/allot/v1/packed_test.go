@@ -3,6 +3,7 @@ package allotv1
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -299,4 +300,67 @@ func FuzzUnpackKeys(f *testing.F) {
 			t.Fatalf("keys change when re-encoded:\n% x\n% x", again, third)
 		}
 	})
+}
+
+// TestGrantTotals: GrantTotals counts what UnpackGrants decodes (OK grants
+// and their tokens), packed or not, and refuses exactly what UnpackGrants
+// refuses: every truncation, a trailing byte, a limit index out of range
+// and random bytes changed.
+func TestGrantTotals(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	check := func(what string, r *AcquireResponse) {
+		t.Helper()
+		gotOK, gotG, gotErr := GrantTotals(r)
+		grants, err := GrantsOf(r)
+		wantOK, wantG := 0, int64(0)
+		for _, g := range grants {
+			if g.GetStatus() == KeyStatus_KEY_STATUS_OK {
+				wantOK++
+				wantG += g.GetGranted()
+			}
+		}
+		if (gotErr != nil) != (err != nil) {
+			t.Fatalf("%s: GrantTotals error %v, UnpackGrants error %v", what, gotErr, err)
+		}
+		if err != nil {
+			wantOK, wantG = 0, 0
+		}
+		if gotOK != wantOK || gotG != wantG {
+			t.Fatalf("%s: %d OK, %d granted; UnpackGrants: %d, %d", what, gotOK, gotG, wantOK, wantG)
+		}
+	}
+	limits := []*Limit{{RequestsPerUnit: 10}, {RequestsPerUnit: 20}}
+	for iter := range 500 {
+		grants := make([]*KeyGrant, rng.IntN(12))
+		for i := range grants {
+			g := &KeyGrant{Key: strconv.Itoa(rng.IntN(1 << 30)), Status: KeyStatus(rng.IntN(7)),
+				Granted: rng.Int64N(1<<40) - 1<<39, LeaseTtlMs: rng.Int64N(100000), Held: rng.Int64N(10) - 5,
+				Remaining: rng.Int64N(1 << 50), Agents: rng.Uint32()}
+			if rng.IntN(2) == 0 {
+				g.Limit = limits[rng.IntN(len(limits))]
+			}
+			if rng.IntN(4) == 0 {
+				s := rng.Float64()
+				g.Share = &s
+			}
+			grants[i] = g
+		}
+		check("messages", &AcquireResponse{Grants: grants})
+		packed, lim := AppendPackedGrants(nil, nil, grants)
+		check("packed", &AcquireResponse{PackedGrants: packed, Limits: lim})
+		if len(lim) > 0 {
+			check("packed, a limit short", &AcquireResponse{PackedGrants: packed, Limits: lim[:len(lim)-1]})
+		}
+		for n := range packed {
+			check("truncated", &AcquireResponse{PackedGrants: packed[:n], Limits: lim})
+		}
+		check("trailing byte", &AcquireResponse{PackedGrants: append(slices.Clone(packed), 0), Limits: lim})
+		for range 20 {
+			b := slices.Clone(packed)
+			for range 1 + rng.IntN(3) {
+				b[rng.IntN(len(b))] = byte(rng.Uint32())
+			}
+			check("bytes changed "+strconv.Itoa(iter), &AcquireResponse{PackedGrants: b, Limits: lim})
+		}
+	}
 }
