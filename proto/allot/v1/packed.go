@@ -86,10 +86,9 @@ func AppendPackedGrant[K string | []byte](dst []byte, limits []*Limit, key K, g 
 // taken as the bytes it is, without the UTF-8 check a string field gets.
 func UnpackGrants(data []byte, limits []*Limit) ([]*KeyGrant, error) {
 	d := Reader{S: string(data), Base: errPacked}
-	n := d.Uvarint()
-	// A grant takes at least 11 bytes.
-	if d.Err != nil || n > uint64(len(d.S)/11) {
-		return nil, fmt.Errorf("%w: count", errPacked)
+	n, err := grantCount(&d)
+	if err != nil {
+		return nil, err
 	}
 	vals := make([]KeyGrant, n)
 	out := make([]*KeyGrant, n)
@@ -112,6 +111,16 @@ func UnpackGrants(data []byte, limits []*Limit) ([]*KeyGrant, error) {
 		return nil, fmt.Errorf("%w: %d trailing bytes", errPacked, d.Left())
 	}
 	return out, nil
+}
+
+// grantCount reads packed grants' count, refusing one the bytes cannot
+// hold: a grant takes at least 11 bytes.
+func grantCount(d *Reader) (uint64, error) {
+	n := d.Uvarint()
+	if d.Err != nil || n > uint64(len(d.S)/11) {
+		return 0, fmt.Errorf("%w: count", errPacked)
+	}
+	return n, nil
 }
 
 // readGrant reads one packed grant's record into g, all but its Share, and
@@ -164,9 +173,9 @@ func GrantTotals(r *AcquireResponse) (ok int, granted int64, err error) {
 	}
 	limits := r.GetLimits()
 	d := Reader{S: string(p), Base: errPacked}
-	n := d.Uvarint()
-	if d.Err != nil || n > uint64(len(d.S)/11) {
-		return 0, 0, fmt.Errorf("%w: count", errPacked)
+	n, err := grantCount(&d)
+	if err != nil {
+		return 0, 0, err
 	}
 	var g KeyGrant
 	for i := range n {

@@ -133,8 +133,9 @@ func TestUnpackGrantsRejects(t *testing.T) {
 	}
 }
 
-// FuzzUnpackGrants: any input decodes or errs without panicking, and what
-// decodes encodes back to the same bytes.
+// FuzzUnpackGrants: any input decodes or errs without panicking, what
+// decodes encodes back to the same bytes, and GrantTotals refuses what
+// UnpackGrants refuses and counts what it decodes.
 func FuzzUnpackGrants(f *testing.F) {
 	l := &Limit{Burst: 1}
 	good, _ := AppendPackedGrants(nil, nil, []*KeyGrant{{Status: 1, Key: "d|k=v", Granted: -3, Limit: l, Agents: 2}, {}})
@@ -144,8 +145,22 @@ func FuzzUnpackGrants(f *testing.F) {
 		lims := []*Limit{l}
 		got, err := UnpackGrants(data, lims)
 		moved := HasStatus(&AcquireResponse{PackedGrants: data}, KeyStatus_KEY_STATUS_MOVED) // never panics
+		ok, granted, terr := GrantTotals(&AcquireResponse{PackedGrants: data, Limits: lims})
+		if len(data) > 0 && (terr != nil) != (err != nil) {
+			t.Fatalf("GrantTotals error %v, UnpackGrants error %v", terr, err)
+		}
 		if err != nil {
 			return
+		}
+		wantOK, wantGranted := 0, int64(0)
+		for _, g := range got {
+			if g.GetStatus() == KeyStatus_KEY_STATUS_OK {
+				wantOK++
+				wantGranted += g.GetGranted()
+			}
+		}
+		if len(data) > 0 && (ok != wantOK || granted != wantGranted) {
+			t.Fatalf("GrantTotals = %d, %d; UnpackGrants' grants hold %d OK, %d granted", ok, granted, wantOK, wantGranted)
 		}
 		if want := slices.ContainsFunc(got, func(g *KeyGrant) bool { return g.GetStatus() == KeyStatus_KEY_STATUS_MOVED }); moved != want {
 			t.Fatalf("HasStatus(MOVED) = %v on grants %v", moved, got)
