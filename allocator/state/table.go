@@ -531,26 +531,34 @@ func (t *table) each(f func(i int, s *slot) bool) {
 	}
 }
 
-// touchSlots is how many slots from a hash's home touch reads: four
-// cache lines of two slots. A search at the loads the table runs at
-// (up to 92%) reads past the home slot's line about as often as not, and
-// a second miss that waits for the first costs as much as the first;
-// read together, the four lines cost about what one did alone (an apply
-// at fleet shape over 4.5M tracked keys: 11% less CPU a key than reading
-// the home slot alone; 2% less than three lines).
-const touchSlots = 8
+// touchSlots is how many slots from a hash's home touch reads in a table
+// of touchWideSlots slots or more: four cache lines of two slots. A
+// search at the loads the table runs at (up to 92%) reads past the home
+// slot's line about as often as not, and a miss that waits for the one
+// before it costs as much again; read together, the four lines cost about
+// what one did alone. An apply at fleet shape over 4.5M tracked keys took
+// 13% less CPU a key than with the home's line alone. A smaller table
+// stays mostly in the last-level cache, where the extra reads cost more
+// than they save: at 100k keys (4 MiB of slots) bench/acquire's allocators
+// took 1.3% more CPU a key-grant with them (docs/performance.md).
+const (
+	touchSlots     = 8
+	touchWideSlots = 1 << 20
+)
 
-// touch reads the first touchSlots slots from the home of every hash in
-// hs (the home's alone where they would pass its chunk's end), so that they are in the cache when the
-// hashes are searched for next. The reads are independent, so their
-// cache misses overlap.
+// touch reads the home slot of every hash in hs, and in a table of
+// touchWideSlots slots or more the first touchSlots slots from it (the
+// home's alone where they would pass its chunk's end), so that they are
+// in the cache when the hashes are searched for next. The reads are
+// independent, so their cache misses overlap.
 func (t *table) touch(hs []uint64) {
 	var x uint32
+	wide := t.capa >= touchWideSlots
 	for _, h := range hs {
 		i := t.home(h)
 		ch, k := t.chunks[i>>chunkBits], i&chunkMask
 		x += ch[k].lim
-		if k+touchSlots <= chunkSize {
+		if wide && k+touchSlots <= chunkSize {
 			x += ch[k+2].lim + ch[k+4].lim + ch[k+6].lim
 		}
 	}
