@@ -34,28 +34,10 @@ func BenchmarkApplyFleetTail(b *testing.B) {
 	var all []time.Duration
 	var total time.Duration
 	for range b.N {
-		cfg := testConfig()
-		cfg.PackedGrants = true
-		s := New(cfg)
-		putRules(b, s, t0, testRules)
-		ids := make([]uint64, calls)
-		now := at(0)
-		next, cold := 0, 0
-		keys := make([]*allotv1.KeyAcquire, perReq)
-		for i := range keys {
-			keys[i] = &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big"}}}
-		}
-		recs := make([][]byte, calls)
-		for cold < target {
-			for a := range calls {
-				ids[a]++
-				fillCall(keys, true, &cold, &next, hot)
-				req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("agent-", a), RequestId: ids[a],
-					PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
-				recs[a] = AppendAcquireRecord(recs[a][:0], req)
-			}
-			now += int64(time.Millisecond)
-			data := AppendAcquireEntry(nil, now, recs)
+		s := newFleetState(b)
+		f := newFleetFeed(calls, perReq, hot)
+		for f.cold < target {
+			data := f.entry()
 			c0 := threadCPU()
 			if _, err := s.ApplyCompact(data); err != nil {
 				b.Fatal(err)
@@ -86,42 +68,21 @@ func BenchmarkApplyFleetSteady(b *testing.B) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const calls, perReq, hot, target, batch = 2, 1000, 10_000, 4_500_000, 300
-	cfg := testConfig()
-	cfg.PackedGrants = true
-	s := New(cfg)
-	putRules(b, s, t0, testRules)
-	ids := make([]uint64, calls)
-	now := at(0)
-	next, cold := 0, 0
-	keys := make([]*allotv1.KeyAcquire, perReq)
-	for i := range keys {
-		keys[i] = &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big"}}}
-	}
-	entry := func() []byte {
-		recs := make([][]byte, calls)
-		for a := range calls {
-			ids[a]++
-			fillCall(keys, true, &cold, &next, hot)
-			req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("agent-", a), RequestId: ids[a],
-				PackedKeys: allotv1.AppendPackedKeys(nil, keys)}
-			recs[a] = AppendAcquireRecord(nil, req)
-		}
-		now += int64(time.Millisecond)
-		return AppendAcquireEntry(nil, now, recs)
-	}
-	for cold < target {
-		if _, err := s.ApplyCompact(entry()); err != nil {
+	s := newFleetState(b)
+	f := newFleetFeed(calls, perReq, hot)
+	for f.cold < target {
+		if _, err := s.ApplyCompact(f.entry()); err != nil {
 			b.Fatal(err)
 		}
 	}
-	cold = 0
+	f.cold = 0
 	ents := make([][]byte, batch)
 	var total time.Duration
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
 		for j := range ents {
-			ents[j] = entry()
+			ents[j] = f.entry()
 		}
 		runtime.GC()
 		b.StartTimer()
@@ -134,4 +95,47 @@ func BenchmarkApplyFleetSteady(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(total)/float64(b.N*batch*calls*perReq), "cpu-ns/key")
+}
+
+// newFleetState returns a state with the test rules and packed grants,
+// for the fleet-shape benchmarks.
+func newFleetState(b *testing.B) *State {
+	cfg := testConfig()
+	cfg.PackedGrants = true
+	s := New(cfg)
+	putRules(b, s, t0, testRules)
+	return s
+}
+
+// fleetFeed makes compact Acquire entries of fleet shape (fillCall's
+// keys), one call from each of its agents an entry, a millisecond apart.
+type fleetFeed struct {
+	hot        int
+	next, cold int
+	now        int64
+	ids        []uint64
+	keys       []*allotv1.KeyAcquire
+	recs       [][]byte
+}
+
+func newFleetFeed(calls, perReq, hot int) *fleetFeed {
+	f := &fleetFeed{hot: hot, now: at(0), ids: make([]uint64, calls),
+		keys: make([]*allotv1.KeyAcquire, perReq), recs: make([][]byte, calls)}
+	for i := range f.keys {
+		f.keys[i] = &allotv1.KeyAcquire{Domain: "test", Entries: []*allotv1.Entry{{Key: "big"}}}
+	}
+	return f
+}
+
+// entry returns the next entry (a fresh slice: the caller may keep it).
+func (f *fleetFeed) entry() []byte {
+	for a := range f.ids {
+		f.ids[a]++
+		fillCall(f.keys, true, &f.cold, &f.next, f.hot)
+		req := &allotv1.AcquireRequest{AgentId: fmt.Sprint("agent-", a), RequestId: f.ids[a],
+			PackedKeys: allotv1.AppendPackedKeys(nil, f.keys)}
+		f.recs[a] = AppendAcquireRecord(f.recs[a][:0], req)
+	}
+	f.now += int64(time.Millisecond)
+	return AppendAcquireEntry(nil, f.now, f.recs)
 }
