@@ -153,3 +153,22 @@ func TestKeysFor(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPackKeys packs one fleet-shape call: 1000 keys, 850 of them
+// cold, as -mode fleet's clients do.
+func BenchmarkPackKeys(b *testing.B) {
+	ks := newKeySet(10_000, hotKey)
+	nums := make([]int, 1000)
+	for i := range nums {
+		if i < 850 {
+			nums[i] = 10_000 + 4_000_000 + i
+		} else {
+			nums[i] = i
+		}
+	}
+	buf := make([]byte, 0, packedSize(nums))
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = ks.packKeys(buf[:0], nums)
+	}
+}

@@ -304,64 +304,119 @@ const (
 // allocator will read them).
 func AppendPackedKeys(dst []byte, keys []*KeyAcquire) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(keys)))
-	var dict [PackedDict]string
-	nd := 0
-	dstr := func(s string) {
-		for i := range nd {
-			if dict[i] == s {
-				dst = binary.AppendUvarint(dst, uint64(i+1))
-				return
-			}
-		}
-		dst = append(dst, 0)
-		dst = appendStr(dst, s)
-		if nd < PackedDict {
-			dict[nd] = s
-			nd++
-		}
-	}
+	var d packedDict
 	for _, k := range keys {
-		dstr(k.GetDomain())
+		dst = d.append(dst, k.GetDomain())
 		dst = binary.AppendUvarint(dst, uint64(len(k.GetEntries())))
 		for _, e := range k.GetEntries() {
-			dstr(e.GetKey())
+			dst = d.append(dst, e.GetKey())
 			dst = appendStr(dst, e.GetValue())
 		}
-		fi := len(dst)
-		dst = append(dst, 0)
-		var flags, flags2 byte
-		if k.GetWantShare() {
-			flags2 |= PackedWantShare
+		dst = AppendPackedKeyFields(dst, k)
+	}
+	return dst
+}
+
+// PackedKeysWriter writes keys in the packed form one part at a time, as
+// AppendPackedKeys does, for a caller that has a key's parts but no
+// KeyAcquire message for it: Start with the count, then for each key
+// Head, one Entry or EntryBytes for each of its entries, and Fields. B is
+// the bytes written so far (dst and the keys); the writer does not check
+// that the parts come in that order or that count keys follow.
+type PackedKeysWriter struct {
+	B []byte
+	d packedDict
+}
+
+// Start begins n keys after dst.
+func (w *PackedKeysWriter) Start(dst []byte, n int) {
+	w.B = binary.AppendUvarint(dst, uint64(n))
+	w.d = packedDict{}
+}
+
+// Head writes a key's domain and how many entries follow.
+func (w *PackedKeysWriter) Head(domain string, entries int) {
+	w.B = binary.AppendUvarint(w.d.append(w.B, domain), uint64(entries))
+}
+
+// Entry writes one descriptor entry of the key.
+func (w *PackedKeysWriter) Entry(key, value string) {
+	w.B = appendStr(w.d.append(w.B, key), value)
+}
+
+// EntryBytes is Entry with the value as bytes.
+func (w *PackedKeysWriter) EntryBytes(key string, value []byte) {
+	w.B = append(binary.AppendUvarint(w.d.append(w.B, key), uint64(len(value))), value...)
+}
+
+// Fields writes the key's flags and amounts, taken from k (its domain
+// and entries are not read).
+func (w *PackedKeysWriter) Fields(k *KeyAcquire) { w.B = AppendPackedKeyFields(w.B, k) }
+
+// FieldsPacked writes a key's flags and amounts as AppendPackedKeyFields
+// packed them, for a caller that sends many keys with the same fields.
+func (w *PackedKeysWriter) FieldsPacked(fields []byte) { w.B = append(w.B, fields...) }
+
+// packedDict is the strings of packed keys' dictionary so far.
+type packedDict struct {
+	s [PackedDict]string
+	n int
+}
+
+// append appends a dictionary string: the index of an earlier one
+// (1-based), or 0 and the string, which then joins the dictionary if it
+// has room.
+func (d *packedDict) append(dst []byte, s string) []byte {
+	for i := range d.n {
+		if d.s[i] == s {
+			return binary.AppendUvarint(dst, uint64(i+1))
 		}
-		if k.GetPromote() {
-			flags2 |= PackedPromote
-		}
-		if k.GetStaticReport() {
-			flags2 |= PackedStaticReport
-		}
-		if flags2 != 0 {
-			flags |= PackedMore
-			dst = append(dst, flags2)
-		}
-		for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
-			if v != 0 {
-				flags |= 1 << i
-				dst = binary.AppendVarint(dst, v)
-			}
-		}
-		if d := k.GetDemand(); d != 0 || math.Signbit(d) {
-			flags |= PackedDemand
-			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(d))
-		}
-		if v := k.GetOutageCharged(); v != 0 {
-			flags |= PackedOutage
+	}
+	dst = appendStr(append(dst, 0), s)
+	if d.n < PackedDict {
+		d.s[d.n] = s
+		d.n++
+	}
+	return dst
+}
+
+// AppendPackedKeyFields appends k's flags and amounts in the packed form:
+// what follows a key's entries (its domain and entries are not read).
+func AppendPackedKeyFields(dst []byte, k *KeyAcquire) []byte {
+	fi := len(dst)
+	dst = append(dst, 0)
+	var flags, flags2 byte
+	if k.GetWantShare() {
+		flags2 |= PackedWantShare
+	}
+	if k.GetPromote() {
+		flags2 |= PackedPromote
+	}
+	if k.GetStaticReport() {
+		flags2 |= PackedStaticReport
+	}
+	if flags2 != 0 {
+		flags |= PackedMore
+		dst = append(dst, flags2)
+	}
+	for i, v := range [...]int64{k.GetWant(), k.GetHeld(), k.GetReturned(), k.GetCharged(), k.GetDenied()} {
+		if v != 0 {
+			flags |= 1 << i
 			dst = binary.AppendVarint(dst, v)
 		}
-		if k.GetPromote() || k.GetStaticReport() {
-			dst = binary.AppendVarint(dst, k.GetStaticLeft())
-		}
-		dst[fi] = flags
 	}
+	if d := k.GetDemand(); d != 0 || math.Signbit(d) {
+		flags |= PackedDemand
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(d))
+	}
+	if v := k.GetOutageCharged(); v != 0 {
+		flags |= PackedOutage
+		dst = binary.AppendVarint(dst, v)
+	}
+	if k.GetPromote() || k.GetStaticReport() {
+		dst = binary.AppendVarint(dst, k.GetStaticLeft())
+	}
+	dst[fi] = flags
 	return dst
 }
 

@@ -379,3 +379,18 @@ func TestGrantTotals(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAppendPackedKeys packs a refill-sized call: 100 keys of one
+// domain, two descriptor entries each, with want, held and demand set.
+func BenchmarkAppendPackedKeys(b *testing.B) {
+	keys := make([]*KeyAcquire, 100)
+	for i := range keys {
+		keys[i] = &KeyAcquire{Domain: "api", Entries: []*Entry{{Key: "plan", Value: "free"}, {Key: "user", Value: "u-" + strconv.Itoa(i)}},
+			Want: 20, Held: 3, Demand: 12.5}
+	}
+	buf := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendPackedKeys(buf[:0], keys)
+	}
+}
