@@ -537,10 +537,10 @@ func (t *table) each(f func(i int, s *slot) bool) {
 // slot's line about as often as not, and a miss that waits for the one
 // before it costs as much again; read together, their misses overlap. An
 // apply at fleet shape over 4.5M tracked keys took 11–15% less CPU a key
-// than with the home's line alone. A smaller table
-// stays mostly in the last-level cache, where the extra reads cost more
-// than they save: at 100k keys (4 MiB of slots) bench/acquire's allocators
-// took 1.3% more CPU a key-grant with them (docs/performance.md).
+// than with the home's line alone. A smaller table stays mostly in the
+// last-level cache, where the extra reads cost more than they save: at
+// 100k keys (4 MiB of slots) bench/acquire's allocators took 1.3% more
+// CPU a key-grant with them (docs/performance.md).
 const (
 	touchSlots     = 8
 	touchWideSlots = 1 << 20
