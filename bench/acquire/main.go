@@ -41,6 +41,8 @@
 // failover, the time from the kill to the next grant committed by a new
 // leader. The load is bounded in time and sent only to 127.0.0.1. With -fsync-probe it also times an
 // fsync in the data directory throughout the window, the disk's own tail.
+// -burners N runs N processes beside the cluster that each spin one
+// thread, a neighbour's load on the same cores, and reports their CPU.
 // -leader-trace saves a Go execution trace of the leader over the window
 // (go tool trace; with -leader-cpuprofile as well it carries CPU samples,
 // which tell a goroutine on a core from one whose thread waits for one).
@@ -134,9 +136,11 @@ type options struct {
 	fsyncProbe   time.Duration
 	cprofile     string
 	groups       int
+	burners      int
 }
 
 func main() {
+	burnIfAsked()
 	var o options
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "length of the throughput phase")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "load before the throughput phase, not measured")
@@ -166,6 +170,7 @@ func main() {
 	flag.StringVar(&o.cprofile, "client-cpuprofile", "", "write a CPU profile of this load client, taken over the throughput phase, to this file")
 	flag.DurationVar(&o.fsyncProbe, "fsync-probe", 0, "every this often during the throughput phase, write 4 KB to a file in the data directory and fsync it, and report the fsync latency (0: off)")
 	flag.IntVar(&o.groups, "groups", 1, "data groups the cluster is bootstrapped with (allocator -groups); more than 1: each call's keys go split by the group that owns their slot, one Acquire per group, straight to that group's leader, as agents send them")
+	flag.IntVar(&o.burners, "burners", 0, "CPU burners to run beside the cluster: processes of this binary, each spinning one thread at this process's nice value from before the allocators start to the end of the run, a neighbour's load on the same cores (their CPU over the window is reported)")
 	flag.BoolVar(&o.gctrace, "gctrace", false, "run the allocators with GODEBUG=gctrace=1 and report their GC pauses in the throughput phase")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -192,6 +197,9 @@ func run(o options) error {
 	}
 	if o.groups < 1 {
 		return errors.New("-groups must be at least 1")
+	}
+	if o.burners < 0 {
+		return errors.New("-burners must not be negative")
 	}
 	if o.groups > 1 && o.target == "leader" {
 		return errors.New("-target leader names one leader: with -groups use follow or all")
@@ -234,6 +242,11 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	burn, err := startBurners(o.burners)
+	if err != nil {
+		return err
+	}
+	defer burn.stop()
 	nodes := make([]*node, 3)
 	for i := range nodes {
 		n := &node{ID: fmt.Sprintf("b%d", i), GRPC: ports[3*i], Raft: ports[3*i+1], HTTP: ports[3*i+2]}
@@ -282,6 +295,7 @@ func run(o options) error {
 		for _, n := range nodes {
 			n.Proc.Kill()
 		}
+		burn.stop()
 		os.Exit(130)
 	}()
 	for _, n := range nodes {
@@ -316,8 +330,8 @@ func run(o options) error {
 	if o.inflight > 0 {
 		inflight = strconv.Itoa(o.inflight)
 	}
-	fmt.Printf("3 allocators up (dir %s), %d group(s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q\n",
-		dir, o.groups, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env)
+	fmt.Printf("3 allocators up (dir %s), %d group(s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q; %d CPU burner(s) beside\n",
+		dir, o.groups, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env, o.burners)
 	if o.mode == "fleet" {
 		fmt.Printf("fleet shape: %.0f%% of each call's keys are first uses of cold keys (charged 1, no lease) over %d keys, the rest renewals of %d hot keys\n",
 			100*o.coldFraction, o.keyspace, o.hotKeys)
@@ -374,7 +388,7 @@ func run(o options) error {
 	}
 	log0 := logSizes(nodes)
 	load0 := proccpu.LoadAvg()
-	cpu0 := sampleCPU(nodes)
+	cpu0 := sampleCPU(nodes, burn)
 	start := time.Now()
 	probe := startFsyncProbe(dir, o.fsyncProbe, start.Add(o.duration))
 	if err := fetchProfiles(nodes, leader, token, max(int(o.duration.Seconds())-1, 1), o.profile, o.fprofile, o.ltrace); err != nil {
@@ -389,7 +403,7 @@ func run(o options) error {
 	if err := stopProfile(); err != nil {
 		return err
 	}
-	cpu1 := sampleCPU(nodes)
+	cpu1 := sampleCPU(nodes, burn)
 	m1, err := scrapeAll(nodes)
 	if err != nil {
 		return err
@@ -1045,9 +1059,12 @@ type cpuSample struct {
 	// machine's /proc/stat.
 	run, wait []time.Duration
 	mach      proccpu.Machine
+	// burn is the -burners' CPU (burners nil: none).
+	burn    time.Duration
+	burners int
 }
 
-func sampleCPU(nodes []*node) cpuSample {
+func sampleCPU(nodes []*node, b *burners) cpuSample {
 	self, _ := proccpu.Of(0) // 0 if unreadable: the figures then show it
 	s := cpuSample{nodes: make([]time.Duration, len(nodes)), self: self, at: time.Now(),
 		run: make([]time.Duration, len(nodes)+1), wait: make([]time.Duration, len(nodes)+1)}
@@ -1057,6 +1074,9 @@ func sampleCPU(nodes []*node) cpuSample {
 	}
 	s.run[len(nodes)], s.wait[len(nodes)], _ = proccpu.Sched(0)
 	s.mach, _ = proccpu.ReadMachine()
+	if b != nil {
+		s.burn, s.burners = b.cpu(), len(b.pids())
+	}
 	return s
 }
 
@@ -1105,7 +1125,11 @@ func cpuReport(nodes []*node, role []string, s0, s1 cpuSample, keys int64, unit 
 	if client > 0 && keys > 0 {
 		ratio = fmt.Sprintf(" (the allocators' CPU %.2f× the load client's)", total.Seconds()/client.Seconds())
 	}
-	fmt.Printf(" allocators %.3f cores%s; load client %.3f cores%s\n", total.Seconds()/secs, per(total), client.Seconds()/secs, ratio)
+	fmt.Printf(" allocators %.3f cores%s; load client %.3f cores%s", total.Seconds()/secs, per(total), client.Seconds()/secs, ratio)
+	if s1.burners > 0 {
+		fmt.Printf("; %d burner(s) %.3f cores", s1.burners, (s1.burn-s0.burn).Seconds()/secs)
+	}
+	fmt.Println()
 }
 
 // idleReport measures the allocators' CPU with no traffic over d, after
@@ -1118,7 +1142,7 @@ func idleReport(nodes []*node, leader int, role []string, d time.Duration, token
 		return err
 	}
 	load0 := proccpu.LoadAvg()
-	s0 := sampleCPU(nodes)
+	s0 := sampleCPU(nodes, nil)
 	// Leases granted by the load end during the first seconds (their TTL)
 	// and Go returns the load's memory: each tenth of the window is
 	// reported too, so the settled cost can be told from that tail.
@@ -1135,7 +1159,7 @@ func idleReport(nodes []*node, leader int, role []string, d time.Duration, token
 	prev := s0
 	for i := range 10 {
 		time.Sleep(time.Until(s0.at.Add(d * time.Duration(i+1) / 10)))
-		cur := sampleCPU(nodes)
+		cur := sampleCPU(nodes, nil)
 		var all time.Duration
 		for j := range nodes {
 			all += cur.nodes[j] - prev.nodes[j]
@@ -1196,6 +1220,13 @@ func breakdown(nodes []*node, leaders []int, m0, m1 []map[string]float64) {
 		changes += m1[i]["allot_allocator_leadership_changes_total"] - m0[i]["allot_allocator_leadership_changes_total"]
 	}
 	fmt.Printf("leadership changes in the window: %.0f (gains and losses, summed over the nodes)\n", changes)
+	snaps := make([]string, len(nodes))
+	for i, n := range nodes {
+		d := func(m string) float64 { return m1[i][m] - m0[i][m] }
+		snaps[i] = fmt.Sprintf("%s %.0f taken, %.0f written in %.2f s", n.ID,
+			d("allot_allocator_snapshot_capture_seconds_count"), d("allot_allocator_snapshot_persist_seconds_count"), d("allot_allocator_snapshot_persist_seconds_sum"))
+	}
+	fmt.Printf("raft snapshots in the window: %s\n", strings.Join(snaps, "; "))
 	fmt.Println("breakdown (server histograms, same window):")
 	for _, st := range stages {
 		b := histDelta(m0, m1, st.on, st.metric, st.labels)
