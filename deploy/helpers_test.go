@@ -28,6 +28,8 @@ import (
 
 	"go.uber.org/goleak"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/allot/allot/internal/testproc"
 )
 
 // root is the repository root (tests run in deploy/).
@@ -44,6 +46,7 @@ func TestMain(m *testing.M) {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	testproc.RemoveBuilds()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

@@ -96,6 +96,9 @@ func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	p := &proc{name: name, out: &syncBuffer{}, err: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.err
+	// A -dev gateway's data dir, left when the cleanup below kills it,
+	// goes to a directory the test removes after that cleanup.
+	p.cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -128,6 +129,15 @@ func NewProc(name, dir, bin string, args ...string) *Proc {
 // tail of its output.
 func (p *Proc) Start(t testing.TB) {
 	t.Helper()
+	p.mu.Lock()
+	fresh := p.starts == 0
+	p.mu.Unlock()
+	if fresh && !slices.ContainsFunc(p.Env, func(e string) bool { return strings.HasPrefix(e, "TMPDIR=") }) {
+		// What the process leaves in its temporary directory (a -dev
+		// gateway killed before it removes its data dir) goes to one the
+		// test removes after the kill below (cleanups run last first).
+		p.Env = append(p.Env, "TMPDIR="+t.TempDir())
+	}
 	if err := p.Run(); err != nil {
 		t.Fatal(err)
 	}
