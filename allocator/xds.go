@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -42,6 +43,25 @@ type XDSConfig struct {
 	// MinBackoff and MaxBackoff bound the jittered exponential wait before
 	// a reconnect; zero means 250ms and 30s.
 	MinBackoff, MaxBackoff time.Duration
+	// MinInterval is the least time between two rule versions committed
+	// from the stream: an update that changes the rules sooner is
+	// committed (and ACKed) once it has passed, or replaced by a newer one
+	// that arrived meanwhile. Every version is sent to every agent's rule
+	// watch, so a server that changes its resources many times a second
+	// costs the fleet one version an interval. Zero means 1s; negative,
+	// none.
+	MinInterval time.Duration
+}
+
+// minInterval returns MinInterval with its default.
+func (c XDSConfig) minInterval() time.Duration {
+	switch {
+	case c.MinInterval == 0:
+		return time.Second
+	case c.MinInterval < 0:
+		return 0
+	}
+	return c.MinInterval
 }
 
 func (c XDSConfig) backoff() (lo, hi time.Duration) {
@@ -112,16 +132,34 @@ func (s *Server) xdsStream(ctx context.Context) (accepted bool, err error) {
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: RateLimitConfigTypeURL}); err != nil {
 		return false, err
 	}
+	in := &xdsInbox{ready: make(chan struct{}, 1)}
+	recvDone := make(chan struct{})
+	go func() { // ends when the stream does (cancel below)
+		defer close(recvDone)
+		in.receive(stream)
+	}()
+	defer func() {
+		cancel()
+		<-recvDone
+	}()
 	version := "" // the last accepted version
 	// A server may answer a NACK by sending the rejected version again at
 	// once: the same rejection is logged once and answered after a growing
 	// pause, so the pair does not spin.
 	lo, hi := cfg.backoff()
 	nacked, pause := "", lo
+	every := cfg.minInterval()
+	var committed time.Time // when this stream last committed a version
+	var next *discoveryv3.DiscoveryResponse
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return accepted, err
+		resp := next
+		next = nil
+		if resp == nil {
+			r, err := in.next(ctx)
+			if err != nil {
+				return accepted, err
+			}
+			resp = r
 		}
 		reply := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: RateLimitConfigTypeURL, ResponseNonce: resp.GetNonce(), VersionInfo: version}
 		files, err := xdsRuleFiles(resp)
@@ -148,12 +186,29 @@ func (s *Server) xdsStream(ctx context.Context) (accepted bool, err error) {
 			}
 			reply.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 		} else {
+			if wait := time.Until(committed.Add(every)); wait > 0 && !sameRuleFiles(s.st.RuleSet().GetFiles(), files) {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return accepted, ctx.Err()
+				case <-t.C:
+				}
+				if r := in.take(); r != nil {
+					// A newer state of the world replaces this one, which
+					// is neither committed nor answered: the reply to the
+					// newer one, with its nonce, answers both.
+					next = r
+					continue
+				}
+			}
 			changed, err := s.commitXDSRules(files)
 			if err != nil {
 				return accepted, fmt.Errorf("commit: %w", err) // no ACK: the server resends on the next stream
 			}
 			s.metrics.xdsUpdates.WithLabelValues("ack").Inc()
 			if changed {
+				committed = time.Now()
 				s.log.Info("xds: rules committed", "version", resp.GetVersionInfo(), "files", len(files), "rules_version", s.rulesVersion())
 			}
 			version, accepted, nacked = resp.GetVersionInfo(), true, ""
@@ -161,6 +216,69 @@ func (s *Server) xdsStream(ctx context.Context) (accepted bool, err error) {
 		}
 		if err := stream.Send(reply); err != nil {
 			return accepted, err
+		}
+	}
+}
+
+// xdsInbox holds the newest response a stream has delivered and not yet
+// taken, so that responses arriving while the loop waits out
+// MinInterval replace each other instead of queueing.
+type xdsInbox struct {
+	mu    sync.Mutex // guards resp and err
+	resp  *discoveryv3.DiscoveryResponse
+	err   error
+	ready chan struct{} // capacity 1: something to take
+}
+
+// receive reads the stream until it fails (its context ended, or the
+// server closed it), keeping the newest response and then the error.
+func (in *xdsInbox) receive(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
+	for {
+		r, err := stream.Recv()
+		in.mu.Lock()
+		if err != nil {
+			in.err = err
+		} else {
+			in.resp = r
+		}
+		in.mu.Unlock()
+		select {
+		case in.ready <- struct{}{}:
+		default:
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// take returns the newest response not yet taken, or nil.
+func (in *xdsInbox) take() *discoveryv3.DiscoveryResponse {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	r := in.resp
+	in.resp = nil
+	return r
+}
+
+// next waits for a response and takes it; after the last one, it returns
+// the stream's error (or ctx's).
+func (in *xdsInbox) next(ctx context.Context) (*discoveryv3.DiscoveryResponse, error) {
+	for {
+		in.mu.Lock()
+		r, err := in.resp, in.err
+		in.resp = nil
+		in.mu.Unlock()
+		if r != nil {
+			return r, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-in.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 }

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -127,7 +128,7 @@ func perKey(rpu uint32, unit rlconfv3.RateLimitUnit) *rlconfv3.RateLimitConfig {
 
 func withXDS(addr string) clusterOpt {
 	return func(_ int, c *Config) {
-		c.RulesXDS = XDSConfig{Addr: addr, NodeID: xdsNodeID, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
+		c.RulesXDS = XDSConfig{Addr: addr, NodeID: xdsNodeID, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MinInterval: 50 * time.Millisecond}
 	}
 }
 
@@ -208,6 +209,37 @@ func TestXDSRulesACKAndNACK(t *testing.T) {
 	if v := waitRules(t, tc, "requests_per_unit: 67\n"); v <= v2 {
 		t.Fatalf("rule version %d after %d", v, v2)
 	}
+}
+
+// TestXDSOneVersionAnInterval: a server that changes its resources every
+// few milliseconds costs one rule version a MinInterval (each version goes
+// to every agent's rule watch), and the rules end at its last state.
+func TestXDSOneVersionAnInterval(t *testing.T) {
+	x := startXDSServer(t)
+	x.set(t, "0", perKey(1, rlconfv3.RateLimitUnit_MINUTE))
+	const every = 300 * time.Millisecond
+	tc := newTestCluster(t, 1, withXDS(x.addr), func(_ int, c *Config) { c.RulesXDS.MinInterval = every })
+	v0 := waitRules(t, tc, "requests_per_unit: 1\n")
+
+	start := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	sent := 0
+	for i := 2; time.Since(start) < 1500*time.Millisecond; i++ {
+		x.set(t, strconv.Itoa(i), perKey(uint32(i), rlconfv3.RateLimitUnit_MINUTE))
+		sent++
+		<-tick.C
+	}
+	x.set(t, "last", perKey(999_999, rlconfv3.RateLimitUnit_MINUTE))
+	v := waitRules(t, tc, "requests_per_unit: 999999\n")
+	most := uint64(time.Since(start)/every) + 2
+	if v-v0 > most {
+		t.Fatalf("%d rule versions committed in %v for %d updates, want at most %d (one a %v)", v-v0, time.Since(start), sent+1, most, every)
+	}
+	if n := x.nackCount(); n != 0 {
+		t.Fatalf("%d NACKs of valid updates: %q", n, x.lastNACK())
+	}
+	t.Logf("%d updates, %d rule versions", sent+1, v-v0)
 }
 
 // TestXDSLeaderFailover: the leader that holds the subscription dies

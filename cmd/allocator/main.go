@@ -149,6 +149,7 @@ func parse(args []string) (*options, error) {
 		ruleFiles     stringList
 		rulesXDS      = fs.String("rules-xds", "", "xDS server HOST:PORT: the leader subscribes (ADS, state of the world) to RateLimitConfig resources and commits each update as the rule set (docs/rules.md)")
 		rulesXDSNode  = fs.String("rules-xds-node-id", "", "node id sent to the -rules-xds server (default: allot)")
+		rulesXDSEvery = fs.Duration("rules-xds-min-interval", time.Second, "least time between two rule versions committed from the -rules-xds server; a newer update that arrives meanwhile replaces the waiting one (0: none)")
 		logFlags      cliflags.Log
 		tlsFlags      cliflags.TLS
 		region        = fs.String("region", "", "make this cluster the region NAME of a global cluster: scope: global keys are leased from -global-allocators and sub-granted from what the region holds (docs/regions.md)")
@@ -219,7 +220,10 @@ func parse(args []string) (*options, error) {
 	cfg.FollowerApplyNice = *applyNice
 	cfg.LegacyAcquireEntries = *legacyEntries
 	cfg.Logger = logger
-	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode}
+	cfg.RulesXDS = allocator.XDSConfig{Addr: *rulesXDS, NodeID: *rulesXDSNode, MinInterval: *rulesXDSEvery}
+	if cfg.RulesXDS.MinInterval == 0 {
+		cfg.RulesXDS.MinInterval = -1 // 0 on the command line: none
+	}
 	cfg.Region = allocator.RegionConfig{Name: *region, GlobalAllocators: globalAllocs}
 	cfg.Region.Upstream.RTT = *upstreamRTT
 	for _, path := range ruleFiles {
