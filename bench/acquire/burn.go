@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot/allot/internal/cpuburn"
 	"github.com/allot/allot/internal/proccpu"
 )
 
@@ -22,21 +23,8 @@ func burnIfAsked() {
 		return
 	}
 	runtime.GOMAXPROCS(1)
-	spin()
-}
-
-// spin keeps one thread busy. The loop's counter is kept live, so the loop
-// is not removed.
-//
-//go:noinline
-func spin() {
-	var n uint64
-	for {
-		n++
-		if n == 0 {
-			fmt.Fprintln(os.Stderr, "burner: wrapped")
-		}
-	}
+	cpuburn.Start(1)
+	select {} // until killed
 }
 
 // burners are the -burners processes: each a process of this binary
