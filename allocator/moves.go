@@ -555,6 +555,9 @@ func (a *adminService) ApplySlotEntry(ctx context.Context, req *allotv1.ApplySlo
 		return nil, status.Error(codes.FailedPrecondition, "allocator: this cluster has one group and no slots to move")
 	}
 	se, err := state.DecodeSlotEntry(req.GetEntry())
+	if err == nil {
+		err = se.Check()
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "allocator: %v", err)
 	}

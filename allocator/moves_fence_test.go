@@ -100,16 +100,17 @@ func TestGroupsSlotFence(t *testing.T) {
 // TestGroupsApplySlotEntryRefusesFenceAboveMetaTerm: Admin.ApplySlotEntry
 // refuses (InvalidArgument, nothing applied) an entry fenced above the
 // meta group's term, which would make the group refuse every later
-// driver's entry for its slots, and an entry without a fence. The slot
-// stays served and a move of it still commits.
+// driver's entry for its slots, an entry without a fence, and one whose
+// ranges overlap. The slot stays served and a move of it still commits.
 func TestGroupsApplySlotEntryRefusesFenceAboveMetaTerm(t *testing.T) {
 	s := startOneNodeGroups(t, 2)
 	alloc, admin := dial(t, s.GRPCAddr())
 	sl, owner, other := ownerTestSlot()
 	rs := []slots.Range{{First: sl, Last: sl}}
 	for name, entry := range map[string][]byte{
-		"fence 2^40": state.AppendFencedSlotEntry(nil, state.SlotFreeze, 1<<40, time.Now().UnixNano(), rs, nil),
-		"no fence":   state.AppendSlotEntry(nil, state.SlotFreeze, time.Now().UnixNano(), rs, nil),
+		"fence 2^40":                  state.AppendFencedSlotEntry(nil, state.SlotFreeze, 1<<40, time.Now().UnixNano(), rs, nil),
+		"no fence":                    state.AppendSlotEntry(nil, state.SlotFreeze, time.Now().UnixNano(), rs, nil),
+		"overlapping ranges, fence 1": state.AppendFencedSlotEntry(nil, state.SlotFreeze, 1, time.Now().UnixNano(), append(rs, rs...), nil),
 	} {
 		res, err := admin.ApplySlotEntry(ctxT(t), &allotv1.ApplySlotEntryRequest{Group: uint32(owner), Entry: entry})
 		if status.Code(err) != codes.InvalidArgument {

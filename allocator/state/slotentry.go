@@ -139,12 +139,19 @@ func DecodeSlotEntry(data []byte) (SlotEntry, error) {
 	return se, nil
 }
 
+// Check refuses an entry whose ranges are not valid, sorted and apart
+// (ErrInvalid): every slot operation needs such ranges.
+func (se SlotEntry) Check() error { return checkRanges(se.Ranges) }
+
 // SlotResult is the result of a slot entry.
 type SlotResult struct {
 	Op   SlotOp
 	Keys int // keys imported (SlotImport) or freed (SlotDrop)
-	// Err: the operation was refused and changed nothing (ErrSlotRefused,
-	// ErrBadExport, ErrInvalid). Every replica refuses alike.
+	// Err: the operation was refused (ErrSlotRefused, ErrBadExport,
+	// ErrInvalid) and changed nothing but the slot fence: an entry of a
+	// newer meta term fences out the older ones whether or not its
+	// operation applies. An entry that fails Check changes nothing at
+	// all. Every replica refuses alike.
 	Err error
 }
 
@@ -164,6 +171,11 @@ func (s *State) ApplySlotEntry(data []byte) (SlotResult, error) {
 	c.cow = s.live > 0
 	c.tab.grown = false
 	res := SlotResult{Op: se.Op}
+	if err := se.Check(); err != nil {
+		// Malformed: refused before its fence counts.
+		res.Err = err
+		return res, nil
+	}
 	if se.Fence < c.slotFence {
 		res.Err = fmt.Errorf("%w: %s proposed by a meta leader of term %d, after one of term %d acted on this group's slots",
 			ErrSlotRefused, se.Op, se.Fence, c.slotFence)

@@ -603,12 +603,44 @@ func FuzzApplySlotEntry(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := newTestState(t)
 		mustAcquire(t, s, at(0), "a", 1, ka("tb", "x", 5, 0, 0, 0))
+		// A well-formed entry of a newer meta term records its fence even
+		// when its operation is refused (SlotResult.Err): record that
+		// fence first, with an operation that applies and changes nothing
+		// else (a thaw of served slots), so that a refusal must leave the
+		// state exactly as it was. A malformed entry records nothing.
+		if se, err := DecodeSlotEntry(b); err == nil && se.Fence > 0 && se.Check() == nil {
+			res, err := s.ApplySlotEntry(AppendFencedSlotEntry(nil, SlotThaw, se.Fence, 0, []slots.Range{slots.All}, nil))
+			if err != nil || res.Err != nil {
+				t.Fatalf("thaw fenced by %d: %v, %v", se.Fence, err, res.Err)
+			}
+		}
 		before := persist(t, s)
 		res, err := s.ApplySlotEntry(b)
 		if (err != nil || res.Err != nil) && !bytes.Equal(before, persist(t, s)) {
 			t.Fatalf("a failed slot entry (%v, %v) changed the state", err, res.Err)
 		}
 	})
+}
+
+// TestMalformedSlotEntryKeepsFence: a fenced entry whose ranges overlap
+// is refused (ErrInvalid) and changes nothing, its fence included, so a
+// well-formed entry of an older term still applies after it.
+func TestMalformedSlotEntryKeepsFence(t *testing.T) {
+	s := newTestState(t)
+	rs := []slots.Range{{First: 48, Last: 48}}
+	before := persist(t, s)
+	bad := AppendFencedSlotEntry(nil, SlotFreeze, 7, at(0), append(rs, rs...), nil)
+	res, err := s.ApplySlotEntry(bad)
+	if err != nil || !errors.Is(res.Err, ErrInvalid) {
+		t.Fatalf("overlapping ranges: %v, %v; want refused with ErrInvalid", err, res.Err)
+	}
+	if !bytes.Equal(before, persist(t, s)) {
+		t.Fatal("the refused entry changed the state")
+	}
+	res, err = s.ApplySlotEntry(AppendFencedSlotEntry(nil, SlotFreeze, 3, at(0), rs, nil))
+	if err != nil || res.Err != nil {
+		t.Fatalf("freeze of term 3 after the malformed entry of term 7: %v, %v; want applied", err, res.Err)
+	}
 }
 
 // FuzzRestoreSlotModes fuzzes the body of a version-4 snapshot (frozen
