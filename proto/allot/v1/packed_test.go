@@ -1,6 +1,7 @@
 package allotv1
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -393,4 +394,52 @@ func BenchmarkAppendPackedKeys(b *testing.B) {
 	for b.Loop() {
 		buf = AppendPackedKeys(buf[:0], keys)
 	}
+}
+
+// TestPackedKeysWriter: writing keys a part at a time gives the bytes
+// AppendPackedKeys gives for the same messages, whichever of Entry or
+// EntryBytes and Fields or FieldsPacked writes them, after any prefix
+// (AppendPackedKeys's own round trip is tested above).
+func TestPackedKeysWriter(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		str := rapid.SampledFrom([]string{"", "api", "user", "plan", "a", "b", "c", "d", "e", "f", "g", "h", "i", "\xff"})
+		i64 := rapid.Int64()
+		keys := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) *KeyAcquire {
+			k := &KeyAcquire{Domain: str.Draw(t, "domain"), Want: i64.Draw(t, "want"), Held: i64.Draw(t, "held"),
+				Returned: i64.Draw(t, "returned"), Charged: i64.Draw(t, "charged"), Denied: i64.Draw(t, "denied"),
+				OutageCharged: i64.Draw(t, "outage"), Demand: rapid.Float64().Draw(t, "demand"),
+				WantShare: rapid.Bool().Draw(t, "want share"), Promote: rapid.Bool().Draw(t, "promote"),
+				StaticReport: rapid.Bool().Draw(t, "static report"), StaticLeft: i64.Draw(t, "static left")}
+			if rapid.Bool().Draw(t, "negative zero demand") {
+				k.Demand = math.Copysign(0, -1)
+			}
+			for range rapid.IntRange(0, 3).Draw(t, "entries") {
+				k.Entries = append(k.Entries, &Entry{Key: str.Draw(t, "key"), Value: rapid.String().Draw(t, "value")})
+			}
+			return k
+		}), 0, 20).Draw(t, "keys")
+		prefix := rapid.SliceOfN(rapid.Byte(), 0, 4).Draw(t, "prefix")
+		want := AppendPackedKeys(slices.Clone(prefix), keys)
+
+		var w PackedKeysWriter
+		w.Start(slices.Clone(prefix), len(keys))
+		for _, k := range keys {
+			w.Head(k.GetDomain(), len(k.GetEntries()))
+			for _, e := range k.GetEntries() {
+				if rapid.Bool().Draw(t, "entry as bytes") {
+					w.EntryBytes(e.GetKey(), []byte(e.GetValue()))
+				} else {
+					w.Entry(e.GetKey(), e.GetValue())
+				}
+			}
+			if rapid.Bool().Draw(t, "fields packed") {
+				w.FieldsPacked(AppendPackedKeyFields(nil, k))
+			} else {
+				w.Fields(k)
+			}
+		}
+		if !bytes.Equal(w.B, want) {
+			t.Fatalf("writer\n%x\nAppendPackedKeys\n%x", w.B, want)
+		}
+	})
 }
