@@ -346,3 +346,97 @@ func ruleEntries(kv ...string) []rules.Entry {
 	}
 	return out
 }
+
+// eagerADS is an ADS server that sends the responses given to it as soon
+// as they are given, without waiting for the client's ACK of the one
+// before (go-control-plane's server waits), and records the client's
+// requests after the first.
+type eagerADS struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	send chan *discoveryv3.DiscoveryResponse
+	mu   sync.Mutex // guards acks
+	acks []*discoveryv3.DiscoveryRequest
+}
+
+func (e *eagerADS) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	go func() { // ends with the stream
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			e.mu.Lock()
+			e.acks = append(e.acks, req)
+			e.mu.Unlock()
+		}
+	}()
+	for {
+		select {
+		case r := <-e.send:
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
+}
+
+func (e *eagerADS) acked(version, nonce string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, a := range e.acks {
+		if a.GetVersionInfo() == version && a.GetResponseNonce() == nonce && a.GetErrorDetail() == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// TestXDSNewerUpdateReplacesWaiting: with a server that sends without
+// waiting for ACKs, an update that arrives while an earlier one waits out
+// MinInterval replaces it: only the newer is committed, and its ACK (with
+// its nonce) answers both.
+func TestXDSNewerUpdateReplacesWaiting(t *testing.T) {
+	e := &eagerADS{send: make(chan *discoveryv3.DiscoveryResponse, 8)}
+	g := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, e)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	t.Cleanup(func() { g.Stop(); <-done })
+	resp := func(version string, rpu uint32) *discoveryv3.DiscoveryResponse {
+		a, err := anypb.New(perKey(rpu, rlconfv3.RateLimitUnit_MINUTE))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &discoveryv3.DiscoveryResponse{VersionInfo: version, Nonce: "n" + version, TypeUrl: RateLimitConfigTypeURL, Resources: []*anypb.Any{a}}
+	}
+
+	e.send <- resp("1", 1)
+	tc := newTestCluster(t, 1, withXDS(lis.Addr().String()), func(_ int, c *Config) { c.RulesXDS.MinInterval = 2 * time.Second })
+	v1 := waitRules(t, tc, "requests_per_unit: 1\n")
+	waitFor(t, 10*time.Second, "the ACK of version 1", func() bool { return e.acked("1", "n1") })
+	// Version 2 arrives within the interval and waits; 3 arrives during
+	// the wait and replaces it. The pause lets the allocator take 2 first
+	// (else 3 replaces it in the inbox before it is taken, which the test
+	// accepts too): it cannot make the test fail, only skip that path.
+	e.send <- resp("2", 2)
+	pause := time.NewTimer(300 * time.Millisecond)
+	<-pause.C
+	e.send <- resp("3", 3)
+	v3 := waitRules(t, tc, "requests_per_unit: 3\n")
+	if v3 != v1+1 {
+		t.Fatalf("rule version %d after %d: want one version for updates 2 and 3", v3, v1)
+	}
+	waitFor(t, 10*time.Second, "the ACK of version 3", func() bool { return e.acked("3", "n3") })
+	if e.acked("2", "n2") {
+		t.Fatal("version 2, replaced while it waited, was ACKed")
+	}
+}
