@@ -160,8 +160,10 @@ func (c *core) packedGrants(cl *call, ag *agentRec, now int64, res *AcquireBatch
 // table (100,000 keys) misses on most lookups (see performance.md's
 // read-ahead row).
 const (
-	touchAhead    = 32
-	touchMinSlots = 1 << 13
+	touchAhead      = 32
+	touchMinSlots   = 1 << 13
+	touchValueBytes = 32
+	touchEntryMax   = 1024
 )
 
 // hashKeys matches a call's keys to their rules and builds and hashes
@@ -183,10 +185,10 @@ func (c *core) hashKeys(keys []keyArgs) []uint64 {
 }
 
 // touchKeys reads the memory the keys of hs[i:] will use, their table
-// slots and the leased ones' entries, for the next touchAhead keys when
-// i is a multiple of it. A key's own lookups miss the cache one after
-// another; these reads are independent, so their misses overlap. It
-// changes nothing.
+// slots and the leased ones' entries (touchEntry), for the next
+// touchAhead keys when i is a multiple of it. A key's own lookups miss
+// the cache one after another; these reads are independent, so their
+// misses overlap. It changes nothing.
 func (c *core) touchKeys(hs []uint64, i int) {
 	if i%touchAhead != 0 || c.tab.capa < touchMinSlots {
 		return
@@ -197,11 +199,34 @@ func (c *core) touchKeys(hs []uint64, i int) {
 	for _, h := range hs {
 		if j, ok := c.tab.search(h); ok {
 			if l := c.tab.at(j).link; l != 0 {
-				x += c.arenaOf(l).pages[linkPage(l)][linkOff(l)]
+				x += touchEntry(c.arenaOf(l).pages, l)
 			}
 		}
 	}
 	c.tab.sink += uint32(x)
+}
+
+// touchEntry reads every cache line of the entry at l in pages (of l's
+// arena), and returns a byte of it. An entry spans several lines (22
+// bytes a lease), and decoding it reads them all; reading only its first
+// line would leave the others to miss one after another in
+// decodeLeases. The lease count in the entry's first word sizes it, with
+// touchValueBytes for the key's values (their length is not read: it may
+// lie in a line not yet fetched), up to touchEntryMax bytes. A free
+// block is read as harmlessly.
+func touchEntry(pages [][]byte, l uint32) byte {
+	p, off := linkPage(l), linkOff(l)
+	if p >= len(pages) || off+minBlock > len(pages[p]) {
+		return 0
+	}
+	pg := pages[p]
+	w := binary.LittleEndian.Uint64(pg[off:])
+	end := min(off+entryFixed+touchValueBytes+int(w>>50&127)*leaseBytes, off+touchEntryMax, len(pg))
+	x := byte(w)
+	for o := (off | 63) + 1; o < end; o += 64 {
+		x += pg[o]
+	}
+	return x
 }
 
 // grantMsgs applies cl's keys and returns the answer with a KeyGrant

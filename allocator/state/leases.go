@@ -317,19 +317,17 @@ func (c *core) expireBudgeted(sec, last int64, budget int, now int64) {
 	w.trimPool()
 }
 
-// touchEntries reads the blocks the wheel entries links name, as
-// touchKeys does for a call's keys: a unit's entries lie about 64 blocks
-// apart in the arena (its keys are 1/64 of the keys queued in the second,
-// mostly in the order they were allocated), so each misses the cache;
-// these reads are independent, and their misses overlap. It changes
-// nothing.
+// touchEntries reads the blocks the wheel entries links name
+// (touchEntry), as touchKeys does for a call's keys: a unit's entries lie
+// about 64 blocks apart in the arena (its keys are 1/64 of the keys
+// queued in the second, mostly in the order they were allocated), so each
+// misses the cache; these reads are independent, and their misses
+// overlap. It changes nothing.
 func (c *core) touchEntries(links []uint32) {
 	ps := c.pageSets()
 	var x byte
 	for _, l := range links {
-		if b, ok := ps.head(l); ok {
-			x += b[0]
-		}
+		x += touchEntry(ps[linkTag(l)], l)
 	}
 	c.tab.sink += uint32(x)
 }
