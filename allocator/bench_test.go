@@ -107,7 +107,8 @@ func BenchmarkBatcherOverhead(b *testing.B) {
 // key-grants/s), with the leader's Expires in between. It reports the
 // Expires' apply time per second (expire-ns/op) and the longest single
 // Expire seen (expire-max-ns): while one runs, every entry behind it waits
-// (docs/performance.md#reading-the-figures).
+// (docs/performance.md#reading-the-figures). It also reports the Acquire
+// entries' apply time per key (acquire-ns/key), wall time on one thread.
 //
 //   - once-a-second: one unbounded Expire a second (the default before
 //     ExpireMaxEntries), sweep included;
@@ -154,11 +155,15 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 	perExpire := int(time.Second / expireEvery)
 	sweepEach := max(int(sweepEvery/expireEvery), 1)
 	expires := 0
+	var acquire time.Duration
 	second := func() (total, worst time.Duration) {
 		for range perExpire {
 			for range callsPerSec / perExpire {
 				now += int64(time.Second / callsPerSec)
-				f.Apply(&raft.Log{Type: raft.LogCommand, Data: entry()})
+				data := entry()
+				start := time.Now()
+				f.Apply(&raft.Log{Type: raft.LogCommand, Data: data})
+				acquire += time.Since(start)
 			}
 			budget, _ := expirePace(maxEntries, expireEvery, st.Stats().ExpireBacklog)
 			cmd := expireCommand(st, now, budget, expires%sweepEach == 0)
@@ -177,6 +182,7 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 		second()
 	}
 	var total, worst time.Duration
+	acquire = 0
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -184,6 +190,7 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 		total += d
 		worst = max(worst, w)
 	}
+	b.ReportMetric(float64(acquire.Nanoseconds())/float64(b.N*callsPerSec*keysPerCall), "acquire-ns/key")
 	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "expire-ns/op")
 	b.ReportMetric(float64(worst.Nanoseconds()), "expire-max-ns")
 	b.ReportMetric(float64(st.Stats().ExpireBacklog), "backlog-end")
