@@ -79,6 +79,14 @@ func binaries(t *testing.T) string {
 	return binDir
 }
 
+// cmdBinaries returns the allocator and gateway that binaries built, for
+// testproc's helpers: the tests here run the binaries as they ship, and
+// build them once.
+func cmdBinaries(t *testing.T) testproc.Binaries {
+	dir := binaries(t)
+	return testproc.Binaries{Allocator: filepath.Join(dir, "allocator"), Gateway: filepath.Join(dir, "gateway")}
+}
+
 // deployFiles lists the files under deploy/ whose names end in one of exts.
 func deployFiles(t *testing.T, exts ...string) []string {
 	t.Helper()

@@ -93,7 +93,7 @@ var labelEqRE = regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
 // /metrics; and that the dev gateway's embedded allocator is labelled
 // embedded="true", which the cluster alerts exclude.
 func TestMetricsAtStart(t *testing.T) {
-	bins := testproc.Build(t)
+	bins := cmdBinaries(t)
 	promtool := testproc.Tool(t, "promtool")
 	dir := t.TempDir()
 	rulesFile := testproc.WriteFile(t, dir, "rules.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10}\n")
