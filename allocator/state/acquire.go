@@ -213,9 +213,10 @@ func (c *core) touchKeys(hs []uint64, i int) {
 // decodeLeases. The lease count in the entry's first word sizes it, with
 // touchValueBytes for the key's values (their length is not read: it may
 // lie in a line not yet fetched), up to touchEntryMax bytes. A page is
-// one allocation of at least 16 KiB, which the Go allocator aligns to a
-// memory page, so the offsets that are multiples of 64 start its cache
-// lines. A free block is read as harmlessly.
+// one allocation of over 16 KiB, which the Go allocator places at a
+// multiple of 64 bytes (its size classes there are multiples of 64, and
+// larger ones take whole memory pages), so the offsets that are multiples
+// of 64 start its cache lines. A free block is read as harmlessly.
 func touchEntry(pages [][]byte, l uint32) byte {
 	p, off := linkPage(l), linkOff(l)
 	if p >= len(pages) || off+minBlock > len(pages[p]) {
