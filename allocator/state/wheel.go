@@ -34,18 +34,30 @@ import "slices"
 // leases an Expire ends must not depend on its order or its stale
 // entries: a budgeted Expire takes whole units only (core.expireBudgeted).
 type wheel struct {
-	buckets map[int64]*wbucket // by unit
-	units   unitHeap           // the units that have a bucket
-	pool    []*[wheelPage]uint32
-	free    []*wbucket // emptied buckets, for reuse
-	due     []int64    // takeDue's scratch
-	n       int        // entries
+	rows  map[int64]*wrow // by second
+	units unitHeap        // the units that have a bucket
+	pool  []*[wheelPage]uint32
+	free  []*wbucket // taken buckets, emptied, for reuse
+	spare []*wrow    // emptied rows, for reuse
+	due   []int64    // takeDue's scratch
+	n     int        // entries
+}
+
+// wrow holds the buckets of one second's units in place, by hash prefix.
+// A push reads the row (from a map of the seconds queued, a few dozen,
+// which stays cached), the bucket in it and the bucket's current page:
+// with a map of buckets by unit and a page list to index, it read a map
+// slot, the bucket, the list and the page, each likely a cache miss.
+type wrow struct {
+	b    [1 << unitBits]wbucket
+	used int // buckets holding entries
 }
 
 // wbucket holds a unit's entries: full pages, then last entries in the
-// last page.
+// last page, cur.
 type wbucket struct {
 	pages []*[wheelPage]uint32
+	cur   *[wheelPage]uint32 // pages' last; nil when empty
 	last  int
 }
 
@@ -92,25 +104,28 @@ func unitSec(u int64) int64 { return u >> unitBits }
 func unitPrefix(u int64) uint64 { return uint64(u) & (1<<unitBits - 1) }
 
 func (w *wheel) init() {
-	*w = wheel{buckets: make(map[int64]*wbucket)}
+	*w = wheel{rows: make(map[int64]*wrow)}
 }
 
 // push queues link, the entry of the key hashed h, in second sec.
 func (w *wheel) push(sec int64, h uint64, link uint32) {
-	u := unitOf(sec, h)
-	b := w.buckets[u]
-	if b == nil {
-		if k := len(w.free); k > 0 {
-			b = w.free[k-1]
-			w.free[k-1] = nil
-			w.free = w.free[:k-1]
+	r := w.rows[sec]
+	if r == nil {
+		if k := len(w.spare); k > 0 {
+			r = w.spare[k-1]
+			w.spare[k-1] = nil
+			w.spare = w.spare[:k-1]
 		} else {
-			b = &wbucket{}
+			r = new(wrow)
 		}
-		w.buckets[u] = b
-		w.units.push(u)
+		w.rows[sec] = r
 	}
-	if len(b.pages) == 0 || b.last == wheelPage {
+	b := &r.b[h>>(64-unitBits)]
+	if b.cur == nil || b.last == wheelPage {
+		if b.cur == nil {
+			r.used++
+			w.units.push(unitOf(sec, h))
+		}
 		var pg *[wheelPage]uint32
 		if p := len(w.pool); p > 0 {
 			pg = w.pool[p-1]
@@ -120,11 +135,40 @@ func (w *wheel) push(sec int64, h uint64, link uint32) {
 			pg = new([wheelPage]uint32)
 		}
 		b.pages = append(b.pages, pg)
-		b.last = 0
+		b.cur, b.last = pg, 0
 	}
-	b.pages[len(b.pages)-1][b.last] = link
+	b.cur[b.last] = link
 	b.last++
 	w.n++
+}
+
+// bucket returns unit u's bucket, which must hold entries.
+func (w *wheel) bucket(u int64) *wbucket {
+	return &w.rows[unitSec(u)].b[unitPrefix(u)]
+}
+
+// take removes unit u's bucket, which must hold entries, from its row and
+// returns it; pushes to u from now on go to a new bucket. A row left
+// without entries is put aside for reuse.
+func (w *wheel) take(u int64) *wbucket {
+	sec := unitSec(u)
+	r := w.rows[sec]
+	var t *wbucket
+	if k := len(w.free); k > 0 {
+		t = w.free[k-1]
+		w.free[k-1] = nil
+		w.free = w.free[:k-1]
+	} else {
+		t = &wbucket{}
+	}
+	b := &r.b[unitPrefix(u)]
+	*t, *b = *b, *t // b gets t's empty page list, to reuse
+	if r.used--; r.used == 0 {
+		delete(w.rows, sec)
+		w.spare = append(w.spare, r)
+	}
+	w.n -= t.len()
+	return t
 }
 
 // minSec returns the earliest second that has a bucket.
@@ -149,17 +193,14 @@ func (w *wheel) popDue(sec, last int64) (int64, *wbucket, bool) {
 		return 0, nil, false
 	}
 	u := w.units.pop()
-	b := w.buckets[u]
-	delete(w.buckets, u)
-	w.n -= b.len()
-	return u, b, true
+	return u, w.take(u), true
 }
 
 // recycle returns b, popped and taken, and its pages to the pools.
 func (w *wheel) recycle(b *wbucket) {
 	w.pool = append(w.pool, b.pages...)
 	clear(b.pages)
-	b.pages, b.last = b.pages[:0], 0
+	b.pages, b.cur, b.last = b.pages[:0], nil, 0
 	w.free = append(w.free, b)
 }
 
@@ -172,6 +213,10 @@ func (w *wheel) trimPool() {
 	if len(w.free) > 256 {
 		clear(w.free[256:])
 		w.free = w.free[:256]
+	}
+	if len(w.spare) > 16 {
+		clear(w.spare[16:])
+		w.spare = w.spare[:16]
 	}
 }
 
@@ -187,9 +232,7 @@ func (w *wheel) takeDue(sec int64, f func(u int64, links []uint32)) {
 	}
 	w.due = units
 	for _, u := range units {
-		b := w.buckets[u]
-		delete(w.buckets, u)
-		w.n -= b.len()
+		b := w.take(u)
 		b.each(touchAhead, func(links []uint32) { f(u, links) })
 		w.recycle(b)
 	}
@@ -201,7 +244,7 @@ func (w *wheel) dueCount(sec int64) int {
 	n := 0
 	for _, u := range w.units {
 		if unitSec(u) <= sec {
-			n += w.buckets[u].len()
+			n += w.bucket(u).len()
 		}
 	}
 	return n
@@ -220,7 +263,7 @@ func (w *wheel) lastUnit(sec int64, n int) int64 {
 	}
 	slices.Sort(units)
 	for _, u := range units {
-		if n -= w.buckets[u].len(); n <= 0 {
+		if n -= w.bucket(u).len(); n <= 0 {
 			return u
 		}
 	}
@@ -229,10 +272,13 @@ func (w *wheel) lastUnit(sec int64, n int) int64 {
 
 // each calls f for every entry (for tests).
 func (w *wheel) each(f func(u int64, link uint32)) {
-	for u, b := range w.buckets {
-		for i := range b.pages {
-			for _, l := range b.page(i) {
-				f(u, l)
+	for sec, r := range w.rows {
+		for p := range r.b {
+			b := &r.b[p]
+			for i := range b.pages {
+				for _, l := range b.page(i) {
+					f(sec<<unitBits|int64(p), l)
+				}
 			}
 		}
 	}
