@@ -431,7 +431,11 @@ func (c *core) compactStep(budget int) bool {
 	// every ExpireInterval.
 	scan := c.compactBudget * 16
 	i := t.lowerBound(c.compactFrom)
+	ahead := i
 	for ; i < t.size && budget > 0 && scan > 0; i++ {
+		if i >= ahead {
+			ahead = c.touchOld(i, min(budget, touchAhead))
+		}
 		s := t.at(i)
 		if s.lim == 0 {
 			continue
@@ -479,6 +483,28 @@ func (c *core) compactStep(budget int) bool {
 		c.compactFrom = max(c.compactFrom, q)
 	}
 	return true
+}
+
+// touchOld reads ahead, as touchKeys does, the entries in the old arena
+// of the keys from slot i on, the next n of them or those of the next
+// 16·n slots, and returns the slot after the last one it looked at. The
+// compaction moves them in table order, each from a block far from the
+// last, so each would miss the cache in turn. It changes nothing.
+func (c *core) touchOld(i, n int) int {
+	t := &c.tab
+	end := min(i+16*n, t.size)
+	if c.old == nil {
+		return end
+	}
+	var x byte
+	for ; i < end && n > 0; i++ {
+		if l := t.at(i).link; l != 0 && t.at(i).lim != 0 && linkTag(l) == c.old.tag {
+			x += touchEntry(c.old.pages, l)
+			n--
+		}
+	}
+	c.tab.sink += uint32(x)
+	return i
 }
 
 // compact runs a whole compaction (for tests and tools), as far as the
