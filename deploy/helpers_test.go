@@ -57,7 +57,9 @@ func TestMain(m *testing.M) {
 }
 
 // binaries builds ./cmd/... (allocator, gateway, allotctl) once per test
-// run into a temporary directory removed by TestMain, and returns it.
+// run into a temporary directory removed by TestMain, and returns it. It
+// builds them as testproc.Build does: as they ship, or with -race when
+// testproc.RaceBinaries says so.
 func binaries(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -67,7 +69,11 @@ func binaries(t *testing.T) string {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", binDir+string(filepath.Separator), "./cmd/...")
+		args := []string{"build", "-o", binDir + string(filepath.Separator)}
+		if testproc.RaceBinaries() {
+			args = append(args, "-race", "-pgo=off")
+		}
+		cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/...")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
@@ -80,8 +86,8 @@ func binaries(t *testing.T) string {
 }
 
 // cmdBinaries returns the allocator and gateway that binaries built, for
-// testproc's helpers: the tests here run the binaries as they ship, and
-// build them once.
+// testproc's helpers, so that the package builds the commands once rather
+// than again through testproc.Build.
 func cmdBinaries(t *testing.T) testproc.Binaries {
 	dir := binaries(t)
 	return testproc.Binaries{Allocator: filepath.Join(dir, "allocator"), Gateway: filepath.Join(dir, "gateway")}

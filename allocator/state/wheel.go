@@ -47,7 +47,9 @@ type wheel struct {
 // A push reads the row (from a map of the seconds queued, a few dozen,
 // which stays cached), the bucket in it and the bucket's current page:
 // with a map of buckets by unit and a page list to index, it read a map
-// slot, the bucket, the list and the page, each likely a cache miss.
+// slot, the bucket, the list and the page, each likely a cache miss. A
+// row is 2.5 KiB, one for each second that holds entries: with leases of
+// at most MaxLeaseTTL (60 s by default) about 150 KiB in all.
 type wrow struct {
 	b    [1 << unitBits]wbucket
 	used int // buckets holding entries
