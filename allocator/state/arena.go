@@ -11,7 +11,13 @@ package state
 // Freed blocks go on exact-size free lists. An allocation takes a free
 // block of its size, else bumps the current page, else splits the smallest
 // free block that leaves a usable remainder, else opens a page; a page
-// tail too short for the next block goes on its free list.
+// tail too short for the next block goes on its free list. An entry that
+// shrinks moves into a free block of its new size when there is one,
+// freeing its whole block, and otherwise shrinks in place, freeing its
+// tail (core.storeEntry): a tail of a lease or two is shorter than any
+// entry, so under steady lease churn, leases added and ended all the
+// time, shrinking in place alone would leave free space that only
+// compaction takes back (TestLeaseChurnNeedsNoCompaction).
 //
 // Compaction is incremental (core.compactStep): when more than a third of
 // the arena is free, a new arena with the other tag takes all allocations,

@@ -110,7 +110,8 @@ func (c *core) dropLease(e *entry, i int, h uint64) {
 
 // storeEntry writes e, key h's entry (slot idx), back to the arena:
 // freeing it when it has no lease left, allocating or moving it when its
-// size changed, and queueing it on the expiry wheel when its earliest
+// size changed (a shrinking entry moves only into a free block of its new
+// size, else shrinks in place), and queueing it on the expiry wheel when its earliest
 // expiry moved earlier than oldMin (a second), when it moved to another
 // block, or when consumed (its wheel entry was just taken).
 func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bool) {
@@ -137,7 +138,12 @@ func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bo
 		kept = false
 		c.tab.mut(c, idx).link = e.link
 	case size == e.size:
-	case size < e.size && e.size <= arenaLarge:
+	case size < e.size && e.size <= arenaLarge && c.ar.free[size/2] == 0:
+		// Shrunk, with no free block of the new size: in place, its tail
+		// freed. With one, the entry moves into it (default), which frees
+		// its whole block for an entry of that size: a tail (a lease or
+		// two, 22 or 44 bytes) is shorter than any entry, so under lease
+		// churn tails would pile up until a compaction took them back.
 		shrink = true
 	case size < e.size && !c.ar.canAlloc(size):
 		// A large block (its own page) shrinking with no room for the
