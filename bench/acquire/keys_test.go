@@ -172,3 +172,27 @@ func BenchmarkPackKeys(b *testing.B) {
 		buf = ks.packKeys(buf[:0], nums)
 	}
 }
+
+// TestRandomKeyOrder: with -key-order random a call's keys are drawn from
+// the key space, not walked in order.
+func TestRandomKeyOrder(t *testing.T) {
+	for _, o := range []options{
+		{mode: "grants", keysPerCall: 1000, keyspace: 100000, keyOrder: "random"},
+		{mode: "fleet", keysPerCall: 1000, keyspace: 100000, hotKeys: 10000, coldFraction: 0.5, keyOrder: "random"},
+	} {
+		l := newLoad(o, nil)
+		nums, _, _ := l.keysFor(nil, nil, 0)
+		next := 0
+		for i, n := range nums {
+			if n < 0 || n >= o.keyspace+o.hotKeys {
+				t.Fatalf("%s key %d: number %d outside [0, %d)", o.mode, i, n, o.keyspace+o.hotKeys)
+			}
+			if i > 0 && n == nums[i-1]+1 {
+				next++
+			}
+		}
+		if len(nums) != o.keysPerCall || next > 10 {
+			t.Fatalf("%s: %d keys, %d of them one after the one before: not drawn at random", o.mode, len(nums), next)
+		}
+	}
+}

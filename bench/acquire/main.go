@@ -11,7 +11,9 @@
 // whether or not earlier calls have answered, and a client that falls
 // behind never skips or resets its schedule. -mode grants (the default)
 // renews leases on -keyspace keys; -mode fleet makes most keys of a call
-// first uses of cold keys (a charge, no lease) over 5M distinct keys.
+// first uses of cold keys (a charge, no lease) over 5M distinct keys. The
+// clients walk the keys in order; -key-order random draws each at random,
+// as real calls come.
 // Calls carry their keys packed (AcquireRequest.packed_keys) and ask for
 // packed grants, as agents do; -packed-keys=false sends a KeyAcquire
 // message per key, which a build that does not read packed keys needs.
@@ -70,6 +72,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/signal"
@@ -113,6 +116,7 @@ type options struct {
 	keysPerCall  int
 	clients      int
 	keyspace     int
+	keyOrder     string
 	failovers    int
 	target       string
 	idleProfile  string
@@ -148,6 +152,7 @@ func main() {
 	flag.IntVar(&o.keysPerCall, "keys-per-call", 100, "keys per Acquire call")
 	flag.IntVar(&o.clients, "clients", 16, "client goroutines (one agent id each)")
 	flag.IntVar(&o.keyspace, "keyspace", 0, "distinct budget keys (-mode fleet: distinct cold keys) (default 100000; -mode fleet 5000000)")
+	flag.StringVar(&o.keyOrder, "key-order", "walk", "walk (each client takes the keys after its last call's, and the cold keys of -mode fleet follow one another, so a cold cluster allocates the keys' entries in the order calls meet them) or random (each key drawn at random: a hot key from -hot-keys, a cold one from -keyspace)")
 	flag.StringVar(&o.mode, "mode", "grants", "grants: every key a lease renewal (want 5); fleet: -cold-fraction of each call's keys are first uses of cold keys (one token charged, no lease), the rest renewals of -hot-keys keys that also charge")
 	flag.IntVar(&o.hotKeys, "hot-keys", 10000, "-mode fleet: distinct leased (hot) keys")
 	flag.Float64Var(&o.coldFraction, "cold-fraction", 0.85, "-mode fleet: share of each call's keys that are cold first uses")
@@ -191,6 +196,9 @@ func run(o options) error {
 	}
 	if o.rate <= 0 || o.keysPerCall <= 0 || o.clients <= 0 || o.keyspace <= 0 || o.maxInflight <= 0 || o.hotKeys <= 0 {
 		return errors.New("rate, keys-per-call, clients, keyspace, hot-keys and max-inflight-calls must be positive")
+	}
+	if o.keyOrder != "walk" && o.keyOrder != "random" {
+		return fmt.Errorf("-key-order %q: want walk or random", o.keyOrder)
 	}
 	if o.target != "all" && o.target != "leader" && o.target != "follow" {
 		return fmt.Errorf("-target %q: want all, leader or follow", o.target)
@@ -330,8 +338,8 @@ func run(o options) error {
 	if o.inflight > 0 {
 		inflight = strconv.Itoa(o.inflight)
 	}
-	fmt.Printf("3 allocators up (dir %s), %d group(s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys, %s, timeouts %s, max-inflight-batches %s, args %q, env %q; %d CPU burner(s) beside\n",
-		dir, o.groups, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.target, o.timeouts, inflight, o.args, o.env, o.burners)
+	fmt.Printf("3 allocators up (dir %s), %d group(s); load: mode %s, %d keys/s offered, %d keys/call, %d clients, %d keys (%s), %s, timeouts %s, max-inflight-batches %s, args %q, env %q; %d CPU burner(s) beside\n",
+		dir, o.groups, o.mode, o.rate, o.keysPerCall, o.clients, o.keyspace, o.keyOrder, o.target, o.timeouts, inflight, o.args, o.env, o.burners)
 	if o.mode == "fleet" {
 		fmt.Printf("fleet shape: %.0f%% of each call's keys are first uses of cold keys (charged 1, no lease) over %d keys, the rest renewals of %d hot keys\n",
 			100*o.coldFraction, o.keyspace, o.hotKeys)
@@ -712,6 +720,9 @@ func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Sl
 	if l.o.mode == "grants" {
 		for k := range keys {
 			keyN = (keyN + 1) % l.o.keyspace
+			if l.o.keyOrder == "random" {
+				keyN = rand.IntN(l.o.keyspace)
+			}
 			keys[k] = keyN
 			if sl != nil {
 				sl[k] = l.keySlot[keyN]
@@ -726,6 +737,9 @@ func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Sl
 	for k := range keys {
 		if float64(k) < l.o.coldFraction*float64(len(keys)) {
 			i := l.o.hotKeys + int(l.cold.Add(1)%int64(l.o.keyspace))
+			if l.o.keyOrder == "random" {
+				i = l.o.hotKeys + rand.IntN(l.o.keyspace)
+			}
 			keys[k] = i
 			if sl != nil {
 				sl[k] = l.slotOf(i)
@@ -733,6 +747,9 @@ func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Sl
 			continue
 		}
 		keyN = (keyN + 1) % l.o.hotKeys
+		if l.o.keyOrder == "random" {
+			keyN = rand.IntN(l.o.hotKeys)
+		}
 		keys[k] = keyN
 		if sl != nil {
 			sl[k] = l.slotOf(keyN)
