@@ -111,9 +111,9 @@ func (c *core) dropLease(e *entry, i int, h uint64) {
 // storeEntry writes e, key h's entry (slot idx), back to the arena:
 // freeing it when it has no lease left, allocating or moving it when its
 // size changed (a shrinking entry moves only into a free block of its new
-// size, else shrinks in place), and queueing it on the expiry wheel when its earliest
-// expiry moved earlier than oldMin (a second), when it moved to another
-// block, or when consumed (its wheel entry was just taken).
+// size, else shrinks in place), and queueing it on the expiry wheel when
+// its earliest expiry moved earlier than oldMin (a second), when it moved
+// to another block, or when consumed (its wheel entry was just taken).
 func (c *core) storeEntry(h uint64, idx int, e *entry, oldMin int64, consumed bool) {
 	if len(e.leases) == 0 {
 		if e.link != 0 {
