@@ -155,9 +155,10 @@ func benchSecondOfAcquireLoad(b *testing.B, expireEvery time.Duration, maxEntrie
 		ids[a]++
 		req := &allotv1.AcquireRequest{AgentId: "bench-" + strconv.Itoa(a), RequestId: ids[a]}
 		for range keysPerCall {
-			next[a] = (next[a] + 1) % keyspace
 			if random {
 				next[a] = rng.IntN(keyspace)
+			} else {
+				next[a] = (next[a] + 1) % keyspace
 			}
 			req.Keys = append(req.Keys, &allotv1.KeyAcquire{Domain: "test",
 				Entries: []*allotv1.Entry{{Key: "user", Value: strconv.Itoa(next[a])}}, Want: 5, Demand: 5})

@@ -719,9 +719,10 @@ func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Sl
 	}
 	if l.o.mode == "grants" {
 		for k := range keys {
-			keyN = (keyN + 1) % l.o.keyspace
 			if l.o.keyOrder == "random" {
 				keyN = rand.IntN(l.o.keyspace)
+			} else {
+				keyN = (keyN + 1) % l.o.keyspace
 			}
 			keys[k] = keyN
 			if sl != nil {
@@ -736,9 +737,11 @@ func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Sl
 	// cold at any one gateway.
 	for k := range keys {
 		if float64(k) < l.o.coldFraction*float64(len(keys)) {
-			i := l.o.hotKeys + int(l.cold.Add(1)%int64(l.o.keyspace))
+			var i int
 			if l.o.keyOrder == "random" {
 				i = l.o.hotKeys + rand.IntN(l.o.keyspace)
+			} else {
+				i = l.o.hotKeys + int(l.cold.Add(1)%int64(l.o.keyspace))
 			}
 			keys[k] = i
 			if sl != nil {
@@ -746,9 +749,10 @@ func (l *load) keysFor(nums []int, sl []slots.Slot, keyN int) ([]int, []slots.Sl
 			}
 			continue
 		}
-		keyN = (keyN + 1) % l.o.hotKeys
 		if l.o.keyOrder == "random" {
 			keyN = rand.IntN(l.o.hotKeys)
+		} else {
+			keyN = (keyN + 1) % l.o.hotKeys
 		}
 		keys[k] = keyN
 		if sl != nil {
