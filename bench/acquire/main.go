@@ -424,10 +424,16 @@ func run(o options) error {
 	cpuReport(nodes, role, cpu0, cpu1, keysOK, unit)
 	schedReport(nodes, role, cpu0, cpu1)
 	fmt.Printf("load average: %s at the start, %s at the end\n", load0, proccpu.LoadAvg())
-	fmt.Printf("tracked keys (leader): %.0f at the start of the window, %.0f at the end\n", m0[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_keys"])
-	fmt.Printf("live leases (leader): %.0f at the start of the window, %.0f at the end; %.0f ended by expiry in it (leases still building up make each grant an add, dearer than a renewal: -warmup)\n",
-		m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_leases"],
-		m1[leader]["allot_allocator_leases_expired_total"]-m0[leader]["allot_allocator_leases_expired_total"])
+	if o.groups > 1 {
+		// A node's allot_allocator_keys and _leases gauges read its
+		// group-0 state, which holds no keys when data groups do.
+		fmt.Println("tracked keys and live leases: not shown with -groups > 1 (a node's /metrics gauges read its group 0 only)")
+	} else {
+		fmt.Printf("tracked keys (leader): %.0f at the start of the window, %.0f at the end\n", m0[leader]["allot_allocator_keys"], m1[leader]["allot_allocator_keys"])
+		fmt.Printf("live leases (leader): %.0f at the start of the window, %.0f at the end; %.0f ended by expiry in it (leases still building up make each grant an add, dearer than a renewal: -warmup)\n",
+			m0[leader]["allot_allocator_leases"], m1[leader]["allot_allocator_leases"],
+			m1[leader]["allot_allocator_leases_expired_total"]-m0[leader]["allot_allocator_leases_expired_total"])
+	}
 	breakdown(nodes, leaders, m0, m1)
 	if err := probe.report(); err != nil {
 		return err
